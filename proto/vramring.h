@@ -1,0 +1,403 @@
+/*
+ * vramring.h: the shared-memory layout and socket messages of vramring.
+ *
+ * Layout version 1 (VR_LAYOUT_VERSION), socket protocol version 1
+ * (VR_PROTOCOL_VERSION). proto/PROTOCOL.md is the prose reference; this
+ * header is the byte-exact one. tests/c_layout.rs compiles a program against
+ * this header and checks every size, offset and constant against the Rust
+ * crate (src/layout.rs, src/format.rs, src/socket/msg.rs).
+ *
+ * Conventions
+ *  - Everything is little-endian and fixed-width. No pointers, no bool, no
+ *    enums: every code is a uint32_t compared against the constants below.
+ *  - Shared-memory structs (vr_ring_* , vr_slot_desc, vr_subs_header,
+ *    vr_sub_entry) are declared with plain uint32_t / uint64_t fields. Every
+ *    one of those fields MUST be accessed atomically, with the memory order
+ *    PROTOCOL.md names (e.g. __atomic_load_n(&h->seq.global_seq,
+ *    __ATOMIC_ACQUIRE)); "relaxed" where it says nothing. Never memcpy a
+ *    struct out of shared memory and never write a field the protocol does
+ *    not give to you.
+ *  - The shared structs have no implicit padding: the tail of every
+ *    128-byte line is spelled out as a `_pad` array (padding, not reserved:
+ *    never read, never written). `reserved*` fields are zero in this version.
+ *  - Message structs (vr_msg_header, vr_hello, vr_welcome, vr_notice) are
+ *    packed records of exactly the bytes on the wire. Their fields are
+ *    little-endian; on a big-endian host byte-swap them.
+ *  - Nothing read from a peer is trusted: validate as PROTOCOL.md section 6
+ *    says, mask every slot index with (slot_count - 1), bounds-check every
+ *    subscriber index.
+ */
+#ifndef VRAMRING_H
+#define VRAMRING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__cplusplus)
+#define VR_STATIC_ASSERT(c, m) static_assert(c, m)
+#define VR_ALIGN128 alignas(128)
+#define VR_ALIGNOF(t) alignof(t)
+#else
+#define VR_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#define VR_ALIGN128 _Alignas(128)
+#define VR_ALIGNOF(t) _Alignof(t)
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define VR_PACKED __attribute__((packed))
+#else
+#error "vramring.h needs __attribute__((packed)) (GCC or Clang) for the message records"
+#endif
+
+/* ======================================================================
+ * Shared-memory constants (src/layout.rs)
+ * ====================================================================== */
+
+/* Magic of the control region: the bytes "VRAMRING" read as a LE u64. */
+#define VR_RING_MAGIC UINT64_C(0x474e49524d415256)
+/* Magic of the subscriber table: the bytes "VRSUBTAB" read as a LE u64. */
+#define VR_SUBS_MAGIC UINT64_C(0x4241544255535256)
+/* Version of the shared layout; also the control region's ready word. */
+#define VR_LAYOUT_VERSION 1u
+
+#define VR_MIN_SLOTS 2u                  /* slot_count is a power of two in */
+#define VR_MAX_SLOTS 1024u               /* VR_MIN_SLOTS..=VR_MAX_SLOTS      */
+#define VR_DEFAULT_MAX_SUBSCRIBERS 64u
+#define VR_MAX_SUBSCRIBERS_LIMIT 1024u   /* max_subscribers in 1..=this     */
+#define VR_USER_META_WORDS 8u            /* u64 words of user metadata      */
+#define VR_USER_META_BYTES 64u
+#define VR_NAME_BYTES 32u                /* subscriber name, NUL-padded UTF-8 */
+
+/* Slot seq bit: the slot is being written for the seq in the low 63 bits. */
+#define VR_SEQ_WRITING (UINT64_C(1) << 63)
+
+/* vr_ring_info.backend */
+#define VR_BACKEND_HOST 1u  /* memfd pool, mmap it                          */
+#define VR_BACKEND_CUDA 2u  /* CUDA VMM allocation, POSIX file descriptor   */
+
+/* vr_ring_info.policy */
+#define VR_POLICY_OVERWRITE 0u /* the producer never waits                  */
+#define VR_POLICY_LOSSLESS 1u  /* the producer waits for lossless readers   */
+
+/* vr_producer_line.state */
+#define VR_PRODUCER_INIT 0u
+#define VR_PRODUCER_LIVE 1u
+#define VR_PRODUCER_CLOSED 2u  /* closed in order; no more frames           */
+
+/* vr_sub_entry.state */
+#define VR_SUB_FREE 0u
+#define VR_SUB_ACTIVE 1u
+#define VR_SUB_EVICTED 2u
+
+/* vr_sub_entry.flags */
+#define VR_SUBF_LOSSLESS 1u
+#define VR_SUBF_SEQUENTIAL 2u
+#define VR_SUBF_WRITE 4u
+
+/* vr_slot_desc.flags (set by the producing application) */
+#define VR_FRAME_KEY 1u
+#define VR_FRAME_DISCONTINUITY 2u
+
+/* ======================================================================
+ * Formats and plane layout (src/format.rs)
+ * ====================================================================== */
+
+#define VR_PITCH_ALIGN 512u             /* every plane pitch % this == 0     */
+#define VR_PLANE_ALIGN 4096u            /* every plane offset % this == 0    */
+#define VR_SLOT_ALIGN 65536u            /* slot_stride % this == 0           */
+#define VR_MAX_PLANES 4u
+#define VR_MAX_DIMENSION 16384u         /* largest width / height (not raw)  */
+#define VR_MAX_RAW_BYTES (1u << 30)     /* largest raw frame                 */
+
+/* vr_ring_info.format */
+#define VR_FORMAT_RAW 1u   /* opaque bytes: width = byte length, height = 1 */
+#define VR_FORMAT_GRAY8 2u
+#define VR_FORMAT_NV12 3u  /* Y plane, then interleaved UV plane            */
+#define VR_FORMAT_P010 4u  /* as NV12 in 16-bit little-endian words         */
+#define VR_FORMAT_RGB8 5u
+#define VR_FORMAT_RGBA8 6u
+
+/* memfd seals (F_SEAL_* of <fcntl.h>) a subscriber must find on the
+ * descriptors of a Welcome. */
+#define VR_F_SEAL_SEAL 0x0001u
+#define VR_F_SEAL_SHRINK 0x0002u
+#define VR_F_SEAL_GROW 0x0004u
+#define VR_F_SEAL_FUTURE_WRITE 0x0010u
+#define VR_CONTROL_SEALS (VR_F_SEAL_SHRINK | VR_F_SEAL_GROW | VR_F_SEAL_FUTURE_WRITE | VR_F_SEAL_SEAL)
+#define VR_SUBS_SEALS (VR_F_SEAL_SHRINK | VR_F_SEAL_GROW | VR_F_SEAL_SEAL)
+#define VR_HOST_POOL_SEALS (VR_F_SEAL_SHRINK)
+
+/* ======================================================================
+ * Shared-memory structs
+ *
+ * Control region (memfd #0 of a Welcome, mapped read-only):
+ *     vr_ring_header                  at 0
+ *     vr_slot_desc[slot_count]        at sizeof(vr_ring_header) = 640
+ *     total VR_CONTROL_BYTES(slot_count)
+ * Subscriber table (memfd #1, mapped read-write):
+ *     vr_subs_header                  at 0
+ *     vr_sub_entry[max_subscribers]   at sizeof(vr_subs_header) = 256
+ *     total VR_SUBS_BYTES(max_subscribers)
+ * ====================================================================== */
+
+/* Immutable description of the ring. The publisher writes every field, then
+ * stores layout_version (SYNC: ring-ready, Release). A reader loads
+ * layout_version with Acquire first, then everything else. */
+typedef struct vr_ring_info {
+    VR_ALIGN128 uint64_t magic;     /*   0 VR_RING_MAGIC                         */
+    uint32_t layout_version;        /*   8 VR_LAYOUT_VERSION; 0 until ready      */
+    uint32_t header_bytes;          /*  12 sizeof(vr_ring_header) = 640          */
+    uint64_t control_bytes;         /*  16 bytes of the whole control region    */
+    uint64_t epoch;                 /*  24 random per publisher instance         */
+    uint32_t slot_count;            /*  32 power of two                          */
+    uint32_t slot_desc_bytes;       /*  36 sizeof(vr_slot_desc) = 128            */
+    uint64_t slots_offset;          /*  40 offset of slot descriptor 0 = 640     */
+    uint32_t backend;               /*  48 VR_BACKEND_*                          */
+    uint32_t format;                /*  52 VR_FORMAT_*                           */
+    uint32_t width;                 /*  56 pixels (bytes for RAW)                */
+    uint32_t height;                /*  60 rows (1 for RAW)                      */
+    uint32_t plane_count;           /*  64 planes in use                         */
+    uint32_t policy;                /*  68 VR_POLICY_*                           */
+    uint64_t plane_offset[4];       /*  72 byte offset of each plane in a slot   */
+    uint64_t plane_pitch[4];        /* 104 bytes from row to row                 */
+    uint64_t plane_rows[4];         /* 136 rows of each plane                    */
+    uint64_t plane_row_bytes[4];    /* 168 pixel bytes per row                   */
+    uint64_t frame_bytes;           /* 200 slot start to end of the last plane   */
+    uint64_t slot_stride;           /* 208 bytes between slots in the pool       */
+    uint64_t pool_bytes;            /* 216 bytes of the pool allocation          */
+    uint64_t device_uuid[2];        /* 224 GPU UUID bytes 0..7, 8..15 (LE); 0 host */
+    uint32_t max_subscribers;       /* 240 entries in the subscriber table       */
+    uint32_t reserved0;             /* 244 zero                                  */
+    uint64_t created_realtime_ns;   /* 248 CLOCK_REALTIME at creation            */
+} vr_ring_info;
+
+/* Producer state, written only by the publisher. */
+typedef struct vr_producer_line {
+    VR_ALIGN128 uint32_t state;     /*   0 VR_PRODUCER_*; SYNC: producer-state   */
+    uint32_t reserved0;             /*   4 zero                                  */
+    uint64_t heartbeat_ns;          /*   8 CLOCK_MONOTONIC of last publish/tick  */
+    uint64_t published;             /*  16 frames published (== global_seq)      */
+    uint64_t evictions;             /*  24 lossless subscribers evicted          */
+    uint64_t connects;              /*  32 subscribers connected so far          */
+    uint64_t disconnects;           /*  40 subscribers disconnected so far       */
+    uint8_t _pad[80];               /*  48 padding to the 128-byte line          */
+} vr_producer_line;
+
+/* The newest committed seq, alone on its line. */
+typedef struct vr_seq_line {
+    VR_ALIGN128 uint64_t global_seq; /*  0 0 = none yet; SYNC: global-seq        */
+    uint8_t _pad[120];
+} vr_seq_line;
+
+/* The futex word subscribers park on, alone on its line. */
+typedef struct vr_doorbell_line {
+    VR_ALIGN128 uint32_t doorbell;  /*   0 SYNC: doorbell; a shared futex word   */
+    uint8_t _pad[124];
+} vr_doorbell_line;
+
+/* The head of the control region. */
+typedef struct vr_ring_header {
+    vr_ring_info info;              /*   0 */
+    vr_producer_line producer;      /* 256 */
+    vr_seq_line seq;                /* 384 */
+    vr_doorbell_line doorbell;      /* 512 */
+} vr_ring_header;                   /* 640 */
+
+/* One slot's descriptor; slot of seq s is s & (slot_count - 1). Written only
+ * by the publisher, under the seqlock rule (PROTOCOL.md section 8). */
+typedef struct vr_slot_desc {
+    VR_ALIGN128 uint64_t seq;       /*   0 s; s|VR_SEQ_WRITING while written; 0 never. SYNC: slot-seq, invalidate */
+    uint64_t pts;                   /*   8 presentation timestamp (int64 bits)   */
+    uint64_t commit_ns;             /*  16 CLOCK_MONOTONIC at commit             */
+    uint32_t flags;                 /*  24 VR_FRAME_*                            */
+    uint32_t user_len;              /*  28 bytes of user[] in use (clamp to 64)  */
+    uint64_t reserved[2];           /*  32 zero                                  */
+    uint64_t user[8];               /*  48 user metadata, bytes in LE word order */
+    uint64_t reserved2[2];          /* 112 zero                                  */
+} vr_slot_desc;                     /* 128 */
+
+/* The head of the subscriber table. */
+typedef struct vr_subs_header {
+    VR_ALIGN128 uint64_t magic;     /*   0 VR_SUBS_MAGIC                         */
+    uint32_t layout_version;        /*   8 VR_LAYOUT_VERSION; 0 until ready (SYNC: subs-ready) */
+    uint32_t max_subscribers;       /*  12 entries (== ring's max_subscribers)   */
+    uint64_t epoch;                 /*  16 == ring's epoch                       */
+    uint32_t entry_bytes;           /*  24 sizeof(vr_sub_entry) = 128            */
+    uint32_t entries_offset;        /*  28 sizeof(vr_subs_header) = 256          */
+    uint64_t reserved[28];          /*  32 zero                                  */
+} vr_subs_header;                   /* 256 */
+
+/* One subscriber's entry. The publisher writes state, flags, generation and
+ * name; the subscriber owning the entry writes everything else. */
+typedef struct vr_sub_entry {
+    VR_ALIGN128 uint32_t state;     /*   0 VR_SUB_*; SYNC: sub-state (publisher) */
+    uint32_t flags;                 /*   4 VR_SUBF_* (publisher)                 */
+    uint32_t generation;            /*   8 +1 per assignment (publisher)         */
+    uint32_t parked;                /*  12 !=0 while parked on the doorbell; SYNC: park */
+    uint64_t released_seq;          /*  16 lossless cursor; SYNC: release-cursor */
+    uint64_t reading_seq;           /*  24 seq being read, 0 none (informational) */
+    uint64_t delivered;             /*  32 frames handed to the user            */
+    uint64_t dropped;               /*  40 frames skipped (gaps)                */
+    uint64_t overruns;              /*  48 reads discarded by validate-after-copy */
+    uint64_t heartbeat_ns;          /*  56 CLOCK_MONOTONIC of the last read     */
+    uint64_t name[4];               /*  64 NUL-padded UTF-8, bytes in LE word order */
+    uint64_t reserved[4];           /*  96 zero                                  */
+} vr_sub_entry;                     /* 128 */
+
+/* Byte sizes of the two regions. */
+#define VR_CONTROL_BYTES(slot_count) \
+    ((uint64_t)sizeof(vr_ring_header) + (uint64_t)(slot_count) * (uint64_t)sizeof(vr_slot_desc))
+#define VR_SUBS_BYTES(max_subscribers) \
+    ((uint64_t)sizeof(vr_subs_header) + (uint64_t)(max_subscribers) * (uint64_t)sizeof(vr_sub_entry))
+
+/* ======================================================================
+ * Socket messages (src/socket/msg.rs): one record per SOCK_SEQPACKET
+ * datagram, little-endian, packed.
+ * ====================================================================== */
+
+#define VR_PROTOCOL_VERSION 1u
+/* Magic of every message: the bytes "VRSK" read as a LE u32. */
+#define VR_MSG_MAGIC 0x4b535256u
+#define VR_HEADER_BYTES 16u
+#define VR_MAX_MSG_BYTES 256u     /* largest datagram sent or accepted        */
+#define VR_MAX_FDS 4u             /* most descriptors one datagram carries    */
+#define VR_MSG_NAME_BYTES 32u
+#define VR_REASON_BYTES 120u
+
+/* vr_msg_header.kind */
+#define VR_KIND_HELLO 1u    /* subscriber -> publisher, first message          */
+#define VR_KIND_WELCOME 2u  /* publisher -> subscriber, with exactly 3 fds     */
+#define VR_KIND_REJECT 3u   /* publisher -> subscriber, then close             */
+#define VR_KIND_EVICTED 4u  /* publisher -> subscriber, then close             */
+#define VR_KIND_BYE 5u      /* either side, header only                        */
+
+/* vr_hello.flags (asked) and vr_welcome.granted (granted) */
+#define VR_HELLO_LOSSLESS 1u
+#define VR_HELLO_SEQUENTIAL 2u
+#define VR_HELLO_WRITE 4u
+
+/* vr_hello.backends: one bit per importable backend */
+#define VR_BACKEND_BIT(backend) (1u << (backend))
+
+/* vr_notice.code: Reject codes, then Evicted codes */
+#define VR_REJECT_VERSION 1u
+#define VR_REJECT_PERMISSION 2u
+#define VR_REJECT_FULL 3u
+#define VR_REJECT_BACKEND 4u
+#define VR_REJECT_POLICY 5u
+#define VR_REJECT_BAD_HELLO 6u
+#define VR_REJECT_SHUTDOWN 7u
+#define VR_REJECT_WRITE_DENIED 8u
+#define VR_EVICT_LEASE 16u
+
+#define VR_HELLO_BODY_BYTES 96u
+#define VR_WELCOME_BODY_BYTES 96u
+#define VR_NOTICE_BODY_BYTES 128u
+#define VR_BYE_BODY_BYTES 0u
+
+typedef struct VR_PACKED vr_msg_header {
+    uint32_t magic;                 /*  0 VR_MSG_MAGIC                          */
+    uint32_t version;               /*  4 sender's VR_PROTOCOL_VERSION          */
+    uint32_t kind;                  /*  8 VR_KIND_*                             */
+    uint32_t body_len;              /* 12 datagram length - 16                  */
+} vr_msg_header;
+
+/* Subscriber -> publisher. */
+typedef struct VR_PACKED vr_hello {
+    vr_msg_header hdr;              /*  0 kind VR_KIND_HELLO, body_len 96        */
+    uint32_t flags;                 /* 16 VR_HELLO_*                             */
+    uint32_t backends;              /* 20 OR of VR_BACKEND_BIT(VR_BACKEND_*)     */
+    uint8_t name[32];               /* 24 UTF-8, NUL-padded                      */
+    uint8_t device_uuid[16];        /* 56 GPU the subscriber uses, 0 = any/none  */
+    uint8_t reserved[40];           /* 72 zero                                   */
+} vr_hello;                         /* 112 */
+
+/* Publisher -> subscriber, with SCM_RIGHTS fds: [0] control memfd,
+ * [1] subscriber-table memfd, [2] pool fd. */
+typedef struct VR_PACKED vr_welcome {
+    vr_msg_header hdr;              /*  0 kind VR_KIND_WELCOME, body_len 96      */
+    uint32_t index;                 /* 16 our entry in the subscriber table      */
+    uint32_t generation;            /* 20 that entry's generation                */
+    uint64_t epoch;                 /* 24 publisher instance                     */
+    uint32_t backend;               /* 32 VR_BACKEND_*                           */
+    uint32_t granted;               /* 36 VR_HELLO_* granted                     */
+    uint64_t control_bytes;         /* 40 bytes to map of fd[0]                  */
+    uint64_t subs_bytes;            /* 48 bytes to map of fd[1]                  */
+    uint64_t pool_bytes;            /* 56 bytes to map of fd[2]                  */
+    uint8_t device_uuid[16];        /* 64 GPU of the pool, 0 for host            */
+    uint8_t reserved[32];           /* 80 zero                                   */
+} vr_welcome;                       /* 112 */
+
+/* Reject (kind 3) or Evicted (kind 4). The layout of Reject never changes
+ * between protocol versions, so a version mismatch can always be reported. */
+typedef struct VR_PACKED vr_notice {
+    vr_msg_header hdr;              /*  0 kind VR_KIND_REJECT/EVICTED, body_len 128 */
+    uint32_t code;                  /* 16 VR_REJECT_* / VR_EVICT_*               */
+    uint32_t reserved;              /* 20 zero                                   */
+    uint8_t reason[120];            /* 24 UTF-8, NUL-padded                      */
+} vr_notice;                        /* 144 */
+
+/* Bye (kind 5) is a bare vr_msg_header with body_len 0. */
+
+/* ======================================================================
+ * Compile-time checks
+ * ====================================================================== */
+
+VR_STATIC_ASSERT(sizeof(vr_ring_info) == 256, "vr_ring_info size");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, layout_version) == 8, "layout_version");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, header_bytes) == 12, "header_bytes");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, control_bytes) == 16, "control_bytes");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, epoch) == 24, "epoch");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, slot_count) == 32, "slot_count");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, slots_offset) == 40, "slots_offset");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, backend) == 48, "backend");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, policy) == 68, "policy");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, plane_offset) == 72, "plane_offset");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, plane_pitch) == 104, "plane_pitch");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, plane_rows) == 136, "plane_rows");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, plane_row_bytes) == 168, "plane_row_bytes");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, frame_bytes) == 200, "frame_bytes");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, slot_stride) == 208, "slot_stride");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, pool_bytes) == 216, "pool_bytes");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, device_uuid) == 224, "device_uuid");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, max_subscribers) == 240, "max_subscribers");
+VR_STATIC_ASSERT(offsetof(vr_ring_info, created_realtime_ns) == 248, "created_realtime_ns");
+VR_STATIC_ASSERT(sizeof(vr_producer_line) == 128, "vr_producer_line size");
+VR_STATIC_ASSERT(offsetof(vr_producer_line, heartbeat_ns) == 8, "heartbeat_ns");
+VR_STATIC_ASSERT(offsetof(vr_producer_line, disconnects) == 40, "disconnects");
+VR_STATIC_ASSERT(sizeof(vr_seq_line) == 128, "vr_seq_line size");
+VR_STATIC_ASSERT(sizeof(vr_doorbell_line) == 128, "vr_doorbell_line size");
+VR_STATIC_ASSERT(sizeof(vr_ring_header) == 640, "vr_ring_header size");
+VR_STATIC_ASSERT(VR_ALIGNOF(vr_ring_header) == 128, "vr_ring_header align");
+VR_STATIC_ASSERT(offsetof(vr_ring_header, producer) == 256, "producer");
+VR_STATIC_ASSERT(offsetof(vr_ring_header, seq) == 384, "seq");
+VR_STATIC_ASSERT(offsetof(vr_ring_header, doorbell) == 512, "doorbell");
+VR_STATIC_ASSERT(sizeof(vr_slot_desc) == 128, "vr_slot_desc size");
+VR_STATIC_ASSERT(VR_ALIGNOF(vr_slot_desc) == 128, "vr_slot_desc align");
+VR_STATIC_ASSERT(offsetof(vr_slot_desc, flags) == 24, "slot flags");
+VR_STATIC_ASSERT(offsetof(vr_slot_desc, user) == 48, "slot user");
+VR_STATIC_ASSERT(offsetof(vr_slot_desc, reserved2) == 112, "slot reserved2");
+VR_STATIC_ASSERT(sizeof(vr_subs_header) == 256, "vr_subs_header size");
+VR_STATIC_ASSERT(offsetof(vr_subs_header, epoch) == 16, "subs epoch");
+VR_STATIC_ASSERT(offsetof(vr_subs_header, entries_offset) == 28, "entries_offset");
+VR_STATIC_ASSERT(sizeof(vr_sub_entry) == 128, "vr_sub_entry size");
+VR_STATIC_ASSERT(VR_ALIGNOF(vr_sub_entry) == 128, "vr_sub_entry align");
+VR_STATIC_ASSERT(offsetof(vr_sub_entry, parked) == 12, "parked");
+VR_STATIC_ASSERT(offsetof(vr_sub_entry, released_seq) == 16, "released_seq");
+VR_STATIC_ASSERT(offsetof(vr_sub_entry, heartbeat_ns) == 56, "sub heartbeat_ns");
+VR_STATIC_ASSERT(offsetof(vr_sub_entry, name) == 64, "sub name");
+VR_STATIC_ASSERT(offsetof(vr_sub_entry, reserved) == 96, "sub reserved");
+
+VR_STATIC_ASSERT(sizeof(vr_msg_header) == VR_HEADER_BYTES, "vr_msg_header size");
+VR_STATIC_ASSERT(sizeof(vr_hello) == VR_HEADER_BYTES + VR_HELLO_BODY_BYTES, "vr_hello size");
+VR_STATIC_ASSERT(offsetof(vr_hello, name) == 24, "hello name");
+VR_STATIC_ASSERT(offsetof(vr_hello, device_uuid) == 56, "hello device_uuid");
+VR_STATIC_ASSERT(sizeof(vr_welcome) == VR_HEADER_BYTES + VR_WELCOME_BODY_BYTES, "vr_welcome size");
+VR_STATIC_ASSERT(offsetof(vr_welcome, epoch) == 24, "welcome epoch");
+VR_STATIC_ASSERT(offsetof(vr_welcome, control_bytes) == 40, "welcome control_bytes");
+VR_STATIC_ASSERT(offsetof(vr_welcome, device_uuid) == 64, "welcome device_uuid");
+VR_STATIC_ASSERT(sizeof(vr_notice) == VR_HEADER_BYTES + VR_NOTICE_BODY_BYTES, "vr_notice size");
+VR_STATIC_ASSERT(offsetof(vr_notice, reason) == 24, "notice reason");
+VR_STATIC_ASSERT(sizeof(vr_notice) <= VR_MAX_MSG_BYTES, "messages fit a datagram");
+
+#endif /* VRAMRING_H */

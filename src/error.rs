@@ -1,0 +1,186 @@
+//! The crate's one error type.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Everything that can go wrong in `vramring`, as typed variants a caller can
+/// match on. Messages say what happened and, where it helps, what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The peer speaks another version of the socket protocol.
+    #[error("protocol version mismatch: {peer_role} speaks protocol {peer}, this build speaks {ours}; upgrade the older side")]
+    VersionMismatch {
+        /// "publisher" or "subscriber": whose version is `peer`.
+        peer_role: &'static str,
+        /// The peer's protocol version.
+        peer: u32,
+        /// This build's protocol version.
+        ours: u32,
+    },
+
+    /// A shared-memory layout read from a peer failed validation.
+    #[error("shared layout rejected: {0}")]
+    LayoutMismatch(String),
+
+    /// A socket message from a peer was malformed.
+    #[error("malformed message from peer: {0}")]
+    BadMessage(String),
+
+    /// The publisher refused this subscriber.
+    #[error("publisher refused the subscription: {reason} (code {code})")]
+    Refused {
+        /// Machine-readable reason code (see `proto/PROTOCOL.md`).
+        code: u32,
+        /// Human-readable reason sent by the publisher.
+        reason: String,
+    },
+
+    /// The publisher went away (process exit, crash, or orderly close).
+    #[error("the publisher is gone (epoch {epoch:#018x})")]
+    ProducerGone {
+        /// Epoch of the publisher instance that went away.
+        epoch: u64,
+    },
+
+    /// This subscriber was evicted by the publisher.
+    #[error("evicted by the publisher: {reason}")]
+    Evicted {
+        /// Why the publisher evicted us.
+        reason: String,
+    },
+
+    /// A wait ran out of time.
+    #[error("timed out after {0:?} waiting for {1}")]
+    Timeout(std::time::Duration, &'static str),
+
+    /// The frame was overwritten by the producer while it was being read.
+    #[error("frame {seq} was overwritten by the producer while being read")]
+    Overrun {
+        /// The sequence number that was overrun.
+        seq: u64,
+    },
+
+    /// Under the lossless policy, a lossless subscriber still holds the slot
+    /// the producer wants to reuse.
+    #[error("lossless subscriber {index} ({name}) still holds frame {held_seq}; the producer waited {waited:?}")]
+    LosslessBlocked {
+        /// Subscriber table index of the slow reader.
+        index: u32,
+        /// Its name from its Hello.
+        name: String,
+        /// The sequence number it still holds.
+        held_seq: u64,
+        /// How long the producer waited.
+        waited: std::time::Duration,
+    },
+
+    /// A live publisher already listens at the socket path.
+    #[error("a publisher is already listening at {0}; refusing to replace a live socket")]
+    AddressInUse(PathBuf),
+
+    /// The ring configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+
+    /// The operation needs a backend other than the one in use.
+    #[error("{what} is not available on the {backend} backend")]
+    WrongBackend {
+        /// What was asked for.
+        what: &'static str,
+        /// The backend in use.
+        backend: &'static str,
+    },
+
+    /// The CUDA backend is not usable on this machine.
+    #[error("CUDA is not usable here: {0}")]
+    CudaUnavailable(String),
+
+    /// A CUDA driver call failed.
+    #[error("CUDA driver call {call} failed with {code} ({name})")]
+    Driver {
+        /// The driver function, e.g. `cuMemCreate`.
+        call: &'static str,
+        /// The raw `CUresult`.
+        code: u32,
+        /// The driver's name for the code.
+        name: String,
+    },
+
+    /// Not enough free device memory for the ring.
+    #[error("not enough free device memory: the ring needs {needed} bytes, {free} are free")]
+    OutOfDeviceMemory {
+        /// Bytes the ring needs.
+        needed: u64,
+        /// Bytes free on the device.
+        free: u64,
+    },
+
+    /// The GPU the publisher uses is not visible to this process.
+    #[error("the publisher's GPU {uuid} is not visible here; check CUDA_VISIBLE_DEVICES and the container's device list")]
+    DeviceNotVisible {
+        /// UUID of the publisher's GPU.
+        uuid: String,
+    },
+
+    /// The peer is not on the allow-list.
+    #[error("peer uid {uid} gid {gid} is not allowed")]
+    PermissionDenied {
+        /// The peer's uid.
+        uid: u32,
+        /// The peer's gid.
+        gid: u32,
+    },
+
+    /// The publisher's subscriber table is full.
+    #[error("the publisher's subscriber table is full ({0} entries)")]
+    TooManySubscribers(u32),
+
+    /// An operating-system call failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What we were doing.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// A payload is larger than the ring allows.
+    #[error("payload of {len} bytes exceeds the maximum of {max}")]
+    TooLarge {
+        /// Size offered.
+        len: usize,
+        /// Largest size accepted.
+        max: usize,
+    },
+
+    /// The object was closed already.
+    #[error("already closed")]
+    Closed,
+
+    /// A device-memory watchdog is already running in this process.
+    #[error("a device-memory watchdog is already running in this process; stop it before starting another")]
+    WatchdogRunning,
+}
+
+/// Shorthand for `Result<T, vramring::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// An [`Error::Io`] with context.
+    pub fn io(context: impl Into<String>, source: impl Into<io::Error>) -> Self {
+        Error::Io { context: context.into(), source: source.into() }
+    }
+}
+
+/// Attach context to OS errors.
+pub(crate) trait IoContext<T> {
+    fn ctx(self, context: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T, E: Into<io::Error>> IoContext<T> for std::result::Result<T, E> {
+    fn ctx(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| Error::Io { context: context(), source: e.into() })
+    }
+}

@@ -1,0 +1,553 @@
+//! The shared-memory layout: `#[repr(C)]` structs of fixed-width atomics,
+//! pinned by compile-time asserts and mirrored by `proto/vramring.h`.
+//!
+//! Two memfds carry the layout to subscribers:
+//!
+//! * the **control region**: [`RingHeader`] followed by `slot_count`
+//!   [`SlotDesc`]s. Only the publisher writes it; it is sealed with
+//!   `F_SEAL_FUTURE_WRITE | F_SEAL_SHRINK | F_SEAL_GROW` before it is sent,
+//!   so subscribers can map it read-only only and a publisher cannot shrink
+//!   it under them (no `SIGBUS`).
+//! * the **subscriber table**: [`SubsHeader`] followed by `max_subscribers`
+//!   [`SubEntry`]s. The publisher assigns entries; each subscriber writes its
+//!   own entry's cursor, counters and `parked` flag.
+//!
+//! Everything is little-endian, fixed-width, and reached through `&Atomic*`
+//! only. Nothing read from a peer is trusted: [`RingInfo::validate`] checks
+//! every immutable field once, copies it out, and the rest of the crate uses
+//! the copy; every slot index is masked with `slot_count - 1`.
+
+use crate::error::{Error, Result};
+use crate::format::{Format, Geometry, Plane, MAX_PLANES, PITCH_ALIGN, PLANE_ALIGN, SLOT_ALIGN};
+use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Magic of the control region: the bytes `VRAMRING`.
+pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"VRAMRING");
+/// Magic of the subscriber table: the bytes `VRSUBTAB`.
+pub const SUBS_MAGIC: u64 = u64::from_le_bytes(*b"VRSUBTAB");
+/// Version of this shared layout. Any change to a struct below bumps it.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// Fewest slots a ring may have.
+pub const MIN_SLOTS: u32 = 2;
+/// Most slots a ring may have.
+pub const MAX_SLOTS: u32 = 1024;
+/// Default size of the subscriber table.
+pub const DEFAULT_MAX_SUBSCRIBERS: u32 = 64;
+/// Largest subscriber table accepted.
+pub const MAX_SUBSCRIBERS_LIMIT: u32 = 1024;
+/// Words of user metadata per frame (64 bytes).
+pub const USER_META_WORDS: usize = 8;
+/// Bytes of user metadata per frame.
+pub const USER_META_BYTES: usize = USER_META_WORDS * 8;
+/// Bytes of a subscriber's name in its table entry.
+pub const NAME_BYTES: usize = 32;
+
+/// Slot seq bit: the slot is being written for the seq in the low bits.
+pub const SEQ_WRITING: u64 = 1 << 63;
+
+/// `backend` code: host memfd pool.
+pub const BACKEND_HOST: u32 = 1;
+/// `backend` code: CUDA VMM pool exported as a POSIX file descriptor.
+pub const BACKEND_CUDA: u32 = 2;
+
+/// `policy` code: the producer never waits.
+pub const POLICY_OVERWRITE: u32 = 0;
+/// `policy` code: the producer waits for lossless subscribers.
+pub const POLICY_LOSSLESS: u32 = 1;
+
+/// `producer.state`: being created.
+pub const PRODUCER_INIT: u32 = 0;
+/// `producer.state`: publishing.
+pub const PRODUCER_LIVE: u32 = 1;
+/// `producer.state`: closed in order; no more frames will come.
+pub const PRODUCER_CLOSED: u32 = 2;
+
+/// `SubEntry.state`: free.
+pub const SUB_FREE: u32 = 0;
+/// `SubEntry.state`: assigned to a connected subscriber.
+pub const SUB_ACTIVE: u32 = 1;
+/// `SubEntry.state`: evicted; the publisher no longer waits for it.
+pub const SUB_EVICTED: u32 = 2;
+
+/// `SubEntry.flags`: lossless (the producer waits for its cursor).
+pub const SUBF_LOSSLESS: u32 = 1;
+/// `SubEntry.flags`: reads every frame in order.
+pub const SUBF_SEQUENTIAL: u32 = 2;
+/// `SubEntry.flags`: granted write access to the pool.
+pub const SUBF_WRITE: u32 = 4;
+
+/// `SlotDesc.flags`: user flag, the frame is a keyframe / scene start.
+pub const FRAME_KEY: u32 = 1;
+/// `SlotDesc.flags`: user flag, a discontinuity precedes this frame.
+pub const FRAME_DISCONTINUITY: u32 = 2;
+
+/// Immutable description of the ring, written once by the publisher before
+/// `layout_version` (the ready word) is stored with Release.
+#[repr(C, align(128))]
+pub struct RingInfo0 {
+    /// [`RING_MAGIC`].
+    pub magic: AtomicU64,
+    /// [`LAYOUT_VERSION`]; 0 until the region is ready.
+    /// SYNC: ring-ready (Release by creator, Acquire by opener).
+    pub layout_version: AtomicU32,
+    /// `size_of::<RingHeader>()`.
+    pub header_bytes: AtomicU32,
+    /// Bytes of the whole control region.
+    pub control_bytes: AtomicU64,
+    /// Random per publisher instance.
+    pub epoch: AtomicU64,
+    /// Slots in the ring, a power of two.
+    pub slot_count: AtomicU32,
+    /// `size_of::<SlotDesc>()`.
+    pub slot_desc_bytes: AtomicU32,
+    /// Byte offset of the first [`SlotDesc`] in the control region.
+    pub slots_offset: AtomicU64,
+    /// `BACKEND_*`.
+    pub backend: AtomicU32,
+    /// [`Format::code`].
+    pub format: AtomicU32,
+    /// Width in pixels.
+    pub width: AtomicU32,
+    /// Height in rows.
+    pub height: AtomicU32,
+    /// Planes in use.
+    pub plane_count: AtomicU32,
+    /// `POLICY_*`.
+    pub policy: AtomicU32,
+    /// Byte offset of each plane inside a slot.
+    pub plane_offset: [AtomicU64; MAX_PLANES],
+    /// Pitch of each plane.
+    pub plane_pitch: [AtomicU64; MAX_PLANES],
+    /// Rows of each plane.
+    pub plane_rows: [AtomicU64; MAX_PLANES],
+    /// Bytes of pixel data per row of each plane.
+    pub plane_row_bytes: [AtomicU64; MAX_PLANES],
+    /// Bytes from slot start to the end of the last plane.
+    pub frame_bytes: AtomicU64,
+    /// Bytes between slots in the pool.
+    pub slot_stride: AtomicU64,
+    /// Bytes of the pool allocation (what a subscriber maps).
+    pub pool_bytes: AtomicU64,
+    /// UUID of the GPU holding the pool (zero for the host backend).
+    pub device_uuid: [AtomicU64; 2],
+    /// Entries in the subscriber table.
+    pub max_subscribers: AtomicU32,
+    /// Reserved, zero.
+    pub reserved0: AtomicU32,
+    /// `CLOCK_REALTIME` at creation, ns.
+    pub created_realtime_ns: AtomicU64,
+}
+
+/// Producer state, on its own cache lines.
+#[repr(C, align(128))]
+pub struct ProducerLine {
+    /// `PRODUCER_*`.
+    /// SYNC: producer-state (Release by publisher on close, Acquire by readers).
+    pub state: AtomicU32,
+    /// Reserved, zero.
+    pub reserved0: AtomicU32,
+    /// `CLOCK_MONOTONIC` ns of the last publish or service tick.
+    pub heartbeat_ns: AtomicU64,
+    /// Frames published (equals `global_seq`; kept for inspection tools).
+    pub published: AtomicU64,
+    /// Lossless subscribers evicted so far.
+    pub evictions: AtomicU64,
+    /// Subscribers that connected so far.
+    pub connects: AtomicU64,
+    /// Subscribers whose connection closed so far.
+    pub disconnects: AtomicU64,
+}
+
+/// The newest published sequence number, alone on its cache lines.
+#[repr(C, align(128))]
+pub struct SeqLine {
+    /// Newest committed seq (0: none yet).
+    /// SYNC: global-seq (Release by publisher after the slot seq, Acquire by subscribers).
+    pub global_seq: AtomicU64,
+}
+
+/// The futex word subscribers park on, alone on its cache lines.
+#[repr(C, align(128))]
+pub struct DoorbellLine {
+    /// Incremented by the publisher after a publish when any entry is `parked`.
+    /// SYNC: doorbell (Release increment by publisher, Acquire load by waiter).
+    pub doorbell: AtomicU32,
+}
+
+/// The head of the control region.
+#[repr(C, align(128))]
+pub struct RingHeader {
+    /// Immutable description.
+    pub info: RingInfo0,
+    /// Producer state.
+    pub producer: ProducerLine,
+    /// `global_seq`.
+    pub seq: SeqLine,
+    /// Futex word.
+    pub doorbell: DoorbellLine,
+}
+
+/// One slot's descriptor. Written only by the publisher, under the seqlock
+/// rule in [`crate::protocol`].
+#[repr(C, align(128))]
+pub struct SlotDesc {
+    /// Seq of the frame in the slot; `seq | SEQ_WRITING` while being written;
+    /// 0 never written.
+    /// SYNC: slot-seq (Release by publisher at commit, Acquire by reader before the copy).
+    pub seq: AtomicU64,
+    /// Presentation timestamp (i64 bits), user units.
+    pub pts: AtomicU64,
+    /// `CLOCK_MONOTONIC` ns when the frame was committed.
+    pub commit_ns: AtomicU64,
+    /// `FRAME_*` flags.
+    pub flags: AtomicU32,
+    /// Bytes of user metadata used (at most [`USER_META_BYTES`]).
+    pub user_len: AtomicU32,
+    /// Reserved, zero.
+    pub reserved: [AtomicU64; 2],
+    /// User metadata.
+    pub user: [AtomicU64; USER_META_WORDS],
+    /// Reserved, zero.
+    pub reserved2: [AtomicU64; 2],
+}
+
+/// The head of the subscriber table.
+#[repr(C, align(128))]
+pub struct SubsHeader {
+    /// [`SUBS_MAGIC`].
+    pub magic: AtomicU64,
+    /// [`LAYOUT_VERSION`]; 0 until ready. SYNC: subs-ready.
+    pub layout_version: AtomicU32,
+    /// Entries in the table.
+    pub max_subscribers: AtomicU32,
+    /// Same as the ring's epoch.
+    pub epoch: AtomicU64,
+    /// `size_of::<SubEntry>()`.
+    pub entry_bytes: AtomicU32,
+    /// `size_of::<SubsHeader>()`: byte offset of entry 0.
+    pub entries_offset: AtomicU32,
+    /// Reserved, zero.
+    pub reserved: [AtomicU64; 28],
+}
+
+/// One subscriber's entry.
+#[repr(C, align(128))]
+pub struct SubEntry {
+    /// `SUB_*`; written by the publisher.
+    /// SYNC: sub-state (Release by publisher, Acquire by publisher's producer path / subscriber).
+    pub state: AtomicU32,
+    /// `SUBF_*`; written by the publisher.
+    pub flags: AtomicU32,
+    /// Incremented by the publisher at each assignment of this entry.
+    pub generation: AtomicU32,
+    /// Non-zero while the subscriber is parked (or about to park) on the
+    /// doorbell futex; written by the subscriber.
+    /// SYNC: park (SeqCst fence on both sides, see `protocol::wait`).
+    pub parked: AtomicU32,
+    /// Lossless cursor: the newest seq this subscriber is done with.
+    /// SYNC: release-cursor (Release by subscriber after its copy completes,
+    /// Acquire by producer before reusing the slot).
+    pub released_seq: AtomicU64,
+    /// Seq being copied or borrowed now, 0 when none (informational).
+    pub reading_seq: AtomicU64,
+    /// Frames handed to the user.
+    pub delivered: AtomicU64,
+    /// Frames skipped (gaps).
+    pub dropped: AtomicU64,
+    /// Reads discarded because the producer overwrote the slot mid-read.
+    pub overruns: AtomicU64,
+    /// `CLOCK_MONOTONIC` ns of the subscriber's last read.
+    pub heartbeat_ns: AtomicU64,
+    /// Name from the subscriber's Hello, NUL-padded UTF-8.
+    pub name: [AtomicU64; NAME_BYTES / 8],
+    /// Reserved, zero.
+    pub reserved: [AtomicU64; 4],
+}
+
+#[cfg(not(loom))]
+const _: () = {
+    use std::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<RingInfo0>() == 256);
+    assert!(offset_of!(RingInfo0, layout_version) == 8);
+    assert!(offset_of!(RingInfo0, epoch) == 24);
+    assert!(offset_of!(RingInfo0, slot_count) == 32);
+    assert!(offset_of!(RingInfo0, backend) == 48);
+    assert!(offset_of!(RingInfo0, plane_offset) == 72);
+    assert!(offset_of!(RingInfo0, plane_pitch) == 104);
+    assert!(offset_of!(RingInfo0, plane_rows) == 136);
+    assert!(offset_of!(RingInfo0, plane_row_bytes) == 168);
+    assert!(offset_of!(RingInfo0, frame_bytes) == 200);
+    assert!(offset_of!(RingInfo0, device_uuid) == 224);
+    assert!(offset_of!(RingInfo0, created_realtime_ns) == 248);
+    assert!(size_of::<ProducerLine>() == 128);
+    assert!(size_of::<SeqLine>() == 128);
+    assert!(size_of::<DoorbellLine>() == 128);
+    assert!(size_of::<RingHeader>() == 640);
+    assert!(offset_of!(RingHeader, producer) == 256);
+    assert!(offset_of!(RingHeader, seq) == 384);
+    assert!(offset_of!(RingHeader, doorbell) == 512);
+    assert!(align_of::<RingHeader>() == 128);
+    assert!(size_of::<SlotDesc>() == 128);
+    assert!(offset_of!(SlotDesc, user) == 48);
+    assert!(size_of::<SubsHeader>() == 256);
+    assert!(offset_of!(SubEntry, parked) == 12);
+    assert!(size_of::<SubEntry>() == 128);
+    assert!(offset_of!(SubEntry, released_seq) == 16);
+    assert!(offset_of!(SubEntry, heartbeat_ns) == 56);
+    assert!(offset_of!(SubEntry, name) == 64);
+};
+
+/// Bytes of a control region with `slot_count` slots.
+pub const fn control_bytes(slot_count: u32) -> u64 {
+    std::mem::size_of::<RingHeader>() as u64 + slot_count as u64 * std::mem::size_of::<SlotDesc>() as u64
+}
+
+/// Bytes of a subscriber table with `max_subscribers` entries.
+pub const fn subs_bytes(max_subscribers: u32) -> u64 {
+    std::mem::size_of::<SubsHeader>() as u64 + max_subscribers as u64 * std::mem::size_of::<SubEntry>() as u64
+}
+
+/// The validated, immutable description of a ring, copied out of the control
+/// region once. Nothing here is re-read from shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingInfo {
+    /// The publisher instance.
+    pub epoch: u64,
+    /// Slots, a power of two in `MIN_SLOTS..=MAX_SLOTS`.
+    pub slot_count: u32,
+    /// `BACKEND_*`.
+    pub backend: u32,
+    /// `POLICY_*`.
+    pub policy: u32,
+    /// Format and plane layout.
+    pub geometry: Geometry,
+    /// Pool bytes to map.
+    pub pool_bytes: u64,
+    /// GPU UUID, zero for host.
+    pub device_uuid: [u8; 16],
+    /// Subscriber table entries.
+    pub max_subscribers: u32,
+    /// Bytes of the control region.
+    pub control_bytes: u64,
+}
+
+impl RingInfo {
+    /// `slot_count - 1`, the mask for slot indices.
+    pub const fn mask(&self) -> u64 {
+        self.slot_count as u64 - 1
+    }
+
+    /// Writes every immutable field into `h`, then the ready word (Release).
+    pub(crate) fn write_to(&self, h: &RingHeader, created_realtime_ns: u64) {
+        let i = &h.info;
+        let g = &self.geometry;
+        // Relaxed: the region is not shared yet; the Release store of
+        // `layout_version` below publishes all of these.
+        i.magic.store(RING_MAGIC, Ordering::Relaxed);
+        i.header_bytes.store(std::mem::size_of::<RingHeader>() as u32, Ordering::Relaxed);
+        i.control_bytes.store(self.control_bytes, Ordering::Relaxed);
+        i.epoch.store(self.epoch, Ordering::Relaxed);
+        i.slot_count.store(self.slot_count, Ordering::Relaxed);
+        i.slot_desc_bytes.store(std::mem::size_of::<SlotDesc>() as u32, Ordering::Relaxed);
+        i.slots_offset.store(std::mem::size_of::<RingHeader>() as u64, Ordering::Relaxed);
+        i.backend.store(self.backend, Ordering::Relaxed);
+        i.format.store(g.format.code(), Ordering::Relaxed);
+        i.width.store(g.width, Ordering::Relaxed);
+        i.height.store(g.height, Ordering::Relaxed);
+        i.plane_count.store(g.plane_count as u32, Ordering::Relaxed);
+        i.policy.store(self.policy, Ordering::Relaxed);
+        for (k, p) in g.planes.iter().enumerate() {
+            i.plane_offset[k].store(p.offset, Ordering::Relaxed);
+            i.plane_pitch[k].store(p.pitch, Ordering::Relaxed);
+            i.plane_rows[k].store(p.rows, Ordering::Relaxed);
+            i.plane_row_bytes[k].store(p.row_bytes, Ordering::Relaxed);
+        }
+        i.frame_bytes.store(g.frame_bytes, Ordering::Relaxed);
+        i.slot_stride.store(g.slot_stride, Ordering::Relaxed);
+        i.pool_bytes.store(self.pool_bytes, Ordering::Relaxed);
+        i.device_uuid[0].store(u64::from_le_bytes(self.device_uuid[..8].try_into().unwrap_or([0; 8])), Ordering::Relaxed);
+        i.device_uuid[1].store(u64::from_le_bytes(self.device_uuid[8..].try_into().unwrap_or([0; 8])), Ordering::Relaxed);
+        i.max_subscribers.store(self.max_subscribers, Ordering::Relaxed);
+        i.created_realtime_ns.store(created_realtime_ns, Ordering::Relaxed);
+        // SYNC: ring-ready — Release: every field above is visible to an
+        // opener that Acquire-loads a non-zero version.
+        i.layout_version.store(LAYOUT_VERSION, Ordering::Release);
+    }
+
+    /// Reads and validates the immutable description in `h`, a control region
+    /// of `region_bytes` mapped bytes written by an untrusted peer.
+    ///
+    /// # Errors
+    /// [`Error::LayoutMismatch`] naming the first field that is wrong.
+    pub fn validate(h: &RingHeader, region_bytes: u64) -> Result<RingInfo> {
+        let bad = |what: String| Err(Error::LayoutMismatch(what));
+        let i = &h.info;
+        // SYNC: ring-ready — Acquire pairs with the creator's Release store.
+        let version = i.layout_version.load(Ordering::Acquire);
+        let magic = i.magic.load(Ordering::Relaxed);
+        if magic != RING_MAGIC {
+            return bad(format!("control region magic is {magic:#018x}, expected {RING_MAGIC:#018x}"));
+        }
+        if version != LAYOUT_VERSION {
+            return bad(format!("control region layout version {version}, this build reads {LAYOUT_VERSION}"));
+        }
+        let ld32 = |a: &AtomicU32| a.load(Ordering::Relaxed);
+        let ld64 = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        if ld32(&i.header_bytes) as usize != std::mem::size_of::<RingHeader>() {
+            return bad(format!("header size {} != {}", ld32(&i.header_bytes), std::mem::size_of::<RingHeader>()));
+        }
+        if ld32(&i.slot_desc_bytes) as usize != std::mem::size_of::<SlotDesc>() {
+            return bad(format!("slot descriptor size {}", ld32(&i.slot_desc_bytes)));
+        }
+        if ld64(&i.slots_offset) != std::mem::size_of::<RingHeader>() as u64 {
+            return bad(format!("slots offset {}", ld64(&i.slots_offset)));
+        }
+        let slot_count = ld32(&i.slot_count);
+        if !slot_count.is_power_of_two() || !(MIN_SLOTS..=MAX_SLOTS).contains(&slot_count) {
+            return bad(format!("slot count {slot_count} is not a power of two in {MIN_SLOTS}..={MAX_SLOTS}"));
+        }
+        let control = ld64(&i.control_bytes);
+        if control != control_bytes(slot_count) || control > region_bytes {
+            return bad(format!(
+                "control region claims {control} bytes; {slot_count} slots need {}, {region_bytes} are mapped",
+                control_bytes(slot_count)
+            ));
+        }
+        let backend = ld32(&i.backend);
+        if backend != BACKEND_HOST && backend != BACKEND_CUDA {
+            return bad(format!("unknown backend code {backend}"));
+        }
+        let policy = ld32(&i.policy);
+        if policy != POLICY_OVERWRITE && policy != POLICY_LOSSLESS {
+            return bad(format!("unknown policy code {policy}"));
+        }
+        let max_subscribers = ld32(&i.max_subscribers);
+        if max_subscribers == 0 || max_subscribers > MAX_SUBSCRIBERS_LIMIT {
+            return bad(format!("subscriber table of {max_subscribers} entries"));
+        }
+        let code = ld32(&i.format);
+        let Some(format) = Format::from_code(code) else {
+            return bad(format!("unknown format code {code}"));
+        };
+        let expect = Geometry::new(format, ld32(&i.width), ld32(&i.height))
+            .map_err(|e| Error::LayoutMismatch(format!("frame geometry: {e}")))?;
+        let plane_count = ld32(&i.plane_count) as usize;
+        if plane_count != expect.plane_count {
+            return bad(format!("{} needs {} planes, header says {plane_count}", format.name(), expect.plane_count));
+        }
+        let frame_bytes = ld64(&i.frame_bytes);
+        let slot_stride = ld64(&i.slot_stride);
+        if frame_bytes > slot_stride || slot_stride % SLOT_ALIGN != 0 || slot_stride == 0 {
+            return bad(format!("frame bytes {frame_bytes} / slot stride {slot_stride}"));
+        }
+        let mut planes = [Plane::default(); MAX_PLANES];
+        for k in 0..plane_count {
+            let p = Plane {
+                offset: ld64(&i.plane_offset[k]),
+                pitch: ld64(&i.plane_pitch[k]),
+                rows: ld64(&i.plane_rows[k]),
+                row_bytes: ld64(&i.plane_row_bytes[k]),
+            };
+            let want = expect.planes[k];
+            let end = p.pitch.checked_mul(p.rows).and_then(|s| s.checked_add(p.offset));
+            if p.rows != want.rows
+                || p.row_bytes != want.row_bytes
+                || p.pitch < p.row_bytes
+                || p.pitch % PITCH_ALIGN != 0
+                || p.offset % PLANE_ALIGN != 0
+                || end.is_none_or(|e| e > frame_bytes)
+            {
+                return bad(format!("plane {k} {p:?} does not fit a {}x{} {} frame of {frame_bytes} bytes", expect.width, expect.height, format.name()));
+            }
+            planes[k] = p;
+        }
+        let pool_bytes = ld64(&i.pool_bytes);
+        if (slot_count as u64).checked_mul(slot_stride).is_none_or(|need| need > pool_bytes) {
+            return bad(format!("pool of {pool_bytes} bytes cannot hold {slot_count} slots of {slot_stride}"));
+        }
+        let mut device_uuid = [0u8; 16];
+        device_uuid[..8].copy_from_slice(&ld64(&i.device_uuid[0]).to_le_bytes());
+        device_uuid[8..].copy_from_slice(&ld64(&i.device_uuid[1]).to_le_bytes());
+        let geometry = Geometry { planes, frame_bytes, slot_stride, ..expect };
+        Ok(RingInfo {
+            epoch: ld64(&i.epoch),
+            slot_count,
+            backend,
+            policy,
+            geometry,
+            pool_bytes,
+            device_uuid,
+            max_subscribers,
+            control_bytes: control,
+        })
+    }
+}
+
+impl SubsHeader {
+    /// Writes the table head, then its ready word (Release).
+    pub(crate) fn init(&self, max_subscribers: u32, epoch: u64) {
+        // Relaxed: not shared yet; published by the Release below.
+        self.magic.store(SUBS_MAGIC, Ordering::Relaxed);
+        self.max_subscribers.store(max_subscribers, Ordering::Relaxed);
+        self.epoch.store(epoch, Ordering::Relaxed);
+        self.entry_bytes.store(std::mem::size_of::<SubEntry>() as u32, Ordering::Relaxed);
+        self.entries_offset.store(std::mem::size_of::<SubsHeader>() as u32, Ordering::Relaxed);
+        // SYNC: subs-ready — Release, paired with the Acquire in `validate`.
+        self.layout_version.store(LAYOUT_VERSION, Ordering::Release);
+    }
+
+    /// Checks a subscriber table mapped from a peer against the ring it
+    /// belongs to.
+    ///
+    /// # Errors
+    /// [`Error::LayoutMismatch`] naming the wrong field.
+    pub fn validate(&self, ring: &RingInfo, region_bytes: u64) -> Result<()> {
+        // SYNC: subs-ready — Acquire.
+        let version = self.layout_version.load(Ordering::Acquire);
+        let bad = |what: String| Err(Error::LayoutMismatch(what));
+        if self.magic.load(Ordering::Relaxed) != SUBS_MAGIC || version != LAYOUT_VERSION {
+            return bad("subscriber table magic or version".into());
+        }
+        let n = self.max_subscribers.load(Ordering::Relaxed);
+        if n != ring.max_subscribers || subs_bytes(n) > region_bytes {
+            return bad(format!("subscriber table of {n} entries in {region_bytes} bytes"));
+        }
+        if self.epoch.load(Ordering::Relaxed) != ring.epoch {
+            return bad("subscriber table belongs to another publisher instance".into());
+        }
+        if self.entry_bytes.load(Ordering::Relaxed) as usize != std::mem::size_of::<SubEntry>()
+            || self.entries_offset.load(Ordering::Relaxed) as usize != std::mem::size_of::<SubsHeader>()
+        {
+            return bad("subscriber entry size or offset".into());
+        }
+        Ok(())
+    }
+}
+
+impl SubEntry {
+    /// Stores `name` (truncated to [`NAME_BYTES`] at a char boundary).
+    pub(crate) fn set_name(&self, name: &str) {
+        let mut buf = [0u8; NAME_BYTES];
+        let mut n = name.len().min(NAME_BYTES);
+        while !name.is_char_boundary(n) {
+            n -= 1;
+        }
+        buf[..n].copy_from_slice(&name.as_bytes()[..n]);
+        for (w, chunk) in self.name.iter().zip(buf.chunks_exact(8)) {
+            // Relaxed: informational; written before the entry's state is
+            // stored with Release.
+            w.store(u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8])), Ordering::Relaxed);
+        }
+    }
+
+    /// The stored name, lossily decoded.
+    pub fn name(&self) -> String {
+        let mut buf = [0u8; NAME_BYTES];
+        for (w, chunk) in self.name.iter().zip(buf.chunks_exact_mut(8)) {
+            chunk.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(NAME_BYTES);
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    }
+}

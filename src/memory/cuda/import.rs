@@ -1,0 +1,331 @@
+//! [`CudaImport`]: a subscriber's mapping of the publisher's pool, with its
+//! own stream and its own device buffer that frames are copied into.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use super::context::with_context;
+use super::driver::{Access, CuContext, CuDevice, CuStream, DevicePtr, Driver, MemHandle};
+use super::real::RealDriver;
+use super::{find_device_by_uuid, format_uuid, round_up};
+use crate::error::{Error, Result};
+use crate::memory::{BackendKind, ImportedPool};
+
+/// The subscriber's own buffer grows in steps of this many bytes.
+const DEST_STEP: u64 = 2 << 20;
+
+/// A subscriber's import of a [`CudaPool`](super::CudaPool): the pool FD
+/// imported once, mapped read-only (unless write access was granted) on the
+/// GPU with the publisher's UUID, a non-blocking stream of its own, and its
+/// own device buffer (`cuMemAlloc`, grown as needed) that
+/// [`copy_out`](ImportedPool::copy_out) copies a slot into.
+///
+/// Holds a reference to the device's primary context, which owns the
+/// mapping, stream and buffer. See the [module docs](super) for teardown.
+pub struct CudaImport<D: Driver = RealDriver> {
+    driver: Arc<D>,
+    device: CuDevice,
+    uuid: [u8; 16],
+    bytes: u64,
+    writable: bool,
+    ctx: Option<CuContext>,
+    handle: Option<MemHandle>,
+    va: Option<DevicePtr>,
+    mapped: bool,
+    stream: Option<CuStream>,
+    dest: Option<DevicePtr>,
+    dest_cap: u64,
+    ready: bool,
+}
+
+impl<D: Driver> std::fmt::Debug for CudaImport<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaImport")
+            .field("device", &self.device)
+            .field("uuid", &format_uuid(&self.uuid))
+            .field("bytes", &self.bytes)
+            .field("writable", &self.writable)
+            .field("base", &self.va)
+            .field("open", &self.ctx.is_some())
+            .finish()
+    }
+}
+
+impl CudaImport<RealDriver> {
+    /// [`CudaImport::import`] with the real driver.
+    ///
+    /// # Errors
+    /// As [`CudaImport::import`].
+    pub fn import_default(fd: OwnedFd, bytes: u64, device_uuid: [u8; 16], writable: bool) -> Result<Self> {
+        Self::import(RealDriver::shared()?, fd, bytes, device_uuid, writable)
+    }
+}
+
+impl<D: Driver> CudaImport<D> {
+    /// Imports the pool `fd` of `bytes` bytes (the publisher's
+    /// `pool_bytes`), which lives on the GPU with UUID `device_uuid`, and maps
+    /// it read-only, or read-write when `writable`.
+    ///
+    /// `fd` is closed when this returns: the driver does not take ownership
+    /// of an imported descriptor, and the imported handle keeps the memory
+    /// alive without it.
+    ///
+    /// On failure, everything made so far is released in the import's
+    /// context.
+    ///
+    /// # Errors
+    /// [`Error::DeviceNotVisible`] when no GPU here has that UUID;
+    /// [`Error::LayoutMismatch`] when `bytes` is not a whole number of
+    /// allocation granules; [`Error::Driver`] when a driver call fails (for
+    /// instance an FD that is not a CUDA allocation).
+    pub fn import(driver: Arc<D>, fd: OwnedFd, bytes: u64, device_uuid: [u8; 16], writable: bool) -> Result<Self> {
+        driver.init()?;
+        let dev = find_device_by_uuid(&*driver, &device_uuid)?;
+        let mut imp = CudaImport {
+            driver,
+            device: dev,
+            uuid: device_uuid,
+            bytes,
+            writable,
+            ctx: None,
+            handle: None,
+            va: None,
+            mapped: false,
+            stream: None,
+            dest: None,
+            dest_cap: 0,
+            ready: false,
+        };
+        let built = imp.build(&fd);
+        // The driver did not take `fd` (CUDA docs: import does not take
+        // ownership of the descriptor); we own it and close it now.
+        drop(fd);
+        match built {
+            Ok(()) => Ok(imp),
+            Err(e) => {
+                if let Err(ce) = imp.close() {
+                    tracing::warn!(error = %ce, "unwinding a CUDA import that failed to build; drop retries");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn build(&mut self, fd: &OwnedFd) -> Result<()> {
+        let d = Arc::clone(&self.driver);
+        let dev = self.device;
+        let granularity = d.mem_granularity(dev)?;
+        if self.bytes == 0 || round_up(self.bytes, granularity) != Some(self.bytes) {
+            return Err(Error::LayoutMismatch(format!(
+                "pool of {} bytes is not a whole number of {granularity}-byte granules",
+                self.bytes
+            )));
+        }
+        let ctx = d.primary_ctx_retain(dev)?;
+        self.ctx = Some(ctx);
+        let access = if self.writable { Access::ReadWrite } else { Access::Read };
+        let body = |d: &D| -> Result<_> {
+                let handle = d.mem_import_fd(fd.as_fd())?;
+                self.handle = Some(handle);
+                let va = d.mem_address_reserve(self.bytes, granularity)?;
+                self.va = Some(va);
+                // SAFETY: `va` is a fresh reservation of `bytes`; `handle` is live.
+                unsafe { d.mem_map(va, self.bytes, handle) }?;
+                self.mapped = true;
+                // SAFETY: `[va, va+bytes)` is the mapping just made.
+                unsafe { d.mem_set_access(va, self.bytes, dev, access) }?;
+                self.stream = Some(d.stream_create_non_blocking()?);
+                Ok(())
+        };
+        // SAFETY: `ctx` is retained by `self` until `close` releases it last.
+        unsafe { with_context(&*d, ctx, body) }?;
+        self.ready = true;
+        Ok(())
+    }
+
+    fn open_ctx(&self) -> Result<CuContext> {
+        self.ctx.filter(|_| self.ready).ok_or(Error::Closed)
+    }
+
+    /// The import's context (its device's primary context).
+    ///
+    /// # Errors
+    /// [`Error::Closed`] after `close`.
+    pub fn context(&self) -> Result<CuContext> {
+        self.open_ctx()
+    }
+
+    /// The import's own non-blocking stream, which copies run on.
+    ///
+    /// # Errors
+    /// [`Error::Closed`] after `close`.
+    pub fn stream(&self) -> Result<CuStream> {
+        self.stream.filter(|_| self.ready).ok_or(Error::Closed)
+    }
+
+    /// The device ordinal, in this process, of the publisher's GPU.
+    pub fn device(&self) -> CuDevice {
+        self.device
+    }
+
+    /// The driver.
+    pub fn driver(&self) -> &Arc<D> {
+        &self.driver
+    }
+
+    /// Bytes the subscriber's own buffer holds now.
+    pub fn dest_capacity(&self) -> u64 {
+        self.dest_cap
+    }
+
+    /// Releases everything, phase by phase, with the import's context pushed
+    /// and the caller's context restored: the stream is synchronised and
+    /// destroyed; the mapping unmapped, the range freed, the imported handle
+    /// released; the own buffer freed; the primary-context reference
+    /// released last. Each handle is forgotten only once the driver
+    /// confirmed its release.
+    ///
+    /// Idempotent after success; after an error, call it again.
+    ///
+    /// # Errors
+    /// The first driver call that failed; what it failed to release is still
+    /// held.
+    pub fn close(&mut self) -> Result<()> {
+        self.ready = false;
+        let Some(ctx) = self.ctx else { return Ok(()) };
+        let d = Arc::clone(&self.driver);
+        if self.stream.is_some() || self.mapped || self.va.is_some() || self.handle.is_some() || self.dest.is_some() {
+            let body = |d: &D| -> Result<_> {
+                    if let Some(s) = self.stream {
+                        // SAFETY: our live stream.
+                        unsafe { d.stream_synchronize(s) }?;
+                        // SAFETY: our live stream, now idle.
+                        unsafe { d.stream_destroy(s) }?;
+                        self.stream = None;
+                    }
+                    if self.mapped {
+                        let va = self.va.ok_or(Error::Closed)?;
+                        // SAFETY: our mapping of `bytes`; no copy reads it
+                        // any more (the stream is gone).
+                        unsafe { d.mem_unmap(va, self.bytes) }?;
+                        self.mapped = false;
+                    }
+                    if let Some(va) = self.va {
+                        // SAFETY: our reservation, unmapped above.
+                        unsafe { d.mem_address_free(va, self.bytes) }?;
+                        self.va = None;
+                    }
+                    if let Some(h) = self.handle {
+                        // SAFETY: our imported handle, no longer mapped.
+                        unsafe { d.mem_release(h) }?;
+                        self.handle = None;
+                    }
+                    if let Some(p) = self.dest {
+                        // SAFETY: our `cuMemAlloc` buffer; no copy writes it
+                        // any more (the stream is gone).
+                        unsafe { d.mem_free(p) }?;
+                        self.dest = None;
+                        self.dest_cap = 0;
+                    }
+                    Ok(())
+            };
+            // SAFETY: `ctx` stays retained until the last phase below.
+            unsafe { with_context(&*d, ctx, body) }?;
+        }
+        d.primary_ctx_release(self.device)?;
+        self.ctx = None;
+        Ok(())
+    }
+}
+
+impl<D: Driver> ImportedPool for CudaImport<D> {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    fn base_addr(&self) -> u64 {
+        if self.ready {
+            self.va.unwrap_or(0)
+        } else {
+            0
+        }
+    }
+
+    fn pool_bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
+    fn copy_out(&mut self, src_offset: u64, len: u64) -> Result<()> {
+        let ctx = self.open_ctx()?;
+        let (Some(va), Some(stream)) = (self.va, self.stream) else { return Err(Error::Closed) };
+        if !src_offset.checked_add(len).is_some_and(|end| end <= self.bytes) {
+            return Err(Error::LayoutMismatch(format!(
+                "copy of {len} bytes at {src_offset} leaves the {}-byte pool",
+                self.bytes
+            )));
+        }
+        let d = Arc::clone(&self.driver);
+        let body = |d: &D| -> Result<_> {
+                if self.dest_cap < len {
+                    if let Some(old) = self.dest {
+                        // SAFETY: our stream; wait for copies into the old buffer.
+                        unsafe { d.stream_synchronize(stream) }?;
+                        // SAFETY: our buffer, idle now.
+                        unsafe { d.mem_free(old) }?;
+                        self.dest = None;
+                        self.dest_cap = 0;
+                    }
+                    let cap = round_up(len.max(1), DEST_STEP).ok_or(Error::TooLarge {
+                        len: len as usize,
+                        max: usize::MAX,
+                    })?;
+                    self.dest = Some(d.mem_alloc(cap)?);
+                    self.dest_cap = cap;
+                }
+                let dest = self.dest.ok_or(Error::Closed)?;
+                // SAFETY: the source lies inside our mapping (checked above),
+                // the destination inside our buffer of `dest_cap >= len`
+                // bytes; both stay alive until `close`, which synchronises
+                // the stream first.
+                unsafe { d.memcpy_dtod_async(dest, va + src_offset, len, stream) }?;
+                Ok(())
+        };
+        // SAFETY: `ctx` is retained while the import is open (checked above).
+        unsafe { with_context(&*d, ctx, body) }
+    }
+
+    fn complete(&mut self) -> Result<()> {
+        let ctx = self.open_ctx()?;
+        let stream = self.stream.ok_or(Error::Closed)?;
+        let body = |d: &D| -> Result<()> {
+            // SAFETY: our stream, live while open (checked above).
+            Ok(unsafe { d.stream_synchronize(stream) }?)
+        };
+        // SAFETY: `ctx` is retained while open (checked above).
+        unsafe { with_context(&*self.driver, ctx, body) }
+    }
+
+    fn dest_addr(&self) -> u64 {
+        self.dest.unwrap_or(0)
+    }
+
+    fn dest_host(&self) -> Option<&[u8]> {
+        None
+    }
+
+    fn close(&mut self) -> Result<()> {
+        CudaImport::close(self)
+    }
+}
+
+impl<D: Driver> Drop for CudaImport<D> {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            tracing::warn!(error = %e, import = ?self, "CUDA import dropped without a successful close; resources leak");
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! The host backend: the slot pool is a memfd; a subscriber's copy is a
+//! `memcpy` into its own page-aligned buffer.
+//!
+//! A product backend for CPU-only pipelines, and the backend CI runs the whole
+//! protocol on.
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use memmap2::MmapMut;
+
+use crate::error::{Error, IoContext, Result};
+use crate::memory::{BackendKind, ExportedPool, ImportedPool, WriteCompletion};
+use crate::shm::{Region, SEALS_FIXED_SIZE};
+
+/// The publisher's memfd pool.
+#[derive(Debug)]
+pub struct HostPool {
+    region: Region,
+    fd: OwnedFd,
+    bytes: u64,
+}
+
+impl HostPool {
+    /// Creates a zeroed pool of `bytes` bytes, sealed against resizing.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the memfd cannot be created or mapped.
+    pub fn create(bytes: u64) -> Result<Self> {
+        let (region, fd) = Region::create("vramring-pool", bytes)?;
+        Region::seal(fd.as_fd(), SEALS_FIXED_SIZE)?;
+        Ok(HostPool { region, fd, bytes })
+    }
+}
+
+impl ExportedPool for HostPool {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Host
+    }
+    fn pool_bytes(&self) -> u64 {
+        self.bytes
+    }
+    fn device_uuid(&self) -> [u8; 16] {
+        [0; 16]
+    }
+    fn export_fd(&self) -> Result<OwnedFd> {
+        self.fd.try_clone().ctx(|| "dup of the pool memfd".into())
+    }
+    fn base_addr(&self) -> u64 {
+        self.region.as_ptr() as u64
+    }
+    fn complete_writes(&self, completion: WriteCompletion) -> Result<()> {
+        match completion {
+            // CPU stores are ordered before the commit by the Release store
+            // of the slot seq; nothing else to wait for.
+            WriteCompletion::Host => Ok(()),
+            WriteCompletion::CudaStream(_) => {
+                Err(Error::WrongBackend { what: "completing writes on a CUDA stream", backend: "host" })
+            }
+        }
+    }
+    fn close(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A subscriber's mapping of a host pool and its own buffer.
+#[derive(Debug)]
+pub struct HostImport {
+    region: Region,
+    writable: bool,
+    dest: Option<MmapMut>,
+    dest_len: usize,
+}
+
+impl HostImport {
+    /// Maps `bytes` of the pool `fd` (read-only unless `writable`).
+    ///
+    /// # Errors
+    /// [`Error::LayoutMismatch`] when the memfd is shorter than `bytes` or
+    /// can be resized; [`Error::Io`] when mapping fails.
+    pub fn import(fd: OwnedFd, bytes: u64, writable: bool) -> Result<Self> {
+        Region::require_seals(fd.as_fd(), rustix::fs::SealFlags::SHRINK)?;
+        let region = Region::map(fd.as_fd(), bytes, writable)?;
+        // The mapping keeps the memory alive; the descriptor is not needed.
+        drop(fd);
+        Ok(HostImport { region, writable, dest: None, dest_len: 0 })
+    }
+}
+
+impl ImportedPool for HostImport {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Host
+    }
+    fn base_addr(&self) -> u64 {
+        self.region.as_ptr() as u64
+    }
+    fn pool_bytes(&self) -> u64 {
+        self.region.len() as u64
+    }
+    fn writable(&self) -> bool {
+        self.writable
+    }
+    fn copy_out(&mut self, src_offset: u64, len: u64) -> Result<()> {
+        let end = src_offset.checked_add(len).filter(|&e| e <= self.region.len() as u64);
+        let (Some(_), Ok(len)) = (end, usize::try_from(len)) else {
+            return Err(Error::LayoutMismatch(format!("copy of {len} bytes at {src_offset} leaves the pool")));
+        };
+        if self.dest.as_ref().is_none_or(|d| d.len() < len) {
+            self.dest = Some(MmapMut::map_anon(len.max(1)).ctx(|| format!("anonymous buffer of {len} bytes"))?);
+        }
+        let dest = self.dest.as_mut().ok_or(Error::Closed)?;
+        // SAFETY: the source range is inside the mapping (checked above) and
+        // the destination holds at least `len` bytes; they do not overlap
+        // (private anonymous map vs shared map). The producer may write the
+        // source concurrently: the bytes are treated as untrusted and the
+        // caller validates the slot seq after this copy (seqlock rule), so
+        // no torn result is ever handed out.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.region.as_ptr().add(src_offset as usize), dest.as_mut_ptr(), len);
+        }
+        self.dest_len = len;
+        Ok(())
+    }
+    fn complete(&mut self) -> Result<()> {
+        Ok(())
+    }
+    fn dest_addr(&self) -> u64 {
+        self.dest.as_ref().map_or(0, |d| d.as_ptr() as u64)
+    }
+    fn dest_host(&self) -> Option<&[u8]> {
+        Some(self.dest.as_ref().map_or(&[][..], |d| &d[..self.dest_len]))
+    }
+    fn close(&mut self) -> Result<()> {
+        self.dest = None;
+        Ok(())
+    }
+}

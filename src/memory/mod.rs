@@ -1,0 +1,114 @@
+//! Slot-memory backends behind one pair of traits.
+//!
+//! The publisher owns an [`ExportedPool`]: one allocation holding every slot,
+//! exportable as a file descriptor. Each subscriber owns an [`ImportedPool`]:
+//! the same allocation imported from that descriptor and mapped (read-only
+//! unless write access was granted), plus the subscriber's own destination
+//! buffer that frames are copied into.
+//!
+//! Addresses cross this boundary as `u64`: a host pointer for the host
+//! backend, a `CUdeviceptr` for the CUDA backend.
+//!
+//! Backends: [`host`] (memfd; "copy" is `memcpy`) and [`cuda`] (CUDA VMM,
+//! exported as a POSIX file descriptor).
+
+use std::os::fd::OwnedFd;
+
+use crate::error::Result;
+
+pub mod cuda;
+pub mod host;
+
+/// A raw CUDA stream handle (`CUstream`), as the driver API takes it.
+pub type RawCuStream = cudarc::driver::sys::CUstream;
+
+/// How the producer's writes into a loaned slot are made complete before the
+/// frame is committed.
+#[derive(Debug, Clone, Copy)]
+pub enum WriteCompletion {
+    /// The writes were made by the CPU and are already complete (host backend).
+    Host,
+    /// The writes were enqueued on this CUDA stream; the publisher
+    /// synchronises it before committing.
+    CudaStream(RawCuStream),
+}
+
+/// Which backend a ring uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// Host shared memory (memfd).
+    Host,
+    /// CUDA device memory (VMM, POSIX file descriptor handles).
+    Cuda,
+}
+
+impl BackendKind {
+    /// The layout's `BACKEND_*` code.
+    pub const fn code(self) -> u32 {
+        match self {
+            BackendKind::Host => crate::layout::BACKEND_HOST,
+            BackendKind::Cuda => crate::layout::BACKEND_CUDA,
+        }
+    }
+
+    /// The backend with layout code `code`.
+    pub const fn from_code(code: u32) -> Option<Self> {
+        match code {
+            crate::layout::BACKEND_HOST => Some(BackendKind::Host),
+            crate::layout::BACKEND_CUDA => Some(BackendKind::Cuda),
+            _ => None,
+        }
+    }
+
+    /// Lowercase name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            BackendKind::Host => "host",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// The publisher's side of a slot pool.
+pub trait ExportedPool: Send {
+    /// The backend.
+    fn kind(&self) -> BackendKind;
+    /// Bytes of the allocation a subscriber maps.
+    fn pool_bytes(&self) -> u64;
+    /// UUID of the GPU holding the pool; zero for host memory.
+    fn device_uuid(&self) -> [u8; 16];
+    /// A new descriptor for the pool, to send to one subscriber. The caller
+    /// owns it and closes it after sending.
+    fn export_fd(&self) -> Result<OwnedFd>;
+    /// Address of the pool in the publisher's own address space (host
+    /// pointer or `CUdeviceptr`).
+    fn base_addr(&self) -> u64;
+    /// Makes every write made through `completion` complete and visible to
+    /// other processes' readers of the pool.
+    fn complete_writes(&self, completion: WriteCompletion) -> Result<()>;
+    /// Releases everything. Retryable after an error; idempotent after success.
+    fn close(&mut self) -> Result<()>;
+}
+
+/// A subscriber's side of a slot pool.
+pub trait ImportedPool: Send {
+    /// The backend.
+    fn kind(&self) -> BackendKind;
+    /// Address of the mapped pool in this process (host pointer or `CUdeviceptr`).
+    fn base_addr(&self) -> u64;
+    /// Bytes mapped.
+    fn pool_bytes(&self) -> u64;
+    /// Whether the mapping allows writes.
+    fn writable(&self) -> bool;
+    /// Enqueues a copy of `len` bytes at `src_offset` in the pool into the
+    /// subscriber's own buffer at offset 0 (grown as needed).
+    fn copy_out(&mut self, src_offset: u64, len: u64) -> Result<()>;
+    /// Waits until every copy enqueued so far has completed.
+    fn complete(&mut self) -> Result<()>;
+    /// Address of the subscriber's own buffer (host pointer or `CUdeviceptr`).
+    fn dest_addr(&self) -> u64;
+    /// The subscriber's own buffer, when it is host memory.
+    fn dest_host(&self) -> Option<&[u8]>;
+    /// Releases everything. Retryable after an error; idempotent after success.
+    fn close(&mut self) -> Result<()>;
+}

@@ -1,0 +1,104 @@
+//! Waiting for `global_seq` to pass a seq: spin briefly, then park on the
+//! shared doorbell futex, in bounded slices so a dead publisher is noticed.
+
+use std::time::{Duration, Instant};
+
+use crate::layout::{RingHeader, SubEntry, PRODUCER_CLOSED};
+use crate::sync::atomic::{fence, Ordering};
+
+/// Why [`wait_for_seq`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitOutcome {
+    /// `global_seq` passed the seq; here it is.
+    Advanced(u64),
+    /// The publisher closed in order.
+    ProducerClosed,
+    /// The deadline passed.
+    TimedOut,
+    /// The liveness check asked to stop.
+    Stopped,
+}
+
+/// Waits until `global_seq > after`, or `deadline`.
+///
+/// Spins for up to `spin`, then parks on the doorbell futex in slices of at
+/// most `slice`; between slices it calls `alive()`, which returns `false` to
+/// stop waiting (the publisher's socket closed, or this subscriber was
+/// evicted). `entry` is this subscriber's table entry, whose `parked` flag
+/// tells the publisher to ring the doorbell.
+pub fn wait_for_seq(
+    header: &RingHeader,
+    entry: &SubEntry,
+    after: u64,
+    deadline: Instant,
+    spin: Duration,
+    slice: Duration,
+    mut alive: impl FnMut() -> bool,
+) -> WaitOutcome {
+    let load = || {
+        // SYNC: global-seq — Acquire pairs with the publisher's Release store.
+        header.seq.global_seq.load(Ordering::Acquire)
+    };
+    let closed = || {
+        // SYNC: producer-state — Acquire pairs with the publisher's Release on close.
+        header.producer.state.load(Ordering::Acquire) == PRODUCER_CLOSED
+    };
+    let g = load();
+    if g > after {
+        return WaitOutcome::Advanced(g);
+    }
+    let spin_until = Instant::now() + spin;
+    while Instant::now() < spin_until.min(deadline) {
+        let g = load();
+        if g > after {
+            return WaitOutcome::Advanced(g);
+        }
+        crate::sync::spin_hint();
+    }
+    loop {
+        if closed() {
+            // A frame may have been committed just before the close.
+            let g = load();
+            return if g > after { WaitOutcome::Advanced(g) } else { WaitOutcome::ProducerClosed };
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return WaitOutcome::TimedOut;
+        }
+        // Relaxed store + SeqCst fence: SYNC: park — the fence orders the
+        // flag before the doorbell and global_seq loads (mirror of the
+        // publisher's fence between its global_seq store and its flag loads).
+        entry.parked.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        // SYNC: doorbell — Acquire pairs with the publisher's Release increment.
+        let bell = header.doorbell.doorbell.load(Ordering::Acquire);
+        let g = load();
+        if g > after {
+            entry.parked.store(0, Ordering::Relaxed);
+            return WaitOutcome::Advanced(g);
+        }
+        park(header, bell, (deadline - now).min(slice));
+        // Relaxed: only a hint for the publisher; a stale 1 costs one wake.
+        entry.parked.store(0, Ordering::Relaxed);
+        let g = load();
+        if g > after {
+            return WaitOutcome::Advanced(g);
+        }
+        if !alive() {
+            return WaitOutcome::Stopped;
+        }
+    }
+}
+
+#[cfg(not(loom))]
+fn park(header: &RingHeader, bell: u32, timeout: Duration) {
+    let ts = rustix::time::Timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
+    // Shared futex (no PRIVATE flag): see `publish::ring_doorbell`. EAGAIN
+    // (the doorbell already moved), ETIMEDOUT and EINTR all just return.
+    let _ = rustix::thread::futex::wait(&header.doorbell.doorbell, rustix::thread::futex::Flags::empty(), bell, Some(&ts));
+}
+
+#[cfg(loom)]
+fn park(_header: &RingHeader, _bell: u32, _timeout: Duration) {
+    loom::thread::yield_now();
+}

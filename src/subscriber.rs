@@ -1,0 +1,662 @@
+//! The subscriber: connects, imports the pool once, and reads frames by
+//! copying them into its own buffer and validating after the copy.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::format::Geometry;
+use crate::layout::{
+    RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, BACKEND_CUDA, BACKEND_HOST, SUB_ACTIVE, USER_META_BYTES,
+};
+use crate::memory::{BackendKind, ImportedPool};
+use crate::protocol::{self, Look, ReadMode, SlotSnapshot, WaitOutcome};
+use crate::shm::{Region, SEALS_FIXED_SIZE, SEALS_READ_ONLY};
+use crate::socket::msg::{self, Hello, Msg};
+use crate::socket::transport;
+use crate::time::monotonic_ns;
+
+/// Which frames a subscriber reads.
+pub type Mode = ReadMode;
+
+/// How to subscribe.
+#[derive(Debug, Clone)]
+pub struct SubscriberOptions {
+    /// `Latest` (default) or `Sequential`.
+    pub mode: Mode,
+    /// Ask to be a lossless reader (the publisher must use the lossless policy).
+    pub lossless: bool,
+    /// Ask for write access to the pool (mapped read-only otherwise).
+    pub write: bool,
+    /// Name shown by the publisher and the CLI.
+    pub name: String,
+    /// How long to wait for the publisher's Welcome.
+    pub connect_timeout: Duration,
+    /// How long to spin before parking on the futex.
+    pub spin: Duration,
+    /// Longest single futex sleep; bounds how late a dead publisher is noticed.
+    pub park_slice: Duration,
+    /// Which backends this subscriber may import (default: host, and CUDA
+    /// when a usable GPU is present).
+    pub backends: Vec<BackendKind>,
+}
+
+impl Default for SubscriberOptions {
+    fn default() -> Self {
+        SubscriberOptions {
+            mode: Mode::Latest,
+            lossless: false,
+            write: false,
+            name: format!("sub-{}", std::process::id()),
+            connect_timeout: Duration::from_secs(5),
+            spin: Duration::from_micros(50),
+            park_slice: Duration::from_millis(20),
+            backends: vec![BackendKind::Host, BackendKind::Cuda],
+        }
+    }
+}
+
+impl SubscriberOptions {
+    /// Sets the read mode.
+    pub fn mode(mut self, m: Mode) -> Self {
+        self.mode = m;
+        self
+    }
+    /// Asks to be lossless (implies `Sequential`).
+    pub fn lossless(mut self, yes: bool) -> Self {
+        self.lossless = yes;
+        if yes {
+            self.mode = Mode::Sequential;
+        }
+        self
+    }
+    /// Asks for write access.
+    pub fn write(mut self, yes: bool) -> Self {
+        self.write = yes;
+        self
+    }
+    /// Sets the name.
+    pub fn name(mut self, n: impl Into<String>) -> Self {
+        self.name = n.into();
+        self
+    }
+    /// Restricts the backends this subscriber imports.
+    pub fn backends(mut self, b: &[BackendKind]) -> Self {
+        self.backends = b.to_vec();
+        self
+    }
+    /// Sets the spin time before parking.
+    pub fn spin(mut self, d: Duration) -> Self {
+        self.spin = d;
+        self
+    }
+}
+
+/// Counters of a subscriber.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SubscriberStats {
+    /// Frames handed to the user.
+    pub delivered: u64,
+    /// Frames skipped and never delivered (gaps).
+    pub dropped: u64,
+    /// Reads discarded because the producer overwrote the slot during the copy.
+    pub overruns: u64,
+    /// Seq of the last frame delivered.
+    pub last_seq: u64,
+}
+
+/// A frame copied into the subscriber's own buffer. Valid until the next
+/// call on the subscriber.
+pub struct Frame<'s> {
+    sub: &'s Subscriber,
+    snap: SlotSnapshot,
+    skipped: u64,
+}
+
+impl std::fmt::Debug for Frame<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frame").field("seq", &self.snap.seq).field("pts", &self.snap.pts).finish()
+    }
+}
+
+impl Frame<'_> {
+    /// The frame's seq.
+    pub fn seq(&self) -> u64 {
+        self.snap.seq
+    }
+    /// Presentation timestamp.
+    pub fn pts(&self) -> i64 {
+        self.snap.pts
+    }
+    /// Flags.
+    pub fn flags(&self) -> u32 {
+        self.snap.flags
+    }
+    /// `CLOCK_MONOTONIC` ns when the publisher committed the frame.
+    pub fn commit_ns(&self) -> u64 {
+        self.snap.commit_ns
+    }
+    /// Frames skipped between the previous delivered frame and this one.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+    /// User metadata.
+    pub fn user(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(USER_META_BYTES);
+        for w in self.snap.user {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        out.truncate(self.snap.user_len as usize);
+        out
+    }
+    /// Format and plane layout; planes sit at the same offsets in the copy.
+    pub fn geometry(&self) -> &Geometry {
+        &self.sub.info.geometry
+    }
+    /// The copy, when it is host memory.
+    pub fn host_bytes(&self) -> Option<&[u8]> {
+        self.sub.pool.dest_host()
+    }
+    /// Address of the copy (host pointer or `CUdeviceptr` in the subscriber's
+    /// own context).
+    pub fn addr(&self) -> u64 {
+        self.sub.pool.dest_addr()
+    }
+    /// Bytes of the copy.
+    pub fn len(&self) -> u64 {
+        self.sub.info.geometry.frame_bytes
+    }
+    /// Whether the frame is empty (never: frames have at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A frame read in place (zero copy). Call [`Borrow::release`] to learn
+/// whether it stayed intact while you read it.
+pub struct Borrow<'s> {
+    sub: &'s mut Subscriber,
+    snap: SlotSnapshot,
+    released: bool,
+}
+
+impl std::fmt::Debug for Borrow<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Borrow").field("seq", &self.snap.seq).finish()
+    }
+}
+
+impl Borrow<'_> {
+    /// The frame's seq.
+    pub fn seq(&self) -> u64 {
+        self.snap.seq
+    }
+    /// Presentation timestamp.
+    pub fn pts(&self) -> i64 {
+        self.snap.pts
+    }
+    /// `CLOCK_MONOTONIC` ns of the commit.
+    pub fn commit_ns(&self) -> u64 {
+        self.snap.commit_ns
+    }
+    /// Address of the slot in this process's mapping (host pointer or
+    /// `CUdeviceptr`), read-only unless write access was granted.
+    pub fn addr(&self) -> u64 {
+        self.sub.slot_addr(self.snap.seq)
+    }
+    /// Bytes of the frame.
+    pub fn len(&self) -> u64 {
+        self.sub.info.geometry.frame_bytes
+    }
+    /// Whether the frame is empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copies the slot's bytes into `dst` (host backend). The copy may be
+    /// torn if the producer overwrote the slot; [`Borrow::release`] says.
+    ///
+    /// # Errors
+    /// [`Error::WrongBackend`] on a GPU ring; [`Error::TooLarge`] if `dst`
+    /// is shorter than the frame.
+    pub fn copy_to(&self, dst: &mut [u8]) -> Result<()> {
+        if self.sub.pool.kind() != BackendKind::Host {
+            return Err(Error::WrongBackend { what: "CPU reads of a borrowed slot", backend: "cuda" });
+        }
+        let len = self.len() as usize;
+        if dst.len() < len {
+            return Err(Error::TooLarge { len, max: dst.len() });
+        }
+        // SAFETY: the slot lies inside the mapped pool (validated geometry:
+        // slot_count * slot_stride <= pool_bytes == mapped bytes); `dst`
+        // holds `len` bytes and is private memory, so no overlap. Bytes may
+        // change under the copy; `release` detects that.
+        unsafe { std::ptr::copy_nonoverlapping(self.addr() as *const u8, dst.as_mut_ptr(), len) };
+        Ok(())
+    }
+    /// Ends the borrow. `Ok(())` when the frame stayed intact the whole time.
+    ///
+    /// # Errors
+    /// [`Error::Overrun`] when the producer began overwriting the slot.
+    pub fn release(mut self) -> Result<()> {
+        self.released = true;
+        self.sub.finish_borrow(&self.snap)
+    }
+}
+
+impl Drop for Borrow<'_> {
+    fn drop(&mut self) {
+        if !self.released {
+            let _ = self.sub.finish_borrow(&self.snap);
+        }
+    }
+}
+
+/// The consumer side of a ring.
+///
+/// # Examples
+/// ```no_run
+/// use std::time::Duration;
+/// use vramring::{Mode, Subscriber, SubscriberOptions};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut sub = Subscriber::connect("/tmp/cam.sock", SubscriberOptions::default().mode(Mode::Sequential))?;
+/// let frame = sub.next(Duration::from_secs(1))?;
+/// println!("frame {} pts {}", frame.seq(), frame.pts());
+/// # Ok(()) }
+/// ```
+pub struct Subscriber {
+    sock: OwnedFd,
+    control: Region,
+    subs: Region,
+    pool: Box<dyn ImportedPool>,
+    info: RingInfo,
+    index: usize,
+    generation: u32,
+    opts: SubscriberOptions,
+    last: u64,
+    stats: SubscriberStats,
+    path: PathBuf,
+    gone: Option<Error>,
+}
+
+impl std::fmt::Debug for Subscriber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscriber")
+            .field("path", &self.path)
+            .field("index", &self.index)
+            .field("epoch", &format_args!("{:#018x}", self.info.epoch))
+            .field("last", &self.last)
+            .finish()
+    }
+}
+
+fn import_pool(info: &RingInfo, fd: OwnedFd, writable: bool) -> Result<Box<dyn ImportedPool>> {
+    match info.backend {
+        BACKEND_HOST => Ok(Box::new(crate::memory::host::HostImport::import(fd, info.pool_bytes, writable)?)),
+        BACKEND_CUDA => crate::memory::cuda::import_pool(fd, info.pool_bytes, info.device_uuid, writable),
+        other => Err(Error::LayoutMismatch(format!("backend code {other}"))),
+    }
+}
+
+impl Subscriber {
+    /// Connects to the publisher at `path` and imports its ring.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when nothing listens; [`Error::Refused`] or
+    /// [`Error::VersionMismatch`] when the publisher says no;
+    /// [`Error::Timeout`]; [`Error::LayoutMismatch`] / [`Error::BadMessage`]
+    /// for a malformed answer; backend import errors.
+    pub fn connect(path: impl AsRef<Path>, opts: SubscriberOptions) -> Result<Subscriber> {
+        let path = path.as_ref().to_owned();
+        let sock = transport::connect(&path)?;
+        let mut backends = 0u32;
+        for b in &opts.backends {
+            backends |= 1 << b.code();
+        }
+        let mut flags = 0;
+        if opts.lossless {
+            flags |= msg::HELLO_LOSSLESS;
+        }
+        if opts.mode == Mode::Sequential {
+            flags |= msg::HELLO_SEQUENTIAL;
+        }
+        if opts.write {
+            flags |= msg::HELLO_WRITE;
+        }
+        let hello = Hello { flags, backends, name: opts.name.clone(), device_uuid: [0; 16] };
+        transport::send(sock.as_fd(), &Msg::Hello(hello).encode(), &[])?;
+        let got = transport::recv(sock.as_fd(), opts.connect_timeout)?
+            .ok_or(Error::Timeout(opts.connect_timeout, "the publisher's Welcome"))?;
+        let welcome = match Msg::decode(&got.bytes) {
+            Ok(Msg::Welcome(w)) => w,
+            Ok(Msg::Reject(n)) => {
+                let h = Msg::header(&got.bytes)?;
+                if n.code == msg::REJECT_VERSION || h.version != msg::PROTOCOL_VERSION {
+                    return Err(Error::VersionMismatch { peer_role: "publisher", peer: h.version, ours: msg::PROTOCOL_VERSION });
+                }
+                return Err(Error::Refused { code: n.code, reason: n.reason });
+            }
+            Ok(other) => return Err(Error::BadMessage(format!("expected Welcome, got kind {}", other.kind()))),
+            Err(Error::VersionMismatch { peer, ours, .. }) => {
+                return Err(Error::VersionMismatch { peer_role: "publisher", peer, ours })
+            }
+            Err(e) => return Err(e),
+        };
+        let mut fds = got.fds.into_iter();
+        let (Some(control_fd), Some(subs_fd), Some(pool_fd), None) = (fds.next(), fds.next(), fds.next(), fds.next())
+        else {
+            return Err(Error::BadMessage("Welcome must carry exactly 3 descriptors".into()));
+        };
+        // The control region must be sealed read-only and fixed-size: then
+        // the publisher cannot shrink it under our mapping, and we could not
+        // write it even by mistake.
+        Region::require_seals(control_fd.as_fd(), SEALS_READ_ONLY)?;
+        Region::require_seals(subs_fd.as_fd(), SEALS_FIXED_SIZE)?;
+        let control = Region::map(control_fd.as_fd(), welcome.control_bytes, false)?;
+        let info = RingInfo::validate(control.at::<RingHeader>(0), control.len() as u64)?;
+        if info.epoch != welcome.epoch
+            || info.backend != welcome.backend
+            || info.pool_bytes != welcome.pool_bytes
+            || info.device_uuid != welcome.device_uuid
+        {
+            return Err(Error::LayoutMismatch("Welcome disagrees with the control region".into()));
+        }
+        let subs = Region::map(subs_fd.as_fd(), welcome.subs_bytes, true)?;
+        subs.at::<SubsHeader>(0).validate(&info, subs.len() as u64)?;
+        let index = welcome.index as usize;
+        if index >= info.max_subscribers as usize {
+            return Err(Error::LayoutMismatch(format!("subscriber index {index} out of range")));
+        }
+        let writable = welcome.granted & msg::HELLO_WRITE != 0;
+        if opts.write && !writable {
+            return Err(Error::Refused { code: msg::REJECT_WRITE_DENIED, reason: "write access not granted".into() });
+        }
+        let kind = BackendKind::from_code(info.backend).ok_or(Error::LayoutMismatch("backend".into()))?;
+        if !opts.backends.contains(&kind) {
+            return Err(Error::WrongBackend { what: "importing this ring", backend: kind.name() });
+        }
+        let pool = import_pool(&info, pool_fd, writable)?;
+        let mut sub = Subscriber {
+            sock,
+            control,
+            subs,
+            pool,
+            info,
+            index,
+            generation: welcome.generation,
+            opts,
+            last: 0,
+            stats: SubscriberStats::default(),
+            path,
+            gone: None,
+        };
+        let entry = sub.entry();
+        // SYNC: sub-state — Acquire pairs with the service's Release; the
+        // cursor it set is then visible.
+        if entry.state.load(Ordering::Acquire) != SUB_ACTIVE || entry.generation.load(Ordering::Relaxed) != sub.generation {
+            return Err(Error::LayoutMismatch("our subscriber entry is not active".into()));
+        }
+        sub.last = if sub.opts.lossless {
+            entry.released_seq.load(Ordering::Relaxed)
+        } else {
+            // SYNC: global-seq — Acquire.
+            sub.header().seq.global_seq.load(Ordering::Acquire).saturating_sub(1)
+        };
+        Ok(sub)
+    }
+
+    fn header(&self) -> &RingHeader {
+        self.control.at::<RingHeader>(0)
+    }
+
+    fn slot(&self, seq: u64) -> &SlotDesc {
+        let k = (seq & self.info.mask()) as usize;
+        self.control.slice::<SlotDesc>(std::mem::size_of::<RingHeader>(), self.info.slot_count as usize)
+            .get(k)
+            .expect("masked index is below slot_count")
+    }
+
+    fn entry(&self) -> &SubEntry {
+        &self.subs.slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.info.max_subscribers as usize)[self.index]
+    }
+
+    fn slot_addr(&self, seq: u64) -> u64 {
+        self.pool.base_addr() + (seq & self.info.mask()) * self.info.geometry.slot_stride
+    }
+
+    /// The ring's description.
+    pub fn info(&self) -> &RingInfo {
+        &self.info
+    }
+
+    /// The slot geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.info.geometry
+    }
+
+    /// The backend of the ring.
+    pub fn backend(&self) -> BackendKind {
+        self.pool.kind()
+    }
+
+    /// The publisher instance this subscriber is attached to.
+    pub fn epoch(&self) -> u64 {
+        self.info.epoch
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> SubscriberStats {
+        self.stats
+    }
+
+    /// Checks the lease: the publisher's socket, an Evicted notice, our entry.
+    fn check_alive(&mut self) -> Result<()> {
+        if let Some(e) = &self.gone {
+            return Err(clone_gone(e));
+        }
+        let entry = self.entry();
+        // SYNC: sub-state — Acquire.
+        let evicted =
+            entry.state.load(Ordering::Acquire) != SUB_ACTIVE || entry.generation.load(Ordering::Relaxed) != self.generation;
+        let mut err = None;
+        if transport::readable(self.sock.as_fd(), Duration::ZERO)? {
+            match transport::recv(self.sock.as_fd(), Duration::ZERO) {
+                Ok(Some(m)) => match Msg::decode(&m.bytes) {
+                    Ok(Msg::Evicted(n)) => err = Some(Error::Evicted { reason: n.reason }),
+                    Ok(Msg::Bye) => err = Some(Error::ProducerGone { epoch: self.info.epoch }),
+                    _ => {}
+                },
+                Ok(None) => {}
+                Err(_) => err = Some(Error::ProducerGone { epoch: self.info.epoch }),
+            }
+        }
+        if err.is_none() && evicted {
+            err = Some(Error::Evicted { reason: "our subscriber entry was released by the publisher".into() });
+        }
+        match err {
+            Some(e) => {
+                self.gone = Some(clone_gone(&e));
+                Err(e)
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn wait(&mut self, deadline: Instant, timeout: Duration) -> Result<u64> {
+        let (spin, slice) = (self.opts.spin, self.opts.park_slice);
+        let outcome = {
+            let sock = &self.sock;
+            let header = self.control.at::<RingHeader>(0);
+            let entry = &self.subs.slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.info.max_subscribers as usize)
+                [self.index];
+            let generation = self.generation;
+            protocol::wait_for_seq(header, entry, self.last, deadline, spin, slice, || {
+                // SYNC: sub-state — Acquire.
+                if entry.state.load(Ordering::Acquire) != SUB_ACTIVE || entry.generation.load(Ordering::Relaxed) != generation {
+                    return false;
+                }
+                !transport::readable(sock.as_fd(), Duration::ZERO).unwrap_or(true)
+            })
+        };
+        match outcome {
+            WaitOutcome::Advanced(g) => Ok(g),
+            WaitOutcome::ProducerClosed => {
+                let e = Error::ProducerGone { epoch: self.info.epoch };
+                self.gone = Some(clone_gone(&e));
+                Err(e)
+            }
+            WaitOutcome::TimedOut => {
+                self.check_alive()?;
+                Err(Error::Timeout(timeout, "the next frame"))
+            }
+            WaitOutcome::Stopped => {
+                self.check_alive()?;
+                // Readable but not fatal (e.g. an ignored message): loop again.
+                Ok(self.last)
+            }
+        }
+    }
+
+    /// Picks the next frame and its snapshot, counting gaps; `None` when a
+    /// retry is needed.
+    fn next_snapshot(&mut self, g: u64) -> Option<(SlotSnapshot, u64)> {
+        let window = protocol::safe_window(self.info.slot_count, self.opts.lossless);
+        let pick = protocol::pick(self.opts.mode, self.last, g, window)?;
+        match SlotSnapshot::look(self.slot(pick.seq), pick.seq) {
+            Look::Ready(snap) => Some((snap, pick.skipped)),
+            Look::Overwritten => {
+                // Gone before we started: a gap, not a torn read.
+                if self.opts.mode == Mode::Sequential {
+                    self.stats.dropped += pick.skipped + 1;
+                    self.last = pick.seq;
+                }
+                None
+            }
+            Look::NotYet => None,
+        }
+    }
+
+    fn publish_counters(&self) {
+        let e = self.entry();
+        // Relaxed: own counters, single writer (this subscriber).
+        e.delivered.store(self.stats.delivered, Ordering::Relaxed);
+        e.dropped.store(self.stats.dropped, Ordering::Relaxed);
+        e.overruns.store(self.stats.overruns, Ordering::Relaxed);
+        e.heartbeat_ns.store(monotonic_ns(), Ordering::Relaxed);
+    }
+
+    fn deliver(&mut self, snap: &SlotSnapshot, skipped: u64) {
+        self.stats.dropped += skipped;
+        self.stats.delivered += 1;
+        self.stats.last_seq = snap.seq;
+        self.last = snap.seq;
+        if self.opts.lossless {
+            // SYNC: release-cursor — Release after the copy completed, paired
+            // with the producer's Acquire in `lossless_holder`.
+            self.entry().released_seq.store(snap.seq, Ordering::Release);
+        }
+        self.entry().reading_seq.store(0, Ordering::Relaxed);
+        self.publish_counters();
+    }
+
+    /// Waits for the next frame (per the mode), copies it into this
+    /// subscriber's own buffer, and returns it once the copy is proven whole.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when no frame came in time; [`Error::ProducerGone`]
+    /// when the publisher closed or died; [`Error::Evicted`]; backend errors.
+    pub fn next(&mut self, timeout: Duration) -> Result<Frame<'_>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let g = self.wait(deadline, timeout)?;
+            let Some((snap, skipped)) = self.next_snapshot(g) else {
+                if Instant::now() >= deadline {
+                    return Err(Error::Timeout(timeout, "the next frame"));
+                }
+                continue;
+            };
+            // Relaxed: informational.
+            self.entry().reading_seq.store(snap.seq, Ordering::Relaxed);
+            let offset = (snap.seq & self.info.mask()) * self.info.geometry.slot_stride;
+            self.pool.copy_out(offset, self.info.geometry.frame_bytes)?;
+            self.pool.complete()?;
+            if !snap.still_valid(self.slot(snap.seq)) {
+                self.stats.overruns += 1;
+                if self.opts.mode == Mode::Sequential {
+                    self.stats.dropped += skipped + 1;
+                    self.last = snap.seq;
+                }
+                self.publish_counters();
+                continue;
+            }
+            self.deliver(&snap, skipped);
+            return Ok(Frame { sub: self, snap, skipped });
+        }
+    }
+
+    /// Waits for the next frame and lends it in place, without a copy.
+    /// Under the lossless policy the slot stays pinned until the borrow ends.
+    ///
+    /// # Errors
+    /// As [`Subscriber::next`].
+    pub fn borrow(&mut self, timeout: Duration) -> Result<Borrow<'_>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let g = self.wait(deadline, timeout)?;
+            if let Some((snap, skipped)) = self.next_snapshot(g) {
+                self.stats.dropped += skipped;
+                // Relaxed: informational.
+                self.entry().reading_seq.store(snap.seq, Ordering::Relaxed);
+                return Ok(Borrow { sub: self, snap, released: false });
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout(timeout, "the next frame"));
+            }
+        }
+    }
+
+    fn finish_borrow(&mut self, snap: &SlotSnapshot) -> Result<()> {
+        if snap.still_valid(self.slot(snap.seq)) {
+            self.deliver(snap, 0);
+            Ok(())
+        } else {
+            self.stats.overruns += 1;
+            if self.opts.mode == Mode::Sequential {
+                self.stats.dropped += 1;
+                self.last = snap.seq;
+            }
+            self.entry().reading_seq.store(0, Ordering::Relaxed);
+            self.publish_counters();
+            Err(Error::Overrun { seq: snap.seq })
+        }
+    }
+
+    /// Says goodbye to the publisher and releases the imported pool (in its
+    /// owning context for the CUDA backend). Retryable after an error.
+    ///
+    /// # Errors
+    /// The backend's release error.
+    pub fn close(&mut self) -> Result<()> {
+        let _ = transport::send(self.sock.as_fd(), &Msg::Bye.encode(), &[]);
+        self.pool.close()
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            tracing::warn!(error = %e, "subscriber close failed in drop");
+        }
+    }
+}
+
+/// A copy of a terminal error (the lease ended), to return it again on
+/// every later call.
+fn clone_gone(e: &Error) -> Error {
+    match e {
+        Error::Evicted { reason } => Error::Evicted { reason: reason.clone() },
+        Error::ProducerGone { epoch } => Error::ProducerGone { epoch: *epoch },
+        _ => Error::ProducerGone { epoch: 0 },
+    }
+}

@@ -1,0 +1,465 @@
+//! `proto/vramring.h` describes the same bytes as the Rust crate.
+//!
+//! The test generates a C program that includes the header and prints one
+//! `label value` line per check (struct sizes and alignments, every field's
+//! offset and size, constants, message records, and a decode of messages the
+//! Rust encoder produced), compiles it with the system C compiler (`$CC`,
+//! else `cc`), runs it, and compares every line with the value the Rust side
+//! computes from `vramring::layout`, `vramring::format` and
+//! `vramring::socket::msg`. A missing C compiler is a failure, never a skip.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::mem::{align_of, offset_of, size_of};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use vramring::format;
+use vramring::layout::{
+    self, DoorbellLine, ProducerLine, RingHeader, RingInfo0, SeqLine, SlotDesc, SubEntry, SubsHeader,
+};
+use vramring::socket::msg::{self, Hello, Msg, Notice, Welcome};
+use vramring::socket::transport;
+use vramring::Format;
+
+/// One line the C program prints and the value Rust expects for it.
+struct Check {
+    label: String,
+    c_expr: String,
+    expected: u64,
+}
+
+#[derive(Default)]
+struct Checks {
+    list: Vec<Check>,
+    /// Statements emitted into `main` before the checks (decode buffers).
+    prelude: String,
+}
+
+impl Checks {
+    fn push(&mut self, label: impl Into<String>, c_expr: impl Into<String>, expected: impl TryInto<u64>) {
+        let label = label.into();
+        let expected = expected.try_into().unwrap_or_else(|_| panic!("{label}: expected value does not fit u64"));
+        self.list.push(Check { label, c_expr: c_expr.into(), expected });
+    }
+
+    /// A constant of the header: `label` is also the C expression.
+    fn constant(&mut self, name: &str, expected: impl TryInto<u64>) {
+        self.push(name, name, expected);
+    }
+}
+
+/// Size of the field `f` selects, without a value of `T`.
+fn field_size<T, F>(_f: fn(&T) -> &F) -> usize {
+    size_of::<F>()
+}
+
+/// Pushes the size and alignment of a shared struct, the offset and size of
+/// every field (the list is proved complete by an exhaustive destructuring
+/// pattern, so a field added in Rust fails to compile here until it is added
+/// to the header and to this list), and a coverage check that the C struct
+/// holds nothing but these fields and its explicit tail `_pad`.
+macro_rules! shared_struct {
+    ($checks:ident, $c:literal, $rust:ident, pad: $pad:literal, [$($f:ident),+ $(,)?]) => {{
+        #[allow(dead_code, clippy::all)]
+        fn every_field_is_listed(x: &$rust) {
+            let $rust { $($f: _),+ } = x;
+        }
+        $checks.push($c, concat!("sizeof(", $c, ")"), size_of::<$rust>());
+        $checks.push(concat!("alignof ", $c), concat!("_Alignof(", $c, ")"), align_of::<$rust>());
+        $(
+            $checks.push(
+                concat!($c, ".", stringify!($f)),
+                concat!("offsetof(", $c, ", ", stringify!($f), ")"),
+                offset_of!($rust, $f),
+            );
+            $checks.push(
+                concat!("sizeof ", $c, ".", stringify!($f)),
+                concat!("sizeof(((", $c, " *)0)->", stringify!($f), ")"),
+                field_size::<$rust, _>(|s| &s.$f),
+            );
+        )+
+        let mut sum = String::from("0");
+        $( sum.push_str(concat!(" + sizeof(((", $c, " *)0)->", stringify!($f), ")")); )+
+        if $pad {
+            sum.push_str(concat!(" + sizeof(((", $c, " *)0)->_pad)"));
+        }
+        $checks.push(concat!("coverage ", $c), sum, size_of::<$rust>());
+    }};
+}
+
+fn shared_layout(c: &mut Checks) {
+    shared_struct!(c, "vr_ring_info", RingInfo0, pad: false, [
+        magic, layout_version, header_bytes, control_bytes, epoch, slot_count, slot_desc_bytes,
+        slots_offset, backend, format, width, height, plane_count, policy, plane_offset,
+        plane_pitch, plane_rows, plane_row_bytes, frame_bytes, slot_stride, pool_bytes,
+        device_uuid, max_subscribers, reserved0, created_realtime_ns,
+    ]);
+    shared_struct!(c, "vr_producer_line", ProducerLine, pad: true, [
+        state, reserved0, heartbeat_ns, published, evictions, connects, disconnects,
+    ]);
+    shared_struct!(c, "vr_seq_line", SeqLine, pad: true, [global_seq]);
+    shared_struct!(c, "vr_doorbell_line", DoorbellLine, pad: true, [doorbell]);
+    shared_struct!(c, "vr_ring_header", RingHeader, pad: false, [info, producer, seq, doorbell]);
+    shared_struct!(c, "vr_slot_desc", SlotDesc, pad: false, [
+        seq, pts, commit_ns, flags, user_len, reserved, user, reserved2,
+    ]);
+    shared_struct!(c, "vr_subs_header", SubsHeader, pad: false, [
+        magic, layout_version, max_subscribers, epoch, entry_bytes, entries_offset, reserved,
+    ]);
+    shared_struct!(c, "vr_sub_entry", SubEntry, pad: false, [
+        state, flags, generation, parked, released_seq, reading_seq, delivered, dropped,
+        overruns, heartbeat_ns, name, reserved,
+    ]);
+    // The hot words, as a reader of another language addresses them.
+    c.push(
+        "vr_ring_header.seq.global_seq",
+        "offsetof(vr_ring_header, seq.global_seq)",
+        offset_of!(RingHeader, seq) + offset_of!(SeqLine, global_seq),
+    );
+    c.push(
+        "vr_ring_header.doorbell.doorbell",
+        "offsetof(vr_ring_header, doorbell.doorbell)",
+        offset_of!(RingHeader, doorbell) + offset_of!(DoorbellLine, doorbell),
+    );
+    c.push(
+        "vr_ring_header.producer.state",
+        "offsetof(vr_ring_header, producer.state)",
+        offset_of!(RingHeader, producer) + offset_of!(ProducerLine, state),
+    );
+    c.push("VR_CONTROL_BYTES(8)", "VR_CONTROL_BYTES(8)", layout::control_bytes(8));
+    c.push("VR_CONTROL_BYTES(1024)", "VR_CONTROL_BYTES(1024)", layout::control_bytes(1024));
+    c.push("VR_SUBS_BYTES(64)", "VR_SUBS_BYTES(64)", layout::subs_bytes(64));
+    c.push("VR_SUBS_BYTES(1)", "VR_SUBS_BYTES(1)", layout::subs_bytes(1));
+}
+
+fn constants(c: &mut Checks) {
+    c.constant("VR_RING_MAGIC", layout::RING_MAGIC);
+    c.constant("VR_SUBS_MAGIC", layout::SUBS_MAGIC);
+    c.constant("VR_LAYOUT_VERSION", layout::LAYOUT_VERSION);
+    c.constant("VR_MIN_SLOTS", layout::MIN_SLOTS);
+    c.constant("VR_MAX_SLOTS", layout::MAX_SLOTS);
+    c.constant("VR_DEFAULT_MAX_SUBSCRIBERS", layout::DEFAULT_MAX_SUBSCRIBERS);
+    c.constant("VR_MAX_SUBSCRIBERS_LIMIT", layout::MAX_SUBSCRIBERS_LIMIT);
+    c.constant("VR_USER_META_WORDS", layout::USER_META_WORDS);
+    c.constant("VR_USER_META_BYTES", layout::USER_META_BYTES);
+    c.constant("VR_NAME_BYTES", layout::NAME_BYTES);
+    c.constant("VR_SEQ_WRITING", layout::SEQ_WRITING);
+    c.constant("VR_BACKEND_HOST", layout::BACKEND_HOST);
+    c.constant("VR_BACKEND_CUDA", layout::BACKEND_CUDA);
+    c.constant("VR_POLICY_OVERWRITE", layout::POLICY_OVERWRITE);
+    c.constant("VR_POLICY_LOSSLESS", layout::POLICY_LOSSLESS);
+    c.constant("VR_PRODUCER_INIT", layout::PRODUCER_INIT);
+    c.constant("VR_PRODUCER_LIVE", layout::PRODUCER_LIVE);
+    c.constant("VR_PRODUCER_CLOSED", layout::PRODUCER_CLOSED);
+    c.constant("VR_SUB_FREE", layout::SUB_FREE);
+    c.constant("VR_SUB_ACTIVE", layout::SUB_ACTIVE);
+    c.constant("VR_SUB_EVICTED", layout::SUB_EVICTED);
+    c.constant("VR_SUBF_LOSSLESS", layout::SUBF_LOSSLESS);
+    c.constant("VR_SUBF_SEQUENTIAL", layout::SUBF_SEQUENTIAL);
+    c.constant("VR_SUBF_WRITE", layout::SUBF_WRITE);
+    c.constant("VR_FRAME_KEY", layout::FRAME_KEY);
+    c.constant("VR_FRAME_DISCONTINUITY", layout::FRAME_DISCONTINUITY);
+
+    c.constant("VR_PITCH_ALIGN", format::PITCH_ALIGN);
+    c.constant("VR_PLANE_ALIGN", format::PLANE_ALIGN);
+    c.constant("VR_SLOT_ALIGN", format::SLOT_ALIGN);
+    c.constant("VR_MAX_PLANES", format::MAX_PLANES);
+    c.constant("VR_MAX_DIMENSION", format::MAX_DIMENSION);
+    c.constant("VR_MAX_RAW_BYTES", format::MAX_RAW_BYTES);
+    c.constant("VR_FORMAT_RAW", Format::Raw.code());
+    c.constant("VR_FORMAT_GRAY8", Format::Gray8.code());
+    c.constant("VR_FORMAT_NV12", Format::Nv12.code());
+    c.constant("VR_FORMAT_P010", Format::P010.code());
+    c.constant("VR_FORMAT_RGB8", Format::Rgb8.code());
+    c.constant("VR_FORMAT_RGBA8", Format::Rgba8.code());
+    for code in 1..=6 {
+        assert!(Format::from_code(code).is_some(), "format code {code} is documented in the header");
+    }
+    assert_eq!(Format::from_code(7), None, "a format code was added: add it to proto/vramring.h and this test");
+
+    // The seals the publisher applies (src/shm.rs) and the subscriber requires.
+    use rustix::fs::SealFlags as S;
+    c.constant("VR_F_SEAL_SEAL", S::SEAL.bits());
+    c.constant("VR_F_SEAL_SHRINK", S::SHRINK.bits());
+    c.constant("VR_F_SEAL_GROW", S::GROW.bits());
+    c.constant("VR_F_SEAL_FUTURE_WRITE", S::FUTURE_WRITE.bits());
+    c.constant("VR_CONTROL_SEALS", (S::SHRINK | S::GROW | S::FUTURE_WRITE | S::SEAL).bits());
+    c.constant("VR_SUBS_SEALS", (S::SHRINK | S::GROW | S::SEAL).bits());
+    c.constant("VR_HOST_POOL_SEALS", S::SHRINK.bits());
+
+    c.constant("VR_PROTOCOL_VERSION", msg::PROTOCOL_VERSION);
+    c.constant("VR_MSG_MAGIC", msg::MSG_MAGIC);
+    c.constant("VR_HEADER_BYTES", msg::HEADER_BYTES);
+    c.constant("VR_MAX_MSG_BYTES", msg::MAX_MSG_BYTES);
+    c.constant("VR_MAX_FDS", transport::MAX_FDS);
+    c.constant("VR_MSG_NAME_BYTES", msg::NAME_BYTES);
+    c.constant("VR_REASON_BYTES", msg::REASON_BYTES);
+    c.constant("VR_KIND_HELLO", msg::KIND_HELLO);
+    c.constant("VR_KIND_WELCOME", msg::KIND_WELCOME);
+    c.constant("VR_KIND_REJECT", msg::KIND_REJECT);
+    c.constant("VR_KIND_EVICTED", msg::KIND_EVICTED);
+    c.constant("VR_KIND_BYE", msg::KIND_BYE);
+    c.constant("VR_HELLO_LOSSLESS", msg::HELLO_LOSSLESS);
+    c.constant("VR_HELLO_SEQUENTIAL", msg::HELLO_SEQUENTIAL);
+    c.constant("VR_HELLO_WRITE", msg::HELLO_WRITE);
+    c.push("VR_BACKEND_BIT(VR_BACKEND_HOST)", "VR_BACKEND_BIT(VR_BACKEND_HOST)", 1u32 << vramring::BackendKind::Host.code());
+    c.push("VR_BACKEND_BIT(VR_BACKEND_CUDA)", "VR_BACKEND_BIT(VR_BACKEND_CUDA)", 1u32 << vramring::BackendKind::Cuda.code());
+    c.constant("VR_REJECT_VERSION", msg::REJECT_VERSION);
+    c.constant("VR_REJECT_PERMISSION", msg::REJECT_PERMISSION);
+    c.constant("VR_REJECT_FULL", msg::REJECT_FULL);
+    c.constant("VR_REJECT_BACKEND", msg::REJECT_BACKEND);
+    c.constant("VR_REJECT_POLICY", msg::REJECT_POLICY);
+    c.constant("VR_REJECT_BAD_HELLO", msg::REJECT_BAD_HELLO);
+    c.constant("VR_REJECT_SHUTDOWN", msg::REJECT_SHUTDOWN);
+    c.constant("VR_REJECT_WRITE_DENIED", msg::REJECT_WRITE_DENIED);
+    c.constant("VR_EVICT_LEASE", msg::EVICT_LEASE);
+}
+
+/// Where `needle` first occurs in `hay`.
+fn find(hay: &[u8], needle: &[u8], what: &str) -> usize {
+    hay.windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap_or_else(|| panic!("the encoded message does not contain the marker of {what}"))
+}
+
+/// Emits `static const unsigned char <name>[] = {..};` and a `memcpy` into a
+/// `<ty>` variable `<name>_m` into the prelude.
+fn embed(c: &mut Checks, name: &str, ty: &str, bytes: &[u8]) {
+    let list: Vec<String> = bytes.iter().map(|b| format!("0x{b:02x}")).collect();
+    let _ = writeln!(c.prelude, "    static const unsigned char {name}[] = {{{}}};", list.join(","));
+    let _ = writeln!(c.prelude, "    {ty} {name}_m;");
+    let _ = writeln!(
+        c.prelude,
+        "    if (sizeof {name} != sizeof {name}_m) {{ printf(\"{name}: %zu bytes encoded, sizeof({ty}) %zu\\n\", sizeof {name}, sizeof {name}_m); return 1; }}"
+    );
+    let _ = writeln!(c.prelude, "    memcpy(&{name}_m, {name}, sizeof {name}_m);");
+}
+
+/// Checks the header words of an encoded message and of its C record.
+fn message_header(c: &mut Checks, name: &str, ty: &str, label: &str, bytes: &[u8], kind: u32) {
+    let word = |k: usize| u32::from_le_bytes(bytes[k..k + 4].try_into().unwrap());
+    assert_eq!(word(0), msg::MSG_MAGIC, "{name}: magic at byte 0");
+    assert_eq!(word(4), msg::PROTOCOL_VERSION, "{name}: version at byte 4");
+    assert_eq!(word(8), kind, "{name}: kind at byte 8");
+    assert_eq!(word(12) as usize, bytes.len() - msg::HEADER_BYTES, "{name}: body length at byte 12");
+    c.push(label, format!("sizeof({ty})"), bytes.len());
+    for (f, off, v) in [("magic", 0, word(0)), ("version", 4, word(4)), ("kind", 8, word(8)), ("body_len", 12, word(12))] {
+        c.push(format!("{label}.hdr.{f}"), format!("offsetof({ty}, hdr.{f})"), off);
+        c.push(format!("decode {name}.hdr.{f}"), format!("{name}_m.hdr.{f}"), v);
+    }
+}
+
+fn messages(c: &mut Checks) {
+    c.push("vr_msg_header", "sizeof(vr_msg_header)", msg::HEADER_BYTES);
+    c.push("vr_msg_header.magic", "offsetof(vr_msg_header, magic)", 0);
+    c.push("vr_msg_header.version", "offsetof(vr_msg_header, version)", 4);
+    c.push("vr_msg_header.kind", "offsetof(vr_msg_header, kind)", 8);
+    c.push("vr_msg_header.body_len", "offsetof(vr_msg_header, body_len)", 12);
+
+    // Bye: a bare header.
+    let bye = Msg::Bye.encode();
+    assert_eq!(bye.len(), msg::HEADER_BYTES);
+    embed(c, "bye", "vr_msg_header", &bye);
+    c.push("decode bye.kind", "bye_m.kind", msg::KIND_BYE);
+    c.push("decode bye.body_len", "bye_m.body_len", 0);
+    c.push("VR_BYE_BODY_BYTES", "VR_BYE_BODY_BYTES", bye.len() - msg::HEADER_BYTES);
+
+    // Hello, with a distinct marker in every field.
+    let uuid: [u8; 16] = std::array::from_fn(|i| 0xd0 + i as u8);
+    let name = "hello-name-marker";
+    let hello = Hello { flags: 0xa1a2_a3a4, backends: 0xb1b2_b3b4, name: name.into(), device_uuid: uuid };
+    let b = Msg::Hello(hello.clone()).encode();
+    embed(c, "hello", "vr_hello", &b);
+    message_header(c, "hello", "vr_hello", "vr_hello", &b, msg::KIND_HELLO);
+    c.push("VR_HELLO_BODY_BYTES", "VR_HELLO_BODY_BYTES", b.len() - msg::HEADER_BYTES);
+    let f_flags = find(&b, &hello.flags.to_le_bytes(), "hello.flags");
+    let f_backends = find(&b, &hello.backends.to_le_bytes(), "hello.backends");
+    let f_name = find(&b, name.as_bytes(), "hello.name");
+    let f_uuid = find(&b, &uuid, "hello.device_uuid");
+    let f_reserved = f_uuid + uuid.len();
+    for (f, off, size) in [
+        ("flags", f_flags, 4),
+        ("backends", f_backends, 4),
+        ("name", f_name, msg::NAME_BYTES),
+        ("device_uuid", f_uuid, 16),
+        ("reserved", f_reserved, b.len() - f_reserved),
+    ] {
+        c.push(format!("vr_hello.{f}"), format!("offsetof(vr_hello, {f})"), off);
+        c.push(format!("sizeof vr_hello.{f}"), format!("sizeof(((vr_hello *)0)->{f})"), size);
+    }
+    assert!(b[f_name + name.len()..f_uuid].iter().all(|&x| x == 0), "hello name is NUL-padded");
+    assert!(b[f_reserved..].iter().all(|&x| x == 0), "hello reserved bytes are zero");
+    c.push("decode hello.flags", "hello_m.flags", hello.flags);
+    c.push("decode hello.backends", "hello_m.backends", hello.backends);
+    c.push("decode hello.name[0]", "hello_m.name[0]", name.as_bytes()[0]);
+    c.push("decode hello.name[len]", format!("hello_m.name[{}]", name.len()), 0u8);
+    c.push("decode hello.device_uuid[15]", "hello_m.device_uuid[15]", uuid[15]);
+
+    // Welcome.
+    let uuid: [u8; 16] = std::array::from_fn(|i| 0x40 + i as u8);
+    let w = Welcome {
+        index: 0xa1a2_a3a4,
+        generation: 0xb1b2_b3b4,
+        epoch: 0xc1c2_c3c4_c5c6_c7c8,
+        backend: 0xd1d2_d3d4,
+        granted: 0xe1e2_e3e4,
+        control_bytes: 0x1112_1314_1516_1718,
+        subs_bytes: 0x2122_2324_2526_2728,
+        pool_bytes: 0x3132_3334_3536_3738,
+        device_uuid: uuid,
+    };
+    let b = Msg::Welcome(w).encode();
+    embed(c, "welcome", "vr_welcome", &b);
+    message_header(c, "welcome", "vr_welcome", "vr_welcome", &b, msg::KIND_WELCOME);
+    c.push("VR_WELCOME_BODY_BYTES", "VR_WELCOME_BODY_BYTES", b.len() - msg::HEADER_BYTES);
+    let f_uuid = find(&b, &uuid, "welcome.device_uuid");
+    let f_reserved = f_uuid + 16;
+    let scalar = [
+        ("index", find(&b, &w.index.to_le_bytes(), "index"), 4usize, u64::from(w.index)),
+        ("generation", find(&b, &w.generation.to_le_bytes(), "generation"), 4, u64::from(w.generation)),
+        ("epoch", find(&b, &w.epoch.to_le_bytes(), "epoch"), 8, w.epoch),
+        ("backend", find(&b, &w.backend.to_le_bytes(), "backend"), 4, u64::from(w.backend)),
+        ("granted", find(&b, &w.granted.to_le_bytes(), "granted"), 4, u64::from(w.granted)),
+        ("control_bytes", find(&b, &w.control_bytes.to_le_bytes(), "control_bytes"), 8, w.control_bytes),
+        ("subs_bytes", find(&b, &w.subs_bytes.to_le_bytes(), "subs_bytes"), 8, w.subs_bytes),
+        ("pool_bytes", find(&b, &w.pool_bytes.to_le_bytes(), "pool_bytes"), 8, w.pool_bytes),
+    ];
+    for (f, off, size, v) in scalar {
+        c.push(format!("vr_welcome.{f}"), format!("offsetof(vr_welcome, {f})"), off);
+        c.push(format!("sizeof vr_welcome.{f}"), format!("sizeof(((vr_welcome *)0)->{f})"), size);
+        c.push(format!("decode welcome.{f}"), format!("welcome_m.{f}"), v);
+    }
+    for (f, off, size) in [("device_uuid", f_uuid, 16), ("reserved", f_reserved, b.len() - f_reserved)] {
+        c.push(format!("vr_welcome.{f}"), format!("offsetof(vr_welcome, {f})"), off);
+        c.push(format!("sizeof vr_welcome.{f}"), format!("sizeof(((vr_welcome *)0)->{f})"), size);
+    }
+    assert!(b[f_reserved..].iter().all(|&x| x == 0), "welcome reserved bytes are zero");
+    c.push("decode welcome.device_uuid[0]", "welcome_m.device_uuid[0]", uuid[0]);
+
+    // Reject and Evicted share one record.
+    let reason = "reason-marker";
+    for (name, kind, m) in [
+        ("reject", msg::KIND_REJECT, Msg::Reject(Notice { code: 0xa1a2_a3a4, reason: reason.into() })),
+        ("evicted", msg::KIND_EVICTED, Msg::Evicted(Notice { code: 0xa1a2_a3a4, reason: reason.into() })),
+    ] {
+        let b = m.encode();
+        embed(c, name, "vr_notice", &b);
+        message_header(c, name, "vr_notice", &format!("vr_notice({name})"), &b, kind);
+        let f_code = find(&b, &0xa1a2_a3a4u32.to_le_bytes(), "notice.code");
+        let f_reason = find(&b, reason.as_bytes(), "notice.reason");
+        for (f, off, size) in [("code", f_code, 4), ("reserved", f_code + 4, f_reason - f_code - 4), ("reason", f_reason, b.len() - f_reason)] {
+            c.push(format!("vr_notice({name}).{f}"), format!("offsetof(vr_notice, {f})"), off);
+            c.push(format!("sizeof vr_notice({name}).{f}"), format!("sizeof(((vr_notice *)0)->{f})"), size);
+        }
+        assert_eq!(b.len() - f_reason, msg::REASON_BYTES);
+        c.push(format!("decode {name}.code"), format!("{name}_m.code"), 0xa1a2_a3a4u32);
+        c.push(format!("decode {name}.reason[0]"), format!("{name}_m.reason[0]"), reason.as_bytes()[0]);
+        c.push(format!("VR_NOTICE_BODY_BYTES({name})"), "VR_NOTICE_BODY_BYTES", b.len() - msg::HEADER_BYTES);
+    }
+    // Every record fits one datagram.
+    c.push("vr_notice fits", "sizeof(vr_notice) <= VR_MAX_MSG_BYTES", 1);
+}
+
+fn c_program(c: &Checks) -> String {
+    let mut s = String::new();
+    s.push_str("#include <stdio.h>\n#include <stddef.h>\n#include <string.h>\n#include \"vramring.h\"\n\n");
+    s.push_str("int main(void) {\n");
+    s.push_str(&c.prelude);
+    for k in &c.list {
+        let _ = writeln!(s, "    printf(\"%s %llu\\n\", \"{}\", (unsigned long long)({}));", k.label, k.c_expr);
+    }
+    s.push_str("    return 0;\n}\n");
+    s
+}
+
+/// The C compiler: `$CC` (which may carry flags), else `cc`.
+fn compiler() -> (String, Vec<String>) {
+    let cc = std::env::var("CC").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "cc".into());
+    let mut words = cc.split_whitespace().map(str::to_owned);
+    let prog = words.next().unwrap_or_else(|| "cc".into());
+    (prog, words.collect())
+}
+
+fn compile_and_run(dir: &Path, source: &str) -> String {
+    let src = dir.join("c_layout.c");
+    let exe = dir.join("c_layout");
+    std::fs::write(&src, source).expect("writing the C program");
+    let proto = Path::new(env!("CARGO_MANIFEST_DIR")).join("proto");
+    let (cc, cc_args) = compiler();
+    let out = Command::new(&cc)
+        .args(&cc_args)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O0", "-I"])
+        .arg(&proto)
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "no C compiler: running `{cc}` failed ({e}). This test checks proto/vramring.h against the \
+                 Rust layout and needs one: install gcc or clang, or set CC"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "`{cc}` could not compile a program including proto/vramring.h ({}):\n{}\n(program: {})",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        src.display()
+    );
+    let run = Command::new(&exe).output().expect("running the compiled C program");
+    assert!(
+        run.status.success(),
+        "the C program failed ({}):\n{}{}",
+        run.status,
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    String::from_utf8(run.stdout).expect("C program output is UTF-8")
+}
+
+fn scratch_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c_layout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("creating a scratch directory");
+    dir
+}
+
+#[test]
+fn c_header_matches_the_rust_layout_and_messages() {
+    let mut checks = Checks::default();
+    shared_layout(&mut checks);
+    constants(&mut checks);
+    messages(&mut checks);
+
+    let dir = scratch_dir();
+    let output = compile_and_run(&dir, &c_program(&checks));
+
+    let mut got: BTreeMap<&str, &str> = BTreeMap::new();
+    for line in output.lines() {
+        let (label, value) = line.rsplit_once(' ').unwrap_or((line, ""));
+        assert!(got.insert(label, value).is_none(), "duplicate label {label:?}");
+    }
+    let mut failures = Vec::new();
+    for k in &checks.list {
+        match got.remove(k.label.as_str()) {
+            None => failures.push(format!("{}: missing from the C program's output", k.label)),
+            Some(v) if v.parse::<u64>().ok() != Some(k.expected) => {
+                failures.push(format!("{}: C says {v}, Rust says {}   [{}]", k.label, k.expected, k.c_expr))
+            }
+            Some(_) => {}
+        }
+    }
+    for (label, v) in got {
+        failures.push(format!("{label}: printed by the C program ({v}) but not checked"));
+    }
+    assert!(
+        failures.is_empty(),
+        "proto/vramring.h disagrees with the Rust crate in {} of {} checks:\n  {}",
+        failures.len(),
+        checks.list.len(),
+        failures.join("\n  ")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("{} layout, constant and message checks agree", checks.list.len());
+}

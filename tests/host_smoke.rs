@@ -1,0 +1,117 @@
+//! In-process end-to-end checks of the host backend: one publisher thread,
+//! subscribers in this process (the multi-process suite is `host_multiprocess`).
+
+use std::time::Duration;
+
+use vramring::publisher::BackendChoice;
+use vramring::{testpattern, Error, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions};
+
+fn sock(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("vramring-smoke-{}-{name}.sock", std::process::id()))
+}
+
+fn host(format: Format, w: u32, h: u32) -> RingConfig {
+    RingConfig::new(format, w, h).backend(BackendChoice::Host)
+}
+
+#[test]
+fn a_published_frame_arrives_whole_with_its_meta() {
+    let path = sock("meta");
+    let mut p = Publisher::create(&path, host(Format::Gray8, 64, 32).slots(4)).unwrap();
+    let mut s = Subscriber::connect(&path, SubscriberOptions::default().mode(Mode::Sequential)).unwrap();
+    let mut slot = p.loan(Duration::from_millis(10)).unwrap();
+    let seq = slot.seq();
+    testpattern::fill(slot.bytes_mut().unwrap(), seq);
+    slot.publish(FrameMeta::pts(1234).with_user(b"cam-7").unwrap().with_flags(1)).unwrap();
+    let f = s.next(Duration::from_secs(1)).unwrap();
+    assert_eq!(f.seq(), 1);
+    assert_eq!(f.pts(), 1234);
+    assert_eq!(f.flags(), 1);
+    assert_eq!(f.user(), b"cam-7");
+    testpattern::verify(f.host_bytes().unwrap(), 1).unwrap();
+}
+
+#[test]
+fn next_times_out_when_nothing_is_published() {
+    let path = sock("timeout");
+    let _p = Publisher::create(&path, host(Format::Gray8, 16, 16)).unwrap();
+    let mut s = Subscriber::connect(&path, SubscriberOptions::default()).unwrap();
+    let t = std::time::Instant::now();
+    assert!(matches!(s.next(Duration::from_millis(100)), Err(Error::Timeout(..))));
+    assert!(t.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn a_closed_publisher_is_reported_as_gone_promptly() {
+    let path = sock("gone");
+    let mut p = Publisher::create(&path, host(Format::Gray8, 16, 16)).unwrap();
+    let mut s = Subscriber::connect(&path, SubscriberOptions::default()).unwrap();
+    let h = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        p.close().unwrap();
+    });
+    let t = std::time::Instant::now();
+    assert!(matches!(s.next(Duration::from_secs(10)), Err(Error::ProducerGone { .. })));
+    assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+    h.join().unwrap();
+}
+
+#[test]
+fn a_second_publisher_cannot_take_a_live_socket() {
+    let path = sock("live");
+    let _p = Publisher::create(&path, host(Format::Gray8, 16, 16)).unwrap();
+    assert!(matches!(Publisher::create(&path, host(Format::Gray8, 16, 16)), Err(Error::AddressInUse(_))));
+}
+
+#[test]
+fn sequential_reader_counts_gaps_exactly() {
+    let path = sock("gaps");
+    let mut p = Publisher::create(&path, host(Format::Gray8, 32, 8).slots(4)).unwrap();
+    let mut s = Subscriber::connect(&path, SubscriberOptions::default().mode(Mode::Sequential)).unwrap();
+    for _ in 0..20 {
+        let mut slot = p.loan(Duration::from_millis(10)).unwrap();
+        let seq = slot.seq();
+        testpattern::fill(slot.bytes_mut().unwrap(), seq);
+        slot.publish(FrameMeta::pts(seq as i64)).unwrap();
+    }
+    let mut got = vec![];
+    while let Ok(f) = s.next(Duration::from_millis(50)) {
+        testpattern::verify(f.host_bytes().unwrap(), f.seq()).unwrap();
+        got.push(f.seq());
+    }
+    // 4 slots: the safe window is the newest 3 frames.
+    assert_eq!(got, vec![18, 19, 20]);
+    assert_eq!(s.stats().dropped, 17);
+}
+
+#[test]
+fn lossless_reader_gets_every_frame_and_the_producer_waits() {
+    let path = sock("lossless");
+    let mut p = Publisher::create(&path, host(Format::Gray8, 32, 8).slots(2).policy(Policy::Lossless)).unwrap();
+    let mut s = Subscriber::connect(&path, SubscriberOptions::default().lossless(true)).unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut seqs = vec![];
+        for _ in 0..200 {
+            let f = s.next(Duration::from_secs(5)).unwrap();
+            testpattern::verify(f.host_bytes().unwrap(), f.seq()).unwrap();
+            seqs.push(f.seq());
+        }
+        seqs
+    });
+    for _ in 0..200 {
+        let mut slot = p.loan(Duration::from_secs(5)).unwrap();
+        let seq = slot.seq();
+        testpattern::fill(slot.bytes_mut().unwrap(), seq);
+        slot.publish(FrameMeta::pts(0)).unwrap();
+    }
+    let seqs = reader.join().unwrap();
+    assert_eq!(seqs, (1..=200).collect::<Vec<_>>());
+}
+
+#[test]
+fn lossless_is_refused_by_an_overwrite_publisher() {
+    let path = sock("refuse");
+    let _p = Publisher::create(&path, host(Format::Gray8, 16, 16)).unwrap();
+    let e = Subscriber::connect(&path, SubscriberOptions::default().lossless(true)).unwrap_err();
+    assert!(matches!(e, Error::Refused { code: 5, .. }), "{e}");
+}
