@@ -85,6 +85,7 @@ pub const FRAME_DISCONTINUITY: u32 = 2;
 /// Immutable description of the ring, written once by the publisher before
 /// `layout_version` (the ready word) is stored with Release.
 #[repr(C, align(128))]
+#[cfg_attr(loom, derive(Default))]
 pub struct RingInfo0 {
     /// [`RING_MAGIC`].
     pub magic: AtomicU64,
@@ -141,6 +142,7 @@ pub struct RingInfo0 {
 
 /// Producer state, on its own cache lines.
 #[repr(C, align(128))]
+#[cfg_attr(loom, derive(Default))]
 pub struct ProducerLine {
     /// `PRODUCER_*`.
     /// SYNC: producer-state (Release by publisher on close, Acquire by readers).
@@ -161,6 +163,7 @@ pub struct ProducerLine {
 
 /// The newest published sequence number, alone on its cache lines.
 #[repr(C, align(128))]
+#[cfg_attr(loom, derive(Default))]
 pub struct SeqLine {
     /// Newest committed seq (0: none yet).
     /// SYNC: global-seq (Release by publisher after the slot seq, Acquire by subscribers).
@@ -169,6 +172,7 @@ pub struct SeqLine {
 
 /// The futex word subscribers park on, alone on its cache lines.
 #[repr(C, align(128))]
+#[cfg_attr(loom, derive(Default))]
 pub struct DoorbellLine {
     /// Incremented by the publisher after a publish when any entry is `parked`.
     /// SYNC: doorbell (Release increment by publisher, Acquire load by waiter).
@@ -177,6 +181,7 @@ pub struct DoorbellLine {
 
 /// The head of the control region.
 #[repr(C, align(128))]
+#[cfg_attr(loom, derive(Default))]
 pub struct RingHeader {
     /// Immutable description.
     pub info: RingInfo0,
@@ -191,6 +196,7 @@ pub struct RingHeader {
 /// One slot's descriptor. Written only by the publisher, under the seqlock
 /// rule in [`crate::protocol`].
 #[repr(C, align(128))]
+#[cfg_attr(loom, derive(Default))]
 pub struct SlotDesc {
     /// Seq of the frame in the slot; `seq | SEQ_WRITING` while being written;
     /// 0 never written.
@@ -233,6 +239,7 @@ pub struct SubsHeader {
 
 /// One subscriber's entry.
 #[repr(C, align(128))]
+#[cfg_attr(loom, derive(Default))]
 pub struct SubEntry {
     /// `SUB_*`; written by the publisher.
     /// SYNC: sub-state (Release by publisher, Acquire by publisher's producer path / subscriber).

@@ -3,9 +3,8 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as StdOrdering};
+use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -15,6 +14,7 @@ use crate::layout::{
     MAX_SUBSCRIBERS_LIMIT, MIN_SLOTS, POLICY_LOSSLESS, POLICY_OVERWRITE, PRODUCER_CLOSED, PRODUCER_LIVE, SUB_ACTIVE,
     SUB_EVICTED, USER_META_BYTES, USER_META_WORDS,
 };
+use crate::lifecycle::{ExitPhase, ExitWorker};
 use crate::memory::{BackendKind, ExportedPool, WriteCompletion};
 use crate::protocol::{self, CommitMeta};
 use crate::shm::{Region, SEALS_FIXED_SIZE, SEALS_READ_ONLY};
@@ -251,7 +251,6 @@ pub(crate) struct Shared {
     pub(crate) pool_fd: OwnedFd,
     pub(crate) info: RingInfo,
     pub(crate) cfg: RingConfig,
-    pub(crate) stop: AtomicBool,
     /// Entries the producer evicted; the service sends Evicted and closes.
     pub(crate) evict_requests: Mutex<Vec<u32>>,
     pub(crate) lossless_waits: AtomicU64,
@@ -285,7 +284,7 @@ impl Shared {
 pub struct Publisher {
     shared: Arc<Shared>,
     pool: Box<dyn ExportedPool>,
-    service: Option<JoinHandle<()>>,
+    service: Option<ExitWorker>,
     next_seq: u64,
     /// (entry, held seq, since): the lossless reader the producer waits for.
     blocked: Option<(usize, u64, Instant)>,
@@ -371,7 +370,7 @@ impl Publisher {
         path: &Path,
         cfg: RingConfig,
         geometry: Geometry,
-    ) -> Result<(Arc<Shared>, JoinHandle<()>)> {
+    ) -> Result<(Arc<Shared>, ExitWorker)> {
         let epoch = random_epoch();
         let info = RingInfo {
             epoch,
@@ -403,15 +402,15 @@ impl Publisher {
             pool_fd,
             info,
             cfg,
-            stop: AtomicBool::new(false),
             evict_requests: Mutex::new(Vec::new()),
             lossless_waits: AtomicU64::new(0),
         });
         let svc_shared = Arc::clone(&shared);
-        let service = std::thread::Builder::new()
-            .name("vramring-service".into())
-            .spawn(move || service::run(svc_shared, listener))
-            .map_err(|e| Error::io(format!("spawning the socket service for {}", path.display()), e))?;
+        // The service thread registers with the process-exit registry: a
+        // `std::process::exit` with a live publisher stops and joins it (it
+        // marks the ring closed and says Bye) before CUDA's exit handlers.
+        let service = ExitWorker::builder(format!("vramring-service:{}", path.display()), ExitPhase::Service)
+            .spawn(move |stop| service::run(svc_shared, listener, stop))?;
         Ok((shared, service))
     }
 
@@ -556,11 +555,9 @@ impl Publisher {
             // report `ProducerGone` promptly.
             header.producer.state.store(PRODUCER_CLOSED, std::sync::atomic::Ordering::Release);
             protocol::ring_doorbell(header);
-            self.shared.stop.store(true, StdOrdering::Release);
-            if let Some(h) = self.service.take() {
-                if h.join().is_err() {
-                    tracing::error!("the socket service thread panicked");
-                }
+            if let Some(worker) = self.service.take() {
+                let outcome = worker.stop();
+                tracing::debug!(?outcome, "socket service stopped");
             }
             self.closed = true;
         }

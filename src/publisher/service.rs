@@ -11,7 +11,8 @@ use rustix::event::{PollFd, PollFlags};
 
 use super::Shared;
 use crate::error::Error;
-use crate::layout::{SUBF_LOSSLESS, SUBF_SEQUENTIAL, SUBF_WRITE, SUB_ACTIVE, SUB_FREE, POLICY_OVERWRITE};
+use crate::layout::{POLICY_OVERWRITE, PRODUCER_CLOSED, SUBF_LOSSLESS, SUBF_SEQUENTIAL, SUBF_WRITE, SUB_ACTIVE, SUB_FREE};
+use crate::lifecycle::StopSignal;
 use crate::socket::msg::{self, Msg, Notice, Welcome, PROTOCOL_VERSION};
 use crate::socket::transport::{self, Listener};
 use crate::time::monotonic_ns;
@@ -29,9 +30,9 @@ struct Conn {
     state: State,
 }
 
-pub(super) fn run(sh: Arc<Shared>, listener: Listener) {
+pub(super) fn run(sh: Arc<Shared>, listener: Listener, stop: StopSignal) {
     let mut conns: Vec<Conn> = Vec::new();
-    while !sh.stop.load(Ordering::Acquire) {
+    while !stop.is_raised() {
         handle_evictions(&sh, &mut conns);
         let (listener_ready, ready) = match poll(&listener, &conns) {
             Ok(r) => r,
@@ -57,6 +58,13 @@ pub(super) fn run(sh: Arc<Shared>, listener: Listener) {
         // Relaxed: informational heartbeat, single writer.
         sh.header().producer.heartbeat_ns.store(monotonic_ns(), Ordering::Relaxed);
     }
+    // Stopped by `Publisher::close` or at process exit: either way no more
+    // frames come. Say so in the header (subscribers notice at once) and on
+    // every connection.
+    let header = sh.header();
+    // SYNC: producer-state — Release; subscribers Acquire it.
+    header.producer.state.store(PRODUCER_CLOSED, Ordering::Release);
+    crate::protocol::ring_doorbell(header);
     for c in conns {
         if let State::Active { index } = c.state {
             let _ = transport::send(c.fd.as_fd(), &Msg::Bye.encode(), &[]);

@@ -440,6 +440,8 @@ impl FakeDriver {
                 Self::write_u32(st, CALL, third + 4, c1.wrapping_add(sum))?;
                 let w2 = Self::read_u32(st, CALL, base + 8)?;
                 Self::write_u32(st, CALL, third + 8, w2)?;
+                Self::write_u32(st, CALL, third + 12, seq as u32)?;
+                Self::write_u32(st, CALL, third + 16, (seq >> 32) as u32)?;
                 Ok(())
             }
             _ => Err(DriverError { call: CALL, code: code::NOT_FOUND }),
@@ -793,7 +795,7 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuModuleLoadData";
         let (mut st, rec) = self.enter(CALL)?;
         let owner = st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
-        if !image.to_bytes().starts_with(b"//") && !image.to_bytes().starts_with(b".version") {
+        if !image.to_bytes().windows(8).any(|w| w == b".version") {
             return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_IMAGE }));
         }
         let id = 0x4000_0000 + st.id();
