@@ -449,7 +449,7 @@ impl RingInfo {
             return bad(format!("frame bytes {frame_bytes} / slot stride {slot_stride}"));
         }
         let mut planes = [Plane::default(); MAX_PLANES];
-        for k in 0..plane_count {
+        for (k, slot) in planes.iter_mut().enumerate().take(plane_count) {
             let p = Plane {
                 offset: ld64(&i.plane_offset[k]),
                 pitch: ld64(&i.plane_pitch[k]),
@@ -467,7 +467,7 @@ impl RingInfo {
             {
                 return bad(format!("plane {k} {p:?} does not fit a {}x{} {} frame of {frame_bytes} bytes", expect.width, expect.height, format.name()));
             }
-            planes[k] = p;
+            *slot = p;
         }
         let pool_bytes = ld64(&i.pool_bytes);
         if (slot_count as u64).checked_mul(slot_stride).is_none_or(|need| need > pool_bytes) {

@@ -16,7 +16,8 @@ use std::process::Command;
 
 use vramring::format;
 use vramring::layout::{
-    self, DoorbellLine, ProducerLine, RingHeader, RingInfo0, SeqLine, SlotDesc, SubEntry, SubsHeader,
+    self, DoorbellLine, ProducerLine, RingHeader, RingInfo0, SeqLine, SlotDesc, SubEntry,
+    SubsHeader,
 };
 use vramring::socket::msg::{self, Hello, Msg, Notice, Welcome};
 use vramring::socket::transport;
@@ -37,10 +38,21 @@ struct Checks {
 }
 
 impl Checks {
-    fn push(&mut self, label: impl Into<String>, c_expr: impl Into<String>, expected: impl TryInto<u64>) {
+    fn push(
+        &mut self,
+        label: impl Into<String>,
+        c_expr: impl Into<String>,
+        expected: impl TryInto<u64>,
+    ) {
         let label = label.into();
-        let expected = expected.try_into().unwrap_or_else(|_| panic!("{label}: expected value does not fit u64"));
-        self.list.push(Check { label, c_expr: c_expr.into(), expected });
+        let expected = expected
+            .try_into()
+            .unwrap_or_else(|_| panic!("{label}: expected value does not fit u64"));
+        self.list.push(Check {
+            label,
+            c_expr: c_expr.into(),
+            expected,
+        });
     }
 
     /// A constant of the header: `label` is also the C expression.
@@ -127,10 +139,26 @@ fn shared_layout(c: &mut Checks) {
         "offsetof(vr_ring_header, producer.state)",
         offset_of!(RingHeader, producer) + offset_of!(ProducerLine, state),
     );
-    c.push("VR_CONTROL_BYTES(8)", "VR_CONTROL_BYTES(8)", layout::control_bytes(8));
-    c.push("VR_CONTROL_BYTES(1024)", "VR_CONTROL_BYTES(1024)", layout::control_bytes(1024));
-    c.push("VR_SUBS_BYTES(64)", "VR_SUBS_BYTES(64)", layout::subs_bytes(64));
-    c.push("VR_SUBS_BYTES(1)", "VR_SUBS_BYTES(1)", layout::subs_bytes(1));
+    c.push(
+        "VR_CONTROL_BYTES(8)",
+        "VR_CONTROL_BYTES(8)",
+        layout::control_bytes(8),
+    );
+    c.push(
+        "VR_CONTROL_BYTES(1024)",
+        "VR_CONTROL_BYTES(1024)",
+        layout::control_bytes(1024),
+    );
+    c.push(
+        "VR_SUBS_BYTES(64)",
+        "VR_SUBS_BYTES(64)",
+        layout::subs_bytes(64),
+    );
+    c.push(
+        "VR_SUBS_BYTES(1)",
+        "VR_SUBS_BYTES(1)",
+        layout::subs_bytes(1),
+    );
 }
 
 fn constants(c: &mut Checks) {
@@ -139,7 +167,10 @@ fn constants(c: &mut Checks) {
     c.constant("VR_LAYOUT_VERSION", layout::LAYOUT_VERSION);
     c.constant("VR_MIN_SLOTS", layout::MIN_SLOTS);
     c.constant("VR_MAX_SLOTS", layout::MAX_SLOTS);
-    c.constant("VR_DEFAULT_MAX_SUBSCRIBERS", layout::DEFAULT_MAX_SUBSCRIBERS);
+    c.constant(
+        "VR_DEFAULT_MAX_SUBSCRIBERS",
+        layout::DEFAULT_MAX_SUBSCRIBERS,
+    );
     c.constant("VR_MAX_SUBSCRIBERS_LIMIT", layout::MAX_SUBSCRIBERS_LIMIT);
     c.constant("VR_USER_META_WORDS", layout::USER_META_WORDS);
     c.constant("VR_USER_META_BYTES", layout::USER_META_BYTES);
@@ -174,9 +205,16 @@ fn constants(c: &mut Checks) {
     c.constant("VR_FORMAT_RGB8", Format::Rgb8.code());
     c.constant("VR_FORMAT_RGBA8", Format::Rgba8.code());
     for code in 1..=6 {
-        assert!(Format::from_code(code).is_some(), "format code {code} is documented in the header");
+        assert!(
+            Format::from_code(code).is_some(),
+            "format code {code} is documented in the header"
+        );
     }
-    assert_eq!(Format::from_code(7), None, "a format code was added: add it to proto/vramring.h and this test");
+    assert_eq!(
+        Format::from_code(7),
+        None,
+        "a format code was added: add it to proto/vramring.h and this test"
+    );
 
     // The seals the publisher applies (src/shm.rs) and the subscriber requires.
     use rustix::fs::SealFlags as S;
@@ -184,7 +222,10 @@ fn constants(c: &mut Checks) {
     c.constant("VR_F_SEAL_SHRINK", S::SHRINK.bits());
     c.constant("VR_F_SEAL_GROW", S::GROW.bits());
     c.constant("VR_F_SEAL_FUTURE_WRITE", S::FUTURE_WRITE.bits());
-    c.constant("VR_CONTROL_SEALS", (S::SHRINK | S::GROW | S::FUTURE_WRITE | S::SEAL).bits());
+    c.constant(
+        "VR_CONTROL_SEALS",
+        (S::SHRINK | S::GROW | S::FUTURE_WRITE | S::SEAL).bits(),
+    );
     c.constant("VR_SUBS_SEALS", (S::SHRINK | S::GROW | S::SEAL).bits());
     c.constant("VR_HOST_POOL_SEALS", S::SHRINK.bits());
 
@@ -203,8 +244,16 @@ fn constants(c: &mut Checks) {
     c.constant("VR_HELLO_LOSSLESS", msg::HELLO_LOSSLESS);
     c.constant("VR_HELLO_SEQUENTIAL", msg::HELLO_SEQUENTIAL);
     c.constant("VR_HELLO_WRITE", msg::HELLO_WRITE);
-    c.push("VR_BACKEND_BIT(VR_BACKEND_HOST)", "VR_BACKEND_BIT(VR_BACKEND_HOST)", 1u32 << vramring::BackendKind::Host.code());
-    c.push("VR_BACKEND_BIT(VR_BACKEND_CUDA)", "VR_BACKEND_BIT(VR_BACKEND_CUDA)", 1u32 << vramring::BackendKind::Cuda.code());
+    c.push(
+        "VR_BACKEND_BIT(VR_BACKEND_HOST)",
+        "VR_BACKEND_BIT(VR_BACKEND_HOST)",
+        1u32 << vramring::BackendKind::Host.code(),
+    );
+    c.push(
+        "VR_BACKEND_BIT(VR_BACKEND_CUDA)",
+        "VR_BACKEND_BIT(VR_BACKEND_CUDA)",
+        1u32 << vramring::BackendKind::Cuda.code(),
+    );
     c.constant("VR_REJECT_VERSION", msg::REJECT_VERSION);
     c.constant("VR_REJECT_PERMISSION", msg::REJECT_PERMISSION);
     c.constant("VR_REJECT_FULL", msg::REJECT_FULL);
@@ -227,7 +276,11 @@ fn find(hay: &[u8], needle: &[u8], what: &str) -> usize {
 /// `<ty>` variable `<name>_m` into the prelude.
 fn embed(c: &mut Checks, name: &str, ty: &str, bytes: &[u8]) {
     let list: Vec<String> = bytes.iter().map(|b| format!("0x{b:02x}")).collect();
-    let _ = writeln!(c.prelude, "    static const unsigned char {name}[] = {{{}}};", list.join(","));
+    let _ = writeln!(
+        c.prelude,
+        "    static const unsigned char {name}[] = {{{}}};",
+        list.join(",")
+    );
     let _ = writeln!(c.prelude, "    {ty} {name}_m;");
     let _ = writeln!(
         c.prelude,
@@ -242,20 +295,45 @@ fn message_header(c: &mut Checks, name: &str, ty: &str, label: &str, bytes: &[u8
     assert_eq!(word(0), msg::MSG_MAGIC, "{name}: magic at byte 0");
     assert_eq!(word(4), msg::PROTOCOL_VERSION, "{name}: version at byte 4");
     assert_eq!(word(8), kind, "{name}: kind at byte 8");
-    assert_eq!(word(12) as usize, bytes.len() - msg::HEADER_BYTES, "{name}: body length at byte 12");
+    assert_eq!(
+        word(12) as usize,
+        bytes.len() - msg::HEADER_BYTES,
+        "{name}: body length at byte 12"
+    );
     c.push(label, format!("sizeof({ty})"), bytes.len());
-    for (f, off, v) in [("magic", 0, word(0)), ("version", 4, word(4)), ("kind", 8, word(8)), ("body_len", 12, word(12))] {
-        c.push(format!("{label}.hdr.{f}"), format!("offsetof({ty}, hdr.{f})"), off);
-        c.push(format!("decode {name}.hdr.{f}"), format!("{name}_m.hdr.{f}"), v);
+    for (f, off, v) in [
+        ("magic", 0, word(0)),
+        ("version", 4, word(4)),
+        ("kind", 8, word(8)),
+        ("body_len", 12, word(12)),
+    ] {
+        c.push(
+            format!("{label}.hdr.{f}"),
+            format!("offsetof({ty}, hdr.{f})"),
+            off,
+        );
+        c.push(
+            format!("decode {name}.hdr.{f}"),
+            format!("{name}_m.hdr.{f}"),
+            v,
+        );
     }
 }
 
 fn messages(c: &mut Checks) {
     c.push("vr_msg_header", "sizeof(vr_msg_header)", msg::HEADER_BYTES);
     c.push("vr_msg_header.magic", "offsetof(vr_msg_header, magic)", 0);
-    c.push("vr_msg_header.version", "offsetof(vr_msg_header, version)", 4);
+    c.push(
+        "vr_msg_header.version",
+        "offsetof(vr_msg_header, version)",
+        4,
+    );
     c.push("vr_msg_header.kind", "offsetof(vr_msg_header, kind)", 8);
-    c.push("vr_msg_header.body_len", "offsetof(vr_msg_header, body_len)", 12);
+    c.push(
+        "vr_msg_header.body_len",
+        "offsetof(vr_msg_header, body_len)",
+        12,
+    );
 
     // Bye: a bare header.
     let bye = Msg::Bye.encode();
@@ -263,16 +341,29 @@ fn messages(c: &mut Checks) {
     embed(c, "bye", "vr_msg_header", &bye);
     c.push("decode bye.kind", "bye_m.kind", msg::KIND_BYE);
     c.push("decode bye.body_len", "bye_m.body_len", 0);
-    c.push("VR_BYE_BODY_BYTES", "VR_BYE_BODY_BYTES", bye.len() - msg::HEADER_BYTES);
+    c.push(
+        "VR_BYE_BODY_BYTES",
+        "VR_BYE_BODY_BYTES",
+        bye.len() - msg::HEADER_BYTES,
+    );
 
     // Hello, with a distinct marker in every field.
     let uuid: [u8; 16] = std::array::from_fn(|i| 0xd0 + i as u8);
     let name = "hello-name-marker";
-    let hello = Hello { flags: 0xa1a2_a3a4, backends: 0xb1b2_b3b4, name: name.into(), device_uuid: uuid };
+    let hello = Hello {
+        flags: 0xa1a2_a3a4,
+        backends: 0xb1b2_b3b4,
+        name: name.into(),
+        device_uuid: uuid,
+    };
     let b = Msg::Hello(hello.clone()).encode();
     embed(c, "hello", "vr_hello", &b);
     message_header(c, "hello", "vr_hello", "vr_hello", &b, msg::KIND_HELLO);
-    c.push("VR_HELLO_BODY_BYTES", "VR_HELLO_BODY_BYTES", b.len() - msg::HEADER_BYTES);
+    c.push(
+        "VR_HELLO_BODY_BYTES",
+        "VR_HELLO_BODY_BYTES",
+        b.len() - msg::HEADER_BYTES,
+    );
     let f_flags = find(&b, &hello.flags.to_le_bytes(), "hello.flags");
     let f_backends = find(&b, &hello.backends.to_le_bytes(), "hello.backends");
     let f_name = find(&b, name.as_bytes(), "hello.name");
@@ -285,16 +376,42 @@ fn messages(c: &mut Checks) {
         ("device_uuid", f_uuid, 16),
         ("reserved", f_reserved, b.len() - f_reserved),
     ] {
-        c.push(format!("vr_hello.{f}"), format!("offsetof(vr_hello, {f})"), off);
-        c.push(format!("sizeof vr_hello.{f}"), format!("sizeof(((vr_hello *)0)->{f})"), size);
+        c.push(
+            format!("vr_hello.{f}"),
+            format!("offsetof(vr_hello, {f})"),
+            off,
+        );
+        c.push(
+            format!("sizeof vr_hello.{f}"),
+            format!("sizeof(((vr_hello *)0)->{f})"),
+            size,
+        );
     }
-    assert!(b[f_name + name.len()..f_uuid].iter().all(|&x| x == 0), "hello name is NUL-padded");
-    assert!(b[f_reserved..].iter().all(|&x| x == 0), "hello reserved bytes are zero");
+    assert!(
+        b[f_name + name.len()..f_uuid].iter().all(|&x| x == 0),
+        "hello name is NUL-padded"
+    );
+    assert!(
+        b[f_reserved..].iter().all(|&x| x == 0),
+        "hello reserved bytes are zero"
+    );
     c.push("decode hello.flags", "hello_m.flags", hello.flags);
     c.push("decode hello.backends", "hello_m.backends", hello.backends);
-    c.push("decode hello.name[0]", "hello_m.name[0]", name.as_bytes()[0]);
-    c.push("decode hello.name[len]", format!("hello_m.name[{}]", name.len()), 0u8);
-    c.push("decode hello.device_uuid[15]", "hello_m.device_uuid[15]", uuid[15]);
+    c.push(
+        "decode hello.name[0]",
+        "hello_m.name[0]",
+        name.as_bytes()[0],
+    );
+    c.push(
+        "decode hello.name[len]",
+        format!("hello_m.name[{}]", name.len()),
+        0u8,
+    );
+    c.push(
+        "decode hello.device_uuid[15]",
+        "hello_m.device_uuid[15]",
+        uuid[15],
+    );
 
     // Welcome.
     let uuid: [u8; 16] = std::array::from_fn(|i| 0x40 + i as u8);
@@ -311,51 +428,173 @@ fn messages(c: &mut Checks) {
     };
     let b = Msg::Welcome(w).encode();
     embed(c, "welcome", "vr_welcome", &b);
-    message_header(c, "welcome", "vr_welcome", "vr_welcome", &b, msg::KIND_WELCOME);
-    c.push("VR_WELCOME_BODY_BYTES", "VR_WELCOME_BODY_BYTES", b.len() - msg::HEADER_BYTES);
+    message_header(
+        c,
+        "welcome",
+        "vr_welcome",
+        "vr_welcome",
+        &b,
+        msg::KIND_WELCOME,
+    );
+    c.push(
+        "VR_WELCOME_BODY_BYTES",
+        "VR_WELCOME_BODY_BYTES",
+        b.len() - msg::HEADER_BYTES,
+    );
     let f_uuid = find(&b, &uuid, "welcome.device_uuid");
     let f_reserved = f_uuid + 16;
     let scalar = [
-        ("index", find(&b, &w.index.to_le_bytes(), "index"), 4usize, u64::from(w.index)),
-        ("generation", find(&b, &w.generation.to_le_bytes(), "generation"), 4, u64::from(w.generation)),
-        ("epoch", find(&b, &w.epoch.to_le_bytes(), "epoch"), 8, w.epoch),
-        ("backend", find(&b, &w.backend.to_le_bytes(), "backend"), 4, u64::from(w.backend)),
-        ("granted", find(&b, &w.granted.to_le_bytes(), "granted"), 4, u64::from(w.granted)),
-        ("control_bytes", find(&b, &w.control_bytes.to_le_bytes(), "control_bytes"), 8, w.control_bytes),
-        ("subs_bytes", find(&b, &w.subs_bytes.to_le_bytes(), "subs_bytes"), 8, w.subs_bytes),
-        ("pool_bytes", find(&b, &w.pool_bytes.to_le_bytes(), "pool_bytes"), 8, w.pool_bytes),
+        (
+            "index",
+            find(&b, &w.index.to_le_bytes(), "index"),
+            4usize,
+            u64::from(w.index),
+        ),
+        (
+            "generation",
+            find(&b, &w.generation.to_le_bytes(), "generation"),
+            4,
+            u64::from(w.generation),
+        ),
+        (
+            "epoch",
+            find(&b, &w.epoch.to_le_bytes(), "epoch"),
+            8,
+            w.epoch,
+        ),
+        (
+            "backend",
+            find(&b, &w.backend.to_le_bytes(), "backend"),
+            4,
+            u64::from(w.backend),
+        ),
+        (
+            "granted",
+            find(&b, &w.granted.to_le_bytes(), "granted"),
+            4,
+            u64::from(w.granted),
+        ),
+        (
+            "control_bytes",
+            find(&b, &w.control_bytes.to_le_bytes(), "control_bytes"),
+            8,
+            w.control_bytes,
+        ),
+        (
+            "subs_bytes",
+            find(&b, &w.subs_bytes.to_le_bytes(), "subs_bytes"),
+            8,
+            w.subs_bytes,
+        ),
+        (
+            "pool_bytes",
+            find(&b, &w.pool_bytes.to_le_bytes(), "pool_bytes"),
+            8,
+            w.pool_bytes,
+        ),
     ];
     for (f, off, size, v) in scalar {
-        c.push(format!("vr_welcome.{f}"), format!("offsetof(vr_welcome, {f})"), off);
-        c.push(format!("sizeof vr_welcome.{f}"), format!("sizeof(((vr_welcome *)0)->{f})"), size);
+        c.push(
+            format!("vr_welcome.{f}"),
+            format!("offsetof(vr_welcome, {f})"),
+            off,
+        );
+        c.push(
+            format!("sizeof vr_welcome.{f}"),
+            format!("sizeof(((vr_welcome *)0)->{f})"),
+            size,
+        );
         c.push(format!("decode welcome.{f}"), format!("welcome_m.{f}"), v);
     }
-    for (f, off, size) in [("device_uuid", f_uuid, 16), ("reserved", f_reserved, b.len() - f_reserved)] {
-        c.push(format!("vr_welcome.{f}"), format!("offsetof(vr_welcome, {f})"), off);
-        c.push(format!("sizeof vr_welcome.{f}"), format!("sizeof(((vr_welcome *)0)->{f})"), size);
+    for (f, off, size) in [
+        ("device_uuid", f_uuid, 16),
+        ("reserved", f_reserved, b.len() - f_reserved),
+    ] {
+        c.push(
+            format!("vr_welcome.{f}"),
+            format!("offsetof(vr_welcome, {f})"),
+            off,
+        );
+        c.push(
+            format!("sizeof vr_welcome.{f}"),
+            format!("sizeof(((vr_welcome *)0)->{f})"),
+            size,
+        );
     }
-    assert!(b[f_reserved..].iter().all(|&x| x == 0), "welcome reserved bytes are zero");
-    c.push("decode welcome.device_uuid[0]", "welcome_m.device_uuid[0]", uuid[0]);
+    assert!(
+        b[f_reserved..].iter().all(|&x| x == 0),
+        "welcome reserved bytes are zero"
+    );
+    c.push(
+        "decode welcome.device_uuid[0]",
+        "welcome_m.device_uuid[0]",
+        uuid[0],
+    );
 
     // Reject and Evicted share one record.
     let reason = "reason-marker";
     for (name, kind, m) in [
-        ("reject", msg::KIND_REJECT, Msg::Reject(Notice { code: 0xa1a2_a3a4, reason: reason.into() })),
-        ("evicted", msg::KIND_EVICTED, Msg::Evicted(Notice { code: 0xa1a2_a3a4, reason: reason.into() })),
+        (
+            "reject",
+            msg::KIND_REJECT,
+            Msg::Reject(Notice {
+                code: 0xa1a2_a3a4,
+                reason: reason.into(),
+            }),
+        ),
+        (
+            "evicted",
+            msg::KIND_EVICTED,
+            Msg::Evicted(Notice {
+                code: 0xa1a2_a3a4,
+                reason: reason.into(),
+            }),
+        ),
     ] {
         let b = m.encode();
         embed(c, name, "vr_notice", &b);
-        message_header(c, name, "vr_notice", &format!("vr_notice({name})"), &b, kind);
+        message_header(
+            c,
+            name,
+            "vr_notice",
+            &format!("vr_notice({name})"),
+            &b,
+            kind,
+        );
         let f_code = find(&b, &0xa1a2_a3a4u32.to_le_bytes(), "notice.code");
         let f_reason = find(&b, reason.as_bytes(), "notice.reason");
-        for (f, off, size) in [("code", f_code, 4), ("reserved", f_code + 4, f_reason - f_code - 4), ("reason", f_reason, b.len() - f_reason)] {
-            c.push(format!("vr_notice({name}).{f}"), format!("offsetof(vr_notice, {f})"), off);
-            c.push(format!("sizeof vr_notice({name}).{f}"), format!("sizeof(((vr_notice *)0)->{f})"), size);
+        for (f, off, size) in [
+            ("code", f_code, 4),
+            ("reserved", f_code + 4, f_reason - f_code - 4),
+            ("reason", f_reason, b.len() - f_reason),
+        ] {
+            c.push(
+                format!("vr_notice({name}).{f}"),
+                format!("offsetof(vr_notice, {f})"),
+                off,
+            );
+            c.push(
+                format!("sizeof vr_notice({name}).{f}"),
+                format!("sizeof(((vr_notice *)0)->{f})"),
+                size,
+            );
         }
         assert_eq!(b.len() - f_reason, msg::REASON_BYTES);
-        c.push(format!("decode {name}.code"), format!("{name}_m.code"), 0xa1a2_a3a4u32);
-        c.push(format!("decode {name}.reason[0]"), format!("{name}_m.reason[0]"), reason.as_bytes()[0]);
-        c.push(format!("VR_NOTICE_BODY_BYTES({name})"), "VR_NOTICE_BODY_BYTES", b.len() - msg::HEADER_BYTES);
+        c.push(
+            format!("decode {name}.code"),
+            format!("{name}_m.code"),
+            0xa1a2_a3a4u32,
+        );
+        c.push(
+            format!("decode {name}.reason[0]"),
+            format!("{name}_m.reason[0]"),
+            reason.as_bytes()[0],
+        );
+        c.push(
+            format!("VR_NOTICE_BODY_BYTES({name})"),
+            "VR_NOTICE_BODY_BYTES",
+            b.len() - msg::HEADER_BYTES,
+        );
     }
     // Every record fits one datagram.
     c.push("vr_notice fits", "sizeof(vr_notice) <= VR_MAX_MSG_BYTES", 1);
@@ -363,11 +602,17 @@ fn messages(c: &mut Checks) {
 
 fn c_program(c: &Checks) -> String {
     let mut s = String::new();
-    s.push_str("#include <stdio.h>\n#include <stddef.h>\n#include <string.h>\n#include \"vramring.h\"\n\n");
+    s.push_str(
+        "#include <stdio.h>\n#include <stddef.h>\n#include <string.h>\n#include \"vramring.h\"\n\n",
+    );
     s.push_str("int main(void) {\n");
     s.push_str(&c.prelude);
     for k in &c.list {
-        let _ = writeln!(s, "    printf(\"%s %llu\\n\", \"{}\", (unsigned long long)({}));", k.label, k.c_expr);
+        let _ = writeln!(
+            s,
+            "    printf(\"%s %llu\\n\", \"{}\", (unsigned long long)({}));",
+            k.label, k.c_expr
+        );
     }
     s.push_str("    return 0;\n}\n");
     s
@@ -375,7 +620,10 @@ fn c_program(c: &Checks) -> String {
 
 /// The C compiler: `$CC` (which may carry flags), else `cc`.
 fn compiler() -> (String, Vec<String>) {
-    let cc = std::env::var("CC").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "cc".into());
+    let cc = std::env::var("CC")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| "cc".into());
     let mut words = cc.split_whitespace().map(str::to_owned);
     let prog = words.next().unwrap_or_else(|| "cc".into());
     (prog, words.collect())
@@ -408,7 +656,9 @@ fn compile_and_run(dir: &Path, source: &str) -> String {
         String::from_utf8_lossy(&out.stderr),
         src.display()
     );
-    let run = Command::new(&exe).output().expect("running the compiled C program");
+    let run = Command::new(&exe)
+        .output()
+        .expect("running the compiled C program");
     assert!(
         run.status.success(),
         "the C program failed ({}):\n{}{}",
@@ -420,7 +670,8 @@ fn compile_and_run(dir: &Path, source: &str) -> String {
 }
 
 fn scratch_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c_layout-{}", std::process::id()));
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c_layout-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("creating a scratch directory");
     dir
 }
@@ -438,20 +689,26 @@ fn c_header_matches_the_rust_layout_and_messages() {
     let mut got: BTreeMap<&str, &str> = BTreeMap::new();
     for line in output.lines() {
         let (label, value) = line.rsplit_once(' ').unwrap_or((line, ""));
-        assert!(got.insert(label, value).is_none(), "duplicate label {label:?}");
+        assert!(
+            got.insert(label, value).is_none(),
+            "duplicate label {label:?}"
+        );
     }
     let mut failures = Vec::new();
     for k in &checks.list {
         match got.remove(k.label.as_str()) {
             None => failures.push(format!("{}: missing from the C program's output", k.label)),
-            Some(v) if v.parse::<u64>().ok() != Some(k.expected) => {
-                failures.push(format!("{}: C says {v}, Rust says {}   [{}]", k.label, k.expected, k.c_expr))
-            }
+            Some(v) if v.parse::<u64>().ok() != Some(k.expected) => failures.push(format!(
+                "{}: C says {v}, Rust says {}   [{}]",
+                k.label, k.expected, k.c_expr
+            )),
             Some(_) => {}
         }
     }
     for (label, v) in got {
-        failures.push(format!("{label}: printed by the C program ({v}) but not checked"));
+        failures.push(format!(
+            "{label}: printed by the C program ({v}) but not checked"
+        ));
     }
     assert!(
         failures.is_empty(),
@@ -461,5 +718,8 @@ fn c_header_matches_the_rust_layout_and_messages() {
         failures.join("\n  ")
     );
     let _ = std::fs::remove_dir_all(&dir);
-    eprintln!("{} layout, constant and message checks agree", checks.list.len());
+    eprintln!(
+        "{} layout, constant and message checks agree",
+        checks.list.len()
+    );
 }

@@ -533,7 +533,7 @@ impl ExitJoin {
     pub fn is_finished(&self) -> bool {
         lock(&self.handle)
             .as_ref()
-            .map_or(true, JoinHandle::is_finished)
+            .is_none_or(JoinHandle::is_finished)
     }
 
     /// Requests stop, wakes the thread and joins it, waiting at most the

@@ -98,7 +98,14 @@ fn park(header: &RingHeader, bell: u32, timeout: Duration) {
     let _ = rustix::thread::futex::wait(&header.doorbell.doorbell, rustix::thread::futex::Flags::empty(), bell, Some(&ts));
 }
 
+/// The model of `FUTEX_WAIT` with no timeout: block until the doorbell moves
+/// from `bell`. A lost wakeup is then a waiter that never returns, which loom
+/// reports, instead of a slice that silently hides it.
 #[cfg(loom)]
-fn park(_header: &RingHeader, _bell: u32, _timeout: Duration) {
-    loom::thread::yield_now();
+fn park(header: &RingHeader, bell: u32, _timeout: Duration) {
+    // Relaxed: the kernel's compare of the futex word orders nothing; the
+    // caller re-loads `global_seq` (Acquire) and re-parks if it has not moved.
+    while header.doorbell.doorbell.load(Ordering::Relaxed) == bell {
+        loom::thread::yield_now();
+    }
 }

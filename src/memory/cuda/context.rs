@@ -35,7 +35,12 @@ impl<'d, D: Driver> ContextGuard<'d, D> {
             // SAFETY: `ctx` is live (this function's contract).
             unsafe { driver.ctx_push_current(ctx) }?;
         }
-        Ok(ContextGuard { driver, ctx, pushed, _per_thread: PhantomData })
+        Ok(ContextGuard {
+            driver,
+            ctx,
+            pushed,
+            _per_thread: PhantomData,
+        })
     }
 
     /// The context this guard made current.

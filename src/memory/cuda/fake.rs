@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
 
 use super::driver::{
-    attr, code, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver, DriverError,
-    MemHandle,
+    attr, code, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr,
+    Driver, DriverError, MemHandle,
 };
 use super::pattern;
 use crate::shm::Region;
@@ -169,7 +169,9 @@ fn primary_of(dev: CuDevice) -> CuContext {
 
 impl State {
     fn current(&self) -> Option<CuContext> {
-        self.stacks.get(&std::thread::current().id()).and_then(|s| s.last().copied())
+        self.stacks
+            .get(&std::thread::current().id())
+            .and_then(|s| s.last().copied())
     }
 
     fn id(&mut self) -> u64 {
@@ -199,7 +201,10 @@ impl State {
     fn need_ctx(&self, call: &'static str) -> DResult<CuContext> {
         match self.current() {
             Some(c) if self.ctx_valid(c) => Ok(c),
-            _ => Err(DriverError { call, code: code::INVALID_CONTEXT }),
+            _ => Err(DriverError {
+                call,
+                code: code::INVALID_CONTEXT,
+            }),
         }
     }
 
@@ -207,18 +212,38 @@ impl State {
         usize::try_from(dev)
             .ok()
             .and_then(|d| self.devices.get(d))
-            .ok_or(DriverError { call, code: code::INVALID_DEVICE })
+            .ok_or(DriverError {
+                call,
+                code: code::INVALID_DEVICE,
+            })
     }
 
     /// Host address of `[ptr, ptr+len)`, checking access.
-    fn resolve(&mut self, call: &'static str, ptr: DevicePtr, len: u64, write: bool) -> DResult<*mut u8> {
-        let bad = DriverError { call, code: code::ILLEGAL_ADDRESS };
+    fn resolve(
+        &mut self,
+        call: &'static str,
+        ptr: DevicePtr,
+        len: u64,
+        write: bool,
+    ) -> DResult<*mut u8> {
+        let bad = DriverError {
+            call,
+            code: code::ILLEGAL_ADDRESS,
+        };
         let end = ptr.checked_add(len).ok_or(bad)?;
         if let Some((&start, m)) = self.mappings.range(..=ptr).next_back() {
             if end <= start + m.len {
                 return match m.access {
-                    Some(Access::ReadWrite) => Ok(m.backing.region.as_ptr().wrapping_add((ptr - start) as usize)),
-                    Some(Access::Read) if !write => Ok(m.backing.region.as_ptr().wrapping_add((ptr - start) as usize)),
+                    Some(Access::ReadWrite) => Ok(m
+                        .backing
+                        .region
+                        .as_ptr()
+                        .wrapping_add((ptr - start) as usize)),
+                    Some(Access::Read) if !write => Ok(m
+                        .backing
+                        .region
+                        .as_ptr()
+                        .wrapping_add((ptr - start) as usize)),
                     _ => Err(bad),
                 };
             }
@@ -247,7 +272,11 @@ impl FakeDriver {
     /// A fake process that sees `devices`, in ordinal order.
     pub fn new(devices: Vec<FakeDevice>) -> Arc<Self> {
         Arc::new(FakeDriver {
-            st: Mutex::new(State { devices, fail_code: code::UNKNOWN, ..State::default() }),
+            st: Mutex::new(State {
+                devices,
+                fail_code: code::UNKNOWN,
+                ..State::default()
+            }),
         })
     }
 
@@ -276,14 +305,23 @@ impl FakeDriver {
         let current = st.current();
         let inject = st.fail_at == Some(index) || st.fail_nth.get(call) == Some(&nth);
         let uninit = !st.initialized && call != "cuInit";
-        st.log.push(CallRecord { index, call, current, failed: inject || uninit, owner: None });
+        st.log.push(CallRecord {
+            index,
+            call,
+            current,
+            failed: inject || uninit,
+            owner: None,
+        });
         let rec = st.log.len() - 1;
         if inject {
             let code = st.fail_code;
             return Err(DriverError { call, code });
         }
         if uninit {
-            return Err(DriverError { call, code: code::NOT_INITIALIZED });
+            return Err(DriverError {
+                call,
+                code: code::NOT_INITIALIZED,
+            });
         }
         Ok((st, rec))
     }
@@ -326,7 +364,12 @@ impl FakeDriver {
     /// Every release call so far (calls that released a context-owned
     /// resource, whether they succeeded or not).
     pub fn releases(&self) -> Vec<CallRecord> {
-        self.lock().log.iter().filter(|r| r.owner.is_some()).cloned().collect()
+        self.lock()
+            .log
+            .iter()
+            .filter(|r| r.owner.is_some())
+            .cloned()
+            .collect()
     }
 
     /// Everything still alive.
@@ -339,7 +382,12 @@ impl FakeDriver {
             streams: st.streams.keys().copied().collect(),
             allocations: st.allocs.keys().copied().collect(),
             modules: st.modules.keys().copied().collect(),
-            primary_contexts: st.primary.iter().filter(|(_, &n)| n > 0).map(|(&d, &n)| (d, n)).collect(),
+            primary_contexts: st
+                .primary
+                .iter()
+                .filter(|(_, &n)| n > 0)
+                .map(|(&d, &n)| (d, n))
+                .collect(),
         }
     }
 
@@ -368,7 +416,10 @@ impl FakeDriver {
 
     /// This thread's context stack depth, without counting a call.
     pub fn stack_depth(&self) -> usize {
-        self.lock().stacks.get(&std::thread::current().id()).map_or(0, Vec::len)
+        self.lock()
+            .stacks
+            .get(&std::thread::current().id())
+            .map_or(0, Vec::len)
     }
 
     /// The primary context a `cuDevicePrimaryCtxRetain` of `dev` returns.
@@ -377,8 +428,10 @@ impl FakeDriver {
     }
 
     fn new_backing(len: u64) -> DResult<Backing> {
-        let (region, fd) = Region::create("vramring-fake-vmm", len)
-            .map_err(|_| DriverError { call: "cuMemCreate", code: code::OUT_OF_MEMORY })?;
+        let (region, fd) = Region::create("vramring-fake-vmm", len).map_err(|_| DriverError {
+            call: "cuMemCreate",
+            code: code::OUT_OF_MEMORY,
+        })?;
         Ok(Backing { region, fd })
     }
 
@@ -402,13 +455,20 @@ impl FakeDriver {
     /// `params` points to values of the kernel's parameter types.
     unsafe fn emulate(st: &mut State, name: &str, params: &[*mut c_void]) -> DResult<()> {
         const CALL: &str = "cuLaunchKernel";
-        let bad = DriverError { call: CALL, code: code::INVALID_VALUE };
+        let bad = DriverError {
+            call: CALL,
+            code: code::INVALID_VALUE,
+        };
         if params.len() != 3 {
             return Err(bad);
         }
         // SAFETY: per the kernels' signatures: (u64 ptr, u32 words, u64 seq or counter).
         let (base, n, third) = unsafe {
-            (*(params[0] as *const u64), *(params[1] as *const u32), *(params[2] as *const u64))
+            (
+                *(params[0] as *const u64),
+                *(params[1] as *const u32),
+                *(params[2] as *const u64),
+            )
         };
         match name {
             pattern::FILL_KERNEL => {
@@ -426,7 +486,8 @@ impl FakeDriver {
                 Ok(())
             }
             pattern::VERIFY_KERNEL => {
-                let seq = Self::read_u32(st, CALL, base)? as u64 | (Self::read_u32(st, CALL, base + 4)? as u64) << 32;
+                let seq = Self::read_u32(st, CALL, base)? as u64
+                    | (Self::read_u32(st, CALL, base + 4)? as u64) << 32;
                 let (mut bad_words, mut sum) = (0u32, 0u32);
                 for i in 4..n {
                     let w = Self::read_u32(st, CALL, base + 4 * i as u64)?;
@@ -444,7 +505,10 @@ impl FakeDriver {
                 Self::write_u32(st, CALL, third + 16, (seq >> 32) as u32)?;
                 Ok(())
             }
-            _ => Err(DriverError { call: CALL, code: code::NOT_FOUND }),
+            _ => Err(DriverError {
+                call: CALL,
+                code: code::NOT_FOUND,
+            }),
         }
     }
 }
@@ -479,7 +543,12 @@ impl Driver for FakeDriver {
             attr::INTEGRATED => i32::from(d.integrated),
             attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED => i32::from(d.vmm),
             attr::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED => i32::from(d.posix_fd),
-            _ => return Err(DriverError { call: "cuDeviceGetAttribute", code: code::INVALID_VALUE }),
+            _ => {
+                return Err(DriverError {
+                    call: "cuDeviceGetAttribute",
+                    code: code::INVALID_VALUE,
+                })
+            }
         })
     }
 
@@ -499,7 +568,14 @@ impl Driver for FakeDriver {
                 *n -= 1;
                 Ok(())
             }
-            _ => Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_CONTEXT })),
+            _ => Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_CONTEXT,
+                },
+            )),
         }
     }
 
@@ -511,24 +587,48 @@ impl Driver for FakeDriver {
     unsafe fn ctx_push_current(&self, ctx: CuContext) -> DResult<()> {
         let (mut st, rec) = self.enter("cuCtxPushCurrent_v2")?;
         if !st.ctx_valid(ctx) {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: "cuCtxPushCurrent_v2", code: code::INVALID_CONTEXT }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: "cuCtxPushCurrent_v2",
+                    code: code::INVALID_CONTEXT,
+                },
+            ));
         }
-        st.stacks.entry(std::thread::current().id()).or_default().push(ctx);
+        st.stacks
+            .entry(std::thread::current().id())
+            .or_default()
+            .push(ctx);
         Ok(())
     }
 
     fn ctx_pop_current(&self) -> DResult<Option<CuContext>> {
         let (mut st, rec) = self.enter("cuCtxPopCurrent_v2")?;
-        match st.stacks.get_mut(&std::thread::current().id()).and_then(Vec::pop) {
+        match st
+            .stacks
+            .get_mut(&std::thread::current().id())
+            .and_then(Vec::pop)
+        {
             Some(c) => Ok(Some(c)),
-            None => Err(Self::fail_rec(&mut st, rec, DriverError { call: "cuCtxPopCurrent_v2", code: code::INVALID_CONTEXT })),
+            None => Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: "cuCtxPopCurrent_v2",
+                    code: code::INVALID_CONTEXT,
+                },
+            )),
         }
     }
 
     fn ctx_get_device(&self) -> DResult<CuDevice> {
         let (st, _) = self.enter("cuCtxGetDevice")?;
         let c = st.need_ctx("cuCtxGetDevice")?;
-        st.device_of(c).ok_or(DriverError { call: "cuCtxGetDevice", code: code::INVALID_CONTEXT })
+        st.device_of(c).ok_or(DriverError {
+            call: "cuCtxGetDevice",
+            code: code::INVALID_CONTEXT,
+        })
     }
 
     fn ctx_synchronize(&self) -> DResult<()> {
@@ -550,7 +650,10 @@ impl Driver for FakeDriver {
         let (st, _) = self.enter("cuMemGetAllocationGranularity")?;
         let d = st.dev("cuMemGetAllocationGranularity", dev)?;
         if !d.vmm {
-            return Err(DriverError { call: "cuMemGetAllocationGranularity", code: code::NOT_SUPPORTED });
+            return Err(DriverError {
+                call: "cuMemGetAllocationGranularity",
+                code: code::NOT_SUPPORTED,
+            });
         }
         Ok(d.granularity)
     }
@@ -558,22 +661,52 @@ impl Driver for FakeDriver {
     fn mem_create(&self, bytes: u64, dev: CuDevice) -> DResult<MemHandle> {
         const CALL: &str = "cuMemCreate";
         let (mut st, rec) = self.enter(CALL)?;
-        let owner = st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let owner = st
+            .need_ctx(CALL)
+            .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         let d = st.dev(CALL, dev)?.clone();
         let used = st.used.get(&dev).copied().unwrap_or(0);
         if !d.vmm || !d.posix_fd {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::NOT_SUPPORTED }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::NOT_SUPPORTED,
+                },
+            ));
         }
         if bytes == 0 || bytes % d.granularity != 0 {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_VALUE }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_VALUE,
+                },
+            ));
         }
         if used + bytes > d.free {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::OUT_OF_MEMORY }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::OUT_OF_MEMORY,
+                },
+            ));
         }
         let backing = Self::new_backing(bytes).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         *st.used.entry(dev).or_insert(0) += bytes;
         let id = st.id();
-        st.handles.insert(id, HandleRec { backing: Arc::new(backing), owner: Some(owner), created_on: Some(dev) });
+        st.handles.insert(
+            id,
+            HandleRec {
+                backing: Arc::new(backing),
+                owner: Some(owner),
+                created_on: Some(dev),
+            },
+        );
         Ok(MemHandle(id))
     }
 
@@ -581,18 +714,39 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuMemExportToShareableHandle";
         let (mut st, rec) = self.enter(CALL)?;
         let Some(h) = st.handles.get(&handle.0) else {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_HANDLE }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_HANDLE,
+                },
+            ));
         };
         // The caller owns the new descriptor, as with the real driver.
         let fd = h.backing.fd.try_clone();
-        fd.map_err(|_| Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::UNKNOWN }))
+        fd.map_err(|_| {
+            Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::UNKNOWN,
+                },
+            )
+        })
     }
 
     fn mem_import_fd(&self, fd: BorrowedFd<'_>) -> DResult<MemHandle> {
         const CALL: &str = "cuMemImportFromShareableHandle";
         let (mut st, rec) = self.enter(CALL)?;
-        let owner = st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
-        let bad = DriverError { call: CALL, code: code::INVALID_VALUE };
+        let owner = st
+            .need_ctx(CALL)
+            .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let bad = DriverError {
+            call: CALL,
+            code: code::INVALID_VALUE,
+        };
         let len = match rustix::fs::fstat(fd) {
             Ok(s) if s.st_size > 0 => s.st_size as u64,
             _ => return Err(Self::fail_rec(&mut st, rec, bad)),
@@ -607,7 +761,11 @@ impl Driver for FakeDriver {
         let id = st.id();
         st.handles.insert(
             id,
-            HandleRec { backing: Arc::new(Backing { region, fd: own }), owner: Some(owner), created_on: None },
+            HandleRec {
+                backing: Arc::new(Backing { region, fd: own }),
+                owner: Some(owner),
+                created_on: None,
+            },
         );
         Ok(MemHandle(id))
     }
@@ -615,9 +773,16 @@ impl Driver for FakeDriver {
     fn mem_address_reserve(&self, bytes: u64, align: u64) -> DResult<DevicePtr> {
         const CALL: &str = "cuMemAddressReserve";
         let (mut st, rec) = self.enter(CALL)?;
-        let owner = st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let owner = st
+            .need_ctx(CALL)
+            .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         let align = align.max(2 << 20);
-        let next = st.reservations.iter().map(|(&s, &(l, _))| s + l).max().unwrap_or(VA_BASE);
+        let next = st
+            .reservations
+            .iter()
+            .map(|(&s, &(l, _))| s + l)
+            .max()
+            .unwrap_or(VA_BASE);
         let start = next.div_ceil(align) * align + align;
         st.reservations.insert(start, (bytes, Some(owner)));
         Ok(start)
@@ -627,11 +792,25 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuMemAddressFree";
         let (mut st, rec) = self.enter(CALL)?;
         let Some(&(len, owner)) = st.reservations.get(&ptr) else {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_VALUE }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_VALUE,
+                },
+            ));
         };
         Self::release_owner(&mut st, rec, owner);
         if len != bytes || st.mappings.range(ptr..ptr + len).next().is_some() {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_VALUE }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_VALUE,
+                },
+            ));
         }
         st.reservations.remove(&ptr);
         Ok(())
@@ -641,14 +820,35 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuMemMap";
         let (mut st, rec) = self.enter(CALL)?;
         let owner = st.current();
-        let inside = st.reservations.range(..=ptr).next_back().is_some_and(|(&s, &(l, _))| ptr + bytes <= s + l);
+        let inside = st
+            .reservations
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(&s, &(l, _))| ptr + bytes <= s + l);
         let backing = st.handles.get(&handle.0).map(|h| Arc::clone(&h.backing));
         match backing {
-            Some(b) if inside && b.region.len() as u64 == bytes && !st.mappings.contains_key(&ptr) => {
-                st.mappings.insert(ptr, MapRec { len: bytes, backing: b, access: None, owner });
+            Some(b)
+                if inside && b.region.len() as u64 == bytes && !st.mappings.contains_key(&ptr) =>
+            {
+                st.mappings.insert(
+                    ptr,
+                    MapRec {
+                        len: bytes,
+                        backing: b,
+                        access: None,
+                        owner,
+                    },
+                );
                 Ok(())
             }
-            _ => Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_VALUE })),
+            _ => Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_VALUE,
+                },
+            )),
         }
     }
 
@@ -656,29 +856,63 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuMemUnmap";
         let (mut st, rec) = self.enter(CALL)?;
         let Some(m) = st.mappings.get(&ptr) else {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_VALUE }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_VALUE,
+                },
+            ));
         };
         let (len, owner) = (m.len, m.owner);
         Self::release_owner(&mut st, rec, owner);
         if len != bytes {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_VALUE }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_VALUE,
+                },
+            ));
         }
         st.mappings.remove(&ptr);
         Ok(())
     }
 
-    unsafe fn mem_set_access(&self, ptr: DevicePtr, bytes: u64, dev: CuDevice, access: Access) -> DResult<()> {
+    unsafe fn mem_set_access(
+        &self,
+        ptr: DevicePtr,
+        bytes: u64,
+        dev: CuDevice,
+        access: Access,
+    ) -> DResult<()> {
         const CALL: &str = "cuMemSetAccess";
         let (mut st, rec) = self.enter(CALL)?;
         if st.dev(CALL, dev).is_err() {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_DEVICE }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_DEVICE,
+                },
+            ));
         }
         match st.mappings.get_mut(&ptr) {
             Some(m) if m.len == bytes => {
                 m.access = Some(access);
                 Ok(())
             }
-            _ => Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_VALUE })),
+            _ => Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_VALUE,
+                },
+            )),
         }
     }
 
@@ -686,7 +920,14 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuMemRelease";
         let (mut st, rec) = self.enter(CALL)?;
         let Some(h) = st.handles.remove(&handle.0) else {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_HANDLE }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_HANDLE,
+                },
+            ));
         };
         Self::release_owner(&mut st, rec, h.owner);
         // Memory made here stops counting as used once its handle is
@@ -703,13 +944,33 @@ impl Driver for FakeDriver {
     fn mem_alloc(&self, bytes: u64) -> DResult<DevicePtr> {
         const CALL: &str = "cuMemAlloc_v2";
         let (mut st, rec) = self.enter(CALL)?;
-        let owner = st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let owner = st
+            .need_ctx(CALL)
+            .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         let Ok(n) = usize::try_from(bytes) else {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::OUT_OF_MEMORY }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::OUT_OF_MEMORY,
+                },
+            ));
         };
-        let start = st.allocs.iter().map(|(&s, a)| s + a.mem.len() as u64).max().unwrap_or(ALLOC_BASE);
+        let start = st
+            .allocs
+            .iter()
+            .map(|(&s, a)| s + a.mem.len() as u64)
+            .max()
+            .unwrap_or(ALLOC_BASE);
         let start = start.div_ceil(256) * 256 + 256;
-        st.allocs.insert(start, AllocRec { mem: vec![0; n], owner: Some(owner) });
+        st.allocs.insert(
+            start,
+            AllocRec {
+                mem: vec![0; n],
+                owner: Some(owner),
+            },
+        );
         Ok(start)
     }
 
@@ -717,7 +978,14 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuMemFree_v2";
         let (mut st, rec) = self.enter(CALL)?;
         let Some(a) = st.allocs.remove(&ptr) else {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_VALUE }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_VALUE,
+                },
+            ));
         };
         Self::release_owner(&mut st, rec, a.owner);
         Ok(())
@@ -726,7 +994,9 @@ impl Driver for FakeDriver {
     fn stream_create_non_blocking(&self) -> DResult<CuStream> {
         const CALL: &str = "cuStreamCreate";
         let (mut st, rec) = self.enter(CALL)?;
-        let owner = st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let owner = st
+            .need_ctx(CALL)
+            .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         let id = 0x5000_0000 + st.id();
         st.streams.insert(id, Some(owner));
         Ok(CuStream::from_bits(id))
@@ -736,7 +1006,14 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuStreamDestroy_v2";
         let (mut st, rec) = self.enter(CALL)?;
         let Some(owner) = st.streams.remove(&stream.to_bits()) else {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_HANDLE }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_HANDLE,
+                },
+            ));
         };
         Self::release_owner(&mut st, rec, owner);
         Ok(())
@@ -746,17 +1023,37 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuStreamSynchronize";
         let (mut st, rec) = self.enter(CALL)?;
         // The null stream and foreign streams (the user's) are accepted.
-        if stream.to_bits() >= 0x5000_0000 && stream.to_bits() < 0x6000_0000 && !st.streams.contains_key(&stream.to_bits()) {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_HANDLE }));
+        if stream.to_bits() >= 0x5000_0000
+            && stream.to_bits() < 0x6000_0000
+            && !st.streams.contains_key(&stream.to_bits())
+        {
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_HANDLE,
+                },
+            ));
         }
         Ok(())
     }
 
-    unsafe fn memcpy_dtod_async(&self, dst: DevicePtr, src: DevicePtr, bytes: u64, _stream: CuStream) -> DResult<()> {
+    unsafe fn memcpy_dtod_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: u64,
+        _stream: CuStream,
+    ) -> DResult<()> {
         const CALL: &str = "cuMemcpyDtoDAsync_v2";
         let (mut st, rec) = self.enter(CALL)?;
-        let s = st.resolve(CALL, src, bytes, false).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
-        let d = st.resolve(CALL, dst, bytes, true).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let s = st
+            .resolve(CALL, src, bytes, false)
+            .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let d = st
+            .resolve(CALL, dst, bytes, true)
+            .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         // SAFETY: both ranges were resolved to live host memory held by the
         // locked state; `copy` allows overlap.
         unsafe { std::ptr::copy(s, d, bytes as usize) };
@@ -766,7 +1063,9 @@ impl Driver for FakeDriver {
     unsafe fn memcpy_dtoh(&self, dst: &mut [u8], src: DevicePtr) -> DResult<()> {
         const CALL: &str = "cuMemcpyDtoH_v2";
         let (mut st, rec) = self.enter(CALL)?;
-        let s = st.resolve(CALL, src, dst.len() as u64, false).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let s = st
+            .resolve(CALL, src, dst.len() as u64, false)
+            .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         // SAFETY: `s` is valid for `dst.len()` bytes (resolved above) and
         // cannot overlap the caller's exclusive `dst`.
         unsafe { std::ptr::copy_nonoverlapping(s, dst.as_mut_ptr(), dst.len()) };
@@ -776,17 +1075,26 @@ impl Driver for FakeDriver {
     unsafe fn memset_d8(&self, dst: DevicePtr, value: u8, bytes: u64) -> DResult<()> {
         const CALL: &str = "cuMemsetD8_v2";
         let (mut st, rec) = self.enter(CALL)?;
-        let d = st.resolve(CALL, dst, bytes, true).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let d = st
+            .resolve(CALL, dst, bytes, true)
+            .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         // SAFETY: `d` is valid for `bytes` writable bytes (resolved above).
         unsafe { std::ptr::write_bytes(d, value, bytes as usize) };
         Ok(())
     }
 
-    unsafe fn memset_d32_async(&self, dst: DevicePtr, value: u32, words: u64, _stream: CuStream) -> DResult<()> {
+    unsafe fn memset_d32_async(
+        &self,
+        dst: DevicePtr,
+        value: u32,
+        words: u64,
+        _stream: CuStream,
+    ) -> DResult<()> {
         const CALL: &str = "cuMemsetD32Async";
         let (mut st, rec) = self.enter(CALL)?;
         for i in 0..words {
-            Self::write_u32(&mut st, CALL, dst + 4 * i, value).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+            Self::write_u32(&mut st, CALL, dst + 4 * i, value)
+                .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         }
         Ok(())
     }
@@ -794,9 +1102,18 @@ impl Driver for FakeDriver {
     fn module_load_data(&self, image: &CStr) -> DResult<CuModule> {
         const CALL: &str = "cuModuleLoadData";
         let (mut st, rec) = self.enter(CALL)?;
-        let owner = st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let owner = st
+            .need_ctx(CALL)
+            .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         if !image.to_bytes().windows(8).any(|w| w == b".version") {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_IMAGE }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_IMAGE,
+                },
+            ));
         }
         let id = 0x4000_0000 + st.id();
         st.modules.insert(id, Some(owner));
@@ -807,7 +1124,14 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuModuleUnload";
         let (mut st, rec) = self.enter(CALL)?;
         let Some(owner) = st.modules.remove(&module.to_bits()) else {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_HANDLE }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_HANDLE,
+                },
+            ));
         };
         Self::release_owner(&mut st, rec, owner);
         st.functions.retain(|_, (m, _)| *m != module.to_bits());
@@ -819,10 +1143,24 @@ impl Driver for FakeDriver {
         let (mut st, rec) = self.enter(CALL)?;
         let name = name.to_string_lossy().into_owned();
         if !st.modules.contains_key(&module.to_bits()) {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_HANDLE }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_HANDLE,
+                },
+            ));
         }
         if name != pattern::FILL_KERNEL && name != pattern::VERIFY_KERNEL {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::NOT_FOUND }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::NOT_FOUND,
+                },
+            ));
         }
         let id = 0x3000_0000 + st.id();
         st.functions.insert(id, (module.to_bits(), name));
@@ -840,9 +1178,17 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuLaunchKernel";
         let (mut st, rec) = self.enter(CALL)?;
         let Some((_, name)) = st.functions.get(&f.to_bits()).cloned() else {
-            return Err(Self::fail_rec(&mut st, rec, DriverError { call: CALL, code: code::INVALID_HANDLE }));
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_HANDLE,
+                },
+            ));
         };
         // SAFETY: the caller passes the kernel's parameters (trait contract).
-        unsafe { Self::emulate(&mut st, &name, params) }.map_err(|e| Self::fail_rec(&mut st, rec, e))
+        unsafe { Self::emulate(&mut st, &name, params) }
+            .map_err(|e| Self::fail_rec(&mut st, rec, e))
     }
 }

@@ -56,7 +56,12 @@ impl CudaImport<RealDriver> {
     ///
     /// # Errors
     /// As [`CudaImport::import`].
-    pub fn import_default(fd: OwnedFd, bytes: u64, device_uuid: [u8; 16], writable: bool) -> Result<Self> {
+    pub fn import_default(
+        fd: OwnedFd,
+        bytes: u64,
+        device_uuid: [u8; 16],
+        writable: bool,
+    ) -> Result<Self> {
         Self::import(RealDriver::shared()?, fd, bytes, device_uuid, writable)
     }
 }
@@ -78,7 +83,13 @@ impl<D: Driver> CudaImport<D> {
     /// [`Error::LayoutMismatch`] when `bytes` is not a whole number of
     /// allocation granules; [`Error::Driver`] when a driver call fails (for
     /// instance an FD that is not a CUDA allocation).
-    pub fn import(driver: Arc<D>, fd: OwnedFd, bytes: u64, device_uuid: [u8; 16], writable: bool) -> Result<Self> {
+    pub fn import(
+        driver: Arc<D>,
+        fd: OwnedFd,
+        bytes: u64,
+        device_uuid: [u8; 16],
+        writable: bool,
+    ) -> Result<Self> {
         driver.init()?;
         let dev = find_device_by_uuid(&*driver, &device_uuid)?;
         let mut imp = CudaImport {
@@ -123,19 +134,23 @@ impl<D: Driver> CudaImport<D> {
         }
         let ctx = d.primary_ctx_retain(dev)?;
         self.ctx = Some(ctx);
-        let access = if self.writable { Access::ReadWrite } else { Access::Read };
+        let access = if self.writable {
+            Access::ReadWrite
+        } else {
+            Access::Read
+        };
         let body = |d: &D| -> Result<_> {
-                let handle = d.mem_import_fd(fd.as_fd())?;
-                self.handle = Some(handle);
-                let va = d.mem_address_reserve(self.bytes, granularity)?;
-                self.va = Some(va);
-                // SAFETY: `va` is a fresh reservation of `bytes`; `handle` is live.
-                unsafe { d.mem_map(va, self.bytes, handle) }?;
-                self.mapped = true;
-                // SAFETY: `[va, va+bytes)` is the mapping just made.
-                unsafe { d.mem_set_access(va, self.bytes, dev, access) }?;
-                self.stream = Some(d.stream_create_non_blocking()?);
-                Ok(())
+            let handle = d.mem_import_fd(fd.as_fd())?;
+            self.handle = Some(handle);
+            let va = d.mem_address_reserve(self.bytes, granularity)?;
+            self.va = Some(va);
+            // SAFETY: `va` is a fresh reservation of `bytes`; `handle` is live.
+            unsafe { d.mem_map(va, self.bytes, handle) }?;
+            self.mapped = true;
+            // SAFETY: `[va, va+bytes)` is the mapping just made.
+            unsafe { d.mem_set_access(va, self.bytes, dev, access) }?;
+            self.stream = Some(d.stream_create_non_blocking()?);
+            Ok(())
         };
         // SAFETY: `ctx` is retained by `self` until `close` releases it last.
         unsafe { with_context(&*d, ctx, body) }?;
@@ -194,40 +209,45 @@ impl<D: Driver> CudaImport<D> {
         self.ready = false;
         let Some(ctx) = self.ctx else { return Ok(()) };
         let d = Arc::clone(&self.driver);
-        if self.stream.is_some() || self.mapped || self.va.is_some() || self.handle.is_some() || self.dest.is_some() {
+        if self.stream.is_some()
+            || self.mapped
+            || self.va.is_some()
+            || self.handle.is_some()
+            || self.dest.is_some()
+        {
             let body = |d: &D| -> Result<_> {
-                    if let Some(s) = self.stream {
-                        // SAFETY: our live stream.
-                        unsafe { d.stream_synchronize(s) }?;
-                        // SAFETY: our live stream, now idle.
-                        unsafe { d.stream_destroy(s) }?;
-                        self.stream = None;
-                    }
-                    if self.mapped {
-                        let va = self.va.ok_or(Error::Closed)?;
-                        // SAFETY: our mapping of `bytes`; no copy reads it
-                        // any more (the stream is gone).
-                        unsafe { d.mem_unmap(va, self.bytes) }?;
-                        self.mapped = false;
-                    }
-                    if let Some(va) = self.va {
-                        // SAFETY: our reservation, unmapped above.
-                        unsafe { d.mem_address_free(va, self.bytes) }?;
-                        self.va = None;
-                    }
-                    if let Some(h) = self.handle {
-                        // SAFETY: our imported handle, no longer mapped.
-                        unsafe { d.mem_release(h) }?;
-                        self.handle = None;
-                    }
-                    if let Some(p) = self.dest {
-                        // SAFETY: our `cuMemAlloc` buffer; no copy writes it
-                        // any more (the stream is gone).
-                        unsafe { d.mem_free(p) }?;
-                        self.dest = None;
-                        self.dest_cap = 0;
-                    }
-                    Ok(())
+                if let Some(s) = self.stream {
+                    // SAFETY: our live stream.
+                    unsafe { d.stream_synchronize(s) }?;
+                    // SAFETY: our live stream, now idle.
+                    unsafe { d.stream_destroy(s) }?;
+                    self.stream = None;
+                }
+                if self.mapped {
+                    let va = self.va.ok_or(Error::Closed)?;
+                    // SAFETY: our mapping of `bytes`; no copy reads it
+                    // any more (the stream is gone).
+                    unsafe { d.mem_unmap(va, self.bytes) }?;
+                    self.mapped = false;
+                }
+                if let Some(va) = self.va {
+                    // SAFETY: our reservation, unmapped above.
+                    unsafe { d.mem_address_free(va, self.bytes) }?;
+                    self.va = None;
+                }
+                if let Some(h) = self.handle {
+                    // SAFETY: our imported handle, no longer mapped.
+                    unsafe { d.mem_release(h) }?;
+                    self.handle = None;
+                }
+                if let Some(p) = self.dest {
+                    // SAFETY: our `cuMemAlloc` buffer; no copy writes it
+                    // any more (the stream is gone).
+                    unsafe { d.mem_free(p) }?;
+                    self.dest = None;
+                    self.dest_cap = 0;
+                }
+                Ok(())
             };
             // SAFETY: `ctx` stays retained until the last phase below.
             unsafe { with_context(&*d, ctx, body) }?;
@@ -261,8 +281,13 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
 
     fn copy_out(&mut self, src_offset: u64, len: u64) -> Result<()> {
         let ctx = self.open_ctx()?;
-        let (Some(va), Some(stream)) = (self.va, self.stream) else { return Err(Error::Closed) };
-        if !src_offset.checked_add(len).is_some_and(|end| end <= self.bytes) {
+        let (Some(va), Some(stream)) = (self.va, self.stream) else {
+            return Err(Error::Closed);
+        };
+        if !src_offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.bytes)
+        {
             return Err(Error::LayoutMismatch(format!(
                 "copy of {len} bytes at {src_offset} leaves the {}-byte pool",
                 self.bytes
@@ -270,29 +295,29 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
         }
         let d = Arc::clone(&self.driver);
         let body = |d: &D| -> Result<_> {
-                if self.dest_cap < len {
-                    if let Some(old) = self.dest {
-                        // SAFETY: our stream; wait for copies into the old buffer.
-                        unsafe { d.stream_synchronize(stream) }?;
-                        // SAFETY: our buffer, idle now.
-                        unsafe { d.mem_free(old) }?;
-                        self.dest = None;
-                        self.dest_cap = 0;
-                    }
-                    let cap = round_up(len.max(1), DEST_STEP).ok_or(Error::TooLarge {
-                        len: len as usize,
-                        max: usize::MAX,
-                    })?;
-                    self.dest = Some(d.mem_alloc(cap)?);
-                    self.dest_cap = cap;
+            if self.dest_cap < len {
+                if let Some(old) = self.dest {
+                    // SAFETY: our stream; wait for copies into the old buffer.
+                    unsafe { d.stream_synchronize(stream) }?;
+                    // SAFETY: our buffer, idle now.
+                    unsafe { d.mem_free(old) }?;
+                    self.dest = None;
+                    self.dest_cap = 0;
                 }
-                let dest = self.dest.ok_or(Error::Closed)?;
-                // SAFETY: the source lies inside our mapping (checked above),
-                // the destination inside our buffer of `dest_cap >= len`
-                // bytes; both stay alive until `close`, which synchronises
-                // the stream first.
-                unsafe { d.memcpy_dtod_async(dest, va + src_offset, len, stream) }?;
-                Ok(())
+                let cap = round_up(len.max(1), DEST_STEP).ok_or(Error::TooLarge {
+                    len: len as usize,
+                    max: usize::MAX,
+                })?;
+                self.dest = Some(d.mem_alloc(cap)?);
+                self.dest_cap = cap;
+            }
+            let dest = self.dest.ok_or(Error::Closed)?;
+            // SAFETY: the source lies inside our mapping (checked above),
+            // the destination inside our buffer of `dest_cap >= len`
+            // bytes; both stay alive until `close`, which synchronises
+            // the stream first.
+            unsafe { d.memcpy_dtod_async(dest, va + src_offset, len, stream) }?;
+            Ok(())
         };
         // SAFETY: `ctx` is retained while the import is open (checked above).
         unsafe { with_context(&*d, ctx, body) }

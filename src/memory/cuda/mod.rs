@@ -42,8 +42,8 @@ use std::sync::Arc;
 
 pub use context::ContextGuard;
 pub use driver::{
-    attr, code, error_name, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver,
-    DriverError, MemHandle,
+    attr, code, error_name, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult,
+    DevicePtr, Driver, DriverError, MemHandle,
 };
 pub use fake::{CallRecord, FakeDevice, FakeDriver, Leaks};
 pub use import::CudaImport;
@@ -52,8 +52,8 @@ pub use pool::CudaPool;
 pub use real::RealDriver;
 
 use crate::error::{Error, Result};
-use crate::memory::{ExportedPool, ImportedPool};
 use crate::lifecycle::memwatch::{effective_free_bytes, mem_available_bytes, FreeMemoryProbe};
+use crate::memory::{ExportedPool, ImportedPool};
 
 /// Which GPU a pool goes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -89,7 +89,14 @@ impl DeviceInfo {
 /// `uuid` as `nvidia-smi -L` prints it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
 pub fn format_uuid(uuid: &[u8; 16]) -> String {
     let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
-    format!("GPU-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 /// The ordinal, in this process, of the device whose UUID is `uuid`.
@@ -105,11 +112,16 @@ pub fn find_device_by_uuid<D: Driver>(driver: &D, uuid: &[u8; 16]) -> Result<CuD
             return Ok(dev);
         }
     }
-    Err(Error::DeviceNotVisible { uuid: format_uuid(uuid) })
+    Err(Error::DeviceNotVisible {
+        uuid: format_uuid(uuid),
+    })
 }
 
 /// The device `sel` names and its UUID.
-pub(crate) fn resolve_device<D: Driver>(driver: &D, sel: DeviceSelector) -> Result<(CuDevice, [u8; 16])> {
+pub(crate) fn resolve_device<D: Driver>(
+    driver: &D,
+    sel: DeviceSelector,
+) -> Result<(CuDevice, [u8; 16])> {
     match sel {
         DeviceSelector::Ordinal(ordinal) => {
             let count = driver.device_count()?;
@@ -139,7 +151,9 @@ pub fn probe_with<D: Driver>(driver: &D) -> Result<Vec<DeviceInfo>> {
             ordinal: dev,
             uuid: driver.device_uuid(dev)?,
             vmm: driver.device_attribute(attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev)? != 0,
-            posix_fd: driver.device_attribute(attr::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev)? != 0,
+            posix_fd: driver
+                .device_attribute(attr::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev)?
+                != 0,
             integrated: driver.device_attribute(attr::INTEGRATED, dev)? != 0,
         })
     }
@@ -171,11 +185,19 @@ pub fn cuda_usable() -> bool {
 ///
 /// # Errors
 /// [`Error::Driver`] when a query fails.
-pub unsafe fn device_free_bytes<D: Driver>(driver: &D, ctx: CuContext, dev: CuDevice) -> Result<u64> {
+pub unsafe fn device_free_bytes<D: Driver>(
+    driver: &D,
+    ctx: CuContext,
+    dev: CuDevice,
+) -> Result<u64> {
     let integrated = driver.device_attribute(attr::INTEGRATED, dev)? != 0;
     // SAFETY: `ctx` is live (this function's contract).
     let (free, _total) = unsafe { context::with_context(driver, ctx, |d| Ok(d.mem_get_info()?)) }?;
-    let available = if integrated { mem_available_bytes() } else { None };
+    let available = if integrated {
+        mem_available_bytes()
+    } else {
+        None
+    };
     Ok(effective_free_bytes(free, available, integrated))
 }
 
@@ -213,7 +235,8 @@ pub fn free_memory_probe<D: Driver>(driver: Arc<D>, dev: CuDevice) -> Result<Fre
 /// # Errors
 /// As [`CudaPool::create`].
 pub fn create_pool(ordinal: u32, bytes: u64) -> Result<Box<dyn ExportedPool>> {
-    let ordinal = i32::try_from(ordinal).map_err(|_| Error::Config(format!("CUDA device ordinal {ordinal}")))?;
+    let ordinal = i32::try_from(ordinal)
+        .map_err(|_| Error::Config(format!("CUDA device ordinal {ordinal}")))?;
     Ok(Box::new(CudaPool::create_default(ordinal, bytes)?))
 }
 
@@ -222,8 +245,18 @@ pub fn create_pool(ordinal: u32, bytes: u64) -> Result<Box<dyn ExportedPool>> {
 ///
 /// # Errors
 /// As [`CudaImport::import`].
-pub fn import_pool(fd: OwnedFd, bytes: u64, device_uuid: [u8; 16], writable: bool) -> Result<Box<dyn ImportedPool>> {
-    Ok(Box::new(CudaImport::import_default(fd, bytes, device_uuid, writable)?))
+pub fn import_pool(
+    fd: OwnedFd,
+    bytes: u64,
+    device_uuid: [u8; 16],
+    writable: bool,
+) -> Result<Box<dyn ImportedPool>> {
+    Ok(Box::new(CudaImport::import_default(
+        fd,
+        bytes,
+        device_uuid,
+        writable,
+    )?))
 }
 
 /// `v` rounded up to a multiple of `to` (a power of two or any nonzero).
@@ -244,7 +277,10 @@ mod tests {
 
     #[test]
     fn a_uuid_finds_its_device_whatever_its_ordinal() {
-        let d = FakeDriver::new(vec![FakeDevice::discrete(uuid(7)), FakeDevice::discrete(uuid(3))]);
+        let d = FakeDriver::new(vec![
+            FakeDevice::discrete(uuid(7)),
+            FakeDevice::discrete(uuid(3)),
+        ]);
         d.init().unwrap();
         assert_eq!(find_device_by_uuid(&*d, &uuid(3)).unwrap(), 1);
         assert_eq!(find_device_by_uuid(&*d, &uuid(7)).unwrap(), 0);
@@ -255,14 +291,18 @@ mod tests {
         let d = FakeDriver::new(vec![FakeDevice::discrete(uuid(7))]);
         d.init().unwrap();
         match find_device_by_uuid(&*d, &uuid(9)) {
-            Err(Error::DeviceNotVisible { uuid }) => assert_eq!(uuid, "GPU-09000000-0000-0000-0000-0000000000a5"),
+            Err(Error::DeviceNotVisible { uuid }) => {
+                assert_eq!(uuid, "GPU-09000000-0000-0000-0000-0000000000a5")
+            }
             other => panic!("expected DeviceNotVisible, got {other:?}"),
         }
     }
 
     #[test]
     fn uuids_print_as_nvidia_smi_does() {
-        let u = [0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8];
+        let u = [
+            0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8,
+        ];
         assert_eq!(format_uuid(&u), "GPU-12345678-9abc-def0-0102-030405060708");
     }
 
@@ -272,7 +312,10 @@ mod tests {
         old.posix_fd = false;
         let d = FakeDriver::new(vec![FakeDevice::discrete(uuid(1)), old]);
         let devs = probe_with(&*d).unwrap();
-        assert_eq!(devs.iter().map(DeviceInfo::usable).collect::<Vec<_>>(), [true, false]);
+        assert_eq!(
+            devs.iter().map(DeviceInfo::usable).collect::<Vec<_>>(),
+            [true, false]
+        );
     }
 
     #[test]

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use super::context::with_context;
 use super::driver::{CuContext, CuDevice, CuFunction, CuModule, CuStream, DevicePtr, Driver};
-pub(crate) use crate::testpattern::word;
 use crate::error::{Error, Result};
+pub(crate) use crate::testpattern::word;
 
 /// Name of the fill kernel.
 pub(crate) const FILL_KERNEL: &str = "vramring_fill";
@@ -235,7 +235,10 @@ pub struct PatternKernels<D: Driver> {
 
 impl<D: Driver> std::fmt::Debug for PatternKernels<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PatternKernels").field("device", &self.device).field("open", &self.ctx.is_some()).finish()
+        f.debug_struct("PatternKernels")
+            .field("device", &self.device)
+            .field("open", &self.ctx.is_some())
+            .finish()
     }
 }
 
@@ -260,8 +263,15 @@ impl<D: Driver> PatternKernels<D> {
     /// fails; nothing stays allocated then.
     pub fn load(driver: Arc<D>, device: CuDevice) -> Result<Self> {
         driver.init()?;
-        let mut k =
-            PatternKernels { driver, device, ctx: None, module: None, fill: None, verify: None, result: None };
+        let mut k = PatternKernels {
+            driver,
+            device,
+            ctx: None,
+            module: None,
+            fill: None,
+            verify: None,
+            result: None,
+        };
         match k.build() {
             Ok(()) => Ok(k),
             Err(e) => {
@@ -278,16 +288,16 @@ impl<D: Driver> PatternKernels<D> {
         let ctx = d.primary_ctx_retain(self.device)?;
         self.ctx = Some(ctx);
         let body = |d: &D| -> Result<_> {
-                let m = d.module_load_data(PTX)?;
-                self.module = Some(m);
-                let fill = c"vramring_fill";
-                let verify = c"vramring_verify";
-                // SAFETY: `m` is the live module just loaded.
-                self.fill = Some(unsafe { d.module_get_function(m, fill) }?);
-                // SAFETY: as above.
-                self.verify = Some(unsafe { d.module_get_function(m, verify) }?);
-                self.result = Some(d.mem_alloc(4 * RESULT_WORDS as u64)?);
-                Ok(())
+            let m = d.module_load_data(PTX)?;
+            self.module = Some(m);
+            let fill = c"vramring_fill";
+            let verify = c"vramring_verify";
+            // SAFETY: `m` is the live module just loaded.
+            self.fill = Some(unsafe { d.module_get_function(m, fill) }?);
+            // SAFETY: as above.
+            self.verify = Some(unsafe { d.module_get_function(m, verify) }?);
+            self.result = Some(d.mem_alloc(4 * RESULT_WORDS as u64)?);
+            Ok(())
         };
         // SAFETY: `ctx` is retained by `self` until `close` releases it last.
         unsafe { with_context(&*d, ctx, body) }
@@ -315,15 +325,18 @@ impl<D: Driver> PatternKernels<D> {
         let mut n = words_of(len)?;
         let (mut dst_p, mut seq_p) = (dst, seq);
         let body = |d: &D| -> Result<_> {
-                // SAFETY: `dst+8` is inside the caller's range (len >= 16).
-                unsafe { d.memset_d32_async(dst + 8, 0, 1, stream) }?;
-                let mut params: [*mut c_void; 3] =
-                    [(&mut dst_p as *mut u64).cast(), (&mut n as *mut u32).cast(), (&mut seq_p as *mut u64).cast()];
-                // SAFETY: the three pointers point to (u64, u32, u64) values,
-                // the kernel's parameters, alive across the call; the range
-                // is the caller's (this function's contract).
-                unsafe { d.launch_kernel(fill, blocks_for(n), THREADS, stream, &mut params) }?;
-                Ok(())
+            // SAFETY: `dst+8` is inside the caller's range (len >= 16).
+            unsafe { d.memset_d32_async(dst + 8, 0, 1, stream) }?;
+            let mut params: [*mut c_void; 3] = [
+                (&mut dst_p as *mut u64).cast(),
+                (&mut n as *mut u32).cast(),
+                (&mut seq_p as *mut u64).cast(),
+            ];
+            // SAFETY: the three pointers point to (u64, u32, u64) values,
+            // the kernel's parameters, alive across the call; the range
+            // is the caller's (this function's contract).
+            unsafe { d.launch_kernel(fill, blocks_for(n), THREADS, stream, &mut params) }?;
+            Ok(())
         };
         // SAFETY: `ctx` is retained while open (checked above).
         unsafe { with_context(&*self.driver, ctx, body) }
@@ -338,30 +351,44 @@ impl<D: Driver> PatternKernels<D> {
     ///
     /// # Errors
     /// [`Error::Config`] for a bad length; [`Error::Driver`] when a call fails.
-    pub unsafe fn verify(&self, src: DevicePtr, len: u64, stream: CuStream) -> Result<PatternCheck> {
+    pub unsafe fn verify(
+        &self,
+        src: DevicePtr,
+        len: u64,
+        stream: CuStream,
+    ) -> Result<PatternCheck> {
         let (ctx, _, verify, result) = self.open()?;
         let mut n = words_of(len)?;
         let (mut src_p, mut out_p) = (src, result);
         let body = |d: &D| -> Result<_> {
-                // SAFETY: our result buffer of RESULT_WORDS words.
-                unsafe { d.memset_d32_async(result, 0, RESULT_WORDS as u64, stream) }?;
-                let mut params: [*mut c_void; 3] =
-                    [(&mut src_p as *mut u64).cast(), (&mut n as *mut u32).cast(), (&mut out_p as *mut u64).cast()];
-                // SAFETY: (u64, u32, u64) parameters alive across the call;
-                // the source is the caller's, the output ours.
-                unsafe { d.launch_kernel(verify, blocks_for(n), THREADS, stream, &mut params) }?;
-                // SAFETY: the caller's live stream. `cuMemcpyDtoH` does not
-                // wait for a non-blocking stream, so wait here.
-                unsafe { d.stream_synchronize(stream) }?;
-                let mut raw = [0u8; 4 * RESULT_WORDS];
-                // SAFETY: our result buffer holds exactly `raw.len()` bytes.
-                unsafe { d.memcpy_dtoh(&mut raw, result) }?;
-                Ok(raw)
+            // SAFETY: our result buffer of RESULT_WORDS words.
+            unsafe { d.memset_d32_async(result, 0, RESULT_WORDS as u64, stream) }?;
+            let mut params: [*mut c_void; 3] = [
+                (&mut src_p as *mut u64).cast(),
+                (&mut n as *mut u32).cast(),
+                (&mut out_p as *mut u64).cast(),
+            ];
+            // SAFETY: (u64, u32, u64) parameters alive across the call;
+            // the source is the caller's, the output ours.
+            unsafe { d.launch_kernel(verify, blocks_for(n), THREADS, stream, &mut params) }?;
+            // SAFETY: the caller's live stream. `cuMemcpyDtoH` does not
+            // wait for a non-blocking stream, so wait here.
+            unsafe { d.stream_synchronize(stream) }?;
+            let mut raw = [0u8; 4 * RESULT_WORDS];
+            // SAFETY: our result buffer holds exactly `raw.len()` bytes.
+            unsafe { d.memcpy_dtoh(&mut raw, result) }?;
+            Ok(raw)
         };
         // SAFETY: `ctx` is retained while open (checked above).
         let raw = unsafe { with_context(&*self.driver, ctx, body) }?;
-        let w = |i: usize| u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]);
-        Ok(PatternCheck { seq: w(3) as u64 | (w(4) as u64) << 32, mismatches: w(0), checksum_ok: w(1) == w(2) })
+        let w = |i: usize| {
+            u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]])
+        };
+        Ok(PatternCheck {
+            seq: w(3) as u64 | (w(4) as u64) << 32,
+            mismatches: w(0),
+            checksum_ok: w(1) == w(2),
+        })
     }
 
     /// Releases the result buffer and unloads the module with the context
@@ -375,21 +402,21 @@ impl<D: Driver> PatternKernels<D> {
         let d = Arc::clone(&self.driver);
         if self.result.is_some() || self.module.is_some() {
             let body = |d: &D| -> Result<_> {
-                    if let Some(r) = self.result {
-                        // Kernels may still write the result buffer.
-                        d.ctx_synchronize()?;
-                        // SAFETY: our buffer, idle after the synchronise.
-                        unsafe { d.mem_free(r) }?;
-                        self.result = None;
-                    }
-                    if let Some(m) = self.module {
-                        self.fill = None;
-                        self.verify = None;
-                        // SAFETY: our live module; no launch uses it any more.
-                        unsafe { d.module_unload(m) }?;
-                        self.module = None;
-                    }
-                    Ok(())
+                if let Some(r) = self.result {
+                    // Kernels may still write the result buffer.
+                    d.ctx_synchronize()?;
+                    // SAFETY: our buffer, idle after the synchronise.
+                    unsafe { d.mem_free(r) }?;
+                    self.result = None;
+                }
+                if let Some(m) = self.module {
+                    self.fill = None;
+                    self.verify = None;
+                    // SAFETY: our live module; no launch uses it any more.
+                    unsafe { d.module_unload(m) }?;
+                    self.module = None;
+                }
+                Ok(())
             };
             // SAFETY: `ctx` stays retained until the last phase below.
             unsafe { with_context(&*d, ctx, body) }?;
@@ -416,7 +443,14 @@ mod tests {
     #[test]
     fn the_ptx_names_both_kernels_and_the_pattern_constants() {
         let text = PTX.to_str().unwrap();
-        for needle in [FILL_KERNEL, VERIFY_KERNEL, "-1640531535", "-2048144789", "-1028477387", "red.global.add.u32"] {
+        for needle in [
+            FILL_KERNEL,
+            VERIFY_KERNEL,
+            "-1640531535",
+            "-2048144789",
+            "-1028477387",
+            "red.global.add.u32",
+        ] {
             assert!(text.contains(needle), "PTX lacks {needle}");
         }
         assert_eq!(0x9E37_79B1u32 as i32, -1640531535);
@@ -428,7 +462,12 @@ mod tests {
     fn a_gpu_filled_frame_verifies_on_the_host_and_on_the_gpu() {
         let d = FakeDriver::with_one_gpu([1; 16]);
         let k = PatternKernels::load(Arc::clone(&d), 0).unwrap();
-        let pool = crate::memory::cuda::CudaPool::create(Arc::clone(&d), crate::memory::cuda::DeviceSelector::Ordinal(0), 4096).unwrap();
+        let pool = crate::memory::cuda::CudaPool::create(
+            Arc::clone(&d),
+            crate::memory::cuda::DeviceSelector::Ordinal(0),
+            4096,
+        )
+        .unwrap();
         use crate::memory::ExportedPool;
         let base = pool.base_addr();
         // SAFETY: inside the pool's mapping; the fake's null stream.
@@ -437,7 +476,14 @@ mod tests {
         let check = unsafe { k.verify(base, 4096, CuStream::from_bits(0)) }.unwrap();
         assert!(check.is_intact(0x1_0000_0009), "{check:?}");
         let mut host = vec![0u8; 4096];
-        let imp = crate::memory::cuda::CudaImport::import(Arc::clone(&d), pool.export_fd().unwrap(), pool.pool_bytes(), [1; 16], false).unwrap();
+        let imp = crate::memory::cuda::CudaImport::import(
+            Arc::clone(&d),
+            pool.export_fd().unwrap(),
+            pool.pool_bytes(),
+            [1; 16],
+            false,
+        )
+        .unwrap();
         // SAFETY: the fake's import mapping of the same bytes.
         unsafe { d.memcpy_dtoh(&mut host, imp.base_addr()) }.unwrap();
         crate::testpattern::verify(&host, 0x1_0000_0009).unwrap();

@@ -55,7 +55,11 @@ impl CudaPool<RealDriver> {
     /// # Errors
     /// As [`CudaPool::create`].
     pub fn create_default(ordinal: i32, bytes: u64) -> Result<Self> {
-        Self::create(RealDriver::shared()?, DeviceSelector::Ordinal(ordinal), bytes)
+        Self::create(
+            RealDriver::shared()?,
+            DeviceSelector::Ordinal(ordinal),
+            bytes,
+        )
     }
 }
 
@@ -129,24 +133,27 @@ impl<D: Driver> CudaPool<D> {
         // SAFETY: `ctx` is retained by `self` until `close` releases it last.
         let free = unsafe { device_free_bytes(&*d, ctx, dev) }?;
         if self.bytes > free {
-            return Err(Error::OutOfDeviceMemory { needed: self.bytes, free });
+            return Err(Error::OutOfDeviceMemory {
+                needed: self.bytes,
+                free,
+            });
         }
         let body = |d: &D| -> Result<_> {
-                let handle = d.mem_create(self.bytes, dev)?;
-                self.handle = Some(handle);
-                // The driver hands us a new descriptor; the pool owns it and
-                // closes it on `close` (the CUDA docs leave closing to the
-                // application). `export_fd` gives each subscriber a dup.
-                // SAFETY: `handle` is live (just created).
-                self.fd = Some(unsafe { d.mem_export_fd(handle) }?);
-                let va = d.mem_address_reserve(self.bytes, self.granularity)?;
-                self.va = Some(va);
-                // SAFETY: `va` is a fresh reservation of `bytes`, `handle` is live.
-                unsafe { d.mem_map(va, self.bytes, handle) }?;
-                self.mapped = true;
-                // SAFETY: `[va, va+bytes)` is the mapping just made.
-                unsafe { d.mem_set_access(va, self.bytes, dev, Access::ReadWrite) }?;
-                Ok(())
+            let handle = d.mem_create(self.bytes, dev)?;
+            self.handle = Some(handle);
+            // The driver hands us a new descriptor; the pool owns it and
+            // closes it on `close` (the CUDA docs leave closing to the
+            // application). `export_fd` gives each subscriber a dup.
+            // SAFETY: `handle` is live (just created).
+            self.fd = Some(unsafe { d.mem_export_fd(handle) }?);
+            let va = d.mem_address_reserve(self.bytes, self.granularity)?;
+            self.va = Some(va);
+            // SAFETY: `va` is a fresh reservation of `bytes`, `handle` is live.
+            unsafe { d.mem_map(va, self.bytes, handle) }?;
+            self.mapped = true;
+            // SAFETY: `[va, va+bytes)` is the mapping just made.
+            unsafe { d.mem_set_access(va, self.bytes, dev, Access::ReadWrite) }?;
+            Ok(())
         };
         // SAFETY: `ctx` is retained (above).
         unsafe { with_context(&*d, ctx, body) }?;
@@ -208,29 +215,29 @@ impl<D: Driver> CudaPool<D> {
         let d = Arc::clone(&self.driver);
         if self.mapped || self.va.is_some() || self.handle.is_some() {
             let body = |d: &D| -> Result<_> {
-                    if self.mapped {
-                        // Writers' streams live in this context: let them
-                        // finish before the memory goes away.
-                        d.ctx_synchronize()?;
-                        let va = self.va.ok_or(Error::Closed)?;
-                        // SAFETY: `va` holds our mapping of `bytes`.
-                        unsafe { d.mem_unmap(va, self.bytes) }?;
-                        self.mapped = false;
-                    }
-                    if let Some(va) = self.va {
-                        // SAFETY: our reservation, unmapped above.
-                        unsafe { d.mem_address_free(va, self.bytes) }?;
-                        self.va = None;
-                    }
-                    // The exported descriptor keeps nothing alive in this
-                    // process once closed; subscribers hold their own dups.
-                    self.fd = None;
-                    if let Some(h) = self.handle {
-                        // SAFETY: our live allocation handle, no longer mapped.
-                        unsafe { d.mem_release(h) }?;
-                        self.handle = None;
-                    }
-                    Ok(())
+                if self.mapped {
+                    // Writers' streams live in this context: let them
+                    // finish before the memory goes away.
+                    d.ctx_synchronize()?;
+                    let va = self.va.ok_or(Error::Closed)?;
+                    // SAFETY: `va` holds our mapping of `bytes`.
+                    unsafe { d.mem_unmap(va, self.bytes) }?;
+                    self.mapped = false;
+                }
+                if let Some(va) = self.va {
+                    // SAFETY: our reservation, unmapped above.
+                    unsafe { d.mem_address_free(va, self.bytes) }?;
+                    self.va = None;
+                }
+                // The exported descriptor keeps nothing alive in this
+                // process once closed; subscribers hold their own dups.
+                self.fd = None;
+                if let Some(h) = self.handle {
+                    // SAFETY: our live allocation handle, no longer mapped.
+                    unsafe { d.mem_release(h) }?;
+                    self.handle = None;
+                }
+                Ok(())
             };
             // SAFETY: `ctx` stays retained until the last phase below.
             unsafe { with_context(&*d, ctx, body) }?;
@@ -256,10 +263,15 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
     }
 
     fn export_fd(&self) -> Result<OwnedFd> {
-        let fd = self.fd.as_ref().filter(|_| self.ready).ok_or(Error::Closed)?;
+        let fd = self
+            .fd
+            .as_ref()
+            .filter(|_| self.ready)
+            .ok_or(Error::Closed)?;
         // A dup of the driver's descriptor: the caller owns it and closes it
         // after sending; the pool keeps its own.
-        fd.try_clone().ctx(|| "dup of the CUDA pool's exported descriptor".into())
+        fd.try_clone()
+            .ctx(|| "dup of the CUDA pool's exported descriptor".into())
     }
 
     fn base_addr(&self) -> u64 {

@@ -16,8 +16,8 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::sys;
 
 use super::driver::{
-    code, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver, DriverError,
-    MemHandle,
+    code, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver,
+    DriverError, MemHandle,
 };
 use crate::error::{Error, Result};
 
@@ -51,9 +51,13 @@ struct MemAccessDesc {
     flags: c_uint,
 }
 
-const _: () = assert!(std::mem::size_of::<MemLocation>() == std::mem::size_of::<sys::CUmemLocation>());
-const _: () = assert!(std::mem::size_of::<MemAllocationProp>() == std::mem::size_of::<sys::CUmemAllocationProp>());
-const _: () = assert!(std::mem::size_of::<MemAccessDesc>() == std::mem::size_of::<sys::CUmemAccessDesc>());
+const _: () =
+    assert!(std::mem::size_of::<MemLocation>() == std::mem::size_of::<sys::CUmemLocation>());
+const _: () = assert!(
+    std::mem::size_of::<MemAllocationProp>() == std::mem::size_of::<sys::CUmemAllocationProp>()
+);
+const _: () =
+    assert!(std::mem::size_of::<MemAccessDesc>() == std::mem::size_of::<sys::CUmemAccessDesc>());
 const _: () = assert!(std::mem::size_of::<sys::CUuuid>() == 16);
 
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`.
@@ -86,10 +90,14 @@ struct Table {
     ctx_get_device: unsafe extern "C" fn(*mut c_int) -> u32,
     ctx_synchronize: unsafe extern "C" fn() -> u32,
     mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> u32,
-    mem_get_allocation_granularity: unsafe extern "C" fn(*mut usize, *const MemAllocationProp, c_uint) -> u32,
-    mem_create: unsafe extern "C" fn(*mut c_ulonglong, usize, *const MemAllocationProp, c_ulonglong) -> u32,
-    mem_export_to_shareable_handle: unsafe extern "C" fn(*mut c_void, c_ulonglong, c_uint, c_ulonglong) -> u32,
-    mem_import_from_shareable_handle: unsafe extern "C" fn(*mut c_ulonglong, *mut c_void, c_uint) -> u32,
+    mem_get_allocation_granularity:
+        unsafe extern "C" fn(*mut usize, *const MemAllocationProp, c_uint) -> u32,
+    mem_create:
+        unsafe extern "C" fn(*mut c_ulonglong, usize, *const MemAllocationProp, c_ulonglong) -> u32,
+    mem_export_to_shareable_handle:
+        unsafe extern "C" fn(*mut c_void, c_ulonglong, c_uint, c_ulonglong) -> u32,
+    mem_import_from_shareable_handle:
+        unsafe extern "C" fn(*mut c_ulonglong, *mut c_void, c_uint) -> u32,
     mem_address_reserve: unsafe extern "C" fn(*mut u64, usize, usize, u64, c_ulonglong) -> u32,
     mem_address_free: unsafe extern "C" fn(u64, usize) -> u32,
     mem_map: unsafe extern "C" fn(u64, usize, usize, c_ulonglong, c_ulonglong) -> u32,
@@ -107,7 +115,8 @@ struct Table {
     memset_d32_async: unsafe extern "C" fn(u64, c_uint, usize, Strm) -> u32,
     module_load_data: unsafe extern "C" fn(*mut sys::CUmodule, *const c_void) -> u32,
     module_unload: unsafe extern "C" fn(sys::CUmodule) -> u32,
-    module_get_function: unsafe extern "C" fn(*mut sys::CUfunction, sys::CUmodule, *const std::ffi::c_char) -> u32,
+    module_get_function:
+        unsafe extern "C" fn(*mut sys::CUfunction, sys::CUmodule, *const std::ffi::c_char) -> u32,
     #[allow(clippy::type_complexity)]
     launch_kernel: unsafe extern "C" fn(
         sys::CUfunction,
@@ -136,7 +145,10 @@ impl std::fmt::Debug for RealDriver {
 }
 
 fn to_usize(v: u64, call: &'static str) -> DResult<usize> {
-    usize::try_from(v).map_err(|_| DriverError { call, code: code::INVALID_VALUE })
+    usize::try_from(v).map_err(|_| DriverError {
+        call,
+        code: code::INVALID_VALUE,
+    })
 }
 
 impl RealDriver {
@@ -221,7 +233,10 @@ impl RealDriver {
         MemAllocationProp {
             type_: ALLOCATION_TYPE_PINNED,
             requested_handle_types: HANDLE_TYPE_POSIX_FD,
-            location: MemLocation { type_: LOCATION_TYPE_DEVICE, id: dev },
+            location: MemLocation {
+                type_: LOCATION_TYPE_DEVICE,
+                id: dev,
+            },
             win32_handle_meta_data: std::ptr::null_mut(),
             compression_type: 0,
             gpu_direct_rdma_capable: 0,
@@ -240,59 +255,77 @@ impl Driver for RealDriver {
     fn device_count(&self) -> DResult<i32> {
         let mut n: c_int = 0;
         // SAFETY: out-parameter is a valid `int`.
-        DriverError::check("cuDeviceGetCount", unsafe { (self.t.device_get_count)(&mut n) })?;
+        DriverError::check("cuDeviceGetCount", unsafe {
+            (self.t.device_get_count)(&mut n)
+        })?;
         Ok(n)
     }
 
     fn device_get(&self, ordinal: i32) -> DResult<CuDevice> {
         let mut d: c_int = 0;
         // SAFETY: out-parameter is a valid `int`; the driver checks the ordinal.
-        DriverError::check("cuDeviceGet", unsafe { (self.t.device_get)(&mut d, ordinal) })?;
+        DriverError::check("cuDeviceGet", unsafe {
+            (self.t.device_get)(&mut d, ordinal)
+        })?;
         Ok(d)
     }
 
     fn device_uuid(&self, dev: CuDevice) -> DResult<[u8; 16]> {
         let mut u = sys::CUuuid { bytes: [0; 16] };
         // SAFETY: out-parameter is a valid `CUuuid`; the driver checks `dev`.
-        DriverError::check("cuDeviceGetUuid_v2", unsafe { (self.t.device_get_uuid)(&mut u, dev) })?;
+        DriverError::check("cuDeviceGetUuid_v2", unsafe {
+            (self.t.device_get_uuid)(&mut u, dev)
+        })?;
         Ok(u.bytes.map(|b| b as u8))
     }
 
     fn device_attribute(&self, attr: u32, dev: CuDevice) -> DResult<i32> {
         let mut v: c_int = 0;
         // SAFETY: out-parameter is a valid `int`; the driver checks `attr` and `dev`.
-        DriverError::check("cuDeviceGetAttribute", unsafe { (self.t.device_get_attribute)(&mut v, attr, dev) })?;
+        DriverError::check("cuDeviceGetAttribute", unsafe {
+            (self.t.device_get_attribute)(&mut v, attr, dev)
+        })?;
         Ok(v)
     }
 
     fn primary_ctx_retain(&self, dev: CuDevice) -> DResult<CuContext> {
         let mut c: Ctx = std::ptr::null_mut();
         // SAFETY: out-parameter is a valid `CUcontext`; the driver checks `dev`.
-        DriverError::check("cuDevicePrimaryCtxRetain", unsafe { (self.t.primary_ctx_retain)(&mut c, dev) })?;
+        DriverError::check("cuDevicePrimaryCtxRetain", unsafe {
+            (self.t.primary_ctx_retain)(&mut c, dev)
+        })?;
         Ok(CuContext::from_raw(c))
     }
 
     fn primary_ctx_release(&self, dev: CuDevice) -> DResult<()> {
         // SAFETY: takes the device by value; the driver checks it and the refcount.
-        DriverError::check("cuDevicePrimaryCtxRelease_v2", unsafe { (self.t.primary_ctx_release)(dev) })
+        DriverError::check("cuDevicePrimaryCtxRelease_v2", unsafe {
+            (self.t.primary_ctx_release)(dev)
+        })
     }
 
     fn ctx_get_current(&self) -> DResult<Option<CuContext>> {
         let mut c: Ctx = std::ptr::null_mut();
         // SAFETY: out-parameter is a valid `CUcontext`.
-        DriverError::check("cuCtxGetCurrent", unsafe { (self.t.ctx_get_current)(&mut c) })?;
+        DriverError::check("cuCtxGetCurrent", unsafe {
+            (self.t.ctx_get_current)(&mut c)
+        })?;
         Ok((!c.is_null()).then(|| CuContext::from_raw(c)))
     }
 
     unsafe fn ctx_push_current(&self, ctx: CuContext) -> DResult<()> {
         // SAFETY: the caller passes a live context of this driver (trait contract).
-        DriverError::check("cuCtxPushCurrent_v2", unsafe { (self.t.ctx_push_current)(ctx.as_raw()) })
+        DriverError::check("cuCtxPushCurrent_v2", unsafe {
+            (self.t.ctx_push_current)(ctx.as_raw())
+        })
     }
 
     fn ctx_pop_current(&self) -> DResult<Option<CuContext>> {
         let mut c: Ctx = std::ptr::null_mut();
         // SAFETY: out-parameter is a valid `CUcontext`.
-        DriverError::check("cuCtxPopCurrent_v2", unsafe { (self.t.ctx_pop_current)(&mut c) })?;
+        DriverError::check("cuCtxPopCurrent_v2", unsafe {
+            (self.t.ctx_pop_current)(&mut c)
+        })?;
         Ok((!c.is_null()).then(|| CuContext::from_raw(c)))
     }
 
@@ -311,7 +344,9 @@ impl Driver for RealDriver {
     fn mem_get_info(&self) -> DResult<(u64, u64)> {
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: out-parameters are valid `size_t`s.
-        DriverError::check("cuMemGetInfo_v2", unsafe { (self.t.mem_get_info)(&mut free, &mut total) })?;
+        DriverError::check("cuMemGetInfo_v2", unsafe {
+            (self.t.mem_get_info)(&mut free, &mut total)
+        })?;
         Ok((free as u64, total as u64))
     }
 
@@ -332,7 +367,9 @@ impl Driver for RealDriver {
         let mut h: c_ulonglong = 0;
         // SAFETY: out-parameter is a valid handle slot; `prop` is fully
         // initialised and outlives the call; flags must be 0.
-        DriverError::check("cuMemCreate", unsafe { (self.t.mem_create)(&mut h, size, &prop, 0) })?;
+        DriverError::check("cuMemCreate", unsafe {
+            (self.t.mem_create)(&mut h, size, &prop, 0)
+        })?;
         Ok(MemHandle(h))
     }
 
@@ -341,10 +378,18 @@ impl Driver for RealDriver {
         // SAFETY: for the POSIX FD handle type the out-parameter is an `int`;
         // `handle` is live (trait contract); flags must be 0.
         DriverError::check("cuMemExportToShareableHandle", unsafe {
-            (self.t.mem_export_to_shareable_handle)((&mut fd as *mut c_int).cast(), handle.0, HANDLE_TYPE_POSIX_FD, 0)
+            (self.t.mem_export_to_shareable_handle)(
+                (&mut fd as *mut c_int).cast(),
+                handle.0,
+                HANDLE_TYPE_POSIX_FD,
+                0,
+            )
         })?;
         if fd < 0 {
-            return Err(DriverError { call: "cuMemExportToShareableHandle", code: code::UNKNOWN });
+            return Err(DriverError {
+                call: "cuMemExportToShareableHandle",
+                code: code::UNKNOWN,
+            });
         }
         // SAFETY: the driver returned a new descriptor that nothing else owns;
         // the caller owns it from here (CUDA docs: the application closes it).
@@ -365,23 +410,32 @@ impl Driver for RealDriver {
     }
 
     fn mem_address_reserve(&self, bytes: u64, align: u64) -> DResult<DevicePtr> {
-        let (size, align) = (to_usize(bytes, "cuMemAddressReserve")?, to_usize(align, "cuMemAddressReserve")?);
+        let (size, align) = (
+            to_usize(bytes, "cuMemAddressReserve")?,
+            to_usize(align, "cuMemAddressReserve")?,
+        );
         let mut p: u64 = 0;
         // SAFETY: out-parameter is a valid `CUdeviceptr`; no fixed address, flags 0.
-        DriverError::check("cuMemAddressReserve", unsafe { (self.t.mem_address_reserve)(&mut p, size, align, 0, 0) })?;
+        DriverError::check("cuMemAddressReserve", unsafe {
+            (self.t.mem_address_reserve)(&mut p, size, align, 0, 0)
+        })?;
         Ok(p)
     }
 
     unsafe fn mem_address_free(&self, ptr: DevicePtr, bytes: u64) -> DResult<()> {
         let size = to_usize(bytes, "cuMemAddressFree")?;
         // SAFETY: the range was reserved by this driver and is unmapped (trait contract).
-        DriverError::check("cuMemAddressFree", unsafe { (self.t.mem_address_free)(ptr, size) })
+        DriverError::check("cuMemAddressFree", unsafe {
+            (self.t.mem_address_free)(ptr, size)
+        })
     }
 
     unsafe fn mem_map(&self, ptr: DevicePtr, bytes: u64, handle: MemHandle) -> DResult<()> {
         let size = to_usize(bytes, "cuMemMap")?;
         // SAFETY: range reserved and handle live (trait contract); offset and flags 0.
-        DriverError::check("cuMemMap", unsafe { (self.t.mem_map)(ptr, size, 0, handle.0, 0) })
+        DriverError::check("cuMemMap", unsafe {
+            (self.t.mem_map)(ptr, size, 0, handle.0, 0)
+        })
     }
 
     unsafe fn mem_unmap(&self, ptr: DevicePtr, bytes: u64) -> DResult<()> {
@@ -390,12 +444,26 @@ impl Driver for RealDriver {
         DriverError::check("cuMemUnmap", unsafe { (self.t.mem_unmap)(ptr, size) })
     }
 
-    unsafe fn mem_set_access(&self, ptr: DevicePtr, bytes: u64, dev: CuDevice, access: Access) -> DResult<()> {
+    unsafe fn mem_set_access(
+        &self,
+        ptr: DevicePtr,
+        bytes: u64,
+        dev: CuDevice,
+        access: Access,
+    ) -> DResult<()> {
         let size = to_usize(bytes, "cuMemSetAccess")?;
-        let desc = MemAccessDesc { location: MemLocation { type_: LOCATION_TYPE_DEVICE, id: dev }, flags: access.flags() };
+        let desc = MemAccessDesc {
+            location: MemLocation {
+                type_: LOCATION_TYPE_DEVICE,
+                id: dev,
+            },
+            flags: access.flags(),
+        };
         // SAFETY: one initialised descriptor that outlives the call; the range
         // is mapped by the caller (trait contract).
-        DriverError::check("cuMemSetAccess", unsafe { (self.t.mem_set_access)(ptr, size, &desc, 1) })
+        DriverError::check("cuMemSetAccess", unsafe {
+            (self.t.mem_set_access)(ptr, size, &desc, 1)
+        })
     }
 
     unsafe fn mem_release(&self, handle: MemHandle) -> DResult<()> {
@@ -419,21 +487,33 @@ impl Driver for RealDriver {
     fn stream_create_non_blocking(&self) -> DResult<CuStream> {
         let mut s: Strm = std::ptr::null_mut();
         // SAFETY: out-parameter is a valid `CUstream`.
-        DriverError::check("cuStreamCreate", unsafe { (self.t.stream_create)(&mut s, STREAM_NON_BLOCKING) })?;
+        DriverError::check("cuStreamCreate", unsafe {
+            (self.t.stream_create)(&mut s, STREAM_NON_BLOCKING)
+        })?;
         Ok(CuStream::from_raw(s))
     }
 
     unsafe fn stream_destroy(&self, stream: CuStream) -> DResult<()> {
         // SAFETY: the stream is live (trait contract).
-        DriverError::check("cuStreamDestroy_v2", unsafe { (self.t.stream_destroy)(stream.as_raw()) })
+        DriverError::check("cuStreamDestroy_v2", unsafe {
+            (self.t.stream_destroy)(stream.as_raw())
+        })
     }
 
     unsafe fn stream_synchronize(&self, stream: CuStream) -> DResult<()> {
         // SAFETY: the stream is live (trait contract).
-        DriverError::check("cuStreamSynchronize", unsafe { (self.t.stream_synchronize)(stream.as_raw()) })
+        DriverError::check("cuStreamSynchronize", unsafe {
+            (self.t.stream_synchronize)(stream.as_raw())
+        })
     }
 
-    unsafe fn memcpy_dtod_async(&self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: CuStream) -> DResult<()> {
+    unsafe fn memcpy_dtod_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: u64,
+        stream: CuStream,
+    ) -> DResult<()> {
         let n = to_usize(bytes, "cuMemcpyDtoDAsync_v2")?;
         // SAFETY: both ranges are device memory the caller owns and the
         // stream is live (trait contract).
@@ -453,27 +533,41 @@ impl Driver for RealDriver {
     unsafe fn memset_d8(&self, dst: DevicePtr, value: u8, bytes: u64) -> DResult<()> {
         let n = to_usize(bytes, "cuMemsetD8_v2")?;
         // SAFETY: the range is device memory the caller owns (trait contract).
-        DriverError::check("cuMemsetD8_v2", unsafe { (self.t.memset_d8)(dst, value, n) })
+        DriverError::check("cuMemsetD8_v2", unsafe {
+            (self.t.memset_d8)(dst, value, n)
+        })
     }
 
-    unsafe fn memset_d32_async(&self, dst: DevicePtr, value: u32, words: u64, stream: CuStream) -> DResult<()> {
+    unsafe fn memset_d32_async(
+        &self,
+        dst: DevicePtr,
+        value: u32,
+        words: u64,
+        stream: CuStream,
+    ) -> DResult<()> {
         let n = to_usize(words, "cuMemsetD32Async")?;
         // SAFETY: the range is device memory the caller owns and the stream
         // is live (trait contract).
-        DriverError::check("cuMemsetD32Async", unsafe { (self.t.memset_d32_async)(dst, value, n, stream.as_raw()) })
+        DriverError::check("cuMemsetD32Async", unsafe {
+            (self.t.memset_d32_async)(dst, value, n, stream.as_raw())
+        })
     }
 
     fn module_load_data(&self, image: &CStr) -> DResult<CuModule> {
         let mut m: sys::CUmodule = std::ptr::null_mut();
         // SAFETY: out-parameter is a valid `CUmodule`; `image` is a
         // NUL-terminated PTX text that outlives the call.
-        DriverError::check("cuModuleLoadData", unsafe { (self.t.module_load_data)(&mut m, image.as_ptr().cast()) })?;
+        DriverError::check("cuModuleLoadData", unsafe {
+            (self.t.module_load_data)(&mut m, image.as_ptr().cast())
+        })?;
         Ok(CuModule::from_raw(m))
     }
 
     unsafe fn module_unload(&self, module: CuModule) -> DResult<()> {
         // SAFETY: the module is live (trait contract).
-        DriverError::check("cuModuleUnload", unsafe { (self.t.module_unload)(module.as_raw()) })
+        DriverError::check("cuModuleUnload", unsafe {
+            (self.t.module_unload)(module.as_raw())
+        })
     }
 
     unsafe fn module_get_function(&self, module: CuModule, name: &CStr) -> DResult<CuFunction> {

@@ -1,0 +1,390 @@
+//! Model checks of the ring protocol (`vramring::protocol`) under loom.
+//!
+//! Run with `.ci/loom.sh` (`RUSTFLAGS="--cfg loom" cargo test --release
+//! --test loom`). Under `--cfg loom` the shared layout is built from loom's
+//! atomics (`src/sync.rs`), so these models drive the crate's own
+//! `invalidate`, `commit`, `ring_doorbell`, `lossless_holder`, `pick`,
+//! `SlotSnapshot::{look, still_valid}` and `wait_for_seq`, unchanged.
+//!
+//! A slot's pixel bytes are modelled as [`WORDS`] `AtomicU64`s per slot,
+//! written and read `Relaxed` like plain CPU stores into and copies out of
+//! the host pool: the protocol's fences, not the bytes' own orderings, must
+//! keep a copy whole. Word `k` of frame `s` holds [`pattern`]`(s, k)`, and
+//! every commit stores `pts = s`, so a torn frame or torn meta is visible.
+//!
+//! `LOOM_MAX_PREEMPTIONS` overrides each model's preemption bound.
+#![cfg(loom)]
+
+use loom::sync::atomic::{AtomicU64, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+
+use std::time::{Duration, Instant};
+
+use vramring::layout::{
+    RingHeader, SlotDesc, SubEntry, SUBF_LOSSLESS, SUBF_SEQUENTIAL, SUB_ACTIVE,
+};
+use vramring::protocol::{self, CommitMeta, Look, ReadMode, SlotSnapshot, WaitOutcome};
+
+/// Words of pixel data per slot.
+const WORDS: usize = 2;
+
+/// The value of word `k` of frame `seq`.
+fn pattern(seq: u64, k: usize) -> u64 {
+    (seq << 8) | k as u64
+}
+
+/// A control region, one subscriber entry and a pool, in process memory.
+struct Ring {
+    header: RingHeader,
+    slots: Vec<SlotDesc>,
+    entries: Vec<SubEntry>,
+    pool: Vec<[AtomicU64; WORDS]>,
+}
+
+impl Ring {
+    /// A ring of `slot_count` slots whose one subscriber entry is active
+    /// with `flags`, as the publisher's service leaves it at connect.
+    fn new(slot_count: usize, flags: u32) -> Arc<Ring> {
+        let ring = Ring {
+            header: RingHeader::default(),
+            slots: (0..slot_count).map(|_| SlotDesc::default()).collect(),
+            entries: vec![SubEntry::default()],
+            pool: (0..slot_count).map(|_| Default::default()).collect(),
+        };
+        // Relaxed: the model has no other thread yet; spawning orders these.
+        ring.entries[0].flags.store(flags, Ordering::Relaxed);
+        ring.entries[0].state.store(SUB_ACTIVE, Ordering::Relaxed);
+        Arc::new(ring)
+    }
+
+    fn index(&self, seq: u64) -> usize {
+        (seq & (self.slots.len() as u64 - 1)) as usize
+    }
+
+    fn slot(&self, seq: u64) -> &SlotDesc {
+        &self.slots[self.index(seq)]
+    }
+
+    /// One publish, as `Publisher::loan` + `SlotMut::publish` do it:
+    /// invalidate, write the bytes, commit, ring the doorbell if asked.
+    fn publish(&self, seq: u64) {
+        let slot = self.slot(seq);
+        protocol::invalidate(slot, seq);
+        for (k, w) in self.pool[self.index(seq)].iter().enumerate() {
+            // Relaxed: a plain CPU store into the pool.
+            w.store(pattern(seq, k), Ordering::Relaxed);
+        }
+        let meta = CommitMeta {
+            pts: seq as i64,
+            ..CommitMeta::default()
+        };
+        if protocol::commit(&self.header, slot, seq, &meta, &self.entries) {
+            protocol::ring_doorbell(&self.header);
+        }
+    }
+
+    /// Under the lossless policy: `Publisher::wait_lossless` with the lease
+    /// and timeout left out (an eviction would end the model early).
+    fn wait_lossless(&self, seq: u64) {
+        let n = self.slots.len() as u64;
+        if seq > n {
+            while protocol::lossless_holder(&self.entries, seq - n).is_some() {
+                thread::yield_now();
+            }
+        }
+    }
+
+    /// The subscriber's copy of frame `seq` out of the pool.
+    fn copy(&self, seq: u64) -> [u64; WORDS] {
+        // Relaxed: a plain CPU copy; `still_valid` decides whether it counts.
+        let words = &self.pool[self.index(seq)];
+        std::array::from_fn(|k| words[k].load(Ordering::Relaxed))
+    }
+
+    /// `global_seq`, as a subscriber reads it.
+    fn global(&self) -> u64 {
+        // SYNC: global-seq — Acquire, as in `wait_for_seq`.
+        self.header.seq.global_seq.load(Ordering::Acquire)
+    }
+}
+
+/// Asserts that an accepted frame is whole: every word and the meta are
+/// those of its own seq.
+fn assert_whole(snap: &SlotSnapshot, words: &[u64; WORDS]) {
+    for (k, w) in words.iter().enumerate() {
+        assert_eq!(
+            *w,
+            pattern(snap.seq, k),
+            "accepted frame {} holds a word of another frame: {words:x?}",
+            snap.seq
+        );
+    }
+    assert_eq!(
+        snap.pts, snap.seq as i64,
+        "accepted frame {} carries the meta of another frame",
+        snap.seq
+    );
+}
+
+/// One read of `want`, as `Subscriber::next` does it: look, copy, validate
+/// after the copy; a frame that passes must be whole. `Some(true)`
+/// delivered, `Some(false)` overrun mid-copy, `None` overwritten (or not
+/// there yet) before the copy started.
+fn read(ring: &Ring, want: u64) -> Option<bool> {
+    let Look::Ready(snap) = SlotSnapshot::look(ring.slot(want), want) else {
+        return None;
+    };
+    let words = ring.copy(want);
+    if !snap.still_valid(ring.slot(want)) {
+        return Some(false);
+    }
+    assert_whole(&snap, &words);
+    Some(true)
+}
+
+fn model(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    if b.preemption_bound.is_none() {
+        b.preemption_bound = Some(preemptions);
+    }
+    b.check(f);
+}
+
+/// (a) A 2-slot ring, frame 1 already published; the producer publishes
+/// frames 2 and 3 (3 rewrites frame 1's slot) while a reader reads frame 1,
+/// then the newest frame. Whatever the interleaving, a frame the reader
+/// accepts is whole: an invalidation during its copy is always seen by the
+/// validation after it.
+#[test]
+fn reader_never_accepts_a_frame_invalidated_during_its_copy() {
+    model(3, || {
+        let ring = Ring::new(2, 0);
+        ring.publish(1);
+        let producer = {
+            let ring = ring.clone();
+            thread::spawn(move || {
+                ring.publish(2);
+                ring.publish(3);
+            })
+        };
+        read(&ring, 1);
+        let g = ring.global();
+        if let Some(p) = protocol::pick(ReadMode::Latest, 1, g, 2) {
+            read(&ring, p.seq);
+        }
+        producer.join().unwrap();
+    });
+}
+
+/// (b) The producer publishes frames 1..=3 into 2 slots while a reader
+/// loops pick → look → copy → validate until it has frame 3, in both read
+/// modes. The seqs it accepts strictly increase, every accepted frame is
+/// whole, and a seq at or below `global_seq` is never "not there yet".
+fn reader_seqs_only_increase(mode: ReadMode, slot_count: u32, frames: u64, preemptions: usize) {
+    model(preemptions, move || {
+        let ring = Ring::new(
+            slot_count as usize,
+            if mode == ReadMode::Sequential {
+                SUBF_SEQUENTIAL
+            } else {
+                0
+            },
+        );
+        let producer = {
+            let ring = ring.clone();
+            thread::spawn(move || {
+                for seq in 1..=frames {
+                    ring.publish(seq);
+                }
+            })
+        };
+        let mut last = 0;
+        while last < frames {
+            let g = ring.global();
+            let Some(p) = protocol::pick(mode, last, g, slot_count) else {
+                thread::yield_now();
+                continue;
+            };
+            assert!(
+                p.seq > last && p.seq <= g,
+                "pick({mode:?}, {last}, {g}) chose {}",
+                p.seq
+            );
+            let slot = ring.slot(p.seq);
+            match SlotSnapshot::look(slot, p.seq) {
+                Look::Ready(snap) => {
+                    let words = ring.copy(p.seq);
+                    if snap.still_valid(slot) {
+                        assert_whole(&snap, &words);
+                        assert!(
+                            snap.seq > last,
+                            "accepted frame {} after frame {last}",
+                            snap.seq
+                        );
+                        last = snap.seq;
+                    } else if mode == ReadMode::Sequential {
+                        // As `Subscriber::next`: an overrun is a gap.
+                        last = p.seq;
+                    }
+                }
+                Look::Overwritten => {
+                    if mode == ReadMode::Sequential {
+                        last = p.seq;
+                    }
+                }
+                Look::NotYet => panic!(
+                    "frame {} is not in its slot although global_seq is {g}",
+                    p.seq
+                ),
+            }
+        }
+        producer.join().unwrap();
+    });
+}
+
+#[test]
+fn latest_reader_seqs_only_increase() {
+    reader_seqs_only_increase(ReadMode::Latest, 2, 3, 2);
+}
+
+#[test]
+fn sequential_reader_seqs_only_increase() {
+    reader_seqs_only_increase(ReadMode::Sequential, 2, 3, 2);
+}
+
+/// (c) Lossless policy, 2 slots, 3 frames: the producer waits on
+/// `lossless_holder` before it invalidates a slot; the lossless reader
+/// reads the frame after the one it released, copies it, and releases it
+/// (Release). The reader never finds its frame overwritten or invalidated
+/// mid-copy, and receives every seq in order.
+#[test]
+fn lossless_producer_never_overwrites_a_held_slot() {
+    model(3, || {
+        let ring = Ring::new(2, SUBF_LOSSLESS | SUBF_SEQUENTIAL);
+        let producer = {
+            let ring = ring.clone();
+            thread::spawn(move || {
+                for seq in 1..=3 {
+                    ring.wait_lossless(seq);
+                    ring.publish(seq);
+                }
+            })
+        };
+        let entry = &ring.entries[0];
+        let mut last = 0;
+        while last < 3 {
+            let want = last + 1;
+            if ring.global() < want {
+                thread::yield_now();
+                continue;
+            }
+            let slot = ring.slot(want);
+            let snap = match SlotSnapshot::look(slot, want) {
+                Look::Ready(snap) => snap,
+                other => panic!("lossless reader found frame {want} {other:?}"),
+            };
+            let words = ring.copy(want);
+            assert!(
+                snap.still_valid(slot),
+                "the producer invalidated frame {want} under a lossless reader"
+            );
+            assert_whole(&snap, &words);
+            // SYNC: release-cursor — Release after the copy, as `Subscriber::deliver`.
+            entry.released_seq.store(want, Ordering::Release);
+            last = want;
+        }
+        producer.join().unwrap();
+    });
+}
+
+/// (c') The same, with the reader choosing its frame as `Subscriber::next`
+/// does for a lossless subscriber: `pick(Sequential, ..)`.
+#[test]
+fn lossless_sequential_reader_gets_every_frame() {
+    model(2, || {
+        let ring = Ring::new(2, SUBF_LOSSLESS | SUBF_SEQUENTIAL);
+        let producer = {
+            let ring = ring.clone();
+            thread::spawn(move || {
+                for seq in 1..=3 {
+                    ring.wait_lossless(seq);
+                    ring.publish(seq);
+                }
+            })
+        };
+        let entry = &ring.entries[0];
+        let mut last = 0;
+        while last < 3 {
+            let g = ring.global();
+            let Some(p) = protocol::pick(ReadMode::Sequential, last, g, 2) else {
+                thread::yield_now();
+                continue;
+            };
+            assert_eq!(
+                p,
+                protocol::Pick {
+                    seq: last + 1,
+                    skipped: 0
+                },
+                "lossless reader after frame {last} with global_seq {g}"
+            );
+            let slot = ring.slot(p.seq);
+            let snap = match SlotSnapshot::look(slot, p.seq) {
+                Look::Ready(snap) => snap,
+                other => panic!("lossless reader found frame {} {other:?}", p.seq),
+            };
+            let words = ring.copy(p.seq);
+            assert!(
+                snap.still_valid(slot),
+                "the producer invalidated frame {} under a lossless reader",
+                p.seq
+            );
+            assert_whole(&snap, &words);
+            // SYNC: release-cursor — Release after the copy.
+            entry.released_seq.store(p.seq, Ordering::Release);
+            last = p.seq;
+        }
+        producer.join().unwrap();
+    });
+}
+
+/// (d) The park handshake never loses a wakeup: a subscriber in
+/// `wait_for_seq` (no spin, so it parks at once) against a producer
+/// publishing 2 frames. Under loom `wait_for_seq`'s park blocks until the
+/// doorbell moves, with no timeout slice, so a missed doorbell is a waiter
+/// that never returns, which loom reports (max branches exceeded).
+#[test]
+fn parked_subscriber_is_always_woken() {
+    model(3, || {
+        let ring = Ring::new(2, 0);
+        let producer = {
+            let ring = ring.clone();
+            thread::spawn(move || {
+                ring.publish(1);
+                ring.publish(2);
+            })
+        };
+        // Far enough that it never passes, so every execution replays alike.
+        let deadline = Instant::now() + Duration::from_secs(24 * 3600);
+        let mut after = 0;
+        while after < 2 {
+            match protocol::wait_for_seq(
+                &ring.header,
+                &ring.entries[0],
+                after,
+                deadline,
+                Duration::ZERO,
+                Duration::from_millis(1),
+                || true,
+            ) {
+                WaitOutcome::Advanced(g) => {
+                    assert!(g > after, "woken with global_seq {g} after {after}");
+                    after = g;
+                }
+                other => panic!("wait_for_seq returned {other:?}"),
+            }
+        }
+        producer.join().unwrap();
+    });
+}
