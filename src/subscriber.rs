@@ -38,9 +38,13 @@ pub struct SubscriberOptions {
     pub spin: Duration,
     /// Longest single futex sleep; bounds how late a dead publisher is noticed.
     pub park_slice: Duration,
-    /// Which backends this subscriber may import (default: host, and CUDA
-    /// when a usable GPU is present).
+    /// Which backends this subscriber may import (default: host and CUDA).
     pub backends: Vec<BackendKind>,
+    /// Reconnect to the next publisher instance at the same path after the
+    /// current one is gone. `next()` reports [`Error::ProducerGone`] once;
+    /// later calls reconnect (within their timeout) and continue with the
+    /// new instance's frames.
+    pub reconnect: bool,
 }
 
 impl Default for SubscriberOptions {
@@ -54,6 +58,7 @@ impl Default for SubscriberOptions {
             spin: Duration::from_micros(50),
             park_slice: Duration::from_millis(20),
             backends: vec![BackendKind::Host, BackendKind::Cuda],
+            reconnect: false,
         }
     }
 }
@@ -87,6 +92,11 @@ impl SubscriberOptions {
         self.backends = b.to_vec();
         self
     }
+    /// Reconnects by itself to the next publisher instance at the same path.
+    pub fn reconnect(mut self, yes: bool) -> Self {
+        self.reconnect = yes;
+        self
+    }
     /// Sets the spin time before parking.
     pub fn spin(mut self, d: Duration) -> Self {
         self.spin = d;
@@ -105,6 +115,8 @@ pub struct SubscriberStats {
     pub overruns: u64,
     /// Seq of the last frame delivered.
     pub last_seq: u64,
+    /// Times this subscriber reconnected to a new publisher instance.
+    pub reconnects: u64,
 }
 
 /// A frame copied into the subscriber's own buffer. Valid until the next
@@ -568,6 +580,7 @@ impl Subscriber {
     /// when the publisher closed or died; [`Error::Evicted`]; backend errors.
     pub fn next(&mut self, timeout: Duration) -> Result<Frame<'_>> {
         let deadline = Instant::now() + timeout;
+        self.reconnect_if_gone(deadline, timeout)?;
         loop {
             let g = self.wait(deadline, timeout)?;
             let Some((snap, skipped)) = self.next_snapshot(g) else {
@@ -602,6 +615,7 @@ impl Subscriber {
     /// As [`Subscriber::next`].
     pub fn borrow(&mut self, timeout: Duration) -> Result<Borrow<'_>> {
         let deadline = Instant::now() + timeout;
+        self.reconnect_if_gone(deadline, timeout)?;
         loop {
             let g = self.wait(deadline, timeout)?;
             if let Some((snap, skipped)) = self.next_snapshot(g) {
@@ -612,6 +626,34 @@ impl Subscriber {
             }
             if Instant::now() >= deadline {
                 return Err(Error::Timeout(timeout, "the next frame"));
+            }
+        }
+    }
+
+    /// With [`SubscriberOptions::reconnect`], replaces a subscriber whose
+    /// publisher is gone by a fresh connection to the same path. The old
+    /// import is released (in its owning context) when the old state drops.
+    fn reconnect_if_gone(&mut self, deadline: Instant, timeout: Duration) -> Result<()> {
+        if !self.opts.reconnect || !matches!(self.gone, Some(Error::ProducerGone { .. })) {
+            return Ok(());
+        }
+        loop {
+            match Subscriber::connect(&self.path, self.opts.clone()) {
+                Ok(mut fresh) => {
+                    let mut stats = self.stats;
+                    stats.reconnects += 1;
+                    fresh.stats = SubscriberStats { last_seq: fresh.stats.last_seq, ..stats };
+                    tracing::info!(old = self.info.epoch, new = fresh.info.epoch, "reconnected to a new publisher instance");
+                    drop(std::mem::replace(self, fresh));
+                    return Ok(());
+                }
+                Err(e) => {
+                    if Instant::now() >= deadline {
+                        tracing::debug!(error = %e, "reconnect attempt failed");
+                        return Err(Error::Timeout(timeout, "a new publisher instance to reconnect to"));
+                    }
+                    std::thread::sleep(Duration::from_millis(10).min(deadline - Instant::now()));
+                }
             }
         }
     }

@@ -115,3 +115,35 @@ fn lossless_is_refused_by_an_overwrite_publisher() {
     let e = Subscriber::connect(&path, SubscriberOptions::default().lossless(true)).unwrap_err();
     assert!(matches!(e, Error::Refused { code: 5, .. }), "{e}");
 }
+
+#[test]
+fn a_reconnecting_subscriber_follows_the_next_publisher_instance() {
+    let path = sock("reconnect");
+    let mut s;
+    let first_epoch;
+    {
+        let mut p = Publisher::create(&path, host(Format::Gray8, 32, 8)).unwrap();
+        s = Subscriber::connect(&path, SubscriberOptions::default().mode(Mode::Sequential).reconnect(true)).unwrap();
+        first_epoch = s.epoch();
+        let slot = p.loan(Duration::from_millis(10)).unwrap();
+        slot.publish(FrameMeta::pts(1)).unwrap();
+        assert_eq!(s.next(Duration::from_secs(1)).unwrap().seq(), 1);
+        p.close().unwrap();
+    }
+    assert!(matches!(s.next(Duration::from_secs(1)), Err(Error::ProducerGone { .. })));
+    let mut p2 = Publisher::create(&path, host(Format::Gray8, 32, 8)).unwrap();
+    let h = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        let mut slot = p2.loan(Duration::from_millis(10)).unwrap();
+        testpattern::fill(slot.bytes_mut().unwrap(), 1);
+        slot.publish(FrameMeta::pts(2)).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        p2
+    });
+    let f = s.next(Duration::from_secs(2)).unwrap();
+    assert_eq!((f.seq(), f.pts()), (1, 2));
+    testpattern::verify(f.host_bytes().unwrap(), 1).unwrap();
+    assert_ne!(s.epoch(), first_epoch);
+    assert_eq!(s.stats().reconnects, 1);
+    drop(h.join().unwrap());
+}
