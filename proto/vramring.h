@@ -23,7 +23,7 @@
  *  - Message structs (vr_msg_header, vr_hello, vr_welcome, vr_notice) are
  *    packed records of exactly the bytes on the wire. Their fields are
  *    little-endian; on a big-endian host byte-swap them.
- *  - Nothing read from a peer is trusted: validate as PROTOCOL.md section 6
+ *  - Nothing read from a peer is trusted: validate as PROTOCOL.md section 7
  *    says, mask every slot index with (slot_count - 1), bounds-check every
  *    subscriber index.
  */
@@ -204,7 +204,7 @@ typedef struct vr_ring_header {
 } vr_ring_header;                   /* 640 */
 
 /* One slot's descriptor; slot of seq s is s & (slot_count - 1). Written only
- * by the publisher, under the seqlock rule (PROTOCOL.md section 8). */
+ * by the publisher, under the seqlock rule (PROTOCOL.md sections 9-11). */
 typedef struct vr_slot_desc {
     VR_ALIGN128 uint64_t seq;       /*   0 s; s|VR_SEQ_WRITING while written; 0 never. SYNC: slot-seq, invalidate */
     uint64_t pts;                   /*   8 presentation timestamp (int64 bits)   */

@@ -365,6 +365,17 @@ impl Subscriber {
         // write it even by mistake.
         Region::require_seals(control_fd.as_fd(), SEALS_READ_ONLY)?;
         Region::require_seals(subs_fd.as_fd(), SEALS_FIXED_SIZE)?;
+        // `Region::at` treats a region too short for its struct as a bug, so
+        // a peer's short size is refused here, before any header is read.
+        if welcome.control_bytes < std::mem::size_of::<RingHeader>() as u64
+            || welcome.subs_bytes < std::mem::size_of::<SubsHeader>() as u64
+        {
+            return Err(Error::LayoutMismatch(format!(
+                "Welcome announces a control region of {} bytes and a subscriber table of {} bytes, \
+                 shorter than their headers",
+                welcome.control_bytes, welcome.subs_bytes
+            )));
+        }
         let control = Region::map(control_fd.as_fd(), welcome.control_bytes, false)?;
         let info = RingInfo::validate(control.at::<RingHeader>(0), control.len() as u64)?;
         if info.epoch != welcome.epoch
@@ -595,11 +606,10 @@ impl Subscriber {
             self.pool.copy_out(offset, self.info.geometry.frame_bytes)?;
             self.pool.complete()?;
             if !snap.still_valid(self.slot(snap.seq)) {
+                // The frame and the gap before it are lost, in either mode.
                 self.stats.overruns += 1;
-                if self.opts.mode == Mode::Sequential {
-                    self.stats.dropped += skipped + 1;
-                    self.last = snap.seq;
-                }
+                self.stats.dropped += skipped + 1;
+                self.last = snap.seq;
                 self.publish_counters();
                 continue;
             }
@@ -663,11 +673,10 @@ impl Subscriber {
             self.deliver(snap, 0);
             Ok(())
         } else {
+            // The gap before it was counted when the borrow began.
             self.stats.overruns += 1;
-            if self.opts.mode == Mode::Sequential {
-                self.stats.dropped += 1;
-                self.last = snap.seq;
-            }
+            self.stats.dropped += 1;
+            self.last = snap.seq;
             self.entry().reading_seq.store(0, Ordering::Relaxed);
             self.publish_counters();
             Err(Error::Overrun { seq: snap.seq })

@@ -6,7 +6,9 @@
 //! Rust encoder produced), compiles it with the system C compiler (`$CC`,
 //! else `cc`), runs it, and compares every line with the value the Rust side
 //! computes from `vramring::layout`, `vramring::format` and
-//! `vramring::socket::msg`. A missing C compiler is a failure, never a skip.
+//! `vramring::socket::msg`. The C code in `proto/PROTOCOL.md` is compiled
+//! too, and its test-pattern functions are checked against
+//! `vramring::testpattern`. A missing C compiler is a failure, never a skip.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -35,6 +37,8 @@ struct Checks {
     list: Vec<Check>,
     /// Statements emitted into `main` before the checks (decode buffers).
     prelude: String,
+    /// Top-level C code emitted before `main` (code taken from PROTOCOL.md).
+    top: String,
 }
 
 impl Checks {
@@ -600,11 +604,70 @@ fn messages(c: &mut Checks) {
     c.push("vr_notice fits", "sizeof(vr_notice) <= VR_MAX_MSG_BYTES", 1);
 }
 
+/// The first fenced C block after the heading `heading` in PROTOCOL.md.
+fn doc_c_block(md: &str, heading: &str) -> String {
+    let at = md
+        .find(heading)
+        .unwrap_or_else(|| panic!("PROTOCOL.md has no heading {heading:?}"));
+    let rest = &md[at..];
+    let start = rest
+        .find("```c\n")
+        .unwrap_or_else(|| panic!("no C block after {heading:?}"))
+        + 5;
+    let len = rest[start..].find("\n```").expect("unterminated C block");
+    rest[start..start + len].to_owned()
+}
+
+/// The C code PROTOCOL.md shows compiles against the header, and its test
+/// pattern computes the same words as `vramring::testpattern`.
+fn protocol_md_code(c: &mut Checks) {
+    let md_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("proto/PROTOCOL.md");
+    let md = std::fs::read_to_string(&md_path).expect("reading proto/PROTOCOL.md");
+
+    let pattern = doc_c_block(&md, "## Appendix A");
+    let _ = writeln!(c.top, "/* PROTOCOL.md, Appendix A */\n{pattern}\n");
+    for (seq, i) in [
+        (0u64, 4u32),
+        (1, 4),
+        (7, 100),
+        (0x1_0000_0007, 5),
+        (u64::MAX, 12345),
+    ] {
+        c.push(
+            format!("appendix-a word({seq:#x},{i})"),
+            format!("word(UINT64_C({seq:#x}), {i}u)"),
+            vramring::testpattern::word(seq, i),
+        );
+    }
+    c.push(
+        "appendix-a mix32(0xdeadbeef)",
+        "mix32(0xdeadbeefu)",
+        vramring::testpattern::mix32(0xdead_beef),
+    );
+
+    // Appendix B is compiled (not run) inside a function that declares the
+    // names it uses.
+    let reader = doc_c_block(&md, "## Appendix B");
+    let _ = writeln!(
+        c.top,
+        "/* PROTOCOL.md, Appendix B */\n\
+         static void use_frame(const void *b, uint64_t seq, int64_t pts) {{ (void)b; (void)seq; (void)pts; }}\n\
+         void appendix_b(const void *ctl, vr_sub_entry *e, const void *pool, const vr_ring_info *info,\n\
+                         unsigned char *buf, int lossless);\n\
+         void appendix_b(const void *ctl, vr_sub_entry *e, const void *pool, const vr_ring_info *info,\n\
+                         unsigned char *buf, int lossless) {{\n\
+         const vr_ring_info I = *info;\n\
+         uint64_t last = 0, dropped = 0, overruns = 0, delivered = 0;\n\
+         {reader}\n}}\n"
+    );
+}
+
 fn c_program(c: &Checks) -> String {
     let mut s = String::new();
     s.push_str(
         "#include <stdio.h>\n#include <stddef.h>\n#include <string.h>\n#include \"vramring.h\"\n\n",
     );
+    s.push_str(&c.top);
     s.push_str("int main(void) {\n");
     s.push_str(&c.prelude);
     for k in &c.list {
@@ -682,6 +745,7 @@ fn c_header_matches_the_rust_layout_and_messages() {
     shared_layout(&mut checks);
     constants(&mut checks);
     messages(&mut checks);
+    protocol_md_code(&mut checks);
 
     let dir = scratch_dir();
     let output = compile_and_run(&dir, &c_program(&checks));
@@ -712,7 +776,7 @@ fn c_header_matches_the_rust_layout_and_messages() {
     }
     assert!(
         failures.is_empty(),
-        "proto/vramring.h disagrees with the Rust crate in {} of {} checks:\n  {}",
+        "proto/vramring.h or proto/PROTOCOL.md disagrees with the Rust crate in {} of {} checks:\n  {}",
         failures.len(),
         checks.list.len(),
         failures.join("\n  ")

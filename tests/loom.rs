@@ -170,7 +170,7 @@ fn reader_never_accepts_a_frame_invalidated_during_its_copy() {
         };
         read(&ring, 1);
         let g = ring.global();
-        if let Some(p) = protocol::pick(ReadMode::Latest, 1, g, 2) {
+        if let Some(p) = protocol::pick(ReadMode::Latest, 1, g, protocol::safe_window(2, false)) {
             read(&ring, p.seq);
         }
         producer.join().unwrap();
@@ -202,7 +202,8 @@ fn reader_seqs_only_increase(mode: ReadMode, slot_count: u32, frames: u64, preem
         let mut last = 0;
         while last < frames {
             let g = ring.global();
-            let Some(p) = protocol::pick(mode, last, g, slot_count) else {
+            let Some(p) = protocol::pick(mode, last, g, protocol::safe_window(slot_count, false))
+            else {
                 thread::yield_now();
                 continue;
             };
@@ -299,7 +300,9 @@ fn lossless_producer_never_overwrites_a_held_slot() {
 }
 
 /// (c') The same, with the reader choosing its frame as `Subscriber::next`
-/// does for a lossless subscriber: `pick(Sequential, ..)`.
+/// does for a lossless subscriber: `pick(Sequential, ..)` over the lossless
+/// `safe_window`. Here the producer can be a whole ring ahead of the reader,
+/// and the reader must still not skip.
 #[test]
 fn lossless_sequential_reader_gets_every_frame() {
     model(2, || {
@@ -317,7 +320,12 @@ fn lossless_sequential_reader_gets_every_frame() {
         let mut last = 0;
         while last < 3 {
             let g = ring.global();
-            let Some(p) = protocol::pick(ReadMode::Sequential, last, g, 2) else {
+            let Some(p) = protocol::pick(
+                ReadMode::Sequential,
+                last,
+                g,
+                protocol::safe_window(2, true),
+            ) else {
                 thread::yield_now();
                 continue;
             };

@@ -1,0 +1,802 @@
+//! What the `producer`, `consumer` and `demo` examples share: the producer
+//! and consumer loops, their command-line arguments, latency statistics,
+//! a stop flag set by SIGINT/SIGTERM, and the one-line JSON reports the
+//! demo and the tests read.
+//!
+//! Included by each example with `#[path = "common/mod.rs"] mod common;`.
+
+use std::error::Error;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use vramring::publisher::BackendChoice;
+use vramring::testpattern::{self, PatternError};
+use vramring::time::monotonic_ns;
+use vramring::{
+    BackendKind, Error as RingError, Format, Frame, FrameMeta, Mode, Policy, Publisher, RingConfig, SlotMut, Subscriber,
+    SubscriberOptions,
+};
+
+/// What every example's `main` returns.
+pub type AnyResult<T> = Result<T, Box<dyn Error>>;
+
+// ---------------------------------------------------------------------------
+// Stop flag
+// ---------------------------------------------------------------------------
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_signal: libc::c_int) {
+    // Relaxed: a flag polled by the main loop; nothing else is published.
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// Makes SIGINT (Ctrl-C) and SIGTERM set the stop flag instead of killing
+/// the process, so the loops below end cleanly and print their summary.
+pub fn install_stop_handler() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is
+        // async-signal-safe; `signal` is a valid, catchable signal number.
+        unsafe { libc::signal(signal, on_stop_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+    }
+}
+
+/// Whether SIGINT or SIGTERM arrived.
+pub fn stop_requested() -> bool {
+    // Relaxed: see `on_stop_signal`.
+    STOP.load(Ordering::Relaxed)
+}
+
+// ---------------------------------------------------------------------------
+// Command-line arguments
+// ---------------------------------------------------------------------------
+
+/// The producer's policy, as typed on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PolicyArg {
+    /// Never wait; slow readers lose frames.
+    Overwrite,
+    /// Wait for lossless readers.
+    Lossless,
+}
+
+/// The consumer's read mode, as typed on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    /// Jump to the newest frame.
+    Latest,
+    /// Every frame in order; gaps counted.
+    Sequential,
+}
+
+/// Arguments of the producer.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProducerArgs {
+    /// Socket path to serve subscribers on.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// Memory backend: host, cuda, cuda:N or auto (CUDA when usable, else host).
+    #[arg(long, default_value = "auto")]
+    pub backend: BackendChoice,
+    /// Pixel format (nv12, p010, gray8, rgb8, rgba8, raw).
+    #[arg(long, default_value = "nv12")]
+    pub format: Format,
+    /// Frame width in pixels.
+    #[arg(long, default_value_t = 1920)]
+    pub width: u32,
+    /// Frame height in rows.
+    #[arg(long, default_value_t = 1080)]
+    pub height: u32,
+    /// Slots in the ring (a power of two).
+    #[arg(long, default_value_t = 16)]
+    pub slots: u32,
+    /// Frames per second; 0 publishes as fast as possible.
+    #[arg(long, default_value_t = 30.0)]
+    pub fps: f64,
+    /// Frames to publish; 0 runs until Ctrl-C.
+    #[arg(long, default_value_t = 0)]
+    pub frames: u64,
+    /// overwrite (live video) or lossless (wait for lossless subscribers).
+    #[arg(long, value_enum, default_value_t = PolicyArg::Overwrite)]
+    pub policy: PolicyArg,
+    /// Evict a lossless subscriber that holds a frame longer than this.
+    #[arg(long, default_value_t = 2000)]
+    pub lossless_lease_ms: u64,
+    /// Wait for this many subscribers before publishing the first frame.
+    #[arg(long, default_value_t = 0)]
+    pub wait_subscribers: u32,
+    /// Print a status line this often (0: only the final summary).
+    #[arg(long, default_value_t = 1000)]
+    pub report_ms: u64,
+    /// Print one JSON object per line instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of the consumer.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConsumerArgs {
+    /// Socket path of the publisher.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// latest (jump to the newest frame) or sequential (every frame, gaps counted).
+    #[arg(long, value_enum, default_value_t = ModeArg::Latest)]
+    pub mode: ModeArg,
+    /// Ask to be a lossless reader (the producer must use --policy lossless).
+    #[arg(long)]
+    pub lossless: bool,
+    /// Name shown by the publisher.
+    #[arg(long, default_value = "consumer")]
+    pub name: String,
+    /// Frames to read; 0 reads until the producer goes away or Ctrl-C.
+    #[arg(long, default_value_t = 0)]
+    pub frames: u64,
+    /// How long to wait for the publisher to appear, and for each frame.
+    #[arg(long, default_value_t = 5000)]
+    pub timeout_ms: u64,
+    /// Artificial work per frame, in microseconds (a slow detector).
+    #[arg(long, default_value_t = 0)]
+    pub delay_us: u64,
+    /// Print a status line this often (0: only the final summary).
+    #[arg(long, default_value_t = 1000)]
+    pub report_ms: u64,
+    /// Print one JSON object per line instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+// ---------------------------------------------------------------------------
+// JSON lines (flat objects of strings and numbers)
+// ---------------------------------------------------------------------------
+
+/// Builds one flat JSON object.
+#[derive(Debug, Default)]
+pub struct Json(String);
+
+impl Json {
+    /// An object whose first member is `"event": event`.
+    pub fn event(event: &str) -> Self {
+        Json::default().str("event", event)
+    }
+    fn key(mut self, k: &str) -> Self {
+        self.0.push(if self.0.is_empty() { '{' } else { ',' });
+        push_json_str(&mut self.0, k);
+        self.0.push(':');
+        self
+    }
+    /// Adds a string member.
+    pub fn str(self, k: &str, v: &str) -> Self {
+        let mut s = self.key(k);
+        push_json_str(&mut s.0, v);
+        s
+    }
+    /// Adds an integer member.
+    pub fn u64(self, k: &str, v: u64) -> Self {
+        let mut s = self.key(k);
+        let _ = write!(s.0, "{v}");
+        s
+    }
+    /// Adds a number member (finite; NaN and infinities become 0).
+    pub fn f64(self, k: &str, v: f64) -> Self {
+        let mut s = self.key(k);
+        let _ = write!(s.0, "{:.3}", if v.is_finite() { v } else { 0.0 });
+        s
+    }
+    /// The object's text.
+    pub fn finish(mut self) -> String {
+        self.0.push('}');
+        self.0
+    }
+}
+
+fn push_json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// A parsed flat JSON object: members in order, values as text (strings
+/// unescaped, numbers as written).
+#[derive(Debug, Clone, Default)]
+pub struct JsonLine(pub Vec<(String, String)>);
+
+impl JsonLine {
+    /// Parses a flat object of string and number members; `None` for
+    /// anything else.
+    pub fn parse(line: &str) -> Option<JsonLine> {
+        let mut it = line.trim().chars().peekable();
+        let mut members = Vec::new();
+        if it.next()? != '{' {
+            return None;
+        }
+        loop {
+            skip_ws(&mut it);
+            match it.peek()? {
+                '}' => break,
+                ',' => {
+                    it.next();
+                    continue;
+                }
+                _ => {}
+            }
+            let key = parse_json_str(&mut it)?;
+            skip_ws(&mut it);
+            if it.next()? != ':' {
+                return None;
+            }
+            skip_ws(&mut it);
+            let value = if *it.peek()? == '"' {
+                parse_json_str(&mut it)?
+            } else {
+                let mut v = String::new();
+                while let Some(&c) = it.peek() {
+                    if c == ',' || c == '}' || c.is_whitespace() {
+                        break;
+                    }
+                    v.push(c);
+                    it.next();
+                }
+                v
+            };
+            members.push((key, value));
+        }
+        Some(JsonLine(members))
+    }
+    /// The member `k` as text.
+    pub fn get(&self, k: &str) -> Option<&str> {
+        self.0.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str())
+    }
+    /// The member `k` as an integer.
+    pub fn u64(&self, k: &str) -> Option<u64> {
+        self.get(k)?.parse().ok()
+    }
+    /// The member `k` as a number.
+    pub fn f64(&self, k: &str) -> Option<f64> {
+        self.get(k)?.parse().ok()
+    }
+}
+
+fn skip_ws(it: &mut std::iter::Peekable<std::str::Chars<'_>>) {
+    while it.peek().is_some_and(|c| c.is_whitespace()) {
+        it.next();
+    }
+}
+
+fn parse_json_str(it: &mut std::iter::Peekable<std::str::Chars<'_>>) -> Option<String> {
+    if it.next()? != '"' {
+        return None;
+    }
+    let mut s = String::new();
+    loop {
+        match it.next()? {
+            '"' => return Some(s),
+            '\\' => match it.next()? {
+                'n' => s.push('\n'),
+                'u' => {
+                    let hex: String = (0..4).map(|_| it.next()).collect::<Option<_>>()?;
+                    s.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
+                }
+                c => s.push(c),
+            },
+            c => s.push(c),
+        }
+    }
+}
+
+/// Prints one line to stdout and flushes it (stdout may be a pipe to the demo).
+pub fn emit(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+// ---------------------------------------------------------------------------
+// Latency statistics
+// ---------------------------------------------------------------------------
+
+/// Latency samples in nanoseconds: every sample up to a cap, then a uniform
+/// reservoir, so a consumer that runs for days keeps bounded memory.
+#[derive(Debug, Clone)]
+pub struct Latencies {
+    samples: Vec<u64>,
+    seen: u64,
+    max: u64,
+    rng: u64,
+}
+
+const RESERVOIR: usize = 1 << 20;
+
+impl Default for Latencies {
+    fn default() -> Self {
+        Latencies { samples: Vec::new(), seen: 0, max: 0, rng: 0x9E37_79B9_7F4A_7C15 }
+    }
+}
+
+impl Latencies {
+    /// Records one sample.
+    pub fn record(&mut self, ns: u64) {
+        self.seen += 1;
+        self.max = self.max.max(ns);
+        if self.samples.len() < RESERVOIR {
+            self.samples.push(ns);
+            return;
+        }
+        // xorshift64: cheap and good enough to pick a slot to replace.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let k = self.rng % self.seen;
+        if let Some(s) = self.samples.get_mut(k as usize) {
+            *s = ns;
+        }
+    }
+    /// Samples recorded.
+    pub fn count(&self) -> u64 {
+        self.seen
+    }
+    /// The largest sample.
+    pub fn max(&self) -> u64 {
+        self.max
+    }
+    /// The `p`-th percentile (0..=100), nearest rank; 0 with no samples.
+    pub fn percentile(&self, p: f64) -> u64 {
+        let mut v = self.samples.clone();
+        percentile_of(&mut v, p)
+    }
+    /// Forgets every sample.
+    pub fn clear(&mut self) {
+        self.samples.clear();
+        self.seen = 0;
+        self.max = 0;
+    }
+}
+
+/// The `p`-th percentile (0..=100, nearest rank) of `v`, sorting it; 0 when empty.
+pub fn percentile_of(v: &mut [u64], p: f64) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    v.sort_unstable();
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1000.0
+}
+
+// ---------------------------------------------------------------------------
+// Producer
+// ---------------------------------------------------------------------------
+
+/// `auto` resolved the way the examples report it: CUDA device 0 when a
+/// usable GPU is present, host memory otherwise.
+pub fn resolve_backend(choice: BackendChoice) -> BackendChoice {
+    match choice {
+        BackendChoice::Auto if vramring::memory::cuda::cuda_usable() => BackendChoice::Cuda(0),
+        BackendChoice::Auto => BackendChoice::Host,
+        other => other,
+    }
+}
+
+/// What a producer run did.
+#[derive(Debug, Clone, Default)]
+pub struct ProducerReport {
+    /// Frames published.
+    pub published: u64,
+    /// Seconds from the first loan to the last publish.
+    pub seconds: f64,
+    /// Subscribers that connected.
+    pub connects: u64,
+    /// Lossless subscribers evicted.
+    pub evictions: u64,
+    /// Loans that waited for a lossless subscriber.
+    pub lossless_waits: u64,
+}
+
+impl ProducerReport {
+    /// Frames per second over the run.
+    pub fn fps(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.published as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Writes the test pattern of `seq` into a slot of a CUDA ring and commits
+/// it, returning the published seq.
+///
+/// This is the one place the GPU fill goes: launch the pattern kernel on a
+/// stream of the ring's context, then `SlotMut::publish_cuda` with that
+/// stream. It lands with the CUDA backend; until then it says so.
+pub fn fill_cuda(slot: SlotMut<'_>, seq: u64) -> AnyResult<u64> {
+    let _ = (slot, seq);
+    Err("the GPU test-pattern fill lands with the CUDA backend; use --backend host for now".into())
+}
+
+/// Publishes frames as `args` says until the frame count is reached or a
+/// stop signal arrives.
+///
+/// # Errors
+/// Publisher creation, loan or publish errors.
+pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
+    let backend = resolve_backend(args.backend);
+    let policy = match args.policy {
+        PolicyArg::Overwrite => Policy::Overwrite,
+        PolicyArg::Lossless => Policy::Lossless,
+    };
+    let cfg = RingConfig::new(args.format, args.width, args.height)
+        .slots(args.slots)
+        .policy(policy)
+        .backend(backend)
+        .lossless_lease(Duration::from_millis(args.lossless_lease_ms));
+    let mut publisher = Publisher::create(&args.socket, cfg)?;
+    let frame_bytes = publisher.geometry().frame_bytes;
+    let kind = publisher.backend();
+    if args.json {
+        emit(
+            &Json::event("ready")
+                .str("role", "producer")
+                .str("socket", &args.socket.display().to_string())
+                .str("backend", kind.name())
+                .str("format", args.format.name())
+                .u64("width", args.width.into())
+                .u64("height", args.height.into())
+                .u64("slots", args.slots.into())
+                .u64("frame_bytes", frame_bytes)
+                .finish(),
+        );
+    } else {
+        emit(&format!(
+            "producer: {} {}x{} ({} bytes a frame), {} slots, {:?}, {} backend, at {}",
+            args.format.name(),
+            args.width,
+            args.height,
+            frame_bytes,
+            args.slots,
+            policy,
+            kind.name(),
+            args.socket.display()
+        ));
+    }
+    while publisher.stats().subscribers < args.wait_subscribers {
+        if stop_requested() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let period = (args.fps > 0.0).then(|| Duration::from_secs_f64(1.0 / args.fps));
+    let start = Instant::now();
+    let mut next_due = start;
+    let mut report_due = start + Duration::from_millis(args.report_ms.max(1));
+    let mut report = ProducerReport::default();
+    let mut last_report = (start, 0u64);
+    while !stop_requested() && (args.frames == 0 || report.published < args.frames) {
+        if let Some(period) = period {
+            let now = Instant::now();
+            if next_due > now {
+                std::thread::sleep(next_due - now);
+            }
+            // Never bank more than one period of debt: a stall is not
+            // followed by a burst.
+            next_due = (next_due + period).max(Instant::now() - period);
+        }
+        let slot = match publisher.loan(Duration::from_millis(500)) {
+            Ok(slot) => slot,
+            Err(RingError::LosslessBlocked { name, held_seq, .. }) => {
+                eprintln!("producer: waiting for lossless subscriber {name} to release frame {held_seq}");
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let seq = slot.seq();
+        let meta = FrameMeta::pts(seq as i64);
+        match kind {
+            BackendKind::Host => {
+                let mut slot = slot;
+                testpattern::fill(slot.bytes_mut()?, seq);
+                slot.publish(meta)?;
+            }
+            BackendKind::Cuda => {
+                fill_cuda(slot, seq)?;
+            }
+        }
+        report.published += 1;
+        if args.report_ms > 0 && Instant::now() >= report_due {
+            let now = Instant::now();
+            let fps = (report.published - last_report.1) as f64 / (now - last_report.0).as_secs_f64();
+            let subs = publisher.stats().subscribers;
+            if args.json {
+                emit(
+                    &Json::event("status")
+                        .str("role", "producer")
+                        .u64("published", report.published)
+                        .f64("fps", fps)
+                        .u64("subscribers", subs.into())
+                        .finish(),
+                );
+            } else {
+                emit(&format!("producer: {} published, {fps:.1} fps, {subs} subscribers", report.published));
+            }
+            last_report = (now, report.published);
+            report_due = now + Duration::from_millis(args.report_ms);
+        }
+    }
+    report.seconds = start.elapsed().as_secs_f64();
+    let stats = publisher.stats();
+    report.connects = stats.connects;
+    report.evictions = stats.evictions;
+    report.lossless_waits = stats.lossless_waits;
+    publisher.close()?;
+    if args.json {
+        emit(
+            &Json::event("final")
+                .str("role", "producer")
+                .u64("published", report.published)
+                .f64("seconds", report.seconds)
+                .f64("fps", report.fps())
+                .u64("connects", report.connects)
+                .u64("evictions", report.evictions)
+                .u64("lossless_waits", report.lossless_waits)
+                .finish(),
+        );
+    } else {
+        emit(&format!(
+            "producer: published {} frames in {:.2} s ({:.1} fps); {} subscribers connected, {} evicted, {} lossless waits",
+            report.published,
+            report.seconds,
+            report.fps(),
+            report.connects,
+            report.evictions,
+            report.lossless_waits
+        ));
+    }
+    Ok(report)
+}
+
+// ---------------------------------------------------------------------------
+// Consumer
+// ---------------------------------------------------------------------------
+
+/// What a consumer run saw.
+#[derive(Debug, Clone, Default)]
+pub struct ConsumerReport {
+    /// The consumer's name.
+    pub name: String,
+    /// Frames delivered (each one verified).
+    pub delivered: u64,
+    /// Frames skipped (gaps), from the subscriber's stats.
+    pub dropped: u64,
+    /// Reads discarded because the producer overwrote the slot mid-copy.
+    pub overruns: u64,
+    /// Delivered frames that failed the pattern check. Must be 0.
+    pub torn: u64,
+    /// Seq of the first frame delivered.
+    pub first_seq: u64,
+    /// Seq of the last frame delivered.
+    pub last_seq: u64,
+    /// Seconds from the first frame to the last.
+    pub seconds: f64,
+    /// Delivery latency (now minus the frame's commit time), ns.
+    pub latency: Latencies,
+    /// Why the run ended.
+    pub end: &'static str,
+}
+
+impl ConsumerReport {
+    /// Frames delivered per second.
+    pub fn fps(&self) -> f64 {
+        if self.seconds > 0.0 && self.delivered > 1 {
+            (self.delivered - 1) as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+
+    /// The final JSON line.
+    pub fn to_json(&self) -> String {
+        Json::event("final")
+            .str("role", "consumer")
+            .str("name", &self.name)
+            .u64("delivered", self.delivered)
+            .u64("dropped", self.dropped)
+            .u64("overruns", self.overruns)
+            .u64("torn", self.torn)
+            .u64("first_seq", self.first_seq)
+            .u64("last_seq", self.last_seq)
+            .f64("seconds", self.seconds)
+            .f64("fps", self.fps())
+            .f64("p50_us", us(self.latency.percentile(50.0)))
+            .f64("p99_us", us(self.latency.percentile(99.0)))
+            .f64("max_us", us(self.latency.max()))
+            .str("end", self.end)
+            .finish()
+    }
+}
+
+/// Checks that `frame` carries the pattern of its seq. The outer error is
+/// "could not check"; the inner one is a torn or wrong frame.
+pub fn verify_frame(frame: &Frame<'_>) -> AnyResult<Result<(), PatternError>> {
+    match frame.host_bytes() {
+        Some(bytes) => Ok(testpattern::verify(bytes, frame.seq())),
+        None => verify_cuda(frame),
+    }
+}
+
+/// Checks a frame copied into the subscriber's own GPU buffer.
+///
+/// This is the one place the GPU check goes: run the pattern-check kernel
+/// over `frame.addr()` / `frame.len()` on the subscriber's stream and read
+/// back its verdict. It lands with the CUDA backend; until then it says so.
+pub fn verify_cuda(frame: &Frame<'_>) -> AnyResult<Result<(), PatternError>> {
+    let _ = frame;
+    Err("the GPU test-pattern check lands with the CUDA backend; run the producer with --backend host for now".into())
+}
+
+fn connect_with_retry(args: &ConsumerArgs, opts: SubscriberOptions) -> AnyResult<Subscriber> {
+    let deadline = Instant::now() + Duration::from_millis(args.timeout_ms);
+    loop {
+        match Subscriber::connect(&args.socket, opts.clone()) {
+            Ok(sub) => return Ok(sub),
+            // Nothing listens yet: the producer may still be starting.
+            Err(RingError::Io { .. }) if Instant::now() < deadline && !stop_requested() => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Reads and verifies frames as `args` says until the frame count is
+/// reached, the producer goes away, no frame comes within the timeout
+/// (after the first), or a stop signal arrives.
+///
+/// # Errors
+/// Connection errors, no first frame within the timeout, or a check that
+/// could not run. Torn frames are counted in the report, not errors.
+pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
+    let mode = match args.mode {
+        ModeArg::Latest => Mode::Latest,
+        ModeArg::Sequential => Mode::Sequential,
+    };
+    let opts = SubscriberOptions::default().name(args.name.clone()).mode(mode).lossless(args.lossless);
+    let mut sub = connect_with_retry(args, opts)?;
+    let mode_name = if args.lossless { "lossless" } else { args.mode_name() };
+    if args.json {
+        emit(
+            &Json::event("ready")
+                .str("role", "consumer")
+                .str("name", &args.name)
+                .str("mode", mode_name)
+                .str("backend", sub.backend().name())
+                .finish(),
+        );
+    } else {
+        emit(&format!("{}: connected ({mode_name}, {} backend) to {}", args.name, sub.backend().name(), args.socket.display()));
+    }
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let mut report = ConsumerReport { name: args.name.clone(), end: "frames", ..Default::default() };
+    let mut window = Latencies::default();
+    let mut first_at = None;
+    let mut last_at = Instant::now();
+    let mut report_due = Instant::now() + Duration::from_millis(args.report_ms.max(1));
+    let mut window_start = (Instant::now(), 0u64);
+    while args.frames == 0 || report.delivered < args.frames {
+        if stop_requested() {
+            report.end = "signal";
+            break;
+        }
+        let frame = match sub.next(timeout) {
+            Ok(frame) => frame,
+            Err(RingError::ProducerGone { .. }) => {
+                report.end = "producer gone";
+                break;
+            }
+            Err(RingError::Timeout(..)) if report.delivered > 0 => {
+                report.end = "timeout";
+                break;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let latency = monotonic_ns().saturating_sub(frame.commit_ns());
+        let seq = frame.seq();
+        let checked = verify_frame(&frame)?;
+        drop(frame);
+        last_at = Instant::now();
+        first_at.get_or_insert(last_at);
+        if report.delivered == 0 {
+            report.first_seq = seq;
+        }
+        report.delivered += 1;
+        report.last_seq = seq;
+        report.latency.record(latency);
+        window.record(latency);
+        if let Err(e) = checked {
+            report.torn += 1;
+            eprintln!("{}: TORN frame {seq}: {e}", args.name);
+        }
+        if args.delay_us > 0 {
+            std::thread::sleep(Duration::from_micros(args.delay_us));
+        }
+        if args.report_ms > 0 && Instant::now() >= report_due {
+            let now = Instant::now();
+            let stats = sub.stats();
+            let fps = (report.delivered - window_start.1) as f64 / (now - window_start.0).as_secs_f64();
+            let (p50, p99) = (us(window.percentile(50.0)), us(window.percentile(99.0)));
+            if args.json {
+                emit(
+                    &Json::event("status")
+                        .str("role", "consumer")
+                        .str("name", &args.name)
+                        .u64("delivered", report.delivered)
+                        .f64("fps", fps)
+                        .f64("p50_us", p50)
+                        .f64("p99_us", p99)
+                        .u64("dropped", stats.dropped)
+                        .u64("overruns", stats.overruns)
+                        .u64("torn", report.torn)
+                        .finish(),
+                );
+            } else {
+                emit(&format!(
+                    "{}: {} frames, {fps:.1} fps, latency p50 {p50:.1} us p99 {p99:.1} us, dropped {}, overruns {}, torn {}",
+                    args.name, report.delivered, stats.dropped, stats.overruns, report.torn
+                ));
+            }
+            window.clear();
+            window_start = (now, report.delivered);
+            report_due = now + Duration::from_millis(args.report_ms);
+        }
+    }
+    let stats = sub.stats();
+    report.dropped = stats.dropped;
+    report.overruns = stats.overruns;
+    report.seconds = first_at.map_or(0.0, |f| (last_at - f).as_secs_f64());
+    if let Err(e) = sub.close() {
+        eprintln!("{}: close: {e}", args.name);
+    }
+    if args.json {
+        emit(&report.to_json());
+    } else {
+        emit(&format!(
+            "{}: {} frames ({} .. {}), {:.1} fps, latency p50 {:.1} us p99 {:.1} us max {:.1} us, dropped {}, overruns {}, torn {} (ended: {})",
+            report.name,
+            report.delivered,
+            report.first_seq,
+            report.last_seq,
+            report.fps(),
+            us(report.latency.percentile(50.0)),
+            us(report.latency.percentile(99.0)),
+            us(report.latency.max()),
+            report.dropped,
+            report.overruns,
+            report.torn,
+            report.end
+        ));
+    }
+    Ok(report)
+}
+
+impl ConsumerArgs {
+    fn mode_name(&self) -> &'static str {
+        match self.mode {
+            ModeArg::Latest => "latest",
+            ModeArg::Sequential => "sequential",
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! Publishes a moving, self-checking test pattern: every frame carries its
+//! seq and a checksum in its pixels (`vramring::testpattern`), so any
+//! consumer can prove each frame it gets is whole and is the frame it was
+//! told it is.
+//!
+//! ```text
+//! cargo run --release --example producer -- --socket /tmp/cam1.sock --backend host --fps 30
+//! cargo run --release --example consumer -- --socket /tmp/cam1.sock --mode sequential
+//! ```
+//!
+//! Prints the published frame rate every second and a summary at the end
+//! (`--frames N`, or Ctrl-C).
+
+use clap::Parser;
+
+#[path = "common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+
+/// Publish a self-checking test pattern on a vramring socket.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Cli {
+    #[command(flatten)]
+    args: common::ProducerArgs,
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let cli = Cli::parse();
+    common::install_stop_handler();
+    common::run_producer(&cli.args)?;
+    Ok(())
+}
