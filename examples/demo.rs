@@ -109,14 +109,22 @@ impl Drop for TempDir {
     }
 }
 
-fn spawn(name: &str, args: &[String], lines: &mpsc::Sender<(usize, String)>, index: usize) -> std::io::Result<Proc> {
+fn spawn(
+    name: &str,
+    args: &[String],
+    lines: &mpsc::Sender<(usize, String)>,
+    index: usize,
+) -> std::io::Result<Proc> {
     let mut child = Command::new(std::env::current_exe()?)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()?;
-    let stdout = child.stdout.take().ok_or_else(|| std::io::Error::other("no stdout pipe"))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| std::io::Error::other("no stdout pipe"))?;
     let tx = lines.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -125,7 +133,13 @@ fn spawn(name: &str, args: &[String], lines: &mpsc::Sender<(usize, String)>, ind
             }
         }
     });
-    Ok(Proc { name: name.to_owned(), child, status: None, last: None, last_final: None })
+    Ok(Proc {
+        name: name.to_owned(),
+        child,
+        status: None,
+        last: None,
+        last_final: None,
+    })
 }
 
 fn signal(p: &Proc, sig: rustix::process::Signal) {
@@ -170,8 +184,11 @@ fn run_demo(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
     ];
     let mut procs = vec![spawn("producer", &producer_args, &tx, 0)?];
     wait_ready(&rx, &mut procs, Duration::from_secs(10))?;
-    let consumers: [(&str, &str, u64); 3] =
-        [("detector", "latest", 0), ("recorder", "sequential", 0), ("slow-analytics", "latest", 30_000)];
+    let consumers: [(&str, &str, u64); 3] = [
+        ("detector", "latest", 0),
+        ("recorder", "sequential", 0),
+        ("slow-analytics", "latest", 30_000),
+    ];
     for (name, mode, delay_us) in consumers {
         let args: Vec<String> = vec![
             "consumer".into(),
@@ -247,7 +264,11 @@ fn record(p: &mut Proc, line: &str) {
     }
 }
 
-fn wait_ready(rx: &mpsc::Receiver<(usize, String)>, procs: &mut [Proc], timeout: Duration) -> Result<(), Box<dyn std::error::Error>> {
+fn wait_ready(
+    rx: &mpsc::Receiver<(usize, String)>,
+    procs: &mut [Proc],
+    timeout: Duration,
+) -> Result<(), Box<dyn std::error::Error>> {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if let Ok((k, line)) = rx.recv_timeout(Duration::from_millis(50)) {
@@ -280,7 +301,11 @@ fn status_line(p: &Proc) -> String {
                 f("fps"),
                 u("subscribers")
             ),
-            _ => format!("{:<15} ready ({} backend)", p.name, j.get("backend").unwrap_or("?")),
+            _ => format!(
+                "{:<15} ready ({} backend)",
+                p.name,
+                j.get("backend").unwrap_or("?")
+            ),
         }
     } else {
         match j.get("event") {
@@ -340,7 +365,17 @@ fn print_final(procs: &[Proc]) -> Result<(), Box<dyn std::error::Error>> {
         let f = |k: &str| j.f64(k).unwrap_or(0.0);
         let u = |k: &str| j.u64(k).unwrap_or(0);
         if j.get("role") == Some("producer") {
-            println!("{:<15} {:>10} {:>9.1} {:>10} {:>10} {:>9} {:>9} {:>5}  {exit}", p.name, u("published"), f("fps"), "-", "-", "-", "-", "-");
+            println!(
+                "{:<15} {:>10} {:>9.1} {:>10} {:>10} {:>9} {:>9} {:>5}  {exit}",
+                p.name,
+                u("published"),
+                f("fps"),
+                "-",
+                "-",
+                "-",
+                "-",
+                "-"
+            );
         } else {
             println!(
                 "{:<15} {:>10} {:>9.1} {:>10.1} {:>10.1} {:>9} {:>9} {:>5}  {exit}",

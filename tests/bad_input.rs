@@ -29,12 +29,17 @@ use proptest::test_runner::{Config, TestRunner};
 use rustix::fs::{MemfdFlags, SealFlags};
 
 use common::{SubResult, SubSpec, TempDir};
-use vramring::layout::{self, ProducerLine, RingHeader, RingInfo0, SeqLine, SlotDesc, SubEntry, SubsHeader};
+use vramring::layout::{
+    self, ProducerLine, RingHeader, RingInfo0, SeqLine, SlotDesc, SubEntry, SubsHeader,
+};
 use vramring::publisher::BackendChoice;
 use vramring::socket::msg::{self, Hello, Msg, Notice, Welcome};
 use vramring::socket::transport::{self, Listener};
 use vramring::time::monotonic_ns;
-use vramring::{testpattern, Error, Format, FrameMeta, Geometry, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions};
+use vramring::{
+    testpattern, Error, Format, FrameMeta, Geometry, Mode, Publisher, RingConfig, Subscriber,
+    SubscriberOptions,
+};
 
 #[test]
 fn child_process_entry() {
@@ -51,9 +56,17 @@ enum Attack {
     /// Any bytes, including empty and longer than the largest message.
     Random(Vec<u8>),
     /// A valid Hello with some bytes replaced, then cut or extended.
-    MutatedHello { edits: Vec<(usize, u8)>, cut: Option<usize>, extra: Vec<u8> },
+    MutatedHello {
+        edits: Vec<(usize, u8)>,
+        cut: Option<usize>,
+        extra: Vec<u8>,
+    },
     /// A valid header (magic, any version, kind and length) and a random body.
-    Framed { version: u32, kind: u32, body: Vec<u8> },
+    Framed {
+        version: u32,
+        kind: u32,
+        body: Vec<u8>,
+    },
     /// A valid Hello (any flags), then random bytes on the granted lease.
     AfterWelcome { flags: u32, then: Vec<u8> },
     /// Random bytes with descriptors attached.
@@ -63,17 +76,35 @@ enum Attack {
 }
 
 fn valid_hello(flags: u32) -> Vec<u8> {
-    Msg::Hello(Hello { flags, backends: 1 << layout::BACKEND_HOST, name: "attacker".into(), device_uuid: [0; 16] }).encode()
+    Msg::Hello(Hello {
+        flags,
+        backends: 1 << layout::BACKEND_HOST,
+        name: "attacker".into(),
+        device_uuid: [0; 16],
+    })
+    .encode()
 }
 
 fn attack_strategy() -> impl Strategy<Value = Attack> {
     let bytes = proptest::collection::vec(any::<u8>(), 0..300);
     prop_oneof![
         bytes.clone().prop_map(Attack::Random),
-        (proptest::collection::vec((0usize..112, any::<u8>()), 1..6), proptest::option::of(0usize..112), proptest::collection::vec(any::<u8>(), 0..8))
+        (
+            proptest::collection::vec((0usize..112, any::<u8>()), 1..6),
+            proptest::option::of(0usize..112),
+            proptest::collection::vec(any::<u8>(), 0..8)
+        )
             .prop_map(|(edits, cut, extra)| Attack::MutatedHello { edits, cut, extra }),
-        (0u32..4, 0u32..8, proptest::collection::vec(any::<u8>(), 0..140))
-            .prop_map(|(version, kind, body)| Attack::Framed { version, kind, body }),
+        (
+            0u32..4,
+            0u32..8,
+            proptest::collection::vec(any::<u8>(), 0..140)
+        )
+            .prop_map(|(version, kind, body)| Attack::Framed {
+                version,
+                kind,
+                body
+            }),
         (0u32..8, bytes.clone()).prop_map(|(flags, then)| Attack::AfterWelcome { flags, then }),
         (bytes, 1usize..=4).prop_map(|(bytes, fds)| Attack::WithFds { bytes, fds }),
         Just(Attack::Silent),
@@ -83,7 +114,8 @@ fn attack_strategy() -> impl Strategy<Value = Attack> {
 /// Runs one attack; returns an error text if the publisher answered with
 /// something that is not a well-formed Welcome or Reject.
 fn run_attack(socket: &Path, attack: &Attack) -> Result<(), String> {
-    let conn = transport::connect(socket).map_err(|e| format!("the publisher stopped accepting: {e}"))?;
+    let conn =
+        transport::connect(socket).map_err(|e| format!("the publisher stopped accepting: {e}"))?;
     let fd = conn.as_fd();
     let send = |bytes: &[u8], fds: &[BorrowedFd<'_>]| {
         // The publisher may already have hung up on us: not a failure.
@@ -103,7 +135,11 @@ fn run_attack(socket: &Path, attack: &Attack) -> Result<(), String> {
             b.extend_from_slice(extra);
             send(&b, &[]);
         }
-        Attack::Framed { version, kind, body } => {
+        Attack::Framed {
+            version,
+            kind,
+            body,
+        } => {
             let mut b = Vec::new();
             for v in [msg::MSG_MAGIC, *version, *kind, body.len() as u32] {
                 b.extend_from_slice(&v.to_le_bytes());
@@ -115,7 +151,11 @@ fn run_attack(socket: &Path, attack: &Attack) -> Result<(), String> {
         Attack::WithFds { bytes, fds } => {
             let (r, w) = rustix::pipe::pipe().map_err(|e| e.to_string())?;
             let all = [r.as_fd(), w.as_fd(), r.as_fd(), w.as_fd()];
-            let b = if bytes.len() % 2 == 0 { valid_hello(0) } else { bytes.clone() };
+            let b = if bytes.len() % 2 == 0 {
+                valid_hello(0)
+            } else {
+                bytes.clone()
+            };
             send(&b, &all[..*fds]);
         }
         Attack::Silent => return Ok(()),
@@ -129,7 +169,10 @@ fn run_attack(socket: &Path, attack: &Attack) -> Result<(), String> {
                 Ok(())
             }
             Ok(Msg::Reject(_)) => Ok(()),
-            other => Err(format!("the publisher answered {other:?} with {} descriptors", answer.fds.len())),
+            other => Err(format!(
+                "the publisher answered {other:?} with {} descriptors",
+                answer.fds.len()
+            )),
         },
         // No answer in time, or it hung up on us: both fine.
         Ok(None) | Err(_) => Ok(()),
@@ -144,17 +187,30 @@ fn run_attack(socket: &Path, attack: &Attack) -> Result<(), String> {
 fn a_publisher_under_random_socket_input_keeps_serving_a_real_subscriber() {
     let dir = TempDir::new("fuzz-live");
     let socket = dir.join("ring.sock");
-    let cfg = RingConfig::new(Format::Gray8, 256, 16).slots(8).backend(BackendChoice::Host);
+    let cfg = RingConfig::new(Format::Gray8, 256, 16)
+        .slots(8)
+        .backend(BackendChoice::Host);
     let mut p = Publisher::create(&socket, cfg).expect("publisher");
     let result = dir.join("victim.result");
     let spec = SubSpec::new("victim", "sequential", 0, 0);
-    let mut child = common::spawn(&dir, "victim", common::self_command(&[], "subscriber", &spec.env(&socket, &result)));
-    assert!(common::wait_until(Duration::from_secs(30), || p.stats().subscribers == 1), "the subscriber did not connect");
+    let mut child = common::spawn(
+        &dir,
+        "victim",
+        common::self_command(&[], "subscriber", &spec.env(&socket, &result)),
+    );
+    assert!(
+        common::wait_until(Duration::from_secs(30), || p.stats().subscribers == 1),
+        "the subscriber did not connect"
+    );
 
     let attacker = {
         let socket = socket.clone();
         std::thread::spawn(move || {
-            let mut runner = TestRunner::new(Config { cases: 300, failure_persistence: None, ..Config::default() });
+            let mut runner = TestRunner::new(Config {
+                cases: 1000,
+                failure_persistence: None,
+                ..Config::default()
+            });
             let outcome = runner.run(&attack_strategy(), |attack| {
                 run_attack(&socket, &attack).map_err(TestCaseError::fail)?;
                 Ok(())
@@ -168,9 +224,16 @@ fn a_publisher_under_random_socket_input_keeps_serving_a_real_subscriber() {
         testpattern::fill(slot.bytes_mut().expect("host"), seq);
         slot.publish(FrameMeta::pts(seq as i64)).expect("publish");
         std::thread::sleep(Duration::from_micros(500));
-        assert!(child.try_wait().is_none(), "the real subscriber died during the attack:\n{}", child.output());
+        assert!(
+            child.try_wait().is_none(),
+            "the real subscriber died during the attack:\n{}",
+            child.output()
+        );
     }
-    attacker.join().expect("attacker thread").expect("every answer of the publisher was well-formed");
+    attacker
+        .join()
+        .expect("attacker thread")
+        .expect("every answer of the publisher was well-formed");
 
     // Every attacker lease ends; only the real subscriber remains.
     assert!(
@@ -179,12 +242,15 @@ fn a_publisher_under_random_socket_input_keeps_serving_a_real_subscriber() {
         p.stats()
     );
     // A new subscriber still gets a correct frame.
-    let mut fresh = Subscriber::connect(&socket, SubscriberOptions::default()).expect("the publisher still accepts");
+    let mut fresh = Subscriber::connect(&socket, SubscriberOptions::default())
+        .expect("the publisher still accepts");
     let mut slot = p.loan(Duration::from_millis(100)).expect("loan");
     let seq = slot.seq();
     testpattern::fill(slot.bytes_mut().expect("host"), seq);
     let published = slot.publish(FrameMeta::pts(0)).expect("publish");
-    let f = fresh.next(Duration::from_secs(5)).expect("a frame after the attack");
+    let f = fresh
+        .next(Duration::from_secs(5))
+        .expect("a frame after the attack");
     testpattern::verify(f.host_bytes().expect("host"), f.seq()).expect("an intact frame");
     drop(fresh);
     let stats = p.stats();
@@ -200,9 +266,16 @@ fn a_publisher_under_random_socket_input_keeps_serving_a_real_subscriber() {
     );
     assert_eq!(r.get("end"), "producer-gone");
     assert_eq!(r.num("torn"), 0, "torn: {}", r.get("torn_detail"));
-    assert_eq!(r.seqs.last(), Some(&published), "the real subscriber read up to the last frame");
+    assert_eq!(
+        r.seqs.last(),
+        Some(&published),
+        "the real subscriber read up to the last frame"
+    );
     r.assert_gaps_exactly_counted();
-    assert!(r.num("delivered") * 2 >= published, "the real subscriber kept receiving during the attack");
+    assert!(
+        r.num("delivered") * 2 >= published,
+        "the real subscriber kept receiving during the attack"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -239,8 +312,13 @@ fn entry_off(k: u32) -> usize {
     size_of::<SubsHeader>() + k as usize * size_of::<SubEntry>()
 }
 
-const SEALED: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW).union(SealFlags::FUTURE_WRITE).union(SealFlags::SEAL);
-const FIXED_SIZE: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW).union(SealFlags::SEAL);
+const SEALED: SealFlags = SealFlags::SHRINK
+    .union(SealFlags::GROW)
+    .union(SealFlags::FUTURE_WRITE)
+    .union(SealFlags::SEAL);
+const FIXED_SIZE: SealFlags = SealFlags::SHRINK
+    .union(SealFlags::GROW)
+    .union(SealFlags::SEAL);
 
 /// Everything a fake publisher serves: the three regions as bytes, their
 /// seals, and the Welcome.
@@ -288,20 +366,52 @@ impl Ring {
         put64(&mut c, info!(slot_stride), g.slot_stride);
         put64(&mut c, info!(pool_bytes), pool_len);
         put32(&mut c, info!(max_subscribers), MAX_SUBS);
-        put32(&mut c, offset_of!(RingHeader, producer) + offset_of!(ProducerLine, state), layout::PRODUCER_LIVE);
-        put64(&mut c, offset_of!(RingHeader, seq) + offset_of!(SeqLine, global_seq), 1);
+        put32(
+            &mut c,
+            offset_of!(RingHeader, producer) + offset_of!(ProducerLine, state),
+            layout::PRODUCER_LIVE,
+        );
+        put64(
+            &mut c,
+            offset_of!(RingHeader, seq) + offset_of!(SeqLine, global_seq),
+            1,
+        );
         put64(&mut c, slot_off(1) + offset_of!(SlotDesc, seq), 1);
-        put64(&mut c, slot_off(1) + offset_of!(SlotDesc, commit_ns), monotonic_ns());
+        put64(
+            &mut c,
+            slot_off(1) + offset_of!(SlotDesc, commit_ns),
+            monotonic_ns(),
+        );
 
         let mut s = vec![0u8; subs_len as usize];
         put64(&mut s, offset_of!(SubsHeader, magic), layout::SUBS_MAGIC);
-        put32(&mut s, offset_of!(SubsHeader, layout_version), layout::LAYOUT_VERSION);
+        put32(
+            &mut s,
+            offset_of!(SubsHeader, layout_version),
+            layout::LAYOUT_VERSION,
+        );
         put32(&mut s, offset_of!(SubsHeader, max_subscribers), MAX_SUBS);
         put64(&mut s, offset_of!(SubsHeader, epoch), EPOCH);
-        put32(&mut s, offset_of!(SubsHeader, entry_bytes), size_of::<SubEntry>() as u32);
-        put32(&mut s, offset_of!(SubsHeader, entries_offset), size_of::<SubsHeader>() as u32);
-        put32(&mut s, entry_off(INDEX) + offset_of!(SubEntry, state), layout::SUB_ACTIVE);
-        put32(&mut s, entry_off(INDEX) + offset_of!(SubEntry, generation), GENERATION);
+        put32(
+            &mut s,
+            offset_of!(SubsHeader, entry_bytes),
+            size_of::<SubEntry>() as u32,
+        );
+        put32(
+            &mut s,
+            offset_of!(SubsHeader, entries_offset),
+            size_of::<SubsHeader>() as u32,
+        );
+        put32(
+            &mut s,
+            entry_off(INDEX) + offset_of!(SubEntry, state),
+            layout::SUB_ACTIVE,
+        );
+        put32(
+            &mut s,
+            entry_off(INDEX) + offset_of!(SubEntry, generation),
+            GENERATION,
+        );
 
         let mut pool = vec![0u8; pool_len as usize];
         let stride = g.slot_stride as usize;
@@ -335,14 +445,19 @@ impl Ring {
         let (control, map) = memfd("fake-control", &self.control, self.control_seals);
         let (subs, _) = memfd("fake-subs", &self.subs, self.subs_seals);
         let (pool, _) = memfd("fake-pool", &self.pool, self.pool_seals);
-        (Msg::Welcome(self.welcome).encode(), vec![control, subs, pool], map)
+        (
+            Msg::Welcome(self.welcome).encode(),
+            vec![control, subs, pool],
+            map,
+        )
     }
 }
 
 /// A memfd holding `bytes`, mapped read-write (the mapping is returned),
 /// then sealed with `seals`.
 fn memfd(name: &str, bytes: &[u8], seals: SealFlags) -> (OwnedFd, MmapMut) {
-    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).expect("memfd_create");
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .expect("memfd_create");
     let file = File::from(fd);
     file.set_len(bytes.len() as u64).expect("ftruncate");
     file.write_all_at(bytes, 0).expect("write");
@@ -370,10 +485,15 @@ static NEXT_SOCKET: AtomicU64 = AtomicU64::new(0);
 
 /// Starts a fake publisher in `dir` that serves one connection with `reply`.
 fn fake_publisher(dir: &TempDir, reply: Reply) -> (PathBuf, JoinHandle<()>) {
-    let path = dir.join(&format!("fake-{}.sock", NEXT_SOCKET.fetch_add(1, Ordering::Relaxed)));
+    let path = dir.join(&format!(
+        "fake-{}.sock",
+        NEXT_SOCKET.fetch_add(1, Ordering::Relaxed)
+    ));
     let listener = Listener::bind(&path, 0o600).expect("bind the fake publisher");
     let handle = std::thread::spawn(move || {
-        let Ok(Some(conn)) = listener.accept(Duration::from_secs(5)) else { return };
+        let Ok(Some(conn)) = listener.accept(Duration::from_secs(5)) else {
+            return;
+        };
         let _hello = transport::recv(conn.as_fd(), Duration::from_secs(5));
         match reply {
             Reply::Send(bytes, fds) => {
@@ -390,7 +510,9 @@ fn fake_publisher(dir: &TempDir, reply: Reply) -> (PathBuf, JoinHandle<()>) {
 }
 
 fn victim_options() -> SubscriberOptions {
-    let mut opts = SubscriberOptions::default().mode(Mode::Sequential).name("victim");
+    let mut opts = SubscriberOptions::default()
+        .mode(Mode::Sequential)
+        .name("victim");
     opts.connect_timeout = Duration::from_millis(500);
     opts
 }
@@ -398,7 +520,10 @@ fn victim_options() -> SubscriberOptions {
 /// Connects to a fake publisher answering `reply`, hands the outcome to
 /// `then`, and waits for the fake to finish.
 fn against<R>(reply: Reply, then: impl FnOnce(vramring::Result<Subscriber>) -> R) -> R {
-    let dir = TempDir::new(&format!("fake-{}", NEXT_SOCKET.fetch_add(1, Ordering::Relaxed)));
+    let dir = TempDir::new(&format!(
+        "fake-{}",
+        NEXT_SOCKET.fetch_add(1, Ordering::Relaxed)
+    ));
     let (path, fake) = fake_publisher(&dir, reply);
     let out = then(Subscriber::connect(&path, victim_options()));
     fake.join().expect("fake publisher thread");
@@ -429,7 +554,13 @@ fn bad_message(e: &Error) -> bool {
 }
 
 fn version_mismatch(e: &Error) -> bool {
-    matches!(e, Error::VersionMismatch { peer_role: "publisher", .. })
+    matches!(
+        e,
+        Error::VersionMismatch {
+            peer_role: "publisher",
+            ..
+        }
+    )
 }
 
 #[test]
@@ -444,40 +575,74 @@ fn the_fake_publisher_is_faithful_a_valid_ring_connects_and_delivers_its_frame()
 
 #[test]
 fn a_reject_from_another_protocol_version_is_a_version_mismatch() {
-    let mut b = Msg::Reject(Notice { code: msg::REJECT_VERSION, reason: "speaks 9".into() }).encode();
+    let mut b = Msg::Reject(Notice {
+        code: msg::REJECT_VERSION,
+        reason: "speaks 9".into(),
+    })
+    .encode();
     b[4..8].copy_from_slice(&9u32.to_le_bytes());
-    assert_refused("reject v9", Reply::Send(b, vec![]), |e| matches!(e, Error::VersionMismatch { peer: 9, .. }));
-    let b = Msg::Reject(Notice { code: msg::REJECT_VERSION, reason: "too old".into() }).encode();
-    assert_refused("reject code VERSION", Reply::Send(b, vec![]), version_mismatch);
+    assert_refused("reject v9", Reply::Send(b, vec![]), |e| {
+        matches!(e, Error::VersionMismatch { peer: 9, .. })
+    });
+    let b = Msg::Reject(Notice {
+        code: msg::REJECT_VERSION,
+        reason: "too old".into(),
+    })
+    .encode();
+    assert_refused(
+        "reject code VERSION",
+        Reply::Send(b, vec![]),
+        version_mismatch,
+    );
 }
 
 #[test]
 fn a_welcome_from_another_protocol_version_is_a_version_mismatch() {
     let (mut b, fds, _map) = Ring::valid().served();
     b[4..8].copy_from_slice(&2u32.to_le_bytes());
-    assert_refused("welcome v2", Reply::Send(b, fds), |e| matches!(e, Error::VersionMismatch { peer: 2, .. }));
-}
-
-#[test]
-fn an_ordinary_reject_is_refused_with_its_code_and_reason() {
-    let b = Msg::Reject(Notice { code: msg::REJECT_FULL, reason: "full".into() }).encode();
-    assert_refused("reject FULL", Reply::Send(b, vec![]), |e| {
-        matches!(e, Error::Refused { code: msg::REJECT_FULL, reason } if reason == "full")
+    assert_refused("welcome v2", Reply::Send(b, fds), |e| {
+        matches!(e, Error::VersionMismatch { peer: 2, .. })
     });
 }
 
 #[test]
+fn an_ordinary_reject_is_refused_with_its_code_and_reason() {
+    let b = Msg::Reject(Notice {
+        code: msg::REJECT_FULL,
+        reason: "full".into(),
+    })
+    .encode();
+    assert_refused(
+        "reject FULL",
+        Reply::Send(b, vec![]),
+        |e| matches!(e, Error::Refused { code: msg::REJECT_FULL, reason } if reason == "full"),
+    );
+}
+
+#[test]
 fn garbage_answers_are_bad_messages() {
-    assert_refused("text", Reply::Send(b"HTTP/1.1 400 Bad Request\r\n".to_vec(), vec![]), bad_message);
+    assert_refused(
+        "text",
+        Reply::Send(b"HTTP/1.1 400 Bad Request\r\n".to_vec(), vec![]),
+        bad_message,
+    );
     let mut short = Msg::Welcome(Ring::valid().welcome).encode();
     short.truncate(40);
     assert_refused("truncated welcome", Reply::Send(short, vec![]), bad_message);
     let mut lying = Msg::Bye.encode();
     lying[12..16].copy_from_slice(&64u32.to_le_bytes());
     assert_refused("body length lies", Reply::Send(lying, vec![]), bad_message);
-    assert_refused("a Hello back", Reply::Send(valid_hello(0), vec![]), bad_message);
+    assert_refused(
+        "a Hello back",
+        Reply::Send(valid_hello(0), vec![]),
+        bad_message,
+    );
     assert_refused("a Bye", Reply::Send(Msg::Bye.encode(), vec![]), bad_message);
-    assert_refused("200 random bytes", Reply::Send((0..200u8).map(|i| i.wrapping_mul(37)).collect(), vec![]), bad_message);
+    assert_refused(
+        "200 random bytes",
+        Reply::Send((0..200u8).map(|i| i.wrapping_mul(37)).collect(), vec![]),
+        bad_message,
+    );
 }
 
 #[test]
@@ -490,7 +655,11 @@ fn a_welcome_with_the_wrong_number_of_descriptors_is_a_bad_message() {
         } else {
             fds.truncate(keep);
         }
-        assert_refused(&format!("{keep} descriptors"), Reply::Send(b, fds), bad_message);
+        assert_refused(
+            &format!("{keep} descriptors"),
+            Reply::Send(b, fds),
+            bad_message,
+        );
     }
 }
 
@@ -500,45 +669,111 @@ fn a_control_region_with_a_wrong_field_is_a_layout_mismatch() {
     let g = Geometry::new(Format::Nv12, WIDTH, HEIGHT).expect("geometry");
     let stride = g.slot_stride;
     let cases: Vec<(&str, Edit)> = vec![
-        ("wrong magic", |r| put64(&mut r.control, info!(magic), u64::from_le_bytes(*b"NOTARING"))),
-        ("layout version 2", |r| put32(&mut r.control, info!(layout_version), 2)),
-        ("layout version 0 (not ready)", |r| put32(&mut r.control, info!(layout_version), 0)),
-        ("header size", |r| put32(&mut r.control, info!(header_bytes), 512)),
-        ("slot count 3", |r| put32(&mut r.control, info!(slot_count), 3)),
-        ("slot count 0", |r| put32(&mut r.control, info!(slot_count), 0)),
-        ("slot count 8 in a 4-slot region", |r| put32(&mut r.control, info!(slot_count), 8)),
-        ("slot count 2^31", |r| put32(&mut r.control, info!(slot_count), 1 << 31)),
-        ("slot descriptor size", |r| put32(&mut r.control, info!(slot_desc_bytes), 64)),
-        ("slots offset", |r| put64(&mut r.control, info!(slots_offset), 1 << 40)),
-        ("control bytes", |r| put64(&mut r.control, info!(control_bytes), u64::MAX)),
+        ("wrong magic", |r| {
+            put64(
+                &mut r.control,
+                info!(magic),
+                u64::from_le_bytes(*b"NOTARING"),
+            )
+        }),
+        ("layout version 2", |r| {
+            put32(&mut r.control, info!(layout_version), 2)
+        }),
+        ("layout version 0 (not ready)", |r| {
+            put32(&mut r.control, info!(layout_version), 0)
+        }),
+        ("header size", |r| {
+            put32(&mut r.control, info!(header_bytes), 512)
+        }),
+        ("slot count 3", |r| {
+            put32(&mut r.control, info!(slot_count), 3)
+        }),
+        ("slot count 0", |r| {
+            put32(&mut r.control, info!(slot_count), 0)
+        }),
+        ("slot count 8 in a 4-slot region", |r| {
+            put32(&mut r.control, info!(slot_count), 8)
+        }),
+        ("slot count 2^31", |r| {
+            put32(&mut r.control, info!(slot_count), 1 << 31)
+        }),
+        ("slot descriptor size", |r| {
+            put32(&mut r.control, info!(slot_desc_bytes), 64)
+        }),
+        ("slots offset", |r| {
+            put64(&mut r.control, info!(slots_offset), 1 << 40)
+        }),
+        ("control bytes", |r| {
+            put64(&mut r.control, info!(control_bytes), u64::MAX)
+        }),
         ("backend 9", |r| put32(&mut r.control, info!(backend), 9)),
         ("policy 7", |r| put32(&mut r.control, info!(policy), 7)),
         ("format 99", |r| put32(&mut r.control, info!(format), 99)),
         ("width 0", |r| put32(&mut r.control, info!(width), 0)),
-        ("height 2^31", |r| put32(&mut r.control, info!(height), 1 << 31)),
-        ("plane count 4", |r| put32(&mut r.control, info!(plane_count), 4)),
+        ("height 2^31", |r| {
+            put32(&mut r.control, info!(height), 1 << 31)
+        }),
+        ("plane count 4", |r| {
+            put32(&mut r.control, info!(plane_count), 4)
+        }),
         ("chroma plane starts past the frame", |r| {
-            let end = u64::from_le_bytes(r.control[info!(frame_bytes)..info!(frame_bytes) + 8].try_into().unwrap());
+            let end = u64::from_le_bytes(
+                r.control[info!(frame_bytes)..info!(frame_bytes) + 8]
+                    .try_into()
+                    .unwrap(),
+            );
             put64(&mut r.control, info!(plane_offset) + 8, end);
         }),
-        ("plane offset near u64::MAX", |r| put64(&mut r.control, info!(plane_offset) + 8, u64::MAX - 4095)),
-        ("pitch below the row", |r| put64(&mut r.control, info!(plane_pitch), 32)),
-        ("pitch overflows", |r| put64(&mut r.control, info!(plane_pitch), 1 << 62)),
-        ("rows", |r| put64(&mut r.control, info!(plane_rows), 1_000_000)),
-        ("frame larger than the stride", |r| put64(&mut r.control, info!(frame_bytes), 1 << 40)),
+        ("plane offset near u64::MAX", |r| {
+            put64(&mut r.control, info!(plane_offset) + 8, u64::MAX - 4095)
+        }),
+        ("pitch below the row", |r| {
+            put64(&mut r.control, info!(plane_pitch), 32)
+        }),
+        ("pitch overflows", |r| {
+            put64(&mut r.control, info!(plane_pitch), 1 << 62)
+        }),
+        ("rows", |r| {
+            put64(&mut r.control, info!(plane_rows), 1_000_000)
+        }),
+        ("frame larger than the stride", |r| {
+            put64(&mut r.control, info!(frame_bytes), 1 << 40)
+        }),
         ("stride 0", |r| put64(&mut r.control, info!(slot_stride), 0)),
-        ("max subscribers 0", |r| put32(&mut r.control, info!(max_subscribers), 0)),
-        ("max subscribers 2^20", |r| put32(&mut r.control, info!(max_subscribers), 1 << 20)),
-        ("subscriber table magic", |r| put64(&mut r.subs, offset_of!(SubsHeader, magic), 0)),
-        ("subscriber table of another epoch", |r| put64(&mut r.subs, offset_of!(SubsHeader, epoch), 1)),
-        ("our entry is not active", |r| put32(&mut r.subs, entry_off(INDEX) + offset_of!(SubEntry, state), 0)),
+        ("max subscribers 0", |r| {
+            put32(&mut r.control, info!(max_subscribers), 0)
+        }),
+        ("max subscribers 2^20", |r| {
+            put32(&mut r.control, info!(max_subscribers), 1 << 20)
+        }),
+        ("subscriber table magic", |r| {
+            put64(&mut r.subs, offset_of!(SubsHeader, magic), 0)
+        }),
+        ("subscriber table of another epoch", |r| {
+            put64(&mut r.subs, offset_of!(SubsHeader, epoch), 1)
+        }),
+        ("our entry is not active", |r| {
+            put32(
+                &mut r.subs,
+                entry_off(INDEX) + offset_of!(SubEntry, state),
+                0,
+            )
+        }),
         ("our entry has another generation", |r| {
-            put32(&mut r.subs, entry_off(INDEX) + offset_of!(SubEntry, generation), GENERATION + 1)
+            put32(
+                &mut r.subs,
+                entry_off(INDEX) + offset_of!(SubEntry, generation),
+                GENERATION + 1,
+            )
         }),
         ("welcome index out of range", |r| r.welcome.index = MAX_SUBS),
         ("welcome epoch disagrees", |r| r.welcome.epoch ^= 1),
-        ("welcome backend disagrees", |r| r.welcome.backend = layout::BACKEND_CUDA),
-        ("welcome control bytes past the memfd", |r| r.welcome.control_bytes = 1 << 30),
+        ("welcome backend disagrees", |r| {
+            r.welcome.backend = layout::BACKEND_CUDA
+        }),
+        ("welcome control bytes past the memfd", |r| {
+            r.welcome.control_bytes = 1 << 30
+        }),
         ("welcome control bytes smaller than a header", |r| {
             r.welcome.control_bytes = 64;
             r.control.truncate(64);
@@ -547,9 +782,15 @@ fn a_control_region_with_a_wrong_field_is_a_layout_mismatch() {
             r.welcome.subs_bytes = 64;
             r.subs.truncate(64);
         }),
-        ("unsealed control memfd", |r| r.control_seals = SealFlags::empty()),
-        ("control memfd writable by us", |r| r.control_seals = FIXED_SIZE),
-        ("unsealed subscriber table", |r| r.subs_seals = SealFlags::empty()),
+        ("unsealed control memfd", |r| {
+            r.control_seals = SealFlags::empty()
+        }),
+        ("control memfd writable by us", |r| {
+            r.control_seals = FIXED_SIZE
+        }),
+        ("unsealed subscriber table", |r| {
+            r.subs_seals = SealFlags::empty()
+        }),
         ("unsealed pool", |r| r.pool_seals = SealFlags::empty()),
     ];
     for (name, edit) in cases {
@@ -563,10 +804,18 @@ fn a_control_region_with_a_wrong_field_is_a_layout_mismatch() {
     let small = stride * u64::from(SLOTS) - 4096;
     put64(&mut ring.control, info!(pool_bytes), small);
     ring.welcome.pool_bytes = small;
-    assert_refused("pool too small for its slots", welcome_with(&ring), layout_mismatch);
+    assert_refused(
+        "pool too small for its slots",
+        welcome_with(&ring),
+        layout_mismatch,
+    );
     let mut ring = Ring::valid();
     ring.pool.truncate(4096);
-    assert_refused("pool memfd shorter than pool_bytes", welcome_with(&ring), layout_mismatch);
+    assert_refused(
+        "pool memfd shorter than pool_bytes",
+        welcome_with(&ring),
+        layout_mismatch,
+    );
 }
 
 #[test]
@@ -579,15 +828,22 @@ fn descriptors_that_are_not_memfds_give_typed_errors() {
     });
     let (b, mut fds, _map) = Ring::valid().served();
     fds[2] = File::open("/dev/null").expect("/dev/null").into();
-    assert_refused("/dev/null as the pool", Reply::Send(b, fds), |e| matches!(e, Error::Io { .. } | Error::LayoutMismatch(_)));
+    assert_refused("/dev/null as the pool", Reply::Send(b, fds), |e| {
+        matches!(e, Error::Io { .. } | Error::LayoutMismatch(_))
+    });
 }
 
 #[test]
 fn a_publisher_that_hangs_up_or_stays_silent_gives_io_or_timeout() {
     assert_refused("hang-up", Reply::Hangup, |e| matches!(e, Error::Io { .. }));
     let t = Instant::now();
-    assert_refused("silence", Reply::Silent, |e| matches!(e, Error::Timeout(..)));
-    assert!(t.elapsed() < Duration::from_secs(3), "connect_timeout bounds the wait");
+    assert_refused("silence", Reply::Silent, |e| {
+        matches!(e, Error::Timeout(..))
+    });
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "connect_timeout bounds the wait"
+    );
 }
 
 /// Random corruption of a valid ring (its control region, subscriber table
@@ -606,47 +862,61 @@ fn randomly_corrupted_rings_give_typed_errors_or_work_never_panics() {
         proptest::collection::vec((0..welcome_len, any::<u8>()), 0..3),
         proptest::collection::vec((size_of::<RingInfo0>()..control_len, any::<u8>()), 0..24),
     );
-    let mut runner = TestRunner::new(Config { cases: 256, failure_persistence: None, ..Config::default() });
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        failure_persistence: None,
+        ..Config::default()
+    });
     let outcomes = std::cell::RefCell::new(std::collections::BTreeMap::<String, u32>::new());
     runner
-        .run(&strategy, |(control_edits, subs_edits, welcome_edits, live_edits)| {
-            let mut ring = valid.clone();
-            for (at, v) in control_edits {
-                ring.control[at] = v;
-            }
-            for (at, v) in subs_edits {
-                ring.subs[at] = v;
-            }
-            let (mut bytes, fds, mut live) = ring.served();
-            for (at, v) in welcome_edits {
-                bytes[at] = v;
-            }
-            let outcome = against(Reply::Send(bytes, fds), |r| match r {
-                Ok(mut sub) => {
-                    // The publisher keeps writing its ring: scribble on the
-                    // live seqs and slot descriptors, then read.
-                    for (at, v) in live_edits {
-                        live[at] = v;
-                    }
-                    match sub.next(Duration::from_millis(20)) {
-                        Ok(f) => {
-                            let n = f.host_bytes().map_or(0, <[u8]>::len);
-                            assert_eq!(n as u64, f.len(), "a delivered frame is exactly frame_bytes long");
-                            "connected, frame".to_owned()
-                        }
-                        Err(e) => format!("connected, then {}", variant(&e)),
-                    }
+        .run(
+            &strategy,
+            |(control_edits, subs_edits, welcome_edits, live_edits)| {
+                let mut ring = valid.clone();
+                for (at, v) in control_edits {
+                    ring.control[at] = v;
                 }
-                Err(e) => variant(&e),
-            });
-            *outcomes.borrow_mut().entry(outcome).or_default() += 1;
-            Ok(())
-        })
+                for (at, v) in subs_edits {
+                    ring.subs[at] = v;
+                }
+                let (mut bytes, fds, mut live) = ring.served();
+                for (at, v) in welcome_edits {
+                    bytes[at] = v;
+                }
+                let outcome = against(Reply::Send(bytes, fds), |r| match r {
+                    Ok(mut sub) => {
+                        // The publisher keeps writing its ring: scribble on the
+                        // live seqs and slot descriptors, then read.
+                        for (at, v) in live_edits {
+                            live[at] = v;
+                        }
+                        match sub.next(Duration::from_millis(20)) {
+                            Ok(f) => {
+                                let n = f.host_bytes().map_or(0, <[u8]>::len);
+                                assert_eq!(
+                                    n as u64,
+                                    f.len(),
+                                    "a delivered frame is exactly frame_bytes long"
+                                );
+                                "connected, frame".to_owned()
+                            }
+                            Err(e) => format!("connected, then {}", variant(&e)),
+                        }
+                    }
+                    Err(e) => variant(&e),
+                });
+                *outcomes.borrow_mut().entry(outcome).or_default() += 1;
+                Ok(())
+            },
+        )
         .expect("no panic on corrupted input");
     eprintln!("outcomes of 256 corrupted rings: {:?}", outcomes.borrow());
 }
 
 fn variant(e: &Error) -> String {
     let s = format!("{e:?}");
-    s.split(|c: char| !c.is_alphanumeric()).next().unwrap_or_default().to_owned()
+    s.split(|c: char| !c.is_alphanumeric())
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }

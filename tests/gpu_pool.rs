@@ -116,8 +116,13 @@ fn a_pool_filled_on_the_gpu_is_read_whole_through_an_import_in_this_process() ->
     let mut host = vec![0u8; FRAME as usize];
     imp.copy_out(5 * STRIDE, FRAME)?;
     imp.complete()?;
-    // SAFETY: the import's own buffer holds FRAME bytes; its stream is idle.
-    unsafe { d.memcpy_dtoh(&mut host, imp.dest_addr()) }?;
+    // SAFETY: the import retains its context while open.
+    let g = unsafe { ContextGuard::push(&*d, imp.context()?) }?;
+    // SAFETY: the import's own buffer holds FRAME bytes; its stream is idle;
+    // its context is current (pushed above).
+    let copied = unsafe { d.memcpy_dtoh(&mut host, imp.dest_addr()) };
+    g.restore()?;
+    copied?;
     vramring::testpattern::verify(&host, 1005)?;
     imp.close()?;
     drop(s);

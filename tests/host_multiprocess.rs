@@ -7,6 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{ChildProc, SubResult, SubSpec, TempDir};
+use std::path::PathBuf;
 use vramring::publisher::BackendChoice;
 use vramring::{testpattern, Format, FrameMeta, Policy, Publisher, RingConfig};
 
@@ -20,19 +21,6 @@ fn publish_one(p: &mut Publisher, timeout: Duration) -> u64 {
     let seq = slot.seq();
     testpattern::fill(slot.bytes_mut().expect("host slot"), seq);
     slot.publish(FrameMeta::pts(seq as i64)).expect("publish")
-}
-
-fn wait_for_subscribers(p: &Publisher, n: u32, children: &mut [ChildProc]) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while p.stats().subscribers < n {
-        for c in children.iter_mut() {
-            if let Some(status) = c.try_wait() {
-                panic!("subscriber {} exited ({status}) before the run started:\n{}", c.name, c.output());
-            }
-        }
-        assert!(Instant::now() < deadline, "only {} of {n} subscribers connected in 30 s", p.stats().subscribers);
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// 1 producer × 4 subscriber processes (a fast latest reader, a slow latest
@@ -58,14 +46,23 @@ fn four_subscriber_processes_see_no_torn_frame_exact_gaps_and_a_complete_lossles
         SubSpec::new("sequential-slow", "sequential", 300, FRAMES),
         SubSpec::new("lossless", "lossless", 0, FRAMES),
     ];
+    let results: Vec<PathBuf> = specs
+        .iter()
+        .map(|s| dir.join(&format!("{}.result", s.name)))
+        .collect();
     let mut children: Vec<ChildProc> = specs
         .iter()
-        .map(|s| {
-            let result = dir.join(&format!("{}.result", s.name));
-            common::spawn(&dir, &s.name, common::self_command(&[], "subscriber", &s.env(&socket, &result)))
+        .zip(&results)
+        .map(|(s, result)| {
+            common::spawn(
+                &dir,
+                &s.name,
+                common::self_command(&[], "subscriber", &s.env(&socket, result)),
+            )
         })
         .collect();
-    wait_for_subscribers(&p, specs.len() as u32, &mut children);
+    common::wait_connected(&mut children, &results, Duration::from_secs(30));
+    assert_eq!(p.stats().subscribers, specs.len() as u32);
 
     let start = Instant::now();
     for _ in 0..FRAMES {
@@ -85,8 +82,8 @@ fn four_subscriber_processes_see_no_torn_frame_exact_gaps_and_a_complete_lossles
         FRAMES as f64 / publish_s,
         stats.lossless_waits
     );
-    for s in &specs {
-        let r = SubResult::read(&dir.join(&format!("{}.result", s.name)));
+    for (s, result) in specs.iter().zip(&results) {
+        let r = SubResult::read(result);
         let (p50, p99, max) = r.latency_us();
         eprintln!(
             "  {:<16} delivered {:>5}  dropped {:>5}  overruns {:>3}  torn {}  latency p50 {:>8.1} us  p99 {:>8.1} us  max {:>8.1} us",
@@ -99,11 +96,26 @@ fn four_subscriber_processes_see_no_torn_frame_exact_gaps_and_a_complete_lossles
             p99,
             max
         );
-        assert_eq!(r.num("torn"), 0, "{}: torn frames {}", s.name, r.get("torn_detail"));
-        assert_eq!(r.seqs.last(), Some(&FRAMES), "{}: read up to the last frame", s.name);
+        assert_eq!(
+            r.num("torn"),
+            0,
+            "{}: torn frames {}",
+            s.name,
+            r.get("torn_detail")
+        );
+        assert_eq!(
+            r.seqs.last(),
+            Some(&FRAMES),
+            "{}: read up to the last frame",
+            s.name
+        );
         r.assert_gaps_exactly_counted();
         if s.mode == "lossless" {
-            assert_eq!(r.seqs, (1..=FRAMES).collect::<Vec<_>>(), "the lossless reader gets every frame in order");
+            assert_eq!(
+                r.seqs,
+                (1..=FRAMES).collect::<Vec<_>>(),
+                "the lossless reader gets every frame in order"
+            );
             assert_eq!(r.num("dropped"), 0);
         }
     }
@@ -120,19 +132,27 @@ fn a_subscriber_in_its_own_pid_ipc_and_mount_namespaces_receives_correct_frames(
     const UNTIL: u64 = 300;
     let dir = TempDir::new("unshare");
     let socket = dir.join("ring.sock");
-    let cfg = RingConfig::new(Format::Nv12, 128, 64).slots(8).backend(BackendChoice::Host);
+    let cfg = RingConfig::new(Format::Nv12, 128, 64)
+        .slots(8)
+        .backend(BackendChoice::Host);
     let mut p = Publisher::create(&socket, cfg).expect("publisher");
     let spec = SubSpec::new("namespaced", "sequential", 0, UNTIL);
     let result = dir.join("namespaced.result");
     let unshare = ["unshare", "--pid", "--ipc", "--mount", "--fork", "--"];
-    let found = std::process::Command::new("unshare").arg("--version").output();
+    let found = std::process::Command::new("unshare")
+        .arg("--version")
+        .output();
     assert!(
         found.is_ok_and(|o| o.status.success()),
         "`unshare` (util-linux) is needed to start a subscriber in its own namespaces; install util-linux (.ci/run does)"
     );
-    let mut child = common::spawn(&dir, "namespaced", common::self_command(&unshare, "subscriber", &spec.env(&socket, &result)));
+    let mut child = common::spawn(
+        &dir,
+        "namespaced",
+        common::self_command(&unshare, "subscriber", &spec.env(&socket, &result)),
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
-    while p.stats().subscribers < 1 {
+    while !common::ready_path(&result).exists() {
         if let Some(status) = child.try_wait() {
             panic!(
                 "the subscriber under `unshare --pid --ipc --mount --fork` exited ({status}) before connecting; \
@@ -140,12 +160,19 @@ fn a_subscriber_in_its_own_pid_ipc_and_mount_namespaces_receives_correct_frames(
                 child.output()
             );
         }
-        assert!(Instant::now() < deadline, "the namespaced subscriber did not connect in 30 s:\n{}", child.output());
+        assert!(
+            Instant::now() < deadline,
+            "the namespaced subscriber did not connect in 30 s:\n{}",
+            child.output()
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     // Publish at about 2 kHz until the subscriber has read its last frame.
     while child.try_wait().is_none() {
-        assert!(Instant::now() < deadline + Duration::from_secs(30), "namespaced subscriber still running");
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(30),
+            "namespaced subscriber still running"
+        );
         publish_one(&mut p, Duration::from_millis(100));
         std::thread::sleep(Duration::from_micros(500));
     }
@@ -162,14 +189,25 @@ fn a_subscriber_in_its_own_pid_ipc_and_mount_namespaces_receives_correct_frames(
         r.num("dropped"),
         r.num("torn")
     );
-    assert_eq!(r.num("pid"), 1, "the subscriber is PID 1 of its own PID namespace");
+    assert_eq!(
+        r.num("pid"),
+        1,
+        "the subscriber is PID 1 of its own PID namespace"
+    );
     for kind in ["pid", "ipc", "mnt"] {
         let theirs = r.get(&format!("ns_{kind}"));
         assert!(!theirs.is_empty(), "no {kind} namespace reported");
-        assert_ne!(theirs, common::own_namespace(kind), "the subscriber shares our {kind} namespace");
+        assert_ne!(
+            theirs,
+            common::own_namespace(kind),
+            "the subscriber shares our {kind} namespace"
+        );
     }
     assert_eq!(r.num("torn"), 0, "torn frames: {}", r.get("torn_detail"));
     assert!(r.seqs.last().is_some_and(|&s| s >= UNTIL));
     r.assert_gaps_exactly_counted();
-    assert!(r.num("delivered") >= UNTIL / 2, "the namespaced subscriber got most frames");
+    assert!(
+        r.num("delivered") >= UNTIL / 2,
+        "the namespaced subscriber got most frames"
+    );
 }

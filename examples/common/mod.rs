@@ -16,8 +16,8 @@ use vramring::publisher::BackendChoice;
 use vramring::testpattern::{self, PatternError};
 use vramring::time::monotonic_ns;
 use vramring::{
-    BackendKind, Error as RingError, Format, Frame, FrameMeta, Mode, Policy, Publisher, RingConfig, SlotMut, Subscriber,
-    SubscriberOptions,
+    BackendKind, Error as RingError, Format, Frame, FrameMeta, Mode, Policy, Publisher, RingConfig,
+    SlotMut, Subscriber, SubscriberOptions,
 };
 
 /// What every example's `main` returns.
@@ -40,7 +40,12 @@ pub fn install_stop_handler() {
     for signal in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is
         // async-signal-safe; `signal` is a valid, catchable signal number.
-        unsafe { libc::signal(signal, on_stop_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+        unsafe {
+            libc::signal(
+                signal,
+                on_stop_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            )
+        };
     }
 }
 
@@ -257,7 +262,10 @@ impl JsonLine {
     }
     /// The member `k` as text.
     pub fn get(&self, k: &str) -> Option<&str> {
-        self.0.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str())
+        self.0
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
     }
     /// The member `k` as an integer.
     pub fn u64(&self, k: &str) -> Option<u64> {
@@ -321,7 +329,12 @@ const RESERVOIR: usize = 1 << 20;
 
 impl Default for Latencies {
     fn default() -> Self {
-        Latencies { samples: Vec::new(), seen: 0, max: 0, rng: 0x9E37_79B9_7F4A_7C15 }
+        Latencies {
+            samples: Vec::new(),
+            seen: 0,
+            max: 0,
+            rng: 0x9E37_79B9_7F4A_7C15,
+        }
     }
 }
 
@@ -499,7 +512,9 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
         let slot = match publisher.loan(Duration::from_millis(500)) {
             Ok(slot) => slot,
             Err(RingError::LosslessBlocked { name, held_seq, .. }) => {
-                eprintln!("producer: waiting for lossless subscriber {name} to release frame {held_seq}");
+                eprintln!(
+                    "producer: waiting for lossless subscriber {name} to release frame {held_seq}"
+                );
                 continue;
             }
             Err(e) => return Err(e.into()),
@@ -519,7 +534,8 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
         report.published += 1;
         if args.report_ms > 0 && Instant::now() >= report_due {
             let now = Instant::now();
-            let fps = (report.published - last_report.1) as f64 / (now - last_report.0).as_secs_f64();
+            let fps =
+                (report.published - last_report.1) as f64 / (now - last_report.0).as_secs_f64();
             let subs = publisher.stats().subscribers;
             if args.json {
                 emit(
@@ -531,7 +547,10 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
                         .finish(),
                 );
             } else {
-                emit(&format!("producer: {} published, {fps:.1} fps, {subs} subscribers", report.published));
+                emit(&format!(
+                    "producer: {} published, {fps:.1} fps, {subs} subscribers",
+                    report.published
+                ));
             }
             last_report = (now, report.published);
             report_due = now + Duration::from_millis(args.report_ms);
@@ -674,9 +693,16 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
         ModeArg::Latest => Mode::Latest,
         ModeArg::Sequential => Mode::Sequential,
     };
-    let opts = SubscriberOptions::default().name(args.name.clone()).mode(mode).lossless(args.lossless);
+    let opts = SubscriberOptions::default()
+        .name(args.name.clone())
+        .mode(mode)
+        .lossless(args.lossless);
     let mut sub = connect_with_retry(args, opts)?;
-    let mode_name = if args.lossless { "lossless" } else { args.mode_name() };
+    let mode_name = if args.lossless {
+        "lossless"
+    } else {
+        args.mode_name()
+    };
     if args.json {
         emit(
             &Json::event("ready")
@@ -687,10 +713,19 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
                 .finish(),
         );
     } else {
-        emit(&format!("{}: connected ({mode_name}, {} backend) to {}", args.name, sub.backend().name(), args.socket.display()));
+        emit(&format!(
+            "{}: connected ({mode_name}, {} backend) to {}",
+            args.name,
+            sub.backend().name(),
+            args.socket.display()
+        ));
     }
     let timeout = Duration::from_millis(args.timeout_ms);
-    let mut report = ConsumerReport { name: args.name.clone(), end: "frames", ..Default::default() };
+    let mut report = ConsumerReport {
+        name: args.name.clone(),
+        end: "frames",
+        ..Default::default()
+    };
     let mut window = Latencies::default();
     let mut first_at = None;
     let mut last_at = Instant::now();
@@ -716,7 +751,6 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
         let latency = monotonic_ns().saturating_sub(frame.commit_ns());
         let seq = frame.seq();
         let checked = verify_frame(&frame)?;
-        drop(frame);
         last_at = Instant::now();
         first_at.get_or_insert(last_at);
         if report.delivered == 0 {
@@ -736,7 +770,8 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
         if args.report_ms > 0 && Instant::now() >= report_due {
             let now = Instant::now();
             let stats = sub.stats();
-            let fps = (report.delivered - window_start.1) as f64 / (now - window_start.0).as_secs_f64();
+            let fps =
+                (report.delivered - window_start.1) as f64 / (now - window_start.0).as_secs_f64();
             let (p50, p99) = (us(window.percentile(50.0)), us(window.percentile(99.0)));
             if args.json {
                 emit(

@@ -75,12 +75,21 @@ impl ChildProc {
             if Instant::now() >= deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                panic!("child {} still running at its deadline; output:\n{}", self.name, self.output());
+                panic!(
+                    "child {} still running at its deadline; output:\n{}",
+                    self.name,
+                    self.output()
+                );
             }
             std::thread::sleep(Duration::from_millis(5));
         }
         let status = self.status.expect("exited");
-        assert!(status.success(), "child {} failed with {status}; output:\n{}", self.name, self.output());
+        assert!(
+            status.success(),
+            "child {} failed with {status}; output:\n{}",
+            self.name,
+            self.output()
+        );
     }
     /// What the child printed (stdout and stderr).
     pub fn output(&self) -> String {
@@ -89,7 +98,10 @@ impl ChildProc {
     /// Sends SIGINT.
     pub fn interrupt(&self) {
         if self.status.is_none() {
-            let _ = rustix::process::kill_process(rustix::process::Pid::from_child(&self.child), rustix::process::Signal::INT);
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_child(&self.child),
+                rustix::process::Signal::INT,
+            );
         }
     }
 }
@@ -109,8 +121,15 @@ pub fn spawn(dir: &TempDir, name: &str, mut cmd: Command) -> ChildProc {
     let out = File::create(&log).expect("creating a child log");
     let err = out.try_clone().expect("dup of a child log");
     cmd.stdin(Stdio::null()).stdout(out).stderr(err);
-    let child = cmd.spawn().unwrap_or_else(|e| panic!("spawning {name} ({cmd:?}): {e}"));
-    ChildProc { name: name.into(), child, log, status: None }
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {name} ({cmd:?}): {e}"));
+    ChildProc {
+        name: name.into(),
+        child,
+        log,
+        status: None,
+    }
 }
 
 /// The command that re-runs this test binary as a child in `role`,
@@ -125,7 +144,12 @@ pub fn self_command(wrapper: &[&str], role: &str, env: &[(&str, String)]) -> Com
         }
         None => Command::new(&exe),
     };
-    cmd.args(["--exact", "child_process_entry", "--nocapture", "--test-threads=1"]);
+    cmd.args([
+        "--exact",
+        "child_process_entry",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
     cmd.env(ROLE, role);
     for (k, v) in env {
         cmd.env(k, v);
@@ -135,7 +159,9 @@ pub fn self_command(wrapper: &[&str], role: &str, env: &[(&str, String)]) -> Com
 
 /// Runs the role named by `VRAMRING_TEST_ROLE`, if any.
 pub fn run_child_role() {
-    let Ok(role) = std::env::var(ROLE) else { return };
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
     match role.as_str() {
         "subscriber" => subscriber_role(),
         other => panic!("unknown child role {other:?}"),
@@ -162,7 +188,12 @@ pub struct SubSpec {
 impl SubSpec {
     /// A subscriber spec.
     pub fn new(name: &str, mode: &str, delay_us: u64, until_seq: u64) -> SubSpec {
-        SubSpec { name: name.into(), mode: mode.into(), delay_us, until_seq }
+        SubSpec {
+            name: name.into(),
+            mode: mode.into(),
+            delay_us,
+            until_seq,
+        }
     }
 
     /// The environment of a subscriber child reading from `socket` and
@@ -180,7 +211,9 @@ impl SubSpec {
 }
 
 fn ns_link(kind: &str) -> String {
-    std::fs::read_link(format!("/proc/self/ns/{kind}")).map(|p| p.display().to_string()).unwrap_or_default()
+    std::fs::read_link(format!("/proc/self/ns/{kind}"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
 }
 
 /// The namespace identity of this process, e.g. `ipc:[4026531839]`.
@@ -204,7 +237,10 @@ fn subscriber_role() {
         "lossless" => opts.lossless(true),
         other => panic!("unknown mode {other}"),
     };
-    let mut sub = Subscriber::connect(&socket, opts).unwrap_or_else(|e| panic!("{name}: connect: {e}"));
+    let mut sub =
+        Subscriber::connect(&socket, opts).unwrap_or_else(|e| panic!("{name}: connect: {e}"));
+    // Connected, with its start cursor set: the parent may publish now.
+    std::fs::write(ready_path(&result), b"").expect("writing the ready file");
     let mut seqs = Vec::new();
     let mut lat = Vec::new();
     let mut torn = Vec::new();
@@ -224,7 +260,6 @@ fn subscriber_role() {
         if let Err(e) = testpattern::verify(bytes, seq) {
             torn.push(format!("{seq}:{e}"));
         }
-        drop(frame);
         seqs.push(seq);
         if !delay.is_zero() {
             std::thread::sleep(delay);
@@ -246,13 +281,56 @@ fn subscriber_role() {
     let _ = writeln!(out, "overruns {}", st.overruns);
     let _ = writeln!(out, "torn {}", torn.len());
     let _ = writeln!(out, "end {end}");
-    let _ = writeln!(out, "torn_detail {}", torn.iter().take(5).cloned().collect::<Vec<_>>().join(" "));
-    let _ = writeln!(out, "seqs {}", seqs.iter().map(u64::to_string).collect::<Vec<_>>().join(" "));
-    let _ = writeln!(out, "lat_ns {}", lat.iter().map(u64::to_string).collect::<Vec<_>>().join(" "));
+    let _ = writeln!(
+        out,
+        "torn_detail {}",
+        torn.iter().take(5).cloned().collect::<Vec<_>>().join(" ")
+    );
+    let _ = writeln!(
+        out,
+        "seqs {}",
+        seqs.iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let _ = writeln!(
+        out,
+        "lat_ns {}",
+        lat.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")
+    );
     let tmp = result.with_extension("tmp");
     std::fs::write(&tmp, out).expect("writing the result");
     std::fs::rename(&tmp, &result).expect("publishing the result");
     let _ = sub.close();
+}
+
+/// The file a subscriber child creates once `Subscriber::connect` returned
+/// (its start cursor is then fixed), next to its result file.
+pub fn ready_path(result: &Path) -> PathBuf {
+    result.with_extension("ready")
+}
+
+/// Waits until every child whose result file is in `results` is connected;
+/// panics with a child's output if it exits first or `timeout` passes.
+pub fn wait_connected(children: &mut [ChildProc], results: &[PathBuf], timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while !results.iter().all(|r| ready_path(r).exists()) {
+        for c in children.iter_mut() {
+            if let Some(status) = c.try_wait() {
+                panic!(
+                    "child {} exited ({status}) before it connected:\n{}",
+                    c.name,
+                    c.output()
+                );
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "children did not connect within {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// A subscriber child's result file, parsed.
@@ -266,11 +344,16 @@ pub struct SubResult {
 impl SubResult {
     /// Reads `path`.
     pub fn read(path: &Path) -> SubResult {
-        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
         let mut r = SubResult::default();
         for line in text.lines() {
             let (k, v) = line.split_once(' ').unwrap_or((line, ""));
-            let nums = || v.split_whitespace().map(|n| n.parse::<u64>().expect("number")).collect();
+            let nums = || {
+                v.split_whitespace()
+                    .map(|n| n.parse::<u64>().expect("number"))
+                    .collect()
+            };
             match k {
                 "seqs" => r.seqs = nums(),
                 "lat_ns" => r.lat_ns = nums(),
@@ -287,10 +370,12 @@ impl SubResult {
     }
     /// A field as a number.
     pub fn num(&self, k: &str) -> u64 {
-        self.get(k).parse().unwrap_or_else(|_| panic!("field {k} = {:?} is not a number", self.get(k)))
+        self.get(k)
+            .parse()
+            .unwrap_or_else(|_| panic!("field {k} = {:?} is not a number", self.get(k)))
     }
-    /// Checks the gap accounting of a reader that connected before the first
-    /// frame: seqs strictly increase and every seq never delivered before
+    /// Checks the gap accounting of a reader whose `connect` returned before
+    /// the first frame was published (see [`wait_connected`]): seqs strictly increase and every seq never delivered before
     /// the last delivered one is counted in `dropped`, exactly.
     pub fn assert_gaps_exactly_counted(&self) {
         let name = self.get("name");
@@ -302,8 +387,16 @@ impl SubResult {
         for w in self.seqs.windows(2) {
             gaps += w[1] - w[0] - 1;
         }
-        assert_eq!(gaps, self.num("dropped"), "{name}: gaps between delivered seqs vs stats().dropped");
-        assert_eq!(self.seqs.len() as u64, self.num("delivered"), "{name}: delivered count");
+        assert_eq!(
+            gaps,
+            self.num("dropped"),
+            "{name}: gaps between delivered seqs vs stats().dropped"
+        );
+        assert_eq!(
+            self.seqs.len() as u64,
+            self.num("delivered"),
+            "{name}: delivered count"
+        );
     }
     /// (p50, p99, max) of the latencies, in microseconds.
     pub fn latency_us(&self) -> (f64, f64, f64) {
