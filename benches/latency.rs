@@ -302,11 +302,17 @@ fn vr_subscriber(c: &Case, id: usize) -> R<()> {
     let spin = if c.system == System::Vramring { Duration::from_secs(3600) } else { Duration::from_micros(50) };
     let opts = SubscriberOptions::default().mode(Mode::Sequential).name(format!("bench-{id}")).spin(spin);
     let give_up = Instant::now() + Duration::from_secs(30);
+    let mut first_err = None;
     let mut s = loop {
         match Subscriber::connect(c.sock(), opts.clone()) {
             Ok(s) => break s,
-            Err(e) if Instant::now() > give_up => return Err(e.into()),
-            Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            Err(e) if Instant::now() > give_up => {
+                return Err(format!("subscriber {id}: first error {first_err:?}, last {e}").into())
+            }
+            Err(e) => {
+                first_err.get_or_insert_with(|| e.to_string());
+                std::thread::sleep(Duration::from_millis(2))
+            }
         }
     };
     let mut lat = Vec::with_capacity(c.frames as usize);
@@ -657,6 +663,9 @@ fn run_case(c: &Case) -> R<Outcome> {
         subs.push(spawn_role("subscriber", c, &a)?);
     }
     let pst = producer.wait()?;
+    if !pst.success() {
+        eprintln!("{} producer exited with {pst}", c.system.name());
+    }
     let mut ok = pst.success();
     for mut s in subs {
         ok &= s.wait()?.success();

@@ -69,8 +69,12 @@ enum Attack {
     },
     /// A valid Hello (any flags), then random bytes on the granted lease.
     AfterWelcome { flags: u32, then: Vec<u8> },
-    /// Random bytes with descriptors attached.
-    WithFds { bytes: Vec<u8>, fds: usize },
+    /// Descriptors attached to a valid Hello (`hello`) or to random bytes.
+    WithFds {
+        hello: bool,
+        bytes: Vec<u8>,
+        fds: usize,
+    },
     /// Connect and hang up without a word.
     Silent,
 }
@@ -106,7 +110,11 @@ fn attack_strategy() -> impl Strategy<Value = Attack> {
                 body
             }),
         (0u32..8, bytes.clone()).prop_map(|(flags, then)| Attack::AfterWelcome { flags, then }),
-        (bytes, 1usize..=4).prop_map(|(bytes, fds)| Attack::WithFds { bytes, fds }),
+        (any::<bool>(), bytes, 1usize..=4).prop_map(|(hello, bytes, fds)| Attack::WithFds {
+            hello,
+            bytes,
+            fds
+        }),
         Just(Attack::Silent),
     ]
 }
@@ -148,10 +156,10 @@ fn run_attack(socket: &Path, attack: &Attack) -> Result<(), String> {
             send(&b, &[]);
         }
         Attack::AfterWelcome { flags, .. } => send(&valid_hello(*flags), &[]),
-        Attack::WithFds { bytes, fds } => {
+        Attack::WithFds { hello, bytes, fds } => {
             let (r, w) = rustix::pipe::pipe().map_err(|e| e.to_string())?;
             let all = [r.as_fd(), w.as_fd(), r.as_fd(), w.as_fd()];
-            let b = if bytes.len() % 2 == 0 {
+            let b = if *hello {
                 valid_hello(0)
             } else {
                 bytes.clone()
@@ -273,8 +281,9 @@ fn a_publisher_under_random_socket_input_keeps_serving_a_real_subscriber() {
     );
     r.assert_gaps_exactly_counted();
     assert!(
-        r.num("delivered") * 2 >= published,
-        "the real subscriber kept receiving during the attack"
+        r.num("delivered") * 10 >= published,
+        "the real subscriber kept receiving during the attack: {} of {published}",
+        r.num("delivered")
     );
 }
 
@@ -535,8 +544,8 @@ fn welcome_with(ring: &Ring) -> Reply {
     Reply::Send(bytes, fds)
 }
 
-/// Serves `ring` and checks that connecting fails with an error `expected`
-/// accepts.
+/// Connects to a fake publisher answering `reply` and checks that it fails
+/// with an error `expected` accepts.
 #[track_caller]
 fn assert_refused(case: &str, reply: Reply, expected: fn(&Error) -> bool) {
     against(reply, |r| match r {
