@@ -42,6 +42,9 @@ pub const USER_META_WORDS: usize = 8;
 pub const USER_META_BYTES: usize = USER_META_WORDS * 8;
 /// Bytes of a subscriber's name in its table entry.
 pub const NAME_BYTES: usize = 32;
+/// Buffers of a push-delivery subscriber (triple buffering: one held by the
+/// reader, one newest, one being written).
+pub const PUSH_BUFFERS: usize = 3;
 
 /// Slot seq bit: the slot is being written for the seq in the low bits.
 pub const SEQ_WRITING: u64 = 1 << 63;
@@ -76,6 +79,9 @@ pub const SUBF_LOSSLESS: u32 = 1;
 pub const SUBF_SEQUENTIAL: u32 = 2;
 /// `SubEntry.flags`: granted write access to the pool.
 pub const SUBF_WRITE: u32 = 4;
+/// `SubEntry.flags`: push delivery (the publisher copies each frame into
+/// the subscriber's own buffers).
+pub const SUBF_PUSH: u32 = 8;
 
 /// `SlotDesc.flags`: user flag, the frame is a keyframe / scene start.
 pub const FRAME_KEY: u32 = 1;
@@ -268,8 +274,19 @@ pub struct SubEntry {
     pub heartbeat_ns: AtomicU64,
     /// Name from the subscriber's Hello, NUL-padded UTF-8.
     pub name: [AtomicU64; NAME_BYTES / 8],
-    /// Reserved, zero.
-    pub reserved: [AtomicU64; 4],
+    /// Push delivery: seq of the frame in each of the subscriber's own
+    /// buffers (`seq | SEQ_WRITING` while the publisher copies into it, 0
+    /// empty); written by the publisher.
+    /// SYNC: push-seq (Release by publisher after the copy completed, Acquire
+    /// by the subscriber).
+    pub push_seq: [AtomicU64; PUSH_BUFFERS],
+    /// Push delivery: `k + 1` while the subscriber reads its buffer `k`, 0
+    /// when it holds none; written by the subscriber.
+    /// SYNC: push-hold (SeqCst fences on both sides, see `protocol::push`).
+    pub push_held: AtomicU32,
+    /// Push delivery: buffers attached (0: pull delivery); written by the
+    /// publisher once it has mapped them.
+    pub push_count: AtomicU32,
 }
 
 #[cfg(not(loom))]
@@ -303,6 +320,9 @@ const _: () = {
     assert!(offset_of!(SubEntry, released_seq) == 16);
     assert!(offset_of!(SubEntry, heartbeat_ns) == 56);
     assert!(offset_of!(SubEntry, name) == 64);
+    assert!(offset_of!(SubEntry, push_seq) == 96);
+    assert!(offset_of!(SubEntry, push_held) == 120);
+    assert!(offset_of!(SubEntry, push_count) == 124);
 };
 
 /// Bytes of a control region with `slot_count` slots.

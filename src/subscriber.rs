@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::format::Geometry;
 use crate::layout::{
-    RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, BACKEND_CUDA, BACKEND_HOST, SUB_ACTIVE, USER_META_BYTES,
+    RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, BACKEND_CUDA, BACKEND_HOST, PUSH_BUFFERS, SUB_ACTIVE,
+    USER_META_BYTES,
 };
 use crate::memory::{BackendKind, ImportedPool};
 use crate::protocol::{self, Look, ReadMode, SlotSnapshot, WaitOutcome};
@@ -40,6 +41,11 @@ pub struct SubscriberOptions {
     pub park_slice: Duration,
     /// Which backends this subscriber may import (default: host and CUDA).
     pub backends: Vec<BackendKind>,
+    /// Push delivery (`Latest` mode only): the publisher copies each frame
+    /// into buffers this subscriber owns, in the publisher's GPU context, so
+    /// receiving a frame costs this process no GPU work. Until the publisher
+    /// has mapped the buffers (at its next publish), frames are pulled.
+    pub push: bool,
     /// Reconnect to the next publisher instance at the same path after the
     /// current one is gone. `next()` reports [`Error::ProducerGone`] once;
     /// later calls reconnect (within their timeout) and continue with the
@@ -58,6 +64,7 @@ impl Default for SubscriberOptions {
             spin: Duration::from_micros(50),
             park_slice: Duration::from_millis(20),
             backends: vec![BackendKind::Host, BackendKind::Cuda],
+            push: false,
             reconnect: false,
         }
     }
@@ -92,6 +99,14 @@ impl SubscriberOptions {
         self.backends = b.to_vec();
         self
     }
+    /// Asks for push delivery (implies `Latest`).
+    pub fn push(mut self, yes: bool) -> Self {
+        self.push = yes;
+        if yes {
+            self.mode = Mode::Latest;
+        }
+        self
+    }
     /// Reconnects by itself to the next publisher instance at the same path.
     pub fn reconnect(mut self, yes: bool) -> Self {
         self.reconnect = yes;
@@ -117,6 +132,8 @@ pub struct SubscriberStats {
     pub last_seq: u64,
     /// Times this subscriber reconnected to a new publisher instance.
     pub reconnects: u64,
+    /// Frames received by push delivery (no GPU work in this process).
+    pub pushed: u64,
 }
 
 /// A frame copied into the subscriber's own buffer. Valid until the next
@@ -125,6 +142,9 @@ pub struct Frame<'s> {
     sub: &'s Subscriber,
     snap: SlotSnapshot,
     skipped: u64,
+    /// The push buffer holding the frame, or `None` when it was pulled into
+    /// the subscriber's copy buffer.
+    push: Option<usize>,
 }
 
 impl std::fmt::Debug for Frame<'_> {
@@ -169,12 +189,22 @@ impl Frame<'_> {
     }
     /// The copy, when it is host memory.
     pub fn host_bytes(&self) -> Option<&[u8]> {
-        self.sub.pool.dest_host()
+        match self.push {
+            Some(k) => self.sub.pool.push_host(k, self.len() as usize),
+            None => self.sub.pool.dest_host(),
+        }
     }
     /// Address of the copy (host pointer or `CUdeviceptr` in the subscriber's
     /// own context).
     pub fn addr(&self) -> u64 {
-        self.sub.pool.dest_addr()
+        match self.push {
+            Some(k) => self.sub.pool.push_addr(k),
+            None => self.sub.pool.dest_addr(),
+        }
+    }
+    /// Whether the frame arrived by push delivery.
+    pub fn pushed(&self) -> bool {
+        self.push.is_some()
     }
     /// Bytes of the copy.
     pub fn len(&self) -> u64 {
@@ -336,6 +366,12 @@ impl Subscriber {
         if opts.write {
             flags |= msg::HELLO_WRITE;
         }
+        if opts.push {
+            if opts.mode != Mode::Latest || opts.lossless {
+                return Err(Error::Config("push delivery supports the Latest mode without lossless only".into()));
+            }
+            flags |= msg::HELLO_PUSH;
+        }
         let hello = Hello { flags, backends, name: opts.name.clone(), device_uuid: [0; 16] };
         transport::send(sock.as_fd(), &Msg::Hello(hello).encode(), &[])?;
         let got = transport::recv(sock.as_fd(), opts.connect_timeout)?
@@ -420,13 +456,48 @@ impl Subscriber {
         if entry.state.load(Ordering::Acquire) != SUB_ACTIVE || entry.generation.load(Ordering::Relaxed) != sub.generation {
             return Err(Error::LayoutMismatch("our subscriber entry is not active".into()));
         }
-        sub.last = if sub.opts.lossless {
+        let last = if sub.opts.lossless {
             entry.released_seq.load(Ordering::Relaxed)
         } else {
             // SYNC: global-seq — Acquire.
             sub.header().seq.global_seq.load(Ordering::Acquire).saturating_sub(1)
         };
+        sub.last = last;
+        if welcome.granted & msg::HELLO_PUSH != 0 {
+            sub.attach_push();
+        }
         Ok(sub)
+    }
+
+    /// Makes this subscriber's push buffers and sends them to the publisher.
+    /// On failure it stays on pull delivery.
+    fn attach_push(&mut self) {
+        let stride = self.info.geometry.frame_bytes.next_multiple_of(crate::format::SLOT_ALIGN);
+        let sent = self.pool.alloc_push(PUSH_BUFFERS as u32, stride).and_then(|(fd, bytes)| {
+            let a = msg::Attach { count: PUSH_BUFFERS as u32, stride, bytes };
+            transport::send(self.sock.as_fd(), &Msg::Attach(a).encode(), &[fd.as_fd()])
+        });
+        if let Err(e) = sent {
+            tracing::warn!(error = %e, "push delivery unavailable; pulling frames");
+        }
+    }
+
+    /// Push delivery, when the publisher has mapped our buffers: holds the
+    /// newest pushed frame newer than `last` and returns it with its meta.
+    fn take_pushed(&mut self) -> Option<(SlotSnapshot, usize)> {
+        let entry = self.entry();
+        // SYNC: push-seq — Acquire pairs with the publisher's Release of
+        // `push_count` after it mapped our buffers.
+        if !self.opts.push || entry.push_count.load(Ordering::Acquire) as usize != PUSH_BUFFERS {
+            return None;
+        }
+        let (k, seq) = protocol::push::take_newest(entry, self.last)?;
+        // The meta lives in the ring's slot; read it under the seqlock. If
+        // the slot moved on already, a newer frame has been pushed too.
+        match SlotSnapshot::look(self.slot(seq), seq) {
+            Look::Ready(snap) if snap.still_valid(self.slot(seq)) => Some((snap, k)),
+            _ => None,
+        }
     }
 
     fn header(&self) -> &RingHeader {
@@ -466,6 +537,14 @@ impl Subscriber {
     /// The publisher instance this subscriber is attached to.
     pub fn epoch(&self) -> u64 {
         self.info.epoch
+    }
+
+    /// Whether the publisher has mapped this subscriber's push buffers, so
+    /// frames now arrive by push delivery. Mapping happens at the
+    /// publisher's next publish after the handshake.
+    pub fn push_active(&self) -> bool {
+        // SYNC: push-seq — Acquire, as in `take_pushed`.
+        self.opts.push && self.entry().push_count.load(Ordering::Acquire) as usize == PUSH_BUFFERS
     }
 
     /// Counters.
@@ -594,6 +673,12 @@ impl Subscriber {
         self.reconnect_if_gone(deadline, timeout)?;
         loop {
             let g = self.wait(deadline, timeout)?;
+            if let Some((snap, k)) = self.take_pushed() {
+                let skipped = snap.seq - self.last - 1;
+                self.stats.pushed += 1;
+                self.deliver(&snap, skipped);
+                return Ok(Frame { sub: self, snap, skipped, push: Some(k) });
+            }
             let Some((snap, skipped)) = self.next_snapshot(g) else {
                 if Instant::now() >= deadline {
                     return Err(Error::Timeout(timeout, "the next frame"));
@@ -614,7 +699,7 @@ impl Subscriber {
                 continue;
             }
             self.deliver(&snap, skipped);
-            return Ok(Frame { sub: self, snap, skipped });
+            return Ok(Frame { sub: self, snap, skipped, push: None });
         }
     }
 
@@ -689,6 +774,7 @@ impl Subscriber {
     /// # Errors
     /// The backend's release error.
     pub fn close(&mut self) -> Result<()> {
+        protocol::push::release_hold(self.entry());
         let _ = transport::send(self.sock.as_fd(), &Msg::Bye.encode(), &[]);
         self.pool.close()
     }

@@ -147,3 +147,63 @@ fn a_reconnecting_subscriber_follows_the_next_publisher_instance() {
     assert_eq!(s.stats().reconnects, 1);
     drop(h.join().unwrap());
 }
+
+#[test]
+fn a_push_subscriber_receives_whole_frames_without_copying_them_itself() {
+    let path = sock("push");
+    let mut p = Publisher::create(&path, host(Format::Gray8, 256, 64).slots(4)).unwrap();
+    let mut s = Subscriber::connect(&path, SubscriberOptions::default().push(true)).unwrap();
+    let mut pushed = 0;
+    for _ in 0..200 {
+        let mut slot = p.loan(Duration::from_millis(10)).unwrap();
+        let seq = slot.seq();
+        testpattern::fill(slot.bytes_mut().unwrap(), seq);
+        slot.publish(FrameMeta::pts(seq as i64)).unwrap();
+        let f = s.next(Duration::from_secs(1)).unwrap();
+        assert_eq!(f.seq(), seq);
+        assert_eq!(f.pts(), seq as i64);
+        testpattern::verify(f.host_bytes().unwrap(), seq).unwrap();
+        pushed += u64::from(f.pushed());
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // A publish after the Attach arrived maps the buffers; from then on
+    // frames are pushed.
+    assert!(pushed >= 150, "pushed {pushed}");
+    assert_eq!(s.stats().pushed, pushed);
+}
+
+#[test]
+fn a_held_push_frame_is_never_overwritten() {
+    let path = sock("push-held");
+    let mut p = Publisher::create(&path, host(Format::Gray8, 256, 64).slots(2)).unwrap();
+    let mut s = Subscriber::connect(&path, SubscriberOptions::default().push(true)).unwrap();
+    let publish = |p: &mut Publisher| {
+        let mut slot = p.loan(Duration::from_millis(10)).unwrap();
+        let seq = slot.seq();
+        testpattern::fill(slot.bytes_mut().unwrap(), seq);
+        slot.publish(FrameMeta::pts(0)).unwrap();
+    };
+    // The publisher maps the buffers at a publish after the Attach arrived.
+    let t = std::time::Instant::now();
+    while !s.push_active() {
+        assert!(t.elapsed() < Duration::from_secs(5), "push buffers never attached");
+        publish(&mut p);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    publish(&mut p);
+    let f = s.next(Duration::from_secs(1)).unwrap();
+    assert!(f.pushed());
+    let (seq, addr, len) = (f.seq(), f.addr(), f.len() as usize);
+    // Publish many more frames while the reader still holds `seq`.
+    for _ in 0..20 {
+        publish(&mut p);
+    }
+    // SAFETY: the held push buffer stays mapped while the subscriber lives.
+    let held = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+    testpattern::verify(held, seq).unwrap();
+    let newest = p.next_seq() - 1;
+    let g = s.next(Duration::from_secs(1)).unwrap();
+    assert_eq!(g.seq(), newest);
+    assert_eq!(g.skipped(), newest - seq - 1);
+    testpattern::verify(g.host_bytes().unwrap(), newest).unwrap();
+}

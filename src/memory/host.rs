@@ -18,6 +18,8 @@ pub struct HostPool {
     region: Region,
     fd: OwnedFd,
     bytes: u64,
+    targets: Vec<(u64, Region)>,
+    next_target: u64,
 }
 
 impl HostPool {
@@ -28,7 +30,7 @@ impl HostPool {
     pub fn create(bytes: u64) -> Result<Self> {
         let (region, fd) = Region::create("vramring-pool", bytes)?;
         Region::seal(fd.as_fd(), SEALS_FIXED_SIZE)?;
-        Ok(HostPool { region, fd, bytes })
+        Ok(HostPool { region, fd, bytes, targets: Vec::new(), next_target: 1 })
     }
 }
 
@@ -58,7 +60,40 @@ impl ExportedPool for HostPool {
             }
         }
     }
+    fn attach_target(&mut self, fd: &OwnedFd, bytes: u64) -> Result<u64> {
+        Region::require_seals(fd.as_fd(), rustix::fs::SealFlags::SHRINK)?;
+        let region = Region::map(fd.as_fd(), bytes, true)?;
+        let id = self.next_target;
+        self.next_target += 1;
+        self.targets.push((id, region));
+        Ok(id)
+    }
+    fn push_copy(&mut self, id: u64, dst_offset: u64, src_offset: u64, len: u64, completion: WriteCompletion) -> Result<()> {
+        self.complete_writes(completion)?;
+        let (_, dst) = self.targets.iter().find(|(t, _)| *t == id).ok_or(Error::Closed)?;
+        let fits = |off: u64, total: usize| off.checked_add(len).is_some_and(|e| e <= total as u64);
+        if !fits(dst_offset, dst.len()) || !fits(src_offset, self.region.len()) {
+            return Err(Error::LayoutMismatch(format!("push copy of {len} bytes leaves a buffer")));
+        }
+        // SAFETY: both ranges are inside their mappings (checked above) and
+        // in different mappings, so they do not overlap. The subscriber only
+        // reads the target buffer, and not while it holds it (push-hold
+        // protocol), so no one else writes these bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.region.as_ptr().add(src_offset as usize),
+                dst.as_ptr().add(dst_offset as usize),
+                len as usize,
+            );
+        }
+        Ok(())
+    }
+    fn detach_target(&mut self, id: u64) -> Result<()> {
+        self.targets.retain(|(t, _)| *t != id);
+        Ok(())
+    }
     fn close(&mut self) -> Result<()> {
+        self.targets.clear();
         Ok(())
     }
 }
@@ -70,6 +105,7 @@ pub struct HostImport {
     writable: bool,
     dest: Option<MmapMut>,
     dest_len: usize,
+    push: Option<(Region, u64)>,
 }
 
 impl HostImport {
@@ -83,7 +119,7 @@ impl HostImport {
         let region = Region::map(fd.as_fd(), bytes, writable)?;
         // The mapping keeps the memory alive; the descriptor is not needed.
         drop(fd);
-        Ok(HostImport { region, writable, dest: None, dest_len: 0 })
+        Ok(HostImport { region, writable, dest: None, dest_len: 0, push: None })
     }
 }
 
@@ -130,8 +166,33 @@ impl ImportedPool for HostImport {
     fn dest_host(&self) -> Option<&[u8]> {
         Some(self.dest.as_ref().map_or(&[][..], |d| &d[..self.dest_len]))
     }
+    fn alloc_push(&mut self, count: u32, stride: u64) -> Result<(OwnedFd, u64)> {
+        let bytes = stride
+            .checked_mul(u64::from(count))
+            .filter(|&b| b > 0)
+            .ok_or_else(|| Error::Config(format!("{count} push buffers of {stride} bytes")))?;
+        let (region, fd) = Region::create("vramring-push", bytes)?;
+        Region::seal(fd.as_fd(), SEALS_FIXED_SIZE)?;
+        self.push = Some((region, stride));
+        Ok((fd, bytes))
+    }
+    fn push_addr(&self, k: usize) -> u64 {
+        self.push.as_ref().map_or(0, |(r, stride)| r.as_ptr() as u64 + k as u64 * stride)
+    }
+    fn push_host(&self, k: usize, len: usize) -> Option<&[u8]> {
+        let (r, stride) = self.push.as_ref()?;
+        let off = (k as u64).checked_mul(*stride)?;
+        if off.checked_add(len as u64)? > r.len() as u64 || len as u64 > *stride {
+            return None;
+        }
+        // SAFETY: in bounds of our mapping (checked above). The publisher
+        // writes buffer `k` only while we do not hold it (push-hold
+        // protocol); the caller holds it for the lifetime of the slice.
+        Some(unsafe { std::slice::from_raw_parts(r.as_ptr().add(off as usize), len) })
+    }
     fn close(&mut self) -> Result<()> {
         self.dest = None;
+        self.push = None;
         Ok(())
     }
 }

@@ -86,6 +86,20 @@ pub trait ExportedPool: Send {
     /// Makes every write made through `completion` complete and visible to
     /// other processes' readers of the pool.
     fn complete_writes(&self, completion: WriteCompletion) -> Result<()>;
+    /// Push delivery: maps a subscriber's own buffers (`fd`, `bytes` bytes)
+    /// for writing and returns an id for [`ExportedPool::push_copy`]. The
+    /// descriptor stays the caller's.
+    fn attach_target(&mut self, fd: &OwnedFd, bytes: u64) -> Result<u64>;
+    /// Push delivery: copies `len` bytes at pool offset `src_offset` into
+    /// target `id` at `dst_offset`, ordered after the writes of
+    /// `completion` (enqueued on its stream for CUDA; done now for host).
+    /// The copy is complete after the next [`ExportedPool::complete_writes`]
+    /// with the same completion.
+    fn push_copy(&mut self, id: u64, dst_offset: u64, src_offset: u64, len: u64, completion: WriteCompletion)
+        -> Result<()>;
+    /// Push delivery: unmaps target `id` (in its owning context), after
+    /// every copy into it completed. Unknown ids are ignored.
+    fn detach_target(&mut self, id: u64) -> Result<()>;
     /// Releases everything. Retryable after an error; idempotent after success.
     fn close(&mut self) -> Result<()>;
 }
@@ -109,6 +123,14 @@ pub trait ImportedPool: Send {
     fn dest_addr(&self) -> u64;
     /// The subscriber's own buffer, when it is host memory.
     fn dest_host(&self) -> Option<&[u8]>;
+    /// Push delivery: makes `count` buffers of `stride` bytes the publisher
+    /// can write, and returns the descriptor to send it and the bytes of the
+    /// allocation.
+    fn alloc_push(&mut self, count: u32, stride: u64) -> Result<(OwnedFd, u64)>;
+    /// Push delivery: address of buffer `k` (0 when none).
+    fn push_addr(&self, k: usize) -> u64;
+    /// Push delivery: the first `len` bytes of buffer `k`, when host memory.
+    fn push_host(&self, k: usize, len: usize) -> Option<&[u8]>;
     /// Releases everything. Retryable after an error; idempotent after success.
     fn close(&mut self) -> Result<()>;
 }

@@ -39,14 +39,16 @@
 //!   every `parked`; if any is set it increments the doorbell (Release) and
 //!   wakes. The two fences make it impossible for both sides to miss each
 //!   other (Dekker); every wait is also bounded by a timeout slice.
+//! * **push-seq / push-hold**: push delivery, see [`push`].
 //!
 //! Sequence numbers are free-running `u64`; 0 means never written; the slot
 //! of seq `s` is `s & (slot_count - 1)`.
 
 pub mod consume;
 pub mod publish;
+pub mod push;
 pub mod wait;
 
 pub use consume::{pick, safe_window, Look, Pick, ReadMode, SlotSnapshot};
-pub use publish::{commit, invalidate, lossless_holder, ring_doorbell, CommitMeta};
+pub use publish::{commit, commit_slot, invalidate, lossless_holder, publish_global, ring_doorbell, CommitMeta};
 pub use wait::{wait_for_seq, WaitOutcome};

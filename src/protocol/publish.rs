@@ -59,6 +59,12 @@ pub fn invalidate(slot: &SlotDesc, seq: u64) {
 /// The caller has already made the frame's bytes complete (CPU stores, or
 /// `cuStreamSynchronize` on the stream that wrote them).
 pub fn commit(header: &RingHeader, slot: &SlotDesc, seq: u64, meta: &CommitMeta, entries: &[SubEntry]) -> bool {
+    commit_slot(slot, seq, meta);
+    publish_global(header, seq, entries)
+}
+
+/// The first half of [`commit`]: the slot's meta, then its seq (Release).
+pub fn commit_slot(slot: &SlotDesc, seq: u64, meta: &CommitMeta) {
     // Relaxed: these are published by the Release store of `slot.seq` below
     // and read by subscribers only between their two loads of `slot.seq`.
     slot.pts.store(meta.pts as u64, Ordering::Relaxed);
@@ -71,6 +77,11 @@ pub fn commit(header: &RingHeader, slot: &SlotDesc, seq: u64, meta: &CommitMeta,
     // SYNC: slot-seq — Release: bytes and meta above happen-before a reader's
     // Acquire load that sees `seq`.
     slot.seq.store(seq, Ordering::Release);
+}
+
+/// The second half of [`commit`]: `global_seq` (Release), then the park
+/// check; returns whether to ring the doorbell.
+pub fn publish_global(header: &RingHeader, seq: u64, entries: &[SubEntry]) -> bool {
     // SYNC: global-seq — Release, after the slot seq, so a reader that sees
     // `global_seq >= seq` finds the slot committed (or overwritten later).
     header.seq.global_seq.store(seq, Ordering::Release);

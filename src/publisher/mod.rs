@@ -253,7 +253,30 @@ pub(crate) struct Shared {
     pub(crate) cfg: RingConfig,
     /// Entries the producer evicted; the service sends Evicted and closes.
     pub(crate) evict_requests: Mutex<Vec<u32>>,
+    /// Push buffers sent by subscribers; the producer maps them.
+    pub(crate) attach_requests: Mutex<Vec<AttachRequest>>,
     pub(crate) lossless_waits: AtomicU64,
+}
+
+/// A subscriber's push buffers, received by the service, mapped by the
+/// producer thread (which owns the pool).
+pub(crate) struct AttachRequest {
+    pub(crate) index: u32,
+    pub(crate) generation: u32,
+    pub(crate) fd: OwnedFd,
+    pub(crate) attach: crate::socket::Attach,
+}
+
+/// A push subscriber's buffers as mapped by the producer.
+#[derive(Debug)]
+struct PushTarget {
+    index: usize,
+    generation: u32,
+    id: u64,
+    stride: u64,
+    newest: Option<usize>,
+    pending: Option<usize>,
+    dead: bool,
 }
 
 impl Shared {
@@ -288,6 +311,7 @@ pub struct Publisher {
     next_seq: u64,
     /// (entry, held seq, since): the lossless reader the producer waits for.
     blocked: Option<(usize, u64, Instant)>,
+    targets: Vec<PushTarget>,
     path: PathBuf,
     closed: bool,
 }
@@ -352,6 +376,7 @@ impl Publisher {
                 service: Some(service),
                 next_seq: 1,
                 blocked: None,
+                targets: Vec::new(),
                 path,
                 closed: false,
             }),
@@ -403,6 +428,7 @@ impl Publisher {
             info,
             cfg,
             evict_requests: Mutex::new(Vec::new()),
+            attach_requests: Mutex::new(Vec::new()),
             lossless_waits: AtomicU64::new(0),
         });
         let svc_shared = Arc::clone(&shared);
@@ -518,11 +544,94 @@ impl Publisher {
         self.blocked = None;
     }
 
+    /// Maps push buffers that subscribers sent, and unmaps those of
+    /// subscribers that left. Runs on the producer thread, which owns the pool.
+    fn sync_targets(&mut self) {
+        let requests = match self.shared.attach_requests.lock() {
+            Ok(mut q) if !q.is_empty() => std::mem::take(&mut *q),
+            _ => Vec::new(),
+        };
+        let entries = self.shared.entries();
+        let live = |index: usize, generation: u32| {
+            let e = &entries[index];
+            // SYNC: sub-state — Acquire.
+            e.state.load(std::sync::atomic::Ordering::Acquire) == SUB_ACTIVE
+                && e.generation.load(std::sync::atomic::Ordering::Relaxed) == generation
+        };
+        for r in requests {
+            let index = r.index as usize;
+            if index >= entries.len() || !live(index, r.generation) {
+                continue;
+            }
+            match self.pool.attach_target(&r.fd, r.attach.bytes) {
+                Ok(id) => {
+                    let e = &entries[index];
+                    for w in &e.push_seq {
+                        // Relaxed: published by the Release of push_count.
+                        w.store(0, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    // SYNC: push-seq — Release; the subscriber switches to
+                    // push delivery when it sees the count.
+                    e.push_count.store(layout::PUSH_BUFFERS as u32, std::sync::atomic::Ordering::Release);
+                    self.targets.push(PushTarget {
+                        index,
+                        generation: r.generation,
+                        id,
+                        stride: r.attach.stride,
+                        newest: None,
+                        pending: None,
+                        dead: false,
+                    });
+                }
+                Err(e) => tracing::warn!(error = %e, index, "could not map a subscriber's push buffers; it stays on pull delivery"),
+            }
+        }
+        for t in &mut self.targets {
+            if !t.dead && !live(t.index, t.generation) {
+                t.dead = true;
+            }
+        }
+        let pool = &mut self.pool;
+        self.targets.retain(|t| {
+            if !t.dead {
+                return true;
+            }
+            match pool.detach_target(t.id) {
+                Ok(()) => false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "unmapping a departed subscriber's push buffers failed; retrying at the next publish");
+                    true
+                }
+            }
+        });
+    }
+
     fn commit(&mut self, seq: u64, index: usize, meta: FrameMeta, completion: WriteCompletion) -> Result<()> {
+        self.sync_targets();
+        let g = self.shared.info.geometry;
+        let slot_offset = index as u64 * g.slot_stride;
+        let entries = self.shared.entries();
+        for t in self.targets.iter_mut().filter(|t| !t.dead) {
+            t.pending = protocol::push::claim_buffer(&entries[t.index], t.newest, seq);
+            if let Some(k) = t.pending {
+                let dst = k as u64 * t.stride;
+                if let Err(e) = self.pool.push_copy(t.id, dst, slot_offset, g.frame_bytes, completion) {
+                    tracing::warn!(error = %e, index = t.index, "push copy failed; the subscriber sees a gap");
+                    t.pending = None;
+                }
+            }
+        }
+        // One synchronisation covers the user's writes and every push copy.
         self.pool.complete_writes(completion)?;
         let sh = &self.shared;
-        let wake = protocol::commit(sh.header(), &sh.slots()[index], seq, &meta.to_commit(), sh.entries());
-        if wake {
+        protocol::commit_slot(&sh.slots()[index], seq, &meta.to_commit());
+        for t in &mut self.targets {
+            if let Some(k) = t.pending.take() {
+                protocol::push::complete_buffer(&entries[t.index], k, seq);
+                t.newest = Some(k);
+            }
+        }
+        if protocol::publish_global(sh.header(), seq, entries) {
             protocol::ring_doorbell(sh.header());
         }
         self.next_seq = seq + 1;

@@ -11,7 +11,9 @@ use rustix::event::{PollFd, PollFlags};
 
 use super::Shared;
 use crate::error::Error;
-use crate::layout::{POLICY_OVERWRITE, PRODUCER_CLOSED, SUBF_LOSSLESS, SUBF_SEQUENTIAL, SUBF_WRITE, SUB_ACTIVE, SUB_FREE};
+use crate::layout::{
+    POLICY_OVERWRITE, PRODUCER_CLOSED, PUSH_BUFFERS, SUBF_LOSSLESS, SUBF_PUSH, SUBF_SEQUENTIAL, SUBF_WRITE, SUB_ACTIVE, SUB_FREE,
+};
 use crate::lifecycle::StopSignal;
 use crate::socket::msg::{self, Msg, Notice, Welcome, PROTOCOL_VERSION};
 use crate::socket::transport::{self, Listener};
@@ -129,6 +131,10 @@ fn service_conn(sh: &Shared, c: &mut Conn, ready: bool, now: Instant) -> bool {
                         free_entry(sh, index);
                         false
                     }
+                    Ok(Msg::Attach(a)) => {
+                        queue_attach(sh, index, a, m.fds);
+                        true
+                    }
                     Ok(other) => {
                         tracing::debug!(kind = other.kind(), index, "ignoring an unexpected message");
                         true
@@ -194,6 +200,9 @@ fn handshake(sh: &Shared, fd: &OwnedFd, bytes: &[u8]) -> Result<u32, Error> {
     if hello.flags & msg::HELLO_WRITE != 0 {
         flags |= SUBF_WRITE;
     }
+    if hello.flags & msg::HELLO_PUSH != 0 {
+        flags |= SUBF_PUSH;
+    }
     // Relaxed: all published by the Release store of `state` below.
     let generation = e.generation.load(Ordering::Relaxed).wrapping_add(1);
     e.generation.store(generation, Ordering::Relaxed);
@@ -209,6 +218,11 @@ fn handshake(sh: &Shared, fd: &OwnedFd, bytes: &[u8]) -> Result<u32, Error> {
     e.dropped.store(0, Ordering::Relaxed);
     e.overruns.store(0, Ordering::Relaxed);
     e.parked.store(0, Ordering::Relaxed);
+    e.push_count.store(0, Ordering::Relaxed);
+    e.push_held.store(0, Ordering::Relaxed);
+    for w in &e.push_seq {
+        w.store(0, Ordering::Relaxed);
+    }
     e.heartbeat_ns.store(monotonic_ns(), Ordering::Relaxed);
     // SYNC: sub-state — Release, paired with the producer's Acquire in
     // `lossless_holder` and the subscriber's Acquire at connect.
@@ -218,7 +232,7 @@ fn handshake(sh: &Shared, fd: &OwnedFd, bytes: &[u8]) -> Result<u32, Error> {
         generation,
         epoch: info.epoch,
         backend: info.backend,
-        granted: hello.flags & (msg::HELLO_LOSSLESS | msg::HELLO_SEQUENTIAL | msg::HELLO_WRITE),
+        granted: hello.flags & (msg::HELLO_LOSSLESS | msg::HELLO_SEQUENTIAL | msg::HELLO_WRITE | msg::HELLO_PUSH),
         control_bytes: sh.control.len() as u64,
         subs_bytes: sh.subs.len() as u64,
         pool_bytes: info.pool_bytes,
@@ -240,12 +254,37 @@ fn handshake(sh: &Shared, fd: &OwnedFd, bytes: &[u8]) -> Result<u32, Error> {
     Ok(index as u32)
 }
 
+/// Checks a subscriber's push buffers against the ring and hands them to
+/// the producer thread, which maps them. Bad ones are dropped (the
+/// subscriber stays on pull delivery).
+fn queue_attach(sh: &Shared, index: u32, a: crate::socket::Attach, fds: Vec<OwnedFd>) {
+    let Some(e) = sh.entries().get(index as usize) else { return };
+    // Relaxed: written by this thread.
+    let push = e.flags.load(Ordering::Relaxed) & SUBF_PUSH != 0;
+    let frame = sh.info.geometry.frame_bytes;
+    let ok = push
+        && fds.len() == 1
+        && a.count as usize == PUSH_BUFFERS
+        && a.stride >= frame
+        && a.stride.checked_mul(u64::from(a.count)).is_some_and(|need| need <= a.bytes);
+    let Some(fd) = fds.into_iter().next().filter(|_| ok) else {
+        tracing::warn!(index, ?a, "ignoring a malformed Attach");
+        return;
+    };
+    let generation = e.generation.load(Ordering::Relaxed);
+    if let Ok(mut q) = sh.attach_requests.lock() {
+        q.push(super::AttachRequest { index, generation, fd, attach: a });
+    }
+}
+
 fn free_entry(sh: &Shared, index: u32) {
     let Some(e) = sh.entries().get(index as usize) else { return };
     // Relaxed: published by the Release store of `state`.
     e.flags.store(0, Ordering::Relaxed);
     e.parked.store(0, Ordering::Relaxed);
-    // SYNC: sub-state — Release; the producer stops waiting for this entry.
+    e.push_count.store(0, Ordering::Relaxed);
+    // SYNC: sub-state — Release; the producer stops waiting for this entry
+    // and unmaps its push buffers at its next publish.
     e.state.store(SUB_FREE, Ordering::Release);
     // Relaxed: own counter, single writer (this thread).
     sh.header().producer.disconnects.fetch_add(1, Ordering::Relaxed);

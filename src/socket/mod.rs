@@ -10,5 +10,5 @@
 pub mod msg;
 pub mod transport;
 
-pub use msg::{Hello, Msg, Notice, Welcome, PROTOCOL_VERSION};
+pub use msg::{Attach, Hello, Msg, Notice, Welcome, PROTOCOL_VERSION};
 pub use transport::AccessPolicy;

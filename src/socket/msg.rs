@@ -27,6 +27,9 @@ pub const KIND_REJECT: u32 = 3;
 pub const KIND_EVICTED: u32 = 4;
 /// `kind`: either side, orderly goodbye.
 pub const KIND_BYE: u32 = 5;
+/// `kind`: subscriber → publisher after a Welcome granting push delivery,
+/// with 1 descriptor (the subscriber's buffers).
+pub const KIND_ATTACH: u32 = 6;
 
 /// Hello / Welcome flag: lossless.
 pub const HELLO_LOSSLESS: u32 = 1;
@@ -34,6 +37,8 @@ pub const HELLO_LOSSLESS: u32 = 1;
 pub const HELLO_SEQUENTIAL: u32 = 2;
 /// Hello / Welcome flag: write access to the pool wanted / granted.
 pub const HELLO_WRITE: u32 = 4;
+/// Hello / Welcome flag: push delivery wanted / granted.
+pub const HELLO_PUSH: u32 = 8;
 
 /// Reject / evict code: protocol version mismatch.
 pub const REJECT_VERSION: u32 = 1;
@@ -51,6 +56,8 @@ pub const REJECT_BAD_HELLO: u32 = 6;
 pub const REJECT_SHUTDOWN: u32 = 7;
 /// Reject code: write access asked for and not granted.
 pub const REJECT_WRITE_DENIED: u32 = 8;
+/// Evict code: the subscriber's push buffers could not be attached.
+pub const EVICT_ATTACH: u32 = 17;
 /// Evict code: a lossless subscriber held a frame past its lease.
 pub const EVICT_LEASE: u32 = 16;
 
@@ -109,6 +116,19 @@ pub struct Welcome {
     pub device_uuid: [u8; 16],
 }
 
+/// Subscriber → publisher: the subscriber's own buffers for push delivery,
+/// sent with one descriptor (a memfd for the host backend, a VMM allocation
+/// exported as a POSIX file descriptor for CUDA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attach {
+    /// Buffers in the allocation ([`crate::layout::PUSH_BUFFERS`]).
+    pub count: u32,
+    /// Bytes between buffers.
+    pub stride: u64,
+    /// Bytes of the allocation.
+    pub bytes: u64,
+}
+
 /// Reject or Evicted: a code and a reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Notice {
@@ -131,11 +151,14 @@ pub enum Msg {
     Evicted(Notice),
     /// Goodbye.
     Bye,
+    /// Push buffers.
+    Attach(Attach),
 }
 
 const HELLO_BODY: usize = 96;
 const WELCOME_BODY: usize = 96;
 const NOTICE_BODY: usize = 128;
+const ATTACH_BODY: usize = 24;
 
 struct W(Vec<u8>);
 impl W {
@@ -197,6 +220,7 @@ impl Msg {
             Msg::Reject(_) => KIND_REJECT,
             Msg::Evicted(_) => KIND_EVICTED,
             Msg::Bye => KIND_BYE,
+            Msg::Attach(_) => KIND_ATTACH,
         }
     }
 
@@ -217,6 +241,9 @@ impl Msg {
                 body.u32(n.code).u32(0).bytes(clip(&n.reason, REASON_BYTES).as_bytes(), REASON_BYTES);
             }
             Msg::Bye => {}
+            Msg::Attach(a) => {
+                body.u32(a.count).u32(0).u64(a.stride).u64(a.bytes);
+            }
         }
         let mut out = W(Vec::with_capacity(HEADER_BYTES + body.0.len()));
         out.u32(MSG_MAGIC).u32(PROTOCOL_VERSION).u32(self.kind()).u32(body.0.len() as u32);
@@ -308,6 +335,12 @@ impl Msg {
                 want(0)?;
                 Msg::Bye
             }
+            KIND_ATTACH => {
+                want(ATTACH_BODY)?;
+                let count = r.u32();
+                let _reserved = r.u32();
+                Msg::Attach(Attach { count, stride: r.u64(), bytes: r.u64() })
+            }
             k => return Err(Error::BadMessage(format!("unknown message kind {k}"))),
         })
     }
@@ -336,6 +369,7 @@ mod tests {
             Msg::Reject(Notice { code: REJECT_FULL, reason: "full".into() }),
             Msg::Evicted(Notice { code: EVICT_LEASE, reason: "slow".into() }),
             Msg::Bye,
+            Msg::Attach(Attach { count: 3, stride: 4 << 20, bytes: 12 << 20 }),
         ];
         for m in msgs {
             assert_eq!(Msg::decode(&m.encode()).unwrap(), m);

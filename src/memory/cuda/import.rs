@@ -36,6 +36,9 @@ pub struct CudaImport<D: Driver = RealDriver> {
     dest: Option<DevicePtr>,
     dest_cap: u64,
     ready: bool,
+    /// Push delivery: this subscriber's own buffers, exported to the publisher.
+    push: super::mapping::VmmMapping,
+    push_stride: u64,
 }
 
 impl<D: Driver> std::fmt::Debug for CudaImport<D> {
@@ -106,6 +109,8 @@ impl<D: Driver> CudaImport<D> {
             dest: None,
             dest_cap: 0,
             ready: false,
+            push: super::mapping::VmmMapping::default(),
+            push_stride: 0,
         };
         let built = imp.build(&fd);
         // The driver did not take `fd` (CUDA docs: import does not take
@@ -210,6 +215,7 @@ impl<D: Driver> CudaImport<D> {
         let Some(ctx) = self.ctx else { return Ok(()) };
         let d = Arc::clone(&self.driver);
         if self.stream.is_some()
+            || self.push.is_live()
             || self.mapped
             || self.va.is_some()
             || self.handle.is_some()
@@ -222,6 +228,12 @@ impl<D: Driver> CudaImport<D> {
                     // SAFETY: our live stream, now idle.
                     unsafe { d.stream_destroy(s) }?;
                     self.stream = None;
+                }
+                if self.push.is_live() {
+                    // The publisher writes these buffers from its context;
+                    // our mapping goes, the memory lives on until the
+                    // publisher drops its import too.
+                    self.push.release(d)?;
                 }
                 if self.mapped {
                     let va = self.va.ok_or(Error::Closed)?;
@@ -339,6 +351,49 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
     }
 
     fn dest_host(&self) -> Option<&[u8]> {
+        None
+    }
+
+    fn alloc_push(&mut self, count: u32, stride: u64) -> Result<(OwnedFd, u64)> {
+        let ctx = self.open_ctx()?;
+        if self.push.is_live() {
+            return Err(Error::Config("push buffers are already allocated".into()));
+        }
+        let bytes = stride
+            .checked_mul(u64::from(count))
+            .filter(|&b| b > 0)
+            .ok_or_else(|| Error::Config(format!("{count} push buffers of {stride} bytes")))?;
+        let dev = self.device;
+        let mut fd = None;
+        let body = |d: &D| -> Result<()> {
+            match self.push.create_exported(d, bytes, dev) {
+                Ok(f) => {
+                    fd = Some(f);
+                    Ok(())
+                }
+                Err(e) => {
+                    if let Err(re) = self.push.release(d) {
+                        tracing::warn!(error = %re, "releasing half-made push buffers");
+                    }
+                    Err(e)
+                }
+            }
+        };
+        // SAFETY: `ctx` is retained while open (checked above).
+        unsafe { with_context(&*self.driver, ctx, body) }?;
+        self.push_stride = stride;
+        // The exported descriptor is the caller's to send and close.
+        Ok((fd.ok_or(Error::Closed)?, self.push.bytes()))
+    }
+
+    fn push_addr(&self, k: usize) -> u64 {
+        match self.push.addr() {
+            0 => 0,
+            base => base + k as u64 * self.push_stride,
+        }
+    }
+
+    fn push_host(&self, _k: usize, _len: usize) -> Option<&[u8]> {
         None
     }
 

@@ -33,6 +33,7 @@ mod context;
 mod driver;
 mod fake;
 mod import;
+mod mapping;
 mod pattern;
 mod pool;
 mod real;

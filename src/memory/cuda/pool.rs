@@ -35,6 +35,9 @@ pub struct CudaPool<D: Driver = RealDriver> {
     mapped: bool,
     /// Whether access was granted (the pool is usable).
     ready: bool,
+    /// Push delivery: subscribers' buffers mapped read-write here.
+    targets: Vec<(u64, super::mapping::VmmMapping)>,
+    next_target: u64,
 }
 
 impl<D: Driver> std::fmt::Debug for CudaPool<D> {
@@ -97,6 +100,8 @@ impl<D: Driver> CudaPool<D> {
             va: None,
             mapped: false,
             ready: false,
+            targets: Vec::new(),
+            next_target: 1,
         };
         match pool.build(bytes) {
             Ok(()) => Ok(pool),
@@ -213,8 +218,16 @@ impl<D: Driver> CudaPool<D> {
             return Ok(());
         };
         let d = Arc::clone(&self.driver);
-        if self.mapped || self.va.is_some() || self.handle.is_some() {
+        if self.mapped || self.va.is_some() || self.handle.is_some() || !self.targets.is_empty() {
             let body = |d: &D| -> Result<_> {
+                if !self.targets.is_empty() {
+                    // Push copies run on writers' streams in this context.
+                    d.ctx_synchronize()?;
+                    while let Some((_, t)) = self.targets.last_mut() {
+                        t.release(d)?;
+                        self.targets.pop();
+                    }
+                }
                 if self.mapped {
                     // Writers' streams live in this context: let them
                     // finish before the memory goes away.
@@ -297,6 +310,64 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
         };
         // SAFETY: `ctx` is retained while the pool is open (checked above).
         unsafe { with_context(&*self.driver, ctx, body) }
+    }
+
+    fn attach_target(&mut self, fd: &OwnedFd, bytes: u64) -> Result<u64> {
+        let ctx = self.context()?;
+        let dev = self.device;
+        let mut m = super::mapping::VmmMapping::default();
+        let body = |d: &D| -> Result<()> {
+            let made = m.import(d, fd, bytes, dev, Access::ReadWrite);
+            if made.is_err() {
+                if let Err(e) = m.release(d) {
+                    tracing::warn!(error = %e, "releasing a half-attached push target");
+                }
+            }
+            made
+        };
+        // SAFETY: `ctx` is retained while the pool is open (checked above).
+        unsafe { with_context(&*self.driver, ctx, body) }?;
+        let id = self.next_target;
+        self.next_target += 1;
+        self.targets.push((id, m));
+        Ok(id)
+    }
+
+    fn push_copy(&mut self, id: u64, dst_offset: u64, src_offset: u64, len: u64, completion: WriteCompletion) -> Result<()> {
+        let ctx = self.context()?;
+        let (_, t) = self.targets.iter().find(|(t, _)| *t == id).ok_or(Error::Closed)?;
+        let fits = |off: u64, total: u64| off.checked_add(len).is_some_and(|e| e <= total);
+        if !fits(dst_offset, t.bytes()) || !fits(src_offset, self.bytes) {
+            return Err(Error::LayoutMismatch(format!("push copy of {len} bytes leaves a buffer")));
+        }
+        let (dst, src) = (t.addr() + dst_offset, self.device_ptr() + src_offset);
+        let stream = match completion {
+            WriteCompletion::CudaStream(s) => CuStream::from_raw(s),
+            WriteCompletion::Host => CuStream::from_raw(std::ptr::null_mut()),
+        };
+        let body = |d: &D| -> Result<()> {
+            // SAFETY: both ranges are inside live mappings of this context
+            // (checked above); `stream` is the caller's live stream (or the
+            // legacy default stream), which orders the copy after its writes.
+            Ok(unsafe { d.memcpy_dtod_async(dst, src, len, stream) }?)
+        };
+        // SAFETY: `ctx` is retained while the pool is open.
+        unsafe { with_context(&*self.driver, ctx, body) }
+    }
+
+    fn detach_target(&mut self, id: u64) -> Result<()> {
+        let Some(pos) = self.targets.iter().position(|(t, _)| *t == id) else { return Ok(()) };
+        let ctx = self.context()?;
+        let t = &mut self.targets[pos].1;
+        let body = |d: &D| -> Result<()> {
+            // Copies into the target run on writers' streams of this context.
+            d.ctx_synchronize()?;
+            t.release(d)
+        };
+        // SAFETY: `ctx` is retained while the pool is open.
+        unsafe { with_context(&*self.driver, ctx, body) }?;
+        self.targets.remove(pos);
+        Ok(())
     }
 
     fn close(&mut self) -> Result<()> {

@@ -1,0 +1,89 @@
+//! Push delivery: the publisher copies each frame into buffers the
+//! subscriber owns, in the publisher's own GPU context, so the subscriber
+//! does no GPU work to receive a frame (no GPU context switch between
+//! processes per frame and subscriber).
+//!
+//! Each push subscriber has [`PUSH_BUFFERS`] buffers and, in its table
+//! entry, one `push_seq` word per buffer (publisher-written) and one
+//! `push_held` word (subscriber-written).
+//!
+//! * The publisher picks a buffer that is neither the newest complete one
+//!   nor held: it stores `push_seq[k] = seq | SEQ_WRITING`, issues a `SeqCst`
+//!   fence, then loads `push_held`; if the reader holds `k` it restores the
+//!   old value and tries the next buffer.
+//! * The reader picks the newest complete buffer `k` (Acquire load of
+//!   `push_seq[k] = s`), stores `push_held = k + 1`, issues a `SeqCst` fence
+//!   and reloads `push_seq[k]`: if it is still `s`, the publisher will not
+//!   write `k` until the hold moves; otherwise it tries again.
+//!
+//! The two fences make it impossible for the publisher to start writing a
+//! buffer the reader has just claimed and for the reader to miss that
+//! (Dekker). After the copy completed (stream synchronised), the publisher
+//! stores `push_seq[k] = seq` with Release, before `global_seq`.
+
+use crate::layout::{SubEntry, PUSH_BUFFERS, SEQ_WRITING};
+use crate::sync::atomic::{fence, Ordering};
+
+/// Publisher: claims a buffer of `entry` to write frame `seq` into, skipping
+/// `newest` (the newest complete buffer) and whatever the reader holds.
+/// `None` when every candidate is held (the frame is not pushed to this
+/// reader; it sees a gap).
+pub fn claim_buffer(entry: &SubEntry, newest: Option<usize>, seq: u64) -> Option<usize> {
+    for k in 0..PUSH_BUFFERS {
+        if Some(k) == newest {
+            continue;
+        }
+        // Relaxed: publisher-owned word; ordered by the fence below.
+        let old = entry.push_seq[k].load(Ordering::Relaxed);
+        entry.push_seq[k].store(seq | SEQ_WRITING, Ordering::Relaxed);
+        // SYNC: push-hold — SeqCst fence between our mark and the load of
+        // the reader's hold (mirror of the reader's fence).
+        fence(Ordering::SeqCst);
+        if entry.push_held.load(Ordering::Relaxed) as usize == k + 1 {
+            // The reader holds it: put the old seq back (its bytes are
+            // untouched) and try another buffer.
+            entry.push_seq[k].store(old, Ordering::Relaxed);
+            continue;
+        }
+        return Some(k);
+    }
+    None
+}
+
+/// Publisher: frame `seq` is complete in buffer `k`.
+pub fn complete_buffer(entry: &SubEntry, k: usize, seq: u64) {
+    // SYNC: push-seq — Release after the copy into buffer `k` completed
+    // (the writing stream was synchronised), paired with the reader's
+    // Acquire in `take_newest`.
+    entry.push_seq[k % PUSH_BUFFERS].store(seq, Ordering::Release);
+}
+
+/// Reader: holds and returns the newest complete buffer whose frame is newer
+/// than `after`, as `(k, seq)`; `None` when there is none.
+pub fn take_newest(entry: &SubEntry, after: u64) -> Option<(usize, u64)> {
+    for _ in 0..64 {
+        let mut best: Option<(usize, u64)> = None;
+        for k in 0..PUSH_BUFFERS {
+            // SYNC: push-seq — Acquire pairs with the publisher's Release.
+            let s = entry.push_seq[k].load(Ordering::Acquire);
+            if s & SEQ_WRITING == 0 && s > after && best.is_none_or(|(_, b)| s > b) {
+                best = Some((k, s));
+            }
+        }
+        let (k, s) = best?;
+        // Relaxed store + SeqCst fence: SYNC: push-hold.
+        entry.push_held.store(k as u32 + 1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if entry.push_seq[k].load(Ordering::Relaxed) == s {
+            return Some((k, s));
+        }
+        crate::sync::spin_hint();
+    }
+    None
+}
+
+/// Reader: lets go of whatever buffer it holds.
+pub fn release_hold(entry: &SubEntry) {
+    // Relaxed: the publisher only ever reads this after its own fence.
+    entry.push_held.store(0, Ordering::Relaxed);
+}
