@@ -4,9 +4,8 @@
 //! process A copies 3.1 MB and synchronises, then B does the same, and so on;
 //! the same is run with both sides in one process for comparison.
 //!
-//! Methods: `cuMemcpyDtoDAsync` (SM copy kernel), `cuMemcpyBatchAsync` with
-//! `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE` (copy engine), and
-//! `cuMemcpy2DAsync` device to device.
+//! Methods: `cuMemcpyDtoDAsync` (SM copy kernel) and `cuMemcpyBatchAsync`
+//! with `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE` (copy engine).
 //!
 //! Run on a GPU machine: `cargo bench --bench handoff`.
 
@@ -83,7 +82,10 @@ fn copy(method: &str, s: &Side) -> R<()> {
     // SAFETY: live buffers of BYTES bytes and a live stream in the current context.
     unsafe {
         match method {
-            "dtod" => ck("cuMemcpyDtoDAsync", sys::cuMemcpyDtoDAsync_v2(s.dst, s.src, BYTES, s.stream)),
+            "dtod" => ck(
+                "cuMemcpyDtoDAsync",
+                sys::cuMemcpyDtoDAsync_v2(s.dst, s.src, BYTES, s.stream),
+            ),
             "ce" => {
                 let f = batch_fn().ok_or("no cuMemcpyBatchAsync_v2")?;
                 let mut dsts = [s.dst];
@@ -99,20 +101,17 @@ fn copy(method: &str, s: &Side) -> R<()> {
                 let mut idx = [0usize];
                 ck(
                     "cuMemcpyBatchAsync_v2",
-                    f(dsts.as_mut_ptr(), srcs.as_mut_ptr(), sizes.as_mut_ptr(), 1, &mut attr, idx.as_mut_ptr(), 1, s.stream),
+                    f(
+                        dsts.as_mut_ptr(),
+                        srcs.as_mut_ptr(),
+                        sizes.as_mut_ptr(),
+                        1,
+                        &mut attr,
+                        idx.as_mut_ptr(),
+                        1,
+                        s.stream,
+                    ),
                 )
-            }
-            "2d" => {
-                let mut p: sys::CUDA_MEMCPY2D = std::mem::zeroed();
-                p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                p.srcDevice = s.src;
-                p.srcPitch = 2048;
-                p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                p.dstDevice = s.dst;
-                p.dstPitch = 2048;
-                p.WidthInBytes = 2048;
-                p.Height = 1620;
-                ck("cuMemcpy2DAsync", sys::cuMemcpy2DAsync_v2(&p, s.stream))
             }
             _ => Err("method".into()),
         }
@@ -151,11 +150,19 @@ fn median_us(mut v: Vec<u64>) -> (f64, f64) {
     v.sort_unstable();
     let skip = v.len() / 10;
     let v = &v[skip..];
-    (v[v.len() / 2] as f64 / 1000.0, v[(v.len() - 1) * 99 / 100] as f64 / 1000.0)
+    (
+        v[v.len() / 2] as f64 / 1000.0,
+        v[(v.len() - 1) * 99 / 100] as f64 / 1000.0,
+    )
 }
 
 fn shared_map(path: &str, create: bool) -> R<memmap2::MmapRaw> {
-    let f = std::fs::OpenOptions::new().read(true).write(true).create(create).truncate(create).open(path)?;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(create)
+        .open(path)?;
     if create {
         f.set_len(4096)?;
     }
@@ -179,7 +186,7 @@ fn main() -> R<()> {
     }
     init()?;
     println!("| method | layout | A copy+sync p50 (µs) | A p99 | B p50 | B p99 |\n|---|---|---|---|---|---|");
-    for method in ["dtod", "ce", "2d"] {
+    for method in ["dtod", "ce"] {
         // Two processes, alternating.
         let path = format!("/dev/shm/vramring-handoff-{}", std::process::id());
         let map = shared_map(&path, true)?;
@@ -196,7 +203,12 @@ fn main() -> R<()> {
         let a = play(method, 0, &map, &s);
         let out = child.wait_with_output()?;
         let a = median_us(a?);
-        println!("| {method} | two processes | {:.1} | {:.1} | {} |", a.0, a.1, String::from_utf8_lossy(&out.stdout).trim().replace(' ', " | "));
+        println!(
+            "| {method} | two processes | {:.1} | {:.1} | {} |",
+            a.0,
+            a.1,
+            String::from_utf8_lossy(&out.stdout).trim().replace(' ', " | ")
+        );
         let _ = std::fs::remove_file(&path);
         // One process, two streams, alternating on two threads.
         let map = std::sync::Arc::new(shared_map(&path, true)?);
@@ -213,12 +225,19 @@ fn main() -> R<()> {
         let h = std::thread::spawn(move || -> Result<Vec<u64>, String> {
             // SAFETY: the primary context, current in the parent thread too.
             unsafe { sys::cuCtxSetCurrent(ctx as sys::CUcontext) };
-            let s = Side { stream: s2p.0 as sys::CUstream, src: s2p.1, dst: s2p.2 };
+            let s = Side {
+                stream: s2p.0 as sys::CUstream,
+                src: s2p.1,
+                dst: s2p.2,
+            };
             play(&method_s, 1, &m2, &s).map_err(|e| e.to_string())
         });
         let a = median_us(play(method, 0, &map, &s)?);
         let b = median_us(h.join().map_err(|_| "thread panicked")??);
-        println!("| {method} | one process | {:.1} | {:.1} | {:.1} | {:.1} |", a.0, a.1, b.0, b.1);
+        println!(
+            "| {method} | one process | {:.1} | {:.1} | {:.1} | {:.1} |",
+            a.0, a.1, b.0, b.1
+        );
         let _ = std::fs::remove_file(&path);
     }
     Ok(())

@@ -70,7 +70,10 @@ impl Gpu {
             ck("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
             ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx))?;
             let mut stream = std::ptr::null_mut();
-            ck("cuStreamCreate", sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32))?;
+            ck(
+                "cuStreamCreate",
+                sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
+            )?;
             Ok(Gpu { stream })
         }
     }
@@ -106,7 +109,12 @@ impl BenchShm {
     fn create(path: &Path, slots: usize, slot_bytes: usize) -> R<BenchShm> {
         let data_off = 4096;
         let len = data_off + slots * slot_bytes;
-        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
         f.set_len(len as u64)?;
         Self::open(path, slots, slot_bytes)
     }
@@ -114,7 +122,12 @@ impl BenchShm {
     fn open(path: &Path, slots: usize, slot_bytes: usize) -> R<BenchShm> {
         let f = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
         let map = memmap2::MmapOptions::new().map_raw(&f)?;
-        Ok(BenchShm { map, slots, data_off: 4096, slot_bytes })
+        Ok(BenchShm {
+            map,
+            slots,
+            data_off: 4096,
+            slot_bytes,
+        })
     }
 
     fn word(&self, k: usize) -> &AtomicU64 {
@@ -137,7 +150,11 @@ impl BenchShm {
     }
     fn data(&self, s: usize) -> *mut u8 {
         // SAFETY: slot `s < slots` lies inside the mapping.
-        unsafe { self.map.as_mut_ptr().add(self.data_off + (s % self.slots) * self.slot_bytes) }
+        unsafe {
+            self.map
+                .as_mut_ptr()
+                .add(self.data_off + (s % self.slots) * self.slot_bytes)
+        }
     }
     fn data_len(&self) -> usize {
         self.slots * self.slot_bytes
@@ -147,6 +164,7 @@ impl BenchShm {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum System {
     Vramring,
+    VramringPush,
     VramringFutex,
     HostRt,
     LegacyIpc,
@@ -155,8 +173,9 @@ enum System {
 impl System {
     fn name(self) -> &'static str {
         match self {
-            System::Vramring => "vramring",
-            System::VramringFutex => "vramring (futex wait)",
+            System::Vramring => "vramring pull",
+            System::VramringPush => "vramring push",
+            System::VramringFutex => "vramring push, futex wait",
             System::HostRt => "host round trip",
             System::LegacyIpc => "legacy CUDA IPC",
         }
@@ -164,13 +183,22 @@ impl System {
     fn key(self) -> &'static str {
         match self {
             System::Vramring => "vr",
+            System::VramringPush => "vrp",
             System::VramringFutex => "vrf",
             System::HostRt => "host",
             System::LegacyIpc => "ipc",
         }
     }
     fn from_key(k: &str) -> Option<System> {
-        [System::Vramring, System::VramringFutex, System::HostRt, System::LegacyIpc].into_iter().find(|s| s.key() == k)
+        [
+            System::Vramring,
+            System::VramringPush,
+            System::VramringFutex,
+            System::HostRt,
+            System::LegacyIpc,
+        ]
+        .into_iter()
+        .find(|s| s.key() == k)
     }
 }
 
@@ -236,7 +264,9 @@ fn write_samples(path: &Path, samples: &[u64]) -> R<()> {
 fn read_samples(path: &Path) -> R<Vec<u64>> {
     let mut b = Vec::new();
     File::open(path)?.read_to_end(&mut b)?;
-    Ok(b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+    Ok(b.chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect())
 }
 
 fn pace(start: Instant, k: u64, interval_us: u64) {
@@ -279,7 +309,10 @@ fn vr_producer(c: &Case, shm_path: &Path) -> R<()> {
         // SAFETY: `dst` is a slot of the pool in the primary context, which
         // is current; `src` holds frame_bytes.
         unsafe {
-            ck("cuMemcpyDtoDAsync", sys::cuMemcpyDtoDAsync_v2(dst, src, g.frame_bytes as usize, gpu.stream))?;
+            ck(
+                "cuMemcpyDtoDAsync",
+                sys::cuMemcpyDtoDAsync_v2(dst, src, g.frame_bytes as usize, gpu.stream),
+            )?;
         }
         let (c0, t0) = (thread_cpu_ns(), now_ns());
         let meta = FrameMeta::pts(k as i64).with_user(&t0.to_le_bytes())?;
@@ -299,8 +332,18 @@ fn vr_producer(c: &Case, shm_path: &Path) -> R<()> {
 }
 
 fn vr_subscriber(c: &Case, id: usize) -> R<()> {
-    let spin = if c.system == System::Vramring { Duration::from_secs(3600) } else { Duration::from_micros(50) };
-    let opts = SubscriberOptions::default().mode(Mode::Sequential).name(format!("bench-{id}")).spin(spin);
+    let spin = if c.system == System::VramringFutex {
+        Duration::from_micros(50)
+    } else {
+        Duration::from_secs(3600)
+    };
+    let push = matches!(c.system, System::VramringPush | System::VramringFutex);
+    let mode = if push { Mode::Latest } else { Mode::Sequential };
+    let opts = SubscriberOptions::default()
+        .mode(mode)
+        .push(push)
+        .name(format!("bench-{id}"))
+        .spin(spin);
     let give_up = Instant::now() + Duration::from_secs(30);
     let mut first_err = None;
     let mut s = loop {
@@ -331,7 +374,10 @@ fn vr_subscriber(c: &Case, id: usize) -> R<()> {
     }
     let st = s.stats();
     write_samples(&c.dir.join(format!("sub-{id}")), &lat)?;
-    std::fs::write(c.dir.join(format!("sub-{id}.stats")), format!("{} {} {}", st.delivered, st.dropped, st.overruns))?;
+    std::fs::write(
+        c.dir.join(format!("sub-{id}.stats")),
+        format!("{} {} {}", st.delivered, st.dropped, st.overruns),
+    )?;
     Ok(())
 }
 
@@ -345,7 +391,12 @@ fn host_producer(c: &Case, shm_path: &Path) -> R<()> {
     let shm = BenchShm::open(shm_path, SLOTS, bytes.next_multiple_of(4096))?;
     // SAFETY: the range is our live shared mapping; pinning it makes the
     // DtoH copy a DMA (the peer's best case).
-    unsafe { ck("cuMemHostRegister", sys::cuMemHostRegister_v2(shm.data(0) as _, shm.data_len(), 0))? };
+    unsafe {
+        ck(
+            "cuMemHostRegister",
+            sys::cuMemHostRegister_v2(shm.data(0) as _, shm.data_len(), 0),
+        )?
+    };
     while shm.ready().load(Ordering::Acquire) < c.subs as u64 {
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -364,7 +415,10 @@ fn host_producer(c: &Case, shm_path: &Path) -> R<()> {
         std::sync::atomic::fence(Ordering::SeqCst);
         // SAFETY: the slot lies in the pinned mapping; `src` holds `bytes`.
         unsafe {
-            ck("cuMemcpyDtoHAsync", sys::cuMemcpyDtoHAsync_v2(shm.data(s) as _, src, bytes, gpu.stream))?;
+            ck(
+                "cuMemcpyDtoHAsync",
+                sys::cuMemcpyDtoHAsync_v2(shm.data(s) as _, src, bytes, gpu.stream),
+            )?;
         }
         gpu.sync()?;
         shm.slot_t0(s).store(t0, Ordering::Relaxed);
@@ -388,7 +442,12 @@ fn host_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
     let bytes = c.geometry().frame_bytes as usize;
     let shm = BenchShm::open(shm_path, SLOTS, bytes.next_multiple_of(4096))?;
     // SAFETY: our live shared mapping, pinned for HtoD DMA.
-    unsafe { ck("cuMemHostRegister", sys::cuMemHostRegister_v2(shm.data(0) as _, shm.data_len(), 0))? };
+    unsafe {
+        ck(
+            "cuMemHostRegister",
+            sys::cuMemHostRegister_v2(shm.data(0) as _, shm.data_len(), 0),
+        )?
+    };
     let dst = gpu.alloc(bytes)?;
     shm.ready().fetch_add(1, Ordering::AcqRel);
     let mut last = 0u64;
@@ -413,7 +472,12 @@ fn host_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
         }
         let t0 = shm.slot_t0(s).load(Ordering::Relaxed);
         // SAFETY: slot in the pinned mapping; `dst` holds `bytes`.
-        unsafe { ck("cuMemcpyHtoDAsync", sys::cuMemcpyHtoDAsync_v2(dst, shm.data(s) as _, bytes, gpu.stream))? };
+        unsafe {
+            ck(
+                "cuMemcpyHtoDAsync",
+                sys::cuMemcpyHtoDAsync_v2(dst, shm.data(s) as _, bytes, gpu.stream),
+            )?
+        };
         gpu.sync()?;
         std::sync::atomic::fence(Ordering::Acquire);
         let t1 = now_ns();
@@ -429,7 +493,10 @@ fn host_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
         }
     }
     write_samples(&c.dir.join(format!("sub-{id}")), &lat)?;
-    std::fs::write(c.dir.join(format!("sub-{id}.stats")), format!("{delivered} {dropped} {overruns}"))?;
+    std::fs::write(
+        c.dir.join(format!("sub-{id}.stats")),
+        format!("{delivered} {dropped} {overruns}"),
+    )?;
     Ok(())
 }
 
@@ -440,7 +507,10 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> R<Vec<u8>> {
-    (0..s.len()).step_by(2).map(|i| Ok(u8::from_str_radix(&s[i..i + 2], 16)?)).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| Ok(u8::from_str_radix(&s[i..i + 2], 16)?))
+        .collect()
 }
 
 fn ipc_producer(c: &Case, shm_path: &Path) -> R<()> {
@@ -456,7 +526,8 @@ fn ipc_producer(c: &Case, shm_path: &Path) -> R<()> {
         let mut ev = std::ptr::null_mut();
         let mut mh = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
         let mut eh = std::mem::MaybeUninit::<sys::CUipcEventHandle>::zeroed();
-        let flags = sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32 | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        let flags =
+            sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32 | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         // SAFETY: valid out-pointers; `p` is a live cuMemAlloc allocation.
         let (mh, eh) = unsafe {
             ck("cuEventCreate", sys::cuEventCreate(&mut ev, flags))?;
@@ -493,7 +564,12 @@ fn ipc_producer(c: &Case, shm_path: &Path) -> R<()> {
         shm.slot_seq(s).store(seq | 1 << 63, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::SeqCst);
         // SAFETY: live allocations and stream in the current context.
-        unsafe { ck("cuMemcpyDtoDAsync", sys::cuMemcpyDtoDAsync_v2(slots[s], src, bytes, gpu.stream))? };
+        unsafe {
+            ck(
+                "cuMemcpyDtoDAsync",
+                sys::cuMemcpyDtoDAsync_v2(slots[s], src, bytes, gpu.stream),
+            )?
+        };
         let (c0, t0) = (thread_cpu_ns(), now_ns());
         // SAFETY: live event and stream.
         unsafe { ck("cuEventRecord", sys::cuEventRecord(events[s], gpu.stream))? };
@@ -540,9 +616,16 @@ fn ipc_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
             std::ptr::copy_nonoverlapping(e.as_ptr(), eh.as_mut_ptr() as *mut u8, 64);
             ck(
                 "cuIpcOpenMemHandle",
-                sys::cuIpcOpenMemHandle_v2(&mut p, mh.assume_init(), sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32),
+                sys::cuIpcOpenMemHandle_v2(
+                    &mut p,
+                    mh.assume_init(),
+                    sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+                ),
             )?;
-            ck("cuIpcOpenEventHandle", sys::cuIpcOpenEventHandle(&mut ev, eh.assume_init()))?;
+            ck(
+                "cuIpcOpenEventHandle",
+                sys::cuIpcOpenEventHandle(&mut ev, eh.assume_init()),
+            )?;
         }
         ptrs.push(p);
         evs.push(ev);
@@ -573,7 +656,10 @@ fn ipc_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
         // SAFETY: imported IPC allocation/event and our own stream/buffer.
         unsafe {
             ck("cuStreamWaitEvent", sys::cuStreamWaitEvent(gpu.stream, evs[s], 0))?;
-            ck("cuMemcpyDtoDAsync", sys::cuMemcpyDtoDAsync_v2(dst, ptrs[s], bytes, gpu.stream))?;
+            ck(
+                "cuMemcpyDtoDAsync",
+                sys::cuMemcpyDtoDAsync_v2(dst, ptrs[s], bytes, gpu.stream),
+            )?;
         }
         gpu.sync()?;
         std::sync::atomic::fence(Ordering::Acquire);
@@ -590,7 +676,10 @@ fn ipc_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
         }
     }
     write_samples(&c.dir.join(format!("sub-{id}")), &lat)?;
-    std::fs::write(c.dir.join(format!("sub-{id}.stats")), format!("{delivered} {dropped} {overruns}"))?;
+    std::fs::write(
+        c.dir.join(format!("sub-{id}.stats")),
+        format!("{delivered} {dropped} {overruns}"),
+    )?;
     shm.ready().fetch_sub(1, Ordering::AcqRel);
     Ok(())
 }
@@ -608,7 +697,9 @@ fn gpu_name() -> String {
         return "unknown".into();
     }
     // SAFETY: the driver wrote a NUL-terminated string into `name`.
-    unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned()
+    unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 fn pct(sorted: &[u64], p: f64) -> f64 {
@@ -644,11 +735,18 @@ fn run_case(c: &Case) -> R<Outcome> {
     let _ = std::fs::remove_dir_all(&c.dir);
     std::fs::create_dir_all(&c.dir)?;
     let shm = c.shm();
-    let shm_bytes = if c.system == System::HostRt { c.geometry().frame_bytes as usize } else { 0 };
+    let shm_bytes = if c.system == System::HostRt {
+        c.geometry().frame_bytes as usize
+    } else {
+        0
+    };
     let ctl = BenchShm::create(&shm, SLOTS, shm_bytes.next_multiple_of(4096))?;
     let shm_arg = vec![shm.display().to_string()];
     let mut producer = spawn_role("producer", c, &shm_arg)?;
-    if matches!(c.system, System::Vramring | System::VramringFutex) {
+    if matches!(
+        c.system,
+        System::Vramring | System::VramringPush | System::VramringFutex
+    ) {
         while ctl.global().load(Ordering::Acquire) == 0 {
             if let Some(st) = producer.try_wait()? {
                 return Err(format!("producer exited early: {st}").into());
@@ -672,7 +770,14 @@ fn run_case(c: &Case) -> R<Outcome> {
     }
     let _ = std::fs::remove_file(&shm);
     if !ok {
-        return Err(format!("{} {}x{} x{}: a process failed", c.system.name(), c.width, c.height, c.subs).into());
+        return Err(format!(
+            "{} {}x{} x{}: a process failed",
+            c.system.name(),
+            c.width,
+            c.height,
+            c.subs
+        )
+        .into());
     }
     let mut lat = Vec::new();
     let (mut delivered, mut dropped, mut overruns) = (0, 0, 0);
@@ -694,7 +799,15 @@ fn run_case(c: &Case) -> R<Outcome> {
         [a, b] => b.saturating_sub(*a) as f64 / 1e9,
         _ => f64::NAN,
     };
-    Ok(Outcome { lat, span_s, pub_cpu, pub_wall, delivered, dropped, overruns })
+    Ok(Outcome {
+        lat,
+        span_s,
+        pub_cpu,
+        pub_wall,
+        delivered,
+        dropped,
+        overruns,
+    })
 }
 
 fn role_main(args: &[String]) -> R<()> {
@@ -702,13 +815,13 @@ fn role_main(args: &[String]) -> R<()> {
     let c = Case::parse(&args[1..9])?;
     let shm = PathBuf::from(&args[9]);
     match (role, c.system) {
-        ("producer", System::Vramring | System::VramringFutex) => vr_producer(&c, &shm),
+        ("producer", System::Vramring | System::VramringPush | System::VramringFutex) => vr_producer(&c, &shm),
         ("producer", System::HostRt) => host_producer(&c, &shm),
         ("producer", System::LegacyIpc) => ipc_producer(&c, &shm),
         ("subscriber", sys_) => {
             let id: usize = args[10].parse()?;
             match sys_ {
-                System::Vramring | System::VramringFutex => vr_subscriber(&c, id),
+                System::Vramring | System::VramringPush | System::VramringFutex => vr_subscriber(&c, id),
                 System::HostRt => host_subscriber(&c, id, &shm),
                 System::LegacyIpc => ipc_subscriber(&c, id, &shm),
             }
@@ -727,7 +840,11 @@ fn main() -> R<()> {
         return Ok(());
     }
     let quick = args.iter().any(|a| a == "--quick");
-    let out = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).map(PathBuf::from);
+    let out = args
+        .iter()
+        .position(|a| a == "--out")
+        .and_then(|i| args.get(i + 1))
+        .map(PathBuf::from);
     let frames = if quick { 300 } else { 2000 };
     let dir = std::env::temp_dir().join(format!("vramring-bench-{}", std::process::id()));
     let mut report = String::new();
@@ -736,13 +853,19 @@ fn main() -> R<()> {
         gpu_name()
     ));
     report.push_str("| frame | subs | system | p50 | p99 | max | delivered | dropped | overruns | producer CPU/publish p50 (µs) | producer wall/publish p50 (µs) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-    let mut ratios = String::from("\nRatios (peer p50 / vramring p50; > 1 means vramring is faster):\n\n| frame | subs | host round trip | legacy CUDA IPC | vramring futex vs spin |\n|---|---|---|---|---|\n");
+    let mut ratios = String::from("\nRatios (other p50 / vramring push p50; > 1 means vramring push is faster):\n\n| frame | subs | host round trip | legacy CUDA IPC | vramring pull | vramring push, futex wait |\n|---|---|---|---|---|---|\n");
     let sizes: &[(u32, u32, &str)] = &[(1920, 1080, "1080p"), (3840, 2160, "4K")];
     let sub_counts: &[usize] = if quick { &[1, 4] } else { &[1, 4, 8] };
     for &(w, h, label) in sizes {
         for &n in sub_counts {
             let mut p50 = std::collections::HashMap::new();
-            for system in [System::Vramring, System::VramringFutex, System::HostRt, System::LegacyIpc] {
+            for system in [
+                System::VramringPush,
+                System::Vramring,
+                System::VramringFutex,
+                System::HostRt,
+                System::LegacyIpc,
+            ] {
                 let case = Case {
                     system,
                     width: w,
@@ -778,12 +901,14 @@ fn main() -> R<()> {
                     }
                 }
             }
-            let vr = p50.get("vr").copied().unwrap_or(f64::NAN);
+            let vr = p50.get("vrp").copied().unwrap_or(f64::NAN);
+            let r = |k: &str| p50.get(k).copied().unwrap_or(f64::NAN) / vr;
             ratios.push_str(&format!(
-                "| {label} | {n} | {:.2}× | {:.2}× | {:.2}× |\n",
-                p50.get("host").copied().unwrap_or(f64::NAN) / vr,
-                p50.get("ipc").copied().unwrap_or(f64::NAN) / vr,
-                p50.get("vrf").copied().unwrap_or(f64::NAN) / vr,
+                "| {label} | {n} | {:.2}× | {:.2}× | {:.2}× | {:.2}× |\n",
+                r("host"),
+                r("ipc"),
+                r("vr"),
+                r("vrf")
             ));
         }
     }
@@ -791,7 +916,12 @@ fn main() -> R<()> {
     // Throughput: 4 subscribers, producer as fast as it can.
     report.push_str("\nMaximum sustained rate, 4 subscribers, producer unpaced, overwrite policy:\n\n| frame | system | frames/s published | frames/s delivered per subscriber (mean) |\n|---|---|---|---|\n");
     for &(w, h, label) in sizes {
-        for system in [System::Vramring, System::HostRt, System::LegacyIpc] {
+        for system in [
+            System::VramringPush,
+            System::Vramring,
+            System::HostRt,
+            System::LegacyIpc,
+        ] {
             let case = Case {
                 system,
                 width: w,

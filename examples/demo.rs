@@ -109,12 +109,7 @@ impl Drop for TempDir {
     }
 }
 
-fn spawn(
-    name: &str,
-    args: &[String],
-    lines: &mpsc::Sender<(usize, String)>,
-    index: usize,
-) -> std::io::Result<Proc> {
+fn spawn(name: &str, args: &[String], lines: &mpsc::Sender<(usize, String)>, index: usize) -> std::io::Result<Proc> {
     let mut child = Command::new(std::env::current_exe()?)
         .args(args)
         .stdin(Stdio::null())
@@ -184,13 +179,16 @@ fn run_demo(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
     ];
     let mut procs = vec![spawn("producer", &producer_args, &tx, 0)?];
     wait_ready(&rx, &mut procs, Duration::from_secs(10))?;
-    let consumers: [(&str, &str, u64); 3] = [
-        ("detector", "latest", 0),
-        ("recorder", "sequential", 0),
-        ("slow-analytics", "latest", 30_000),
+    // The detector asks for push delivery: the producer copies each frame
+    // into the detector's own buffers, so the detector does no GPU work to
+    // receive it.
+    let consumers: [(&str, &str, u64, bool); 3] = [
+        ("detector", "latest", 0, true),
+        ("recorder", "sequential", 0, false),
+        ("slow-analytics", "latest", 30_000, false),
     ];
-    for (name, mode, delay_us) in consumers {
-        let args: Vec<String> = vec![
+    for (name, mode, delay_us, push) in consumers {
+        let mut args: Vec<String> = vec![
             "consumer".into(),
             "--socket".into(),
             s(&socket),
@@ -204,6 +202,9 @@ fn run_demo(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
             "250".into(),
             "--json".into(),
         ];
+        if push {
+            args.push("--push".into());
+        }
         let index = procs.len();
         procs.push(spawn(name, &args, &tx, index)?);
     }
@@ -301,11 +302,7 @@ fn status_line(p: &Proc) -> String {
                 f("fps"),
                 u("subscribers")
             ),
-            _ => format!(
-                "{:<15} ready ({} backend)",
-                p.name,
-                j.get("backend").unwrap_or("?")
-            ),
+            _ => format!("{:<15} ready ({} backend)", p.name, j.get("backend").unwrap_or("?")),
         }
     } else {
         match j.get("event") {

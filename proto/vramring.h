@@ -20,8 +20,8 @@
  *  - The shared structs have no implicit padding: the tail of every
  *    128-byte line is spelled out as a `_pad` array (padding, not reserved:
  *    never read, never written). `reserved*` fields are zero in this version.
- *  - Message structs (vr_msg_header, vr_hello, vr_welcome, vr_notice) are
- *    packed records of exactly the bytes on the wire. Their fields are
+ *  - Message structs (vr_msg_header, vr_hello, vr_welcome, vr_notice,
+ *    vr_attach) are packed records of exactly the bytes on the wire. Their fields are
  *    little-endian; on a big-endian host byte-swap them.
  *  - Nothing read from a peer is trusted: validate as PROTOCOL.md section 7
  *    says, mask every slot index with (slot_count - 1), bounds-check every
@@ -67,6 +67,9 @@
 #define VR_USER_META_WORDS 8u            /* u64 words of user metadata      */
 #define VR_USER_META_BYTES 64u
 #define VR_NAME_BYTES 32u                /* subscriber name, NUL-padded UTF-8 */
+/* Buffers of a push-delivery subscriber (PROTOCOL.md section 16): one held
+ * by the reader, one newest complete, one being written. */
+#define VR_PUSH_BUFFERS 3u
 
 /* Slot seq bit: the slot is being written for the seq in the low 63 bits. */
 #define VR_SEQ_WRITING (UINT64_C(1) << 63)
@@ -93,6 +96,7 @@
 #define VR_SUBF_LOSSLESS 1u
 #define VR_SUBF_SEQUENTIAL 2u
 #define VR_SUBF_WRITE 4u
+#define VR_SUBF_PUSH 8u     /* push delivery granted (PROTOCOL.md section 16) */
 
 /* vr_slot_desc.flags (set by the producing application) */
 #define VR_FRAME_KEY 1u
@@ -126,6 +130,9 @@
 #define VR_CONTROL_SEALS (VR_F_SEAL_SHRINK | VR_F_SEAL_GROW | VR_F_SEAL_FUTURE_WRITE | VR_F_SEAL_SEAL)
 #define VR_SUBS_SEALS (VR_F_SEAL_SHRINK | VR_F_SEAL_GROW | VR_F_SEAL_SEAL)
 #define VR_HOST_POOL_SEALS (VR_F_SEAL_SHRINK)
+/* Seals the publisher requires on the memfd of a host-backend Attach (the
+ * Rust subscriber applies SHRINK | GROW | SEAL). */
+#define VR_PUSH_HOST_SEALS (VR_F_SEAL_SHRINK)
 
 /* ======================================================================
  * Shared-memory structs
@@ -227,8 +234,9 @@ typedef struct vr_subs_header {
     uint64_t reserved[28];          /*  32 zero                                  */
 } vr_subs_header;                   /* 256 */
 
-/* One subscriber's entry. The publisher writes state, flags, generation and
- * name; the subscriber owning the entry writes everything else. */
+/* One subscriber's entry. The publisher writes state, flags, generation,
+ * name, push_seq and push_count; the subscriber owning the entry writes
+ * everything else. */
 typedef struct vr_sub_entry {
     VR_ALIGN128 uint32_t state;     /*   0 VR_SUB_*; SYNC: sub-state (publisher) */
     uint32_t flags;                 /*   4 VR_SUBF_* (publisher)                 */
@@ -241,7 +249,12 @@ typedef struct vr_sub_entry {
     uint64_t overruns;              /*  48 reads discarded by validate-after-copy */
     uint64_t heartbeat_ns;          /*  56 CLOCK_MONOTONIC of the last read     */
     uint64_t name[4];               /*  64 NUL-padded UTF-8, bytes in LE word order */
-    uint64_t reserved[4];           /*  96 zero                                  */
+    uint64_t push_seq[VR_PUSH_BUFFERS]; /* 96 push: seq in buffer k; seq|VR_SEQ_WRITING while
+                                       written; 0 empty (publisher). SYNC: push-seq, push-hold */
+    uint32_t push_held;             /* 120 push: k + 1 while reading buffer k, 0 none
+                                       (subscriber). SYNC: push-hold */
+    uint32_t push_count;            /* 124 push: VR_PUSH_BUFFERS once the publisher mapped the
+                                       buffers, 0 pull delivery (publisher). SYNC: push-seq */
 } vr_sub_entry;                     /* 128 */
 
 /* Byte sizes of the two regions. */
@@ -270,11 +283,14 @@ typedef struct vr_sub_entry {
 #define VR_KIND_REJECT 3u   /* publisher -> subscriber, then close             */
 #define VR_KIND_EVICTED 4u  /* publisher -> subscriber, then close             */
 #define VR_KIND_BYE 5u      /* either side, header only                        */
+#define VR_KIND_ATTACH 6u   /* subscriber -> publisher, with exactly 1 fd, only
+                               after a Welcome that granted VR_HELLO_PUSH       */
 
 /* vr_hello.flags (asked) and vr_welcome.granted (granted) */
 #define VR_HELLO_LOSSLESS 1u
 #define VR_HELLO_SEQUENTIAL 2u
 #define VR_HELLO_WRITE 4u
+#define VR_HELLO_PUSH 8u    /* push delivery (Latest, not lossless; section 16) */
 
 /* vr_hello.backends: one bit per importable backend */
 #define VR_BACKEND_BIT(backend) (1u << (backend))
@@ -289,11 +305,14 @@ typedef struct vr_sub_entry {
 #define VR_REJECT_SHUTDOWN 7u
 #define VR_REJECT_WRITE_DENIED 8u
 #define VR_EVICT_LEASE 16u
+#define VR_EVICT_ATTACH 17u /* push buffers could not be attached (reserved: not
+                               sent; the subscriber stays on pull delivery)     */
 
 #define VR_HELLO_BODY_BYTES 96u
 #define VR_WELCOME_BODY_BYTES 96u
 #define VR_NOTICE_BODY_BYTES 128u
 #define VR_BYE_BODY_BYTES 0u
+#define VR_ATTACH_BODY_BYTES 24u
 
 typedef struct VR_PACKED vr_msg_header {
     uint32_t magic;                 /*  0 VR_MSG_MAGIC                          */
@@ -338,6 +357,18 @@ typedef struct VR_PACKED vr_notice {
 } vr_notice;                        /* 144 */
 
 /* Bye (kind 5) is a bare vr_msg_header with body_len 0. */
+
+/* Subscriber -> publisher, once, after a Welcome that granted VR_HELLO_PUSH,
+ * with SCM_RIGHTS fd [0]: the subscriber's own push buffers (host: a memfd
+ * sealed at least VR_PUSH_HOST_SEALS; CUDA: a VMM allocation on the ring's
+ * GPU exported as a POSIX fd). Buffer k starts at byte k * stride. */
+typedef struct VR_PACKED vr_attach {
+    vr_msg_header hdr;              /*  0 kind VR_KIND_ATTACH, body_len 24       */
+    uint32_t count;                 /* 16 buffers; must be VR_PUSH_BUFFERS       */
+    uint32_t reserved;              /* 20 zero                                   */
+    uint64_t stride;                /* 24 bytes between buffers, >= frame_bytes  */
+    uint64_t bytes;                 /* 32 bytes of the allocation, >= count*stride */
+} vr_attach;                        /* 40 */
 
 /* ======================================================================
  * Compile-time checks
@@ -386,7 +417,10 @@ VR_STATIC_ASSERT(offsetof(vr_sub_entry, parked) == 12, "parked");
 VR_STATIC_ASSERT(offsetof(vr_sub_entry, released_seq) == 16, "released_seq");
 VR_STATIC_ASSERT(offsetof(vr_sub_entry, heartbeat_ns) == 56, "sub heartbeat_ns");
 VR_STATIC_ASSERT(offsetof(vr_sub_entry, name) == 64, "sub name");
-VR_STATIC_ASSERT(offsetof(vr_sub_entry, reserved) == 96, "sub reserved");
+VR_STATIC_ASSERT(offsetof(vr_sub_entry, push_seq) == 96, "sub push_seq");
+VR_STATIC_ASSERT(sizeof(((vr_sub_entry *)0)->push_seq) == 24, "sub push_seq size");
+VR_STATIC_ASSERT(offsetof(vr_sub_entry, push_held) == 120, "sub push_held");
+VR_STATIC_ASSERT(offsetof(vr_sub_entry, push_count) == 124, "sub push_count");
 
 VR_STATIC_ASSERT(sizeof(vr_msg_header) == VR_HEADER_BYTES, "vr_msg_header size");
 VR_STATIC_ASSERT(sizeof(vr_hello) == VR_HEADER_BYTES + VR_HELLO_BODY_BYTES, "vr_hello size");
@@ -398,6 +432,13 @@ VR_STATIC_ASSERT(offsetof(vr_welcome, control_bytes) == 40, "welcome control_byt
 VR_STATIC_ASSERT(offsetof(vr_welcome, device_uuid) == 64, "welcome device_uuid");
 VR_STATIC_ASSERT(sizeof(vr_notice) == VR_HEADER_BYTES + VR_NOTICE_BODY_BYTES, "vr_notice size");
 VR_STATIC_ASSERT(offsetof(vr_notice, reason) == 24, "notice reason");
+VR_STATIC_ASSERT(sizeof(vr_attach) == VR_HEADER_BYTES + VR_ATTACH_BODY_BYTES, "vr_attach size");
+VR_STATIC_ASSERT(sizeof(vr_attach) == 40, "vr_attach is 40 bytes");
+VR_STATIC_ASSERT(offsetof(vr_attach, count) == 16, "attach count");
+VR_STATIC_ASSERT(offsetof(vr_attach, reserved) == 20, "attach reserved");
+VR_STATIC_ASSERT(offsetof(vr_attach, stride) == 24, "attach stride");
+VR_STATIC_ASSERT(offsetof(vr_attach, bytes) == 32, "attach bytes");
 VR_STATIC_ASSERT(sizeof(vr_notice) <= VR_MAX_MSG_BYTES, "messages fit a datagram");
+VR_STATIC_ASSERT(sizeof(vr_attach) <= VR_MAX_MSG_BYTES, "attach fits a datagram");
 
 #endif /* VRAMRING_H */

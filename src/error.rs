@@ -117,7 +117,9 @@ pub enum Error {
     },
 
     /// The GPU the publisher uses is not visible to this process.
-    #[error("the publisher's GPU {uuid} is not visible here; check CUDA_VISIBLE_DEVICES and the container's device list")]
+    #[error(
+        "the publisher's GPU {uuid} is not visible here; check CUDA_VISIBLE_DEVICES and the container's device list"
+    )]
     DeviceNotVisible {
         /// UUID of the publisher's GPU.
         uuid: String,
@@ -170,7 +172,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// An [`Error::Io`] with context.
     pub fn io(context: impl Into<String>, source: impl Into<io::Error>) -> Self {
-        Error::Io { context: context.into(), source: source.into() }
+        Error::Io {
+            context: context.into(),
+            source: source.into(),
+        }
     }
 }
 
@@ -181,6 +186,9 @@ pub(crate) trait IoContext<T> {
 
 impl<T, E: Into<io::Error>> IoContext<T> for std::result::Result<T, E> {
     fn ctx(self, context: impl FnOnce() -> String) -> Result<T> {
-        self.map_err(|e| Error::Io { context: context(), source: e.into() })
+        self.map_err(|e| Error::Io {
+            context: context(),
+            source: e.into(),
+        })
     }
 }

@@ -184,7 +184,9 @@ impl Geometry {
         }
         if format == Format::Raw {
             if width > MAX_RAW_BYTES {
-                return Err(Error::Config(format!("raw frame of {width} bytes exceeds {MAX_RAW_BYTES}")));
+                return Err(Error::Config(format!(
+                    "raw frame of {width} bytes exceeds {MAX_RAW_BYTES}"
+                )));
             }
         } else if width > MAX_DIMENSION || height > MAX_DIMENSION {
             return Err(Error::Config(format!(
@@ -196,13 +198,26 @@ impl Geometry {
         let mut offset = 0u64;
         for (plane, &(row_bytes, rows)) in planes.iter_mut().zip(dims.iter()).take(plane_count) {
             let pitch = row_bytes.next_multiple_of(PITCH_ALIGN);
-            *plane = Plane { offset, pitch, row_bytes, rows };
+            *plane = Plane {
+                offset,
+                pitch,
+                row_bytes,
+                rows,
+            };
             offset = (offset + pitch * rows).next_multiple_of(PLANE_ALIGN);
         }
         let last = planes[plane_count - 1];
         let frame_bytes = last.offset + last.span();
         let slot_stride = frame_bytes.next_multiple_of(SLOT_ALIGN);
-        Ok(Geometry { format, width, height, plane_count, planes, frame_bytes, slot_stride })
+        Ok(Geometry {
+            format,
+            width,
+            height,
+            plane_count,
+            planes,
+            frame_bytes,
+            slot_stride,
+        })
     }
 
     /// The planes in use.
@@ -230,7 +245,14 @@ mod tests {
 
     #[test]
     fn every_format_round_trips_its_code_and_aligns_every_plane() {
-        for f in [Format::Raw, Format::Gray8, Format::Nv12, Format::P010, Format::Rgb8, Format::Rgba8] {
+        for f in [
+            Format::Raw,
+            Format::Gray8,
+            Format::Nv12,
+            Format::P010,
+            Format::Rgb8,
+            Format::Rgba8,
+        ] {
             assert_eq!(Format::from_code(f.code()), Some(f));
             let g = Geometry::new(f, 641, 359).unwrap();
             for p in g.planes() {

@@ -372,12 +372,15 @@ impl RingInfo {
         // Relaxed: the region is not shared yet; the Release store of
         // `layout_version` below publishes all of these.
         i.magic.store(RING_MAGIC, Ordering::Relaxed);
-        i.header_bytes.store(std::mem::size_of::<RingHeader>() as u32, Ordering::Relaxed);
+        i.header_bytes
+            .store(std::mem::size_of::<RingHeader>() as u32, Ordering::Relaxed);
         i.control_bytes.store(self.control_bytes, Ordering::Relaxed);
         i.epoch.store(self.epoch, Ordering::Relaxed);
         i.slot_count.store(self.slot_count, Ordering::Relaxed);
-        i.slot_desc_bytes.store(std::mem::size_of::<SlotDesc>() as u32, Ordering::Relaxed);
-        i.slots_offset.store(std::mem::size_of::<RingHeader>() as u64, Ordering::Relaxed);
+        i.slot_desc_bytes
+            .store(std::mem::size_of::<SlotDesc>() as u32, Ordering::Relaxed);
+        i.slots_offset
+            .store(std::mem::size_of::<RingHeader>() as u64, Ordering::Relaxed);
         i.backend.store(self.backend, Ordering::Relaxed);
         i.format.store(g.format.code(), Ordering::Relaxed);
         i.width.store(g.width, Ordering::Relaxed);
@@ -393,8 +396,14 @@ impl RingInfo {
         i.frame_bytes.store(g.frame_bytes, Ordering::Relaxed);
         i.slot_stride.store(g.slot_stride, Ordering::Relaxed);
         i.pool_bytes.store(self.pool_bytes, Ordering::Relaxed);
-        i.device_uuid[0].store(u64::from_le_bytes(self.device_uuid[..8].try_into().unwrap_or([0; 8])), Ordering::Relaxed);
-        i.device_uuid[1].store(u64::from_le_bytes(self.device_uuid[8..].try_into().unwrap_or([0; 8])), Ordering::Relaxed);
+        i.device_uuid[0].store(
+            u64::from_le_bytes(self.device_uuid[..8].try_into().unwrap_or([0; 8])),
+            Ordering::Relaxed,
+        );
+        i.device_uuid[1].store(
+            u64::from_le_bytes(self.device_uuid[8..].try_into().unwrap_or([0; 8])),
+            Ordering::Relaxed,
+        );
         i.max_subscribers.store(self.max_subscribers, Ordering::Relaxed);
         i.created_realtime_ns.store(created_realtime_ns, Ordering::Relaxed);
         // SYNC: ring-ready — Release: every field above is visible to an
@@ -414,15 +423,23 @@ impl RingInfo {
         let version = i.layout_version.load(Ordering::Acquire);
         let magic = i.magic.load(Ordering::Relaxed);
         if magic != RING_MAGIC {
-            return bad(format!("control region magic is {magic:#018x}, expected {RING_MAGIC:#018x}"));
+            return bad(format!(
+                "control region magic is {magic:#018x}, expected {RING_MAGIC:#018x}"
+            ));
         }
         if version != LAYOUT_VERSION {
-            return bad(format!("control region layout version {version}, this build reads {LAYOUT_VERSION}"));
+            return bad(format!(
+                "control region layout version {version}, this build reads {LAYOUT_VERSION}"
+            ));
         }
         let ld32 = |a: &AtomicU32| a.load(Ordering::Relaxed);
         let ld64 = |a: &AtomicU64| a.load(Ordering::Relaxed);
         if ld32(&i.header_bytes) as usize != std::mem::size_of::<RingHeader>() {
-            return bad(format!("header size {} != {}", ld32(&i.header_bytes), std::mem::size_of::<RingHeader>()));
+            return bad(format!(
+                "header size {} != {}",
+                ld32(&i.header_bytes),
+                std::mem::size_of::<RingHeader>()
+            ));
         }
         if ld32(&i.slot_desc_bytes) as usize != std::mem::size_of::<SlotDesc>() {
             return bad(format!("slot descriptor size {}", ld32(&i.slot_desc_bytes)));
@@ -432,7 +449,9 @@ impl RingInfo {
         }
         let slot_count = ld32(&i.slot_count);
         if !slot_count.is_power_of_two() || !(MIN_SLOTS..=MAX_SLOTS).contains(&slot_count) {
-            return bad(format!("slot count {slot_count} is not a power of two in {MIN_SLOTS}..={MAX_SLOTS}"));
+            return bad(format!(
+                "slot count {slot_count} is not a power of two in {MIN_SLOTS}..={MAX_SLOTS}"
+            ));
         }
         let control = ld64(&i.control_bytes);
         if control != control_bytes(slot_count) || control > region_bytes {
@@ -461,7 +480,11 @@ impl RingInfo {
             .map_err(|e| Error::LayoutMismatch(format!("frame geometry: {e}")))?;
         let plane_count = ld32(&i.plane_count) as usize;
         if plane_count != expect.plane_count {
-            return bad(format!("{} needs {} planes, header says {plane_count}", format.name(), expect.plane_count));
+            return bad(format!(
+                "{} needs {} planes, header says {plane_count}",
+                format.name(),
+                expect.plane_count
+            ));
         }
         let frame_bytes = ld64(&i.frame_bytes);
         let slot_stride = ld64(&i.slot_stride);
@@ -485,18 +508,33 @@ impl RingInfo {
                 || p.offset % PLANE_ALIGN != 0
                 || end.is_none_or(|e| e > frame_bytes)
             {
-                return bad(format!("plane {k} {p:?} does not fit a {}x{} {} frame of {frame_bytes} bytes", expect.width, expect.height, format.name()));
+                return bad(format!(
+                    "plane {k} {p:?} does not fit a {}x{} {} frame of {frame_bytes} bytes",
+                    expect.width,
+                    expect.height,
+                    format.name()
+                ));
             }
             *slot = p;
         }
         let pool_bytes = ld64(&i.pool_bytes);
-        if (slot_count as u64).checked_mul(slot_stride).is_none_or(|need| need > pool_bytes) {
-            return bad(format!("pool of {pool_bytes} bytes cannot hold {slot_count} slots of {slot_stride}"));
+        if (slot_count as u64)
+            .checked_mul(slot_stride)
+            .is_none_or(|need| need > pool_bytes)
+        {
+            return bad(format!(
+                "pool of {pool_bytes} bytes cannot hold {slot_count} slots of {slot_stride}"
+            ));
         }
         let mut device_uuid = [0u8; 16];
         device_uuid[..8].copy_from_slice(&ld64(&i.device_uuid[0]).to_le_bytes());
         device_uuid[8..].copy_from_slice(&ld64(&i.device_uuid[1]).to_le_bytes());
-        let geometry = Geometry { planes, frame_bytes, slot_stride, ..expect };
+        let geometry = Geometry {
+            planes,
+            frame_bytes,
+            slot_stride,
+            ..expect
+        };
         Ok(RingInfo {
             epoch: ld64(&i.epoch),
             slot_count,
@@ -518,8 +556,10 @@ impl SubsHeader {
         self.magic.store(SUBS_MAGIC, Ordering::Relaxed);
         self.max_subscribers.store(max_subscribers, Ordering::Relaxed);
         self.epoch.store(epoch, Ordering::Relaxed);
-        self.entry_bytes.store(std::mem::size_of::<SubEntry>() as u32, Ordering::Relaxed);
-        self.entries_offset.store(std::mem::size_of::<SubsHeader>() as u32, Ordering::Relaxed);
+        self.entry_bytes
+            .store(std::mem::size_of::<SubEntry>() as u32, Ordering::Relaxed);
+        self.entries_offset
+            .store(std::mem::size_of::<SubsHeader>() as u32, Ordering::Relaxed);
         // SYNC: subs-ready — Release, paired with the Acquire in `validate`.
         self.layout_version.store(LAYOUT_VERSION, Ordering::Release);
     }
@@ -564,7 +604,10 @@ impl SubEntry {
         for (w, chunk) in self.name.iter().zip(buf.chunks_exact(8)) {
             // Relaxed: informational; written before the entry's state is
             // stored with Release.
-            w.store(u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8])), Ordering::Relaxed);
+            w.store(
+                u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8])),
+                Ordering::Relaxed,
+            );
         }
     }
 

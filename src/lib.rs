@@ -40,12 +40,12 @@ pub mod layout;
 pub mod lifecycle;
 pub mod memory;
 pub mod protocol;
+pub mod publisher;
 pub(crate) mod shm;
 pub mod socket;
+mod subscriber;
 pub(crate) mod sync;
 pub mod testpattern;
-pub mod publisher;
-mod subscriber;
 pub mod time;
 
 pub use error::{Error, Result};

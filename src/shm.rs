@@ -38,13 +38,18 @@ pub(crate) struct Region {
 
 impl std::fmt::Debug for Region {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Region").field("ptr", &self.map.as_ptr()).field("len", &self.len).finish()
+        f.debug_struct("Region")
+            .field("ptr", &self.map.as_ptr())
+            .field("len", &self.len)
+            .finish()
     }
 }
 
 /// Seals on a region that only its creator may write.
-pub(crate) const SEALS_READ_ONLY: SealFlags =
-    SealFlags::SHRINK.union(SealFlags::GROW).union(SealFlags::FUTURE_WRITE).union(SealFlags::SEAL);
+pub(crate) const SEALS_READ_ONLY: SealFlags = SealFlags::SHRINK
+    .union(SealFlags::GROW)
+    .union(SealFlags::FUTURE_WRITE)
+    .union(SealFlags::SEAL);
 /// Seals on a region that peers may write but nobody may resize.
 pub(crate) const SEALS_FIXED_SIZE: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW).union(SealFlags::SEAL);
 
@@ -82,8 +87,17 @@ impl Region {
         let mut opts = MmapOptions::new();
         opts.len(ulen);
         let raw = fd_raw(fd);
-        let map = if writable { opts.map_raw(raw) } else { opts.map_raw_read_only(raw) }
-            .ctx(|| format!("mmap of {len} bytes ({})", if writable { "read-write" } else { "read-only" }))?;
+        let map = if writable {
+            opts.map_raw(raw)
+        } else {
+            opts.map_raw_read_only(raw)
+        }
+        .ctx(|| {
+            format!(
+                "mmap of {len} bytes ({})",
+                if writable { "read-write" } else { "read-only" }
+            )
+        })?;
         Ok(Region { map, len: ulen })
     }
 
@@ -92,7 +106,9 @@ impl Region {
     pub(crate) fn require_seals(fd: BorrowedFd<'_>, seals: SealFlags) -> Result<()> {
         let have = rustix::fs::fcntl_get_seals(fd).ctx(|| "F_GET_SEALS on a peer's memfd".into())?;
         if !have.contains(seals) {
-            return Err(Error::LayoutMismatch(format!("peer memfd seals {have:?} lack {seals:?}")));
+            return Err(Error::LayoutMismatch(format!(
+                "peer memfd seals {have:?} lack {seals:?}"
+            )));
         }
         Ok(())
     }
@@ -114,7 +130,11 @@ impl Region {
     /// compute offsets from validated sizes, so this is a bug, not bad input.
     pub(crate) fn at<T: SharedPlain>(&self, offset: usize) -> &T {
         let end = offset.checked_add(std::mem::size_of::<T>()).expect("offset overflow");
-        assert!(end <= self.len, "shared struct at {offset} overruns a {}-byte region", self.len);
+        assert!(
+            end <= self.len,
+            "shared struct at {offset} overruns a {}-byte region",
+            self.len
+        );
         let ptr = self.map.as_ptr().wrapping_add(offset);
         assert_eq!(ptr as usize % std::mem::align_of::<T>(), 0, "misaligned shared struct");
         // SAFETY: in bounds and aligned (checked above); T is SharedPlain, so
@@ -130,7 +150,11 @@ impl Region {
     pub(crate) fn slice<T: SharedPlain>(&self, offset: usize, count: usize) -> &[T] {
         let bytes = count.checked_mul(std::mem::size_of::<T>()).expect("size overflow");
         let end = offset.checked_add(bytes).expect("offset overflow");
-        assert!(end <= self.len, "shared array at {offset} overruns a {}-byte region", self.len);
+        assert!(
+            end <= self.len,
+            "shared array at {offset} overruns a {}-byte region",
+            self.len
+        );
         let ptr = self.map.as_ptr().wrapping_add(offset);
         assert_eq!(ptr as usize % std::mem::align_of::<T>(), 0, "misaligned shared array");
         // SAFETY: as in `at`, for `count` elements.
@@ -166,7 +190,10 @@ mod tests {
     #[test]
     fn short_file_is_refused_before_mapping() {
         let (_r, fd) = Region::create("t", 4096).unwrap();
-        assert!(matches!(Region::map(fd.as_fd(), 8192, false), Err(Error::LayoutMismatch(_))));
+        assert!(matches!(
+            Region::map(fd.as_fd(), 8192, false),
+            Err(Error::LayoutMismatch(_))
+        ));
     }
 
     #[test]

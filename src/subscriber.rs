@@ -149,7 +149,10 @@ pub struct Frame<'s> {
 
 impl std::fmt::Debug for Frame<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Frame").field("seq", &self.snap.seq).field("pts", &self.snap.pts).finish()
+        f.debug_struct("Frame")
+            .field("seq", &self.snap.seq)
+            .field("pts", &self.snap.pts)
+            .finish()
     }
 }
 
@@ -264,7 +267,10 @@ impl Borrow<'_> {
     /// is shorter than the frame.
     pub fn copy_to(&self, dst: &mut [u8]) -> Result<()> {
         if self.sub.pool.kind() != BackendKind::Host {
-            return Err(Error::WrongBackend { what: "CPU reads of a borrowed slot", backend: "cuda" });
+            return Err(Error::WrongBackend {
+                what: "CPU reads of a borrowed slot",
+                backend: "cuda",
+            });
         }
         let len = self.len() as usize;
         if dst.len() < len {
@@ -335,7 +341,11 @@ impl std::fmt::Debug for Subscriber {
 
 fn import_pool(info: &RingInfo, fd: OwnedFd, writable: bool) -> Result<Box<dyn ImportedPool>> {
     match info.backend {
-        BACKEND_HOST => Ok(Box::new(crate::memory::host::HostImport::import(fd, info.pool_bytes, writable)?)),
+        BACKEND_HOST => Ok(Box::new(crate::memory::host::HostImport::import(
+            fd,
+            info.pool_bytes,
+            writable,
+        )?)),
         BACKEND_CUDA => crate::memory::cuda::import_pool(fd, info.pool_bytes, info.device_uuid, writable),
         other => Err(Error::LayoutMismatch(format!("backend code {other}"))),
     }
@@ -368,11 +378,18 @@ impl Subscriber {
         }
         if opts.push {
             if opts.mode != Mode::Latest || opts.lossless {
-                return Err(Error::Config("push delivery supports the Latest mode without lossless only".into()));
+                return Err(Error::Config(
+                    "push delivery supports the Latest mode without lossless only".into(),
+                ));
             }
             flags |= msg::HELLO_PUSH;
         }
-        let hello = Hello { flags, backends, name: opts.name.clone(), device_uuid: [0; 16] };
+        let hello = Hello {
+            flags,
+            backends,
+            name: opts.name.clone(),
+            device_uuid: [0; 16],
+        };
         transport::send(sock.as_fd(), &Msg::Hello(hello).encode(), &[])?;
         let got = transport::recv(sock.as_fd(), opts.connect_timeout)?
             .ok_or(Error::Timeout(opts.connect_timeout, "the publisher's Welcome"))?;
@@ -381,13 +398,29 @@ impl Subscriber {
             Ok(Msg::Reject(n)) => {
                 let h = Msg::header(&got.bytes)?;
                 if n.code == msg::REJECT_VERSION || h.version != msg::PROTOCOL_VERSION {
-                    return Err(Error::VersionMismatch { peer_role: "publisher", peer: h.version, ours: msg::PROTOCOL_VERSION });
+                    return Err(Error::VersionMismatch {
+                        peer_role: "publisher",
+                        peer: h.version,
+                        ours: msg::PROTOCOL_VERSION,
+                    });
                 }
-                return Err(Error::Refused { code: n.code, reason: n.reason });
+                return Err(Error::Refused {
+                    code: n.code,
+                    reason: n.reason,
+                });
             }
-            Ok(other) => return Err(Error::BadMessage(format!("expected Welcome, got kind {}", other.kind()))),
+            Ok(other) => {
+                return Err(Error::BadMessage(format!(
+                    "expected Welcome, got kind {}",
+                    other.kind()
+                )))
+            }
             Err(Error::VersionMismatch { peer, ours, .. }) => {
-                return Err(Error::VersionMismatch { peer_role: "publisher", peer, ours })
+                return Err(Error::VersionMismatch {
+                    peer_role: "publisher",
+                    peer,
+                    ours,
+                })
             }
             Err(e) => return Err(e),
         };
@@ -419,7 +452,9 @@ impl Subscriber {
             || info.pool_bytes != welcome.pool_bytes
             || info.device_uuid != welcome.device_uuid
         {
-            return Err(Error::LayoutMismatch("Welcome disagrees with the control region".into()));
+            return Err(Error::LayoutMismatch(
+                "Welcome disagrees with the control region".into(),
+            ));
         }
         let subs = Region::map(subs_fd.as_fd(), welcome.subs_bytes, true)?;
         subs.at::<SubsHeader>(0).validate(&info, subs.len() as u64)?;
@@ -429,11 +464,17 @@ impl Subscriber {
         }
         let writable = welcome.granted & msg::HELLO_WRITE != 0;
         if opts.write && !writable {
-            return Err(Error::Refused { code: msg::REJECT_WRITE_DENIED, reason: "write access not granted".into() });
+            return Err(Error::Refused {
+                code: msg::REJECT_WRITE_DENIED,
+                reason: "write access not granted".into(),
+            });
         }
         let kind = BackendKind::from_code(info.backend).ok_or(Error::LayoutMismatch("backend".into()))?;
         if !opts.backends.contains(&kind) {
-            return Err(Error::WrongBackend { what: "importing this ring", backend: kind.name() });
+            return Err(Error::WrongBackend {
+                what: "importing this ring",
+                backend: kind.name(),
+            });
         }
         let pool = import_pool(&info, pool_fd, writable)?;
         let mut sub = Subscriber {
@@ -453,7 +494,9 @@ impl Subscriber {
         let entry = sub.entry();
         // SYNC: sub-state — Acquire pairs with the service's Release; the
         // cursor it set is then visible.
-        if entry.state.load(Ordering::Acquire) != SUB_ACTIVE || entry.generation.load(Ordering::Relaxed) != sub.generation {
+        if entry.state.load(Ordering::Acquire) != SUB_ACTIVE
+            || entry.generation.load(Ordering::Relaxed) != sub.generation
+        {
             return Err(Error::LayoutMismatch("our subscriber entry is not active".into()));
         }
         let last = if sub.opts.lossless {
@@ -472,11 +515,22 @@ impl Subscriber {
     /// Makes this subscriber's push buffers and sends them to the publisher.
     /// On failure it stays on pull delivery.
     fn attach_push(&mut self) {
-        let stride = self.info.geometry.frame_bytes.next_multiple_of(crate::format::SLOT_ALIGN);
-        let sent = self.pool.alloc_push(PUSH_BUFFERS as u32, stride).and_then(|(fd, bytes)| {
-            let a = msg::Attach { count: PUSH_BUFFERS as u32, stride, bytes };
-            transport::send(self.sock.as_fd(), &Msg::Attach(a).encode(), &[fd.as_fd()])
-        });
+        let stride = self
+            .info
+            .geometry
+            .frame_bytes
+            .next_multiple_of(crate::format::SLOT_ALIGN);
+        let sent = self
+            .pool
+            .alloc_push(PUSH_BUFFERS as u32, stride)
+            .and_then(|(fd, bytes)| {
+                let a = msg::Attach {
+                    count: PUSH_BUFFERS as u32,
+                    stride,
+                    bytes,
+                };
+                transport::send(self.sock.as_fd(), &Msg::Attach(a).encode(), &[fd.as_fd()])
+            });
         if let Err(e) = sent {
             tracing::warn!(error = %e, "push delivery unavailable; pulling frames");
         }
@@ -506,13 +560,16 @@ impl Subscriber {
 
     fn slot(&self, seq: u64) -> &SlotDesc {
         let k = (seq & self.info.mask()) as usize;
-        self.control.slice::<SlotDesc>(std::mem::size_of::<RingHeader>(), self.info.slot_count as usize)
+        self.control
+            .slice::<SlotDesc>(std::mem::size_of::<RingHeader>(), self.info.slot_count as usize)
             .get(k)
             .expect("masked index is below slot_count")
     }
 
     fn entry(&self) -> &SubEntry {
-        &self.subs.slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.info.max_subscribers as usize)[self.index]
+        &self
+            .subs
+            .slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.info.max_subscribers as usize)[self.index]
     }
 
     fn slot_addr(&self, seq: u64) -> u64 {
@@ -559,8 +616,8 @@ impl Subscriber {
         }
         let entry = self.entry();
         // SYNC: sub-state — Acquire.
-        let evicted =
-            entry.state.load(Ordering::Acquire) != SUB_ACTIVE || entry.generation.load(Ordering::Relaxed) != self.generation;
+        let evicted = entry.state.load(Ordering::Acquire) != SUB_ACTIVE
+            || entry.generation.load(Ordering::Relaxed) != self.generation;
         let mut err = None;
         if transport::readable(self.sock.as_fd(), Duration::ZERO)? {
             match transport::recv(self.sock.as_fd(), Duration::ZERO) {
@@ -574,7 +631,9 @@ impl Subscriber {
             }
         }
         if err.is_none() && evicted {
-            err = Some(Error::Evicted { reason: "our subscriber entry was released by the publisher".into() });
+            err = Some(Error::Evicted {
+                reason: "our subscriber entry was released by the publisher".into(),
+            });
         }
         match err {
             Some(e) => {
@@ -590,12 +649,15 @@ impl Subscriber {
         let outcome = {
             let sock = &self.sock;
             let header = self.control.at::<RingHeader>(0);
-            let entry = &self.subs.slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.info.max_subscribers as usize)
-                [self.index];
+            let entry = &self
+                .subs
+                .slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.info.max_subscribers as usize)[self.index];
             let generation = self.generation;
             protocol::wait_for_seq(header, entry, self.last, deadline, spin, slice, || {
                 // SYNC: sub-state — Acquire.
-                if entry.state.load(Ordering::Acquire) != SUB_ACTIVE || entry.generation.load(Ordering::Relaxed) != generation {
+                if entry.state.load(Ordering::Acquire) != SUB_ACTIVE
+                    || entry.generation.load(Ordering::Relaxed) != generation
+                {
                     return false;
                 }
                 !transport::readable(sock.as_fd(), Duration::ZERO).unwrap_or(true)
@@ -677,7 +739,12 @@ impl Subscriber {
                 let skipped = snap.seq - self.last - 1;
                 self.stats.pushed += 1;
                 self.deliver(&snap, skipped);
-                return Ok(Frame { sub: self, snap, skipped, push: Some(k) });
+                return Ok(Frame {
+                    sub: self,
+                    snap,
+                    skipped,
+                    push: Some(k),
+                });
             }
             let Some((snap, skipped)) = self.next_snapshot(g) else {
                 if Instant::now() >= deadline {
@@ -699,7 +766,12 @@ impl Subscriber {
                 continue;
             }
             self.deliver(&snap, skipped);
-            return Ok(Frame { sub: self, snap, skipped, push: None });
+            return Ok(Frame {
+                sub: self,
+                snap,
+                skipped,
+                push: None,
+            });
         }
     }
 
@@ -717,7 +789,11 @@ impl Subscriber {
                 self.stats.dropped += skipped;
                 // Relaxed: informational.
                 self.entry().reading_seq.store(snap.seq, Ordering::Relaxed);
-                return Ok(Borrow { sub: self, snap, released: false });
+                return Ok(Borrow {
+                    sub: self,
+                    snap,
+                    released: false,
+                });
             }
             if Instant::now() >= deadline {
                 return Err(Error::Timeout(timeout, "the next frame"));
@@ -737,8 +813,15 @@ impl Subscriber {
                 Ok(mut fresh) => {
                     let mut stats = self.stats;
                     stats.reconnects += 1;
-                    fresh.stats = SubscriberStats { last_seq: fresh.stats.last_seq, ..stats };
-                    tracing::info!(old = self.info.epoch, new = fresh.info.epoch, "reconnected to a new publisher instance");
+                    fresh.stats = SubscriberStats {
+                        last_seq: fresh.stats.last_seq,
+                        ..stats
+                    };
+                    tracing::info!(
+                        old = self.info.epoch,
+                        new = fresh.info.epoch,
+                        "reconnected to a new publisher instance"
+                    );
                     drop(std::mem::replace(self, fresh));
                     return Ok(());
                 }

@@ -112,7 +112,10 @@ pub fn verify(frame: &[u8], expected_seq: u64) -> Result<(), PatternError> {
     let rd = |k: usize| u32::from_le_bytes([frame[k * 4], frame[k * 4 + 1], frame[k * 4 + 2], frame[k * 4 + 3]]);
     let n = words_of(frame.len());
     if rd(3) != n {
-        return Err(PatternError::WrongLength { expected: n, found: rd(3) });
+        return Err(PatternError::WrongLength {
+            expected: n,
+            found: rd(3),
+        });
     }
     let mut sum = 0u32;
     let mut mismatches = 0u64;
@@ -123,10 +126,17 @@ pub fn verify(frame: &[u8], expected_seq: u64) -> Result<(), PatternError> {
     }
     let checksum_ok = sum == rd(2);
     if mismatches != 0 || !checksum_ok {
-        return Err(PatternError::Corrupt { seq, mismatches, checksum_ok });
+        return Err(PatternError::Corrupt {
+            seq,
+            mismatches,
+            checksum_ok,
+        });
     }
     if seq != expected_seq {
-        return Err(PatternError::WrongSeq { expected: expected_seq, found: seq });
+        return Err(PatternError::WrongSeq {
+            expected: expected_seq,
+            found: seq,
+        });
     }
     Ok(())
 }

@@ -29,16 +29,13 @@ use proptest::test_runner::{Config, TestRunner};
 use rustix::fs::{MemfdFlags, SealFlags};
 
 use common::{SubResult, SubSpec, TempDir};
-use vramring::layout::{
-    self, ProducerLine, RingHeader, RingInfo0, SeqLine, SlotDesc, SubEntry, SubsHeader,
-};
+use vramring::layout::{self, ProducerLine, RingHeader, RingInfo0, SeqLine, SlotDesc, SubEntry, SubsHeader};
 use vramring::publisher::BackendChoice;
 use vramring::socket::msg::{self, Hello, Msg, Notice, Welcome};
 use vramring::socket::transport::{self, Listener};
 use vramring::time::monotonic_ns;
 use vramring::{
-    testpattern, Error, Format, FrameMeta, Geometry, Mode, Publisher, RingConfig, Subscriber,
-    SubscriberOptions,
+    testpattern, Error, Format, FrameMeta, Geometry, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions,
 };
 
 #[test]
@@ -62,19 +59,11 @@ enum Attack {
         extra: Vec<u8>,
     },
     /// A valid header (magic, any version, kind and length) and a random body.
-    Framed {
-        version: u32,
-        kind: u32,
-        body: Vec<u8>,
-    },
+    Framed { version: u32, kind: u32, body: Vec<u8> },
     /// A valid Hello (any flags), then random bytes on the granted lease.
     AfterWelcome { flags: u32, then: Vec<u8> },
     /// Descriptors attached to a valid Hello (`hello`) or to random bytes.
-    WithFds {
-        hello: bool,
-        bytes: Vec<u8>,
-        fds: usize,
-    },
+    WithFds { hello: bool, bytes: Vec<u8>, fds: usize },
     /// Connect and hang up without a word.
     Silent,
 }
@@ -99,22 +88,10 @@ fn attack_strategy() -> impl Strategy<Value = Attack> {
             proptest::collection::vec(any::<u8>(), 0..8)
         )
             .prop_map(|(edits, cut, extra)| Attack::MutatedHello { edits, cut, extra }),
-        (
-            0u32..4,
-            0u32..8,
-            proptest::collection::vec(any::<u8>(), 0..140)
-        )
-            .prop_map(|(version, kind, body)| Attack::Framed {
-                version,
-                kind,
-                body
-            }),
+        (0u32..4, 0u32..8, proptest::collection::vec(any::<u8>(), 0..140))
+            .prop_map(|(version, kind, body)| Attack::Framed { version, kind, body }),
         (0u32..8, bytes.clone()).prop_map(|(flags, then)| Attack::AfterWelcome { flags, then }),
-        (any::<bool>(), bytes, 1usize..=4).prop_map(|(hello, bytes, fds)| Attack::WithFds {
-            hello,
-            bytes,
-            fds
-        }),
+        (any::<bool>(), bytes, 1usize..=4).prop_map(|(hello, bytes, fds)| Attack::WithFds { hello, bytes, fds }),
         Just(Attack::Silent),
     ]
 }
@@ -122,8 +99,7 @@ fn attack_strategy() -> impl Strategy<Value = Attack> {
 /// Runs one attack; returns an error text if the publisher answered with
 /// something that is not a well-formed Welcome or Reject.
 fn run_attack(socket: &Path, attack: &Attack) -> Result<(), String> {
-    let conn =
-        transport::connect(socket).map_err(|e| format!("the publisher stopped accepting: {e}"))?;
+    let conn = transport::connect(socket).map_err(|e| format!("the publisher stopped accepting: {e}"))?;
     let fd = conn.as_fd();
     let send = |bytes: &[u8], fds: &[BorrowedFd<'_>]| {
         // The publisher may already have hung up on us: not a failure.
@@ -143,11 +119,7 @@ fn run_attack(socket: &Path, attack: &Attack) -> Result<(), String> {
             b.extend_from_slice(extra);
             send(&b, &[]);
         }
-        Attack::Framed {
-            version,
-            kind,
-            body,
-        } => {
+        Attack::Framed { version, kind, body } => {
             let mut b = Vec::new();
             for v in [msg::MSG_MAGIC, *version, *kind, body.len() as u32] {
                 b.extend_from_slice(&v.to_le_bytes());
@@ -159,11 +131,7 @@ fn run_attack(socket: &Path, attack: &Attack) -> Result<(), String> {
         Attack::WithFds { hello, bytes, fds } => {
             let (r, w) = rustix::pipe::pipe().map_err(|e| e.to_string())?;
             let all = [r.as_fd(), w.as_fd(), r.as_fd(), w.as_fd()];
-            let b = if *hello {
-                valid_hello(0)
-            } else {
-                bytes.clone()
-            };
+            let b = if *hello { valid_hello(0) } else { bytes.clone() };
             send(&b, &all[..*fds]);
         }
         Attack::Silent => return Ok(()),
@@ -250,15 +218,12 @@ fn a_publisher_under_random_socket_input_keeps_serving_a_real_subscriber() {
         p.stats()
     );
     // A new subscriber still gets a correct frame.
-    let mut fresh = Subscriber::connect(&socket, SubscriberOptions::default())
-        .expect("the publisher still accepts");
+    let mut fresh = Subscriber::connect(&socket, SubscriberOptions::default()).expect("the publisher still accepts");
     let mut slot = p.loan(Duration::from_millis(100)).expect("loan");
     let seq = slot.seq();
     testpattern::fill(slot.bytes_mut().expect("host"), seq);
     let published = slot.publish(FrameMeta::pts(0)).expect("publish");
-    let f = fresh
-        .next(Duration::from_secs(5))
-        .expect("a frame after the attack");
+    let f = fresh.next(Duration::from_secs(5)).expect("a frame after the attack");
     testpattern::verify(f.host_bytes().expect("host"), f.seq()).expect("an intact frame");
     drop(fresh);
     let stats = p.stats();
@@ -325,9 +290,7 @@ const SEALED: SealFlags = SealFlags::SHRINK
     .union(SealFlags::GROW)
     .union(SealFlags::FUTURE_WRITE)
     .union(SealFlags::SEAL);
-const FIXED_SIZE: SealFlags = SealFlags::SHRINK
-    .union(SealFlags::GROW)
-    .union(SealFlags::SEAL);
+const FIXED_SIZE: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW).union(SealFlags::SEAL);
 
 /// Everything a fake publisher serves: the three regions as bytes, their
 /// seals, and the Welcome.
@@ -380,25 +343,13 @@ impl Ring {
             offset_of!(RingHeader, producer) + offset_of!(ProducerLine, state),
             layout::PRODUCER_LIVE,
         );
-        put64(
-            &mut c,
-            offset_of!(RingHeader, seq) + offset_of!(SeqLine, global_seq),
-            1,
-        );
+        put64(&mut c, offset_of!(RingHeader, seq) + offset_of!(SeqLine, global_seq), 1);
         put64(&mut c, slot_off(1) + offset_of!(SlotDesc, seq), 1);
-        put64(
-            &mut c,
-            slot_off(1) + offset_of!(SlotDesc, commit_ns),
-            monotonic_ns(),
-        );
+        put64(&mut c, slot_off(1) + offset_of!(SlotDesc, commit_ns), monotonic_ns());
 
         let mut s = vec![0u8; subs_len as usize];
         put64(&mut s, offset_of!(SubsHeader, magic), layout::SUBS_MAGIC);
-        put32(
-            &mut s,
-            offset_of!(SubsHeader, layout_version),
-            layout::LAYOUT_VERSION,
-        );
+        put32(&mut s, offset_of!(SubsHeader, layout_version), layout::LAYOUT_VERSION);
         put32(&mut s, offset_of!(SubsHeader, max_subscribers), MAX_SUBS);
         put64(&mut s, offset_of!(SubsHeader, epoch), EPOCH);
         put32(
@@ -416,11 +367,7 @@ impl Ring {
             entry_off(INDEX) + offset_of!(SubEntry, state),
             layout::SUB_ACTIVE,
         );
-        put32(
-            &mut s,
-            entry_off(INDEX) + offset_of!(SubEntry, generation),
-            GENERATION,
-        );
+        put32(&mut s, entry_off(INDEX) + offset_of!(SubEntry, generation), GENERATION);
 
         let mut pool = vec![0u8; pool_len as usize];
         let stride = g.slot_stride as usize;
@@ -454,19 +401,14 @@ impl Ring {
         let (control, map) = memfd("fake-control", &self.control, self.control_seals);
         let (subs, _) = memfd("fake-subs", &self.subs, self.subs_seals);
         let (pool, _) = memfd("fake-pool", &self.pool, self.pool_seals);
-        (
-            Msg::Welcome(self.welcome).encode(),
-            vec![control, subs, pool],
-            map,
-        )
+        (Msg::Welcome(self.welcome).encode(), vec![control, subs, pool], map)
     }
 }
 
 /// A memfd holding `bytes`, mapped read-write (the mapping is returned),
 /// then sealed with `seals`.
 fn memfd(name: &str, bytes: &[u8], seals: SealFlags) -> (OwnedFd, MmapMut) {
-    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
-        .expect("memfd_create");
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).expect("memfd_create");
     let file = File::from(fd);
     file.set_len(bytes.len() as u64).expect("ftruncate");
     file.write_all_at(bytes, 0).expect("write");
@@ -494,10 +436,7 @@ static NEXT_SOCKET: AtomicU64 = AtomicU64::new(0);
 
 /// Starts a fake publisher in `dir` that serves one connection with `reply`.
 fn fake_publisher(dir: &TempDir, reply: Reply) -> (PathBuf, JoinHandle<()>) {
-    let path = dir.join(&format!(
-        "fake-{}.sock",
-        NEXT_SOCKET.fetch_add(1, Ordering::Relaxed)
-    ));
+    let path = dir.join(&format!("fake-{}.sock", NEXT_SOCKET.fetch_add(1, Ordering::Relaxed)));
     let listener = Listener::bind(&path, 0o600).expect("bind the fake publisher");
     let handle = std::thread::spawn(move || {
         let Ok(Some(conn)) = listener.accept(Duration::from_secs(5)) else {
@@ -519,9 +458,7 @@ fn fake_publisher(dir: &TempDir, reply: Reply) -> (PathBuf, JoinHandle<()>) {
 }
 
 fn victim_options() -> SubscriberOptions {
-    let mut opts = SubscriberOptions::default()
-        .mode(Mode::Sequential)
-        .name("victim");
+    let mut opts = SubscriberOptions::default().mode(Mode::Sequential).name("victim");
     opts.connect_timeout = Duration::from_millis(500);
     opts
 }
@@ -529,10 +466,7 @@ fn victim_options() -> SubscriberOptions {
 /// Connects to a fake publisher answering `reply`, hands the outcome to
 /// `then`, and waits for the fake to finish.
 fn against<R>(reply: Reply, then: impl FnOnce(vramring::Result<Subscriber>) -> R) -> R {
-    let dir = TempDir::new(&format!(
-        "fake-{}",
-        NEXT_SOCKET.fetch_add(1, Ordering::Relaxed)
-    ));
+    let dir = TempDir::new(&format!("fake-{}", NEXT_SOCKET.fetch_add(1, Ordering::Relaxed)));
     let (path, fake) = fake_publisher(&dir, reply);
     let out = then(Subscriber::connect(&path, victim_options()));
     fake.join().expect("fake publisher thread");
@@ -598,11 +532,7 @@ fn a_reject_from_another_protocol_version_is_a_version_mismatch() {
         reason: "too old".into(),
     })
     .encode();
-    assert_refused(
-        "reject code VERSION",
-        Reply::Send(b, vec![]),
-        version_mismatch,
-    );
+    assert_refused("reject code VERSION", Reply::Send(b, vec![]), version_mismatch);
 }
 
 #[test]
@@ -641,11 +571,7 @@ fn garbage_answers_are_bad_messages() {
     let mut lying = Msg::Bye.encode();
     lying[12..16].copy_from_slice(&64u32.to_le_bytes());
     assert_refused("body length lies", Reply::Send(lying, vec![]), bad_message);
-    assert_refused(
-        "a Hello back",
-        Reply::Send(valid_hello(0), vec![]),
-        bad_message,
-    );
+    assert_refused("a Hello back", Reply::Send(valid_hello(0), vec![]), bad_message);
     assert_refused("a Bye", Reply::Send(Msg::Bye.encode(), vec![]), bad_message);
     assert_refused(
         "200 random bytes",
@@ -664,11 +590,7 @@ fn a_welcome_with_the_wrong_number_of_descriptors_is_a_bad_message() {
         } else {
             fds.truncate(keep);
         }
-        assert_refused(
-            &format!("{keep} descriptors"),
-            Reply::Send(b, fds),
-            bad_message,
-        );
+        assert_refused(&format!("{keep} descriptors"), Reply::Send(b, fds), bad_message);
     }
 }
 
@@ -679,39 +601,23 @@ fn a_control_region_with_a_wrong_field_is_a_layout_mismatch() {
     let stride = g.slot_stride;
     let cases: Vec<(&str, Edit)> = vec![
         ("wrong magic", |r| {
-            put64(
-                &mut r.control,
-                info!(magic),
-                u64::from_le_bytes(*b"NOTARING"),
-            )
+            put64(&mut r.control, info!(magic), u64::from_le_bytes(*b"NOTARING"))
         }),
-        ("layout version 2", |r| {
-            put32(&mut r.control, info!(layout_version), 2)
-        }),
+        ("layout version 2", |r| put32(&mut r.control, info!(layout_version), 2)),
         ("layout version 0 (not ready)", |r| {
             put32(&mut r.control, info!(layout_version), 0)
         }),
-        ("header size", |r| {
-            put32(&mut r.control, info!(header_bytes), 512)
-        }),
-        ("slot count 3", |r| {
-            put32(&mut r.control, info!(slot_count), 3)
-        }),
-        ("slot count 0", |r| {
-            put32(&mut r.control, info!(slot_count), 0)
-        }),
+        ("header size", |r| put32(&mut r.control, info!(header_bytes), 512)),
+        ("slot count 3", |r| put32(&mut r.control, info!(slot_count), 3)),
+        ("slot count 0", |r| put32(&mut r.control, info!(slot_count), 0)),
         ("slot count 8 in a 4-slot region", |r| {
             put32(&mut r.control, info!(slot_count), 8)
         }),
-        ("slot count 2^31", |r| {
-            put32(&mut r.control, info!(slot_count), 1 << 31)
-        }),
+        ("slot count 2^31", |r| put32(&mut r.control, info!(slot_count), 1 << 31)),
         ("slot descriptor size", |r| {
             put32(&mut r.control, info!(slot_desc_bytes), 64)
         }),
-        ("slots offset", |r| {
-            put64(&mut r.control, info!(slots_offset), 1 << 40)
-        }),
+        ("slots offset", |r| put64(&mut r.control, info!(slots_offset), 1 << 40)),
         ("control bytes", |r| {
             put64(&mut r.control, info!(control_bytes), u64::MAX)
         }),
@@ -719,12 +625,8 @@ fn a_control_region_with_a_wrong_field_is_a_layout_mismatch() {
         ("policy 7", |r| put32(&mut r.control, info!(policy), 7)),
         ("format 99", |r| put32(&mut r.control, info!(format), 99)),
         ("width 0", |r| put32(&mut r.control, info!(width), 0)),
-        ("height 2^31", |r| {
-            put32(&mut r.control, info!(height), 1 << 31)
-        }),
-        ("plane count 4", |r| {
-            put32(&mut r.control, info!(plane_count), 4)
-        }),
+        ("height 2^31", |r| put32(&mut r.control, info!(height), 1 << 31)),
+        ("plane count 4", |r| put32(&mut r.control, info!(plane_count), 4)),
         ("chroma plane starts past the frame", |r| {
             let end = u64::from_le_bytes(
                 r.control[info!(frame_bytes)..info!(frame_bytes) + 8]
@@ -736,15 +638,11 @@ fn a_control_region_with_a_wrong_field_is_a_layout_mismatch() {
         ("plane offset near u64::MAX", |r| {
             put64(&mut r.control, info!(plane_offset) + 8, u64::MAX - 4095)
         }),
-        ("pitch below the row", |r| {
-            put64(&mut r.control, info!(plane_pitch), 32)
-        }),
+        ("pitch below the row", |r| put64(&mut r.control, info!(plane_pitch), 32)),
         ("pitch overflows", |r| {
             put64(&mut r.control, info!(plane_pitch), 1 << 62)
         }),
-        ("rows", |r| {
-            put64(&mut r.control, info!(plane_rows), 1_000_000)
-        }),
+        ("rows", |r| put64(&mut r.control, info!(plane_rows), 1_000_000)),
         ("frame larger than the stride", |r| {
             put64(&mut r.control, info!(frame_bytes), 1 << 40)
         }),
@@ -762,11 +660,7 @@ fn a_control_region_with_a_wrong_field_is_a_layout_mismatch() {
             put64(&mut r.subs, offset_of!(SubsHeader, epoch), 1)
         }),
         ("our entry is not active", |r| {
-            put32(
-                &mut r.subs,
-                entry_off(INDEX) + offset_of!(SubEntry, state),
-                0,
-            )
+            put32(&mut r.subs, entry_off(INDEX) + offset_of!(SubEntry, state), 0)
         }),
         ("our entry has another generation", |r| {
             put32(
@@ -791,15 +685,9 @@ fn a_control_region_with_a_wrong_field_is_a_layout_mismatch() {
             r.welcome.subs_bytes = 64;
             r.subs.truncate(64);
         }),
-        ("unsealed control memfd", |r| {
-            r.control_seals = SealFlags::empty()
-        }),
-        ("control memfd writable by us", |r| {
-            r.control_seals = FIXED_SIZE
-        }),
-        ("unsealed subscriber table", |r| {
-            r.subs_seals = SealFlags::empty()
-        }),
+        ("unsealed control memfd", |r| r.control_seals = SealFlags::empty()),
+        ("control memfd writable by us", |r| r.control_seals = FIXED_SIZE),
+        ("unsealed subscriber table", |r| r.subs_seals = SealFlags::empty()),
         ("unsealed pool", |r| r.pool_seals = SealFlags::empty()),
     ];
     for (name, edit) in cases {
@@ -813,11 +701,7 @@ fn a_control_region_with_a_wrong_field_is_a_layout_mismatch() {
     let small = stride * u64::from(SLOTS) - 4096;
     put64(&mut ring.control, info!(pool_bytes), small);
     ring.welcome.pool_bytes = small;
-    assert_refused(
-        "pool too small for its slots",
-        welcome_with(&ring),
-        layout_mismatch,
-    );
+    assert_refused("pool too small for its slots", welcome_with(&ring), layout_mismatch);
     let mut ring = Ring::valid();
     ring.pool.truncate(4096);
     assert_refused(
@@ -846,13 +730,8 @@ fn descriptors_that_are_not_memfds_give_typed_errors() {
 fn a_publisher_that_hangs_up_or_stays_silent_gives_io_or_timeout() {
     assert_refused("hang-up", Reply::Hangup, |e| matches!(e, Error::Io { .. }));
     let t = Instant::now();
-    assert_refused("silence", Reply::Silent, |e| {
-        matches!(e, Error::Timeout(..))
-    });
-    assert!(
-        t.elapsed() < Duration::from_secs(3),
-        "connect_timeout bounds the wait"
-    );
+    assert_refused("silence", Reply::Silent, |e| matches!(e, Error::Timeout(..)));
+    assert!(t.elapsed() < Duration::from_secs(3), "connect_timeout bounds the wait");
 }
 
 /// Random corruption of a valid ring (its control region, subscriber table
@@ -878,46 +757,39 @@ fn randomly_corrupted_rings_give_typed_errors_or_work_never_panics() {
     });
     let outcomes = std::cell::RefCell::new(std::collections::BTreeMap::<String, u32>::new());
     runner
-        .run(
-            &strategy,
-            |(control_edits, subs_edits, welcome_edits, live_edits)| {
-                let mut ring = valid.clone();
-                for (at, v) in control_edits {
-                    ring.control[at] = v;
-                }
-                for (at, v) in subs_edits {
-                    ring.subs[at] = v;
-                }
-                let (mut bytes, fds, mut live) = ring.served();
-                for (at, v) in welcome_edits {
-                    bytes[at] = v;
-                }
-                let outcome = against(Reply::Send(bytes, fds), |r| match r {
-                    Ok(mut sub) => {
-                        // The publisher keeps writing its ring: scribble on the
-                        // live seqs and slot descriptors, then read.
-                        for (at, v) in live_edits {
-                            live[at] = v;
-                        }
-                        match sub.next(Duration::from_millis(20)) {
-                            Ok(f) => {
-                                let n = f.host_bytes().map_or(0, <[u8]>::len);
-                                assert_eq!(
-                                    n as u64,
-                                    f.len(),
-                                    "a delivered frame is exactly frame_bytes long"
-                                );
-                                "connected, frame".to_owned()
-                            }
-                            Err(e) => format!("connected, then {}", variant(&e)),
-                        }
+        .run(&strategy, |(control_edits, subs_edits, welcome_edits, live_edits)| {
+            let mut ring = valid.clone();
+            for (at, v) in control_edits {
+                ring.control[at] = v;
+            }
+            for (at, v) in subs_edits {
+                ring.subs[at] = v;
+            }
+            let (mut bytes, fds, mut live) = ring.served();
+            for (at, v) in welcome_edits {
+                bytes[at] = v;
+            }
+            let outcome = against(Reply::Send(bytes, fds), |r| match r {
+                Ok(mut sub) => {
+                    // The publisher keeps writing its ring: scribble on the
+                    // live seqs and slot descriptors, then read.
+                    for (at, v) in live_edits {
+                        live[at] = v;
                     }
-                    Err(e) => variant(&e),
-                });
-                *outcomes.borrow_mut().entry(outcome).or_default() += 1;
-                Ok(())
-            },
-        )
+                    match sub.next(Duration::from_millis(20)) {
+                        Ok(f) => {
+                            let n = f.host_bytes().map_or(0, <[u8]>::len);
+                            assert_eq!(n as u64, f.len(), "a delivered frame is exactly frame_bytes long");
+                            "connected, frame".to_owned()
+                        }
+                        Err(e) => format!("connected, then {}", variant(&e)),
+                    }
+                }
+                Err(e) => variant(&e),
+            });
+            *outcomes.borrow_mut().entry(outcome).or_default() += 1;
+            Ok(())
+        })
         .expect("no panic on corrupted input");
     eprintln!("outcomes of 256 corrupted rings: {:?}", outcomes.borrow());
 }

@@ -18,10 +18,9 @@ use std::process::Command;
 
 use vramring::format;
 use vramring::layout::{
-    self, DoorbellLine, ProducerLine, RingHeader, RingInfo0, SeqLine, SlotDesc, SubEntry,
-    SubsHeader,
+    self, DoorbellLine, ProducerLine, RingHeader, RingInfo0, SeqLine, SlotDesc, SubEntry, SubsHeader,
 };
-use vramring::socket::msg::{self, Hello, Msg, Notice, Welcome};
+use vramring::socket::msg::{self, Attach, Hello, Msg, Notice, Welcome};
 use vramring::socket::transport;
 use vramring::Format;
 
@@ -42,12 +41,7 @@ struct Checks {
 }
 
 impl Checks {
-    fn push(
-        &mut self,
-        label: impl Into<String>,
-        c_expr: impl Into<String>,
-        expected: impl TryInto<u64>,
-    ) {
+    fn push(&mut self, label: impl Into<String>, c_expr: impl Into<String>, expected: impl TryInto<u64>) {
         let label = label.into();
         let expected = expected
             .try_into()
@@ -125,7 +119,7 @@ fn shared_layout(c: &mut Checks) {
     ]);
     shared_struct!(c, "vr_sub_entry", SubEntry, pad: false, [
         state, flags, generation, parked, released_seq, reading_seq, delivered, dropped,
-        overruns, heartbeat_ns, name, reserved,
+        overruns, heartbeat_ns, name, push_seq, push_held, push_count,
     ]);
     // The hot words, as a reader of another language addresses them.
     c.push(
@@ -143,26 +137,14 @@ fn shared_layout(c: &mut Checks) {
         "offsetof(vr_ring_header, producer.state)",
         offset_of!(RingHeader, producer) + offset_of!(ProducerLine, state),
     );
-    c.push(
-        "VR_CONTROL_BYTES(8)",
-        "VR_CONTROL_BYTES(8)",
-        layout::control_bytes(8),
-    );
+    c.push("VR_CONTROL_BYTES(8)", "VR_CONTROL_BYTES(8)", layout::control_bytes(8));
     c.push(
         "VR_CONTROL_BYTES(1024)",
         "VR_CONTROL_BYTES(1024)",
         layout::control_bytes(1024),
     );
-    c.push(
-        "VR_SUBS_BYTES(64)",
-        "VR_SUBS_BYTES(64)",
-        layout::subs_bytes(64),
-    );
-    c.push(
-        "VR_SUBS_BYTES(1)",
-        "VR_SUBS_BYTES(1)",
-        layout::subs_bytes(1),
-    );
+    c.push("VR_SUBS_BYTES(64)", "VR_SUBS_BYTES(64)", layout::subs_bytes(64));
+    c.push("VR_SUBS_BYTES(1)", "VR_SUBS_BYTES(1)", layout::subs_bytes(1));
 }
 
 fn constants(c: &mut Checks) {
@@ -171,14 +153,12 @@ fn constants(c: &mut Checks) {
     c.constant("VR_LAYOUT_VERSION", layout::LAYOUT_VERSION);
     c.constant("VR_MIN_SLOTS", layout::MIN_SLOTS);
     c.constant("VR_MAX_SLOTS", layout::MAX_SLOTS);
-    c.constant(
-        "VR_DEFAULT_MAX_SUBSCRIBERS",
-        layout::DEFAULT_MAX_SUBSCRIBERS,
-    );
+    c.constant("VR_DEFAULT_MAX_SUBSCRIBERS", layout::DEFAULT_MAX_SUBSCRIBERS);
     c.constant("VR_MAX_SUBSCRIBERS_LIMIT", layout::MAX_SUBSCRIBERS_LIMIT);
     c.constant("VR_USER_META_WORDS", layout::USER_META_WORDS);
     c.constant("VR_USER_META_BYTES", layout::USER_META_BYTES);
     c.constant("VR_NAME_BYTES", layout::NAME_BYTES);
+    c.constant("VR_PUSH_BUFFERS", layout::PUSH_BUFFERS);
     c.constant("VR_SEQ_WRITING", layout::SEQ_WRITING);
     c.constant("VR_BACKEND_HOST", layout::BACKEND_HOST);
     c.constant("VR_BACKEND_CUDA", layout::BACKEND_CUDA);
@@ -193,6 +173,7 @@ fn constants(c: &mut Checks) {
     c.constant("VR_SUBF_LOSSLESS", layout::SUBF_LOSSLESS);
     c.constant("VR_SUBF_SEQUENTIAL", layout::SUBF_SEQUENTIAL);
     c.constant("VR_SUBF_WRITE", layout::SUBF_WRITE);
+    c.constant("VR_SUBF_PUSH", layout::SUBF_PUSH);
     c.constant("VR_FRAME_KEY", layout::FRAME_KEY);
     c.constant("VR_FRAME_DISCONTINUITY", layout::FRAME_DISCONTINUITY);
 
@@ -232,6 +213,9 @@ fn constants(c: &mut Checks) {
     );
     c.constant("VR_SUBS_SEALS", (S::SHRINK | S::GROW | S::SEAL).bits());
     c.constant("VR_HOST_POOL_SEALS", S::SHRINK.bits());
+    // What the publisher requires of a host subscriber's push buffers
+    // (`HostPool::attach_target`).
+    c.constant("VR_PUSH_HOST_SEALS", S::SHRINK.bits());
 
     c.constant("VR_PROTOCOL_VERSION", msg::PROTOCOL_VERSION);
     c.constant("VR_MSG_MAGIC", msg::MSG_MAGIC);
@@ -245,9 +229,11 @@ fn constants(c: &mut Checks) {
     c.constant("VR_KIND_REJECT", msg::KIND_REJECT);
     c.constant("VR_KIND_EVICTED", msg::KIND_EVICTED);
     c.constant("VR_KIND_BYE", msg::KIND_BYE);
+    c.constant("VR_KIND_ATTACH", msg::KIND_ATTACH);
     c.constant("VR_HELLO_LOSSLESS", msg::HELLO_LOSSLESS);
     c.constant("VR_HELLO_SEQUENTIAL", msg::HELLO_SEQUENTIAL);
     c.constant("VR_HELLO_WRITE", msg::HELLO_WRITE);
+    c.constant("VR_HELLO_PUSH", msg::HELLO_PUSH);
     c.push(
         "VR_BACKEND_BIT(VR_BACKEND_HOST)",
         "VR_BACKEND_BIT(VR_BACKEND_HOST)",
@@ -267,6 +253,27 @@ fn constants(c: &mut Checks) {
     c.constant("VR_REJECT_SHUTDOWN", msg::REJECT_SHUTDOWN);
     c.constant("VR_REJECT_WRITE_DENIED", msg::REJECT_WRITE_DENIED);
     c.constant("VR_EVICT_LEASE", msg::EVICT_LEASE);
+    c.constant("VR_EVICT_ATTACH", msg::EVICT_ATTACH);
+
+    // Every message kind is in the header: a new `Msg` variant fails to
+    // compile here, a new kind code fails to decode below.
+    fn every_kind_is_listed(m: &Msg) -> u32 {
+        match m {
+            Msg::Hello(_) => msg::KIND_HELLO,
+            Msg::Welcome(_) => msg::KIND_WELCOME,
+            Msg::Reject(_) => msg::KIND_REJECT,
+            Msg::Evicted(_) => msg::KIND_EVICTED,
+            Msg::Bye => msg::KIND_BYE,
+            Msg::Attach(_) => msg::KIND_ATTACH,
+        }
+    }
+    assert_eq!(every_kind_is_listed(&Msg::Bye), msg::KIND_BYE);
+    let mut unknown = Msg::Bye.encode();
+    unknown[8..12].copy_from_slice(&7u32.to_le_bytes());
+    assert!(
+        Msg::decode(&unknown).is_err(),
+        "message kind 7 decodes: add it to proto/vramring.h, PROTOCOL.md and this test"
+    );
 }
 
 /// Where `needle` first occurs in `hay`.
@@ -311,33 +318,17 @@ fn message_header(c: &mut Checks, name: &str, ty: &str, label: &str, bytes: &[u8
         ("kind", 8, word(8)),
         ("body_len", 12, word(12)),
     ] {
-        c.push(
-            format!("{label}.hdr.{f}"),
-            format!("offsetof({ty}, hdr.{f})"),
-            off,
-        );
-        c.push(
-            format!("decode {name}.hdr.{f}"),
-            format!("{name}_m.hdr.{f}"),
-            v,
-        );
+        c.push(format!("{label}.hdr.{f}"), format!("offsetof({ty}, hdr.{f})"), off);
+        c.push(format!("decode {name}.hdr.{f}"), format!("{name}_m.hdr.{f}"), v);
     }
 }
 
 fn messages(c: &mut Checks) {
     c.push("vr_msg_header", "sizeof(vr_msg_header)", msg::HEADER_BYTES);
     c.push("vr_msg_header.magic", "offsetof(vr_msg_header, magic)", 0);
-    c.push(
-        "vr_msg_header.version",
-        "offsetof(vr_msg_header, version)",
-        4,
-    );
+    c.push("vr_msg_header.version", "offsetof(vr_msg_header, version)", 4);
     c.push("vr_msg_header.kind", "offsetof(vr_msg_header, kind)", 8);
-    c.push(
-        "vr_msg_header.body_len",
-        "offsetof(vr_msg_header, body_len)",
-        12,
-    );
+    c.push("vr_msg_header.body_len", "offsetof(vr_msg_header, body_len)", 12);
 
     // Bye: a bare header.
     let bye = Msg::Bye.encode();
@@ -345,11 +336,7 @@ fn messages(c: &mut Checks) {
     embed(c, "bye", "vr_msg_header", &bye);
     c.push("decode bye.kind", "bye_m.kind", msg::KIND_BYE);
     c.push("decode bye.body_len", "bye_m.body_len", 0);
-    c.push(
-        "VR_BYE_BODY_BYTES",
-        "VR_BYE_BODY_BYTES",
-        bye.len() - msg::HEADER_BYTES,
-    );
+    c.push("VR_BYE_BODY_BYTES", "VR_BYE_BODY_BYTES", bye.len() - msg::HEADER_BYTES);
 
     // Hello, with a distinct marker in every field.
     let uuid: [u8; 16] = std::array::from_fn(|i| 0xd0 + i as u8);
@@ -380,11 +367,7 @@ fn messages(c: &mut Checks) {
         ("device_uuid", f_uuid, 16),
         ("reserved", f_reserved, b.len() - f_reserved),
     ] {
-        c.push(
-            format!("vr_hello.{f}"),
-            format!("offsetof(vr_hello, {f})"),
-            off,
-        );
+        c.push(format!("vr_hello.{f}"), format!("offsetof(vr_hello, {f})"), off);
         c.push(
             format!("sizeof vr_hello.{f}"),
             format!("sizeof(((vr_hello *)0)->{f})"),
@@ -395,27 +378,12 @@ fn messages(c: &mut Checks) {
         b[f_name + name.len()..f_uuid].iter().all(|&x| x == 0),
         "hello name is NUL-padded"
     );
-    assert!(
-        b[f_reserved..].iter().all(|&x| x == 0),
-        "hello reserved bytes are zero"
-    );
+    assert!(b[f_reserved..].iter().all(|&x| x == 0), "hello reserved bytes are zero");
     c.push("decode hello.flags", "hello_m.flags", hello.flags);
     c.push("decode hello.backends", "hello_m.backends", hello.backends);
-    c.push(
-        "decode hello.name[0]",
-        "hello_m.name[0]",
-        name.as_bytes()[0],
-    );
-    c.push(
-        "decode hello.name[len]",
-        format!("hello_m.name[{}]", name.len()),
-        0u8,
-    );
-    c.push(
-        "decode hello.device_uuid[15]",
-        "hello_m.device_uuid[15]",
-        uuid[15],
-    );
+    c.push("decode hello.name[0]", "hello_m.name[0]", name.as_bytes()[0]);
+    c.push("decode hello.name[len]", format!("hello_m.name[{}]", name.len()), 0u8);
+    c.push("decode hello.device_uuid[15]", "hello_m.device_uuid[15]", uuid[15]);
 
     // Welcome.
     let uuid: [u8; 16] = std::array::from_fn(|i| 0x40 + i as u8);
@@ -432,14 +400,7 @@ fn messages(c: &mut Checks) {
     };
     let b = Msg::Welcome(w).encode();
     embed(c, "welcome", "vr_welcome", &b);
-    message_header(
-        c,
-        "welcome",
-        "vr_welcome",
-        "vr_welcome",
-        &b,
-        msg::KIND_WELCOME,
-    );
+    message_header(c, "welcome", "vr_welcome", "vr_welcome", &b, msg::KIND_WELCOME);
     c.push(
         "VR_WELCOME_BODY_BYTES",
         "VR_WELCOME_BODY_BYTES",
@@ -460,12 +421,7 @@ fn messages(c: &mut Checks) {
             4,
             u64::from(w.generation),
         ),
-        (
-            "epoch",
-            find(&b, &w.epoch.to_le_bytes(), "epoch"),
-            8,
-            w.epoch,
-        ),
+        ("epoch", find(&b, &w.epoch.to_le_bytes(), "epoch"), 8, w.epoch),
         (
             "backend",
             find(&b, &w.backend.to_le_bytes(), "backend"),
@@ -498,11 +454,7 @@ fn messages(c: &mut Checks) {
         ),
     ];
     for (f, off, size, v) in scalar {
-        c.push(
-            format!("vr_welcome.{f}"),
-            format!("offsetof(vr_welcome, {f})"),
-            off,
-        );
+        c.push(format!("vr_welcome.{f}"), format!("offsetof(vr_welcome, {f})"), off);
         c.push(
             format!("sizeof vr_welcome.{f}"),
             format!("sizeof(((vr_welcome *)0)->{f})"),
@@ -514,11 +466,7 @@ fn messages(c: &mut Checks) {
         ("device_uuid", f_uuid, 16),
         ("reserved", f_reserved, b.len() - f_reserved),
     ] {
-        c.push(
-            format!("vr_welcome.{f}"),
-            format!("offsetof(vr_welcome, {f})"),
-            off,
-        );
+        c.push(format!("vr_welcome.{f}"), format!("offsetof(vr_welcome, {f})"), off);
         c.push(
             format!("sizeof vr_welcome.{f}"),
             format!("sizeof(((vr_welcome *)0)->{f})"),
@@ -529,11 +477,7 @@ fn messages(c: &mut Checks) {
         b[f_reserved..].iter().all(|&x| x == 0),
         "welcome reserved bytes are zero"
     );
-    c.push(
-        "decode welcome.device_uuid[0]",
-        "welcome_m.device_uuid[0]",
-        uuid[0],
-    );
+    c.push("decode welcome.device_uuid[0]", "welcome_m.device_uuid[0]", uuid[0]);
 
     // Reject and Evicted share one record.
     let reason = "reason-marker";
@@ -557,14 +501,7 @@ fn messages(c: &mut Checks) {
     ] {
         let b = m.encode();
         embed(c, name, "vr_notice", &b);
-        message_header(
-            c,
-            name,
-            "vr_notice",
-            &format!("vr_notice({name})"),
-            &b,
-            kind,
-        );
+        message_header(c, name, "vr_notice", &format!("vr_notice({name})"), &b, kind);
         let f_code = find(&b, &0xa1a2_a3a4u32.to_le_bytes(), "notice.code");
         let f_reason = find(&b, reason.as_bytes(), "notice.reason");
         for (f, off, size) in [
@@ -584,11 +521,7 @@ fn messages(c: &mut Checks) {
             );
         }
         assert_eq!(b.len() - f_reason, msg::REASON_BYTES);
-        c.push(
-            format!("decode {name}.code"),
-            format!("{name}_m.code"),
-            0xa1a2_a3a4u32,
-        );
+        c.push(format!("decode {name}.code"), format!("{name}_m.code"), 0xa1a2_a3a4u32);
         c.push(
             format!("decode {name}.reason[0]"),
             format!("{name}_m.reason[0]"),
@@ -600,8 +533,48 @@ fn messages(c: &mut Checks) {
             b.len() - msg::HEADER_BYTES,
         );
     }
+    // Attach, with a distinct marker in every field.
+    let a = Attach {
+        count: 0xa1a2_a3a4,
+        stride: 0xb1b2_b3b4_b5b6_b7b8,
+        bytes: 0xc1c2_c3c4_c5c6_c7c8,
+    };
+    let b = Msg::Attach(a).encode();
+    embed(c, "attach", "vr_attach", &b);
+    message_header(c, "attach", "vr_attach", "vr_attach", &b, msg::KIND_ATTACH);
+    c.push(
+        "VR_ATTACH_BODY_BYTES",
+        "VR_ATTACH_BODY_BYTES",
+        b.len() - msg::HEADER_BYTES,
+    );
+    let f_count = find(&b, &a.count.to_le_bytes(), "attach.count");
+    let f_stride = find(&b, &a.stride.to_le_bytes(), "attach.stride");
+    let f_bytes = find(&b, &a.bytes.to_le_bytes(), "attach.bytes");
+    assert_eq!(f_bytes + 8, b.len(), "attach.bytes ends the record");
+    for (f, off, size, v) in [
+        ("count", f_count, 4usize, u64::from(a.count)),
+        ("reserved", f_count + 4, f_stride - f_count - 4, 0),
+        ("stride", f_stride, 8, a.stride),
+        ("bytes", f_bytes, 8, a.bytes),
+    ] {
+        c.push(format!("vr_attach.{f}"), format!("offsetof(vr_attach, {f})"), off);
+        c.push(
+            format!("sizeof vr_attach.{f}"),
+            format!("sizeof(((vr_attach *)0)->{f})"),
+            size,
+        );
+        c.push(format!("decode attach.{f}"), format!("attach_m.{f}"), v);
+    }
+    assert!(
+        b[f_count + 4..f_stride].iter().all(|&x| x == 0),
+        "attach reserved bytes are zero"
+    );
+    // The C record decodes what C encodes the same way Rust does.
+    assert_eq!(Msg::decode(&b).unwrap(), Msg::Attach(a));
+
     // Every record fits one datagram.
     c.push("vr_notice fits", "sizeof(vr_notice) <= VR_MAX_MSG_BYTES", 1);
+    c.push("vr_attach fits", "sizeof(vr_attach) <= VR_MAX_MSG_BYTES", 1);
 }
 
 /// The first fenced C block after the heading `heading` in PROTOCOL.md.
@@ -626,13 +599,7 @@ fn protocol_md_code(c: &mut Checks) {
 
     let pattern = doc_c_block(&md, "## Appendix A");
     let _ = writeln!(c.top, "/* PROTOCOL.md, Appendix A */\n{pattern}\n");
-    for (seq, i) in [
-        (0u64, 4u32),
-        (1, 4),
-        (7, 100),
-        (0x1_0000_0007, 5),
-        (u64::MAX, 12345),
-    ] {
+    for (seq, i) in [(0u64, 4u32), (1, 4), (7, 100), (0x1_0000_0007, 5), (u64::MAX, 12345)] {
         c.push(
             format!("appendix-a word({seq:#x},{i})"),
             format!("word(UINT64_C({seq:#x}), {i}u)"),
@@ -664,9 +631,7 @@ fn protocol_md_code(c: &mut Checks) {
 
 fn c_program(c: &Checks) -> String {
     let mut s = String::new();
-    s.push_str(
-        "#include <stdio.h>\n#include <stddef.h>\n#include <string.h>\n#include \"vramring.h\"\n\n",
-    );
+    s.push_str("#include <stdio.h>\n#include <stddef.h>\n#include <string.h>\n#include \"vramring.h\"\n\n");
     s.push_str(&c.top);
     s.push_str("int main(void) {\n");
     s.push_str(&c.prelude);
@@ -719,9 +684,7 @@ fn compile_and_run(dir: &Path, source: &str) -> String {
         String::from_utf8_lossy(&out.stderr),
         src.display()
     );
-    let run = Command::new(&exe)
-        .output()
-        .expect("running the compiled C program");
+    let run = Command::new(&exe).output().expect("running the compiled C program");
     assert!(
         run.status.success(),
         "the C program failed ({}):\n{}{}",
@@ -733,8 +696,7 @@ fn compile_and_run(dir: &Path, source: &str) -> String {
 }
 
 fn scratch_dir() -> PathBuf {
-    let dir =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c_layout-{}", std::process::id()));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c_layout-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("creating a scratch directory");
     dir
 }
@@ -753,10 +715,7 @@ fn c_header_matches_the_rust_layout_and_messages() {
     let mut got: BTreeMap<&str, &str> = BTreeMap::new();
     for line in output.lines() {
         let (label, value) = line.rsplit_once(' ').unwrap_or((line, ""));
-        assert!(
-            got.insert(label, value).is_none(),
-            "duplicate label {label:?}"
-        );
+        assert!(got.insert(label, value).is_none(), "duplicate label {label:?}");
     }
     let mut failures = Vec::new();
     for k in &checks.list {
@@ -770,9 +729,7 @@ fn c_header_matches_the_rust_layout_and_messages() {
         }
     }
     for (label, v) in got {
-        failures.push(format!(
-            "{label}: printed by the C program ({v}) but not checked"
-        ));
+        failures.push(format!("{label}: printed by the C program ({v}) but not checked"));
     }
     assert!(
         failures.is_empty(),
@@ -782,8 +739,5 @@ fn c_header_matches_the_rust_layout_and_messages() {
         failures.join("\n  ")
     );
     let _ = std::fs::remove_dir_all(&dir);
-    eprintln!(
-        "{} layout, constant and message checks agree",
-        checks.list.len()
-    );
+    eprintln!("{} layout, constant and message checks agree", checks.list.len());
 }

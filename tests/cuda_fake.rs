@@ -7,8 +7,8 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use vramring::memory::cuda::{
-    code, CallRecord, CuContext, CuStream, CudaImport, CudaPool, DeviceSelector, Driver,
-    FakeDevice, FakeDriver, PatternKernels,
+    code, CallRecord, CuContext, CuStream, CudaImport, CudaPool, DeviceSelector, Driver, FakeDevice, FakeDriver,
+    PatternKernels,
 };
 use vramring::memory::{ExportedPool, ImportedPool, WriteCompletion};
 use vramring::Error;
@@ -54,23 +54,14 @@ fn assert_clean(d: &FakeDriver, foreign: CuContext, what: &str) {
         Some(foreign),
         "{what}: the caller's context is not current again"
     );
-    assert_eq!(
-        d.stack_depth(),
-        1,
-        "{what}: the context stack was not restored"
-    );
+    assert_eq!(d.stack_depth(), 1, "{what}: the context stack was not restored");
 }
 
 fn create(d: &Arc<FakeDriver>, bytes: u64) -> vramring::Result<CudaPool<FakeDriver>> {
     CudaPool::create(Arc::clone(d), DeviceSelector::Uuid(GPU), bytes)
 }
 
-fn import(
-    d: &Arc<FakeDriver>,
-    fd: OwnedFd,
-    bytes: u64,
-    writable: bool,
-) -> vramring::Result<CudaImport<FakeDriver>> {
+fn import(d: &Arc<FakeDriver>, fd: OwnedFd, bytes: u64, writable: bool) -> vramring::Result<CudaImport<FakeDriver>> {
     CudaImport::import(Arc::clone(d), fd, bytes, GPU, writable)
 }
 
@@ -84,9 +75,7 @@ fn calls_made(make: impl Fn() -> Arc<FakeDriver>, f: impl Fn(&Arc<FakeDriver>)) 
 
 #[test]
 fn a_pool_that_fails_at_any_driver_call_leaves_nothing_behind() {
-    let total = calls_made(publisher_process, |d| {
-        std::mem::forget(create(d, 8 * MIB).unwrap())
-    });
+    let total = calls_made(publisher_process, |d| std::mem::forget(create(d, 8 * MIB).unwrap()));
     assert!(total > 15, "create made only {total} calls");
     let mut failures = 0;
     for n in 1..=total {
@@ -108,8 +97,7 @@ fn a_pool_that_fails_at_any_driver_call_leaves_nothing_behind() {
                 );
                 assert_clean(&d, foreign, &format!("create failing at call {n}"));
                 // The same process can try again and succeed.
-                let mut p =
-                    create(&d, 8 * MIB).unwrap_or_else(|e| panic!("retry after call {n}: {e}"));
+                let mut p = create(&d, 8 * MIB).unwrap_or_else(|e| panic!("retry after call {n}: {e}"));
                 p.close().unwrap();
             }
             // A failed context pop is retried once, so a fault there is absorbed.
@@ -122,16 +110,9 @@ fn a_pool_that_fails_at_any_driver_call_leaves_nothing_behind() {
                 p.close().unwrap();
             }
         }
-        assert_clean(
-            &d,
-            foreign,
-            &format!("create failing at call {n}, then retried"),
-        );
+        assert_clean(&d, foreign, &format!("create failing at call {n}, then retried"));
     }
-    assert!(
-        failures > total / 2,
-        "only {failures} of {total} faults surfaced"
-    );
+    assert!(failures > total / 2, "only {failures} of {total} faults surfaced");
 }
 
 #[test]
@@ -157,11 +138,7 @@ fn an_import_that_fails_at_any_driver_call_leaves_nothing_behind() {
             }
             Ok(mut imp) => imp.close().unwrap(),
         }
-        assert_clean(
-            &d,
-            foreign,
-            &format!("import failing at call {n}, then retried"),
-        );
+        assert_clean(&d, foreign, &format!("import failing at call {n}, then retried"));
     }
 }
 
@@ -171,9 +148,7 @@ fn a_pool_close_that_fails_at_any_call_succeeds_on_retry_and_frees_everything() 
         let mut p = create(d, 4 * MIB).unwrap();
         let _ = foreign_current(d);
         p.close().unwrap();
-    }) - calls_made(publisher_process, |d| {
-        std::mem::forget(create(d, 4 * MIB).unwrap())
-    });
+    }) - calls_made(publisher_process, |d| std::mem::forget(create(d, 4 * MIB).unwrap()));
     assert!(close_calls >= 7, "close made only {close_calls} calls");
     let mut failed_closes = 0;
     for k in 1..=close_calls {
@@ -306,10 +281,7 @@ fn a_close_that_fails_mid_teardown_keeps_what_is_left_and_a_retry_finishes() {
         other => panic!("expected cuMemAddressFree to fail, got {other:?}"),
     }
     let held = d.leaks();
-    assert!(
-        held.mappings.is_empty(),
-        "the unmap that succeeded is not repeated"
-    );
+    assert!(held.mappings.is_empty(), "the unmap that succeeded is not repeated");
     assert_eq!(held.reservations.len(), 1);
     assert_eq!(held.handles.len(), 1);
     assert_eq!(held.primary_contexts, [(0, 1)]);
@@ -317,11 +289,7 @@ fn a_close_that_fails_mid_teardown_keeps_what_is_left_and_a_retry_finishes() {
     assert!(d.leaks().is_empty());
     let calls = d.calls();
     pool.close().unwrap();
-    assert_eq!(
-        d.calls(),
-        calls,
-        "a second close after success makes no driver calls"
-    );
+    assert_eq!(d.calls(), calls, "a second close after success makes no driver calls");
     let unmaps = d.log().iter().filter(|r| r.call == "cuMemUnmap").count();
     assert_eq!(unmaps, 1);
 }
@@ -404,10 +372,7 @@ fn a_read_only_import_cannot_write_the_pool_and_a_writable_one_can() {
     let mut b = [0u8; 16];
     // SAFETY: inside the publisher's mapping.
     unsafe { pubd.memcpy_dtoh(&mut b, pool.base_addr()) }.unwrap();
-    assert_eq!(
-        b, [0xAB; 16],
-        "the publisher sees the writable subscriber's bytes"
-    );
+    assert_eq!(b, [0xAB; 16], "the publisher sees the writable subscriber's bytes");
 }
 
 #[test]
@@ -415,12 +380,7 @@ fn an_import_on_a_machine_without_the_publishers_gpu_is_refused_by_uuid() {
     let pubd = publisher_process();
     let pool = create(&pubd, 2 * MIB).unwrap();
     let elsewhere = FakeDriver::with_one_gpu(OTHER);
-    match import(
-        &elsewhere,
-        pool.export_fd().unwrap(),
-        pool.pool_bytes(),
-        false,
-    ) {
+    match import(&elsewhere, pool.export_fd().unwrap(), pool.pool_bytes(), false) {
         Err(Error::DeviceNotVisible { uuid }) => {
             assert!(uuid.starts_with("GPU-66616b65"), "{uuid}")
         }
@@ -464,10 +424,7 @@ fn the_pool_is_rounded_up_to_the_granularity_once() {
     let pool = create(&d, 16 * 3_110_400).unwrap();
     assert_eq!(pool.pool_bytes(), 48 * MIB);
     assert_eq!(pool.granularity(), 2 * MIB);
-    assert_eq!(
-        d.log().iter().filter(|r| r.call == "cuMemCreate").count(),
-        1
-    );
+    assert_eq!(d.log().iter().filter(|r| r.call == "cuMemCreate").count(), 1);
 }
 
 #[test]
@@ -497,14 +454,8 @@ fn a_copy_that_leaves_the_pool_or_a_closed_pool_is_an_error() {
     let subd = subscriber_process();
     let mut pool = create(&pubd, 2 * MIB).unwrap();
     let mut imp = import(&subd, pool.export_fd().unwrap(), pool.pool_bytes(), false).unwrap();
-    assert!(matches!(
-        imp.copy_out(2 * MIB - 10, 11),
-        Err(Error::LayoutMismatch(_))
-    ));
-    assert!(matches!(
-        imp.copy_out(u64::MAX, 2),
-        Err(Error::LayoutMismatch(_))
-    ));
+    assert!(matches!(imp.copy_out(2 * MIB - 10, 11), Err(Error::LayoutMismatch(_))));
+    assert!(matches!(imp.copy_out(u64::MAX, 2), Err(Error::LayoutMismatch(_))));
     imp.close().unwrap();
     assert!(matches!(imp.copy_out(0, 1), Err(Error::Closed)));
     pool.close().unwrap();

@@ -9,8 +9,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use vramring::memory::cuda::{
-    free_memory_probe, ContextGuard, CuStream, CudaImport, CudaPool, DeviceSelector, Driver,
-    PatternKernels, RealDriver,
+    free_memory_probe, ContextGuard, CuStream, CudaImport, CudaPool, DeviceSelector, Driver, PatternKernels, RealDriver,
 };
 use vramring::memory::{ExportedPool, ImportedPool, WriteCompletion};
 
@@ -87,12 +86,7 @@ fn check_slots(imp: &mut CudaImport, k: &PatternKernels<RealDriver>, first_seq: 
     Ok(())
 }
 
-fn pool() -> R<(
-    Arc<RealDriver>,
-    CudaPool,
-    PatternKernels<RealDriver>,
-    TestStream,
-)> {
+fn pool() -> R<(Arc<RealDriver>, CudaPool, PatternKernels<RealDriver>, TestStream)> {
     let d = RealDriver::shared()?;
     let pool = CudaPool::create(Arc::clone(&d), DeviceSelector::Ordinal(0), SLOTS * STRIDE)?;
     let k = PatternKernels::load(Arc::clone(&d), pool.device())?;

@@ -46,10 +46,7 @@ fn four_subscriber_processes_see_no_torn_frame_exact_gaps_and_a_complete_lossles
         SubSpec::new("sequential-slow", "sequential", 300, FRAMES),
         SubSpec::new("lossless", "lossless", 0, FRAMES),
     ];
-    let results: Vec<PathBuf> = specs
-        .iter()
-        .map(|s| dir.join(&format!("{}.result", s.name)))
-        .collect();
+    let results: Vec<PathBuf> = specs.iter().map(|s| dir.join(&format!("{}.result", s.name))).collect();
     let mut children: Vec<ChildProc> = specs
         .iter()
         .zip(&results)
@@ -96,19 +93,8 @@ fn four_subscriber_processes_see_no_torn_frame_exact_gaps_and_a_complete_lossles
             p99,
             max
         );
-        assert_eq!(
-            r.num("torn"),
-            0,
-            "{}: torn frames {}",
-            s.name,
-            r.get("torn_detail")
-        );
-        assert_eq!(
-            r.seqs.last(),
-            Some(&FRAMES),
-            "{}: read up to the last frame",
-            s.name
-        );
+        assert_eq!(r.num("torn"), 0, "{}: torn frames {}", s.name, r.get("torn_detail"));
+        assert_eq!(r.seqs.last(), Some(&FRAMES), "{}: read up to the last frame", s.name);
         r.assert_gaps_exactly_counted();
         if s.mode == "lossless" {
             assert_eq!(
@@ -139,9 +125,7 @@ fn a_subscriber_in_its_own_pid_ipc_and_mount_namespaces_receives_correct_frames(
     let spec = SubSpec::new("namespaced", "sequential", 0, UNTIL);
     let result = dir.join("namespaced.result");
     let unshare = ["unshare", "--pid", "--ipc", "--mount", "--fork", "--"];
-    let found = std::process::Command::new("unshare")
-        .arg("--version")
-        .output();
+    let found = std::process::Command::new("unshare").arg("--version").output();
     assert!(
         found.is_ok_and(|o| o.status.success()),
         "`unshare` (util-linux) is needed to start a subscriber in its own namespaces; install util-linux (.ci/run does)"
@@ -189,11 +173,7 @@ fn a_subscriber_in_its_own_pid_ipc_and_mount_namespaces_receives_correct_frames(
         r.num("dropped"),
         r.num("torn")
     );
-    assert_eq!(
-        r.num("pid"),
-        1,
-        "the subscriber is PID 1 of its own PID namespace"
-    );
+    assert_eq!(r.num("pid"), 1, "the subscriber is PID 1 of its own PID namespace");
     for kind in ["pid", "ipc", "mnt"] {
         let theirs = r.get(&format!("ns_{kind}"));
         assert!(!theirs.is_empty(), "no {kind} namespace reported");

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use vramring::publisher::BackendChoice;
-use vramring::{testpattern, Error, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions};
+use vramring::{
+    testpattern, Error, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions,
+};
 
 fn sock(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("vramring-smoke-{}-{name}.sock", std::process::id()))
@@ -22,7 +24,8 @@ fn a_published_frame_arrives_whole_with_its_meta() {
     let mut slot = p.loan(Duration::from_millis(10)).unwrap();
     let seq = slot.seq();
     testpattern::fill(slot.bytes_mut().unwrap(), seq);
-    slot.publish(FrameMeta::pts(1234).with_user(b"cam-7").unwrap().with_flags(1)).unwrap();
+    slot.publish(FrameMeta::pts(1234).with_user(b"cam-7").unwrap().with_flags(1))
+        .unwrap();
     let f = s.next(Duration::from_secs(1)).unwrap();
     assert_eq!(f.seq(), 1);
     assert_eq!(f.pts(), 1234);
@@ -51,7 +54,10 @@ fn a_closed_publisher_is_reported_as_gone_promptly() {
         p.close().unwrap();
     });
     let t = std::time::Instant::now();
-    assert!(matches!(s.next(Duration::from_secs(10)), Err(Error::ProducerGone { .. })));
+    assert!(matches!(
+        s.next(Duration::from_secs(10)),
+        Err(Error::ProducerGone { .. })
+    ));
     assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
     h.join().unwrap();
 }
@@ -60,7 +66,10 @@ fn a_closed_publisher_is_reported_as_gone_promptly() {
 fn a_second_publisher_cannot_take_a_live_socket() {
     let path = sock("live");
     let _p = Publisher::create(&path, host(Format::Gray8, 16, 16)).unwrap();
-    assert!(matches!(Publisher::create(&path, host(Format::Gray8, 16, 16)), Err(Error::AddressInUse(_))));
+    assert!(matches!(
+        Publisher::create(&path, host(Format::Gray8, 16, 16)),
+        Err(Error::AddressInUse(_))
+    ));
 }
 
 #[test]
@@ -123,14 +132,21 @@ fn a_reconnecting_subscriber_follows_the_next_publisher_instance() {
     let first_epoch;
     {
         let mut p = Publisher::create(&path, host(Format::Gray8, 32, 8)).unwrap();
-        s = Subscriber::connect(&path, SubscriberOptions::default().mode(Mode::Sequential).reconnect(true)).unwrap();
+        s = Subscriber::connect(
+            &path,
+            SubscriberOptions::default().mode(Mode::Sequential).reconnect(true),
+        )
+        .unwrap();
         first_epoch = s.epoch();
         let slot = p.loan(Duration::from_millis(10)).unwrap();
         slot.publish(FrameMeta::pts(1)).unwrap();
         assert_eq!(s.next(Duration::from_secs(1)).unwrap().seq(), 1);
         p.close().unwrap();
     }
-    assert!(matches!(s.next(Duration::from_secs(1)), Err(Error::ProducerGone { .. })));
+    assert!(matches!(
+        s.next(Duration::from_secs(1)),
+        Err(Error::ProducerGone { .. })
+    ));
     let mut p2 = Publisher::create(&path, host(Format::Gray8, 32, 8)).unwrap();
     let h = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(100));

@@ -13,9 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vramring::lifecycle::{
-    register, ExitPhase, ExitShutdown, ExitWorker, MemoryWatchdog, WatchdogAction,
-};
+use vramring::lifecycle::{register, ExitPhase, ExitShutdown, ExitWorker, MemoryWatchdog, WatchdogAction};
 
 const SCENARIO: &str = "VRAMRING_EXIT_SCENARIO";
 const MARKER: &str = "VRAMRING_EXIT_MARKER";
@@ -28,8 +26,7 @@ fn append_marker(path: &Path, line: &str) {
         .append(true)
         .open(path)
         .expect("open marker");
-    f.write_all(format!("{line}\n").as_bytes())
-        .expect("write marker");
+    f.write_all(format!("{line}\n").as_bytes()).expect("write marker");
 }
 
 /// A service-like thread: loops until stopped, then writes its marker.
@@ -76,9 +73,7 @@ fn exit_child() {
     match scenario.as_str() {
         "service" => {
             let service: &'static ExitWorker = Box::leak(Box::new(spawn_service(marker.clone())));
-            register_teardown(&marker, || {
-                format!("service_finished={}", service.is_finished())
-            });
+            register_teardown(&marker, || format!("service_finished={}", service.is_finished()));
             std::process::exit(0);
         }
         "watchdog" => {
@@ -92,9 +87,7 @@ fn exit_child() {
                 )
                 .expect("start watchdog"),
             ));
-            register_teardown(&marker, || {
-                format!("watchdog_running={}", watchdog.is_running())
-            });
+            register_teardown(&marker, || format!("watchdog_running={}", watchdog.is_running()));
             std::process::exit(0);
         }
         "stuck" => {
@@ -106,9 +99,7 @@ fn exit_child() {
                     })
                     .expect("spawn stuck worker"),
             ));
-            register_teardown(&marker, || {
-                format!("stuck_finished={}", stuck.is_finished())
-            });
+            register_teardown(&marker, || format!("stuck_finished={}", stuck.is_finished()));
             std::process::exit(0);
         }
         "exit_from_watchdog" => {
@@ -137,10 +128,7 @@ const PROMPT: Duration = Duration::from_secs(5);
 /// Runs `scenario` in a child and asserts that it exited 0 within
 /// [`PROMPT`] and wrote exactly `expected` to its marker file.
 fn assert_child_exits_0_promptly(scenario: &str, expected: &[&str]) {
-    let marker = std::env::temp_dir().join(format!(
-        "vramring-lifecycle-exit-{}-{scenario}.txt",
-        std::process::id()
-    ));
+    let marker = std::env::temp_dir().join(format!("vramring-lifecycle-exit-{}-{scenario}.txt", std::process::id()));
     let _ = std::fs::remove_file(&marker);
     let start = Instant::now();
     let mut child = Command::new(std::env::current_exe().expect("current exe"))
@@ -177,31 +165,18 @@ fn assert_child_exits_0_promptly(scenario: &str, expected: &[&str]) {
         Some(0),
         "child scenario {scenario} exited with {status}; output:\n{output}"
     );
-    assert!(
-        took < PROMPT,
-        "child scenario {scenario} took {took:?} to exit"
-    );
-    assert_eq!(
-        markers.lines().collect::<Vec<_>>(),
-        expected,
-        "scenario {scenario}"
-    );
+    assert!(took < PROMPT, "child scenario {scenario} took {took:?} to exit");
+    assert_eq!(markers.lines().collect::<Vec<_>>(), expected, "scenario {scenario}");
 }
 
 #[test]
 fn process_exit_stops_and_joins_a_service_thread_before_teardown() {
-    assert_child_exits_0_promptly(
-        "service",
-        &["service stopped", "teardown service_finished=true"],
-    );
+    assert_child_exits_0_promptly("service", &["service stopped", "teardown service_finished=true"]);
 }
 
 #[test]
 fn process_exit_with_a_live_watchdog_exits_promptly() {
-    assert_child_exits_0_promptly(
-        "watchdog",
-        &["service stopped", "teardown watchdog_running=false"],
-    );
+    assert_child_exits_0_promptly("watchdog", &["service stopped", "teardown watchdog_running=false"]);
 }
 
 #[test]

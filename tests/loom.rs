@@ -21,9 +21,7 @@ use loom::thread;
 
 use std::time::{Duration, Instant};
 
-use vramring::layout::{
-    RingHeader, SlotDesc, SubEntry, SUBF_LOSSLESS, SUBF_SEQUENTIAL, SUB_ACTIVE,
-};
+use vramring::layout::{RingHeader, SlotDesc, SubEntry, SUBF_LOSSLESS, SUBF_SEQUENTIAL, SUB_ACTIVE};
 use vramring::protocol::{self, CommitMeta, Look, ReadMode, SlotSnapshot, WaitOutcome};
 
 /// Words of pixel data per slot.
@@ -202,8 +200,7 @@ fn reader_seqs_only_increase(mode: ReadMode, slot_count: u32, frames: u64, preem
         let mut last = 0;
         while last < frames {
             let g = ring.global();
-            let Some(p) = protocol::pick(mode, last, g, protocol::safe_window(slot_count, false))
-            else {
+            let Some(p) = protocol::pick(mode, last, g, protocol::safe_window(slot_count, false)) else {
                 thread::yield_now();
                 continue;
             };
@@ -218,11 +215,7 @@ fn reader_seqs_only_increase(mode: ReadMode, slot_count: u32, frames: u64, preem
                     let words = ring.copy(p.seq);
                     if snap.still_valid(slot) {
                         assert_whole(&snap, &words);
-                        assert!(
-                            snap.seq > last,
-                            "accepted frame {} after frame {last}",
-                            snap.seq
-                        );
+                        assert!(snap.seq > last, "accepted frame {} after frame {last}", snap.seq);
                         last = snap.seq;
                     } else if mode == ReadMode::Sequential {
                         // As `Subscriber::next`: an overrun is a gap.
@@ -234,10 +227,7 @@ fn reader_seqs_only_increase(mode: ReadMode, slot_count: u32, frames: u64, preem
                         last = p.seq;
                     }
                 }
-                Look::NotYet => panic!(
-                    "frame {} is not in its slot although global_seq is {g}",
-                    p.seq
-                ),
+                Look::NotYet => panic!("frame {} is not in its slot although global_seq is {g}", p.seq),
             }
         }
         producer.join().unwrap();
@@ -320,12 +310,7 @@ fn lossless_sequential_reader_gets_every_frame() {
         let mut last = 0;
         while last < 3 {
             let g = ring.global();
-            let Some(p) = protocol::pick(
-                ReadMode::Sequential,
-                last,
-                g,
-                protocol::safe_window(2, true),
-            ) else {
+            let Some(p) = protocol::pick(ReadMode::Sequential, last, g, protocol::safe_window(2, true)) else {
                 thread::yield_now();
                 continue;
             };

@@ -12,12 +12,13 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use vramring::memory::cuda::GpuTestPattern;
 use vramring::publisher::BackendChoice;
 use vramring::testpattern::{self, PatternError};
 use vramring::time::monotonic_ns;
 use vramring::{
-    BackendKind, Error as RingError, Format, Frame, FrameMeta, Mode, Policy, Publisher, RingConfig,
-    SlotMut, Subscriber, SubscriberOptions,
+    BackendKind, Error as RingError, Format, Frame, FrameMeta, Mode, Policy, Publisher, RingConfig, SlotMut,
+    Subscriber, SubscriberOptions,
 };
 
 /// What every example's `main` returns.
@@ -133,6 +134,10 @@ pub struct ConsumerArgs {
     /// Ask to be a lossless reader (the producer must use --policy lossless).
     #[arg(long)]
     pub lossless: bool,
+    /// Push delivery (latest mode): the publisher copies frames into this
+    /// consumer's own buffers, so it does no GPU work to receive them.
+    #[arg(long)]
+    pub push: bool,
     /// Name shown by the publisher.
     #[arg(long, default_value = "consumer")]
     pub name: String,
@@ -262,10 +267,7 @@ impl JsonLine {
     }
     /// The member `k` as text.
     pub fn get(&self, k: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(key, _)| key == k)
-            .map(|(_, v)| v.as_str())
+        self.0.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str())
     }
     /// The member `k` as an integer.
     pub fn u64(&self, k: &str) -> Option<u64> {
@@ -437,9 +439,13 @@ impl ProducerReport {
 /// This is the one place the GPU fill goes: launch the pattern kernel on a
 /// stream of the ring's context, then `SlotMut::publish_cuda` with that
 /// stream. It lands with the CUDA backend; until then it says so.
-pub fn fill_cuda(slot: SlotMut<'_>, seq: u64) -> AnyResult<u64> {
-    let _ = (slot, seq);
-    Err("the GPU test-pattern fill lands with the CUDA backend; use --backend host for now".into())
+pub fn fill_cuda(gpu: &GpuTestPattern, slot: SlotMut<'_>, seq: u64) -> AnyResult<u64> {
+    let len = slot.geometry().frame_bytes;
+    // SAFETY: the loaned slot is ours to write until it is published; it is
+    // device memory of the GPU's primary context, which `gpu` uses.
+    unsafe { gpu.fill(slot.addr(), len, seq)? };
+    // SAFETY: `gpu.stream()` is a live stream of the ring's context.
+    Ok(unsafe { slot.publish_cuda(FrameMeta::pts(seq as i64), gpu.stream()?)? })
 }
 
 /// Publishes frames as `args` says until the frame count is reached or a
@@ -461,6 +467,10 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
     let mut publisher = Publisher::create(&args.socket, cfg)?;
     let frame_bytes = publisher.geometry().frame_bytes;
     let kind = publisher.backend();
+    let gpu = match kind {
+        BackendKind::Cuda => Some(GpuTestPattern::for_uuid(publisher.info().device_uuid)?),
+        _ => None,
+    };
     if args.json {
         emit(
             &Json::event("ready")
@@ -512,9 +522,7 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
         let slot = match publisher.loan(Duration::from_millis(500)) {
             Ok(slot) => slot,
             Err(RingError::LosslessBlocked { name, held_seq, .. }) => {
-                eprintln!(
-                    "producer: waiting for lossless subscriber {name} to release frame {held_seq}"
-                );
+                eprintln!("producer: waiting for lossless subscriber {name} to release frame {held_seq}");
                 continue;
             }
             Err(e) => return Err(e.into()),
@@ -527,15 +535,15 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
                 testpattern::fill(slot.bytes_mut()?, seq);
                 slot.publish(meta)?;
             }
-            BackendKind::Cuda => {
-                fill_cuda(slot, seq)?;
+            _ => {
+                let gpu = gpu.as_ref().ok_or("no GPU pattern kernels for a CUDA ring")?;
+                fill_cuda(gpu, slot, seq)?;
             }
         }
         report.published += 1;
         if args.report_ms > 0 && Instant::now() >= report_due {
             let now = Instant::now();
-            let fps =
-                (report.published - last_report.1) as f64 / (now - last_report.0).as_secs_f64();
+            let fps = (report.published - last_report.1) as f64 / (now - last_report.0).as_secs_f64();
             let subs = publisher.stats().subscribers;
             if args.json {
                 emit(
@@ -650,10 +658,11 @@ impl ConsumerReport {
 
 /// Checks that `frame` carries the pattern of its seq. The outer error is
 /// "could not check"; the inner one is a torn or wrong frame.
-pub fn verify_frame(frame: &Frame<'_>) -> AnyResult<Result<(), PatternError>> {
-    match frame.host_bytes() {
-        Some(bytes) => Ok(testpattern::verify(bytes, frame.seq())),
-        None => verify_cuda(frame),
+pub fn verify_frame(gpu: Option<&GpuTestPattern>, frame: &Frame<'_>) -> AnyResult<Result<(), PatternError>> {
+    match (frame.host_bytes(), gpu) {
+        (Some(bytes), _) => Ok(testpattern::verify(bytes, frame.seq())),
+        (None, Some(gpu)) => verify_cuda(gpu, frame),
+        (None, None) => Err("a GPU frame needs the GPU pattern kernels".into()),
     }
 }
 
@@ -662,9 +671,25 @@ pub fn verify_frame(frame: &Frame<'_>) -> AnyResult<Result<(), PatternError>> {
 /// This is the one place the GPU check goes: run the pattern-check kernel
 /// over `frame.addr()` / `frame.len()` on the subscriber's stream and read
 /// back its verdict. It lands with the CUDA backend; until then it says so.
-pub fn verify_cuda(frame: &Frame<'_>) -> AnyResult<Result<(), PatternError>> {
-    let _ = frame;
-    Err("the GPU test-pattern check lands with the CUDA backend; run the producer with --backend host for now".into())
+pub fn verify_cuda(gpu: &GpuTestPattern, frame: &Frame<'_>) -> AnyResult<Result<(), PatternError>> {
+    // SAFETY: the frame's copy is device memory of the GPU's primary context
+    // in this process, held until the next call on the subscriber.
+    let c = unsafe { gpu.verify(frame.addr(), frame.len())? };
+    if c.is_intact(frame.seq()) {
+        return Ok(Ok(()));
+    }
+    Ok(Err(if c.mismatches == 0 && c.checksum_ok {
+        PatternError::WrongSeq {
+            expected: frame.seq(),
+            found: c.seq,
+        }
+    } else {
+        PatternError::Corrupt {
+            seq: c.seq,
+            mismatches: c.mismatches.into(),
+            checksum_ok: c.checksum_ok,
+        }
+    }))
 }
 
 fn connect_with_retry(args: &ConsumerArgs, opts: SubscriberOptions) -> AnyResult<Subscriber> {
@@ -696,13 +721,14 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
     let opts = SubscriberOptions::default()
         .name(args.name.clone())
         .mode(mode)
-        .lossless(args.lossless);
+        .lossless(args.lossless)
+        .push(args.push);
     let mut sub = connect_with_retry(args, opts)?;
-    let mode_name = if args.lossless {
-        "lossless"
-    } else {
-        args.mode_name()
+    let gpu = match sub.backend() {
+        BackendKind::Cuda => Some(GpuTestPattern::for_uuid(sub.info().device_uuid)?),
+        _ => None,
     };
+    let mode_name = if args.lossless { "lossless" } else { args.mode_name() };
     if args.json {
         emit(
             &Json::event("ready")
@@ -750,7 +776,7 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
         };
         let latency = monotonic_ns().saturating_sub(frame.commit_ns());
         let seq = frame.seq();
-        let checked = verify_frame(&frame)?;
+        let checked = verify_frame(gpu.as_ref(), &frame)?;
         last_at = Instant::now();
         first_at.get_or_insert(last_at);
         if report.delivered == 0 {
@@ -770,8 +796,7 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
         if args.report_ms > 0 && Instant::now() >= report_due {
             let now = Instant::now();
             let stats = sub.stats();
-            let fps =
-                (report.delivered - window_start.1) as f64 / (now - window_start.0).as_secs_f64();
+            let fps = (report.delivered - window_start.1) as f64 / (now - window_start.0).as_secs_f64();
             let (p50, p99) = (us(window.percentile(50.0)), us(window.percentile(99.0)));
             if args.json {
                 emit(

@@ -217,9 +217,7 @@ impl Registry {
     }
 
     fn shutdown_started(&self) -> bool {
-        lock(&self.state)
-            .as_ref()
-            .is_some_and(|s| s.shutdown_started)
+        lock(&self.state).as_ref().is_some_and(|s| s.shutdown_started)
     }
 
     #[cfg(test)]
@@ -344,9 +342,7 @@ impl ExitRegistration {
 
 impl fmt::Debug for ExitRegistration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ExitRegistration")
-            .field("id", &self.id)
-            .finish()
+        f.debug_struct("ExitRegistration").field("id", &self.id).finish()
     }
 }
 
@@ -425,11 +421,7 @@ impl StopSignal {
                 return true;
             }
             guard = match deadline {
-                None => self
-                    .inner
-                    .wake
-                    .wait(guard)
-                    .unwrap_or_else(PoisonError::into_inner),
+                None => self.inner.wake.wait(guard).unwrap_or_else(PoisonError::into_inner),
                 Some(deadline) => {
                     let now = Instant::now();
                     if now >= deadline {
@@ -448,9 +440,7 @@ impl StopSignal {
 
 impl fmt::Debug for StopSignal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StopSignal")
-            .field("raised", &self.is_raised())
-            .finish()
+        f.debug_struct("StopSignal").field("raised", &self.is_raised()).finish()
     }
 }
 
@@ -494,12 +484,7 @@ pub struct ExitJoin {
 impl ExitJoin {
     /// An owner for `handle`, a thread that returns soon after `stop` is
     /// raised. Join timeout: [`DEFAULT_JOIN_TIMEOUT`].
-    pub fn new(
-        name: impl Into<String>,
-        phase: ExitPhase,
-        stop: StopSignal,
-        handle: JoinHandle<()>,
-    ) -> Self {
+    pub fn new(name: impl Into<String>, phase: ExitPhase, stop: StopSignal, handle: JoinHandle<()>) -> Self {
         ExitJoin {
             name: name.into(),
             phase,
@@ -531,9 +516,7 @@ impl ExitJoin {
 
     /// Whether the thread has finished (or was joined already).
     pub fn is_finished(&self) -> bool {
-        lock(&self.handle)
-            .as_ref()
-            .is_none_or(JoinHandle::is_finished)
+        lock(&self.handle).as_ref().is_none_or(JoinHandle::is_finished)
     }
 
     /// Requests stop, wakes the thread and joins it, waiting at most the
@@ -731,8 +714,7 @@ impl ExitWorkerBuilder {
             .name(self.name.clone())
             .spawn(move || body(worker_stop))
             .map_err(|e| Error::io(format!("spawning thread {}", self.name), e))?;
-        let mut join =
-            ExitJoin::new(self.name, self.phase, stop, handle).with_join_timeout(self.join_timeout);
+        let mut join = ExitJoin::new(self.name, self.phase, stop, handle).with_join_timeout(self.join_timeout);
         join.wake = self.wake;
         let join = Arc::new(join);
         match register(Arc::clone(&join) as Arc<dyn ExitShutdown>) {
@@ -895,9 +877,9 @@ mod tests {
             }
             fn shutdown_for_process_exit(&self) {
                 lock(&self.events).push("reentrant");
-                let late =
-                    self.registry
-                        .register(probe(ExitPhase::Service, "nested", &self.events));
+                let late = self
+                    .registry
+                    .register(probe(ExitPhase::Service, "nested", &self.events));
                 late.unregister();
             }
         }
@@ -990,10 +972,7 @@ mod tests {
         outcomes.sort_by_key(|(o, _)| *o == JoinOutcome::AlreadyDone);
         assert_eq!(
             outcomes,
-            [
-                (JoinOutcome::Joined, true),
-                (JoinOutcome::AlreadyDone, true)
-            ]
+            [(JoinOutcome::Joined, true), (JoinOutcome::AlreadyDone, true)]
         );
     }
 

@@ -40,9 +40,7 @@ pub fn effective_free_bytes(cu_free: u64, mem_available: Option<u64>, integrated
 /// The `MemAvailable` line of `/proc/meminfo` text, in bytes. `None` when the
 /// line is missing, malformed, not in kB, or overflows.
 pub fn parse_mem_available(meminfo: &str) -> Option<u64> {
-    let rest = meminfo
-        .lines()
-        .find_map(|line| line.strip_prefix("MemAvailable:"))?;
+    let rest = meminfo.lines().find_map(|line| line.strip_prefix("MemAvailable:"))?;
     let mut fields = rest.split_whitespace();
     let kib: u64 = fields.next()?.parse().ok()?;
     match (fields.next(), fields.next()) {
@@ -139,9 +137,7 @@ impl WatchdogConfig {
 
     fn validate(&self) -> Result<()> {
         if self.interval.is_zero() {
-            return Err(Error::Config(
-                "the memory watchdog's interval must be nonzero".into(),
-            ));
+            return Err(Error::Config("the memory watchdog's interval must be nonzero".into()));
         }
         if self.consecutive_lows == 0 {
             return Err(Error::Config(
@@ -237,11 +233,7 @@ impl MemoryWatchdog {
         interval: Duration,
         action: WatchdogAction,
     ) -> Result<Self> {
-        Self::start_with(
-            probe,
-            WatchdogConfig::new(threshold_bytes, interval),
-            action,
-        )
+        Self::start_with(probe, WatchdogConfig::new(threshold_bytes, interval), action)
     }
 
     /// Starts a watchdog with `config`. The first reading is taken at once.
@@ -250,11 +242,7 @@ impl MemoryWatchdog {
     /// [`Error::WatchdogRunning`] while another watchdog's thread runs in
     /// this process; [`Error::Config`] for a zero interval or zero
     /// `consecutive_lows`; [`Error::Io`] if the thread cannot be started.
-    pub fn start_with(
-        mut probe: FreeMemoryProbe,
-        config: WatchdogConfig,
-        mut action: WatchdogAction,
-    ) -> Result<Self> {
+    pub fn start_with(mut probe: FreeMemoryProbe, config: WatchdogConfig, mut action: WatchdogAction) -> Result<Self> {
         config.validate()?;
         let claim = Claim::take().ok_or(Error::WatchdogRunning)?;
         let state = Arc::new(WatchdogState {
@@ -305,10 +293,7 @@ impl MemoryWatchdog {
                         thread_state.fired.fetch_add(1, Ordering::Relaxed);
                         if let WatchdogAction::Callback(f) = &mut action {
                             if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(&low))) {
-                                tracing::error!(
-                                    "memory watchdog callback panicked: {}",
-                                    panic_message(&*payload)
-                                );
+                                tracing::error!("memory watchdog callback panicked: {}", panic_message(&*payload));
                             }
                         }
                     }
@@ -320,11 +305,7 @@ impl MemoryWatchdog {
                     }
                 }
             })?;
-        Ok(MemoryWatchdog {
-            worker,
-            state,
-            config,
-        })
+        Ok(MemoryWatchdog { worker, state, config })
     }
 
     /// Readings taken so far (failed ones included). Read this first: after
@@ -404,11 +385,7 @@ mod tests {
     fn wait_for_readings(wd: &MemoryWatchdog, n: u64) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while wd.readings() < n {
-            assert!(
-                Instant::now() < deadline,
-                "only {} of {n} readings",
-                wd.readings()
-            );
+            assert!(Instant::now() < deadline, "only {} of {n} readings", wd.readings());
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -422,10 +399,7 @@ mod tests {
 
     #[test]
     fn discrete_gpu_ignores_host_memory() {
-        assert_eq!(
-            effective_free_bytes(2 * GIB, Some(64 * GIB), false),
-            2 * GIB
-        );
+        assert_eq!(effective_free_bytes(2 * GIB, Some(64 * GIB), false), 2 * GIB);
         assert_eq!(effective_free_bytes(0, None, false), 0);
     }
 
@@ -444,10 +418,7 @@ mod tests {
         assert_eq!(parse_mem_available("MemAvailable: lots kB\n"), None);
         assert_eq!(parse_mem_available("MemAvailable: 12 MB\n"), None);
         assert_eq!(parse_mem_available("MemAvailable: 12\n"), None);
-        assert_eq!(
-            parse_mem_available("MemAvailable: 18446744073709551615 kB\n"),
-            None
-        );
+        assert_eq!(parse_mem_available("MemAvailable: 18446744073709551615 kB\n"), None);
         assert_eq!(parse_mem_available(""), None);
     }
 
@@ -482,9 +453,7 @@ mod tests {
 
     #[test]
     fn watchdog_fires_after_n_consecutive_low_readings() {
-        let _serial = ONE_WATCHDOG_AT_A_TIME
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _serial = ONE_WATCHDOG_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
         let seen = Arc::new(Mutex::new(Vec::new()));
         let seen2 = Arc::clone(&seen);
         let config = WatchdogConfig::new(GIB, Duration::from_millis(1)).consecutive_lows(3);
@@ -511,19 +480,9 @@ mod tests {
 
     #[test]
     fn a_reading_above_threshold_resets_the_low_count() {
-        let _serial = ONE_WATCHDOG_AT_A_TIME
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _serial = ONE_WATCHDOG_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
         let wd = MemoryWatchdog::start(
-            scripted(&[
-                Some(1),
-                Some(1),
-                Some(GIB),
-                Some(1),
-                Some(1),
-                None,
-                Some(GIB),
-            ]),
+            scripted(&[Some(1), Some(1), Some(GIB), Some(1), Some(1), None, Some(GIB)]),
             GIB,
             Duration::from_millis(1),
             WatchdogAction::Report,
@@ -538,30 +497,23 @@ mod tests {
 
     #[test]
     fn only_one_watchdog_runs_per_process_until_it_is_stopped() {
-        let _serial = ONE_WATCHDOG_AT_A_TIME
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _serial = ONE_WATCHDOG_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
         let interval = Duration::from_millis(5);
-        let first =
-            MemoryWatchdog::start(scripted(&[]), GIB, interval, WatchdogAction::Report).unwrap();
+        let first = MemoryWatchdog::start(scripted(&[]), GIB, interval, WatchdogAction::Report).unwrap();
         assert!(matches!(
             MemoryWatchdog::start(scripted(&[]), GIB, interval, WatchdogAction::Report),
             Err(Error::WatchdogRunning)
         ));
         assert_eq!(first.stop(), JoinOutcome::Joined);
-        let second =
-            MemoryWatchdog::start(scripted(&[]), GIB, interval, WatchdogAction::Report).unwrap();
+        let second = MemoryWatchdog::start(scripted(&[]), GIB, interval, WatchdogAction::Report).unwrap();
         drop(second);
-        let third =
-            MemoryWatchdog::start(scripted(&[]), GIB, interval, WatchdogAction::Report).unwrap();
+        let third = MemoryWatchdog::start(scripted(&[]), GIB, interval, WatchdogAction::Report).unwrap();
         third.stop();
     }
 
     #[test]
     fn stopping_a_watchdog_with_a_long_interval_returns_promptly() {
-        let _serial = ONE_WATCHDOG_AT_A_TIME
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _serial = ONE_WATCHDOG_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
         let wd = MemoryWatchdog::start(
             Box::new(|| Some(GIB)),
             1,
@@ -582,9 +534,7 @@ mod tests {
 
     #[test]
     fn invalid_settings_are_refused_without_taking_the_slot() {
-        let _serial = ONE_WATCHDOG_AT_A_TIME
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _serial = ONE_WATCHDOG_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
         let zero_interval = WatchdogConfig::new(GIB, Duration::ZERO);
         assert!(matches!(
             MemoryWatchdog::start_with(scripted(&[]), zero_interval, WatchdogAction::Report),
@@ -595,21 +545,13 @@ mod tests {
             MemoryWatchdog::start_with(scripted(&[]), zero_lows, WatchdogAction::Report),
             Err(Error::Config(_))
         ));
-        let wd = MemoryWatchdog::start(
-            scripted(&[]),
-            GIB,
-            Duration::from_millis(1),
-            WatchdogAction::Report,
-        )
-        .unwrap();
+        let wd = MemoryWatchdog::start(scripted(&[]), GIB, Duration::from_millis(1), WatchdogAction::Report).unwrap();
         wd.stop();
     }
 
     #[test]
     fn a_panicking_callback_does_not_end_the_watchdog() {
-        let _serial = ONE_WATCHDOG_AT_A_TIME
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _serial = ONE_WATCHDOG_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
         let config = WatchdogConfig::new(GIB, Duration::from_millis(1)).consecutive_lows(1);
         let wd = MemoryWatchdog::start_with(
             scripted(&[Some(1), Some(GIB), Some(1)]),

@@ -31,11 +31,10 @@ pub mod exit;
 pub mod memwatch;
 
 pub use exit::{
-    install_exit_hook, register, shutdown_now, shutdown_started, ExitGuard, ExitJoin, ExitPhase,
-    ExitRegistration, ExitShutdown, ExitWorker, ExitWorkerBuilder, JoinOutcome, StopSignal,
-    DEFAULT_JOIN_TIMEOUT,
+    install_exit_hook, register, shutdown_now, shutdown_started, ExitGuard, ExitJoin, ExitPhase, ExitRegistration,
+    ExitShutdown, ExitWorker, ExitWorkerBuilder, JoinOutcome, StopSignal, DEFAULT_JOIN_TIMEOUT,
 };
 pub use memwatch::{
-    effective_free_bytes, mem_available_bytes, parse_mem_available, FreeMemoryProbe, LowMemory,
-    MemoryWatchdog, WatchdogAction, WatchdogConfig, DEFAULT_CONSECUTIVE_LOWS,
+    effective_free_bytes, mem_available_bytes, parse_mem_available, FreeMemoryProbe, LowMemory, MemoryWatchdog,
+    WatchdogAction, WatchdogConfig, DEFAULT_CONSECUTIVE_LOWS,
 };

@@ -30,7 +30,13 @@ impl HostPool {
     pub fn create(bytes: u64) -> Result<Self> {
         let (region, fd) = Region::create("vramring-pool", bytes)?;
         Region::seal(fd.as_fd(), SEALS_FIXED_SIZE)?;
-        Ok(HostPool { region, fd, bytes, targets: Vec::new(), next_target: 1 })
+        Ok(HostPool {
+            region,
+            fd,
+            bytes,
+            targets: Vec::new(),
+            next_target: 1,
+        })
     }
 }
 
@@ -55,9 +61,10 @@ impl ExportedPool for HostPool {
             // CPU stores are ordered before the commit by the Release store
             // of the slot seq; nothing else to wait for.
             WriteCompletion::Host => Ok(()),
-            WriteCompletion::CudaStream(_) => {
-                Err(Error::WrongBackend { what: "completing writes on a CUDA stream", backend: "host" })
-            }
+            WriteCompletion::CudaStream(_) => Err(Error::WrongBackend {
+                what: "completing writes on a CUDA stream",
+                backend: "host",
+            }),
         }
     }
     fn attach_target(&mut self, fd: &OwnedFd, bytes: u64) -> Result<u64> {
@@ -68,12 +75,21 @@ impl ExportedPool for HostPool {
         self.targets.push((id, region));
         Ok(id)
     }
-    fn push_copy(&mut self, id: u64, dst_offset: u64, src_offset: u64, len: u64, completion: WriteCompletion) -> Result<()> {
+    fn push_copy(
+        &mut self,
+        id: u64,
+        dst_offset: u64,
+        src_offset: u64,
+        len: u64,
+        completion: WriteCompletion,
+    ) -> Result<()> {
         self.complete_writes(completion)?;
         let (_, dst) = self.targets.iter().find(|(t, _)| *t == id).ok_or(Error::Closed)?;
         let fits = |off: u64, total: usize| off.checked_add(len).is_some_and(|e| e <= total as u64);
         if !fits(dst_offset, dst.len()) || !fits(src_offset, self.region.len()) {
-            return Err(Error::LayoutMismatch(format!("push copy of {len} bytes leaves a buffer")));
+            return Err(Error::LayoutMismatch(format!(
+                "push copy of {len} bytes leaves a buffer"
+            )));
         }
         // SAFETY: both ranges are inside their mappings (checked above) and
         // in different mappings, so they do not overlap. The subscriber only
@@ -119,7 +135,13 @@ impl HostImport {
         let region = Region::map(fd.as_fd(), bytes, writable)?;
         // The mapping keeps the memory alive; the descriptor is not needed.
         drop(fd);
-        Ok(HostImport { region, writable, dest: None, dest_len: 0, push: None })
+        Ok(HostImport {
+            region,
+            writable,
+            dest: None,
+            dest_len: 0,
+            push: None,
+        })
     }
 }
 
@@ -139,7 +161,9 @@ impl ImportedPool for HostImport {
     fn copy_out(&mut self, src_offset: u64, len: u64) -> Result<()> {
         let end = src_offset.checked_add(len).filter(|&e| e <= self.region.len() as u64);
         let (Some(_), Ok(len)) = (end, usize::try_from(len)) else {
-            return Err(Error::LayoutMismatch(format!("copy of {len} bytes at {src_offset} leaves the pool")));
+            return Err(Error::LayoutMismatch(format!(
+                "copy of {len} bytes at {src_offset} leaves the pool"
+            )));
         };
         if self.dest.as_ref().is_none_or(|d| d.len() < len) {
             self.dest = Some(MmapMut::map_anon(len.max(1)).ctx(|| format!("anonymous buffer of {len} bytes"))?);
@@ -177,7 +201,9 @@ impl ImportedPool for HostImport {
         Ok((fd, bytes))
     }
     fn push_addr(&self, k: usize) -> u64 {
-        self.push.as_ref().map_or(0, |(r, stride)| r.as_ptr() as u64 + k as u64 * stride)
+        self.push
+            .as_ref()
+            .map_or(0, |(r, stride)| r.as_ptr() as u64 + k as u64 * stride)
     }
     fn push_host(&self, k: usize, len: usize) -> Option<&[u8]> {
         let (r, stride) = self.push.as_ref()?;

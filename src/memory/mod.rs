@@ -95,8 +95,14 @@ pub trait ExportedPool: Send {
     /// `completion` (enqueued on its stream for CUDA; done now for host).
     /// The copy is complete after the next [`ExportedPool::complete_writes`]
     /// with the same completion.
-    fn push_copy(&mut self, id: u64, dst_offset: u64, src_offset: u64, len: u64, completion: WriteCompletion)
-        -> Result<()>;
+    fn push_copy(
+        &mut self,
+        id: u64,
+        dst_offset: u64,
+        src_offset: u64,
+        len: u64,
+        completion: WriteCompletion,
+    ) -> Result<()>;
     /// Push delivery: unmaps target `id` (in its owning context), after
     /// every copy into it completed. Unknown ids are ignored.
     fn detach_target(&mut self, id: u64) -> Result<()>;

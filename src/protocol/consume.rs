@@ -46,12 +46,18 @@ pub fn pick(mode: ReadMode, last: u64, global: u64, window: u64) -> Option<Pick>
         return None;
     }
     match mode {
-        ReadMode::Latest => Some(Pick { seq: global, skipped: global - last - 1 }),
+        ReadMode::Latest => Some(Pick {
+            seq: global,
+            skipped: global - last - 1,
+        }),
         ReadMode::Sequential => {
             let want = last + 1;
             let oldest = global.saturating_sub(window.max(1) - 1).max(1);
             if want < oldest {
-                Some(Pick { seq: oldest, skipped: oldest - want })
+                Some(Pick {
+                    seq: oldest,
+                    skipped: oldest - want,
+                })
             } else {
                 Some(Pick { seq: want, skipped: 0 })
             }
@@ -93,7 +99,11 @@ impl SlotSnapshot {
         // SYNC: slot-seq — Acquire pairs with the publisher's Release commit.
         let s = slot.seq.load(Ordering::Acquire);
         if s != want {
-            return if s & SEQ_WRITING != 0 || s > want { Look::Overwritten } else { Look::NotYet };
+            return if s & SEQ_WRITING != 0 || s > want {
+                Look::Overwritten
+            } else {
+                Look::NotYet
+            };
         }
         // Relaxed: guarded by the seqlock; the caller must call
         // `still_valid` before trusting any of these.
@@ -137,13 +147,22 @@ mod tests {
         let w = safe_window(8, false);
         assert_eq!(pick(ReadMode::Sequential, 3, 5, w), Some(Pick { seq: 4, skipped: 0 }));
         // 8 slots: frames 100-6..=100 are safe to read; 94 is the oldest.
-        assert_eq!(pick(ReadMode::Sequential, 10, 100, w), Some(Pick { seq: 94, skipped: 83 }));
-        assert_eq!(pick(ReadMode::Sequential, 0, 1, safe_window(2, false)), Some(Pick { seq: 1, skipped: 0 }));
+        assert_eq!(
+            pick(ReadMode::Sequential, 10, 100, w),
+            Some(Pick { seq: 94, skipped: 83 })
+        );
+        assert_eq!(
+            pick(ReadMode::Sequential, 0, 1, safe_window(2, false)),
+            Some(Pick { seq: 1, skipped: 0 })
+        );
     }
 
     #[test]
     fn a_lossless_reader_never_skips() {
         let w = safe_window(2, true);
-        assert_eq!(pick(ReadMode::Sequential, 10, 100, w), Some(Pick { seq: 11, skipped: 0 }));
+        assert_eq!(
+            pick(ReadMode::Sequential, 10, 100, w),
+            Some(Pick { seq: 11, skipped: 0 })
+        );
     }
 }

@@ -104,6 +104,10 @@ pub fn ring_doorbell(header: &RingHeader) {
         // Shared (not PRIVATE) futex: the word lives in a MAP_SHARED memfd
         // mapping, so the kernel keys it by inode and offset and it wakes
         // waiters in other processes and namespaces.
-        let _ = rustix::thread::futex::wake(&header.doorbell.doorbell, rustix::thread::futex::Flags::empty(), i32::MAX as u32);
+        let _ = rustix::thread::futex::wake(
+            &header.doorbell.doorbell,
+            rustix::thread::futex::Flags::empty(),
+            i32::MAX as u32,
+        );
     }
 }

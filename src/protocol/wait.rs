@@ -59,7 +59,11 @@ pub fn wait_for_seq(
         if closed() {
             // A frame may have been committed just before the close.
             let g = load();
-            return if g > after { WaitOutcome::Advanced(g) } else { WaitOutcome::ProducerClosed };
+            return if g > after {
+                WaitOutcome::Advanced(g)
+            } else {
+                WaitOutcome::ProducerClosed
+            };
         }
         let now = Instant::now();
         if now >= deadline {
@@ -92,10 +96,18 @@ pub fn wait_for_seq(
 
 #[cfg(not(loom))]
 fn park(header: &RingHeader, bell: u32, timeout: Duration) {
-    let ts = rustix::time::Timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
+    let ts = rustix::time::Timespec {
+        tv_sec: timeout.as_secs() as _,
+        tv_nsec: timeout.subsec_nanos() as _,
+    };
     // Shared futex (no PRIVATE flag): see `publish::ring_doorbell`. EAGAIN
     // (the doorbell already moved), ETIMEDOUT and EINTR all just return.
-    let _ = rustix::thread::futex::wait(&header.doorbell.doorbell, rustix::thread::futex::Flags::empty(), bell, Some(&ts));
+    let _ = rustix::thread::futex::wait(
+        &header.doorbell.doorbell,
+        rustix::thread::futex::Flags::empty(),
+        bell,
+        Some(&ts),
+    );
 }
 
 /// The model of `FUTEX_WAIT` with no timeout: block until the doorbell moves

@@ -55,7 +55,9 @@ impl std::str::FromStr for BackendChoice {
             "auto" => Ok(BackendChoice::Auto),
             other => match other.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
                 Some(n) => Ok(BackendChoice::Cuda(n)),
-                None => Err(Error::Config(format!("unknown backend {other:?}: use host, cuda, cuda:N or auto"))),
+                None => Err(Error::Config(format!(
+                    "unknown backend {other:?}: use host, cuda, cuda:N or auto"
+                ))),
             },
         }
     }
@@ -186,14 +188,22 @@ pub struct FrameMeta {
 
 impl Default for FrameMeta {
     fn default() -> Self {
-        FrameMeta { pts: 0, flags: 0, user_len: 0, user: [0; USER_META_BYTES] }
+        FrameMeta {
+            pts: 0,
+            flags: 0,
+            user_len: 0,
+            user: [0; USER_META_BYTES],
+        }
     }
 }
 
 impl FrameMeta {
     /// Metadata with a pts.
     pub fn pts(pts: i64) -> Self {
-        FrameMeta { pts, ..Default::default() }
+        FrameMeta {
+            pts,
+            ..Default::default()
+        }
     }
 
     /// Attaches up to 64 bytes of user metadata.
@@ -202,7 +212,10 @@ impl FrameMeta {
     /// [`Error::TooLarge`] past 64 bytes.
     pub fn with_user(mut self, bytes: &[u8]) -> Result<Self> {
         if bytes.len() > USER_META_BYTES {
-            return Err(Error::TooLarge { len: bytes.len(), max: USER_META_BYTES });
+            return Err(Error::TooLarge {
+                len: bytes.len(),
+                max: USER_META_BYTES,
+            });
         }
         self.user = [0; USER_META_BYTES];
         self.user[..bytes.len()].copy_from_slice(bytes);
@@ -221,7 +234,13 @@ impl FrameMeta {
         for (w, c) in user.iter_mut().zip(self.user.chunks_exact(8)) {
             *w = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
         }
-        CommitMeta { pts: self.pts, flags: self.flags, commit_ns: monotonic_ns(), user_len: self.user_len, user }
+        CommitMeta {
+            pts: self.pts,
+            flags: self.flags,
+            commit_ns: monotonic_ns(),
+            user_len: self.user_len,
+            user,
+        }
     }
 }
 
@@ -284,10 +303,12 @@ impl Shared {
         self.control.at::<RingHeader>(0)
     }
     pub(crate) fn slots(&self) -> &[SlotDesc] {
-        self.control.slice::<SlotDesc>(std::mem::size_of::<RingHeader>(), self.info.slot_count as usize)
+        self.control
+            .slice::<SlotDesc>(std::mem::size_of::<RingHeader>(), self.info.slot_count as usize)
     }
     pub(crate) fn entries(&self) -> &[SubEntry] {
-        self.subs.slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.info.max_subscribers as usize)
+        self.subs
+            .slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.info.max_subscribers as usize)
     }
 }
 
@@ -401,7 +422,11 @@ impl Publisher {
             epoch,
             slot_count: cfg.slots,
             backend: pool.kind().code(),
-            policy: if cfg.policy == Policy::Lossless { POLICY_LOSSLESS } else { POLICY_OVERWRITE },
+            policy: if cfg.policy == Policy::Lossless {
+                POLICY_LOSSLESS
+            } else {
+                POLICY_OVERWRITE
+            },
             geometry,
             pool_bytes: pool.pool_bytes(),
             device_uuid: pool.device_uuid(),
@@ -418,7 +443,10 @@ impl Publisher {
         let header = control.at::<RingHeader>(0);
         // SYNC: producer-state — Release: the ring is ready before any
         // subscriber can connect (the service starts below).
-        header.producer.state.store(PRODUCER_LIVE, std::sync::atomic::Ordering::Release);
+        header
+            .producer
+            .state
+            .store(PRODUCER_LIVE, std::sync::atomic::Ordering::Release);
         let shared = Arc::new(Shared {
             control,
             subs,
@@ -489,7 +517,11 @@ impl Publisher {
             self.wait_lossless(seq - n, timeout)?;
         }
         protocol::invalidate(&self.shared.slots()[index], seq);
-        Ok(SlotMut { publisher: self, seq, index })
+        Ok(SlotMut {
+            publisher: self,
+            seq,
+            index,
+        })
     }
 
     fn wait_lossless(&mut self, held_seq: u64, timeout: Duration) -> Result<()> {
@@ -537,7 +569,11 @@ impl Publisher {
         // SYNC: sub-state — Release; the subscriber sees EVICTED with Acquire.
         e.state.store(SUB_EVICTED, std::sync::atomic::Ordering::Release);
         // Relaxed: own counter, single writer (the producer thread).
-        self.shared.header().producer.evictions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.shared
+            .header()
+            .producer
+            .evictions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut q) = self.shared.evict_requests.lock() {
             q.push(k as u32);
         }
@@ -572,7 +608,8 @@ impl Publisher {
                     }
                     // SYNC: push-seq — Release; the subscriber switches to
                     // push delivery when it sees the count.
-                    e.push_count.store(layout::PUSH_BUFFERS as u32, std::sync::atomic::Ordering::Release);
+                    e.push_count
+                        .store(layout::PUSH_BUFFERS as u32, std::sync::atomic::Ordering::Release);
                     self.targets.push(PushTarget {
                         index,
                         generation: r.generation,
@@ -583,7 +620,9 @@ impl Publisher {
                         dead: false,
                     });
                 }
-                Err(e) => tracing::warn!(error = %e, index, "could not map a subscriber's push buffers; it stays on pull delivery"),
+                Err(e) => {
+                    tracing::warn!(error = %e, index, "could not map a subscriber's push buffers; it stays on pull delivery")
+                }
             }
         }
         for t in &mut self.targets {
@@ -644,7 +683,12 @@ impl Publisher {
         let r = std::sync::atomic::Ordering::Relaxed;
         PublisherStats {
             published: p.published.load(r),
-            subscribers: self.shared.entries().iter().filter(|e| e.state.load(r) == SUB_ACTIVE).count() as u32,
+            subscribers: self
+                .shared
+                .entries()
+                .iter()
+                .filter(|e| e.state.load(r) == SUB_ACTIVE)
+                .count() as u32,
             connects: p.connects.load(r),
             disconnects: p.disconnects.load(r),
             evictions: p.evictions.load(r),
@@ -662,7 +706,10 @@ impl Publisher {
             let header = self.shared.header();
             // SYNC: producer-state — Release; subscribers Acquire it and
             // report `ProducerGone` promptly.
-            header.producer.state.store(PRODUCER_CLOSED, std::sync::atomic::Ordering::Release);
+            header
+                .producer
+                .state
+                .store(PRODUCER_CLOSED, std::sync::atomic::Ordering::Release);
             protocol::ring_doorbell(header);
             if let Some(worker) = self.service.take() {
                 let outcome = worker.stop();
@@ -694,7 +741,10 @@ pub struct SlotMut<'p> {
 
 impl std::fmt::Debug for SlotMut<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SlotMut").field("seq", &self.seq).field("index", &self.index).finish()
+        f.debug_struct("SlotMut")
+            .field("seq", &self.seq)
+            .field("index", &self.index)
+            .finish()
     }
 }
 
@@ -727,7 +777,10 @@ impl SlotMut<'_> {
     /// [`Error::Config`] for a plane the format does not have.
     pub fn plane_addr(&self, k: usize) -> Result<u64> {
         let g = self.geometry();
-        let p = g.planes().get(k).ok_or_else(|| Error::Config(format!("{} has no plane {k}", g.format.name())))?;
+        let p = g
+            .planes()
+            .get(k)
+            .ok_or_else(|| Error::Config(format!("{} has no plane {k}", g.format.name())))?;
         Ok(self.addr() + p.offset)
     }
 
@@ -747,13 +800,19 @@ impl SlotMut<'_> {
     /// plane the format does not have.
     pub fn plane_mut(&mut self, k: usize) -> Result<&mut [u8]> {
         let g = *self.geometry();
-        let p = *g.planes().get(k).ok_or_else(|| Error::Config(format!("{} has no plane {k}", g.format.name())))?;
+        let p = *g
+            .planes()
+            .get(k)
+            .ok_or_else(|| Error::Config(format!("{} has no plane {k}", g.format.name())))?;
         self.host_range(p.offset as usize, p.span() as usize)
     }
 
     fn host_range(&mut self, offset: usize, len: usize) -> Result<&mut [u8]> {
         if self.publisher.pool.kind() != BackendKind::Host {
-            return Err(Error::WrongBackend { what: "CPU access to a slot", backend: self.publisher.pool.kind().name() });
+            return Err(Error::WrongBackend {
+                what: "CPU access to a slot",
+                backend: self.publisher.pool.kind().name(),
+            });
         }
         let ptr = (self.addr() as usize + offset) as *mut u8;
         // SAFETY: the range lies inside this slot of the publisher's own
@@ -773,7 +832,10 @@ impl SlotMut<'_> {
         let seq = self.seq;
         let kind = self.publisher.pool.kind();
         if kind != BackendKind::Host {
-            return Err(Error::WrongBackend { what: "publishing without a CUDA stream", backend: kind.name() });
+            return Err(Error::WrongBackend {
+                what: "publishing without a CUDA stream",
+                backend: kind.name(),
+            });
         }
         self.publisher.commit(seq, self.index, meta, WriteCompletion::Host)?;
         Ok(seq)
@@ -791,7 +853,8 @@ impl SlotMut<'_> {
     /// invalid and the seq unused.
     pub unsafe fn publish_cuda(self, meta: FrameMeta, stream: crate::memory::RawCuStream) -> Result<u64> {
         let seq = self.seq;
-        self.publisher.commit(seq, self.index, meta, WriteCompletion::CudaStream(stream))?;
+        self.publisher
+            .commit(seq, self.index, meta, WriteCompletion::CudaStream(stream))?;
         Ok(seq)
     }
 }

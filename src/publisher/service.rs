@@ -12,7 +12,8 @@ use rustix::event::{PollFd, PollFlags};
 use super::Shared;
 use crate::error::Error;
 use crate::layout::{
-    POLICY_OVERWRITE, PRODUCER_CLOSED, PUSH_BUFFERS, SUBF_LOSSLESS, SUBF_PUSH, SUBF_SEQUENTIAL, SUBF_WRITE, SUB_ACTIVE, SUB_FREE,
+    POLICY_OVERWRITE, PRODUCER_CLOSED, PUSH_BUFFERS, SUBF_LOSSLESS, SUBF_PUSH, SUBF_SEQUENTIAL, SUBF_WRITE, SUB_ACTIVE,
+    SUB_FREE,
 };
 use crate::lifecycle::StopSignal;
 use crate::socket::msg::{self, Msg, Notice, Welcome, PROTOCOL_VERSION};
@@ -46,7 +47,12 @@ pub(super) fn run(sh: Arc<Shared>, listener: Listener, stop: StopSignal) {
         };
         if listener_ready {
             while let Ok(Some(fd)) = listener.accept(Duration::ZERO) {
-                conns.push(Conn { fd, state: State::Pending { deadline: Instant::now() + sh.cfg.handshake_timeout } });
+                conns.push(Conn {
+                    fd,
+                    state: State::Pending {
+                        deadline: Instant::now() + sh.cfg.handshake_timeout,
+                    },
+                });
             }
         }
         let now = Instant::now();
@@ -58,7 +64,10 @@ pub(super) fn run(sh: Arc<Shared>, listener: Listener, stop: StopSignal) {
             service_conn(&sh, c, is_ready, now)
         });
         // Relaxed: informational heartbeat, single writer.
-        sh.header().producer.heartbeat_ns.store(monotonic_ns(), Ordering::Relaxed);
+        sh.header()
+            .producer
+            .heartbeat_ns
+            .store(monotonic_ns(), Ordering::Relaxed);
     }
     // Stopped by `Publisher::close` or at process exit: either way no more
     // frames come. Say so in the header (subscribers notice at once) and on
@@ -82,13 +91,21 @@ fn poll(listener: &Listener, conns: &[Conn]) -> rustix::io::Result<(bool, Vec<us
     for c in conns {
         fds.push(PollFd::from_borrowed_fd(c.fd.as_fd(), PollFlags::IN | PollFlags::RDHUP));
     }
-    let ts = rustix::time::Timespec { tv_sec: 0, tv_nsec: TICK.as_nanos() as _ };
+    let ts = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: TICK.as_nanos() as _,
+    };
     match rustix::event::poll(&mut fds, Some(&ts)) {
         Ok(_) | Err(rustix::io::Errno::INTR) => {}
         Err(e) => return Err(e),
     }
     let listener_ready = !fds[0].revents().is_empty();
-    let ready = fds[1..].iter().enumerate().filter(|(_, p)| !p.revents().is_empty()).map(|(i, _)| i).collect();
+    let ready = fds[1..]
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| !p.revents().is_empty())
+        .map(|(i, _)| i)
+        .collect();
     Ok((listener_ready, ready))
 }
 
@@ -150,16 +167,34 @@ fn service_conn(sh: &Shared, c: &mut Conn, ready: bool, now: Instant) -> bool {
 }
 
 fn reject(fd: &OwnedFd, code: u32, reason: String) -> Error {
-    let _ = transport::send(fd.as_fd(), &Msg::Reject(Notice { code, reason: reason.clone() }).encode(), &[]);
+    let _ = transport::send(
+        fd.as_fd(),
+        &Msg::Reject(Notice {
+            code,
+            reason: reason.clone(),
+        })
+        .encode(),
+        &[],
+    );
     Error::Refused { code, reason }
 }
 
 fn handshake(sh: &Shared, fd: &OwnedFd, bytes: &[u8]) -> Result<u32, Error> {
     let hello = match Msg::decode(bytes) {
         Ok(Msg::Hello(h)) => h,
-        Ok(other) => return Err(reject(fd, msg::REJECT_BAD_HELLO, format!("expected Hello, got kind {}", other.kind()))),
+        Ok(other) => {
+            return Err(reject(
+                fd,
+                msg::REJECT_BAD_HELLO,
+                format!("expected Hello, got kind {}", other.kind()),
+            ))
+        }
         Err(Error::VersionMismatch { peer, .. }) => {
-            tracing::warn!(peer, ours = PROTOCOL_VERSION, "subscriber speaks another protocol version");
+            tracing::warn!(
+                peer,
+                ours = PROTOCOL_VERSION,
+                "subscriber speaks another protocol version"
+            );
             return Err(reject(
                 fd,
                 msg::REJECT_VERSION,
@@ -170,24 +205,44 @@ fn handshake(sh: &Shared, fd: &OwnedFd, bytes: &[u8]) -> Result<u32, Error> {
     };
     let (uid, gid) = transport::peer_ids(fd.as_fd())?;
     if !sh.cfg.access.allows(uid, gid) {
-        return Err(reject(fd, msg::REJECT_PERMISSION, format!("uid {uid} gid {gid} is not on the allow-list")));
+        return Err(reject(
+            fd,
+            msg::REJECT_PERMISSION,
+            format!("uid {uid} gid {gid} is not on the allow-list"),
+        ));
     }
     let info = &sh.info;
     if hello.backends & (1 << info.backend) == 0 {
         let name = crate::memory::BackendKind::from_code(info.backend).map_or("?", |b| b.name());
-        return Err(reject(fd, msg::REJECT_BACKEND, format!("the ring is on the {name} backend, which this subscriber cannot import")));
+        return Err(reject(
+            fd,
+            msg::REJECT_BACKEND,
+            format!("the ring is on the {name} backend, which this subscriber cannot import"),
+        ));
     }
     if hello.flags & msg::HELLO_LOSSLESS != 0 && info.policy == POLICY_OVERWRITE {
-        return Err(reject(fd, msg::REJECT_POLICY, "lossless asked of a publisher with the overwrite policy".into()));
+        return Err(reject(
+            fd,
+            msg::REJECT_POLICY,
+            "lossless asked of a publisher with the overwrite policy".into(),
+        ));
     }
     if hello.flags & msg::HELLO_WRITE != 0 && !sh.cfg.allow_write {
-        return Err(reject(fd, msg::REJECT_WRITE_DENIED, "write access to the pool is not granted by this publisher".into()));
+        return Err(reject(
+            fd,
+            msg::REJECT_WRITE_DENIED,
+            "write access to the pool is not granted by this publisher".into(),
+        ));
     }
     let entries = sh.entries();
     // Relaxed: the service thread is the only writer of `state` besides the
     // producer's eviction (FREE entries are never touched by the producer).
     let Some(index) = entries.iter().position(|e| e.state.load(Ordering::Relaxed) == SUB_FREE) else {
-        return Err(reject(fd, msg::REJECT_FULL, format!("subscriber table full ({} entries)", entries.len())));
+        return Err(reject(
+            fd,
+            msg::REJECT_FULL,
+            format!("subscriber table full ({} entries)", entries.len()),
+        ));
     };
     let e = &entries[index];
     let mut flags = 0;
@@ -258,7 +313,9 @@ fn handshake(sh: &Shared, fd: &OwnedFd, bytes: &[u8]) -> Result<u32, Error> {
 /// the producer thread, which maps them. Bad ones are dropped (the
 /// subscriber stays on pull delivery).
 fn queue_attach(sh: &Shared, index: u32, a: crate::socket::Attach, fds: Vec<OwnedFd>) {
-    let Some(e) = sh.entries().get(index as usize) else { return };
+    let Some(e) = sh.entries().get(index as usize) else {
+        return;
+    };
     // Relaxed: written by this thread.
     let push = e.flags.load(Ordering::Relaxed) & SUBF_PUSH != 0;
     let frame = sh.info.geometry.frame_bytes;
@@ -266,19 +323,28 @@ fn queue_attach(sh: &Shared, index: u32, a: crate::socket::Attach, fds: Vec<Owne
         && fds.len() == 1
         && a.count as usize == PUSH_BUFFERS
         && a.stride >= frame
-        && a.stride.checked_mul(u64::from(a.count)).is_some_and(|need| need <= a.bytes);
+        && a.stride
+            .checked_mul(u64::from(a.count))
+            .is_some_and(|need| need <= a.bytes);
     let Some(fd) = fds.into_iter().next().filter(|_| ok) else {
         tracing::warn!(index, ?a, "ignoring a malformed Attach");
         return;
     };
     let generation = e.generation.load(Ordering::Relaxed);
     if let Ok(mut q) = sh.attach_requests.lock() {
-        q.push(super::AttachRequest { index, generation, fd, attach: a });
+        q.push(super::AttachRequest {
+            index,
+            generation,
+            fd,
+            attach: a,
+        });
     }
 }
 
 fn free_entry(sh: &Shared, index: u32) {
-    let Some(e) = sh.entries().get(index as usize) else { return };
+    let Some(e) = sh.entries().get(index as usize) else {
+        return;
+    };
     // Relaxed: published by the Release store of `state`.
     e.flags.store(0, Ordering::Relaxed);
     e.parked.store(0, Ordering::Relaxed);
@@ -300,7 +366,10 @@ fn handle_evictions(sh: &Shared, conns: &mut Vec<Conn>) {
         if !requests.contains(&index) {
             return true;
         }
-        let notice = Notice { code: msg::EVICT_LEASE, reason: "held a frame past the lossless lease".into() };
+        let notice = Notice {
+            code: msg::EVICT_LEASE,
+            reason: "held a frame past the lossless lease".into(),
+        };
         let _ = transport::send(c.fd.as_fd(), &Msg::Evicted(notice).encode(), &[]);
         free_entry(sh, index);
         false

@@ -229,16 +229,27 @@ impl Msg {
         let mut body = W(Vec::with_capacity(128));
         match self {
             Msg::Hello(h) => {
-                body.u32(h.flags).u32(h.backends).bytes(clip(&h.name, NAME_BYTES).as_bytes(), NAME_BYTES);
+                body.u32(h.flags)
+                    .u32(h.backends)
+                    .bytes(clip(&h.name, NAME_BYTES).as_bytes(), NAME_BYTES);
                 body.bytes(&h.device_uuid, 16).bytes(&[], HELLO_BODY - 56);
             }
             Msg::Welcome(w) => {
-                body.u32(w.index).u32(w.generation).u64(w.epoch).u32(w.backend).u32(w.granted);
-                body.u64(w.control_bytes).u64(w.subs_bytes).u64(w.pool_bytes).bytes(&w.device_uuid, 16);
+                body.u32(w.index)
+                    .u32(w.generation)
+                    .u64(w.epoch)
+                    .u32(w.backend)
+                    .u32(w.granted);
+                body.u64(w.control_bytes)
+                    .u64(w.subs_bytes)
+                    .u64(w.pool_bytes)
+                    .bytes(&w.device_uuid, 16);
                 body.bytes(&[], WELCOME_BODY - 64);
             }
             Msg::Reject(n) | Msg::Evicted(n) => {
-                body.u32(n.code).u32(0).bytes(clip(&n.reason, REASON_BYTES).as_bytes(), REASON_BYTES);
+                body.u32(n.code)
+                    .u32(0)
+                    .bytes(clip(&n.reason, REASON_BYTES).as_bytes(), REASON_BYTES);
             }
             Msg::Bye => {}
             Msg::Attach(a) => {
@@ -246,7 +257,10 @@ impl Msg {
             }
         }
         let mut out = W(Vec::with_capacity(HEADER_BYTES + body.0.len()));
-        out.u32(MSG_MAGIC).u32(PROTOCOL_VERSION).u32(self.kind()).u32(body.0.len() as u32);
+        out.u32(MSG_MAGIC)
+            .u32(PROTOCOL_VERSION)
+            .u32(self.kind())
+            .u32(body.0.len() as u32);
         out.0.extend_from_slice(&body.0);
         out.0
     }
@@ -261,7 +275,12 @@ impl Msg {
             return Err(Error::BadMessage(format!("datagram of {} bytes", buf.len())));
         }
         let mut r = R(buf);
-        let h = MsgHeader { magic: r.u32(), version: r.u32(), kind: r.u32(), body_len: r.u32() };
+        let h = MsgHeader {
+            magic: r.u32(),
+            version: r.u32(),
+            kind: r.u32(),
+            body_len: r.u32(),
+        };
         if h.magic != MSG_MAGIC {
             return Err(Error::BadMessage(format!("magic {:#010x}", h.magic)));
         }
@@ -289,11 +308,19 @@ impl Msg {
             if body.len() == n {
                 Ok(())
             } else {
-                Err(Error::BadMessage(format!("kind {} body of {} bytes, expected {n}", h.kind, body.len())))
+                Err(Error::BadMessage(format!(
+                    "kind {} body of {} bytes, expected {n}",
+                    h.kind,
+                    body.len()
+                )))
             }
         };
         if h.version != PROTOCOL_VERSION && h.kind != KIND_REJECT {
-            return Err(Error::VersionMismatch { peer_role: "peer", peer: h.version, ours: PROTOCOL_VERSION });
+            return Err(Error::VersionMismatch {
+                peer_role: "peer",
+                peer: h.version,
+                ours: PROTOCOL_VERSION,
+            });
         }
         let mut r = R(body);
         Ok(match h.kind {
@@ -303,7 +330,12 @@ impl Msg {
                 let backends = r.u32();
                 let name = text(&r.take::<NAME_BYTES>())?;
                 let device_uuid = r.take::<16>();
-                Msg::Hello(Hello { flags, backends, name, device_uuid })
+                Msg::Hello(Hello {
+                    flags,
+                    backends,
+                    name,
+                    device_uuid,
+                })
             }
             KIND_WELCOME => {
                 want(WELCOME_BODY)?;
@@ -323,7 +355,9 @@ impl Msg {
                 want(NOTICE_BODY)?;
                 let code = r.u32();
                 let _reserved = r.u32();
-                let reason = String::from_utf8_lossy(&r.take::<REASON_BYTES>()).trim_end_matches('\0').to_owned();
+                let reason = String::from_utf8_lossy(&r.take::<REASON_BYTES>())
+                    .trim_end_matches('\0')
+                    .to_owned();
                 let n = Notice { code, reason };
                 if h.kind == KIND_REJECT {
                     Msg::Reject(n)
@@ -339,7 +373,11 @@ impl Msg {
                 want(ATTACH_BODY)?;
                 let count = r.u32();
                 let _reserved = r.u32();
-                Msg::Attach(Attach { count, stride: r.u64(), bytes: r.u64() })
+                Msg::Attach(Attach {
+                    count,
+                    stride: r.u64(),
+                    bytes: r.u64(),
+                })
             }
             k => return Err(Error::BadMessage(format!("unknown message kind {k}"))),
         })
@@ -354,7 +392,12 @@ mod tests {
     #[test]
     fn every_message_round_trips() {
         let msgs = [
-            Msg::Hello(Hello { flags: 3, backends: 6, name: "detector-1".into(), device_uuid: [7; 16] }),
+            Msg::Hello(Hello {
+                flags: 3,
+                backends: 6,
+                name: "detector-1".into(),
+                device_uuid: [7; 16],
+            }),
             Msg::Welcome(Welcome {
                 index: 5,
                 generation: 9,
@@ -366,10 +409,20 @@ mod tests {
                 pool_bytes: 1 << 21,
                 device_uuid: [1; 16],
             }),
-            Msg::Reject(Notice { code: REJECT_FULL, reason: "full".into() }),
-            Msg::Evicted(Notice { code: EVICT_LEASE, reason: "slow".into() }),
+            Msg::Reject(Notice {
+                code: REJECT_FULL,
+                reason: "full".into(),
+            }),
+            Msg::Evicted(Notice {
+                code: EVICT_LEASE,
+                reason: "slow".into(),
+            }),
             Msg::Bye,
-            Msg::Attach(Attach { count: 3, stride: 4 << 20, bytes: 12 << 20 }),
+            Msg::Attach(Attach {
+                count: 3,
+                stride: 4 << 20,
+                bytes: 12 << 20,
+            }),
         ];
         for m in msgs {
             assert_eq!(Msg::decode(&m.encode()).unwrap(), m);
@@ -378,7 +431,11 @@ mod tests {
 
     #[test]
     fn a_reject_from_another_version_still_decodes() {
-        let mut b = Msg::Reject(Notice { code: REJECT_VERSION, reason: "old".into() }).encode();
+        let mut b = Msg::Reject(Notice {
+            code: REJECT_VERSION,
+            reason: "old".into(),
+        })
+        .encode();
         b[4..8].copy_from_slice(&99u32.to_le_bytes());
         assert!(matches!(Msg::decode(&b), Ok(Msg::Reject(_))));
         let mut h = Msg::Bye.encode();
@@ -389,8 +446,15 @@ mod tests {
     #[test]
     fn long_names_are_clipped_at_a_char_boundary() {
         let name = "é".repeat(40);
-        let m = Msg::Hello(Hello { flags: 0, backends: 0, name, device_uuid: [0; 16] });
-        let Msg::Hello(h) = Msg::decode(&m.encode()).unwrap() else { panic!() };
+        let m = Msg::Hello(Hello {
+            flags: 0,
+            backends: 0,
+            name,
+            device_uuid: [0; 16],
+        });
+        let Msg::Hello(h) = Msg::decode(&m.encode()).unwrap() else {
+            panic!()
+        };
         assert_eq!(h.name.len(), 32);
     }
 

@@ -66,8 +66,12 @@ impl Listener {
     /// [`Error::Io`] for OS failures, or when `path` exists and is not a socket.
     pub fn bind(path: &Path, mode: u32) -> Result<Listener> {
         let lp = lock_path(path);
-        let lock = rustix::fs::open(&lp, OFlags::CREATE | OFlags::RDWR | OFlags::CLOEXEC, Mode::from_raw_mode(0o600))
-            .ctx(|| format!("opening lock file {}", lp.display()))?;
+        let lock = rustix::fs::open(
+            &lp,
+            OFlags::CREATE | OFlags::RDWR | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .ctx(|| format!("opening lock file {}", lp.display()))?;
         match rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}
             Err(Errno::WOULDBLOCK) => return Err(Error::AddressInUse(path.to_owned())),
@@ -96,7 +100,11 @@ impl Listener {
         rustix::net::bind(&fd, &addr).ctx(|| format!("bind {}", path.display()))?;
         rustix::fs::chmod(path, Mode::from_raw_mode(mode)).ctx(|| format!("chmod {:o} {}", mode, path.display()))?;
         rustix::net::listen(&fd, 64).ctx(|| format!("listen {}", path.display()))?;
-        Ok(Listener { fd, path: path.to_owned(), _lock: lock })
+        Ok(Listener {
+            fd,
+            path: path.to_owned(),
+            _lock: lock,
+        })
     }
 
     /// Accepts one pending connection, waiting at most `timeout`.
@@ -161,7 +169,10 @@ pub fn connect(path: &Path) -> Result<OwnedFd> {
 /// Waits until `fd` is readable (or hung up), at most `timeout`.
 pub fn readable(fd: BorrowedFd<'_>, timeout: Duration) -> Result<bool> {
     let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
-    let ts = rustix::time::Timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
+    let ts = rustix::time::Timespec {
+        tv_sec: timeout.as_secs() as _,
+        tv_nsec: timeout.subsec_nanos() as _,
+    };
     match rustix::event::poll(&mut fds, Some(&ts)) {
         Ok(n) => Ok(n > 0),
         Err(Errno::INTR) => Ok(false),
@@ -221,7 +232,12 @@ pub fn recv(fd: BorrowedFd<'_>, timeout: Duration) -> Result<Option<Received>> {
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut iov = [IoSliceMut::new(&mut buf)];
-    let msg = match rustix::net::recvmsg(fd, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT) {
+    let msg = match rustix::net::recvmsg(
+        fd,
+        &mut iov,
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
+    ) {
         Ok(m) => m,
         Err(Errno::AGAIN) | Err(Errno::INTR) => return Ok(None),
         Err(e) => return Err(Error::io("recvmsg", e)),
@@ -240,7 +256,10 @@ pub fn recv(fd: BorrowedFd<'_>, timeout: Duration) -> Result<Option<Received>> {
         return Err(Error::BadMessage(format!("datagram longer than {MAX_MSG_BYTES} bytes")));
     }
     if msg.bytes == 0 {
-        return Err(Error::io("peer closed the connection", std::io::ErrorKind::UnexpectedEof));
+        return Err(Error::io(
+            "peer closed the connection",
+            std::io::ErrorKind::UnexpectedEof,
+        ));
     }
     buf.truncate(msg.bytes);
     Ok(Some(Received { bytes: buf, fds }))
@@ -295,7 +314,8 @@ mod tests {
 
     #[test]
     fn descriptors_travel_with_the_datagram() {
-        let (a, b) = rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap();
+        let (a, b) =
+            rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap();
         let (r, w) = rustix::pipe::pipe().unwrap();
         send(a.as_fd(), b"hello", &[r.as_fd(), w.as_fd()]).unwrap();
         let got = recv(b.as_fd(), Duration::from_secs(1)).unwrap().unwrap();
@@ -310,7 +330,10 @@ mod tests {
     #[test]
     fn allow_list_checks_uid_or_gid() {
         assert!(AccessPolicy::default().allows(5, 5));
-        let p = AccessPolicy { uids: vec![1000], gids: vec![44] };
+        let p = AccessPolicy {
+            uids: vec![1000],
+            gids: vec![44],
+        };
         assert!(p.allows(1000, 1));
         assert!(p.allows(1, 44));
         assert!(!p.allows(1, 1));

@@ -121,9 +121,7 @@ pub fn spawn(dir: &TempDir, name: &str, mut cmd: Command) -> ChildProc {
     let out = File::create(&log).expect("creating a child log");
     let err = out.try_clone().expect("dup of a child log");
     cmd.stdin(Stdio::null()).stdout(out).stderr(err);
-    let child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawning {name} ({cmd:?}): {e}"));
+    let child = cmd.spawn().unwrap_or_else(|e| panic!("spawning {name} ({cmd:?}): {e}"));
     ChildProc {
         name: name.into(),
         child,
@@ -144,12 +142,7 @@ pub fn self_command(wrapper: &[&str], role: &str, env: &[(&str, String)]) -> Com
         }
         None => Command::new(&exe),
     };
-    cmd.args([
-        "--exact",
-        "child_process_entry",
-        "--nocapture",
-        "--test-threads=1",
-    ]);
+    cmd.args(["--exact", "child_process_entry", "--nocapture", "--test-threads=1"]);
     cmd.env(ROLE, role);
     for (k, v) in env {
         cmd.env(k, v);
@@ -237,8 +230,7 @@ fn subscriber_role() {
         "lossless" => opts.lossless(true),
         other => panic!("unknown mode {other}"),
     };
-    let mut sub =
-        Subscriber::connect(&socket, opts).unwrap_or_else(|e| panic!("{name}: connect: {e}"));
+    let mut sub = Subscriber::connect(&socket, opts).unwrap_or_else(|e| panic!("{name}: connect: {e}"));
     // Connected, with its start cursor set: the parent may publish now.
     std::fs::write(ready_path(&result), b"").expect("writing the ready file");
     let mut seqs = Vec::new();
@@ -289,10 +281,7 @@ fn subscriber_role() {
     let _ = writeln!(
         out,
         "seqs {}",
-        seqs.iter()
-            .map(u64::to_string)
-            .collect::<Vec<_>>()
-            .join(" ")
+        seqs.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")
     );
     let _ = writeln!(
         out,
@@ -325,10 +314,7 @@ pub fn wait_connected(children: &mut [ChildProc], results: &[PathBuf], timeout: 
                 );
             }
         }
-        assert!(
-            Instant::now() < deadline,
-            "children did not connect within {timeout:?}"
-        );
+        assert!(Instant::now() < deadline, "children did not connect within {timeout:?}");
         std::thread::sleep(Duration::from_millis(5));
     }
 }
@@ -344,8 +330,7 @@ pub struct SubResult {
 impl SubResult {
     /// Reads `path`.
     pub fn read(path: &Path) -> SubResult {
-        let text = std::fs::read_to_string(path)
-            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
         let mut r = SubResult::default();
         for line in text.lines() {
             let (k, v) = line.split_once(' ').unwrap_or((line, ""));
@@ -392,11 +377,7 @@ impl SubResult {
             self.num("dropped"),
             "{name}: gaps between delivered seqs vs stats().dropped"
         );
-        assert_eq!(
-            self.seqs.len() as u64,
-            self.num("delivered"),
-            "{name}: delivered count"
-        );
+        assert_eq!(self.seqs.len() as u64, self.num("delivered"), "{name}: delivered count");
     }
     /// (p50, p99, max) of the latencies, in microseconds.
     pub fn latency_us(&self) -> (f64, f64, f64) {

@@ -163,13 +163,7 @@ impl DriverError {
 
 impl std::fmt::Display for DriverError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} failed with {} ({})",
-            self.call,
-            self.code,
-            error_name(self.code)
-        )
+        write!(f, "{} failed with {} ({})", self.call, self.code, error_name(self.code))
     }
 }
 
@@ -303,13 +297,7 @@ pub trait Driver: Send + Sync + 'static {
     ///
     /// # Safety
     /// See the trait's safety contract.
-    unsafe fn mem_set_access(
-        &self,
-        ptr: DevicePtr,
-        bytes: u64,
-        dev: CuDevice,
-        access: Access,
-    ) -> DResult<()>;
+    unsafe fn mem_set_access(&self, ptr: DevicePtr, bytes: u64, dev: CuDevice, access: Access) -> DResult<()>;
     /// `cuMemRelease`.
     ///
     /// # Safety
@@ -338,13 +326,7 @@ pub trait Driver: Send + Sync + 'static {
     ///
     /// # Safety
     /// See the trait's safety contract.
-    unsafe fn memcpy_dtod_async(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: u64,
-        stream: CuStream,
-    ) -> DResult<()>;
+    unsafe fn memcpy_dtod_async(&self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: CuStream) -> DResult<()>;
     /// `cuMemcpyDtoH_v2` of `dst.len()` bytes. Synchronous, but ordered only
     /// with blocking streams: synchronise a non-blocking stream first.
     ///
@@ -360,13 +342,7 @@ pub trait Driver: Send + Sync + 'static {
     ///
     /// # Safety
     /// See the trait's safety contract.
-    unsafe fn memset_d32_async(
-        &self,
-        dst: DevicePtr,
-        value: u32,
-        words: u64,
-        stream: CuStream,
-    ) -> DResult<()>;
+    unsafe fn memset_d32_async(&self, dst: DevicePtr, value: u32, words: u64, stream: CuStream) -> DResult<()>;
     /// `cuModuleLoadData` of a NUL-terminated PTX image, in the current context.
     fn module_load_data(&self, image: &CStr) -> DResult<CuModule>;
     /// `cuModuleUnload`.

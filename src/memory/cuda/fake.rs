@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
 
 use super::driver::{
-    attr, code, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr,
-    Driver, DriverError, MemHandle,
+    attr, code, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver, DriverError,
+    MemHandle,
 };
 use super::pattern;
 use crate::shm::Region;
@@ -219,13 +219,7 @@ impl State {
     }
 
     /// Host address of `[ptr, ptr+len)`, checking access.
-    fn resolve(
-        &mut self,
-        call: &'static str,
-        ptr: DevicePtr,
-        len: u64,
-        write: bool,
-    ) -> DResult<*mut u8> {
+    fn resolve(&mut self, call: &'static str, ptr: DevicePtr, len: u64, write: bool) -> DResult<*mut u8> {
         let bad = DriverError {
             call,
             code: code::ILLEGAL_ADDRESS,
@@ -234,16 +228,8 @@ impl State {
         if let Some((&start, m)) = self.mappings.range(..=ptr).next_back() {
             if end <= start + m.len {
                 return match m.access {
-                    Some(Access::ReadWrite) => Ok(m
-                        .backing
-                        .region
-                        .as_ptr()
-                        .wrapping_add((ptr - start) as usize)),
-                    Some(Access::Read) if !write => Ok(m
-                        .backing
-                        .region
-                        .as_ptr()
-                        .wrapping_add((ptr - start) as usize)),
+                    Some(Access::ReadWrite) => Ok(m.backing.region.as_ptr().wrapping_add((ptr - start) as usize)),
+                    Some(Access::Read) if !write => Ok(m.backing.region.as_ptr().wrapping_add((ptr - start) as usize)),
                     _ => Err(bad),
                 };
             }
@@ -364,12 +350,7 @@ impl FakeDriver {
     /// Every release call so far (calls that released a context-owned
     /// resource, whether they succeeded or not).
     pub fn releases(&self) -> Vec<CallRecord> {
-        self.lock()
-            .log
-            .iter()
-            .filter(|r| r.owner.is_some())
-            .cloned()
-            .collect()
+        self.lock().log.iter().filter(|r| r.owner.is_some()).cloned().collect()
     }
 
     /// Everything still alive.
@@ -416,10 +397,7 @@ impl FakeDriver {
 
     /// This thread's context stack depth, without counting a call.
     pub fn stack_depth(&self) -> usize {
-        self.lock()
-            .stacks
-            .get(&std::thread::current().id())
-            .map_or(0, Vec::len)
+        self.lock().stacks.get(&std::thread::current().id()).map_or(0, Vec::len)
     }
 
     /// The primary context a `cuDevicePrimaryCtxRetain` of `dev` returns.
@@ -486,8 +464,7 @@ impl FakeDriver {
                 Ok(())
             }
             pattern::VERIFY_KERNEL => {
-                let seq = Self::read_u32(st, CALL, base)? as u64
-                    | (Self::read_u32(st, CALL, base + 4)? as u64) << 32;
+                let seq = Self::read_u32(st, CALL, base)? as u64 | (Self::read_u32(st, CALL, base + 4)? as u64) << 32;
                 let (mut bad_words, mut sum) = (0u32, 0u32);
                 for i in 4..n {
                     let w = Self::read_u32(st, CALL, base + 4 * i as u64)?;
@@ -596,20 +573,13 @@ impl Driver for FakeDriver {
                 },
             ));
         }
-        st.stacks
-            .entry(std::thread::current().id())
-            .or_default()
-            .push(ctx);
+        st.stacks.entry(std::thread::current().id()).or_default().push(ctx);
         Ok(())
     }
 
     fn ctx_pop_current(&self) -> DResult<Option<CuContext>> {
         let (mut st, rec) = self.enter("cuCtxPopCurrent_v2")?;
-        match st
-            .stacks
-            .get_mut(&std::thread::current().id())
-            .and_then(Vec::pop)
-        {
+        match st.stacks.get_mut(&std::thread::current().id()).and_then(Vec::pop) {
             Some(c) => Ok(Some(c)),
             None => Err(Self::fail_rec(
                 &mut st,
@@ -661,9 +631,7 @@ impl Driver for FakeDriver {
     fn mem_create(&self, bytes: u64, dev: CuDevice) -> DResult<MemHandle> {
         const CALL: &str = "cuMemCreate";
         let (mut st, rec) = self.enter(CALL)?;
-        let owner = st
-            .need_ctx(CALL)
-            .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let owner = st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         let d = st.dev(CALL, dev)?.clone();
         let used = st.used.get(&dev).copied().unwrap_or(0);
         if !d.vmm || !d.posix_fd {
@@ -740,9 +708,7 @@ impl Driver for FakeDriver {
     fn mem_import_fd(&self, fd: BorrowedFd<'_>) -> DResult<MemHandle> {
         const CALL: &str = "cuMemImportFromShareableHandle";
         let (mut st, rec) = self.enter(CALL)?;
-        let owner = st
-            .need_ctx(CALL)
-            .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let owner = st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         let bad = DriverError {
             call: CALL,
             code: code::INVALID_VALUE,
@@ -773,9 +739,7 @@ impl Driver for FakeDriver {
     fn mem_address_reserve(&self, bytes: u64, align: u64) -> DResult<DevicePtr> {
         const CALL: &str = "cuMemAddressReserve";
         let (mut st, rec) = self.enter(CALL)?;
-        let owner = st
-            .need_ctx(CALL)
-            .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let owner = st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         let align = align.max(2 << 20);
         let next = st
             .reservations
@@ -827,9 +791,7 @@ impl Driver for FakeDriver {
             .is_some_and(|(&s, &(l, _))| ptr + bytes <= s + l);
         let backing = st.handles.get(&handle.0).map(|h| Arc::clone(&h.backing));
         match backing {
-            Some(b)
-                if inside && b.region.len() as u64 == bytes && !st.mappings.contains_key(&ptr) =>
-            {
+            Some(b) if inside && b.region.len() as u64 == bytes && !st.mappings.contains_key(&ptr) => {
                 st.mappings.insert(
                     ptr,
                     MapRec {
@@ -881,13 +843,7 @@ impl Driver for FakeDriver {
         Ok(())
     }
 
-    unsafe fn mem_set_access(
-        &self,
-        ptr: DevicePtr,
-        bytes: u64,
-        dev: CuDevice,
-        access: Access,
-    ) -> DResult<()> {
+    unsafe fn mem_set_access(&self, ptr: DevicePtr, bytes: u64, dev: CuDevice, access: Access) -> DResult<()> {
         const CALL: &str = "cuMemSetAccess";
         let (mut st, rec) = self.enter(CALL)?;
         if st.dev(CALL, dev).is_err() {
@@ -944,9 +900,7 @@ impl Driver for FakeDriver {
     fn mem_alloc(&self, bytes: u64) -> DResult<DevicePtr> {
         const CALL: &str = "cuMemAlloc_v2";
         let (mut st, rec) = self.enter(CALL)?;
-        let owner = st
-            .need_ctx(CALL)
-            .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let owner = st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         let Ok(n) = usize::try_from(bytes) else {
             return Err(Self::fail_rec(
                 &mut st,
@@ -994,9 +948,7 @@ impl Driver for FakeDriver {
     fn stream_create_non_blocking(&self) -> DResult<CuStream> {
         const CALL: &str = "cuStreamCreate";
         let (mut st, rec) = self.enter(CALL)?;
-        let owner = st
-            .need_ctx(CALL)
-            .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let owner = st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         let id = 0x5000_0000 + st.id();
         st.streams.insert(id, Some(owner));
         Ok(CuStream::from_bits(id))
@@ -1039,13 +991,7 @@ impl Driver for FakeDriver {
         Ok(())
     }
 
-    unsafe fn memcpy_dtod_async(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: u64,
-        _stream: CuStream,
-    ) -> DResult<()> {
+    unsafe fn memcpy_dtod_async(&self, dst: DevicePtr, src: DevicePtr, bytes: u64, _stream: CuStream) -> DResult<()> {
         const CALL: &str = "cuMemcpyDtoDAsync_v2";
         let (mut st, rec) = self.enter(CALL)?;
         let s = st
@@ -1083,18 +1029,11 @@ impl Driver for FakeDriver {
         Ok(())
     }
 
-    unsafe fn memset_d32_async(
-        &self,
-        dst: DevicePtr,
-        value: u32,
-        words: u64,
-        _stream: CuStream,
-    ) -> DResult<()> {
+    unsafe fn memset_d32_async(&self, dst: DevicePtr, value: u32, words: u64, _stream: CuStream) -> DResult<()> {
         const CALL: &str = "cuMemsetD32Async";
         let (mut st, rec) = self.enter(CALL)?;
         for i in 0..words {
-            Self::write_u32(&mut st, CALL, dst + 4 * i, value)
-                .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+            Self::write_u32(&mut st, CALL, dst + 4 * i, value).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         }
         Ok(())
     }
@@ -1102,9 +1041,7 @@ impl Driver for FakeDriver {
     fn module_load_data(&self, image: &CStr) -> DResult<CuModule> {
         const CALL: &str = "cuModuleLoadData";
         let (mut st, rec) = self.enter(CALL)?;
-        let owner = st
-            .need_ctx(CALL)
-            .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let owner = st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         if !image.to_bytes().windows(8).any(|w| w == b".version") {
             return Err(Self::fail_rec(
                 &mut st,
@@ -1188,7 +1125,6 @@ impl Driver for FakeDriver {
             ));
         };
         // SAFETY: the caller passes the kernel's parameters (trait contract).
-        unsafe { Self::emulate(&mut st, &name, params) }
-            .map_err(|e| Self::fail_rec(&mut st, rec, e))
+        unsafe { Self::emulate(&mut st, &name, params) }.map_err(|e| Self::fail_rec(&mut st, rec, e))
     }
 }

@@ -59,12 +59,7 @@ impl CudaImport<RealDriver> {
     ///
     /// # Errors
     /// As [`CudaImport::import`].
-    pub fn import_default(
-        fd: OwnedFd,
-        bytes: u64,
-        device_uuid: [u8; 16],
-        writable: bool,
-    ) -> Result<Self> {
+    pub fn import_default(fd: OwnedFd, bytes: u64, device_uuid: [u8; 16], writable: bool) -> Result<Self> {
         Self::import(RealDriver::shared()?, fd, bytes, device_uuid, writable)
     }
 }
@@ -86,13 +81,7 @@ impl<D: Driver> CudaImport<D> {
     /// [`Error::LayoutMismatch`] when `bytes` is not a whole number of
     /// allocation granules; [`Error::Driver`] when a driver call fails (for
     /// instance an FD that is not a CUDA allocation).
-    pub fn import(
-        driver: Arc<D>,
-        fd: OwnedFd,
-        bytes: u64,
-        device_uuid: [u8; 16],
-        writable: bool,
-    ) -> Result<Self> {
+    pub fn import(driver: Arc<D>, fd: OwnedFd, bytes: u64, device_uuid: [u8; 16], writable: bool) -> Result<Self> {
         driver.init()?;
         let dev = find_device_by_uuid(&*driver, &device_uuid)?;
         let mut imp = CudaImport {
@@ -139,11 +128,7 @@ impl<D: Driver> CudaImport<D> {
         }
         let ctx = d.primary_ctx_retain(dev)?;
         self.ctx = Some(ctx);
-        let access = if self.writable {
-            Access::ReadWrite
-        } else {
-            Access::Read
-        };
+        let access = if self.writable { Access::ReadWrite } else { Access::Read };
         let body = |d: &D| -> Result<_> {
             let handle = d.mem_import_fd(fd.as_fd())?;
             self.handle = Some(handle);
@@ -296,10 +281,7 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
         let (Some(va), Some(stream)) = (self.va, self.stream) else {
             return Err(Error::Closed);
         };
-        if !src_offset
-            .checked_add(len)
-            .is_some_and(|end| end <= self.bytes)
-        {
+        if src_offset.checked_add(len).is_none_or(|end| end > self.bytes) {
             return Err(Error::LayoutMismatch(format!(
                 "copy of {len} bytes at {src_offset} leaves the {}-byte pool",
                 self.bytes

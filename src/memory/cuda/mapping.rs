@@ -47,7 +47,10 @@ impl VmmMapping {
     /// application). On error, `self` keeps what was made, for `release`.
     pub(crate) fn create_exported<D: Driver>(&mut self, d: &D, bytes: u64, dev: CuDevice) -> Result<OwnedFd> {
         let g = d.mem_granularity(dev)?;
-        self.bytes = round_up(bytes.max(1), g).ok_or(Error::TooLarge { len: bytes as usize, max: usize::MAX })?;
+        self.bytes = round_up(bytes.max(1), g).ok_or(Error::TooLarge {
+            len: bytes as usize,
+            max: usize::MAX,
+        })?;
         let h = d.mem_create(self.bytes, dev)?;
         self.handle = Some(h);
         // SAFETY: `h` is live (just created).
@@ -69,7 +72,9 @@ impl VmmMapping {
     ) -> Result<()> {
         let g = d.mem_granularity(dev)?;
         if bytes == 0 || round_up(bytes, g) != Some(bytes) {
-            return Err(Error::LayoutMismatch(format!("allocation of {bytes} bytes is not a whole number of {g}-byte granules")));
+            return Err(Error::LayoutMismatch(format!(
+                "allocation of {bytes} bytes is not a whole number of {g}-byte granules"
+            )));
         }
         self.bytes = bytes;
         self.handle = Some(d.mem_import_fd(fd.as_fd())?);

@@ -32,6 +32,7 @@
 mod context;
 mod driver;
 mod fake;
+mod gpu_pattern;
 mod import;
 mod mapping;
 mod pattern;
@@ -43,10 +44,11 @@ use std::sync::Arc;
 
 pub use context::ContextGuard;
 pub use driver::{
-    attr, code, error_name, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult,
-    DevicePtr, Driver, DriverError, MemHandle,
+    attr, code, error_name, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver,
+    DriverError, MemHandle,
 };
 pub use fake::{CallRecord, FakeDevice, FakeDriver, Leaks};
+pub use gpu_pattern::GpuTestPattern;
 pub use import::CudaImport;
 pub use pattern::{PatternCheck, PatternKernels};
 pub use pool::CudaPool;
@@ -119,10 +121,7 @@ pub fn find_device_by_uuid<D: Driver>(driver: &D, uuid: &[u8; 16]) -> Result<CuD
 }
 
 /// The device `sel` names and its UUID.
-pub(crate) fn resolve_device<D: Driver>(
-    driver: &D,
-    sel: DeviceSelector,
-) -> Result<(CuDevice, [u8; 16])> {
+pub(crate) fn resolve_device<D: Driver>(driver: &D, sel: DeviceSelector) -> Result<(CuDevice, [u8; 16])> {
     match sel {
         DeviceSelector::Ordinal(ordinal) => {
             let count = driver.device_count()?;
@@ -152,9 +151,7 @@ pub fn probe_with<D: Driver>(driver: &D) -> Result<Vec<DeviceInfo>> {
             ordinal: dev,
             uuid: driver.device_uuid(dev)?,
             vmm: driver.device_attribute(attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev)? != 0,
-            posix_fd: driver
-                .device_attribute(attr::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev)?
-                != 0,
+            posix_fd: driver.device_attribute(attr::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev)? != 0,
             integrated: driver.device_attribute(attr::INTEGRATED, dev)? != 0,
         })
     }
@@ -186,19 +183,11 @@ pub fn cuda_usable() -> bool {
 ///
 /// # Errors
 /// [`Error::Driver`] when a query fails.
-pub unsafe fn device_free_bytes<D: Driver>(
-    driver: &D,
-    ctx: CuContext,
-    dev: CuDevice,
-) -> Result<u64> {
+pub unsafe fn device_free_bytes<D: Driver>(driver: &D, ctx: CuContext, dev: CuDevice) -> Result<u64> {
     let integrated = driver.device_attribute(attr::INTEGRATED, dev)? != 0;
     // SAFETY: `ctx` is live (this function's contract).
     let (free, _total) = unsafe { context::with_context(driver, ctx, |d| Ok(d.mem_get_info()?)) }?;
-    let available = if integrated {
-        mem_available_bytes()
-    } else {
-        None
-    };
+    let available = if integrated { mem_available_bytes() } else { None };
     Ok(effective_free_bytes(free, available, integrated))
 }
 
@@ -236,8 +225,7 @@ pub fn free_memory_probe<D: Driver>(driver: Arc<D>, dev: CuDevice) -> Result<Fre
 /// # Errors
 /// As [`CudaPool::create`].
 pub fn create_pool(ordinal: u32, bytes: u64) -> Result<Box<dyn ExportedPool>> {
-    let ordinal = i32::try_from(ordinal)
-        .map_err(|_| Error::Config(format!("CUDA device ordinal {ordinal}")))?;
+    let ordinal = i32::try_from(ordinal).map_err(|_| Error::Config(format!("CUDA device ordinal {ordinal}")))?;
     Ok(Box::new(CudaPool::create_default(ordinal, bytes)?))
 }
 
@@ -246,18 +234,8 @@ pub fn create_pool(ordinal: u32, bytes: u64) -> Result<Box<dyn ExportedPool>> {
 ///
 /// # Errors
 /// As [`CudaImport::import`].
-pub fn import_pool(
-    fd: OwnedFd,
-    bytes: u64,
-    device_uuid: [u8; 16],
-    writable: bool,
-) -> Result<Box<dyn ImportedPool>> {
-    Ok(Box::new(CudaImport::import_default(
-        fd,
-        bytes,
-        device_uuid,
-        writable,
-    )?))
+pub fn import_pool(fd: OwnedFd, bytes: u64, device_uuid: [u8; 16], writable: bool) -> Result<Box<dyn ImportedPool>> {
+    Ok(Box::new(CudaImport::import_default(fd, bytes, device_uuid, writable)?))
 }
 
 /// `v` rounded up to a multiple of `to` (a power of two or any nonzero).
@@ -278,10 +256,7 @@ mod tests {
 
     #[test]
     fn a_uuid_finds_its_device_whatever_its_ordinal() {
-        let d = FakeDriver::new(vec![
-            FakeDevice::discrete(uuid(7)),
-            FakeDevice::discrete(uuid(3)),
-        ]);
+        let d = FakeDriver::new(vec![FakeDevice::discrete(uuid(7)), FakeDevice::discrete(uuid(3))]);
         d.init().unwrap();
         assert_eq!(find_device_by_uuid(&*d, &uuid(3)).unwrap(), 1);
         assert_eq!(find_device_by_uuid(&*d, &uuid(7)).unwrap(), 0);
@@ -301,9 +276,7 @@ mod tests {
 
     #[test]
     fn uuids_print_as_nvidia_smi_does() {
-        let u = [
-            0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8,
-        ];
+        let u = [0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8];
         assert_eq!(format_uuid(&u), "GPU-12345678-9abc-def0-0102-030405060708");
     }
 
@@ -313,10 +286,7 @@ mod tests {
         old.posix_fd = false;
         let d = FakeDriver::new(vec![FakeDevice::discrete(uuid(1)), old]);
         let devs = probe_with(&*d).unwrap();
-        assert_eq!(
-            devs.iter().map(DeviceInfo::usable).collect::<Vec<_>>(),
-            [true, false]
-        );
+        assert_eq!(devs.iter().map(DeviceInfo::usable).collect::<Vec<_>>(), [true, false]);
     }
 
     #[test]

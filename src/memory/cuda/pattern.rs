@@ -351,12 +351,7 @@ impl<D: Driver> PatternKernels<D> {
     ///
     /// # Errors
     /// [`Error::Config`] for a bad length; [`Error::Driver`] when a call fails.
-    pub unsafe fn verify(
-        &self,
-        src: DevicePtr,
-        len: u64,
-        stream: CuStream,
-    ) -> Result<PatternCheck> {
+    pub unsafe fn verify(&self, src: DevicePtr, len: u64, stream: CuStream) -> Result<PatternCheck> {
         let (ctx, _, verify, result) = self.open()?;
         let mut n = words_of(len)?;
         let (mut src_p, mut out_p) = (src, result);
@@ -381,9 +376,7 @@ impl<D: Driver> PatternKernels<D> {
         };
         // SAFETY: `ctx` is retained while open (checked above).
         let raw = unsafe { with_context(&*self.driver, ctx, body) }?;
-        let w = |i: usize| {
-            u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]])
-        };
+        let w = |i: usize| u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]);
         Ok(PatternCheck {
             seq: w(3) as u64 | (w(4) as u64) << 32,
             mismatches: w(0),

@@ -58,11 +58,7 @@ impl CudaPool<RealDriver> {
     /// # Errors
     /// As [`CudaPool::create`].
     pub fn create_default(ordinal: i32, bytes: u64) -> Result<Self> {
-        Self::create(
-            RealDriver::shared()?,
-            DeviceSelector::Ordinal(ordinal),
-            bytes,
-        )
+        Self::create(RealDriver::shared()?, DeviceSelector::Ordinal(ordinal), bytes)
     }
 }
 
@@ -276,11 +272,7 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
     }
 
     fn export_fd(&self) -> Result<OwnedFd> {
-        let fd = self
-            .fd
-            .as_ref()
-            .filter(|_| self.ready)
-            .ok_or(Error::Closed)?;
+        let fd = self.fd.as_ref().filter(|_| self.ready).ok_or(Error::Closed)?;
         // A dup of the driver's descriptor: the caller owns it and closes it
         // after sending; the pool keeps its own.
         fd.try_clone()
@@ -333,12 +325,21 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
         Ok(id)
     }
 
-    fn push_copy(&mut self, id: u64, dst_offset: u64, src_offset: u64, len: u64, completion: WriteCompletion) -> Result<()> {
+    fn push_copy(
+        &mut self,
+        id: u64,
+        dst_offset: u64,
+        src_offset: u64,
+        len: u64,
+        completion: WriteCompletion,
+    ) -> Result<()> {
         let ctx = self.context()?;
         let (_, t) = self.targets.iter().find(|(t, _)| *t == id).ok_or(Error::Closed)?;
         let fits = |off: u64, total: u64| off.checked_add(len).is_some_and(|e| e <= total);
         if !fits(dst_offset, t.bytes()) || !fits(src_offset, self.bytes) {
-            return Err(Error::LayoutMismatch(format!("push copy of {len} bytes leaves a buffer")));
+            return Err(Error::LayoutMismatch(format!(
+                "push copy of {len} bytes leaves a buffer"
+            )));
         }
         let (dst, src) = (t.addr() + dst_offset, self.device_ptr() + src_offset);
         let stream = match completion {
@@ -356,7 +357,9 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
     }
 
     fn detach_target(&mut self, id: u64) -> Result<()> {
-        let Some(pos) = self.targets.iter().position(|(t, _)| *t == id) else { return Ok(()) };
+        let Some(pos) = self.targets.iter().position(|(t, _)| *t == id) else {
+            return Ok(());
+        };
         let ctx = self.context()?;
         let t = &mut self.targets[pos].1;
         let body = |d: &D| -> Result<()> {

@@ -16,8 +16,8 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::sys;
 
 use super::driver::{
-    code, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver,
-    DriverError, MemHandle,
+    code, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver, DriverError,
+    MemHandle,
 };
 use crate::error::{Error, Result};
 
@@ -51,13 +51,9 @@ struct MemAccessDesc {
     flags: c_uint,
 }
 
-const _: () =
-    assert!(std::mem::size_of::<MemLocation>() == std::mem::size_of::<sys::CUmemLocation>());
-const _: () = assert!(
-    std::mem::size_of::<MemAllocationProp>() == std::mem::size_of::<sys::CUmemAllocationProp>()
-);
-const _: () =
-    assert!(std::mem::size_of::<MemAccessDesc>() == std::mem::size_of::<sys::CUmemAccessDesc>());
+const _: () = assert!(std::mem::size_of::<MemLocation>() == std::mem::size_of::<sys::CUmemLocation>());
+const _: () = assert!(std::mem::size_of::<MemAllocationProp>() == std::mem::size_of::<sys::CUmemAllocationProp>());
+const _: () = assert!(std::mem::size_of::<MemAccessDesc>() == std::mem::size_of::<sys::CUmemAccessDesc>());
 const _: () = assert!(std::mem::size_of::<sys::CUuuid>() == 16);
 
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`.
@@ -90,14 +86,10 @@ struct Table {
     ctx_get_device: unsafe extern "C" fn(*mut c_int) -> u32,
     ctx_synchronize: unsafe extern "C" fn() -> u32,
     mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> u32,
-    mem_get_allocation_granularity:
-        unsafe extern "C" fn(*mut usize, *const MemAllocationProp, c_uint) -> u32,
-    mem_create:
-        unsafe extern "C" fn(*mut c_ulonglong, usize, *const MemAllocationProp, c_ulonglong) -> u32,
-    mem_export_to_shareable_handle:
-        unsafe extern "C" fn(*mut c_void, c_ulonglong, c_uint, c_ulonglong) -> u32,
-    mem_import_from_shareable_handle:
-        unsafe extern "C" fn(*mut c_ulonglong, *mut c_void, c_uint) -> u32,
+    mem_get_allocation_granularity: unsafe extern "C" fn(*mut usize, *const MemAllocationProp, c_uint) -> u32,
+    mem_create: unsafe extern "C" fn(*mut c_ulonglong, usize, *const MemAllocationProp, c_ulonglong) -> u32,
+    mem_export_to_shareable_handle: unsafe extern "C" fn(*mut c_void, c_ulonglong, c_uint, c_ulonglong) -> u32,
+    mem_import_from_shareable_handle: unsafe extern "C" fn(*mut c_ulonglong, *mut c_void, c_uint) -> u32,
     mem_address_reserve: unsafe extern "C" fn(*mut u64, usize, usize, u64, c_ulonglong) -> u32,
     mem_address_free: unsafe extern "C" fn(u64, usize) -> u32,
     mem_map: unsafe extern "C" fn(u64, usize, usize, c_ulonglong, c_ulonglong) -> u32,
@@ -115,8 +107,7 @@ struct Table {
     memset_d32_async: unsafe extern "C" fn(u64, c_uint, usize, Strm) -> u32,
     module_load_data: unsafe extern "C" fn(*mut sys::CUmodule, *const c_void) -> u32,
     module_unload: unsafe extern "C" fn(sys::CUmodule) -> u32,
-    module_get_function:
-        unsafe extern "C" fn(*mut sys::CUfunction, sys::CUmodule, *const std::ffi::c_char) -> u32,
+    module_get_function: unsafe extern "C" fn(*mut sys::CUfunction, sys::CUmodule, *const std::ffi::c_char) -> u32,
     #[allow(clippy::type_complexity)]
     launch_kernel: unsafe extern "C" fn(
         sys::CUfunction,
@@ -255,27 +246,21 @@ impl Driver for RealDriver {
     fn device_count(&self) -> DResult<i32> {
         let mut n: c_int = 0;
         // SAFETY: out-parameter is a valid `int`.
-        DriverError::check("cuDeviceGetCount", unsafe {
-            (self.t.device_get_count)(&mut n)
-        })?;
+        DriverError::check("cuDeviceGetCount", unsafe { (self.t.device_get_count)(&mut n) })?;
         Ok(n)
     }
 
     fn device_get(&self, ordinal: i32) -> DResult<CuDevice> {
         let mut d: c_int = 0;
         // SAFETY: out-parameter is a valid `int`; the driver checks the ordinal.
-        DriverError::check("cuDeviceGet", unsafe {
-            (self.t.device_get)(&mut d, ordinal)
-        })?;
+        DriverError::check("cuDeviceGet", unsafe { (self.t.device_get)(&mut d, ordinal) })?;
         Ok(d)
     }
 
     fn device_uuid(&self, dev: CuDevice) -> DResult<[u8; 16]> {
         let mut u = sys::CUuuid { bytes: [0; 16] };
         // SAFETY: out-parameter is a valid `CUuuid`; the driver checks `dev`.
-        DriverError::check("cuDeviceGetUuid_v2", unsafe {
-            (self.t.device_get_uuid)(&mut u, dev)
-        })?;
+        DriverError::check("cuDeviceGetUuid_v2", unsafe { (self.t.device_get_uuid)(&mut u, dev) })?;
         Ok(u.bytes.map(|b| b as u8))
     }
 
@@ -307,9 +292,7 @@ impl Driver for RealDriver {
     fn ctx_get_current(&self) -> DResult<Option<CuContext>> {
         let mut c: Ctx = std::ptr::null_mut();
         // SAFETY: out-parameter is a valid `CUcontext`.
-        DriverError::check("cuCtxGetCurrent", unsafe {
-            (self.t.ctx_get_current)(&mut c)
-        })?;
+        DriverError::check("cuCtxGetCurrent", unsafe { (self.t.ctx_get_current)(&mut c) })?;
         Ok((!c.is_null()).then(|| CuContext::from_raw(c)))
     }
 
@@ -323,9 +306,7 @@ impl Driver for RealDriver {
     fn ctx_pop_current(&self) -> DResult<Option<CuContext>> {
         let mut c: Ctx = std::ptr::null_mut();
         // SAFETY: out-parameter is a valid `CUcontext`.
-        DriverError::check("cuCtxPopCurrent_v2", unsafe {
-            (self.t.ctx_pop_current)(&mut c)
-        })?;
+        DriverError::check("cuCtxPopCurrent_v2", unsafe { (self.t.ctx_pop_current)(&mut c) })?;
         Ok((!c.is_null()).then(|| CuContext::from_raw(c)))
     }
 
@@ -367,9 +348,7 @@ impl Driver for RealDriver {
         let mut h: c_ulonglong = 0;
         // SAFETY: out-parameter is a valid handle slot; `prop` is fully
         // initialised and outlives the call; flags must be 0.
-        DriverError::check("cuMemCreate", unsafe {
-            (self.t.mem_create)(&mut h, size, &prop, 0)
-        })?;
+        DriverError::check("cuMemCreate", unsafe { (self.t.mem_create)(&mut h, size, &prop, 0) })?;
         Ok(MemHandle(h))
     }
 
@@ -378,12 +357,7 @@ impl Driver for RealDriver {
         // SAFETY: for the POSIX FD handle type the out-parameter is an `int`;
         // `handle` is live (trait contract); flags must be 0.
         DriverError::check("cuMemExportToShareableHandle", unsafe {
-            (self.t.mem_export_to_shareable_handle)(
-                (&mut fd as *mut c_int).cast(),
-                handle.0,
-                HANDLE_TYPE_POSIX_FD,
-                0,
-            )
+            (self.t.mem_export_to_shareable_handle)((&mut fd as *mut c_int).cast(), handle.0, HANDLE_TYPE_POSIX_FD, 0)
         })?;
         if fd < 0 {
             return Err(DriverError {
@@ -425,17 +399,13 @@ impl Driver for RealDriver {
     unsafe fn mem_address_free(&self, ptr: DevicePtr, bytes: u64) -> DResult<()> {
         let size = to_usize(bytes, "cuMemAddressFree")?;
         // SAFETY: the range was reserved by this driver and is unmapped (trait contract).
-        DriverError::check("cuMemAddressFree", unsafe {
-            (self.t.mem_address_free)(ptr, size)
-        })
+        DriverError::check("cuMemAddressFree", unsafe { (self.t.mem_address_free)(ptr, size) })
     }
 
     unsafe fn mem_map(&self, ptr: DevicePtr, bytes: u64, handle: MemHandle) -> DResult<()> {
         let size = to_usize(bytes, "cuMemMap")?;
         // SAFETY: range reserved and handle live (trait contract); offset and flags 0.
-        DriverError::check("cuMemMap", unsafe {
-            (self.t.mem_map)(ptr, size, 0, handle.0, 0)
-        })
+        DriverError::check("cuMemMap", unsafe { (self.t.mem_map)(ptr, size, 0, handle.0, 0) })
     }
 
     unsafe fn mem_unmap(&self, ptr: DevicePtr, bytes: u64) -> DResult<()> {
@@ -444,13 +414,7 @@ impl Driver for RealDriver {
         DriverError::check("cuMemUnmap", unsafe { (self.t.mem_unmap)(ptr, size) })
     }
 
-    unsafe fn mem_set_access(
-        &self,
-        ptr: DevicePtr,
-        bytes: u64,
-        dev: CuDevice,
-        access: Access,
-    ) -> DResult<()> {
+    unsafe fn mem_set_access(&self, ptr: DevicePtr, bytes: u64, dev: CuDevice, access: Access) -> DResult<()> {
         let size = to_usize(bytes, "cuMemSetAccess")?;
         let desc = MemAccessDesc {
             location: MemLocation {
@@ -507,13 +471,7 @@ impl Driver for RealDriver {
         })
     }
 
-    unsafe fn memcpy_dtod_async(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: u64,
-        stream: CuStream,
-    ) -> DResult<()> {
+    unsafe fn memcpy_dtod_async(&self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: CuStream) -> DResult<()> {
         let n = to_usize(bytes, "cuMemcpyDtoDAsync_v2")?;
         // SAFETY: both ranges are device memory the caller owns and the
         // stream is live (trait contract).
@@ -533,18 +491,10 @@ impl Driver for RealDriver {
     unsafe fn memset_d8(&self, dst: DevicePtr, value: u8, bytes: u64) -> DResult<()> {
         let n = to_usize(bytes, "cuMemsetD8_v2")?;
         // SAFETY: the range is device memory the caller owns (trait contract).
-        DriverError::check("cuMemsetD8_v2", unsafe {
-            (self.t.memset_d8)(dst, value, n)
-        })
+        DriverError::check("cuMemsetD8_v2", unsafe { (self.t.memset_d8)(dst, value, n) })
     }
 
-    unsafe fn memset_d32_async(
-        &self,
-        dst: DevicePtr,
-        value: u32,
-        words: u64,
-        stream: CuStream,
-    ) -> DResult<()> {
+    unsafe fn memset_d32_async(&self, dst: DevicePtr, value: u32, words: u64, stream: CuStream) -> DResult<()> {
         let n = to_usize(words, "cuMemsetD32Async")?;
         // SAFETY: the range is device memory the caller owns and the stream
         // is live (trait contract).
@@ -565,9 +515,7 @@ impl Driver for RealDriver {
 
     unsafe fn module_unload(&self, module: CuModule) -> DResult<()> {
         // SAFETY: the module is live (trait contract).
-        DriverError::check("cuModuleUnload", unsafe {
-            (self.t.module_unload)(module.as_raw())
-        })
+        DriverError::check("cuModuleUnload", unsafe { (self.t.module_unload)(module.as_raw()) })
     }
 
     unsafe fn module_get_function(&self, module: CuModule, name: &CStr) -> DResult<CuFunction> {

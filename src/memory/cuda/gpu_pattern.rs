@@ -1,0 +1,167 @@
+//! [`GpuTestPattern`]: writes and checks the crate's test pattern
+//! ([`crate::testpattern`]) on the GPU, on a stream of its own in a device's
+//! primary context — the context the ring's pool and a subscriber's buffers
+//! live in. For examples, tests and benchmarks.
+
+use std::sync::Arc;
+
+use super::context::with_context;
+use super::driver::{CuContext, CuDevice, CuStream, Driver};
+use super::pattern::{PatternCheck, PatternKernels};
+use super::real::RealDriver;
+use super::{resolve_device, DeviceSelector};
+use crate::error::{Error, Result};
+use crate::memory::RawCuStream;
+
+/// Pattern kernels plus a non-blocking stream in the primary context of one
+/// device. Released (stream, kernels, context reference, in that order) by
+/// [`GpuTestPattern::close`] or on drop, with that context pushed.
+pub struct GpuTestPattern<D: Driver = RealDriver> {
+    driver: Arc<D>,
+    device: CuDevice,
+    ctx: Option<CuContext>,
+    stream: Option<CuStream>,
+    kernels: Option<PatternKernels<D>>,
+}
+
+impl<D: Driver> std::fmt::Debug for GpuTestPattern<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuTestPattern")
+            .field("device", &self.device)
+            .field("open", &self.ctx.is_some())
+            .finish()
+    }
+}
+
+impl GpuTestPattern<RealDriver> {
+    /// On the GPU with `uuid` (a ring's `device_uuid`), with the real driver.
+    ///
+    /// # Errors
+    /// [`Error::CudaUnavailable`], [`Error::DeviceNotVisible`], [`Error::Driver`].
+    pub fn for_uuid(uuid: [u8; 16]) -> Result<Self> {
+        Self::new(RealDriver::shared()?, DeviceSelector::Uuid(uuid))
+    }
+}
+
+impl<D: Driver> GpuTestPattern<D> {
+    /// Loads the kernels and makes a stream on `device`.
+    ///
+    /// # Errors
+    /// As [`GpuTestPattern::for_uuid`].
+    pub fn new(driver: Arc<D>, device: DeviceSelector) -> Result<Self> {
+        driver.init()?;
+        let (dev, _) = resolve_device(&*driver, device)?;
+        let mut g = GpuTestPattern {
+            driver,
+            device: dev,
+            ctx: None,
+            stream: None,
+            kernels: None,
+        };
+        let built = (|| -> Result<()> {
+            let ctx = g.driver.primary_ctx_retain(dev)?;
+            g.ctx = Some(ctx);
+            let mut stream = None;
+            // SAFETY: `ctx` is retained by `g` until `close` releases it last.
+            unsafe {
+                with_context(&*g.driver, ctx, |d: &D| -> Result<()> {
+                    stream = Some(d.stream_create_non_blocking()?);
+                    Ok(())
+                })
+            }?;
+            g.stream = stream;
+            g.kernels = Some(PatternKernels::load(Arc::clone(&g.driver), dev)?);
+            Ok(())
+        })();
+        match built {
+            Ok(()) => Ok(g),
+            Err(e) => {
+                if let Err(ce) = g.close() {
+                    tracing::warn!(error = %ce, "unwinding a GPU test pattern that failed to load");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn parts(&self) -> Result<(&PatternKernels<D>, CuStream, CuContext)> {
+        match (&self.kernels, self.stream, self.ctx) {
+            (Some(k), Some(s), Some(c)) => Ok((k, s, c)),
+            _ => Err(Error::Closed),
+        }
+    }
+
+    /// The raw stream the fills run on: pass it to
+    /// [`SlotMut::publish_cuda`](crate::SlotMut::publish_cuda).
+    ///
+    /// # Errors
+    /// [`Error::Closed`].
+    pub fn stream(&self) -> Result<RawCuStream> {
+        Ok(self.parts()?.1.as_raw())
+    }
+
+    /// Enqueues the pattern of `seq` into `[dst, dst + len)`.
+    ///
+    /// # Safety
+    /// `[dst, dst + len)` is device memory of this device's primary context
+    /// that this process may write, and nothing else uses it until the
+    /// stream has passed this fill.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a bad length; [`Error::Driver`].
+    pub unsafe fn fill(&self, dst: u64, len: u64, seq: u64) -> Result<()> {
+        let (k, s, _) = self.parts()?;
+        // SAFETY: forwarded from the caller.
+        unsafe { k.fill(dst, len, seq, s) }
+    }
+
+    /// Checks `[src, src + len)` on the GPU and waits for the verdict.
+    ///
+    /// # Safety
+    /// `[src, src + len)` is device memory of this device's primary context
+    /// that this process may read.
+    ///
+    /// # Errors
+    /// [`Error::Driver`].
+    pub unsafe fn verify(&self, src: u64, len: u64) -> Result<PatternCheck> {
+        let (k, s, _) = self.parts()?;
+        // SAFETY: forwarded from the caller.
+        unsafe { k.verify(src, len, s) }
+    }
+
+    /// Releases the stream, the kernels and the context reference, with the
+    /// context pushed. Retryable; idempotent after success.
+    ///
+    /// # Errors
+    /// The first driver call that failed.
+    pub fn close(&mut self) -> Result<()> {
+        let Some(ctx) = self.ctx else { return Ok(()) };
+        if let Some(s) = self.stream {
+            let body = |d: &D| -> Result<()> {
+                // SAFETY: our live stream.
+                unsafe { d.stream_synchronize(s) }?;
+                // SAFETY: our live stream, idle.
+                unsafe { d.stream_destroy(s) }?;
+                Ok(())
+            };
+            // SAFETY: `ctx` is retained until the last phase below.
+            unsafe { with_context(&*self.driver, ctx, body) }?;
+            self.stream = None;
+        }
+        if let Some(k) = self.kernels.as_mut() {
+            k.close()?;
+            self.kernels = None;
+        }
+        self.driver.primary_ctx_release(self.device)?;
+        self.ctx = None;
+        Ok(())
+    }
+}
+
+impl<D: Driver> Drop for GpuTestPattern<D> {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            tracing::warn!(error = %e, "GPU test pattern dropped without a successful close");
+        }
+    }
+}

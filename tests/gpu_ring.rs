@@ -1,0 +1,202 @@
+//! The ring end to end on the GPU, across processes: a CUDA producer, four
+//! subscribers (one in its own PID, IPC and mount namespaces, one by push
+//! delivery), every frame written and checked on the GPU; a rogue subscriber
+//! that writes into its read-only mapping fails alone; device memory returns
+//! to where it started. Needs a CUDA GPU and root (for `unshare`).
+
+mod common;
+
+#[path = "../examples/common/mod.rs"]
+#[allow(dead_code)]
+mod examples_common;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::TempDir;
+use examples_common::JsonLine;
+use vramring::memory::cuda::{ContextGuard, Driver, RealDriver};
+use vramring::{Subscriber, SubscriberOptions};
+
+const ROGUE: &str = "VRAMRING_GPU_ROGUE";
+
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>/deps/<test>");
+    let path = dir.join("examples").join(name);
+    assert!(
+        path.exists(),
+        "example binary {} is missing: build the examples first",
+        path.display()
+    );
+    path
+}
+
+fn final_json(output: &str) -> JsonLine {
+    output
+        .lines()
+        .rev()
+        .filter_map(JsonLine::parse)
+        .find(|j| j.get("event") == Some("final"))
+        .unwrap_or_else(|| panic!("no final JSON line in:\n{output}"))
+}
+
+/// Free device memory on GPU 0, read in this process's primary context.
+fn free_bytes(d: &Arc<RealDriver>) -> u64 {
+    let dev = d.device_get(0).expect("device 0");
+    let ctx = d.primary_ctx_retain(dev).expect("primary context");
+    // SAFETY: `ctx` is retained above and released below.
+    let g = unsafe { ContextGuard::push(&**d, ctx) }.expect("push");
+    let (free, _) = d.mem_get_info().expect("cuMemGetInfo");
+    g.restore().expect("restore");
+    d.primary_ctx_release(dev).expect("release");
+    free
+}
+
+/// The rogue subscriber: connects, borrows a frame, and tries to write into
+/// the read-only mapping. Exits 0 when the write was refused.
+fn rogue(socket: &str) {
+    let mut sub = Subscriber::connect(socket, SubscriberOptions::default().name("rogue")).expect("rogue connect");
+    let b = sub.borrow(Duration::from_secs(20)).expect("rogue borrow");
+    let d = RealDriver::shared().expect("driver");
+    let dev = d.device_get(0).expect("device");
+    let ctx = d.primary_ctx_retain(dev).expect("ctx");
+    // SAFETY: retained above.
+    let g = unsafe { ContextGuard::push(&*d, ctx) }.expect("push");
+    // SAFETY: deliberately writing into a mapping we were granted read
+    // access to only; the driver must refuse (or the context must fault).
+    let wrote = unsafe { d.memset_d8(b.addr(), 0xff, 4096) };
+    let _ = g.restore();
+    println!("rogue write: {wrote:?}");
+    std::process::exit(if wrote.is_err() { 0 } else { 1 });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn four_gpu_subscribers_one_in_its_own_namespaces_get_10000_frames_untorn() {
+    if let Ok(socket) = std::env::var(ROGUE) {
+        rogue(&socket);
+    }
+    let d = RealDriver::shared().expect("a CUDA driver");
+    let free_before = free_bytes(&d);
+    let dir = TempDir::new("gpu-ring");
+    let socket = dir.join("cam.sock").display().to_string();
+    let frames = "10000";
+    let producer = Command::new(example("producer"))
+        .args([
+            "--socket",
+            &socket,
+            "--backend",
+            "cuda",
+            "--width",
+            "1920",
+            "--height",
+            "1080",
+            "--slots",
+            "16",
+        ])
+        .args([
+            "--frames",
+            frames,
+            "--fps",
+            "1000",
+            "--wait-subscribers",
+            "5",
+            "--json",
+            "--report-ms",
+            "0",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("producer");
+    let consumer = |name: &str, extra: &[&str], wrapper: &[&str]| {
+        let mut cmd = if wrapper.is_empty() {
+            Command::new(example("consumer"))
+        } else {
+            let mut c = Command::new(wrapper[0]);
+            c.args(&wrapper[1..]).arg(example("consumer"));
+            c
+        };
+        cmd.args([
+            "--socket",
+            &socket,
+            "--name",
+            name,
+            "--json",
+            "--report-ms",
+            "0",
+            "--timeout-ms",
+            "30000",
+        ])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {name}: {e}"))
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let subs = vec![
+        ("latest", consumer("latest", &["--mode", "latest"], &[])),
+        ("sequential", consumer("sequential", &["--mode", "sequential"], &[])),
+        ("push", consumer("push", &["--mode", "latest", "--push"], &[])),
+        (
+            "namespaced",
+            consumer(
+                "namespaced",
+                &["--mode", "latest"],
+                &["unshare", "--pid", "--ipc", "--mount", "--fork"],
+            ),
+        ),
+    ];
+    let rogue = Command::new(std::env::current_exe().expect("exe"))
+        .args([
+            "--exact",
+            "four_gpu_subscribers_one_in_its_own_namespaces_get_10000_frames_untorn",
+            "--include-ignored",
+        ])
+        .env(ROGUE, &socket)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("rogue");
+    let t = Instant::now();
+    let rogue_out = rogue.wait_with_output().expect("rogue");
+    assert!(
+        rogue_out.status.success(),
+        "the rogue subscriber's write into its read-only mapping was not refused: {}",
+        String::from_utf8_lossy(&rogue_out.stdout)
+    );
+    let out = producer.wait_with_output().expect("producer");
+    assert!(
+        out.status.success(),
+        "producer failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let p = final_json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(p.u64("published"), Some(10_000), "producer: {p:?}");
+    for (name, child) in subs {
+        let out = child.wait_with_output().expect("consumer");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{name} failed: {text}");
+        let j = final_json(&text);
+        eprintln!("{name}: {j:?}");
+        assert_eq!(j.u64("torn"), Some(0), "{name}: {j:?}");
+        assert!(
+            j.u64("delivered").unwrap_or(0) > 100,
+            "{name} got too few frames: {j:?}"
+        );
+        if name == "sequential" {
+            assert_eq!(j.u64("last_seq"), Some(10_000), "{name}: {j:?}");
+        }
+    }
+    eprintln!("ran in {:?}", t.elapsed());
+    // Every process is gone: their pools, imports and push buffers with them.
+    std::thread::sleep(Duration::from_millis(500));
+    let free_after = free_bytes(&d);
+    let diff = free_before.abs_diff(free_after);
+    eprintln!("device free memory before {free_before} after {free_after}");
+    assert!(diff <= 4 << 20, "device free memory moved by {diff} bytes");
+}
