@@ -21,8 +21,8 @@
  *    128-byte line is spelled out as a `_pad` array (padding, not reserved:
  *    never read, never written). `reserved*` fields are zero in this version.
  *  - Message structs (vr_msg_header, vr_hello, vr_welcome, vr_notice,
- *    vr_attach) are packed records of exactly the bytes on the wire. Their fields are
- *    little-endian; on a big-endian host byte-swap them.
+ *    vr_attach) are packed records of exactly the bytes on the wire. Their
+ *    fields are little-endian; on a big-endian host byte-swap them.
  *  - Nothing read from a peer is trusted: validate as PROTOCOL.md section 7
  *    says, mask every slot index with (slot_count - 1), bounds-check every
  *    subscriber index.
@@ -249,12 +249,15 @@ typedef struct vr_sub_entry {
     uint64_t overruns;              /*  48 reads discarded by validate-after-copy */
     uint64_t heartbeat_ns;          /*  56 CLOCK_MONOTONIC of the last read     */
     uint64_t name[4];               /*  64 NUL-padded UTF-8, bytes in LE word order */
-    uint64_t push_seq[VR_PUSH_BUFFERS]; /* 96 push: seq in buffer k; seq|VR_SEQ_WRITING while
-                                       written; 0 empty (publisher). SYNC: push-seq, push-hold */
-    uint32_t push_held;             /* 120 push: k + 1 while reading buffer k, 0 none
-                                       (subscriber). SYNC: push-hold */
-    uint32_t push_count;            /* 124 push: VR_PUSH_BUFFERS once the publisher mapped the
-                                       buffers, 0 pull delivery (publisher). SYNC: push-seq */
+    /* Push delivery (PROTOCOL.md section 16); all zero while not in use. */
+    uint64_t push_seq[VR_PUSH_BUFFERS]; /*  96 seq in push buffer k; seq|VR_SEQ_WRITING
+                                     while claimed/written; 0 empty (publisher).
+                                     SYNC: push-seq, push-hold */
+    uint32_t push_held;             /* 120 k + 1 while holding buffer k, 0 none
+                                     (subscriber). SYNC: push-hold */
+    uint32_t push_count;            /* 124 VR_PUSH_BUFFERS once the publisher mapped
+                                     the buffers, 0 pull delivery (publisher).
+                                     SYNC: push-seq */
 } vr_sub_entry;                     /* 128 */
 
 /* Byte sizes of the two regions. */

@@ -7,19 +7,23 @@
 //! else `cc`), runs it, and compares every line with the value the Rust side
 //! computes from `vramring::layout`, `vramring::format` and
 //! `vramring::socket::msg`. The C code in `proto/PROTOCOL.md` is compiled
-//! too, and its test-pattern functions are checked against
-//! `vramring::testpattern`. A missing C compiler is a failure, never a skip.
+//! too: its test-pattern functions are checked against
+//! `vramring::testpattern`, and its push-delivery claim, complete and take
+//! (section 16.5) against `vramring::protocol::push`. A missing C compiler is
+//! a failure, never a skip.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::mem::{align_of, offset_of, size_of};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::Ordering;
 
 use vramring::format;
 use vramring::layout::{
     self, DoorbellLine, ProducerLine, RingHeader, RingInfo0, SeqLine, SlotDesc, SubEntry, SubsHeader,
 };
+use vramring::protocol::push;
 use vramring::socket::msg::{self, Attach, Hello, Msg, Notice, Welcome};
 use vramring::socket::transport;
 use vramring::Format;
@@ -569,7 +573,7 @@ fn messages(c: &mut Checks) {
         b[f_count + 4..f_stride].iter().all(|&x| x == 0),
         "attach reserved bytes are zero"
     );
-    // The C record decodes what C encodes the same way Rust does.
+    // The Rust decoder reads back every field.
     assert_eq!(Msg::decode(&b).unwrap(), Msg::Attach(a));
 
     // Every record fits one datagram.
@@ -596,6 +600,7 @@ fn doc_c_block(md: &str, heading: &str) -> String {
 fn protocol_md_code(c: &mut Checks) {
     let md_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("proto/PROTOCOL.md");
     let md = std::fs::read_to_string(&md_path).expect("reading proto/PROTOCOL.md");
+    protocol_md_push(c, &md);
 
     let pattern = doc_c_block(&md, "## Appendix A");
     let _ = writeln!(c.top, "/* PROTOCOL.md, Appendix A */\n{pattern}\n");
@@ -627,6 +632,129 @@ fn protocol_md_code(c: &mut Checks) {
          uint64_t last = 0, dropped = 0, overruns = 0, delivered = 0;\n\
          {reader}\n}}\n"
     );
+}
+
+/// A zeroed subscriber-table entry with these push words.
+fn push_entry(push_seq: [u64; layout::PUSH_BUFFERS], held: u32) -> Box<SubEntry> {
+    // SAFETY: `SubEntry` is made of atomic integers only, for which all-zero
+    // bytes are a valid value.
+    let e: Box<SubEntry> = Box::new(unsafe { std::mem::zeroed() });
+    for (w, v) in e.push_seq.iter().zip(push_seq) {
+        w.store(v, Ordering::Relaxed);
+    }
+    e.push_held.store(held, Ordering::Relaxed);
+    e
+}
+
+/// Emits C statements that build a `vr_sub_entry` named `name` with these
+/// push words.
+fn c_push_entry(c: &mut Checks, name: &str, push_seq: [u64; layout::PUSH_BUFFERS], held: u32) {
+    let _ = writeln!(
+        c.prelude,
+        "    vr_sub_entry {name}; memset(&{name}, 0, sizeof {name}); {name}.push_held = {held}u;"
+    );
+    for (k, v) in push_seq.iter().enumerate() {
+        let _ = writeln!(c.prelude, "    {name}.push_seq[{k}] = UINT64_C({v:#x});");
+    }
+}
+
+/// The push-delivery C code of PROTOCOL.md section 16.5 compiles, and its
+/// claim, complete and take do what `vramring::protocol::push` does.
+fn protocol_md_push(c: &mut Checks, md: &str) {
+    let code = doc_c_block(md, "### 16.5 The claim and hold protocol");
+    let _ = writeln!(c.top, "/* PROTOCOL.md, section 16.5 */\n{code}\n");
+    let w = layout::SEQ_WRITING;
+
+    // Claim, then complete: (push_seq, held, newest, seq).
+    let claims: [([u64; 3], u32, Option<usize>, u64); 6] = [
+        ([0, 0, 0], 0, None, 1),
+        ([5, 6, 7], 0, Some(0), 8),
+        ([5, 6, 7], 2, Some(0), 8),
+        ([5, 6, 7], 3, Some(1), 8),
+        ([5, 6, 7], 1, None, 8),
+        ([5, 6 | w, 7], 3, Some(0), 9),
+    ];
+    for (n, (seqs, held, newest, seq)) in claims.into_iter().enumerate() {
+        let e = push_entry(seqs, held);
+        let k = push::claim_buffer(&e, newest, seq);
+        let name = format!("claim{n}");
+        c_push_entry(c, &name, seqs, held);
+        let newest_c = newest.map_or(-1, |k| k as i64);
+        let _ = writeln!(
+            c.prelude,
+            "    int {name}_k = vr_push_claim(&{name}, {newest_c}, UINT64_C({seq:#x}));"
+        );
+        // The words right after the claim, before the C code completes it.
+        let _ = writeln!(
+            c.prelude,
+            "    uint64_t {name}_claimed[VR_PUSH_BUFFERS]; memcpy({name}_claimed, {name}.push_seq, sizeof {name}_claimed);"
+        );
+        c.push(
+            format!("push claim #{n} k+1"),
+            format!("{name}_k + 1"),
+            k.map_or(0, |k| k + 1),
+        );
+        for j in 0..layout::PUSH_BUFFERS {
+            c.push(
+                format!("push claim #{n} push_seq[{j}]"),
+                format!("{name}_claimed[{j}]"),
+                e.push_seq[j].load(Ordering::Relaxed),
+            );
+        }
+        if let Some(k) = k {
+            push::complete_buffer(&e, k, seq);
+            let _ = writeln!(
+                c.prelude,
+                "    vr_push_complete(&{name}, {name}_k, UINT64_C({seq:#x}));"
+            );
+            c.push(
+                format!("push complete #{n} push_seq[{k}]"),
+                format!("{name}.push_seq[{k}]"),
+                e.push_seq[k].load(Ordering::Relaxed),
+            );
+        }
+    }
+    assert_eq!(
+        push::claim_buffer(&push_entry([5, 6, 7], 3), Some(0), 8),
+        Some(1),
+        "with 3 buffers, one is neither newest nor held"
+    );
+
+    // Take: (push_seq, held, after).
+    let takes: [([u64; 3], u32, u64); 7] = [
+        ([0, 0, 0], 0, 0),
+        ([5, 7 | w, 6], 0, 4),
+        ([5, 7, 6], 2, 7),
+        ([9, 8, 10 | w], 0, 0),
+        ([3, 4, 5], 1, 4),
+        ([4, 4, 2], 0, 1),
+        ([1 | w, 2 | w, 3 | w], 3, 0),
+    ];
+    for (n, (seqs, held, after)) in takes.into_iter().enumerate() {
+        let e = push_entry(seqs, held);
+        let got = push::take_newest(&e, after);
+        let name = format!("take{n}");
+        c_push_entry(c, &name, seqs, held);
+        let _ = writeln!(
+            c.prelude,
+            "    uint64_t {name}_seq = 0; int {name}_k = vr_push_take(&{name}, UINT64_C({after:#x}), &{name}_seq);"
+        );
+        c.push(
+            format!("push take #{n} k+1"),
+            format!("{name}_k + 1"),
+            got.map_or(0, |(k, _)| k + 1),
+        );
+        c.push(
+            format!("push take #{n} seq"),
+            format!("{name}_seq"),
+            got.map_or(0, |(_, s)| s),
+        );
+        c.push(
+            format!("push take #{n} push_held"),
+            format!("{name}.push_held"),
+            e.push_held.load(Ordering::Relaxed),
+        );
+    }
 }
 
 fn c_program(c: &Checks) -> String {

@@ -223,3 +223,36 @@ fn a_held_push_frame_is_never_overwritten() {
     assert_eq!(g.skipped(), newest - seq - 1);
     testpattern::verify(g.host_bytes().unwrap(), newest).unwrap();
 }
+
+#[test]
+fn subscribers_connect_while_the_producer_publishes_flat_out() {
+    let path = sock("flat-out");
+    let mut p = Publisher::create(&path, host(Format::Gray8, 64, 64).slots(8)).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..4)
+        .map(|i| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let mut s = Subscriber::connect(&path, SubscriberOptions::default().push(i % 2 == 0)).unwrap();
+                for _ in 0..50 {
+                    let f = s.next(Duration::from_secs(5)).unwrap();
+                    testpattern::verify(f.host_bytes().unwrap(), f.seq()).unwrap();
+                }
+            })
+        })
+        .collect();
+    let s2 = stop.clone();
+    let mut published = 0u64;
+    while !readers.iter().all(|r| r.is_finished()) && !s2.load(std::sync::atomic::Ordering::Relaxed) {
+        let mut slot = p.loan(Duration::from_millis(10)).unwrap();
+        let seq = slot.seq();
+        testpattern::fill(slot.bytes_mut().unwrap(), seq);
+        slot.publish(FrameMeta::pts(0)).unwrap();
+        published += 1;
+        assert!(published < 50_000_000);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for r in readers {
+        r.join().unwrap();
+    }
+}

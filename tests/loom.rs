@@ -149,22 +149,20 @@ fn model(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
     b.check(f);
 }
 
-/// (a) A 2-slot ring, frame 1 already published; the producer publishes
-/// frames 2 and 3 (3 rewrites frame 1's slot) while a reader reads frame 1,
-/// then the newest frame. Whatever the interleaving, a frame the reader
-/// accepts is whole: an invalidation during its copy is always seen by the
-/// validation after it.
+/// (a) A 2-slot ring holding frames 1 and 2; the producer publishes frame
+/// 3, rewriting frame 1's slot, while a reader reads frame 1 and then the
+/// newest frame. Whatever the interleaving, a frame the reader accepts is
+/// whole: an invalidation during its copy is always seen by the validation
+/// after it.
 #[test]
 fn reader_never_accepts_a_frame_invalidated_during_its_copy() {
     model(3, || {
         let ring = Ring::new(2, 0);
         ring.publish(1);
+        ring.publish(2);
         let producer = {
             let ring = ring.clone();
-            thread::spawn(move || {
-                ring.publish(2);
-                ring.publish(3);
-            })
+            thread::spawn(move || ring.publish(3))
         };
         read(&ring, 1);
         let g = ring.global();
@@ -189,10 +187,11 @@ fn reader_seqs_only_increase(mode: ReadMode, slot_count: u32, frames: u64, preem
                 0
             },
         );
+        ring.publish(1);
         let producer = {
             let ring = ring.clone();
             thread::spawn(move || {
-                for seq in 1..=frames {
+                for seq in 2..=frames {
                     ring.publish(seq);
                 }
             })
