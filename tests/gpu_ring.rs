@@ -149,14 +149,7 @@ fn four_gpu_subscribers_one_in_its_own_namespaces_get_10000_frames_untorn() {
         ("latest", consumer("latest", &["--mode", "latest"], &[])),
         ("sequential", consumer("sequential", &["--mode", "sequential"], &[])),
         ("push", consumer("push", &["--mode", "latest", "--push"], &[])),
-        (
-            "namespaced",
-            consumer(
-                "namespaced",
-                &["--mode", "latest"],
-                &["unshare", "--pid", "--ipc", "--mount", "--fork"],
-            ),
-        ),
+        ("namespaced", consumer("namespaced", &["--mode", "latest"], &wrapper)),
     ];
     let rogue = Command::new(std::env::current_exe().expect("exe"))
         .args([
