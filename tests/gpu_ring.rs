@@ -139,9 +139,12 @@ fn four_gpu_subscribers_one_in_its_own_namespaces_get_10000_frames_untorn() {
         .unwrap_or_else(|e| panic!("spawning {name}: {e}"))
     };
     std::thread::sleep(Duration::from_millis(500));
-    // The namespaces the fourth subscriber runs in (override with
-    // VRAMRING_TEST_UNSHARE, e.g. where a sandbox refuses one of them).
-    let flags = std::env::var("VRAMRING_TEST_UNSHARE").unwrap_or_else(|_| "--pid --ipc --mount --fork".into());
+    // The namespaces the fourth subscriber runs in, as a container has them:
+    // its own PID, IPC and mount namespaces and its own /proc (without
+    // --mount-proc, cuInit fails with CUDA_ERROR_OPERATING_SYSTEM in a new
+    // PID namespace: the driver reads /proc for a pid that /proc does not
+    // show). Override with VRAMRING_TEST_UNSHARE.
+    let flags = std::env::var("VRAMRING_TEST_UNSHARE").unwrap_or_else(|_| "--pid --ipc --mount --fork --mount-proc".into());
     let mut wrapper = vec!["unshare"];
     wrapper.extend(flags.split_whitespace());
     eprintln!("namespaced subscriber runs under: {}", wrapper.join(" "));

@@ -39,7 +39,12 @@ pub fn claim_buffer(entry: &SubEntry, newest: Option<usize>, seq: u64) -> Option
         // SYNC: push-hold — SeqCst fence between our mark and the load of
         // the reader's hold (mirror of the reader's fence).
         fence(Ordering::SeqCst);
-        if entry.push_held.load(Ordering::Relaxed) as usize == k + 1 {
+        let held = entry.push_held.load(Ordering::Relaxed) as usize;
+        // SYNC: push-hold — Acquire fence pairs with the reader's Release
+        // store of a hold elsewhere: its reads of buffer `k` under its
+        // earlier hold happen before our writes into `k`.
+        fence(Ordering::Acquire);
+        if held == k + 1 {
             // The reader holds it: put the old seq back (its bytes are
             // untouched) and try another buffer.
             entry.push_seq[k].store(old, Ordering::Relaxed);
@@ -71,8 +76,10 @@ pub fn take_newest(entry: &SubEntry, after: u64) -> Option<(usize, u64)> {
             }
         }
         let (k, s) = best?;
-        // Relaxed store + SeqCst fence: SYNC: push-hold.
-        entry.push_held.store(k as u32 + 1, Ordering::Relaxed);
+        // SYNC: push-hold — Release: our reads of the buffer we held before
+        // happen before the publisher's next write into it (its Acquire
+        // fence); then a SeqCst fence before re-checking `push_seq[k]`.
+        entry.push_held.store(k as u32 + 1, Ordering::Release);
         fence(Ordering::SeqCst);
         if entry.push_seq[k].load(Ordering::Relaxed) == s {
             return Some((k, s));
@@ -84,6 +91,6 @@ pub fn take_newest(entry: &SubEntry, after: u64) -> Option<(usize, u64)> {
 
 /// Reader: lets go of whatever buffer it holds.
 pub fn release_hold(entry: &SubEntry) {
-    // Relaxed: the publisher only ever reads this after its own fence.
-    entry.push_held.store(0, Ordering::Relaxed);
+    // SYNC: push-hold — Release, as in `take_newest`.
+    entry.push_held.store(0, Ordering::Release);
 }
