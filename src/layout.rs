@@ -37,7 +37,7 @@ pub const DEFAULT_MAX_SUBSCRIBERS: u32 = 64;
 /// Largest subscriber table accepted.
 pub const MAX_SUBSCRIBERS_LIMIT: u32 = 1024;
 /// Words of user metadata per frame (64 bytes).
-pub const USER_META_WORDS: usize = 8;
+pub const USER_META_WORDS: usize = if cfg!(loom) { 1 } else { 8 };
 /// Bytes of user metadata per frame.
 pub const USER_META_BYTES: usize = USER_META_WORDS * 8;
 /// Bytes of a subscriber's name in its table entry.

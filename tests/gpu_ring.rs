@@ -144,7 +144,8 @@ fn four_gpu_subscribers_one_in_its_own_namespaces_get_10000_frames_untorn() {
     // --mount-proc, cuInit fails with CUDA_ERROR_OPERATING_SYSTEM in a new
     // PID namespace: the driver reads /proc for a pid that /proc does not
     // show). Override with VRAMRING_TEST_UNSHARE.
-    let flags = std::env::var("VRAMRING_TEST_UNSHARE").unwrap_or_else(|_| "--pid --ipc --mount --fork --mount-proc".into());
+    let flags =
+        std::env::var("VRAMRING_TEST_UNSHARE").unwrap_or_else(|_| "--pid --ipc --mount --fork --mount-proc".into());
     let mut wrapper = vec!["unshare"];
     wrapper.extend(flags.split_whitespace());
     eprintln!("namespaced subscriber runs under: {}", wrapper.join(" "));

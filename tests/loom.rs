@@ -149,8 +149,8 @@ fn model(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
     b.check(f);
 }
 
-/// (a) A 2-slot ring holding frames 1 and 2; the producer publishes frame
-/// 3, rewriting frame 1's slot, while a reader reads frame 1 and then the
+/// (a) A 2-slot ring holding frame 1; the producer publishes frames 2 and
+/// 3 (3 rewrites frame 1's slot) while a reader reads frame 1 and then the
 /// newest frame. Whatever the interleaving, a frame the reader accepts is
 /// whole: an invalidation during its copy is always seen by the validation
 /// after it.
@@ -159,10 +159,12 @@ fn reader_never_accepts_a_frame_invalidated_during_its_copy() {
     model(3, || {
         let ring = Ring::new(2, 0);
         ring.publish(1);
-        ring.publish(2);
         let producer = {
             let ring = ring.clone();
-            thread::spawn(move || ring.publish(3))
+            thread::spawn(move || {
+                ring.publish(2);
+                ring.publish(3);
+            })
         };
         read(&ring, 1);
         let g = ring.global();
@@ -173,11 +175,35 @@ fn reader_never_accepts_a_frame_invalidated_during_its_copy() {
     });
 }
 
-/// (b) The producer publishes frames 1..=3 into 2 slots while a reader
-/// loops pick → look → copy → validate until it has frame 3, in both read
-/// modes. The seqs it accepts strictly increase, every accepted frame is
-/// whole, and a seq at or below `global_seq` is never "not there yet".
-fn reader_seqs_only_increase(mode: ReadMode, slot_count: u32, frames: u64, preemptions: usize) {
+/// (a') As (a), but the reader finds frames by their slot seq alone, without
+/// `global_seq` (as `proto/PROTOCOL.md` allows a reader to): it reads
+/// frames 2 and 3 while the producer commits them. The slot seq's
+/// Release/Acquire alone must make an accepted frame whole.
+#[test]
+fn reader_trusting_the_slot_seq_alone_never_accepts_a_torn_frame() {
+    model(3, || {
+        let ring = Ring::new(2, 0);
+        ring.publish(1);
+        let producer = {
+            let ring = ring.clone();
+            thread::spawn(move || {
+                ring.publish(2);
+                ring.publish(3);
+            })
+        };
+        read(&ring, 2);
+        read(&ring, 3);
+        producer.join().unwrap();
+    });
+}
+
+/// (b) Frames `1..=before` are published; the producer publishes the rest
+/// up to `frames` while a reader loops as `Subscriber::next` does (pick →
+/// look → copy → validate, gaps counted) until it has the last frame. The
+/// seqs it accepts strictly increase, every accepted frame is whole, a seq
+/// at or below the `global_seq` it loaded is never "not there yet", and
+/// delivered + dropped accounts for every frame.
+fn reader_seqs_only_increase(mode: ReadMode, slot_count: u32, before: u64, frames: u64, preemptions: usize) {
     model(preemptions, move || {
         let ring = Ring::new(
             slot_count as usize,
@@ -187,16 +213,18 @@ fn reader_seqs_only_increase(mode: ReadMode, slot_count: u32, frames: u64, preem
                 0
             },
         );
-        ring.publish(1);
+        for seq in 1..=before {
+            ring.publish(seq);
+        }
         let producer = {
             let ring = ring.clone();
             thread::spawn(move || {
-                for seq in 2..=frames {
+                for seq in before + 1..=frames {
                     ring.publish(seq);
                 }
             })
         };
-        let mut last = 0;
+        let (mut last, mut delivered, mut dropped) = (0, 0, 0);
         while last < frames {
             let g = ring.global();
             let Some(p) = protocol::pick(mode, last, g, protocol::safe_window(slot_count, false)) else {
@@ -215,35 +243,51 @@ fn reader_seqs_only_increase(mode: ReadMode, slot_count: u32, frames: u64, preem
                     if snap.still_valid(slot) {
                         assert_whole(&snap, &words);
                         assert!(snap.seq > last, "accepted frame {} after frame {last}", snap.seq);
+                        delivered += 1;
+                        dropped += p.skipped;
                         last = snap.seq;
                     } else if mode == ReadMode::Sequential {
                         // As `Subscriber::next`: an overrun is a gap.
+                        dropped += p.skipped + 1;
                         last = p.seq;
                     }
                 }
                 Look::Overwritten => {
                     if mode == ReadMode::Sequential {
+                        dropped += p.skipped + 1;
                         last = p.seq;
                     }
                 }
                 Look::NotYet => panic!("frame {} is not in its slot although global_seq is {g}", p.seq),
             }
         }
+        assert_eq!(
+            delivered + dropped,
+            frames,
+            "{delivered} delivered and {dropped} dropped of {frames} frames"
+        );
         producer.join().unwrap();
     });
 }
 
 #[test]
 fn latest_reader_seqs_only_increase() {
-    reader_seqs_only_increase(ReadMode::Latest, 2, 3, 2);
+    reader_seqs_only_increase(ReadMode::Latest, 2, 0, 3, 3);
 }
 
 #[test]
 fn sequential_reader_seqs_only_increase() {
-    reader_seqs_only_increase(ReadMode::Sequential, 2, 3, 2);
+    reader_seqs_only_increase(ReadMode::Sequential, 2, 0, 3, 2);
 }
 
-/// (c) Lossless policy, 2 slots, 3 frames: the producer waits on
+/// With 4 slots the sequential window (3 frames) is narrower than the ring:
+/// the reader starts behind, may jump, and frame 5 rewrites frame 1's slot.
+#[test]
+fn sequential_reader_seqs_only_increase_when_it_falls_behind() {
+    reader_seqs_only_increase(ReadMode::Sequential, 4, 2, 5, 2);
+}
+
+/// (c) Lossless policy, 2 slots, 4 frames: the producer waits on
 /// `lossless_holder` before it invalidates a slot; the lossless reader
 /// reads the frame after the one it released, copies it, and releases it
 /// (Release). The reader never finds its frame overwritten or invalidated
@@ -255,7 +299,7 @@ fn lossless_producer_never_overwrites_a_held_slot() {
         let producer = {
             let ring = ring.clone();
             thread::spawn(move || {
-                for seq in 1..=3 {
+                for seq in 1..=4 {
                     ring.wait_lossless(seq);
                     ring.publish(seq);
                 }
@@ -263,7 +307,7 @@ fn lossless_producer_never_overwrites_a_held_slot() {
         };
         let entry = &ring.entries[0];
         let mut last = 0;
-        while last < 3 {
+        while last < 4 {
             let want = last + 1;
             if ring.global() < want {
                 thread::yield_now();
@@ -299,7 +343,7 @@ fn lossless_sequential_reader_gets_every_frame() {
         let producer = {
             let ring = ring.clone();
             thread::spawn(move || {
-                for seq in 1..=3 {
+                for seq in 1..=4 {
                     ring.wait_lossless(seq);
                     ring.publish(seq);
                 }
@@ -307,7 +351,7 @@ fn lossless_sequential_reader_gets_every_frame() {
         };
         let entry = &ring.entries[0];
         let mut last = 0;
-        while last < 3 {
+        while last < 4 {
             let g = ring.global();
             let Some(p) = protocol::pick(ReadMode::Sequential, last, g, protocol::safe_window(2, true)) else {
                 thread::yield_now();

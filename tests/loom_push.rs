@@ -31,7 +31,9 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
 
 /// The publisher's side of one frame: claim, copy, complete.
 fn publish(t: &Target, newest: &mut Option<usize>, seq: u64) {
-    let Some(k) = push::claim_buffer(&t.entry, *newest, seq) else { return };
+    let Some(k) = push::claim_buffer(&t.entry, *newest, seq) else {
+        return;
+    };
     for (i, w) in t.buffers[k].iter().enumerate() {
         // Relaxed: the copy's plain stores.
         w.store(seq * 16 + i as u64, Ordering::Relaxed);
@@ -50,7 +52,7 @@ fn a_held_push_buffer_is_never_written_and_a_taken_one_is_whole() {
         let p = Arc::clone(&t);
         let publisher = thread::spawn(move || {
             let mut newest = None;
-            for seq in 1..=3 {
+            for seq in 1..=5 {
                 publish(&p, &mut newest, seq);
             }
         });
@@ -68,6 +70,41 @@ fn a_held_push_buffer_is_never_written_and_a_taken_one_is_whole() {
             }
         }
         push::release_hold(&t.entry);
+        publisher.join().unwrap();
+    });
+}
+
+/// The model can fail: a publisher that skips the hold check (writes any
+/// buffer but the newest) is caught tearing a held buffer.
+#[test]
+#[should_panic(expected = "torn")]
+fn a_publisher_that_ignores_the_hold_is_caught() {
+    model(|| {
+        let t = Arc::new(Target {
+            entry: SubEntry::default(),
+            buffers: (0..PUSH_BUFFERS).map(|_| Default::default()).collect(),
+        });
+        let p = Arc::clone(&t);
+        let publisher = thread::spawn(move || {
+            let mut newest: Option<usize> = None;
+            for seq in 1..=5u64 {
+                // Broken claim: the next buffer after the newest, no hold check.
+                let k = newest.map_or(0, |n| (n + 1) % PUSH_BUFFERS);
+                p.entry.push_seq[k].store(seq | vramring::layout::SEQ_WRITING, Ordering::Relaxed);
+                for (i, w) in p.buffers[k].iter().enumerate() {
+                    w.store(seq * 16 + i as u64, Ordering::Relaxed);
+                }
+                push::complete_buffer(&p.entry, k, seq);
+                newest = Some(k);
+            }
+        });
+        if let Some((k, seq)) = push::take_newest(&t.entry, 0) {
+            for _ in 0..2 {
+                for (i, w) in t.buffers[k].iter().enumerate() {
+                    assert_eq!(w.load(Ordering::Relaxed), seq * 16 + i as u64, "buffer {k} torn");
+                }
+            }
+        }
         publisher.join().unwrap();
     });
 }
