@@ -37,6 +37,10 @@ pub const DEFAULT_MAX_SUBSCRIBERS: u32 = 64;
 /// Largest subscriber table accepted.
 pub const MAX_SUBSCRIBERS_LIMIT: u32 = 1024;
 /// Words of user metadata per frame (64 bytes).
+///
+/// One word under `--cfg loom`: the words are stored and loaded exactly like
+/// `pts`, and loom branches on every relaxed load, so eight of them would
+/// multiply each model's executions by 2^7 and prove nothing more.
 pub const USER_META_WORDS: usize = if cfg!(loom) { 1 } else { 8 };
 /// Bytes of user metadata per frame.
 pub const USER_META_BYTES: usize = USER_META_WORDS * 8;

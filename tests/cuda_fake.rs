@@ -462,3 +462,70 @@ fn a_copy_that_leaves_the_pool_or_a_closed_pool_is_an_error() {
     assert!(matches!(pool.export_fd(), Err(Error::Closed)));
     assert_eq!(pool.base_addr(), 0);
 }
+
+/// A subscriber's push buffers (made in its process, exported) mapped by the
+/// publisher (imported in its process): `n` at attach, the frame copy, and
+/// the release of both sides.
+fn push_round(pubd: &Arc<FakeDriver>, subd: &Arc<FakeDriver>) -> vramring::Result<()> {
+    let mut pool = create(pubd, 8 * MIB)?;
+    let mut imp = import(subd, pool.export_fd()?, pool.pool_bytes(), false)?;
+    let stride = 2 * MIB;
+    let (fd, bytes) = imp.alloc_push(3, stride)?;
+    let id = pool.attach_target(&fd, bytes)?;
+    drop(fd);
+    // SAFETY: the first MiB of the pool's read-write mapping.
+    unsafe { pubd.memset_d8(pool.base_addr(), 0x5A, MIB) }?;
+    pool.push_copy(id, stride, 0, MIB, WriteCompletion::Host)?;
+    pool.complete_writes(WriteCompletion::Host)?;
+    let mut host = vec![0u8; MIB as usize];
+    // SAFETY: push buffer 1 holds at least a MiB in the subscriber's process.
+    unsafe { subd.memcpy_dtoh(&mut host, imp.push_addr(1)) }?;
+    assert!(host.iter().all(|&b| b == 0x5A), "the pushed bytes did not arrive");
+    pool.detach_target(id)?;
+    imp.close()?;
+    pool.close()?;
+    Ok(())
+}
+
+#[test]
+fn push_buffers_arrive_and_are_released_in_their_owning_contexts_in_both_processes() {
+    let (pubd, subd) = (publisher_process(), subscriber_process());
+    let (fp, fs) = (foreign_current(&pubd), foreign_current(&subd));
+    push_round(&pubd, &subd).unwrap();
+    assert_clean(&pubd, fp, "publisher after push");
+    assert_clean(&subd, fs, "subscriber after push");
+}
+
+#[test]
+fn a_push_attach_that_fails_at_any_driver_call_leaves_nothing_behind() {
+    let total = calls_made(publisher_process, |d| push_round(d, &subscriber_process()).unwrap());
+    let mut failures = 0;
+    for n in 1..=total {
+        let (pubd, subd) = (publisher_process(), subscriber_process());
+        let (fp, fs) = (foreign_current(&pubd), foreign_current(&subd));
+        pubd.fail_at(n);
+        // A failure anywhere on the publisher's side: the error surfaces (or a
+        // failed pop is absorbed); everything made is released by the drops.
+        failures += u64::from(push_round(&pubd, &subd).is_err());
+        assert_clean(&pubd, fp, &format!("publisher failing at call {n}"));
+        assert_clean(&subd, fs, &format!("subscriber with a publisher failing at call {n}"));
+    }
+    assert!(
+        failures > total / 2,
+        "only {failures} of {total} publisher faults surfaced"
+    );
+    let total = calls_made(subscriber_process, |d| push_round(&publisher_process(), d).unwrap());
+    let mut failures = 0;
+    for n in 1..=total {
+        let (pubd, subd) = (publisher_process(), subscriber_process());
+        let (fp, fs) = (foreign_current(&pubd), foreign_current(&subd));
+        subd.fail_at(n);
+        failures += u64::from(push_round(&pubd, &subd).is_err());
+        assert_clean(&pubd, fp, &format!("publisher with a subscriber failing at call {n}"));
+        assert_clean(&subd, fs, &format!("subscriber failing at call {n}"));
+    }
+    assert!(
+        failures > total / 2,
+        "only {failures} of {total} subscriber faults surfaced"
+    );
+}

@@ -12,6 +12,15 @@
 //! keep a copy whole. Word `k` of frame `s` holds [`pattern`]`(s, k)`, and
 //! every commit stores `pts = s`, so a torn frame or torn meta is visible.
 //!
+//! Two things differ under loom, both `cfg(loom)` only: the user-metadata
+//! area is one word (`layout::USER_META_WORDS`), and `wait_for_seq`'s park
+//! blocks until the doorbell moves, with no timeout slice.
+//!
+//! What loom cannot check: it never lets a load read a store that executes
+//! after it (load buffering), so the release-cursor pair (the lossless
+//! reader's Release store, `lossless_holder`'s Acquire load) passes these
+//! models even when weakened to `Relaxed`; that pair is argued, not checked.
+//!
 //! `LOOM_MAX_PREEMPTIONS` overrides each model's preemption bound.
 #![cfg(loom)]
 
