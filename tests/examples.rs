@@ -13,27 +13,11 @@ mod common;
 #[allow(dead_code)]
 mod examples_common;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::TempDir;
+use common::{example, TempDir};
 use examples_common::JsonLine;
-
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps/<test>");
-    let path = profile_dir.join("examples").join(name);
-    assert!(
-        path.exists(),
-        "example binary {} is missing: run `cargo test` (which builds the examples) or `cargo build --examples` first",
-        path.display()
-    );
-    path
-}
 
 /// The last line of `output` that parses as a JSON object with `"event":"final"`.
 fn final_json(output: &str) -> JsonLine {

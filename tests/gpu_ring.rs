@@ -10,32 +10,16 @@ mod common;
 #[allow(dead_code)]
 mod examples_common;
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::TempDir;
+use common::{example, TempDir};
 use examples_common::JsonLine;
 use vramring::memory::cuda::{ContextGuard, Driver, RealDriver};
 use vramring::{Subscriber, SubscriberOptions};
 
 const ROGUE: &str = "VRAMRING_GPU_ROGUE";
-
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>/deps/<test>");
-    let path = dir.join("examples").join(name);
-    assert!(
-        path.exists(),
-        "example binary {} is missing: build the examples first",
-        path.display()
-    );
-    path
-}
 
 fn final_json(output: &str) -> JsonLine {
     output

@@ -9,7 +9,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use memmap2::MmapMut;
 
 use crate::error::{Error, IoContext, Result};
-use crate::memory::{BackendKind, ExportedPool, ImportedPool, WriteCompletion};
+use crate::memory::{check_range, BackendKind, ExportedPool, ImportedPool, WriteCompletion};
 use crate::shm::{Region, SEALS_FIXED_SIZE};
 
 /// The publisher's memfd pool.
@@ -85,12 +85,8 @@ impl ExportedPool for HostPool {
     ) -> Result<()> {
         self.complete_writes(completion)?;
         let (_, dst) = self.targets.iter().find(|(t, _)| *t == id).ok_or(Error::Closed)?;
-        let fits = |off: u64, total: usize| off.checked_add(len).is_some_and(|e| e <= total as u64);
-        if !fits(dst_offset, dst.len()) || !fits(src_offset, self.region.len()) {
-            return Err(Error::LayoutMismatch(format!(
-                "push copy of {len} bytes leaves a buffer"
-            )));
-        }
+        check_range("push buffer", dst_offset, len, dst.len() as u64)?;
+        check_range("pool", src_offset, len, self.region.len() as u64)?;
         // SAFETY: both ranges are inside their mappings (checked above) and
         // in different mappings, so they do not overlap. The subscriber only
         // reads the target buffer, and not while it holds it (push-hold
@@ -159,12 +155,11 @@ impl ImportedPool for HostImport {
         self.writable
     }
     fn copy_out(&mut self, src_offset: u64, len: u64) -> Result<()> {
-        let end = src_offset.checked_add(len).filter(|&e| e <= self.region.len() as u64);
-        let (Some(_), Ok(len)) = (end, usize::try_from(len)) else {
-            return Err(Error::LayoutMismatch(format!(
-                "copy of {len} bytes at {src_offset} leaves the pool"
-            )));
-        };
+        check_range("pool", src_offset, len, self.region.len() as u64)?;
+        let len = usize::try_from(len).map_err(|_| Error::TooLarge {
+            len: usize::MAX,
+            max: usize::MAX,
+        })?;
         if self.dest.as_ref().is_none_or(|d| d.len() < len) {
             self.dest = Some(MmapMut::map_anon(len.max(1)).ctx(|| format!("anonymous buffer of {len} bytes"))?);
         }

@@ -19,6 +19,19 @@ use crate::error::Result;
 pub mod cuda;
 pub mod host;
 
+/// Checks that `len` bytes at `offset` lie inside a `total`-byte `what`.
+///
+/// # Errors
+/// [`crate::Error::LayoutMismatch`] naming the range, also on overflow.
+pub(crate) fn check_range(what: &str, offset: u64, len: u64, total: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= total => Ok(()),
+        _ => Err(crate::Error::LayoutMismatch(format!(
+            "{len} bytes at offset {offset} leave the {total}-byte {what}"
+        ))),
+    }
+}
+
 /// A raw CUDA stream handle (`CUstream`), as the driver API takes it.
 pub type RawCuStream = cudarc::driver::sys::CUstream;
 

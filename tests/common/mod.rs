@@ -405,3 +405,20 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
     cond()
 }
+
+/// An example binary built next to this test (`target/<profile>/examples/`,
+/// or `.device/examples/` when staged for a GPU machine).
+pub fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps/<test>");
+    let path = profile_dir.join("examples").join(name);
+    assert!(
+        path.exists(),
+        "example binary {} is missing: run `cargo test` (which builds the examples) or `cargo build --examples` first",
+        path.display()
+    );
+    path
+}

@@ -9,7 +9,7 @@ use super::driver::{Access, CuContext, CuDevice, CuStream, DevicePtr, Driver, Me
 use super::real::RealDriver;
 use super::{find_device_by_uuid, format_uuid, round_up};
 use crate::error::{Error, Result};
-use crate::memory::{BackendKind, ImportedPool};
+use crate::memory::{check_range, BackendKind, ImportedPool};
 
 /// The subscriber's own buffer grows in steps of this many bytes.
 const DEST_STEP: u64 = 2 << 20;
@@ -281,12 +281,7 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
         let (Some(va), Some(stream)) = (self.va, self.stream) else {
             return Err(Error::Closed);
         };
-        if src_offset.checked_add(len).is_none_or(|end| end > self.bytes) {
-            return Err(Error::LayoutMismatch(format!(
-                "copy of {len} bytes at {src_offset} leaves the {}-byte pool",
-                self.bytes
-            )));
-        }
+        check_range("pool", src_offset, len, self.bytes)?;
         let d = Arc::clone(&self.driver);
         let body = |d: &D| -> Result<_> {
             if self.dest_cap < len {

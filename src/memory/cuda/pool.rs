@@ -9,7 +9,7 @@ use super::driver::{attr, Access, CuContext, CuDevice, CuStream, DevicePtr, Driv
 use super::real::RealDriver;
 use super::{device_free_bytes, format_uuid, resolve_device, round_up, DeviceSelector};
 use crate::error::{Error, IoContext, Result};
-use crate::memory::{BackendKind, ExportedPool, WriteCompletion};
+use crate::memory::{check_range, BackendKind, ExportedPool, WriteCompletion};
 
 /// The publisher's pool: one `cuMemCreate` of the whole pool (rounded up to
 /// the allocation granularity once), mapped read-write into this process and
@@ -335,12 +335,8 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
     ) -> Result<()> {
         let ctx = self.context()?;
         let (_, t) = self.targets.iter().find(|(t, _)| *t == id).ok_or(Error::Closed)?;
-        let fits = |off: u64, total: u64| off.checked_add(len).is_some_and(|e| e <= total);
-        if !fits(dst_offset, t.bytes()) || !fits(src_offset, self.bytes) {
-            return Err(Error::LayoutMismatch(format!(
-                "push copy of {len} bytes leaves a buffer"
-            )));
-        }
+        check_range("push buffer", dst_offset, len, t.bytes())?;
+        check_range("pool", src_offset, len, self.bytes)?;
         let (dst, src) = (t.addr() + dst_offset, self.device_ptr() + src_offset);
         let stream = match completion {
             WriteCompletion::CudaStream(s) => CuStream::from_raw(s),
