@@ -95,6 +95,23 @@ impl ChildProc {
     pub fn output(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+    /// The file the child's stdout and stderr go to.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+    /// Sends SIGKILL (unless the child already exited) and reaps it; returns
+    /// its exit status, which says whether the signal or an earlier exit
+    /// ended it.
+    pub fn kill9(&mut self) -> ExitStatus {
+        if self.try_wait().is_none() {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_child(&self.child),
+                rustix::process::Signal::KILL,
+            );
+            self.status = Some(self.child.wait().expect("waitpid on a killed child"));
+        }
+        self.status.expect("reaped")
+    }
     /// Sends SIGINT.
     pub fn interrupt(&self) {
         if self.status.is_none() {

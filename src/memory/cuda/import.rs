@@ -1,11 +1,12 @@
 //! [`CudaImport`]: a subscriber's mapping of the publisher's pool, with its
 //! own stream and its own device buffer that frames are copied into.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use super::context::with_context;
-use super::driver::{Access, CuContext, CuDevice, CuStream, DevicePtr, Driver, MemHandle};
+use super::driver::{Access, CuContext, CuDevice, CuStream, DevicePtr, Driver};
+use super::mapping::VmmMapping;
 use super::real::RealDriver;
 use super::{find_device_by_uuid, format_uuid, round_up};
 use crate::error::{Error, Result};
@@ -29,15 +30,14 @@ pub struct CudaImport<D: Driver = RealDriver> {
     bytes: u64,
     writable: bool,
     ctx: Option<CuContext>,
-    handle: Option<MemHandle>,
-    va: Option<DevicePtr>,
-    mapped: bool,
+    /// The imported pool, its reserved range and its mapping.
+    mem: VmmMapping,
     stream: Option<CuStream>,
     dest: Option<DevicePtr>,
     dest_cap: u64,
     ready: bool,
     /// Push delivery: this subscriber's own buffers, exported to the publisher.
-    push: super::mapping::VmmMapping,
+    push: VmmMapping,
     push_stride: u64,
 }
 
@@ -48,7 +48,7 @@ impl<D: Driver> std::fmt::Debug for CudaImport<D> {
             .field("uuid", &format_uuid(&self.uuid))
             .field("bytes", &self.bytes)
             .field("writable", &self.writable)
-            .field("base", &self.va)
+            .field("base", &self.mem.addr())
             .field("open", &self.ctx.is_some())
             .finish()
     }
@@ -91,14 +91,12 @@ impl<D: Driver> CudaImport<D> {
             bytes,
             writable,
             ctx: None,
-            handle: None,
-            va: None,
-            mapped: false,
+            mem: VmmMapping::default(),
             stream: None,
             dest: None,
             dest_cap: 0,
             ready: false,
-            push: super::mapping::VmmMapping::default(),
+            push: VmmMapping::default(),
             push_stride: 0,
         };
         let built = imp.build(&fd);
@@ -119,26 +117,13 @@ impl<D: Driver> CudaImport<D> {
     fn build(&mut self, fd: &OwnedFd) -> Result<()> {
         let d = Arc::clone(&self.driver);
         let dev = self.device;
-        let granularity = d.mem_granularity(dev)?;
-        if self.bytes == 0 || round_up(self.bytes, granularity) != Some(self.bytes) {
-            return Err(Error::LayoutMismatch(format!(
-                "pool of {} bytes is not a whole number of {granularity}-byte granules",
-                self.bytes
-            )));
-        }
         let ctx = d.primary_ctx_retain(dev)?;
         self.ctx = Some(ctx);
         let access = if self.writable { Access::ReadWrite } else { Access::Read };
         let body = |d: &D| -> Result<_> {
-            let handle = d.mem_import_fd(fd.as_fd())?;
-            self.handle = Some(handle);
-            let va = d.mem_address_reserve(self.bytes, granularity)?;
-            self.va = Some(va);
-            // SAFETY: `va` is a fresh reservation of `bytes`; `handle` is live.
-            unsafe { d.mem_map(va, self.bytes, handle) }?;
-            self.mapped = true;
-            // SAFETY: `[va, va+bytes)` is the mapping just made.
-            unsafe { d.mem_set_access(va, self.bytes, dev, access) }?;
+            // Checks `bytes` is whole granules, imports, reserves, maps and
+            // sets `access` for this device.
+            self.mem.import(d, fd, self.bytes, dev, access)?;
             self.stream = Some(d.stream_create_non_blocking()?);
             Ok(())
         };
@@ -199,13 +184,7 @@ impl<D: Driver> CudaImport<D> {
         self.ready = false;
         let Some(ctx) = self.ctx else { return Ok(()) };
         let d = Arc::clone(&self.driver);
-        if self.stream.is_some()
-            || self.push.is_live()
-            || self.mapped
-            || self.va.is_some()
-            || self.handle.is_some()
-            || self.dest.is_some()
-        {
+        if self.stream.is_some() || self.push.is_live() || self.mem.is_live() || self.dest.is_some() {
             let body = |d: &D| -> Result<_> {
                 if let Some(s) = self.stream {
                     // SAFETY: our live stream.
@@ -220,23 +199,9 @@ impl<D: Driver> CudaImport<D> {
                     // publisher drops its import too.
                     self.push.release(d)?;
                 }
-                if self.mapped {
-                    let va = self.va.ok_or(Error::Closed)?;
-                    // SAFETY: our mapping of `bytes`; no copy reads it
-                    // any more (the stream is gone).
-                    unsafe { d.mem_unmap(va, self.bytes) }?;
-                    self.mapped = false;
-                }
-                if let Some(va) = self.va {
-                    // SAFETY: our reservation, unmapped above.
-                    unsafe { d.mem_address_free(va, self.bytes) }?;
-                    self.va = None;
-                }
-                if let Some(h) = self.handle {
-                    // SAFETY: our imported handle, no longer mapped.
-                    unsafe { d.mem_release(h) }?;
-                    self.handle = None;
-                }
+                // Unmap, free the range, release the imported handle: no
+                // copy reads the pool any more (the stream is gone).
+                self.mem.release(d)?;
                 if let Some(p) = self.dest {
                     // SAFETY: our `cuMemAlloc` buffer; no copy writes it
                     // any more (the stream is gone).
@@ -262,7 +227,7 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
 
     fn base_addr(&self) -> u64 {
         if self.ready {
-            self.va.unwrap_or(0)
+            self.mem.addr()
         } else {
             0
         }
@@ -278,9 +243,12 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
 
     fn copy_out(&mut self, src_offset: u64, len: u64) -> Result<()> {
         let ctx = self.open_ctx()?;
-        let (Some(va), Some(stream)) = (self.va, self.stream) else {
+        let (va, Some(stream)) = (self.mem.addr(), self.stream) else {
             return Err(Error::Closed);
         };
+        if va == 0 {
+            return Err(Error::Closed);
+        }
         check_range("pool", src_offset, len, self.bytes)?;
         let d = Arc::clone(&self.driver);
         let body = |d: &D| -> Result<_> {

@@ -31,6 +31,11 @@ impl VmmMapping {
         }
     }
 
+    /// Whether the allocation is mapped.
+    pub(crate) fn is_mapped(&self) -> bool {
+        self.mapped
+    }
+
     /// Bytes mapped.
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::context::with_context;
 use super::driver::{attr, Access, CuContext, CuDevice, CuStream, DevicePtr, Driver};
+use super::mapping::VmmMapping;
 use super::real::RealDriver;
 use super::{device_free_bytes, format_uuid, resolve_device, round_up, DeviceSelector};
 use crate::error::{Error, IoContext, Result};
@@ -26,17 +27,14 @@ pub struct CudaPool<D: Driver = RealDriver> {
     granularity: u64,
     /// Retained primary context; `None` before retain and after release.
     ctx: Option<CuContext>,
-    handle: Option<super::MemHandle>,
+    /// The allocation, its reserved range and its mapping.
+    mem: VmmMapping,
     /// The exported descriptor, duplicated per subscriber.
     fd: Option<OwnedFd>,
-    /// Reserved address range.
-    va: Option<DevicePtr>,
-    /// Whether `va` has the allocation mapped.
-    mapped: bool,
     /// Whether access was granted (the pool is usable).
     ready: bool,
     /// Push delivery: subscribers' buffers mapped read-write here.
-    targets: Vec<(u64, super::mapping::VmmMapping)>,
+    targets: Vec<(u64, VmmMapping)>,
     next_target: u64,
 }
 
@@ -46,7 +44,7 @@ impl<D: Driver> std::fmt::Debug for CudaPool<D> {
             .field("device", &self.device)
             .field("uuid", &format_uuid(&self.uuid))
             .field("bytes", &self.bytes)
-            .field("base", &self.va)
+            .field("base", &self.mem.addr())
             .field("open", &self.ctx.is_some())
             .finish()
     }
@@ -91,10 +89,8 @@ impl<D: Driver> CudaPool<D> {
             bytes: 0,
             granularity: 0,
             ctx: None,
-            handle: None,
+            mem: VmmMapping::default(),
             fd: None,
-            va: None,
-            mapped: false,
             ready: false,
             targets: Vec::new(),
             next_target: 1,
@@ -140,20 +136,10 @@ impl<D: Driver> CudaPool<D> {
             });
         }
         let body = |d: &D| -> Result<_> {
-            let handle = d.mem_create(self.bytes, dev)?;
-            self.handle = Some(handle);
             // The driver hands us a new descriptor; the pool owns it and
             // closes it on `close` (the CUDA docs leave closing to the
             // application). `export_fd` gives each subscriber a dup.
-            // SAFETY: `handle` is live (just created).
-            self.fd = Some(unsafe { d.mem_export_fd(handle) }?);
-            let va = d.mem_address_reserve(self.bytes, self.granularity)?;
-            self.va = Some(va);
-            // SAFETY: `va` is a fresh reservation of `bytes`, `handle` is live.
-            unsafe { d.mem_map(va, self.bytes, handle) }?;
-            self.mapped = true;
-            // SAFETY: `[va, va+bytes)` is the mapping just made.
-            unsafe { d.mem_set_access(va, self.bytes, dev, Access::ReadWrite) }?;
+            self.fd = Some(self.mem.create_exported(d, self.bytes, dev)?);
             Ok(())
         };
         // SAFETY: `ctx` is retained (above).
@@ -174,7 +160,7 @@ impl<D: Driver> CudaPool<D> {
     /// Device address of the pool's first byte; 0 after `close`.
     pub fn device_ptr(&self) -> DevicePtr {
         if self.ready {
-            self.va.unwrap_or(0)
+            self.mem.addr()
         } else {
             0
         }
@@ -214,7 +200,7 @@ impl<D: Driver> CudaPool<D> {
             return Ok(());
         };
         let d = Arc::clone(&self.driver);
-        if self.mapped || self.va.is_some() || self.handle.is_some() || !self.targets.is_empty() {
+        if self.mem.is_live() || !self.targets.is_empty() {
             let body = |d: &D| -> Result<_> {
                 if !self.targets.is_empty() {
                     // Push copies run on writers' streams in this context.
@@ -224,29 +210,16 @@ impl<D: Driver> CudaPool<D> {
                         self.targets.pop();
                     }
                 }
-                if self.mapped {
+                if self.mem.is_mapped() {
                     // Writers' streams live in this context: let them
                     // finish before the memory goes away.
                     d.ctx_synchronize()?;
-                    let va = self.va.ok_or(Error::Closed)?;
-                    // SAFETY: `va` holds our mapping of `bytes`.
-                    unsafe { d.mem_unmap(va, self.bytes) }?;
-                    self.mapped = false;
-                }
-                if let Some(va) = self.va {
-                    // SAFETY: our reservation, unmapped above.
-                    unsafe { d.mem_address_free(va, self.bytes) }?;
-                    self.va = None;
                 }
                 // The exported descriptor keeps nothing alive in this
                 // process once closed; subscribers hold their own dups.
                 self.fd = None;
-                if let Some(h) = self.handle {
-                    // SAFETY: our live allocation handle, no longer mapped.
-                    unsafe { d.mem_release(h) }?;
-                    self.handle = None;
-                }
-                Ok(())
+                // Unmap, free the range, release the allocation.
+                self.mem.release(d)
             };
             // SAFETY: `ctx` stays retained until the last phase below.
             unsafe { with_context(&*d, ctx, body) }?;
@@ -307,7 +280,7 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
     fn attach_target(&mut self, fd: &OwnedFd, bytes: u64) -> Result<u64> {
         let ctx = self.context()?;
         let dev = self.device;
-        let mut m = super::mapping::VmmMapping::default();
+        let mut m = VmmMapping::default();
         let body = |d: &D| -> Result<()> {
             let made = m.import(d, fd, bytes, dev, Access::ReadWrite);
             if made.is_err() {
