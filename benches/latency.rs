@@ -445,19 +445,11 @@ fn host_producer(c: &Case, shm_path: &Path) -> R<()> {
     Ok(())
 }
 
-fn host_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
-    let gpu = Gpu::init()?;
-    let bytes = c.geometry().frame_bytes as usize;
-    let shm = BenchShm::open(shm_path, SLOTS, bytes.next_multiple_of(4096))?;
-    // SAFETY: our live shared mapping, pinned for HtoD DMA.
-    unsafe {
-        ck(
-            "cuMemHostRegister",
-            sys::cuMemHostRegister_v2(shm.data(0) as _, shm.data_len(), 0),
-        )?
-    };
-    let dst = gpu.alloc(bytes)?;
-    shm.ready().fetch_add(1, Ordering::AcqRel);
+/// A peer subscriber's loop: spin on the control block, take the newest
+/// safe frame (as vramring's Sequential reader does), `copy` slot `s` into
+/// the subscriber's own buffer and complete it, validate after the copy,
+/// and record latency and counts.
+fn peer_loop(c: &Case, id: usize, shm: &BenchShm, mut copy: impl FnMut(usize) -> R<()>) -> R<()> {
     let mut last = 0u64;
     let mut lat = Vec::new();
     let (mut delivered, mut dropped, mut overruns) = (0u64, 0u64, 0u64);
@@ -479,14 +471,7 @@ fn host_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
             continue;
         }
         let t0 = shm.slot_t0(s).load(Ordering::Relaxed);
-        // SAFETY: slot in the pinned mapping; `dst` holds `bytes`.
-        unsafe {
-            ck(
-                "cuMemcpyHtoDAsync",
-                sys::cuMemcpyHtoDAsync_v2(dst, shm.data(s) as _, bytes, gpu.stream),
-            )?
-        };
-        gpu.sync()?;
+        copy(s)?;
         std::sync::atomic::fence(Ordering::Acquire);
         let t1 = now_ns();
         last = want;
@@ -505,6 +490,32 @@ fn host_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
         c.dir.join(format!("sub-{id}.stats")),
         format!("{delivered} {dropped} {overruns}"),
     )?;
+    Ok(())
+}
+
+fn host_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
+    let gpu = Gpu::init()?;
+    let bytes = c.geometry().frame_bytes as usize;
+    let shm = BenchShm::open(shm_path, SLOTS, bytes.next_multiple_of(4096))?;
+    // SAFETY: our live shared mapping, pinned for HtoD DMA.
+    unsafe {
+        ck(
+            "cuMemHostRegister",
+            sys::cuMemHostRegister_v2(shm.data(0) as _, shm.data_len(), 0),
+        )?
+    };
+    let dst = gpu.alloc(bytes)?;
+    shm.ready().fetch_add(1, Ordering::AcqRel);
+    peer_loop(c, id, &shm, |s| {
+        // SAFETY: slot in the pinned mapping; `dst` holds `bytes`.
+        unsafe {
+            ck(
+                "cuMemcpyHtoDAsync",
+                sys::cuMemcpyHtoDAsync_v2(dst, shm.data(s) as _, bytes, gpu.stream),
+            )?
+        };
+        gpu.sync()
+    })?;
     Ok(())
 }
 
@@ -640,27 +651,7 @@ fn ipc_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
     }
     let dst = gpu.alloc(bytes)?;
     shm.ready().fetch_add(1, Ordering::AcqRel);
-    let mut last = 0u64;
-    let mut lat = Vec::new();
-    let (mut delivered, mut dropped, mut overruns) = (0u64, 0u64, 0u64);
-    loop {
-        let g = shm.global().load(Ordering::Acquire);
-        if g == u64::MAX {
-            break;
-        }
-        if g <= last {
-            std::hint::spin_loop();
-            continue;
-        }
-        let want = (last + 1).max(g.saturating_sub(SLOTS as u64 - 2));
-        dropped += want - last - 1;
-        let s = (want as usize) % SLOTS;
-        if shm.slot_seq(s).load(Ordering::Acquire) != want {
-            dropped += 1;
-            last = want;
-            continue;
-        }
-        let t0 = shm.slot_t0(s).load(Ordering::Relaxed);
+    peer_loop(c, id, &shm, |s| {
         // SAFETY: imported IPC allocation/event and our own stream/buffer.
         unsafe {
             ck("cuStreamWaitEvent", sys::cuStreamWaitEvent(gpu.stream, evs[s], 0))?;
@@ -669,25 +660,8 @@ fn ipc_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
                 sys::cuMemcpyDtoDAsync_v2(dst, ptrs[s], bytes, gpu.stream),
             )?;
         }
-        gpu.sync()?;
-        std::sync::atomic::fence(Ordering::Acquire);
-        let t1 = now_ns();
-        last = want;
-        if shm.slot_seq(s).load(Ordering::Relaxed) != want {
-            overruns += 1;
-            dropped += 1;
-            continue;
-        }
-        delivered += 1;
-        if want > c.warmup {
-            lat.push(t1.saturating_sub(t0));
-        }
-    }
-    write_samples(&c.dir.join(format!("sub-{id}")), &lat)?;
-    std::fs::write(
-        c.dir.join(format!("sub-{id}.stats")),
-        format!("{delivered} {dropped} {overruns}"),
-    )?;
+        gpu.sync()
+    })?;
     shm.ready().fetch_sub(1, Ordering::AcqRel);
     Ok(())
 }
