@@ -809,8 +809,16 @@ impl Subscriber {
             return Ok(());
         }
         loop {
-            match Subscriber::connect(&self.path, self.opts.clone()) {
+            // The Welcome wait is bounded by what is left of this call's
+            // timeout too: a publisher that accepts but never answers (frozen,
+            // or still starting) must not hold `next` for `connect_timeout`.
+            let mut opts = self.opts.clone();
+            opts.connect_timeout = opts
+                .connect_timeout
+                .min(deadline.saturating_duration_since(Instant::now()));
+            match Subscriber::connect(&self.path, opts) {
                 Ok(mut fresh) => {
+                    fresh.opts = self.opts.clone();
                     let mut stats = self.stats;
                     stats.reconnects += 1;
                     fresh.stats = SubscriberStats {

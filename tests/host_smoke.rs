@@ -164,6 +164,40 @@ fn a_reconnecting_subscriber_follows_the_next_publisher_instance() {
     drop(h.join().unwrap());
 }
 
+/// A reconnecting `next()` keeps to its own timeout even when something at
+/// the path accepts the connection but never answers the Hello (a frozen or
+/// still-starting publisher): the Welcome wait is cut to what is left of the
+/// call's timeout, not the full `connect_timeout`.
+#[test]
+fn a_reconnecting_next_returns_within_its_timeout_when_nothing_answers_the_hello() {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let path = sock("reconnect-mute");
+    let mut p = Publisher::create(&path, host(Format::Gray8, 32, 8)).unwrap();
+    let mut s = Subscriber::connect(&path, SubscriberOptions::default().reconnect(true)).unwrap();
+    p.close().unwrap();
+    drop(p);
+    assert!(matches!(
+        s.next(Duration::from_secs(1)),
+        Err(Error::ProducerGone { .. })
+    ));
+    // A listener that queues connections and never accepts them.
+    let mute =
+        rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap();
+    rustix::net::bind(&mute, &SocketAddrUnix::new(&path).unwrap()).unwrap();
+    rustix::net::listen(&mute, 8).unwrap();
+    let timeout = Duration::from_millis(200);
+    let start = std::time::Instant::now();
+    let e = s.next(timeout).unwrap_err();
+    let took = start.elapsed();
+    let _ = std::fs::remove_file(&path);
+    assert!(matches!(e, Error::Timeout(..)), "{e}");
+    assert!(
+        took < timeout + Duration::from_secs(1),
+        "next({timeout:?}) took {took:?} (connect_timeout is {:?})",
+        SubscriberOptions::default().connect_timeout
+    );
+}
+
 #[test]
 fn a_push_subscriber_receives_whole_frames_without_copying_them_itself() {
     let path = sock("push");
