@@ -609,6 +609,22 @@ impl Subscriber {
         self.stats
     }
 
+    /// Two loads per call: whether our entry is still ours. If not (evicted,
+    /// or freed because the publisher saw us go), finds out why.
+    fn ensure_lease(&mut self) -> Result<()> {
+        if let Some(e) = &self.gone {
+            return Err(clone_gone(e));
+        }
+        let entry = self.entry();
+        // SYNC: sub-state — Acquire pairs with the publisher's Release.
+        if entry.state.load(Ordering::Acquire) != SUB_ACTIVE
+            || entry.generation.load(Ordering::Relaxed) != self.generation
+        {
+            return self.check_alive();
+        }
+        Ok(())
+    }
+
     /// Checks the lease: the publisher's socket, an Evicted notice, our entry.
     fn check_alive(&mut self) -> Result<()> {
         if let Some(e) = &self.gone {
@@ -631,8 +647,17 @@ impl Subscriber {
             }
         }
         if err.is_none() && evicted {
+            // The publisher's notice (with its reason) follows the entry's
+            // release within one service tick; wait a little for it.
+            let notice = match transport::recv(self.sock.as_fd(), Duration::from_millis(100)) {
+                Ok(Some(m)) => match Msg::decode(&m.bytes) {
+                    Ok(Msg::Evicted(n)) => Some(n.reason),
+                    _ => None,
+                },
+                _ => None,
+            };
             err = Some(Error::Evicted {
-                reason: "our subscriber entry was released by the publisher".into(),
+                reason: notice.unwrap_or_else(|| "our subscriber entry was released by the publisher".into()),
             });
         }
         match err {
@@ -733,6 +758,7 @@ impl Subscriber {
     pub fn next(&mut self, timeout: Duration) -> Result<Frame<'_>> {
         let deadline = Instant::now() + timeout;
         self.reconnect_if_gone(deadline, timeout)?;
+        self.ensure_lease()?;
         loop {
             let g = self.wait(deadline, timeout)?;
             if let Some((snap, k)) = self.take_pushed() {
@@ -783,6 +809,7 @@ impl Subscriber {
     pub fn borrow(&mut self, timeout: Duration) -> Result<Borrow<'_>> {
         let deadline = Instant::now() + timeout;
         self.reconnect_if_gone(deadline, timeout)?;
+        self.ensure_lease()?;
         loop {
             let g = self.wait(deadline, timeout)?;
             if let Some((snap, skipped)) = self.next_snapshot(g) {

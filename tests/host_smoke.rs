@@ -290,3 +290,45 @@ fn subscribers_connect_while_the_producer_publishes_flat_out() {
         r.join().unwrap();
     }
 }
+
+#[test]
+fn a_stalled_lossless_reader_is_evicted_after_its_lease_and_told_so() {
+    let path = sock("evict");
+    let cfg = host(Format::Gray8, 32, 8)
+        .slots(2)
+        .policy(Policy::Lossless)
+        .lossless_lease(Duration::from_millis(200));
+    let mut p = Publisher::create(&path, cfg).unwrap();
+    let mut stalled = Subscriber::connect(&path, SubscriberOptions::default().lossless(true).name("stalled")).unwrap();
+    // Two frames fill the ring; the third needs the stalled reader's slot.
+    for _ in 0..2 {
+        p.loan(Duration::from_millis(10))
+            .unwrap()
+            .publish(FrameMeta::pts(0))
+            .unwrap();
+    }
+    // A loan shorter than the lease fails with a typed error naming the reader...
+    match p.loan(Duration::from_millis(50)) {
+        Err(Error::LosslessBlocked { name, held_seq, .. }) => assert_eq!((name.as_str(), held_seq), ("stalled", 1)),
+        other => panic!("expected LosslessBlocked, got {other:?}"),
+    }
+    // ...and one that outlasts the lease evicts it and goes on.
+    let t = std::time::Instant::now();
+    p.loan(Duration::from_secs(5))
+        .unwrap()
+        .publish(FrameMeta::pts(0))
+        .unwrap();
+    assert!(t.elapsed() < Duration::from_secs(2), "eviction took {:?}", t.elapsed());
+    assert_eq!(p.stats().evictions, 1);
+    match stalled.next(Duration::from_secs(2)) {
+        Err(Error::Evicted { reason }) => assert!(reason.contains("lease"), "{reason}"),
+        other => panic!("expected Evicted, got {other:?}"),
+    }
+    // The producer no longer waits for it.
+    for _ in 0..10 {
+        p.loan(Duration::from_millis(10))
+            .unwrap()
+            .publish(FrameMeta::pts(0))
+            .unwrap();
+    }
+}

@@ -117,8 +117,50 @@ fn exit_child() {
             std::thread::sleep(Duration::from_secs(60));
             panic!("the watchdog's callback should have ended the process");
         }
+        "live_ring_host" | "live_ring_cuda" => live_ring(&marker, scenario == "live_ring_cuda"),
         other => panic!("unknown scenario {other}"),
     }
+}
+
+/// A live publisher (its socket service thread running) and a live
+/// subscriber that has just received a frame; then `exit(0)` with both still
+/// alive. The registry stops and joins the service thread, which marks the
+/// ring closed; the teardown marker then reads the subscriber's view of it.
+fn live_ring(marker: &Path, cuda: bool) {
+    use vramring::publisher::BackendChoice;
+    use vramring::{Error, Format, FrameMeta, Publisher, RingConfig, Subscriber, SubscriberOptions};
+    let dir = std::env::temp_dir().join(format!("vramring-exit-ring-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let backend = if cuda {
+        BackendChoice::Cuda(0)
+    } else {
+        BackendChoice::Host
+    };
+    let cfg = RingConfig::new(Format::Nv12, 640, 360).backend(backend);
+    let publisher: &'static mut Publisher = Box::leak(Box::new(
+        Publisher::create(dir.join("ring.sock"), cfg).expect("publisher"),
+    ));
+    let sub: &'static mut Subscriber = Box::leak(Box::new(
+        Subscriber::connect(dir.join("ring.sock"), SubscriberOptions::default()).expect("subscriber"),
+    ));
+    let slot = publisher.loan(Duration::from_secs(1)).expect("loan");
+    if cuda {
+        // SAFETY: the legacy default stream; the slot is untouched (the
+        // frame's bytes do not matter here, only its commit).
+        unsafe { slot.publish_cuda(FrameMeta::pts(7), std::ptr::null_mut()) }.expect("publish");
+    } else {
+        slot.publish(FrameMeta::pts(7)).expect("publish");
+    }
+    assert_eq!(sub.next(Duration::from_secs(5)).expect("frame").pts(), 7);
+    let sub_addr = sub as *mut Subscriber as usize;
+    register_teardown(marker, move || {
+        // SAFETY: the subscriber is leaked (lives for the whole process) and
+        // no other thread uses it at exit.
+        let sub = unsafe { &mut *(sub_addr as *mut Subscriber) };
+        let gone = matches!(sub.next(Duration::from_millis(500)), Err(Error::ProducerGone { .. }));
+        format!("subscriber_saw_producer_gone={gone}")
+    });
+    std::process::exit(0);
 }
 
 /// How long a child may take to exit once it calls `exit` (with margin for
@@ -182,6 +224,17 @@ fn process_exit_with_a_live_watchdog_exits_promptly() {
 #[test]
 fn a_worker_that_ignores_stop_delays_exit_only_by_its_join_timeout() {
     assert_child_exits_0_promptly("stuck", &["teardown stuck_finished=false"]);
+}
+
+#[test]
+fn process_exit_with_a_live_publisher_and_subscriber_exits_0_promptly() {
+    assert_child_exits_0_promptly("live_ring_host", &["teardown subscriber_saw_producer_gone=true"]);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn process_exit_with_a_live_cuda_publisher_and_subscriber_exits_0_promptly() {
+    assert_child_exits_0_promptly("live_ring_cuda", &["teardown subscriber_saw_producer_gone=true"]);
 }
 
 #[test]

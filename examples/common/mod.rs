@@ -138,6 +138,10 @@ pub struct ConsumerArgs {
     /// consumer's own buffers, so it does no GPU work to receive them.
     #[arg(long)]
     pub push: bool,
+    /// Follow the publisher across restarts: when it goes away, wait for
+    /// the next instance at the same socket instead of ending.
+    #[arg(long)]
+    pub reconnect: bool,
     /// Name shown by the publisher.
     #[arg(long, default_value = "consumer")]
     pub name: String,
@@ -623,6 +627,9 @@ pub struct ConsumerReport {
     pub latency: Latencies,
     /// Why the run ended.
     pub end: &'static str,
+    /// Times the publisher went away (with `--reconnect`, the consumer then
+    /// followed it to the next instance).
+    pub producer_gone: u64,
 }
 
 impl ConsumerReport {
@@ -652,6 +659,7 @@ impl ConsumerReport {
             .f64("p99_us", us(self.latency.percentile(99.0)))
             .f64("max_us", us(self.latency.max()))
             .str("end", self.end)
+            .u64("producer_gone", self.producer_gone)
             .finish()
     }
 }
@@ -722,7 +730,8 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
         .name(args.name.clone())
         .mode(mode)
         .lossless(args.lossless)
-        .push(args.push);
+        .push(args.push)
+        .reconnect(args.reconnect);
     let mut sub = connect_with_retry(args, opts)?;
     let gpu = match sub.backend() {
         BackendKind::Cuda => Some(GpuTestPattern::for_uuid(sub.info().device_uuid)?),
@@ -764,6 +773,12 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
         }
         let frame = match sub.next(timeout) {
             Ok(frame) => frame,
+            Err(RingError::ProducerGone { .. }) if args.reconnect => {
+                report.producer_gone += 1;
+                continue;
+            }
+            // Waiting for the next publisher instance to come up.
+            Err(RingError::Timeout(..)) if args.reconnect && report.producer_gone > 0 => continue,
             Err(RingError::ProducerGone { .. }) => {
                 report.end = "producer gone";
                 break;
@@ -810,6 +825,7 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
                         .u64("dropped", stats.dropped)
                         .u64("overruns", stats.overruns)
                         .u64("torn", report.torn)
+                        .u64("producer_gone", report.producer_gone)
                         .finish(),
                 );
             } else {
