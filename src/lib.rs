@@ -51,5 +51,5 @@ pub mod time;
 pub use error::{Error, Result};
 pub use format::{Format, Geometry, Plane};
 pub use memory::{BackendKind, WriteCompletion};
-pub use publisher::{FrameMeta, Policy, Publisher, PublisherOptions, PublisherStats, RingConfig, SlotMut};
+pub use publisher::{BackendChoice, FrameMeta, Policy, Publisher, PublisherStats, RingConfig, SlotMut};
 pub use subscriber::{Borrow, Frame, Mode, Subscriber, SubscriberOptions, SubscriberStats};

@@ -170,11 +170,6 @@ impl RingConfig {
     }
 }
 
-/// Options that do not shape the ring. Reserved for growth; use
-/// [`Publisher::create`] for the defaults.
-#[derive(Debug, Clone, Default)]
-pub struct PublisherOptions {}
-
 /// Per-frame metadata a publisher attaches at commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameMeta {
