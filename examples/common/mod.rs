@@ -440,9 +440,9 @@ impl ProducerReport {
 /// Writes the test pattern of `seq` into a slot of a CUDA ring and commits
 /// it, returning the published seq.
 ///
-/// This is the one place the GPU fill goes: launch the pattern kernel on a
-/// stream of the ring's context, then `SlotMut::publish_cuda` with that
-/// stream. It lands with the CUDA backend; until then it says so.
+/// The pattern kernel runs on `gpu`'s stream in the GPU's primary context
+/// (the ring's), then `SlotMut::publish_cuda` synchronises that stream and
+/// commits.
 pub fn fill_cuda(gpu: &GpuTestPattern, slot: SlotMut<'_>, seq: u64) -> AnyResult<u64> {
     let len = slot.geometry().frame_bytes;
     // SAFETY: the loaned slot is ours to write until it is published; it is
@@ -676,9 +676,8 @@ pub fn verify_frame(gpu: Option<&GpuTestPattern>, frame: &Frame<'_>) -> AnyResul
 
 /// Checks a frame copied into the subscriber's own GPU buffer.
 ///
-/// This is the one place the GPU check goes: run the pattern-check kernel
-/// over `frame.addr()` / `frame.len()` on the subscriber's stream and read
-/// back its verdict. It lands with the CUDA backend; until then it says so.
+/// The pattern-check kernel runs over `frame.addr()` / `frame.len()` on
+/// `gpu`'s stream and its verdict is read back (4 bytes).
 pub fn verify_cuda(gpu: &GpuTestPattern, frame: &Frame<'_>) -> AnyResult<Result<(), PatternError>> {
     // SAFETY: the frame's copy is device memory of the GPU's primary context
     // in this process, held until the next call on the subscriber.
