@@ -164,6 +164,18 @@ pub enum Error {
     /// A device-memory watchdog is already running in this process.
     #[error("a device-memory watchdog is already running in this process; stop it before starting another")]
     WatchdogRunning,
+
+    /// A packet-ring reader fell behind and the packet it wanted was
+    /// overwritten; its next read resumes at the next intact keyframe.
+    #[error("packet {seq} was overwritten before it was read (the writer is at packet {newest}, overrun {overruns} times so far); the next read resumes at a keyframe")]
+    PacketOverrun {
+        /// The first packet that will not be delivered.
+        seq: u64,
+        /// The newest packet committed when the overrun was detected.
+        newest: u64,
+        /// Overruns of this reader so far, this one included.
+        overruns: u64,
+    },
 }
 
 /// Shorthand for `Result<T, vramring::Error>`.

@@ -39,6 +39,7 @@ pub mod format;
 pub mod layout;
 pub mod lifecycle;
 pub mod memory;
+pub mod packet;
 pub mod protocol;
 pub mod publisher;
 pub(crate) mod shm;

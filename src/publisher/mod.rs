@@ -343,7 +343,7 @@ impl std::fmt::Debug for Publisher {
     }
 }
 
-fn random_epoch() -> u64 {
+pub(crate) fn random_epoch() -> u64 {
     let mut b = [0u8; 8];
     if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
         // Fall back to time and pid; the epoch only needs to differ between

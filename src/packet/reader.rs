@@ -1,0 +1,527 @@
+//! The reader's half: join at a keyframe, copy or borrow packets with
+//! validate-after-the-copy, resync at a keyframe after an overrun.
+
+use std::os::fd::BorrowedFd;
+use std::time::{Duration, Instant};
+
+use super::layout::{PacketHeader, PacketRecord, PacketRingInfo, PACKET_KEY, PACKET_WRITING, PARAMS_BYTES};
+use crate::error::{Error, IoContext, Result};
+use crate::shm::{Region, SEALS_READ_ONLY};
+use crate::sync::atomic::{fence, Ordering};
+
+/// A packet handed to the user; its bytes went to the caller's buffer (or
+/// stay in place, for a [`PacketBorrow`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Packet {
+    /// Seq of the packet.
+    pub seq: u64,
+    /// Bytes of the packet.
+    pub len: usize,
+    /// Presentation timestamp.
+    pub pts: i64,
+    /// Decode timestamp.
+    pub dts: i64,
+    /// `PACKET_*` flags.
+    pub flags: u32,
+    /// Codec of the packet.
+    pub codec: u32,
+    /// `CLOCK_MONOTONIC` ns when the writer committed it.
+    pub commit_ns: u64,
+    /// Packets between the previous one delivered to this reader and this
+    /// one that were never delivered (0 for the first packet after open).
+    pub skipped: u64,
+}
+
+impl Packet {
+    /// Whether the packet is a keyframe.
+    pub fn is_key(&self) -> bool {
+        self.flags & PACKET_KEY != 0
+    }
+}
+
+/// A reader's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PacketReaderStats {
+    /// Packets delivered.
+    pub delivered: u64,
+    /// Packets never delivered (sum of [`Packet::skipped`]).
+    pub skipped: u64,
+    /// Overruns returned.
+    pub overruns: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cursor {
+    /// Read this seq next.
+    At(u64),
+    /// Find the first intact keyframe with a seq above this one.
+    Resync { after: u64 },
+}
+
+/// A record's meta as read between the two loads of its seq.
+#[derive(Debug, Clone, Copy)]
+struct Snap {
+    seq: u64,
+    offset: u64,
+    len: u32,
+    flags: u32,
+    pts: u64,
+    dts: u64,
+    codec: u32,
+    commit_ns: u64,
+}
+
+enum Look {
+    Ready(Snap),
+    Overwritten,
+    NotYet,
+}
+
+/// A reader of a packet ring, over a read-only mapping of its memfd.
+#[derive(Debug)]
+pub struct PacketReader {
+    region: Region,
+    info: PacketRingInfo,
+    cursor: Cursor,
+    /// Seq of the last packet delivered (0: none).
+    last: u64,
+    stats: PacketReaderStats,
+}
+
+impl PacketReader {
+    /// Maps a packet ring read-only, validates its header, and positions the
+    /// reader at the most recent keyframe (or, if there is none yet, at the
+    /// first keyframe to come).
+    ///
+    /// # Errors
+    /// [`Error::LayoutMismatch`] when the memfd is not sealed against writes
+    /// and resizing, or its header is invalid; [`Error::Io`] when it cannot
+    /// be mapped.
+    pub fn open(fd: BorrowedFd<'_>) -> Result<Self> {
+        Region::require_seals(fd, SEALS_READ_ONLY)?;
+        let st = rustix::fs::fstat(fd).ctx(|| "fstat of a packet ring".into())?;
+        let size = st.st_size as u64;
+        let min = std::mem::size_of::<PacketHeader>() as u64;
+        if size < min {
+            return Err(Error::LayoutMismatch(format!(
+                "packet ring: region of {size} bytes is smaller than its {min}-byte header"
+            )));
+        }
+        let region = Region::map(fd, size, false)?;
+        let info = PacketRingInfo::validate(region.at(0), region.len() as u64)?;
+        let mut reader = PacketReader {
+            region,
+            info,
+            cursor: Cursor::Resync { after: 0 },
+            last: 0,
+            stats: PacketReaderStats::default(),
+        };
+        // SYNC: packet-keyframe — Acquire pairs with the writer's Release
+        // store after the keyframe's record commit.
+        let key = reader.header().tail.keyframe_seq.load(Ordering::Acquire);
+        if key != 0 {
+            reader.cursor = Cursor::At(key);
+        }
+        Ok(reader)
+    }
+
+    /// The ring's validated layout.
+    pub fn info(&self) -> &PacketRingInfo {
+        &self.info
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> PacketReaderStats {
+        self.stats
+    }
+
+    fn header(&self) -> &PacketHeader {
+        self.region.at(0)
+    }
+
+    fn record(&self, seq: u64) -> &PacketRecord {
+        // `record_at` masks the seq with `record_count - 1` (validated).
+        self.region.at(self.info.record_at(seq))
+    }
+
+    fn newest(&self) -> u64 {
+        // SYNC: packet-write-seq — Acquire pairs with the writer's Release.
+        self.header().seq.write_seq.load(Ordering::Acquire)
+    }
+
+    /// Reads the record of `want`: its seq (Acquire), meta, and a re-check.
+    fn look(&self, want: u64) -> Look {
+        let rec = self.record(want);
+        // SYNC: packet-record — Acquire pairs with the writer's Release commit.
+        let s = rec.seq.load(Ordering::Acquire);
+        if s != want {
+            return if s & PACKET_WRITING != 0 || s > want {
+                Look::Overwritten
+            } else {
+                Look::NotYet
+            };
+        }
+        // Relaxed: guarded by the seqlock; checked by the re-check below and
+        // again after the copy.
+        let snap = Snap {
+            seq: want,
+            offset: rec.offset.load(Ordering::Relaxed),
+            len: rec.len.load(Ordering::Relaxed),
+            flags: rec.flags.load(Ordering::Relaxed),
+            pts: rec.pts.load(Ordering::Relaxed),
+            dts: rec.dts.load(Ordering::Relaxed),
+            codec: rec.codec.load(Ordering::Relaxed),
+            commit_ns: rec.commit_ns.load(Ordering::Relaxed),
+        };
+        if self.intact(&snap) {
+            Look::Ready(snap)
+        } else {
+            Look::Overwritten
+        }
+    }
+
+    /// Whether the record still holds `snap.seq` and no byte of it has been
+    /// overwritten: the seqlock re-check, after the meta read or the copy.
+    fn intact(&self, snap: &Snap) -> bool {
+        // SYNC: packet-record / packet-tail — Acquire fence pairs with the
+        // writer's SeqCst fence after its tail store and invalidate: if
+        // anything read before this fence came from a write after that fence,
+        // the reloads below see the invalidation or the raised tail.
+        fence(Ordering::Acquire);
+        // Relaxed: ordered by the fence above.
+        self.record(snap.seq).seq.load(Ordering::Relaxed) == snap.seq
+            && self.header().tail.tail.load(Ordering::Relaxed) <= snap.offset
+    }
+
+    /// Region byte offset of a validated snapshot's first byte, after
+    /// bounds-checking its length and position against the layout.
+    fn data_range(&self, snap: &Snap) -> Result<usize> {
+        let off = snap.offset & self.info.data_mask();
+        if snap.len > self.info.max_packet || off + u64::from(snap.len) > self.info.data_bytes {
+            return Err(Error::LayoutMismatch(format!(
+                "packet ring: record of packet {} claims {} bytes at data offset {off} (max packet {}, data area {})",
+                snap.seq, snap.len, self.info.max_packet, self.info.data_bytes
+            )));
+        }
+        Ok((self.info.data_offset + off) as usize)
+    }
+
+    fn overrun(&mut self, seq: u64) -> Error {
+        self.cursor = Cursor::Resync { after: seq };
+        self.stats.overruns += 1;
+        Error::PacketOverrun {
+            seq,
+            newest: self.newest(),
+            overruns: self.stats.overruns,
+        }
+    }
+
+    /// Finds the next packet to read, committed and (so far) intact.
+    fn poll(&mut self) -> Result<Option<Snap>> {
+        let newest = self.newest();
+        let want = match self.cursor {
+            Cursor::At(s) => {
+                if s > newest {
+                    return Ok(None);
+                }
+                s
+            }
+            Cursor::Resync { after } => match self.find_keyframe(after, newest) {
+                Some(k) => {
+                    self.cursor = Cursor::At(k);
+                    k
+                }
+                None => {
+                    self.cursor = Cursor::Resync {
+                        after: after.max(newest),
+                    };
+                    return Ok(None);
+                }
+            },
+        };
+        match self.look(want) {
+            Look::Ready(snap) => {
+                self.data_range(&snap)?;
+                Ok(Some(snap))
+            }
+            Look::Overwritten => Err(self.overrun(want)),
+            // A record not yet committed at or below `write_seq`: only a
+            // misbehaving writer does that; wait for it.
+            Look::NotYet => Ok(None),
+        }
+    }
+
+    /// The oldest intact keyframe with seq in `after + 1..=newest`.
+    fn find_keyframe(&self, after: u64, newest: u64) -> Option<u64> {
+        let oldest = newest.saturating_sub(u64::from(self.info.record_count) - 1).max(1);
+        (after.saturating_add(1).max(oldest)..=newest)
+            .find(|&s| matches!(self.look(s), Look::Ready(snap) if snap.flags & PACKET_KEY != 0))
+    }
+
+    fn deliver(&mut self, snap: &Snap) -> Packet {
+        let skipped = if self.last == 0 { 0 } else { snap.seq - self.last - 1 };
+        self.last = snap.seq;
+        self.cursor = Cursor::At(snap.seq + 1);
+        self.stats.delivered += 1;
+        self.stats.skipped += skipped;
+        Packet {
+            seq: snap.seq,
+            len: snap.len as usize,
+            pts: snap.pts as i64,
+            dts: snap.dts as i64,
+            flags: snap.flags,
+            codec: snap.codec,
+            commit_ns: snap.commit_ns,
+            skipped,
+        }
+    }
+
+    /// Copies the next packet into `buf` (resized to the packet) if one is
+    /// committed; `Ok(None)` when there is nothing new.
+    ///
+    /// # Errors
+    /// [`Error::PacketOverrun`] when the next packet was overwritten before
+    /// or during the copy (the next call resumes at a keyframe);
+    /// [`Error::LayoutMismatch`] when the writer published a record out of
+    /// bounds.
+    pub fn try_next_copy(&mut self, buf: &mut Vec<u8>) -> Result<Option<Packet>> {
+        let Some(snap) = self.poll()? else {
+            return Ok(None);
+        };
+        let src = self.data_range(&snap)?;
+        let len = snap.len as usize;
+        buf.clear();
+        buf.reserve(len);
+        // SAFETY: `src + len` lies inside the data area, inside the mapping
+        // (`data_range` bounds-checked it against the validated layout, and
+        // the mapping covers `region_bytes`); `buf` has capacity `len` and is
+        // private memory, so no overlap. The writer may change the bytes
+        // during the copy; `intact` below detects that, and the bytes are
+        // plain `u8`, valid for any value.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.region.as_ptr().add(src), buf.as_mut_ptr(), len);
+            buf.set_len(len);
+        }
+        if !self.intact(&snap) {
+            buf.clear();
+            return Err(self.overrun(snap.seq));
+        }
+        Ok(Some(self.deliver(&snap)))
+    }
+
+    /// Copies the next packet into `buf`, waiting up to `timeout` for one.
+    ///
+    /// Waiting is a bounded poll (spin, then 50 µs sleeps); the futex
+    /// doorbell comes with the socket integration.
+    ///
+    /// # Errors
+    /// As [`PacketReader::try_next_copy`], and [`Error::Timeout`].
+    pub fn next_copy(&mut self, buf: &mut Vec<u8>, timeout: Duration) -> Result<Packet> {
+        let mut w = Waiter::new(timeout);
+        loop {
+            if let Some(p) = self.try_next_copy(buf)? {
+                return Ok(p);
+            }
+            w.wait()?;
+        }
+    }
+
+    /// Borrows the next packet in place if one is committed.
+    ///
+    /// # Errors
+    /// As [`PacketReader::try_next_copy`].
+    pub fn try_borrow(&mut self) -> Result<Option<PacketBorrow<'_>>> {
+        Ok(self.poll()?.map(|snap| PacketBorrow {
+            reader: self,
+            snap,
+            released: false,
+        }))
+    }
+
+    /// Borrows the next packet in place, waiting up to `timeout` for one.
+    ///
+    /// # Errors
+    /// As [`PacketReader::next_copy`].
+    pub fn borrow(&mut self, timeout: Duration) -> Result<PacketBorrow<'_>> {
+        let mut w = Waiter::new(timeout);
+        let snap = loop {
+            if let Some(snap) = self.poll()? {
+                break snap;
+            }
+            w.wait()?;
+        };
+        Ok(PacketBorrow {
+            reader: self,
+            snap,
+            released: false,
+        })
+    }
+
+    /// Version of the current codec parameters (0: never set), for cheap
+    /// change detection.
+    pub fn codec_params_version(&self) -> u64 {
+        // SYNC: params-seq — Acquire pairs with the writer's Release commit.
+        self.header().params.seq.load(Ordering::Acquire) & !PACKET_WRITING
+    }
+
+    /// Copies the codec parameters into `out` (resized); returns their
+    /// version (0 and empty: never set). Never returns a mix of two versions.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when no consistent copy could be made within
+    /// 100 ms (a writer rewriting them without pause, or one that died
+    /// mid-update); [`Error::LayoutMismatch`] for a length beyond the area.
+    pub fn codec_params(&self, out: &mut Vec<u8>) -> Result<u64> {
+        let p = &self.header().params;
+        let mut w = Waiter::new(Duration::from_millis(100));
+        loop {
+            // SYNC: params-seq — Acquire pairs with the writer's Release commit.
+            let s1 = p.seq.load(Ordering::Acquire);
+            if s1 & PACKET_WRITING == 0 {
+                // Relaxed: guarded by the seqlock, re-checked below.
+                let len = p.len.load(Ordering::Relaxed) as usize;
+                out.clear();
+                for w in p.data.iter().take(len.min(PARAMS_BYTES).div_ceil(8)) {
+                    out.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+                }
+                // SYNC: params-seq — Acquire fence pairs with the writer's
+                // SeqCst fence after its invalidate.
+                fence(Ordering::Acquire);
+                if p.seq.load(Ordering::Relaxed) == s1 {
+                    if len > PARAMS_BYTES {
+                        out.clear();
+                        return Err(Error::LayoutMismatch(format!(
+                            "packet ring: codec parameters of {len} bytes exceed the {PARAMS_BYTES}-byte area"
+                        )));
+                    }
+                    out.truncate(len);
+                    return Ok(s1);
+                }
+            }
+            w.wait()
+                .map_err(|_| Error::Timeout(w.timeout, "a consistent read of the codec parameters"))?;
+        }
+    }
+}
+
+/// A packet read in place. Its bytes may be overwritten while it is held;
+/// [`PacketBorrow::release`] says whether they stayed intact, and only then
+/// may the caller trust what it read.
+pub struct PacketBorrow<'r> {
+    reader: &'r mut PacketReader,
+    snap: Snap,
+    released: bool,
+}
+
+impl std::fmt::Debug for PacketBorrow<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PacketBorrow").field("seq", &self.snap.seq).finish()
+    }
+}
+
+impl PacketBorrow<'_> {
+    /// The packet's seq.
+    pub fn seq(&self) -> u64 {
+        self.snap.seq
+    }
+
+    /// Bytes of the packet.
+    pub fn len(&self) -> usize {
+        self.snap.len as usize
+    }
+
+    /// Whether the packet is empty.
+    pub fn is_empty(&self) -> bool {
+        self.snap.len == 0
+    }
+
+    /// Whether the packet is a keyframe.
+    pub fn is_key(&self) -> bool {
+        self.snap.flags & PACKET_KEY != 0
+    }
+
+    /// First byte of the packet in this process's read-only mapping; the
+    /// packet is contiguous, [`PacketBorrow::len`] bytes. The bytes may
+    /// change under the caller (read them with raw-pointer reads, never
+    /// through a `&[u8]`); valid until the borrow ends.
+    pub fn as_ptr(&self) -> *const u8 {
+        // Bounds-checked when the borrow was made (`poll` -> `data_range`).
+        let off = self.reader.info.data_offset + (self.snap.offset & self.reader.info.data_mask());
+        self.reader.region.as_ptr().wrapping_add(off as usize)
+    }
+
+    /// Copies the packet's bytes into `dst`. The copy may be torn;
+    /// [`PacketBorrow::release`] says.
+    ///
+    /// # Errors
+    /// [`Error::TooLarge`] if `dst` is shorter than the packet.
+    pub fn copy_to(&self, dst: &mut [u8]) -> Result<()> {
+        let len = self.len();
+        if dst.len() < len {
+            return Err(Error::TooLarge { len, max: dst.len() });
+        }
+        // SAFETY: the packet lies inside the mapping (bounds-checked against
+        // the validated layout when the borrow was made); `dst` holds `len`
+        // bytes of private memory, so no overlap. Bytes may change under the
+        // copy; `release` detects that.
+        unsafe { std::ptr::copy_nonoverlapping(self.as_ptr(), dst.as_mut_ptr(), len) };
+        Ok(())
+    }
+
+    /// Ends the borrow: the packet's meta when its bytes stayed intact the
+    /// whole time.
+    ///
+    /// # Errors
+    /// [`Error::PacketOverrun`] when the writer began overwriting it (the
+    /// reader then resumes at a keyframe).
+    pub fn release(mut self) -> Result<Packet> {
+        self.released = true;
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<Packet> {
+        if self.reader.intact(&self.snap) {
+            Ok(self.reader.deliver(&self.snap))
+        } else {
+            Err(self.reader.overrun(self.snap.seq))
+        }
+    }
+}
+
+impl Drop for PacketBorrow<'_> {
+    fn drop(&mut self) {
+        if !self.released {
+            let _ = self.finish();
+        }
+    }
+}
+
+/// A bounded spin-then-sleep poll.
+struct Waiter {
+    start: Instant,
+    timeout: Duration,
+    spins: u32,
+}
+
+impl Waiter {
+    fn new(timeout: Duration) -> Self {
+        Waiter {
+            start: Instant::now(),
+            timeout,
+            spins: 0,
+        }
+    }
+
+    fn wait(&mut self) -> Result<()> {
+        if self.start.elapsed() >= self.timeout {
+            return Err(Error::Timeout(self.timeout, "a packet"));
+        }
+        if self.spins < 200 {
+            self.spins += 1;
+            crate::sync::spin_hint();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        Ok(())
+    }
+}
