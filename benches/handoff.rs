@@ -14,15 +14,9 @@ use std::time::Instant;
 
 use cudarc::driver::sys;
 
-type R<T> = Result<T, Box<dyn std::error::Error>>;
-
-fn ck(call: &str, r: sys::CUresult) -> R<()> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(format!("{call}: {r:?}").into())
-    }
-}
+#[path = "common/mod.rs"]
+mod common;
+use common::{ck, make_primary_current, R};
 
 const BYTES: usize = 2048 * 1620; // 1080p NV12 at a 2048-byte pitch
 const ROUNDS: usize = 2000;
@@ -31,19 +25,6 @@ struct Side {
     stream: sys::CUstream,
     src: sys::CUdeviceptr,
     dst: sys::CUdeviceptr,
-}
-
-fn init() -> R<()> {
-    // SAFETY: plain driver calls with valid out-pointers.
-    unsafe {
-        ck("cuInit", sys::cuInit(0))?;
-        let mut dev = 0;
-        ck("cuDeviceGet", sys::cuDeviceGet(&mut dev, 0))?;
-        let mut ctx = std::ptr::null_mut();
-        ck("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
-        ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx))?;
-    }
-    Ok(())
 }
 
 fn side() -> R<Side> {
@@ -172,7 +153,7 @@ fn shared_map(path: &str, create: bool) -> R<memmap2::MmapRaw> {
 fn main() -> R<()> {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     if args.first().map(String::as_str) == Some("--child") {
-        init()?;
+        make_primary_current()?;
         let s = side()?;
         let map = shared_map(&args[2], false)?;
         let t = play(&args[1], 1, &map, &s)?;
@@ -184,7 +165,7 @@ fn main() -> R<()> {
         eprintln!("handoff probe: no usable CUDA GPU; nothing measured");
         return Ok(());
     }
-    init()?;
+    make_primary_current()?;
     println!("| method | layout | A copy+sync p50 (µs) | A p99 | B p50 | B p99 |\n|---|---|---|---|---|---|");
     for method in ["dtod", "ce"] {
         // Two processes, alternating.

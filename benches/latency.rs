@@ -33,15 +33,9 @@ use cudarc::driver::sys;
 use vramring::publisher::BackendChoice;
 use vramring::{Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions};
 
-type R<T> = Result<T, Box<dyn std::error::Error>>;
-
-fn ck(call: &str, r: sys::CUresult) -> R<()> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(format!("{call} failed: {r:?}").into())
-    }
-}
+#[path = "common/mod.rs"]
+mod common;
+use common::{ck, make_primary_current, R};
 
 fn now_ns() -> u64 {
     vramring::time::monotonic_ns()
@@ -60,15 +54,9 @@ struct Gpu {
 
 impl Gpu {
     fn init() -> R<Gpu> {
-        // SAFETY: plain driver calls with valid out-pointers; the primary
-        // context is retained for the life of the process (bench binary).
+        make_primary_current()?;
+        // SAFETY: a valid out-pointer; the primary context is current.
         unsafe {
-            ck("cuInit", sys::cuInit(0))?;
-            let mut dev = 0;
-            ck("cuDeviceGet", sys::cuDeviceGet(&mut dev, 0))?;
-            let mut ctx = std::ptr::null_mut();
-            ck("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
-            ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx))?;
             let mut stream = std::ptr::null_mut();
             ck(
                 "cuStreamCreate",

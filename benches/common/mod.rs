@@ -1,0 +1,31 @@
+//! What the GPU benchmarks share: a checked driver call and making device 0's
+//! primary context (the one vramring's pools and imports use) current.
+
+use cudarc::driver::sys;
+
+/// A benchmark's result type.
+pub type R<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// `Ok` when the driver call `call` returned `CUDA_SUCCESS`.
+pub fn ck(call: &str, r: sys::CUresult) -> R<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{call} failed: {r:?}").into())
+    }
+}
+
+/// Initialises the driver and makes device 0's primary context current on
+/// this thread. The context stays retained for the life of the process.
+pub fn make_primary_current() -> R<()> {
+    // SAFETY: plain driver calls with valid out-pointers.
+    unsafe {
+        ck("cuInit", sys::cuInit(0))?;
+        let mut dev = 0;
+        ck("cuDeviceGet", sys::cuDeviceGet(&mut dev, 0))?;
+        let mut ctx = std::ptr::null_mut();
+        ck("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
+        ck("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx))?;
+    }
+    Ok(())
+}
