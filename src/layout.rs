@@ -574,6 +574,27 @@ impl SubsHeader {
     /// # Errors
     /// [`Error::LayoutMismatch`] naming the wrong field.
     pub fn validate(&self, ring: &RingInfo, region_bytes: u64) -> Result<()> {
+        let (n, epoch) = self.validate_shape(region_bytes)?;
+        if n != ring.max_subscribers {
+            return Err(Error::LayoutMismatch(format!(
+                "subscriber table of {n} entries, the ring says {}",
+                ring.max_subscribers
+            )));
+        }
+        if epoch != ring.epoch {
+            return Err(Error::LayoutMismatch(
+                "subscriber table belongs to another publisher instance".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks a subscriber table's own fields for a mapping of
+    /// `region_bytes`; returns its entry count and epoch.
+    ///
+    /// # Errors
+    /// [`Error::LayoutMismatch`] naming the wrong field.
+    pub fn validate_shape(&self, region_bytes: u64) -> Result<(u32, u64)> {
         // SYNC: subs-ready — Acquire.
         let version = self.layout_version.load(Ordering::Acquire);
         let bad = |what: String| Err(Error::LayoutMismatch(what));
@@ -581,18 +602,15 @@ impl SubsHeader {
             return bad("subscriber table magic or version".into());
         }
         let n = self.max_subscribers.load(Ordering::Relaxed);
-        if n != ring.max_subscribers || subs_bytes(n) > region_bytes {
+        if n == 0 || n > MAX_SUBSCRIBERS_LIMIT || subs_bytes(n) > region_bytes {
             return bad(format!("subscriber table of {n} entries in {region_bytes} bytes"));
-        }
-        if self.epoch.load(Ordering::Relaxed) != ring.epoch {
-            return bad("subscriber table belongs to another publisher instance".into());
         }
         if self.entry_bytes.load(Ordering::Relaxed) as usize != std::mem::size_of::<SubEntry>()
             || self.entries_offset.load(Ordering::Relaxed) as usize != std::mem::size_of::<SubsHeader>()
         {
             return bad("subscriber entry size or offset".into());
         }
-        Ok(())
+        Ok((n, self.epoch.load(Ordering::Relaxed)))
     }
 }
 

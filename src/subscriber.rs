@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::format::Geometry;
 use crate::layout::{
-    RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, BACKEND_CUDA, BACKEND_HOST, PUSH_BUFFERS, SUB_ACTIVE,
-    USER_META_BYTES,
+    RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, BACKEND_CUDA, BACKEND_HOST, PUSH_BUFFERS, USER_META_BYTES,
 };
 use crate::memory::{BackendKind, ImportedPool};
 use crate::protocol::{self, Look, ReadMode, SlotSnapshot, WaitOutcome};
 use crate::shm::{Region, SEALS_FIXED_SIZE, SEALS_READ_ONLY};
+use crate::socket::client::{self, Lease};
 use crate::socket::msg::{self, Hello, Msg};
 use crate::socket::transport;
 use crate::time::monotonic_ns;
@@ -314,25 +314,21 @@ impl Drop for Borrow<'_> {
 /// # Ok(()) }
 /// ```
 pub struct Subscriber {
-    sock: OwnedFd,
+    lease: Lease,
     control: Region,
-    subs: Region,
     pool: Box<dyn ImportedPool>,
     info: RingInfo,
-    index: usize,
-    generation: u32,
     opts: SubscriberOptions,
     last: u64,
     stats: SubscriberStats,
     path: PathBuf,
-    gone: Option<Error>,
 }
 
 impl std::fmt::Debug for Subscriber {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Subscriber")
             .field("path", &self.path)
-            .field("index", &self.index)
+            .field("index", &self.lease.index())
             .field("epoch", &format_args!("{:#018x}", self.info.epoch))
             .field("last", &self.last)
             .finish()
@@ -361,7 +357,6 @@ impl Subscriber {
     /// for a malformed answer; backend import errors.
     pub fn connect(path: impl AsRef<Path>, opts: SubscriberOptions) -> Result<Subscriber> {
         let path = path.as_ref().to_owned();
-        let sock = transport::connect(&path)?;
         let mut backends = 0u32;
         for b in &opts.backends {
             backends |= 1 << b.code();
@@ -390,41 +385,8 @@ impl Subscriber {
             name: opts.name.clone(),
             device_uuid: [0; 16],
         };
-        transport::send(sock.as_fd(), &Msg::Hello(hello).encode(), &[])?;
-        let got = transport::recv(sock.as_fd(), opts.connect_timeout)?
-            .ok_or(Error::Timeout(opts.connect_timeout, "the publisher's Welcome"))?;
-        let welcome = match Msg::decode(&got.bytes) {
-            Ok(Msg::Welcome(w)) => w,
-            Ok(Msg::Reject(n)) => {
-                let h = Msg::header(&got.bytes)?;
-                if n.code == msg::REJECT_VERSION || h.version != msg::PROTOCOL_VERSION {
-                    return Err(Error::VersionMismatch {
-                        peer_role: "publisher",
-                        peer: h.version,
-                        ours: msg::PROTOCOL_VERSION,
-                    });
-                }
-                return Err(Error::Refused {
-                    code: n.code,
-                    reason: n.reason,
-                });
-            }
-            Ok(other) => {
-                return Err(Error::BadMessage(format!(
-                    "expected Welcome, got kind {}",
-                    other.kind()
-                )))
-            }
-            Err(Error::VersionMismatch { peer, ours, .. }) => {
-                return Err(Error::VersionMismatch {
-                    peer_role: "publisher",
-                    peer,
-                    ours,
-                })
-            }
-            Err(e) => return Err(e),
-        };
-        let mut fds = got.fds.into_iter();
+        let (sock, welcome, fds) = client::request(&path, hello, opts.connect_timeout)?;
+        let mut fds = fds.into_iter();
         let (Some(control_fd), Some(subs_fd), Some(pool_fd), None) = (fds.next(), fds.next(), fds.next(), fds.next())
         else {
             return Err(Error::BadMessage("Welcome must carry exactly 3 descriptors".into()));
@@ -458,10 +420,7 @@ impl Subscriber {
         }
         let subs = Region::map(subs_fd.as_fd(), welcome.subs_bytes, true)?;
         subs.at::<SubsHeader>(0).validate(&info, subs.len() as u64)?;
-        let index = welcome.index as usize;
-        if index >= info.max_subscribers as usize {
-            return Err(Error::LayoutMismatch(format!("subscriber index {index} out of range")));
-        }
+        let lease = Lease::new(sock, subs, &welcome, info.max_subscribers, info.epoch)?;
         let writable = welcome.granted & msg::HELLO_WRITE != 0;
         if opts.write && !writable {
             return Err(Error::Refused {
@@ -478,27 +437,18 @@ impl Subscriber {
         }
         let pool = import_pool(&info, pool_fd, writable)?;
         let mut sub = Subscriber {
-            sock,
+            lease,
             control,
-            subs,
             pool,
             info,
-            index,
-            generation: welcome.generation,
             opts,
             last: 0,
             stats: SubscriberStats::default(),
             path,
-            gone: None,
         };
         let entry = sub.entry();
-        // SYNC: sub-state — Acquire pairs with the service's Release; the
-        // cursor it set is then visible.
-        if entry.state.load(Ordering::Acquire) != SUB_ACTIVE
-            || entry.generation.load(Ordering::Relaxed) != sub.generation
-        {
-            return Err(Error::LayoutMismatch("our subscriber entry is not active".into()));
-        }
+        // `Lease::new` checked the entry with an Acquire load of its state,
+        // so the cursor the service set is visible.
         let last = if sub.opts.lossless {
             entry.released_seq.load(Ordering::Relaxed)
         } else {
@@ -529,7 +479,7 @@ impl Subscriber {
                     stride,
                     bytes,
                 };
-                transport::send(self.sock.as_fd(), &Msg::Attach(a).encode(), &[fd.as_fd()])
+                transport::send(self.lease.sock().as_fd(), &Msg::Attach(a).encode(), &[fd.as_fd()])
             });
         if let Err(e) = sent {
             tracing::warn!(error = %e, "push delivery unavailable; pulling frames");
@@ -567,9 +517,7 @@ impl Subscriber {
     }
 
     fn entry(&self) -> &SubEntry {
-        &self
-            .subs
-            .slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.info.max_subscribers as usize)[self.index]
+        self.lease.entry()
     }
 
     fn slot_addr(&self, seq: u64) -> u64 {
@@ -612,95 +560,27 @@ impl Subscriber {
     /// Two loads per call: whether our entry is still ours. If not (evicted,
     /// or freed because the publisher saw us go), finds out why.
     fn ensure_lease(&mut self) -> Result<()> {
-        if let Some(e) = &self.gone {
-            return Err(clone_gone(e));
-        }
-        let entry = self.entry();
-        // SYNC: sub-state — Acquire pairs with the publisher's Release.
-        if entry.state.load(Ordering::Acquire) != SUB_ACTIVE
-            || entry.generation.load(Ordering::Relaxed) != self.generation
-        {
-            return self.check_alive();
-        }
-        Ok(())
-    }
-
-    /// Checks the lease: the publisher's socket, an Evicted notice, our entry.
-    fn check_alive(&mut self) -> Result<()> {
-        if let Some(e) = &self.gone {
-            return Err(clone_gone(e));
-        }
-        let entry = self.entry();
-        // SYNC: sub-state — Acquire.
-        let evicted = entry.state.load(Ordering::Acquire) != SUB_ACTIVE
-            || entry.generation.load(Ordering::Relaxed) != self.generation;
-        let mut err = None;
-        if transport::readable(self.sock.as_fd(), Duration::ZERO)? {
-            match transport::recv(self.sock.as_fd(), Duration::ZERO) {
-                Ok(Some(m)) => match Msg::decode(&m.bytes) {
-                    Ok(Msg::Evicted(n)) => err = Some(Error::Evicted { reason: n.reason }),
-                    Ok(Msg::Bye) => err = Some(Error::ProducerGone { epoch: self.info.epoch }),
-                    _ => {}
-                },
-                Ok(None) => {}
-                Err(_) => err = Some(Error::ProducerGone { epoch: self.info.epoch }),
-            }
-        }
-        if err.is_none() && evicted {
-            // The publisher's notice (with its reason) follows the entry's
-            // release within one service tick; wait a little for it.
-            let notice = match transport::recv(self.sock.as_fd(), Duration::from_millis(100)) {
-                Ok(Some(m)) => match Msg::decode(&m.bytes) {
-                    Ok(Msg::Evicted(n)) => Some(n.reason),
-                    _ => None,
-                },
-                _ => None,
-            };
-            err = Some(Error::Evicted {
-                reason: notice.unwrap_or_else(|| "our subscriber entry was released by the publisher".into()),
-            });
-        }
-        match err {
-            Some(e) => {
-                self.gone = Some(clone_gone(&e));
-                Err(e)
-            }
-            None => Ok(()),
-        }
+        self.lease.ensure()
     }
 
     fn wait(&mut self, deadline: Instant, timeout: Duration) -> Result<u64> {
         let (spin, slice) = (self.opts.spin, self.opts.park_slice);
         let outcome = {
-            let sock = &self.sock;
             let header = self.control.at::<RingHeader>(0);
-            let entry = &self
-                .subs
-                .slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.info.max_subscribers as usize)[self.index];
-            let generation = self.generation;
-            protocol::wait_for_seq(header, entry, self.last, deadline, spin, slice, || {
-                // SYNC: sub-state — Acquire.
-                if entry.state.load(Ordering::Acquire) != SUB_ACTIVE
-                    || entry.generation.load(Ordering::Relaxed) != generation
-                {
-                    return false;
-                }
-                !transport::readable(sock.as_fd(), Duration::ZERO).unwrap_or(true)
+            let lease = &self.lease;
+            protocol::wait_for_seq(header, lease.entry(), self.last, deadline, spin, slice, || {
+                lease.quiet()
             })
         };
         match outcome {
             WaitOutcome::Advanced(g) => Ok(g),
-            WaitOutcome::ProducerClosed => {
-                let e = Error::ProducerGone { epoch: self.info.epoch };
-                self.gone = Some(clone_gone(&e));
-                Err(e)
-            }
+            WaitOutcome::ProducerClosed => Err(self.lease.end(Error::ProducerGone { epoch: self.info.epoch })),
             WaitOutcome::TimedOut => {
-                self.check_alive()?;
+                self.lease.check()?;
                 Err(Error::Timeout(timeout, "the next frame"))
             }
             WaitOutcome::Stopped => {
-                self.check_alive()?;
+                self.lease.check()?;
                 // Readable but not fatal (e.g. an ignored message): loop again.
                 Ok(self.last)
             }
@@ -832,7 +712,7 @@ impl Subscriber {
     /// publisher is gone by a fresh connection to the same path. The old
     /// import is released (in its owning context) when the old state drops.
     fn reconnect_if_gone(&mut self, deadline: Instant, timeout: Duration) -> Result<()> {
-        if !self.opts.reconnect || !matches!(self.gone, Some(Error::ProducerGone { .. })) {
+        if !self.opts.reconnect || !matches!(self.lease.gone(), Some(Error::ProducerGone { .. })) {
             return Ok(());
         }
         loop {
@@ -893,7 +773,7 @@ impl Subscriber {
     /// The backend's release error.
     pub fn close(&mut self) -> Result<()> {
         protocol::push::release_hold(self.entry());
-        let _ = transport::send(self.sock.as_fd(), &Msg::Bye.encode(), &[]);
+        self.lease.bye();
         self.pool.close()
     }
 }
@@ -903,15 +783,5 @@ impl Drop for Subscriber {
         if let Err(e) = self.close() {
             tracing::warn!(error = %e, "subscriber close failed in drop");
         }
-    }
-}
-
-/// A copy of a terminal error (the lease ended), to return it again on
-/// every later call.
-fn clone_gone(e: &Error) -> Error {
-    match e {
-        Error::Evicted { reason } => Error::Evicted { reason: reason.clone() },
-        Error::ProducerGone { epoch } => Error::ProducerGone { epoch: *epoch },
-        _ => Error::ProducerGone { epoch: 0 },
     }
 }

@@ -6,6 +6,7 @@
 //! it, so readers map it read-only and it cannot shrink under them.
 
 use crate::error::{Error, Result};
+use crate::layout::{DoorbellLine, ProducerLine};
 use crate::shm::SharedPlain;
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -128,6 +129,11 @@ pub struct PacketHeader {
     pub seq: PacketSeqLine,
     /// `tail`, `head`, `keyframe_seq`.
     pub tail: PacketTailLine,
+    /// Producer state, heartbeat and counters: the frame ring's
+    /// [`ProducerLine`], with `published` counting packets.
+    pub producer: ProducerLine,
+    /// The futex word readers park on: the frame ring's [`DoorbellLine`].
+    pub doorbell: DoorbellLine,
     /// Codec parameters.
     pub params: ParamsArea,
 }
@@ -192,8 +198,10 @@ const _: () = {
     assert!(size_of::<ParamsArea>() == 128 + PARAMS_BYTES);
     assert!(offset_of!(PacketHeader, seq) == 128);
     assert!(offset_of!(PacketHeader, tail) == 256);
-    assert!(offset_of!(PacketHeader, params) == 384);
-    assert!(size_of::<PacketHeader>() == 4608);
+    assert!(offset_of!(PacketHeader, producer) == 384);
+    assert!(offset_of!(PacketHeader, doorbell) == 512);
+    assert!(offset_of!(PacketHeader, params) == 640);
+    assert!(size_of::<PacketHeader>() == 4864);
     assert!(align_of::<PacketHeader>() == 128);
     assert!(size_of::<PacketRecord>() == 64);
     assert!(align_of::<PacketRecord>() == 64);

@@ -2,11 +2,18 @@
 //! access units) in a CPU shared-memory byte ring, with per-packet records,
 //! keyframe join, overrun resync and codec parameters.
 //!
-//! This module is the core (layout, [`PacketWriter`], [`PacketReader`]); the
-//! region is handed over as a sealed memfd ([`PacketWriter::fd`]). Serving it
-//! over the socket handshake and waking readers through the futex doorbell
-//! are not wired yet: [`PacketReader::next_copy`] waits by a bounded
-//! spin-then-sleep poll.
+//! * [`PacketPublisher`] / [`PacketSubscriber`]: the ring served over the
+//!   same socket handshake as the frame ring (a sealed memfd and a
+//!   subscriber table by `SCM_RIGHTS`, the connection as the lease,
+//!   [`Error::ProducerGone`] on close or crash, futex wakeups). One process
+//!   can publish a camera's decoded frames on one socket and its encoded
+//!   packets on another. A lossless subscriber (a recorder) never loses a
+//!   packet: the writer waits for it, bounded, and evicts it past its lease.
+//! * [`PacketWriter`] / [`PacketReader`]: the same ring in-process, for
+//!   callers that pass the memfd themselves; the reader waits by a bounded
+//!   poll.
+//!
+//! See `examples/packet_producer.rs` and `examples/recorder.rs`.
 //!
 //! # Layout ([`layout`])
 //!
@@ -64,13 +71,19 @@
 //! # Reading
 //!
 //! A reader opened late starts at `keyframe_seq` (or waits for the first
-//! keyframe). A reader that finds its next packet overwritten returns
+//! keyframe). A lossless reader also publishes the seq it is done with in
+//! its subscriber entry (`released_seq`, SYNC: release-cursor, Release
+//! after the copy or the borrow's release); before a write the publisher
+//! Acquire-loads it and does not recycle a record it still needs nor raise
+//! `tail` past the first byte of the packet it reads next. A reader that finds its next packet overwritten returns
 //! [`Error::PacketOverrun`]; its next read resumes at the oldest intact
 //! keyframe after the lost packet (or waits for the next one to come), and
 //! [`Packet::skipped`] counts the packets never delivered in between.
 
 pub mod layout;
+mod publisher;
 mod reader;
+mod subscriber;
 mod writer;
 
 #[cfg(test)]
@@ -79,5 +92,7 @@ mod tests;
 pub use layout::{
     PacketHeader, PacketRecord, PacketRingInfo, PACKET_DISCONTINUITY, PACKET_KEY, PACKET_MAGIC, PARAMS_BYTES,
 };
+pub use publisher::{PacketPublisher, PacketPublisherConfig, PacketPublisherStats};
 pub use reader::{Packet, PacketBorrow, PacketReader, PacketReaderStats};
+pub use subscriber::{PacketSubscriber, PacketSubscriberOptions};
 pub use writer::{PacketMeta, PacketRingConfig, PacketWriter};

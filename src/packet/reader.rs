@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use super::layout::{PacketHeader, PacketRecord, PacketRingInfo, PACKET_KEY, PACKET_WRITING, PARAMS_BYTES};
 use crate::error::{Error, IoContext, Result};
+use crate::layout::PRODUCER_CLOSED;
 use crate::shm::{Region, SEALS_READ_ONLY};
+use crate::socket::client::EntryRef;
 use crate::sync::atomic::{fence, Ordering};
 
 /// A packet handed to the user; its bytes went to the caller's buffer (or
@@ -78,6 +80,10 @@ enum Look {
 }
 
 /// A reader of a packet ring, over a read-only mapping of its memfd.
+///
+/// Used alone, it is the in-process reader (it waits by a bounded poll);
+/// [`super::PacketSubscriber`] wraps one with a socket lease, futex wakeups
+/// and the lossless cursor.
 #[derive(Debug)]
 pub struct PacketReader {
     region: Region,
@@ -86,6 +92,17 @@ pub struct PacketReader {
     /// Seq of the last packet delivered (0: none).
     last: u64,
     stats: PacketReaderStats,
+    /// The subscriber entry where progress is published (socket readers).
+    entry: Option<Progress>,
+}
+
+/// Where a socket reader publishes its progress.
+#[derive(Debug)]
+struct Progress {
+    entry: EntryRef,
+    lossless: bool,
+    /// The last value stored in `released_seq`.
+    acked: u64,
 }
 
 impl PacketReader {
@@ -98,6 +115,27 @@ impl PacketReader {
     /// and resizing, or its header is invalid; [`Error::Io`] when it cannot
     /// be mapped.
     pub fn open(fd: BorrowedFd<'_>) -> Result<Self> {
+        Self::open_inner(fd, None)
+    }
+
+    /// Opens a reader for a socket subscriber. A lossless one starts after
+    /// `acked` (the cursor the publisher's service gave it): at the newest
+    /// keyframe if that is newer, else at the first keyframe after `acked`.
+    pub(crate) fn open_for(fd: BorrowedFd<'_>, entry: EntryRef, lossless: bool) -> Result<Self> {
+        // Relaxed: the entry's state was Acquire-loaded by `Lease::new`,
+        // which published the cursor the service stored before it.
+        let acked = entry.get().released_seq.load(Ordering::Relaxed);
+        let mut r = Self::open_inner(fd, Some(Progress { entry, lossless, acked }))?;
+        if lossless {
+            match r.cursor {
+                Cursor::At(k) if k > acked => {}
+                _ => r.cursor = Cursor::Resync { after: acked },
+            }
+        }
+        Ok(r)
+    }
+
+    fn open_inner(fd: BorrowedFd<'_>, entry: Option<Progress>) -> Result<Self> {
         Region::require_seals(fd, SEALS_READ_ONLY)?;
         let st = rustix::fs::fstat(fd).ctx(|| "fstat of a packet ring".into())?;
         let size = st.st_size as u64;
@@ -115,6 +153,7 @@ impl PacketReader {
             cursor: Cursor::Resync { after: 0 },
             last: 0,
             stats: PacketReaderStats::default(),
+            entry,
         };
         // SYNC: packet-keyframe — Acquire pairs with the writer's Release
         // store after the keyframe's record commit.
@@ -142,6 +181,46 @@ impl PacketReader {
     fn record(&self, seq: u64) -> &PacketRecord {
         // `record_at` masks the seq with `record_count - 1` (validated).
         self.region.at(self.info.record_at(seq))
+    }
+
+    pub(crate) fn header_for_wait(&self) -> &PacketHeader {
+        self.header()
+    }
+
+    /// The seq `write_seq` must pass for this reader to make progress.
+    pub(crate) fn waiting_for(&self) -> u64 {
+        match self.cursor {
+            Cursor::At(s) => s - 1,
+            Cursor::Resync { after } => after,
+        }
+    }
+
+    /// Publishes progress into the subscriber entry: counters, heartbeat,
+    /// and for a lossless reader its cursor (it is done with every packet up
+    /// to `waiting_for()`: delivered, lost to an overrun, or skipped while
+    /// resyncing).
+    fn publish_progress(&mut self) {
+        let done = self.waiting_for();
+        let Some(p) = &mut self.entry else { return };
+        let e = p.entry.get();
+        if p.lossless && done > p.acked {
+            p.acked = done;
+            // SYNC: release-cursor — Release after the copy (or the release
+            // of a borrow) completed, paired with the writer's Acquire in
+            // `PacketPublisher`'s lossless gate.
+            e.released_seq.store(done, Ordering::Release);
+        }
+        // Relaxed: informational counters, single writer (this reader).
+        e.delivered.store(self.stats.delivered, Ordering::Relaxed);
+        e.dropped.store(self.stats.skipped, Ordering::Relaxed);
+        e.overruns.store(self.stats.overruns, Ordering::Relaxed);
+        e.heartbeat_ns.store(crate::time::monotonic_ns(), Ordering::Relaxed);
+    }
+
+    /// Whether the writer has closed the ring.
+    pub(crate) fn writer_closed(&self) -> bool {
+        // SYNC: producer-state — Acquire pairs with the writer's Release on close.
+        self.header().producer.state.load(Ordering::Acquire) == PRODUCER_CLOSED
     }
 
     fn newest(&self) -> u64 {
@@ -209,6 +288,7 @@ impl PacketReader {
     fn overrun(&mut self, seq: u64) -> Error {
         self.cursor = Cursor::Resync { after: seq };
         self.stats.overruns += 1;
+        self.publish_progress();
         Error::PacketOverrun {
             seq,
             newest: self.newest(),
@@ -235,6 +315,10 @@ impl PacketReader {
                     self.cursor = Cursor::Resync {
                         after: after.max(newest),
                     };
+                    if newest > after {
+                        // A lossless reader is done with what it skipped.
+                        self.publish_progress();
+                    }
                     return Ok(None);
                 }
             },
@@ -264,6 +348,7 @@ impl PacketReader {
         self.cursor = Cursor::At(snap.seq + 1);
         self.stats.delivered += 1;
         self.stats.skipped += skipped;
+        self.publish_progress();
         Packet {
             seq: snap.seq,
             len: snap.len as usize,
@@ -322,8 +407,23 @@ impl PacketReader {
             if let Some(p) = self.try_next_copy(buf)? {
                 return Ok(p);
             }
-            w.wait()?;
+            self.wait_poll(&mut w)?;
         }
+    }
+
+    fn wait_poll(&self, w: &mut Waiter) -> Result<()> {
+        if self.writer_closed() && self.newest() <= self.waiting_for() {
+            return Err(Error::ProducerGone { epoch: self.info.epoch });
+        }
+        w.wait()
+    }
+
+    /// Whether a committed packet is ready to read (resyncing first if
+    /// needed).
+    pub(crate) fn has_next(&mut self) -> Result<bool> {
+        // `poll` is idempotent apart from moving a resync cursor to the
+        // keyframe it found, which the next read would do anyway.
+        Ok(self.poll()?.is_some())
     }
 
     /// Borrows the next packet in place if one is committed.
@@ -348,7 +448,7 @@ impl PacketReader {
             if let Some(snap) = self.poll()? {
                 break snap;
             }
-            w.wait()?;
+            self.wait_poll(&mut w)?;
         };
         Ok(PacketBorrow {
             reader: self,

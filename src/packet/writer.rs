@@ -1,11 +1,13 @@
 //! The writer's half: create the region, write packets, set codec parameters.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
 use super::layout::{
     PacketHeader, PacketRecord, PacketRingInfo, PACKET_KEY, PACKET_WRITING, PARAMS_BYTES, PARAMS_WORDS,
 };
 use crate::error::{Error, Result};
+use crate::layout::{SubEntry, PRODUCER_CLOSED, PRODUCER_LIVE};
 use crate::shm::{Region, SEALS_READ_ONLY};
 use crate::sync::atomic::{fence, Ordering};
 
@@ -54,12 +56,45 @@ pub struct PacketMeta {
     pub codec: u32,
 }
 
+/// The region and its memfd, shared by the writer and the socket service
+/// of a [`super::PacketPublisher`].
+#[derive(Debug)]
+pub(crate) struct RingMem {
+    pub(crate) region: Region,
+    pub(crate) fd: OwnedFd,
+}
+
+impl RingMem {
+    pub(crate) fn header(&self) -> &PacketHeader {
+        self.region.at(0)
+    }
+}
+
+/// Where the next packet of a given length would go: what a lossless gate
+/// checks before the writer overwrites anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Placement {
+    /// Seq the packet would get.
+    pub(crate) seq: u64,
+    /// Free-running byte position of its first byte (after padding).
+    pub(crate) pos: u64,
+    /// The `tail` the write would raise to: every byte below it is lost.
+    pub(crate) tail: u64,
+}
+
 /// The single writer of a packet ring. Owns the region and its memfd.
+///
+/// Used alone, it is the in-process (bring-your-own-transport) writer: hand
+/// [`PacketWriter::fd`] to readers however you like. A
+/// [`super::PacketPublisher`] wraps one and serves it over the socket.
 #[derive(Debug)]
 pub struct PacketWriter {
-    region: Region,
-    fd: OwnedFd,
+    mem: Arc<RingMem>,
     info: PacketRingInfo,
+    /// Byte position of each packet still described by a record, indexed by
+    /// `seq & (record_count - 1)`: the writer's own trusted copy, for the
+    /// lossless gate.
+    offsets: Vec<u64>,
     /// Seq of the newest committed packet (own counter).
     seq: u64,
     /// Free-running byte position after the newest packet.
@@ -85,12 +120,15 @@ impl PacketWriter {
             crate::publisher::random_epoch(),
         )?;
         let (region, fd) = Region::create(name, info.region_bytes)?;
-        info.write_to(region.at::<PacketHeader>(0));
+        let h = region.at::<PacketHeader>(0);
+        info.write_to(h);
+        // SYNC: producer-state — Release; readers Acquire it while waiting.
+        h.producer.state.store(PRODUCER_LIVE, Ordering::Release);
         // Our mapping stays writable; later mappings (readers) cannot be.
         Region::seal(fd.as_fd(), SEALS_READ_ONLY)?;
         Ok(PacketWriter {
-            region,
-            fd,
+            mem: Arc::new(RingMem { region, fd }),
+            offsets: vec![0; info.record_count as usize],
             info,
             seq: 0,
             head: 0,
@@ -101,7 +139,11 @@ impl PacketWriter {
 
     /// The region's memfd, to hand to readers.
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        self.mem.fd.as_fd()
+    }
+
+    pub(crate) fn mem(&self) -> &Arc<RingMem> {
+        &self.mem
     }
 
     /// The ring's layout.
@@ -117,11 +159,47 @@ impl PacketWriter {
     /// The writable mapping, for tests that play a hostile writer.
     #[cfg(test)]
     pub(crate) fn region_for_tests(&self) -> &Region {
-        &self.region
+        &self.mem.region
     }
 
     fn header(&self) -> &PacketHeader {
-        self.region.at(0)
+        self.mem.header()
+    }
+
+    /// Where a packet of `len` bytes would go next.
+    pub(crate) fn placement(&self, len: usize) -> Placement {
+        let len = len as u64;
+        let size = self.info.data_bytes;
+        let mut pos = self.head;
+        let off = pos & self.info.data_mask();
+        if off + len > size {
+            // Pad to the start of the data area: packets never wrap.
+            pos += size - off;
+        }
+        Placement {
+            seq: self.seq + 1,
+            pos,
+            tail: (pos + len).saturating_sub(size).max(self.tail),
+        }
+    }
+
+    /// Whether writing at `p` would destroy a packet a lossless reader that
+    /// is done with everything up to `acked` still needs: its record (the
+    /// record of `p.seq` recycles that of `p.seq - record_count`) or its
+    /// bytes (below `p.tail`).
+    pub(crate) fn would_overwrite(&self, p: &Placement, acked: u64) -> bool {
+        let next = acked.saturating_add(1);
+        if next > self.seq {
+            // Done with everything written so far (a value beyond our seq is
+            // a peer's garbage and only hurts that peer).
+            return false;
+        }
+        if next + u64::from(self.info.record_count) <= p.seq {
+            return true;
+        }
+        // `next` is within the last `record_count` packets, so its offset is
+        // still in `offsets`.
+        self.offsets[(next & self.info.record_mask()) as usize] < p.tail
     }
 
     /// Copies `data` into the ring as the next packet and commits it.
@@ -131,24 +209,41 @@ impl PacketWriter {
     /// [`Error::TooLarge`] when `data` is longer than the ring's max packet;
     /// nothing is written then.
     pub fn write(&mut self, data: &[u8], meta: PacketMeta) -> Result<u64> {
-        let max = self.info.max_packet as usize;
-        if data.len() > max {
-            return Err(Error::TooLarge { len: data.len(), max });
-        }
-        let len = data.len() as u64;
-        let size = self.info.data_bytes;
-        let mut pos = self.head;
-        let off = pos & self.info.data_mask();
-        if off + len > size {
-            // Pad to the start of the data area: packets never wrap.
-            pos += size - off;
-        }
-        let end = pos + len;
-        let seq = self.seq + 1;
-        let h = self.header();
-        let rec = self.region.at::<PacketRecord>(self.info.record_at(seq));
+        self.write_with(data.len(), meta, |dst| dst.copy_from_slice(data))
+    }
 
-        let new_tail = end.saturating_sub(size);
+    /// Writes the next packet in place: `fill` gets the packet's `len` bytes
+    /// in the ring (zero-copy), then the packet is committed. Returns its seq.
+    ///
+    /// # Errors
+    /// [`Error::TooLarge`] when `len` is over the ring's max packet; nothing
+    /// is written then.
+    pub fn write_with(&mut self, len: usize, meta: PacketMeta, fill: impl FnOnce(&mut [u8])) -> Result<u64> {
+        self.write_inner(len, meta, fill, &[])
+    }
+
+    /// The write itself; `entries` are the subscribers to wake if parked
+    /// (none for an in-process writer).
+    pub(crate) fn write_inner(
+        &mut self,
+        len: usize,
+        meta: PacketMeta,
+        fill: impl FnOnce(&mut [u8]),
+        entries: &[SubEntry],
+    ) -> Result<u64> {
+        let max = self.info.max_packet as usize;
+        if len > max {
+            return Err(Error::TooLarge { len, max });
+        }
+        let Placement {
+            seq,
+            pos,
+            tail: new_tail,
+        } = self.placement(len);
+        let end = pos + len as u64;
+        let h = self.header();
+        let rec = self.mem.region.at::<PacketRecord>(self.info.record_at(seq));
+
         if new_tail > self.tail {
             // SYNC: packet-tail — Relaxed store ordered before the byte
             // writes below by the SeqCst fence; pairs with the reader's
@@ -164,15 +259,16 @@ impl PacketWriter {
         let dst_off = self.info.data_offset + (pos & self.info.data_mask());
         // `off + len <= size` after padding, and data_offset + size ==
         // region_bytes == mapped length.
-        debug_assert!(dst_off + len <= self.region.len() as u64);
+        debug_assert!(dst_off + len as u64 <= self.mem.region.len() as u64);
         // SAFETY: `dst_off + len` is within the mapping (data area bounds,
-        // above); the mapping is writable (we created it) and `data` is
-        // private memory, so the ranges do not overlap. Readers may read
-        // these bytes concurrently; they discard what they read unless the
-        // seqlock re-check passes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.region.as_ptr().add(dst_off as usize), data.len());
-        }
+        // above), which is writable (we created it) and stays mapped while
+        // `self.mem` lives. No other `&`/`&mut` to these bytes exists in this
+        // process (readers here use raw-pointer copies, and the writer is
+        // `&mut self`). Readers in other processes may read the bytes while
+        // `fill` writes them; they discard what they read unless the seqlock
+        // re-check passes.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.mem.region.as_ptr().add(dst_off as usize), len) };
+        fill(dst);
 
         // Relaxed: published by the Release store of `rec.seq` below; read by
         // readers only between their two loads of `rec.seq`.
@@ -193,9 +289,14 @@ impl PacketWriter {
         }
         // Relaxed: informational, single writer.
         h.tail.head.store(end, Ordering::Relaxed);
-        // SYNC: packet-write-seq — Release after the record commit.
-        h.seq.write_seq.store(seq, Ordering::Release);
+        h.producer.published.store(seq, Ordering::Relaxed);
+        // SYNC: packet-write-seq — Release after the record commit (inside
+        // `publish_seq`), then the park check.
+        if crate::protocol::publish_seq(&h.seq.write_seq, seq, entries) {
+            crate::protocol::ring_doorbell_word(&h.doorbell);
+        }
 
+        self.offsets[(seq & self.info.record_mask()) as usize] = pos;
         self.tail = self.tail.max(new_tail);
         self.seq = seq;
         self.head = end;
@@ -235,5 +336,20 @@ impl PacketWriter {
         p.seq.store(version, Ordering::Release);
         self.params_version = version;
         Ok(version)
+    }
+
+    /// Marks the ring closed and wakes every parked reader: they report
+    /// [`Error::ProducerGone`]. Also done on drop.
+    pub fn close(&mut self) {
+        let h = self.header();
+        // SYNC: producer-state — Release; readers Acquire it.
+        h.producer.state.store(PRODUCER_CLOSED, Ordering::Release);
+        crate::protocol::ring_doorbell_word(&h.doorbell);
+    }
+}
+
+impl Drop for PacketWriter {
+    fn drop(&mut self) {
+        self.close();
     }
 }

@@ -50,5 +50,8 @@ pub mod push;
 pub mod wait;
 
 pub use consume::{pick, safe_window, Look, Pick, ReadMode, SlotSnapshot};
-pub use publish::{commit, commit_slot, invalidate, lossless_holder, publish_global, ring_doorbell, CommitMeta};
-pub use wait::{wait_for_seq, WaitOutcome};
+pub use publish::{
+    commit, commit_slot, invalidate, lossless_holder, publish_global, publish_seq, ring_doorbell, ring_doorbell_word,
+    CommitMeta,
+};
+pub use wait::{wait_for_seq, wait_on, Bell, WaitOutcome};

@@ -1,7 +1,9 @@
 //! The producer's half: claim (lossless check), invalidate, commit, wake.
 
-use crate::layout::{RingHeader, SlotDesc, SubEntry, SEQ_WRITING, SUBF_LOSSLESS, SUB_ACTIVE, USER_META_WORDS};
-use crate::sync::atomic::{fence, Ordering};
+use crate::layout::{
+    DoorbellLine, RingHeader, SlotDesc, SubEntry, SEQ_WRITING, SUBF_LOSSLESS, SUB_ACTIVE, USER_META_WORDS,
+};
+use crate::sync::atomic::{fence, AtomicU64, Ordering};
 
 /// What a commit stores in the slot descriptor besides the seq.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -82,12 +84,20 @@ pub fn commit_slot(slot: &SlotDesc, seq: u64, meta: &CommitMeta) {
 /// The second half of [`commit`]: `global_seq` (Release), then the park
 /// check; returns whether to ring the doorbell.
 pub fn publish_global(header: &RingHeader, seq: u64, entries: &[SubEntry]) -> bool {
-    // SYNC: global-seq — Release, after the slot seq, so a reader that sees
-    // `global_seq >= seq` finds the slot committed (or overwritten later).
-    header.seq.global_seq.store(seq, Ordering::Release);
     // Relaxed: own counter, single writer (the publisher).
     header.producer.published.store(seq, Ordering::Relaxed);
-    // SYNC: park — SeqCst fence between the global_seq store and the loads of
+    publish_seq(&header.seq.global_seq, seq, entries)
+}
+
+/// Stores the newest seq of a ring (`global_seq`, or a packet ring's
+/// `write_seq`) and says whether any subscriber is parked and needs the
+/// doorbell.
+pub fn publish_seq(word: &AtomicU64, seq: u64, entries: &[SubEntry]) -> bool {
+    // SYNC: global-seq / packet-write-seq — Release, after the slot seq or
+    // packet record commit, so a reader that sees `>= seq` finds it
+    // committed (or overwritten later).
+    word.store(seq, Ordering::Release);
+    // SYNC: park — SeqCst fence between the seq store and the loads of
     // `parked`; the subscriber has the mirror fence (see protocol docs).
     fence(Ordering::SeqCst);
     // Relaxed: ordered by the fence above.
@@ -96,18 +106,20 @@ pub fn publish_global(header: &RingHeader, seq: u64, entries: &[SubEntry]) -> bo
 
 /// Wakes every subscriber parked on the doorbell.
 pub fn ring_doorbell(header: &RingHeader) {
+    ring_doorbell_word(&header.doorbell);
+}
+
+/// Wakes every subscriber parked on a doorbell line (the frame ring's or
+/// the packet ring's).
+pub fn ring_doorbell_word(line: &DoorbellLine) {
     // SYNC: doorbell — Release increment; a waiter that loads the new value
-    // also sees the global_seq stored before it.
-    header.doorbell.doorbell.fetch_add(1, Ordering::Release);
+    // also sees the seq stored before it.
+    line.doorbell.fetch_add(1, Ordering::Release);
     #[cfg(not(loom))]
     {
         // Shared (not PRIVATE) futex: the word lives in a MAP_SHARED memfd
         // mapping, so the kernel keys it by inode and offset and it wakes
         // waiters in other processes and namespaces.
-        let _ = rustix::thread::futex::wake(
-            &header.doorbell.doorbell,
-            rustix::thread::futex::Flags::empty(),
-            i32::MAX as u32,
-        );
+        let _ = rustix::thread::futex::wake(&line.doorbell, rustix::thread::futex::Flags::empty(), i32::MAX as u32);
     }
 }

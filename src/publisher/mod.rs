@@ -1,7 +1,7 @@
 //! The publisher: creates the ring, serves subscribers on a socket, loans
 //! slots and commits frames.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
 use std::sync::{Arc, Mutex};
@@ -10,18 +10,18 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::format::{Format, Geometry};
 use crate::layout::{
-    self, RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, DEFAULT_MAX_SUBSCRIBERS, MAX_SLOTS,
-    MAX_SUBSCRIBERS_LIMIT, MIN_SLOTS, POLICY_LOSSLESS, POLICY_OVERWRITE, PRODUCER_CLOSED, PRODUCER_LIVE, SUB_ACTIVE,
-    SUB_EVICTED, USER_META_BYTES, USER_META_WORDS,
+    self, DoorbellLine, ProducerLine, RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, DEFAULT_MAX_SUBSCRIBERS,
+    MAX_SLOTS, MAX_SUBSCRIBERS_LIMIT, MIN_SLOTS, POLICY_LOSSLESS, POLICY_OVERWRITE, PRODUCER_CLOSED, PRODUCER_LIVE,
+    SUBF_LOSSLESS, SUBF_PUSH, SUBF_SEQUENTIAL, SUBF_WRITE, SUB_ACTIVE, SUB_EVICTED, USER_META_BYTES, USER_META_WORDS,
 };
 use crate::lifecycle::{ExitPhase, ExitWorker};
 use crate::memory::{BackendKind, ExportedPool, WriteCompletion};
 use crate::protocol::{self, CommitMeta};
 use crate::shm::{Region, SEALS_FIXED_SIZE, SEALS_READ_ONLY};
+use crate::socket::msg::{self, Attach, Hello, Welcome};
+use crate::socket::service::Served;
 use crate::socket::transport::{AccessPolicy, Listener};
 use crate::time::{monotonic_ns, realtime_ns};
-
-mod service;
 
 /// What the producer does when a slot it wants to reuse is still held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -307,6 +307,130 @@ impl Shared {
     }
 }
 
+impl Served for Shared {
+    fn producer(&self) -> &ProducerLine {
+        &self.header().producer
+    }
+    fn doorbell(&self) -> &DoorbellLine {
+        &self.header().doorbell
+    }
+    fn entries(&self) -> &[SubEntry] {
+        Shared::entries(self)
+    }
+    fn access(&self) -> &AccessPolicy {
+        &self.cfg.access
+    }
+    fn handshake_timeout(&self) -> Duration {
+        self.cfg.handshake_timeout
+    }
+    fn evict_requests(&self) -> &Mutex<Vec<u32>> {
+        &self.evict_requests
+    }
+
+    fn refuse(&self, hello: &Hello) -> Option<(u32, String)> {
+        let info = &self.info;
+        if hello.flags & msg::HELLO_PACKETS != 0 {
+            return Some((
+                msg::REJECT_KIND,
+                "this socket serves a frame ring; connect a PacketSubscriber to a packet ring's socket".into(),
+            ));
+        }
+        if hello.backends & (1 << info.backend) == 0 {
+            let name = BackendKind::from_code(info.backend).map_or("?", |b| b.name());
+            return Some((
+                msg::REJECT_BACKEND,
+                format!("the ring is on the {name} backend, which this subscriber cannot import"),
+            ));
+        }
+        if hello.flags & msg::HELLO_LOSSLESS != 0 && info.policy == POLICY_OVERWRITE {
+            return Some((
+                msg::REJECT_POLICY,
+                "lossless asked of a publisher with the overwrite policy".into(),
+            ));
+        }
+        if hello.flags & msg::HELLO_WRITE != 0 && !self.cfg.allow_write {
+            return Some((
+                msg::REJECT_WRITE_DENIED,
+                "write access to the pool is not granted by this publisher".into(),
+            ));
+        }
+        None
+    }
+
+    fn entry_flags(&self, hello: &Hello) -> u32 {
+        let mut flags = 0;
+        for (h, f) in [
+            (msg::HELLO_LOSSLESS, SUBF_LOSSLESS),
+            (msg::HELLO_SEQUENTIAL, SUBF_SEQUENTIAL),
+            (msg::HELLO_WRITE, SUBF_WRITE),
+            (msg::HELLO_PUSH, SUBF_PUSH),
+        ] {
+            if hello.flags & h != 0 {
+                flags |= f;
+            }
+        }
+        flags
+    }
+
+    fn lossless_start(&self) -> u64 {
+        // SYNC: global-seq — Acquire: the lossless cursor starts at the
+        // newest committed frame, so the producer never waits for frames
+        // published before this subscriber joined.
+        self.header().seq.global_seq.load(StdOrdering::Acquire)
+    }
+
+    fn welcome(&self, index: u32, generation: u32, hello: &Hello) -> (Welcome, Vec<BorrowedFd<'_>>) {
+        let info = &self.info;
+        let welcome = Welcome {
+            index,
+            generation,
+            epoch: info.epoch,
+            backend: info.backend,
+            granted: hello.flags & (msg::HELLO_LOSSLESS | msg::HELLO_SEQUENTIAL | msg::HELLO_WRITE | msg::HELLO_PUSH),
+            control_bytes: self.control.len() as u64,
+            subs_bytes: self.subs.len() as u64,
+            pool_bytes: info.pool_bytes,
+            device_uuid: info.device_uuid,
+        };
+        (
+            welcome,
+            vec![self.control_fd.as_fd(), self.subs_fd.as_fd(), self.pool_fd.as_fd()],
+        )
+    }
+
+    /// Checks a subscriber's push buffers against the ring and hands them
+    /// to the producer thread, which maps them. Bad ones are dropped (the
+    /// subscriber stays on pull delivery).
+    fn attach(&self, index: u32, a: Attach, fds: Vec<OwnedFd>) {
+        let Some(e) = Shared::entries(self).get(index as usize) else {
+            return;
+        };
+        // Relaxed: written by the service thread, which calls us.
+        let push = e.flags.load(StdOrdering::Relaxed) & SUBF_PUSH != 0;
+        let frame = self.info.geometry.frame_bytes;
+        let ok = push
+            && fds.len() == 1
+            && a.count as usize == layout::PUSH_BUFFERS
+            && a.stride >= frame
+            && a.stride
+                .checked_mul(u64::from(a.count))
+                .is_some_and(|need| need <= a.bytes);
+        let Some(fd) = fds.into_iter().next().filter(|_| ok) else {
+            tracing::warn!(index, ?a, "ignoring a malformed Attach");
+            return;
+        };
+        let generation = e.generation.load(StdOrdering::Relaxed);
+        if let Ok(mut q) = self.attach_requests.lock() {
+            q.push(AttachRequest {
+                index,
+                generation,
+                fd,
+                attach: a,
+            });
+        }
+    }
+}
+
 /// The producer side of a ring.
 ///
 /// # Examples
@@ -459,7 +583,7 @@ impl Publisher {
         // `std::process::exit` with a live publisher stops and joins it (it
         // marks the ring closed and says Bye) before CUDA's exit handlers.
         let service = ExitWorker::builder(format!("vramring-service:{}", path.display()), ExitPhase::Service)
-            .spawn(move |stop| service::run(svc_shared, listener, stop))?;
+            .spawn(move |stop| crate::socket::service::run(svc_shared, listener, stop))?;
         Ok((shared, service))
     }
 

@@ -7,7 +7,9 @@
 //! The connection then stays open as the subscriber's lease: EOF on either
 //! side means the other is gone.
 
+pub(crate) mod client;
 pub mod msg;
+pub(crate) mod service;
 pub mod transport;
 
 pub use msg::{Attach, Hello, Msg, Notice, Welcome, PROTOCOL_VERSION};

@@ -39,6 +39,10 @@ pub const HELLO_SEQUENTIAL: u32 = 2;
 pub const HELLO_WRITE: u32 = 4;
 /// Hello / Welcome flag: push delivery wanted / granted.
 pub const HELLO_PUSH: u32 = 8;
+/// Hello / Welcome flag: the subscriber wants a packet ring (encoded
+/// packets), not a frame ring. A publisher of the other kind refuses it
+/// with [`REJECT_KIND`].
+pub const HELLO_PACKETS: u32 = 16;
 
 /// Reject / evict code: protocol version mismatch.
 pub const REJECT_VERSION: u32 = 1;
@@ -56,6 +60,9 @@ pub const REJECT_BAD_HELLO: u32 = 6;
 pub const REJECT_SHUTDOWN: u32 = 7;
 /// Reject code: write access asked for and not granted.
 pub const REJECT_WRITE_DENIED: u32 = 8;
+/// Reject code: the socket serves the other kind of ring (frames vs
+/// packets).
+pub const REJECT_KIND: u32 = 9;
 /// Evict code: the subscriber's push buffers could not be attached.
 pub const EVICT_ATTACH: u32 = 17;
 /// Evict code: a lossless subscriber held a frame past its lease.

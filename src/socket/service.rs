@@ -1,24 +1,64 @@
-//! The publisher's socket service: accepts subscribers, runs the handshake,
-//! assigns table entries, and frees an entry the moment its connection
-//! closes (the connection is the subscriber's lease; no pid is ever used).
+//! The socket service a publisher runs on its own thread: accepts
+//! subscribers, runs the handshake, assigns subscriber-table entries, and
+//! frees an entry the moment its connection closes (the connection is the
+//! subscriber's lease; no pid is ever used).
+//!
+//! One loop serves both kinds of ring: the frame ring
+//! ([`crate::Publisher`]) and the packet ring
+//! ([`crate::packet::PacketPublisher`]). What differs between them (which
+//! Hellos are acceptable, the Welcome and its descriptors, push buffers) is
+//! the [`Served`] trait.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 
-use super::Shared;
 use crate::error::Error;
-use crate::layout::{
-    POLICY_OVERWRITE, PRODUCER_CLOSED, PUSH_BUFFERS, SUBF_LOSSLESS, SUBF_PUSH, SUBF_SEQUENTIAL, SUBF_WRITE, SUB_ACTIVE,
-    SUB_FREE,
-};
+use crate::layout::{DoorbellLine, ProducerLine, SubEntry, PRODUCER_CLOSED, SUB_ACTIVE, SUB_FREE};
 use crate::lifecycle::StopSignal;
-use crate::socket::msg::{self, Msg, Notice, Welcome, PROTOCOL_VERSION};
-use crate::socket::transport::{self, Listener};
+use crate::socket::msg::{self, Attach, Hello, Msg, Notice, Welcome, PROTOCOL_VERSION};
+use crate::socket::transport::{self, AccessPolicy, Listener};
 use crate::time::monotonic_ns;
+
+/// What a ring tells the service loop.
+pub(crate) trait Served: Send + Sync + 'static {
+    /// The producer line (state, heartbeat, connect counters).
+    fn producer(&self) -> &ProducerLine;
+    /// The futex word subscribers park on.
+    fn doorbell(&self) -> &DoorbellLine;
+    /// The subscriber table.
+    fn entries(&self) -> &[SubEntry];
+    /// Who may connect.
+    fn access(&self) -> &AccessPolicy;
+    /// How long a new connection has to send its Hello.
+    fn handshake_timeout(&self) -> Duration;
+    /// Entries the producer evicted; the service sends Evicted and closes.
+    fn evict_requests(&self) -> &Mutex<Vec<u32>>;
+    /// A refusal `(REJECT_*, reason)` for a Hello whose peer passed the
+    /// credential check, or `None` to accept it.
+    fn refuse(&self, hello: &Hello) -> Option<(u32, String)>;
+    /// `SUBF_*` entry flags for an accepted Hello.
+    fn entry_flags(&self, hello: &Hello) -> u32;
+    /// The seq a new lossless reader's cursor starts at (it is done with
+    /// everything up to and including it).
+    fn lossless_start(&self) -> u64;
+    /// The Welcome for entry `index`, and the descriptors that go with it.
+    fn welcome(&self, index: u32, generation: u32, hello: &Hello) -> (Welcome, Vec<BorrowedFd<'_>>);
+    /// An Attach from an active subscriber (push buffers); ignored by
+    /// default.
+    fn attach(&self, index: u32, a: Attach, fds: Vec<OwnedFd>) {
+        let _ = (a, fds);
+        tracing::debug!(index, "ignoring an Attach this ring does not use");
+    }
+}
+
+/// Rings the doorbell: wakes every subscriber parked on it.
+pub(crate) fn ring(doorbell: &DoorbellLine) {
+    crate::protocol::ring_doorbell_word(doorbell);
+}
 
 /// How long one poll waits; bounds how late a stop request is seen.
 const TICK: Duration = Duration::from_millis(20);
@@ -33,10 +73,12 @@ struct Conn {
     state: State,
 }
 
-pub(super) fn run(sh: Arc<Shared>, listener: Listener, stop: StopSignal) {
+/// Serves `listener` until `stop` is raised, then marks the ring closed,
+/// rings the doorbell, says Bye on every connection and frees its entry.
+pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
     let mut conns: Vec<Conn> = Vec::new();
     while !stop.is_raised() {
-        handle_evictions(&sh, &mut conns);
+        handle_evictions(&*sh, &mut conns);
         let (listener_ready, ready) = match poll(&listener, &conns) {
             Ok(r) => r,
             Err(e) => {
@@ -50,7 +92,7 @@ pub(super) fn run(sh: Arc<Shared>, listener: Listener, stop: StopSignal) {
                 conns.push(Conn {
                     fd,
                     state: State::Pending {
-                        deadline: Instant::now() + sh.cfg.handshake_timeout,
+                        deadline: Instant::now() + sh.handshake_timeout(),
                     },
                 });
             }
@@ -61,25 +103,21 @@ pub(super) fn run(sh: Arc<Shared>, listener: Listener, stop: StopSignal) {
         conns.retain_mut(|c| {
             let is_ready = ready.next_if_eq(&k).is_some();
             k += 1;
-            service_conn(&sh, c, is_ready, now)
+            service_conn(&*sh, c, is_ready, now)
         });
         // Relaxed: informational heartbeat, single writer.
-        sh.header()
-            .producer
-            .heartbeat_ns
-            .store(monotonic_ns(), Ordering::Relaxed);
+        sh.producer().heartbeat_ns.store(monotonic_ns(), Ordering::Relaxed);
     }
     // Stopped by `Publisher::close` or at process exit: either way no more
     // frames come. Say so in the header (subscribers notice at once) and on
     // every connection.
-    let header = sh.header();
     // SYNC: producer-state — Release; subscribers Acquire it.
-    header.producer.state.store(PRODUCER_CLOSED, Ordering::Release);
-    crate::protocol::ring_doorbell(header);
+    sh.producer().state.store(PRODUCER_CLOSED, Ordering::Release);
+    ring(sh.doorbell());
     for c in conns {
         if let State::Active { index } = c.state {
             let _ = transport::send(c.fd.as_fd(), &Msg::Bye.encode(), &[]);
-            free_entry(&sh, index);
+            free_entry(&*sh, index);
         }
     }
 }
@@ -110,7 +148,7 @@ fn poll(listener: &Listener, conns: &[Conn]) -> rustix::io::Result<(bool, Vec<us
 }
 
 /// Returns whether to keep the connection.
-fn service_conn(sh: &Shared, c: &mut Conn, ready: bool, now: Instant) -> bool {
+fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant) -> bool {
     match c.state {
         State::Pending { deadline } => {
             if !ready {
@@ -149,7 +187,7 @@ fn service_conn(sh: &Shared, c: &mut Conn, ready: bool, now: Instant) -> bool {
                         false
                     }
                     Ok(Msg::Attach(a)) => {
-                        queue_attach(sh, index, a, m.fds);
+                        sh.attach(index, a, m.fds);
                         true
                     }
                     Ok(other) => {
@@ -179,7 +217,7 @@ fn reject(fd: &OwnedFd, code: u32, reason: String) -> Error {
     Error::Refused { code, reason }
 }
 
-fn handshake(sh: &Shared, fd: &OwnedFd, bytes: &[u8]) -> Result<u32, Error> {
+fn handshake<S: Served>(sh: &S, fd: &OwnedFd, bytes: &[u8]) -> Result<u32, Error> {
     let hello = match Msg::decode(bytes) {
         Ok(Msg::Hello(h)) => h,
         Ok(other) => {
@@ -204,35 +242,15 @@ fn handshake(sh: &Shared, fd: &OwnedFd, bytes: &[u8]) -> Result<u32, Error> {
         Err(e) => return Err(reject(fd, msg::REJECT_BAD_HELLO, e.to_string())),
     };
     let (uid, gid) = transport::peer_ids(fd.as_fd())?;
-    if !sh.cfg.access.allows(uid, gid) {
+    if !sh.access().allows(uid, gid) {
         return Err(reject(
             fd,
             msg::REJECT_PERMISSION,
             format!("uid {uid} gid {gid} is not on the allow-list"),
         ));
     }
-    let info = &sh.info;
-    if hello.backends & (1 << info.backend) == 0 {
-        let name = crate::memory::BackendKind::from_code(info.backend).map_or("?", |b| b.name());
-        return Err(reject(
-            fd,
-            msg::REJECT_BACKEND,
-            format!("the ring is on the {name} backend, which this subscriber cannot import"),
-        ));
-    }
-    if hello.flags & msg::HELLO_LOSSLESS != 0 && info.policy == POLICY_OVERWRITE {
-        return Err(reject(
-            fd,
-            msg::REJECT_POLICY,
-            "lossless asked of a publisher with the overwrite policy".into(),
-        ));
-    }
-    if hello.flags & msg::HELLO_WRITE != 0 && !sh.cfg.allow_write {
-        return Err(reject(
-            fd,
-            msg::REJECT_WRITE_DENIED,
-            "write access to the pool is not granted by this publisher".into(),
-        ));
+    if let Some((code, reason)) = sh.refuse(&hello) {
+        return Err(reject(fd, code, reason));
     }
     let entries = sh.entries();
     // Relaxed: the service thread is the only writer of `state` besides the
@@ -245,29 +263,12 @@ fn handshake(sh: &Shared, fd: &OwnedFd, bytes: &[u8]) -> Result<u32, Error> {
         ));
     };
     let e = &entries[index];
-    let mut flags = 0;
-    if hello.flags & msg::HELLO_LOSSLESS != 0 {
-        flags |= SUBF_LOSSLESS;
-    }
-    if hello.flags & msg::HELLO_SEQUENTIAL != 0 {
-        flags |= SUBF_SEQUENTIAL;
-    }
-    if hello.flags & msg::HELLO_WRITE != 0 {
-        flags |= SUBF_WRITE;
-    }
-    if hello.flags & msg::HELLO_PUSH != 0 {
-        flags |= SUBF_PUSH;
-    }
     // Relaxed: all published by the Release store of `state` below.
     let generation = e.generation.load(Ordering::Relaxed).wrapping_add(1);
     e.generation.store(generation, Ordering::Relaxed);
-    e.flags.store(flags, Ordering::Relaxed);
+    e.flags.store(sh.entry_flags(&hello), Ordering::Relaxed);
     e.set_name(&hello.name);
-    // SYNC: global-seq — Acquire: the lossless cursor starts at the newest
-    // committed frame, so the producer never waits for frames published
-    // before this subscriber joined.
-    let start = sh.header().seq.global_seq.load(Ordering::Acquire);
-    e.released_seq.store(start, Ordering::Relaxed);
+    e.released_seq.store(sh.lossless_start(), Ordering::Relaxed);
     e.reading_seq.store(0, Ordering::Relaxed);
     e.delivered.store(0, Ordering::Relaxed);
     e.dropped.store(0, Ordering::Relaxed);
@@ -279,69 +280,23 @@ fn handshake(sh: &Shared, fd: &OwnedFd, bytes: &[u8]) -> Result<u32, Error> {
         w.store(0, Ordering::Relaxed);
     }
     e.heartbeat_ns.store(monotonic_ns(), Ordering::Relaxed);
-    // SYNC: sub-state — Release, paired with the producer's Acquire in
-    // `lossless_holder` and the subscriber's Acquire at connect.
+    // SYNC: sub-state — Release, paired with the producer's Acquire when it
+    // scans the table and the subscriber's Acquire at connect.
     e.state.store(SUB_ACTIVE, Ordering::Release);
-    let welcome = Welcome {
-        index: index as u32,
-        generation,
-        epoch: info.epoch,
-        backend: info.backend,
-        granted: hello.flags & (msg::HELLO_LOSSLESS | msg::HELLO_SEQUENTIAL | msg::HELLO_WRITE | msg::HELLO_PUSH),
-        control_bytes: sh.control.len() as u64,
-        subs_bytes: sh.subs.len() as u64,
-        pool_bytes: info.pool_bytes,
-        device_uuid: info.device_uuid,
-    };
+    let (welcome, fds) = sh.welcome(index as u32, generation, &hello);
     // The descriptors stay ours: SCM_RIGHTS installs new ones in the peer.
-    let sent = transport::send(
-        fd.as_fd(),
-        &Msg::Welcome(welcome).encode(),
-        &[sh.control_fd.as_fd(), sh.subs_fd.as_fd(), sh.pool_fd.as_fd()],
-    );
+    let sent = transport::send(fd.as_fd(), &Msg::Welcome(welcome).encode(), &fds);
     if let Err(e) = sent {
         free_entry(sh, index as u32);
         return Err(e);
     }
     // Relaxed: own counter, single writer (this thread).
-    sh.header().producer.connects.fetch_add(1, Ordering::Relaxed);
+    sh.producer().connects.fetch_add(1, Ordering::Relaxed);
     tracing::debug!(index, name = %hello.name, uid, "subscriber connected");
     Ok(index as u32)
 }
 
-/// Checks a subscriber's push buffers against the ring and hands them to
-/// the producer thread, which maps them. Bad ones are dropped (the
-/// subscriber stays on pull delivery).
-fn queue_attach(sh: &Shared, index: u32, a: crate::socket::Attach, fds: Vec<OwnedFd>) {
-    let Some(e) = sh.entries().get(index as usize) else {
-        return;
-    };
-    // Relaxed: written by this thread.
-    let push = e.flags.load(Ordering::Relaxed) & SUBF_PUSH != 0;
-    let frame = sh.info.geometry.frame_bytes;
-    let ok = push
-        && fds.len() == 1
-        && a.count as usize == PUSH_BUFFERS
-        && a.stride >= frame
-        && a.stride
-            .checked_mul(u64::from(a.count))
-            .is_some_and(|need| need <= a.bytes);
-    let Some(fd) = fds.into_iter().next().filter(|_| ok) else {
-        tracing::warn!(index, ?a, "ignoring a malformed Attach");
-        return;
-    };
-    let generation = e.generation.load(Ordering::Relaxed);
-    if let Ok(mut q) = sh.attach_requests.lock() {
-        q.push(super::AttachRequest {
-            index,
-            generation,
-            fd,
-            attach: a,
-        });
-    }
-}
-
-fn free_entry(sh: &Shared, index: u32) {
+fn free_entry<S: Served>(sh: &S, index: u32) {
     let Some(e) = sh.entries().get(index as usize) else {
         return;
     };
@@ -353,11 +308,11 @@ fn free_entry(sh: &Shared, index: u32) {
     // and unmaps its push buffers at its next publish.
     e.state.store(SUB_FREE, Ordering::Release);
     // Relaxed: own counter, single writer (this thread).
-    sh.header().producer.disconnects.fetch_add(1, Ordering::Relaxed);
+    sh.producer().disconnects.fetch_add(1, Ordering::Relaxed);
 }
 
-fn handle_evictions(sh: &Shared, conns: &mut Vec<Conn>) {
-    let requests = match sh.evict_requests.lock() {
+fn handle_evictions<S: Served>(sh: &S, conns: &mut Vec<Conn>) {
+    let requests = match sh.evict_requests().lock() {
         Ok(mut q) if !q.is_empty() => std::mem::take(&mut *q),
         _ => return,
     };
@@ -368,7 +323,7 @@ fn handle_evictions(sh: &Shared, conns: &mut Vec<Conn>) {
         }
         let notice = Notice {
             code: msg::EVICT_LEASE,
-            reason: "held a frame past the lossless lease".into(),
+            reason: "held a frame or packet past the lossless lease".into(),
         };
         let _ = transport::send(c.fd.as_fd(), &Msg::Evicted(notice).encode(), &[]);
         free_entry(sh, index);

@@ -1,0 +1,351 @@
+//! [`PacketSubscriber`]: connects to a [`super::PacketPublisher`], maps its
+//! ring read-only, and reads packets with futex wakeups; optionally
+//! lossless.
+
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::layout::PacketHeader;
+use super::{Packet, PacketBorrow, PacketReader, PacketReaderStats, PacketRingInfo};
+use crate::error::{Error, Result};
+use crate::layout::SubsHeader;
+use crate::protocol::{self, Bell, WaitOutcome};
+use crate::shm::{Region, SEALS_FIXED_SIZE};
+use crate::socket::client::{self, Lease};
+use crate::socket::msg::{self, Hello};
+
+/// How to subscribe to a packet ring.
+#[derive(Debug, Clone)]
+pub struct PacketSubscriberOptions {
+    /// Lossless: the writer never overwrites a packet this subscriber has
+    /// not read yet (it waits, then evicts a reader that stalls past the
+    /// lease). For recorders.
+    pub lossless: bool,
+    /// Name for logs and inspection.
+    pub name: String,
+    /// How long the handshake may take.
+    pub connect_timeout: Duration,
+    /// How long a blocking read spins before it parks on the futex.
+    pub spin: Duration,
+    /// Longest single park; between parks the publisher's liveness is
+    /// checked.
+    pub park_slice: Duration,
+}
+
+impl Default for PacketSubscriberOptions {
+    fn default() -> Self {
+        PacketSubscriberOptions {
+            lossless: false,
+            name: format!("packets-{}", std::process::id()),
+            connect_timeout: Duration::from_secs(5),
+            spin: Duration::from_micros(50),
+            park_slice: Duration::from_millis(20),
+        }
+    }
+}
+
+impl PacketSubscriberOptions {
+    /// The defaults: not lossless, 50 µs spin, 20 ms park slices.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Asks for lossless delivery.
+    pub fn lossless(mut self, yes: bool) -> Self {
+        self.lossless = yes;
+        self
+    }
+    /// Sets the name.
+    pub fn name(mut self, n: impl Into<String>) -> Self {
+        self.name = n.into();
+        self
+    }
+    /// Sets the spin budget before parking (`Duration::ZERO`: park at once).
+    pub fn spin(mut self, d: Duration) -> Self {
+        self.spin = d;
+        self
+    }
+    /// Sets the handshake timeout.
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+}
+
+/// A subscriber of a packet ring.
+///
+/// It joins at the most recent keyframe (or waits for the first one); a
+/// reader that falls a whole ring behind gets [`Error::PacketOverrun`] and
+/// resumes at the next keyframe. Packets already committed when the
+/// publisher closes or dies are still delivered; [`Error::ProducerGone`]
+/// comes once none are left.
+///
+/// # Examples
+/// ```no_run
+/// use std::time::Duration;
+/// use vramring::packet::{PacketSubscriber, PacketSubscriberOptions};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut sub = PacketSubscriber::connect("/tmp/cam1.packets.sock", PacketSubscriberOptions::new().lossless(true))?;
+/// let mut params = Vec::new();
+/// sub.codec_params(&mut params)?;
+/// let mut buf = Vec::new();
+/// let p = sub.next_copy(&mut buf, Duration::from_secs(1))?;
+/// println!("packet {} of {} bytes, key {}", p.seq, p.len, p.is_key());
+/// # Ok(()) }
+/// ```
+pub struct PacketSubscriber {
+    reader: PacketReader,
+    lease: Lease,
+    opts: PacketSubscriberOptions,
+    path: PathBuf,
+    /// The publisher is gone (Bye or EOF): deliver what is left, then
+    /// report `ProducerGone`.
+    draining: bool,
+}
+
+impl std::fmt::Debug for PacketSubscriber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PacketSubscriber")
+            .field("path", &self.path)
+            .field("index", &self.lease.index())
+            .field("epoch", &format_args!("{:#018x}", self.reader.info().epoch))
+            .finish()
+    }
+}
+
+impl PacketSubscriber {
+    /// Connects to the packet publisher at `path` and maps its ring.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when nothing listens; [`Error::Refused`] (e.g. a frame
+    /// ring's socket: code [`msg::REJECT_KIND`]) or [`Error::VersionMismatch`];
+    /// [`Error::Timeout`]; [`Error::LayoutMismatch`] / [`Error::BadMessage`]
+    /// for a malformed answer.
+    pub fn connect(path: impl AsRef<Path>, opts: PacketSubscriberOptions) -> Result<PacketSubscriber> {
+        let path = path.as_ref().to_owned();
+        let mut flags = msg::HELLO_PACKETS;
+        if opts.lossless {
+            flags |= msg::HELLO_LOSSLESS;
+        }
+        let hello = Hello {
+            flags,
+            backends: 1 << crate::layout::BACKEND_HOST,
+            name: opts.name.clone(),
+            device_uuid: [0; 16],
+        };
+        let (sock, welcome, fds) = client::request(&path, hello, opts.connect_timeout)?;
+        let mut fds = fds.into_iter();
+        let (Some(ring_fd), Some(subs_fd), None) = (fds.next(), fds.next(), fds.next()) else {
+            return Err(Error::BadMessage(
+                "a packet Welcome must carry exactly 2 descriptors".into(),
+            ));
+        };
+        if welcome.granted & msg::HELLO_PACKETS == 0 {
+            return Err(Error::BadMessage("the Welcome does not grant a packet ring".into()));
+        }
+        if opts.lossless && welcome.granted & msg::HELLO_LOSSLESS == 0 {
+            return Err(Error::Refused {
+                code: msg::REJECT_POLICY,
+                reason: "lossless not granted".into(),
+            });
+        }
+        Region::require_seals(subs_fd.as_fd(), SEALS_FIXED_SIZE)?;
+        if welcome.subs_bytes < std::mem::size_of::<SubsHeader>() as u64 {
+            return Err(Error::LayoutMismatch(format!(
+                "Welcome announces a subscriber table of {} bytes, shorter than its header",
+                welcome.subs_bytes
+            )));
+        }
+        let subs = Region::map(subs_fd.as_fd(), welcome.subs_bytes, true)?;
+        let (max, subs_epoch) = subs.at::<SubsHeader>(0).validate_shape(subs.len() as u64)?;
+        if subs_epoch != welcome.epoch {
+            return Err(Error::LayoutMismatch(
+                "subscriber table belongs to another publisher instance".into(),
+            ));
+        }
+        // `PacketReader::open_for` re-validates the ring's own header; the
+        // entry must be ours before it reads the cursor the service set.
+        let lease = Lease::new(sock, subs, &welcome, max, welcome.epoch)?;
+        let reader = PacketReader::open_for(ring_fd.as_fd(), lease.entry_ref(), opts.lossless)?;
+        let info = *reader.info();
+        if info.epoch != welcome.epoch || info.region_bytes != welcome.control_bytes {
+            return Err(Error::LayoutMismatch(
+                "Welcome disagrees with the packet ring's header".into(),
+            ));
+        }
+        Ok(PacketSubscriber {
+            reader,
+            lease,
+            opts,
+            path,
+            draining: false,
+        })
+    }
+
+    /// The ring's validated layout.
+    pub fn info(&self) -> &PacketRingInfo {
+        self.reader.info()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> PacketReaderStats {
+        self.reader.stats()
+    }
+
+    /// The publisher instance.
+    pub fn epoch(&self) -> u64 {
+        self.reader.info().epoch
+    }
+
+    /// Checks the lease (two loads while all is well). A publisher that is
+    /// gone only starts the drain; eviction is reported at once.
+    fn lease(&mut self) -> Result<()> {
+        if self.draining {
+            return Ok(());
+        }
+        match self.lease.ensure() {
+            Ok(()) => Ok(()),
+            Err(Error::ProducerGone { .. }) => {
+                self.draining = true;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn gone(&self) -> Error {
+        Error::ProducerGone { epoch: self.epoch() }
+    }
+
+    /// Copies the next packet into `buf` if one is committed; `Ok(None)` when
+    /// there is nothing new. Never blocks.
+    ///
+    /// # Errors
+    /// [`Error::PacketOverrun`] (the next call resumes at a keyframe);
+    /// [`Error::ProducerGone`] once the publisher is gone and nothing is
+    /// left; [`Error::Evicted`]; [`Error::LayoutMismatch`] for a record out
+    /// of bounds.
+    pub fn try_next_copy(&mut self, buf: &mut Vec<u8>) -> Result<Option<Packet>> {
+        self.lease()?;
+        match self.reader.try_next_copy(buf)? {
+            Some(p) => Ok(Some(p)),
+            None if self.draining => Err(self.gone()),
+            None => Ok(None),
+        }
+    }
+
+    /// Copies the next packet into `buf`, waiting up to `timeout` (spin,
+    /// then park on the futex doorbell).
+    ///
+    /// # Errors
+    /// As [`PacketSubscriber::try_next_copy`], and [`Error::Timeout`].
+    pub fn next_copy(&mut self, buf: &mut Vec<u8>, timeout: Duration) -> Result<Packet> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(p) = self.try_next_copy(buf)? {
+                return Ok(p);
+            }
+            self.wait(deadline, timeout)?;
+        }
+    }
+
+    /// Borrows the next packet in place if one is committed. Its bytes are
+    /// trustworthy only if [`PacketBorrow::release`] says so; a lossless
+    /// subscriber's cursor moves at release.
+    ///
+    /// # Errors
+    /// As [`PacketSubscriber::try_next_copy`].
+    pub fn try_borrow(&mut self) -> Result<Option<PacketBorrow<'_>>> {
+        self.lease()?;
+        if !self.reader.has_next()? {
+            return if self.draining { Err(self.gone()) } else { Ok(None) };
+        }
+        self.reader.try_borrow()
+    }
+
+    /// Borrows the next packet in place, waiting up to `timeout`.
+    ///
+    /// # Errors
+    /// As [`PacketSubscriber::next_copy`].
+    pub fn borrow(&mut self, timeout: Duration) -> Result<PacketBorrow<'_>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.lease()?;
+            if self.reader.has_next()? {
+                break;
+            }
+            if self.draining {
+                return Err(self.gone());
+            }
+            self.wait(deadline, timeout)?;
+        }
+        Ok(self
+            .reader
+            .try_borrow()?
+            .expect("has_next found a committed packet and nothing else reads this ring"))
+    }
+
+    /// Version of the current codec parameters (0: never set).
+    pub fn codec_params_version(&self) -> u64 {
+        self.reader.codec_params_version()
+    }
+
+    /// Copies the codec parameters into `out`; returns their version.
+    ///
+    /// # Errors
+    /// As [`PacketReader::codec_params`].
+    pub fn codec_params(&self, out: &mut Vec<u8>) -> Result<u64> {
+        self.reader.codec_params(out)
+    }
+
+    fn wait(&mut self, deadline: Instant, timeout: Duration) -> Result<()> {
+        if self.draining {
+            return Err(self.gone());
+        }
+        let outcome = {
+            let h: &PacketHeader = self.reader.header_for_wait();
+            let bell = Bell {
+                seq: &h.seq.write_seq,
+                producer: &h.producer,
+                doorbell: &h.doorbell,
+            };
+            let lease = &self.lease;
+            protocol::wait_on(
+                bell,
+                lease.entry(),
+                self.reader.waiting_for(),
+                deadline,
+                self.opts.spin,
+                self.opts.park_slice,
+                || lease.quiet(),
+            )
+        };
+        match outcome {
+            WaitOutcome::Advanced(_) => Ok(()),
+            // Closed in order: drain what is left, then report it.
+            WaitOutcome::ProducerClosed => {
+                self.draining = true;
+                Ok(())
+            }
+            WaitOutcome::TimedOut => {
+                self.lease()?;
+                if self.draining {
+                    return Ok(());
+                }
+                Err(Error::Timeout(timeout, "the next packet"))
+            }
+            WaitOutcome::Stopped => self.lease(),
+        }
+    }
+
+    /// Says goodbye to the publisher. Also done on drop.
+    pub fn close(&mut self) {
+        self.lease.bye();
+    }
+}
+
+impl Drop for PacketSubscriber {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

@@ -1,0 +1,258 @@
+//! The subscriber's half of the handshake and of the lease, shared by the
+//! frame-ring [`crate::Subscriber`] and the packet-ring
+//! [`crate::packet::PacketSubscriber`].
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::layout::{SubEntry, SubsHeader, SUB_ACTIVE};
+use crate::shm::Region;
+use crate::socket::msg::{self, Hello, Msg, Welcome};
+use crate::socket::transport;
+use crate::sync::atomic::Ordering;
+
+/// Connects to `path`, sends `hello`, and waits up to `timeout` for the
+/// Welcome. Returns the connection, the Welcome and its descriptors.
+///
+/// # Errors
+/// [`Error::Io`] when nothing listens; [`Error::Refused`] or
+/// [`Error::VersionMismatch`] when the publisher says no; [`Error::Timeout`];
+/// [`Error::BadMessage`] for anything but a Welcome or a Reject.
+pub(crate) fn request(path: &Path, hello: Hello, timeout: Duration) -> Result<(OwnedFd, Welcome, Vec<OwnedFd>)> {
+    let sock = transport::connect(path)?;
+    transport::send(sock.as_fd(), &Msg::Hello(hello).encode(), &[])?;
+    let got = transport::recv(sock.as_fd(), timeout)?.ok_or(Error::Timeout(timeout, "the publisher's Welcome"))?;
+    let welcome = match Msg::decode(&got.bytes) {
+        Ok(Msg::Welcome(w)) => w,
+        Ok(Msg::Reject(n)) => {
+            let h = Msg::header(&got.bytes)?;
+            if n.code == msg::REJECT_VERSION || h.version != msg::PROTOCOL_VERSION {
+                return Err(Error::VersionMismatch {
+                    peer_role: "publisher",
+                    peer: h.version,
+                    ours: msg::PROTOCOL_VERSION,
+                });
+            }
+            return Err(Error::Refused {
+                code: n.code,
+                reason: n.reason,
+            });
+        }
+        Ok(other) => {
+            return Err(Error::BadMessage(format!(
+                "expected Welcome, got kind {}",
+                other.kind()
+            )))
+        }
+        Err(Error::VersionMismatch { peer, ours, .. }) => {
+            return Err(Error::VersionMismatch {
+                peer_role: "publisher",
+                peer,
+                ours,
+            })
+        }
+        Err(e) => return Err(e),
+    };
+    Ok((sock, welcome, got.fds))
+}
+
+/// A subscriber's lease: its connection and its entry in the publisher's
+/// subscriber table. The lease ends when the publisher closes or dies
+/// ([`Error::ProducerGone`]) or evicts us ([`Error::Evicted`]); from then on
+/// every call returns that error again.
+pub(crate) struct Lease {
+    sock: OwnedFd,
+    subs: Arc<Region>,
+    index: usize,
+    generation: u32,
+    max_subscribers: u32,
+    epoch: u64,
+    gone: Option<Error>,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("index", &self.index)
+            .field("generation", &self.generation)
+            .field("gone", &self.gone)
+            .finish()
+    }
+}
+
+impl Lease {
+    /// Takes up the entry a Welcome assigned, in a subscriber table mapped
+    /// read-write (already validated against the ring: `max_subscribers`
+    /// entries, `epoch`).
+    ///
+    /// # Errors
+    /// [`Error::LayoutMismatch`] when the index is out of range or the entry
+    /// is not active with the Welcome's generation.
+    pub(crate) fn new(
+        sock: OwnedFd,
+        subs: Region,
+        welcome: &Welcome,
+        max_subscribers: u32,
+        epoch: u64,
+    ) -> Result<Lease> {
+        let index = welcome.index as usize;
+        if index >= max_subscribers as usize {
+            return Err(Error::LayoutMismatch(format!("subscriber index {index} out of range")));
+        }
+        let lease = Lease {
+            sock,
+            subs: Arc::new(subs),
+            index,
+            generation: welcome.generation,
+            max_subscribers,
+            epoch,
+            gone: None,
+        };
+        if !lease.still_ours() {
+            return Err(Error::LayoutMismatch("our subscriber entry is not active".into()));
+        }
+        Ok(lease)
+    }
+
+    /// The connection.
+    pub(crate) fn sock(&self) -> &OwnedFd {
+        &self.sock
+    }
+
+    /// Our table index.
+    pub(crate) fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Our entry in the subscriber table.
+    pub(crate) fn entry(&self) -> &SubEntry {
+        &self
+            .subs
+            .slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.max_subscribers as usize)[self.index]
+    }
+
+    /// A handle on our entry that keeps the table mapped.
+    pub(crate) fn entry_ref(&self) -> EntryRef {
+        EntryRef {
+            subs: Arc::clone(&self.subs),
+            offset: std::mem::size_of::<SubsHeader>() + self.index * std::mem::size_of::<SubEntry>(),
+        }
+    }
+
+    /// Whether the entry is still active and ours (two loads).
+    pub(crate) fn still_ours(&self) -> bool {
+        let e = self.entry();
+        // SYNC: sub-state — Acquire pairs with the publisher's Release (the
+        // service's at connect, the producer's at eviction); the cursor the
+        // service set is then visible.
+        e.state.load(Ordering::Acquire) == SUB_ACTIVE && e.generation.load(Ordering::Relaxed) == self.generation
+    }
+
+    /// The terminal error, once the lease has ended.
+    pub(crate) fn gone(&self) -> Option<&Error> {
+        self.gone.as_ref()
+    }
+
+    /// Records the end of the lease and returns the error.
+    pub(crate) fn end(&mut self, e: Error) -> Error {
+        self.gone = Some(clone_gone(&e));
+        e
+    }
+
+    /// The cheap per-call check: two loads while all is well; otherwise
+    /// [`Lease::check`].
+    ///
+    /// # Errors
+    /// The lease's terminal error.
+    pub(crate) fn ensure(&mut self) -> Result<()> {
+        if let Some(e) = &self.gone {
+            return Err(clone_gone(e));
+        }
+        if !self.still_ours() {
+            return self.check();
+        }
+        Ok(())
+    }
+
+    /// For a waiter between park slices: `false` when it should stop
+    /// waiting and call [`Lease::check`] (entry lost, or the socket has
+    /// something to say: a Bye, an Evicted notice, EOF).
+    pub(crate) fn quiet(&self) -> bool {
+        self.still_ours() && !transport::readable(self.sock.as_fd(), Duration::ZERO).unwrap_or(true)
+    }
+
+    /// Checks the lease: the publisher's socket, an Evicted notice, our
+    /// entry.
+    ///
+    /// # Errors
+    /// [`Error::ProducerGone`] on Bye or EOF, [`Error::Evicted`] when our
+    /// entry was taken back; the same error on every later call.
+    pub(crate) fn check(&mut self) -> Result<()> {
+        if let Some(e) = &self.gone {
+            return Err(clone_gone(e));
+        }
+        let evicted = !self.still_ours();
+        let mut err = None;
+        if transport::readable(self.sock.as_fd(), Duration::ZERO)? {
+            match transport::recv(self.sock.as_fd(), Duration::ZERO) {
+                Ok(Some(m)) => match Msg::decode(&m.bytes) {
+                    Ok(Msg::Evicted(n)) => err = Some(Error::Evicted { reason: n.reason }),
+                    Ok(Msg::Bye) => err = Some(Error::ProducerGone { epoch: self.epoch }),
+                    _ => {}
+                },
+                Ok(None) => {}
+                Err(_) => err = Some(Error::ProducerGone { epoch: self.epoch }),
+            }
+        }
+        if err.is_none() && evicted {
+            // The publisher's notice (with its reason) follows the entry's
+            // release within one service tick; wait a little for it.
+            let notice = match transport::recv(self.sock.as_fd(), Duration::from_millis(100)) {
+                Ok(Some(m)) => match Msg::decode(&m.bytes) {
+                    Ok(Msg::Evicted(n)) => Some(n.reason),
+                    _ => None,
+                },
+                _ => None,
+            };
+            err = Some(Error::Evicted {
+                reason: notice.unwrap_or_else(|| "our subscriber entry was released by the publisher".into()),
+            });
+        }
+        match err {
+            Some(e) => Err(self.end(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Says goodbye (best effort).
+    pub(crate) fn bye(&self) {
+        let _ = transport::send(self.sock.as_fd(), &Msg::Bye.encode(), &[]);
+    }
+}
+
+/// An owned handle on one entry of a mapped subscriber table.
+#[derive(Debug, Clone)]
+pub(crate) struct EntryRef {
+    subs: Arc<Region>,
+    offset: usize,
+}
+
+impl EntryRef {
+    /// The entry (in range: the index was checked by [`Lease::new`]).
+    pub(crate) fn get(&self) -> &SubEntry {
+        self.subs.at(self.offset)
+    }
+}
+
+/// A copy of a terminal error (the lease ended), to return it again on
+/// every later call.
+pub(crate) fn clone_gone(e: &Error) -> Error {
+    match e {
+        Error::Evicted { reason } => Error::Evicted { reason: reason.clone() },
+        Error::ProducerGone { epoch } => Error::ProducerGone { epoch: *epoch },
+        _ => Error::ProducerGone { epoch: 0 },
+    }
+}
