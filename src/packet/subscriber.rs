@@ -203,13 +203,26 @@ impl PacketSubscriber {
         if self.draining {
             return Ok(());
         }
-        match self.lease.ensure() {
-            Ok(()) => Ok(()),
+        let checked = self.lease.ensure();
+        self.drain_if_gone(checked)
+    }
+
+    /// The full check (the socket too), for a waiter that was told to stop.
+    fn lease_full(&mut self) -> Result<()> {
+        if self.draining {
+            return Ok(());
+        }
+        let checked = self.lease.check();
+        self.drain_if_gone(checked)
+    }
+
+    fn drain_if_gone(&mut self, checked: Result<()>) -> Result<()> {
+        match checked {
             Err(Error::ProducerGone { .. }) => {
                 self.draining = true;
                 Ok(())
             }
-            Err(e) => Err(e),
+            other => other,
         }
     }
 
@@ -328,13 +341,13 @@ impl PacketSubscriber {
                 Ok(())
             }
             WaitOutcome::TimedOut => {
-                self.lease()?;
+                self.lease_full()?;
                 if self.draining {
                     return Ok(());
                 }
                 Err(Error::Timeout(timeout, "the next packet"))
             }
-            WaitOutcome::Stopped => self.lease(),
+            WaitOutcome::Stopped => self.lease_full(),
         }
     }
 
