@@ -1,17 +1,19 @@
 /*
  * vramring.h: the shared-memory layout and socket messages of vramring.
  *
- * Layout version 1 (VR_LAYOUT_VERSION), socket protocol version 1
+ * Layout version 1 (VR_LAYOUT_VERSION), packet-ring layout version 1
+ * (VR_PACKET_LAYOUT_VERSION), socket protocol version 1
  * (VR_PROTOCOL_VERSION). proto/PROTOCOL.md is the prose reference; this
  * header is the byte-exact one. tests/c_layout.rs compiles a program against
  * this header and checks every size, offset and constant against the Rust
- * crate (src/layout.rs, src/format.rs, src/socket/msg.rs).
+ * crate (src/layout.rs, src/format.rs, src/packet/layout.rs,
+ * src/socket/msg.rs).
  *
  * Conventions
  *  - Everything is little-endian and fixed-width. No pointers, no bool, no
  *    enums: every code is a uint32_t compared against the constants below.
  *  - Shared-memory structs (vr_ring_* , vr_slot_desc, vr_subs_header,
- *    vr_sub_entry) are declared with plain uint32_t / uint64_t fields. Every
+ *    vr_sub_entry, vr_packet_*) are declared with plain uint32_t / uint64_t fields. Every
  *    one of those fields MUST be accessed atomically, with the memory order
  *    PROTOCOL.md names (e.g. __atomic_load_n(&h->seq.global_seq,
  *    __ATOMIC_ACQUIRE)); "relaxed" where it says nothing. Never memcpy a
@@ -20,6 +22,10 @@
  *  - The shared structs have no implicit padding: the tail of every
  *    128-byte line is spelled out as a `_pad` array (padding, not reserved:
  *    never read, never written). `reserved*` fields are zero in this version.
+ *  - The packet ring (PROTOCOL.md section 17) is served on a socket of its
+ *    own with the same messages; its region is vr_packet_header, the
+ *    records, then a byte data area. Mask every record index with
+ *    (record_count - 1) and every byte position with (data_bytes - 1).
  *  - Message structs (vr_msg_header, vr_hello, vr_welcome, vr_notice,
  *    vr_attach) are packed records of exactly the bytes on the wire. Their
  *    fields are little-endian; on a big-endian host byte-swap them.
@@ -36,10 +42,12 @@
 #if defined(__cplusplus)
 #define VR_STATIC_ASSERT(c, m) static_assert(c, m)
 #define VR_ALIGN128 alignas(128)
+#define VR_ALIGN64 alignas(64)
 #define VR_ALIGNOF(t) alignof(t)
 #else
 #define VR_STATIC_ASSERT(c, m) _Static_assert(c, m)
 #define VR_ALIGN128 _Alignas(128)
+#define VR_ALIGN64 _Alignas(64)
 #define VR_ALIGNOF(t) _Alignof(t)
 #endif
 
@@ -267,6 +275,131 @@ typedef struct vr_sub_entry {
     ((uint64_t)sizeof(vr_subs_header) + (uint64_t)(max_subscribers) * (uint64_t)sizeof(vr_sub_entry))
 
 /* ======================================================================
+ * Packet ring (src/packet/layout.rs; PROTOCOL.md section 17): encoded
+ * video (H.264/H.265 access units) as variable-length packets in a byte
+ * ring, served on its own socket.
+ *
+ * Packet region (memfd #0 of a packet Welcome, mapped read-only):
+ *     vr_packet_header                  at 0
+ *     vr_packet_record[record_count]    at sizeof(vr_packet_header) = 4864
+ *     data area (data_bytes bytes)      at VR_PACKET_DATA_OFFSET(record_count)
+ *     total VR_PACKET_REGION_BYTES(record_count, data_bytes)
+ * Subscriber table (memfd #1, mapped read-write): as the frame ring's.
+ *
+ * Byte positions are free-running uint64_t; position p lives at
+ * data_offset + (p & (data_bytes - 1)). A packet never wraps: one that does
+ * not fit before the end of the data area starts at the next multiple of
+ * data_bytes (the skipped bytes are padding). Seq s has record
+ * s & (record_count - 1).
+ * ====================================================================== */
+
+/* Magic of the packet region: the bytes "VRPACKET" read as a LE u64. */
+#define VR_PACKET_MAGIC UINT64_C(0x54454b4341505256)
+/* Version of the packet-ring layout; also the region's ready word. */
+#define VR_PACKET_LAYOUT_VERSION 1u
+
+#define VR_PACKET_PARAMS_BYTES 4096u      /* codec-parameters area             */
+#define VR_PACKET_PARAMS_WORDS 512u       /* ... in u64 words                  */
+#define VR_PACKET_MIN_RECORDS 2u          /* record_count is a power of two in */
+#define VR_PACKET_MAX_RECORDS (1u << 20)  /* MIN..=MAX                         */
+#define VR_PACKET_MIN_DATA_BYTES UINT64_C(4096)          /* data_bytes is a power */
+#define VR_PACKET_MAX_DATA_BYTES (UINT64_C(1) << 32)     /* of two in MIN..=MAX   */
+#define VR_PACKET_DATA_ALIGN UINT64_C(4096) /* data_offset % this == 0          */
+
+/* vr_packet_record.flags */
+#define VR_PACKET_KEY 1u            /* keyframe (IDR / IRAP): a decoder can start here */
+#define VR_PACKET_DISCONTINUITY 2u  /* a discontinuity precedes this packet         */
+
+/* Record and params seq bit: being written for the seq in the low 63 bits. */
+#define VR_PACKET_WRITING (UINT64_C(1) << 63)
+
+/* Seals a subscriber must find on the packet region's memfd (fd 0 of a
+ * packet Welcome); the subscriber table (fd 1) carries VR_SUBS_SEALS. */
+#define VR_PACKET_RING_SEALS VR_CONTROL_SEALS
+
+/* Immutable description. The writer stores every field, then layout_version
+ * (SYNC: packet-ready, Release); a reader loads layout_version with Acquire
+ * first. */
+typedef struct vr_packet_info {
+    VR_ALIGN128 uint64_t magic;     /*   0 VR_PACKET_MAGIC                       */
+    uint32_t layout_version;        /*   8 VR_PACKET_LAYOUT_VERSION; 0 until ready */
+    uint32_t header_bytes;          /*  12 sizeof(vr_packet_header) = 4864       */
+    uint64_t region_bytes;          /*  16 bytes of the whole packet region      */
+    uint64_t epoch;                 /*  24 random per writer instance            */
+    uint64_t data_offset;           /*  32 VR_PACKET_DATA_OFFSET(record_count)   */
+    uint64_t data_bytes;            /*  40 power of two                          */
+    uint64_t records_offset;        /*  48 offset of record 0 = 4864             */
+    uint32_t record_count;          /*  56 power of two                          */
+    uint32_t record_bytes;          /*  60 sizeof(vr_packet_record) = 64         */
+    uint32_t max_packet;            /*  64 largest packet; 2*max_packet <= data_bytes */
+    uint32_t codec;                 /*  68 stream codec (application code, e.g. a FourCC) */
+    uint32_t params_capacity;       /*  72 VR_PACKET_PARAMS_BYTES                */
+    uint32_t reserved0;             /*  76 zero                                  */
+    uint64_t reserved[6];           /*  80 zero                                  */
+} vr_packet_info;                   /* 128 */
+
+/* The newest committed packet, alone on its line (readers poll it). */
+typedef struct vr_packet_seq_line {
+    VR_ALIGN128 uint64_t write_seq; /*   0 0 = none yet; SYNC: packet-write-seq  */
+    uint8_t _pad[120];
+} vr_packet_seq_line;
+
+/* Byte-ring positions and the newest keyframe. */
+typedef struct vr_packet_tail_line {
+    VR_ALIGN128 uint64_t tail;      /*   0 lowest byte position still intact; raised
+                                     before lower bytes are overwritten. SYNC: packet-tail */
+    uint64_t head;                  /*   8 position after the newest packet (informational) */
+    uint64_t keyframe_seq;          /*  16 newest committed keyframe, 0 none; SYNC: packet-keyframe */
+    uint8_t _pad[104];              /*  24 padding to the 128-byte line          */
+} vr_packet_tail_line;
+
+/* Codec parameters (SPS/PPS/VPS or extradata) under their own seqlock. */
+typedef struct vr_packet_params {
+    VR_ALIGN128 uint64_t seq;       /*   0 version v, 0 never set; v|VR_PACKET_WRITING
+                                     while rewritten. SYNC: params-seq        */
+    uint32_t len;                   /*   8 bytes in use, <= VR_PACKET_PARAMS_BYTES */
+    uint32_t reserved0;             /*  12 zero                                  */
+    uint64_t reserved[14];          /*  16 zero                                  */
+    uint64_t data[VR_PACKET_PARAMS_WORDS]; /* 128 the bytes, in LE word order    */
+} vr_packet_params;                 /* 4224 */
+
+/* The head of the packet region. producer and doorbell are the frame
+ * ring's line structs, with the same meaning (producer.published counts
+ * packets: == write_seq). */
+typedef struct vr_packet_header {
+    vr_packet_info info;            /*    0 */
+    vr_packet_seq_line seq;         /*  128 */
+    vr_packet_tail_line tail;       /*  256 */
+    vr_producer_line producer;      /*  384 SYNC: producer-state                 */
+    vr_doorbell_line doorbell;      /*  512 SYNC: doorbell                       */
+    vr_packet_params params;        /*  640 */
+} vr_packet_header;                 /* 4864 */
+
+/* One packet's record; seq s has record s & (record_count - 1). Written only
+ * by the writer, under the seqlock rule (PROTOCOL.md section 17.6). */
+typedef struct vr_packet_record {
+    VR_ALIGN64 uint64_t seq;        /*   0 s; s|VR_PACKET_WRITING while written; 0 never.
+                                     SYNC: packet-record                      */
+    uint64_t offset;                /*   8 free-running position of the first byte;
+                                     contiguous at offset & (data_bytes - 1)   */
+    uint32_t len;                   /*  16 bytes of the packet (<= max_packet)   */
+    uint32_t flags;                 /*  20 VR_PACKET_*                           */
+    uint64_t pts;                   /*  24 presentation timestamp (int64 bits)   */
+    uint64_t dts;                   /*  32 decode timestamp (int64 bits)         */
+    uint32_t codec;                 /*  40 codec of this packet                  */
+    uint32_t reserved0;             /*  44 zero                                  */
+    uint64_t commit_ns;             /*  48 CLOCK_MONOTONIC at commit             */
+    uint64_t reserved;              /*  56 zero                                  */
+} vr_packet_record;                 /* 64 */
+
+/* Byte offset of the data area and bytes of the packet region. */
+#define VR_PACKET_DATA_OFFSET(record_count)                                              \
+    (((uint64_t)sizeof(vr_packet_header) + (uint64_t)(record_count) * (uint64_t)sizeof(vr_packet_record) + \
+      VR_PACKET_DATA_ALIGN - 1) & ~(VR_PACKET_DATA_ALIGN - 1))
+#define VR_PACKET_REGION_BYTES(record_count, data_bytes) \
+    (VR_PACKET_DATA_OFFSET(record_count) + (uint64_t)(data_bytes))
+
+/* ======================================================================
  * Socket messages (src/socket/msg.rs): one record per SOCK_SEQPACKET
  * datagram, little-endian, packed.
  * ====================================================================== */
@@ -282,7 +415,8 @@ typedef struct vr_sub_entry {
 
 /* vr_msg_header.kind */
 #define VR_KIND_HELLO 1u    /* subscriber -> publisher, first message          */
-#define VR_KIND_WELCOME 2u  /* publisher -> subscriber, with exactly 3 fds     */
+#define VR_KIND_WELCOME 2u  /* publisher -> subscriber, with exactly 3 fds
+                               (frame ring) or 2 fds (packet ring)             */
 #define VR_KIND_REJECT 3u   /* publisher -> subscriber, then close             */
 #define VR_KIND_EVICTED 4u  /* publisher -> subscriber, then close             */
 #define VR_KIND_BYE 5u      /* either side, header only                        */
@@ -294,6 +428,8 @@ typedef struct vr_sub_entry {
 #define VR_HELLO_SEQUENTIAL 2u
 #define VR_HELLO_WRITE 4u
 #define VR_HELLO_PUSH 8u    /* push delivery (Latest, not lossless; section 16) */
+#define VR_HELLO_PACKETS 16u /* a packet ring, not a frame ring (section 17); a
+                               publisher of the other kind answers VR_REJECT_KIND */
 
 /* vr_hello.backends: one bit per importable backend */
 #define VR_BACKEND_BIT(backend) (1u << (backend))
@@ -307,6 +443,8 @@ typedef struct vr_sub_entry {
 #define VR_REJECT_BAD_HELLO 6u
 #define VR_REJECT_SHUTDOWN 7u
 #define VR_REJECT_WRITE_DENIED 8u
+#define VR_REJECT_KIND 9u   /* the socket serves the other kind of ring (frames
+                               vs packets: VR_HELLO_PACKETS)                    */
 #define VR_EVICT_LEASE 16u
 #define VR_EVICT_ATTACH 17u /* push buffers could not be attached (reserved: not
                                sent; the subscriber stays on pull delivery)     */
@@ -335,7 +473,10 @@ typedef struct VR_PACKED vr_hello {
 } vr_hello;                         /* 112 */
 
 /* Publisher -> subscriber, with SCM_RIGHTS fds: [0] control memfd,
- * [1] subscriber-table memfd, [2] pool fd. */
+ * [1] subscriber-table memfd, [2] pool fd. A packet ring's Welcome (granted
+ * has VR_HELLO_PACKETS) carries 2: [0] packet-region memfd, [1]
+ * subscriber-table memfd; control_bytes is then the packet region's
+ * region_bytes, backend VR_BACKEND_HOST, pool_bytes 0. */
 typedef struct VR_PACKED vr_welcome {
     vr_msg_header hdr;              /*  0 kind VR_KIND_WELCOME, body_len 96      */
     uint32_t index;                 /* 16 our entry in the subscriber table      */
@@ -424,6 +565,49 @@ VR_STATIC_ASSERT(offsetof(vr_sub_entry, push_seq) == 96, "sub push_seq");
 VR_STATIC_ASSERT(sizeof(((vr_sub_entry *)0)->push_seq) == 24, "sub push_seq size");
 VR_STATIC_ASSERT(offsetof(vr_sub_entry, push_held) == 120, "sub push_held");
 VR_STATIC_ASSERT(offsetof(vr_sub_entry, push_count) == 124, "sub push_count");
+
+VR_STATIC_ASSERT(sizeof(vr_packet_info) == 128, "vr_packet_info size");
+VR_STATIC_ASSERT(offsetof(vr_packet_info, layout_version) == 8, "packet layout_version");
+VR_STATIC_ASSERT(offsetof(vr_packet_info, header_bytes) == 12, "packet header_bytes");
+VR_STATIC_ASSERT(offsetof(vr_packet_info, region_bytes) == 16, "packet region_bytes");
+VR_STATIC_ASSERT(offsetof(vr_packet_info, epoch) == 24, "packet epoch");
+VR_STATIC_ASSERT(offsetof(vr_packet_info, data_offset) == 32, "packet data_offset");
+VR_STATIC_ASSERT(offsetof(vr_packet_info, data_bytes) == 40, "packet data_bytes");
+VR_STATIC_ASSERT(offsetof(vr_packet_info, records_offset) == 48, "packet records_offset");
+VR_STATIC_ASSERT(offsetof(vr_packet_info, record_count) == 56, "packet record_count");
+VR_STATIC_ASSERT(offsetof(vr_packet_info, record_bytes) == 60, "packet record_bytes");
+VR_STATIC_ASSERT(offsetof(vr_packet_info, max_packet) == 64, "packet max_packet");
+VR_STATIC_ASSERT(offsetof(vr_packet_info, codec) == 68, "packet codec");
+VR_STATIC_ASSERT(offsetof(vr_packet_info, params_capacity) == 72, "packet params_capacity");
+VR_STATIC_ASSERT(offsetof(vr_packet_info, reserved0) == 76, "packet reserved0");
+VR_STATIC_ASSERT(offsetof(vr_packet_info, reserved) == 80, "packet reserved");
+VR_STATIC_ASSERT(sizeof(vr_packet_seq_line) == 128, "vr_packet_seq_line size");
+VR_STATIC_ASSERT(sizeof(vr_packet_tail_line) == 128, "vr_packet_tail_line size");
+VR_STATIC_ASSERT(offsetof(vr_packet_tail_line, head) == 8, "packet head");
+VR_STATIC_ASSERT(offsetof(vr_packet_tail_line, keyframe_seq) == 16, "packet keyframe_seq");
+VR_STATIC_ASSERT(offsetof(vr_packet_params, len) == 8, "params len");
+VR_STATIC_ASSERT(offsetof(vr_packet_params, reserved) == 16, "params reserved");
+VR_STATIC_ASSERT(offsetof(vr_packet_params, data) == 128, "params data");
+VR_STATIC_ASSERT(sizeof(vr_packet_params) == 128 + VR_PACKET_PARAMS_BYTES, "vr_packet_params size");
+VR_STATIC_ASSERT(sizeof(vr_packet_header) == 4864, "vr_packet_header size");
+VR_STATIC_ASSERT(VR_ALIGNOF(vr_packet_header) == 128, "vr_packet_header align");
+VR_STATIC_ASSERT(offsetof(vr_packet_header, seq) == 128, "packet seq line");
+VR_STATIC_ASSERT(offsetof(vr_packet_header, tail) == 256, "packet tail line");
+VR_STATIC_ASSERT(offsetof(vr_packet_header, producer) == 384, "packet producer line");
+VR_STATIC_ASSERT(offsetof(vr_packet_header, doorbell) == 512, "packet doorbell line");
+VR_STATIC_ASSERT(offsetof(vr_packet_header, params) == 640, "packet params");
+VR_STATIC_ASSERT(sizeof(vr_packet_record) == 64, "vr_packet_record size");
+VR_STATIC_ASSERT(VR_ALIGNOF(vr_packet_record) == 64, "vr_packet_record align");
+VR_STATIC_ASSERT(offsetof(vr_packet_record, offset) == 8, "record offset");
+VR_STATIC_ASSERT(offsetof(vr_packet_record, len) == 16, "record len");
+VR_STATIC_ASSERT(offsetof(vr_packet_record, flags) == 20, "record flags");
+VR_STATIC_ASSERT(offsetof(vr_packet_record, pts) == 24, "record pts");
+VR_STATIC_ASSERT(offsetof(vr_packet_record, dts) == 32, "record dts");
+VR_STATIC_ASSERT(offsetof(vr_packet_record, codec) == 40, "record codec");
+VR_STATIC_ASSERT(offsetof(vr_packet_record, reserved0) == 44, "record reserved0");
+VR_STATIC_ASSERT(offsetof(vr_packet_record, commit_ns) == 48, "record commit_ns");
+VR_STATIC_ASSERT(offsetof(vr_packet_record, reserved) == 56, "record reserved");
+VR_STATIC_ASSERT(VR_PACKET_DATA_OFFSET(2) == 8192, "packet data offset, 2 records");
 
 VR_STATIC_ASSERT(sizeof(vr_msg_header) == VR_HEADER_BYTES, "vr_msg_header size");
 VR_STATIC_ASSERT(sizeof(vr_hello) == VR_HEADER_BYTES + VR_HELLO_BODY_BYTES, "vr_hello size");

@@ -5,16 +5,19 @@
 //! offset and size, constants, message records, and a decode of messages the
 //! Rust encoder produced), compiles it with the system C compiler (`$CC`,
 //! else `cc`), runs it, and compares every line with the value the Rust side
-//! computes from `vramring::layout`, `vramring::format` and
-//! `vramring::socket::msg`. The C code in `proto/PROTOCOL.md` is compiled
-//! too: its test-pattern functions are checked against
-//! `vramring::testpattern`, and its push-delivery claim, complete and take
-//! (section 16.5) against `vramring::protocol::push`. A missing C compiler is
-//! a failure, never a skip.
+//! computes from `vramring::layout`, `vramring::format`,
+//! `vramring::packet::layout` and `vramring::socket::msg`. The C code in
+//! `proto/PROTOCOL.md` is compiled too: its test-pattern functions are
+//! checked against `vramring::testpattern`, its push-delivery claim,
+//! complete and take (section 16.5) against `vramring::protocol::push`, and
+//! its packet reader (section 17.12) is run on a packet ring the Rust writer
+//! filled and checked against `vramring::packet::PacketReader`. A missing C
+//! compiler is a failure, never a skip.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::mem::{align_of, offset_of, size_of};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::Ordering;
@@ -23,10 +26,15 @@ use vramring::format;
 use vramring::layout::{
     self, DoorbellLine, ProducerLine, RingHeader, RingInfo0, SeqLine, SlotDesc, SubEntry, SubsHeader,
 };
+use vramring::packet::layout::{
+    self as packet_layout, PacketHeader, PacketInfo, PacketRecord, PacketRingInfo, PacketSeqLine, PacketTailLine,
+    ParamsArea,
+};
+use vramring::packet::{Packet, PacketMeta, PacketReader, PacketRingConfig, PacketWriter};
 use vramring::protocol::push;
 use vramring::socket::msg::{self, Attach, Hello, Msg, Notice, Welcome};
 use vramring::socket::transport;
-use vramring::Format;
+use vramring::{Error, Format};
 
 /// One line the C program prints and the value Rust expects for it.
 struct Check {
@@ -151,6 +159,91 @@ fn shared_layout(c: &mut Checks) {
     c.push("VR_SUBS_BYTES(1)", "VR_SUBS_BYTES(1)", layout::subs_bytes(1));
 }
 
+fn packet_layout(c: &mut Checks) {
+    shared_struct!(c, "vr_packet_info", PacketInfo, pad: false, [
+        magic, layout_version, header_bytes, region_bytes, epoch, data_offset, data_bytes,
+        records_offset, record_count, record_bytes, max_packet, codec, params_capacity, reserved0,
+        reserved,
+    ]);
+    shared_struct!(c, "vr_packet_seq_line", PacketSeqLine, pad: true, [write_seq]);
+    shared_struct!(c, "vr_packet_tail_line", PacketTailLine, pad: true, [tail, head, keyframe_seq]);
+    shared_struct!(c, "vr_packet_params", ParamsArea, pad: false, [seq, len, reserved0, reserved, data]);
+    shared_struct!(c, "vr_packet_header", PacketHeader, pad: false, [info, seq, tail, producer, doorbell, params]);
+    shared_struct!(c, "vr_packet_record", PacketRecord, pad: false, [
+        seq, offset, len, flags, pts, dts, codec, reserved0, commit_ns, reserved,
+    ]);
+    // The hot words, as a reader of another language addresses them.
+    for (label, c_member, rust) in [
+        (
+            "write_seq",
+            "seq.write_seq",
+            offset_of!(PacketHeader, seq) + offset_of!(PacketSeqLine, write_seq),
+        ),
+        (
+            "tail",
+            "tail.tail",
+            offset_of!(PacketHeader, tail) + offset_of!(PacketTailLine, tail),
+        ),
+        (
+            "keyframe_seq",
+            "tail.keyframe_seq",
+            offset_of!(PacketHeader, tail) + offset_of!(PacketTailLine, keyframe_seq),
+        ),
+        (
+            "producer.state",
+            "producer.state",
+            offset_of!(PacketHeader, producer) + offset_of!(ProducerLine, state),
+        ),
+        (
+            "doorbell",
+            "doorbell.doorbell",
+            offset_of!(PacketHeader, doorbell) + offset_of!(DoorbellLine, doorbell),
+        ),
+        (
+            "params.seq",
+            "params.seq",
+            offset_of!(PacketHeader, params) + offset_of!(ParamsArea, seq),
+        ),
+        (
+            "params.data",
+            "params.data",
+            offset_of!(PacketHeader, params) + offset_of!(ParamsArea, data),
+        ),
+    ] {
+        c.push(
+            format!("vr_packet_header hot {label}"),
+            format!("offsetof(vr_packet_header, {c_member})"),
+            rust,
+        );
+    }
+    // Region geometry, against the layout rule the Rust writer and
+    // validator use.
+    for (records, data) in [
+        (2u32, 4096u64),
+        (8, 4096),
+        (64, 1 << 20),
+        (1024, 8 << 20),
+        (1 << 20, 1 << 32),
+    ] {
+        let info = PacketRingInfo::new(data, records, (data / 2) as u32, 0, 1).expect("a valid packet ring");
+        c.push(
+            format!("VR_PACKET_DATA_OFFSET({records})"),
+            format!("VR_PACKET_DATA_OFFSET({records}u)"),
+            info.data_offset,
+        );
+        c.push(
+            format!("VR_PACKET_REGION_BYTES({records}, {data})"),
+            format!("VR_PACKET_REGION_BYTES({records}u, UINT64_C({data}))"),
+            info.region_bytes,
+        );
+        c.push(
+            format!("records_offset({records})"),
+            "sizeof(vr_packet_header)",
+            info.records_offset,
+        );
+    }
+}
+
 fn constants(c: &mut Checks) {
     c.constant("VR_RING_MAGIC", layout::RING_MAGIC);
     c.constant("VR_SUBS_MAGIC", layout::SUBS_MAGIC);
@@ -180,6 +273,20 @@ fn constants(c: &mut Checks) {
     c.constant("VR_SUBF_PUSH", layout::SUBF_PUSH);
     c.constant("VR_FRAME_KEY", layout::FRAME_KEY);
     c.constant("VR_FRAME_DISCONTINUITY", layout::FRAME_DISCONTINUITY);
+
+    c.constant("VR_PACKET_MAGIC", packet_layout::PACKET_MAGIC);
+    c.constant("VR_PACKET_LAYOUT_VERSION", packet_layout::PACKET_LAYOUT_VERSION);
+    c.constant("VR_PACKET_PARAMS_BYTES", packet_layout::PARAMS_BYTES);
+    c.constant("VR_PACKET_PARAMS_WORDS", packet_layout::PARAMS_WORDS);
+    c.constant("VR_PACKET_MIN_RECORDS", packet_layout::MIN_RECORDS);
+    c.constant("VR_PACKET_MAX_RECORDS", packet_layout::MAX_RECORDS);
+    c.constant("VR_PACKET_MIN_DATA_BYTES", packet_layout::MIN_DATA_BYTES);
+    c.constant("VR_PACKET_MAX_DATA_BYTES", packet_layout::MAX_DATA_BYTES);
+    c.constant("VR_PACKET_DATA_ALIGN", packet_layout::DATA_ALIGN);
+    c.constant("VR_PACKET_KEY", packet_layout::PACKET_KEY);
+    c.constant("VR_PACKET_DISCONTINUITY", packet_layout::PACKET_DISCONTINUITY);
+    c.constant("VR_PACKET_WRITING", packet_layout::PACKET_WRITING);
+    assert_eq!(packet_layout::PACKET_MAGIC.to_le_bytes(), *b"VRPACKET");
 
     c.constant("VR_PITCH_ALIGN", format::PITCH_ALIGN);
     c.constant("VR_PLANE_ALIGN", format::PLANE_ALIGN);
@@ -220,6 +327,12 @@ fn constants(c: &mut Checks) {
     // What the publisher requires of a host subscriber's push buffers
     // (`HostPool::attach_target`).
     c.constant("VR_PUSH_HOST_SEALS", S::SHRINK.bits());
+    // What `PacketWriter` applies to the packet region and the subscriber
+    // requires (`SEALS_READ_ONLY`), checked on a real region below too.
+    c.constant(
+        "VR_PACKET_RING_SEALS",
+        (S::SHRINK | S::GROW | S::FUTURE_WRITE | S::SEAL).bits(),
+    );
 
     c.constant("VR_PROTOCOL_VERSION", msg::PROTOCOL_VERSION);
     c.constant("VR_MSG_MAGIC", msg::MSG_MAGIC);
@@ -238,6 +351,7 @@ fn constants(c: &mut Checks) {
     c.constant("VR_HELLO_SEQUENTIAL", msg::HELLO_SEQUENTIAL);
     c.constant("VR_HELLO_WRITE", msg::HELLO_WRITE);
     c.constant("VR_HELLO_PUSH", msg::HELLO_PUSH);
+    c.constant("VR_HELLO_PACKETS", msg::HELLO_PACKETS);
     c.push(
         "VR_BACKEND_BIT(VR_BACKEND_HOST)",
         "VR_BACKEND_BIT(VR_BACKEND_HOST)",
@@ -256,6 +370,7 @@ fn constants(c: &mut Checks) {
     c.constant("VR_REJECT_BAD_HELLO", msg::REJECT_BAD_HELLO);
     c.constant("VR_REJECT_SHUTDOWN", msg::REJECT_SHUTDOWN);
     c.constant("VR_REJECT_WRITE_DENIED", msg::REJECT_WRITE_DENIED);
+    c.constant("VR_REJECT_KIND", msg::REJECT_KIND);
     c.constant("VR_EVICT_LEASE", msg::EVICT_LEASE);
     c.constant("VR_EVICT_ATTACH", msg::EVICT_ATTACH);
 
@@ -601,6 +716,7 @@ fn protocol_md_code(c: &mut Checks) {
     let md_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("proto/PROTOCOL.md");
     let md = std::fs::read_to_string(&md_path).expect("reading proto/PROTOCOL.md");
     protocol_md_push(c, &md);
+    protocol_md_packets(c, &md);
 
     let pattern = doc_c_block(&md, "## Appendix A");
     let _ = writeln!(c.top, "/* PROTOCOL.md, Appendix A */\n{pattern}\n");
@@ -632,6 +748,232 @@ fn protocol_md_code(c: &mut Checks) {
          uint64_t last = 0, dropped = 0, overruns = 0, delivered = 0;\n\
          {reader}\n}}\n"
     );
+}
+
+/// FNV-1a of a packet's bytes; the C program computes the same.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// What one read of a packet reader returned.
+enum Step {
+    Got(Packet, u64),
+    Overrun(u64),
+    Nothing,
+}
+
+/// Reads until there is nothing left, recording every result.
+fn drain(r: &mut PacketReader) -> Vec<Step> {
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    loop {
+        assert!(out.len() < 64, "a packet reader that never runs dry");
+        match r.try_next_copy(&mut buf) {
+            Ok(Some(p)) => out.push(Step::Got(p, fnv(&buf))),
+            Ok(None) => {
+                out.push(Step::Nothing);
+                return out;
+            }
+            Err(Error::PacketOverrun { seq, .. }) => out.push(Step::Overrun(seq)),
+            Err(e) => panic!("packet reader: {e}"),
+        }
+    }
+}
+
+/// Emits a C reader named `name` over `pkt_ring`, started by `init` (C
+/// statements), that makes `steps.len()` reads, and checks each against
+/// the Rust reader's.
+fn c_packet_reader(c: &mut Checks, name: &str, init: &str, steps: &[Step]) {
+    let n = steps.len();
+    let _ = writeln!(
+        c.prelude,
+        "    vr_packet_reader {name}; memset(&{name}, 0, sizeof {name});\n\
+         \x20   memcpy(&{name}.I, pkt_ring, sizeof {name}.I); {name}.ring = pkt_ring;\n\
+         \x20   {init}\n\
+         \x20   int {name}_st[{n}]; vr_packet_meta {name}_m[{n}]; uint64_t {name}_h[{n}];\n\
+         \x20   for (int i = 0; i < {n}; i++) {{\n\
+         \x20       memset(&{name}_m[i], 0, sizeof {name}_m[i]);\n\
+         \x20       {name}_st[i] = vr_packet_next(&{name}, pkt_buf, &{name}_m[i]);\n\
+         \x20       {name}_h[i] = {name}_st[i] == VR_PKT_OK ? pkt_fnv(pkt_buf, {name}_m[i].len) : 0;\n\
+         \x20   }}\n\
+         \x20   (void){name}_h;"
+    );
+    for (i, step) in steps.iter().enumerate() {
+        let label = format!("packet reader {name} read {i}");
+        let m = format!("{name}_m[{i}]");
+        match step {
+            Step::Got(p, hash) => {
+                c.push(format!("{label} status"), format!("{name}_st[{i}]"), 1u32);
+                c.push(format!("{label} seq"), format!("{m}.seq"), p.seq);
+                c.push(format!("{label} len"), format!("{m}.len"), p.len);
+                c.push(format!("{label} flags"), format!("{m}.flags"), p.flags);
+                c.push(format!("{label} codec"), format!("{m}.codec"), p.codec);
+                c.push(format!("{label} pts"), format!("(uint64_t){m}.pts"), p.pts as u64);
+                c.push(format!("{label} dts"), format!("(uint64_t){m}.dts"), p.dts as u64);
+                c.push(format!("{label} commit_ns"), format!("{m}.commit_ns"), p.commit_ns);
+                c.push(format!("{label} skipped"), format!("{m}.skipped"), p.skipped);
+                c.push(format!("{label} bytes"), format!("{name}_h[{i}]"), *hash);
+            }
+            Step::Overrun(seq) => {
+                c.push(format!("{label} status"), format!("{name}_st[{i}]"), 2u32);
+                c.push(format!("{label} seq"), format!("{m}.seq"), *seq);
+            }
+            Step::Nothing => c.push(format!("{label} status"), format!("{name}_st[{i}]"), 0u32),
+        }
+    }
+}
+
+/// Writes packet `i` of the test stream: lengths that make the writer pad
+/// twice and lose keyframe 13's bytes while its record survives.
+fn write_test_packet(w: &mut PacketWriter, i: u64) {
+    let len = 200 + (i as usize * 397) % 600;
+    let data: Vec<u8> = (0..len).map(|k| (i as usize * 31 + k * 7) as u8).collect();
+    let mut flags = if i % 4 == 1 { packet_layout::PACKET_KEY } else { 0 };
+    if i == 10 {
+        flags |= packet_layout::PACKET_DISCONTINUITY;
+    }
+    let pts = i as i64 * 1000 - 5000;
+    let meta = PacketMeta {
+        pts,
+        dts: pts - 1,
+        flags,
+        codec: if i == 7 { u32::from_le_bytes(*b"H265") } else { 0 },
+    };
+    assert_eq!(w.write(&data, meta).unwrap(), i);
+}
+
+/// The packet reader of PROTOCOL.md section 17.12 compiles, and on a ring
+/// the Rust writer filled it reads what `PacketReader` reads: join at the
+/// newest keyframe, overrun by a recycled record and by a raised tail,
+/// resync at the oldest intact keyframe, the lossless cursor, and the codec
+/// parameters.
+fn protocol_md_packets(c: &mut Checks, md: &str) {
+    let code = doc_c_block(md, "### 17.12 A packet reader in C");
+    let _ = writeln!(c.top, "/* PROTOCOL.md, section 17.12 */\n{code}\n");
+
+    let cfg = PacketRingConfig::new(4096, 8, 2048).codec(u32::from_le_bytes(*b"H264"));
+    let mut w = PacketWriter::create("c-layout-packets", cfg).expect("creating a packet ring");
+    w.set_codec_params(&[0x5a; 100]).unwrap();
+    // Opened before any packet: waits for the first keyframe.
+    let mut early = PacketReader::open(w.fd()).unwrap();
+    write_test_packet(&mut w, 1);
+    // Joins at keyframe 1 and reads it at once; loses 2 to a recycled record.
+    let mut mid = PacketReader::open(w.fd()).unwrap();
+    let mut buf = Vec::new();
+    assert_eq!(mid.try_next_copy(&mut buf).unwrap().map(|p| p.seq), Some(1));
+    for i in 2..=14 {
+        write_test_packet(&mut w, i);
+    }
+    // Joins at keyframe 13, whose bytes (not its record) are lost by the end.
+    let mut behind = PacketReader::open(w.fd()).unwrap();
+    for i in 15..=20 {
+        write_test_packet(&mut w, i);
+    }
+    let params: Vec<u8> = (0..37u8).map(|b| b.wrapping_mul(29) ^ 0xa5).collect();
+    assert_eq!(w.set_codec_params(&params).unwrap(), 2);
+    // Joins at the newest keyframe, 17.
+    let mut joined = PacketReader::open(w.fd()).unwrap();
+
+    // The region as the readers see it now; the writer writes no more.
+    let info = *w.info();
+    let file = std::fs::File::from(w.fd().try_clone_to_owned().unwrap());
+    let mut region = vec![0u8; info.region_bytes as usize];
+    file.read_exact_at(&mut region, 0).expect("reading the packet region");
+    let seals = rustix::fs::fcntl_get_seals(&file).unwrap();
+    c.push("packet region seals", "VR_PACKET_RING_SEALS", seals.bits());
+    let word = |at: usize| u64::from_le_bytes(region[at..at + 8].try_into().unwrap());
+    let tail = word(offset_of!(PacketHeader, tail) + offset_of!(PacketTailLine, tail));
+    let rec13 = info.record_at(13);
+    assert_eq!(word(rec13), 13, "record 13 survives");
+    assert!(word(rec13 + 8) < tail, "keyframe 13's bytes are lost");
+
+    let list: Vec<String> = region.iter().map(u8::to_string).collect();
+    let _ = writeln!(
+        c.top,
+        "static VR_ALIGN128 unsigned char pkt_ring[{}] = {{{}}};\n\
+         static unsigned char pkt_buf[{}];\n\
+         static uint64_t pkt_fnv(const unsigned char *b, uint32_t n) {{\n\
+         \x20   uint64_t h = UINT64_C(0xcbf29ce484222325);\n\
+         \x20   for (uint32_t k = 0; k < n; k++) h = (h ^ b[k]) * UINT64_C(0x100000001b3);\n\
+         \x20   return h;\n\
+         }}\n",
+        region.len(),
+        list.join(","),
+        info.max_packet
+    );
+
+    let steps = drain(&mut joined);
+    assert!(matches!(steps[0], Step::Got(ref p, _) if p.seq == 17));
+    c_packet_reader(c, "pk_joined", "vr_packet_join(&pk_joined);", &steps);
+    let steps = drain(&mut early);
+    assert!(
+        matches!(steps[0], Step::Got(ref p, _) if p.seq == 17),
+        "resync skips keyframe 13"
+    );
+    c_packet_reader(c, "pk_early", "pk_early.resync = 1; pk_early.after = 0;", &steps);
+    let steps = drain(&mut mid);
+    assert!(matches!(steps[0], Step::Overrun(2)));
+    assert!(matches!(steps[1], Step::Got(ref p, _) if p.seq == 17 && p.skipped == 15));
+    c_packet_reader(
+        c,
+        "pk_mid",
+        "pk_mid.next = 2; pk_mid.last = 1; pk_mid.delivered = 1;",
+        &steps,
+    );
+    let steps = drain(&mut behind);
+    assert!(matches!(steps[0], Step::Overrun(13)));
+    c_packet_reader(c, "pk_behind", "pk_behind.next = 13;", &steps);
+    let stats = behind.stats();
+    c.push(
+        "packet reader pk_behind delivered",
+        "pk_behind.delivered",
+        stats.delivered,
+    );
+    c.push("packet reader pk_behind skipped", "pk_behind.skipped", stats.skipped);
+    c.push("packet reader pk_behind overruns", "pk_behind.overruns", stats.overruns);
+
+    // Lossless cursors (section 17.10), in the reader's own entry. From the
+    // lossless start (keyframe_seq - 1 = 16) it reads 17..=20 and is done
+    // with 20; from a cursor past the newest keyframe it resyncs, finds no
+    // keyframe after 18, and is done with everything written (20).
+    let lossless_steps = drain(&mut PacketReader::open(w.fd()).unwrap());
+    for (name, start, steps) in [
+        ("pk_lossless", 16u64, lossless_steps),
+        ("pk_lossless_resync", 18, vec![Step::Nothing]),
+    ] {
+        let _ = writeln!(
+            c.prelude,
+            "    vr_sub_entry {name}_e; memset(&{name}_e, 0, sizeof {name}_e); {name}_e.released_seq = {start}u;"
+        );
+        let init = format!("{name}.e = &{name}_e; {name}.lossless = 1; vr_packet_join(&{name});");
+        c_packet_reader(c, name, &init, &steps);
+        c.push(
+            format!("{name} released_seq"),
+            format!("{name}_e.released_seq"),
+            w.seq(),
+        );
+        let delivered = steps.iter().filter(|s| matches!(s, Step::Got(..))).count();
+        c.push(format!("{name} delivered"), format!("{name}_e.delivered"), delivered);
+        c.push(format!("{name} dropped"), format!("{name}_e.dropped"), 0u32);
+        c.push(format!("{name} overruns"), format!("{name}_e.overruns"), 0u32);
+    }
+
+    // Codec parameters: version 2, shorter than version 1 (whose tail words
+    // stay behind in the area).
+    let mut got = Vec::new();
+    let version = joined.codec_params(&mut got).unwrap();
+    assert_eq!((version, got.as_slice()), (2, params.as_slice()));
+    let _ = writeln!(
+        c.prelude,
+        "    unsigned char pkp[VR_PACKET_PARAMS_BYTES]; uint32_t pkp_len = 0; uint64_t pkp_version = 0;\n\
+         \x20   int pkp_rc = vr_packet_params_read((const vr_packet_header *)pkt_ring, pkp, &pkp_len, &pkp_version);"
+    );
+    c.push("packet params rc", "pkp_rc", 0u32);
+    c.push("packet params version", "pkp_version", version);
+    c.push("packet params len", "pkp_len", got.len());
+    c.push("packet params bytes", "pkt_fnv(pkp, pkp_len)", fnv(&got));
 }
 
 /// A zeroed subscriber-table entry with these push words.
@@ -833,6 +1175,7 @@ fn scratch_dir() -> PathBuf {
 fn c_header_matches_the_rust_layout_and_messages() {
     let mut checks = Checks::default();
     shared_layout(&mut checks);
+    packet_layout(&mut checks);
     constants(&mut checks);
     messages(&mut checks);
     protocol_md_code(&mut checks);

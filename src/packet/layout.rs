@@ -16,7 +16,10 @@ pub const PACKET_MAGIC: u64 = u64::from_le_bytes(*b"VRPACKET");
 pub const PACKET_LAYOUT_VERSION: u32 = 1;
 
 /// Bytes of the codec-parameters area (SPS/PPS/VPS or extradata).
-pub const PARAMS_BYTES: usize = 4096;
+///
+/// Under `--cfg loom` the area is 64 bytes: each loom atomic is a modelled
+/// object, and the models need only a few.
+pub const PARAMS_BYTES: usize = if cfg!(loom) { 64 } else { 4096 };
 /// Words of the codec-parameters area.
 pub const PARAMS_WORDS: usize = PARAMS_BYTES / 8;
 
@@ -42,6 +45,7 @@ pub const PACKET_WRITING: u64 = 1 << 63;
 /// Immutable description, written once by the creator before
 /// `layout_version` (the ready word) is stored with Release.
 #[repr(C, align(128))]
+#[cfg_attr(loom, derive(Default))]
 pub struct PacketInfo {
     /// [`PACKET_MAGIC`].
     pub magic: AtomicU64,
@@ -78,6 +82,7 @@ pub struct PacketInfo {
 
 /// The newest committed packet, alone on its cache lines (readers poll it).
 #[repr(C, align(128))]
+#[cfg_attr(loom, derive(Default))]
 pub struct PacketSeqLine {
     /// Newest committed seq (0: none yet).
     /// SYNC: packet-write-seq (Release by writer after the record commit,
@@ -87,6 +92,7 @@ pub struct PacketSeqLine {
 
 /// Byte-ring positions and the newest keyframe.
 #[repr(C, align(128))]
+#[cfg_attr(loom, derive(Default))]
 pub struct PacketTailLine {
     /// Lowest free-running byte position whose bytes are still intact;
     /// raised before the bytes below it are overwritten.
@@ -103,6 +109,7 @@ pub struct PacketTailLine {
 
 /// Codec parameters under their own seqlock.
 #[repr(C, align(128))]
+#[cfg_attr(loom, derive(Default))]
 pub struct ParamsArea {
     /// Version of the parameters (0: never set); `v | PACKET_WRITING` while
     /// being rewritten.
@@ -122,6 +129,7 @@ pub struct ParamsArea {
 
 /// The head of a packet-ring region.
 #[repr(C, align(128))]
+#[cfg_attr(loom, derive(Default))]
 pub struct PacketHeader {
     /// Immutable description.
     pub info: PacketInfo,
@@ -141,6 +149,7 @@ pub struct PacketHeader {
 /// One packet's record, at index `seq & (record_count - 1)`. Written only by
 /// the writer, under the seqlock rule in [`crate::packet`].
 #[repr(C, align(64))]
+#[cfg_attr(loom, derive(Default))]
 pub struct PacketRecord {
     /// Seq of the packet; `seq | PACKET_WRITING` while being written; 0 never.
     /// SYNC: packet-record (Release by writer at commit, Acquire by reader
@@ -169,7 +178,9 @@ pub struct PacketRecord {
 }
 
 // SAFETY: #[repr(C)] of atomics (and arrays and structs of them) only; every
-// bit pattern, all zeroes included, is a valid value.
+// bit pattern, all zeroes included, is a valid value. (Under `--cfg loom`
+// the atomics are loom's modelled objects, which `PacketWriter::create`
+// constructs in place before any use.)
 unsafe impl SharedPlain for PacketHeader {}
 // SAFETY: as above.
 unsafe impl SharedPlain for PacketRecord {}

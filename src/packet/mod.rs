@@ -95,4 +95,4 @@ pub use layout::{
 pub use publisher::{PacketPublisher, PacketPublisherConfig, PacketPublisherStats};
 pub use reader::{Packet, PacketBorrow, PacketReader, PacketReaderStats};
 pub use subscriber::{PacketSubscriber, PacketSubscriberOptions};
-pub use writer::{PacketMeta, PacketRingConfig, PacketWriter};
+pub use writer::{PacketMeta, PacketRingConfig, PacketWriter, Placement};

@@ -187,8 +187,13 @@ impl PacketReader {
         self.header()
     }
 
-    /// The seq `write_seq` must pass for this reader to make progress.
-    pub(crate) fn waiting_for(&self) -> u64 {
+    /// The seq this reader is done with, and with every one before it
+    /// (delivered, lost to an overrun, or skipped while resyncing); also
+    /// the seq `write_seq` must pass for it to make progress. A lossless
+    /// reader publishes it (see [`PacketWriter::would_overwrite`]).
+    ///
+    /// [`PacketWriter::would_overwrite`]: super::PacketWriter::would_overwrite
+    pub fn done_through(&self) -> u64 {
         match self.cursor {
             Cursor::At(s) => s - 1,
             Cursor::Resync { after } => after,
@@ -197,10 +202,10 @@ impl PacketReader {
 
     /// Publishes progress into the subscriber entry: counters, heartbeat,
     /// and for a lossless reader its cursor (it is done with every packet up
-    /// to `waiting_for()`: delivered, lost to an overrun, or skipped while
+    /// to `done_through()`: delivered, lost to an overrun, or skipped while
     /// resyncing).
     fn publish_progress(&mut self) {
-        let done = self.waiting_for();
+        let done = self.done_through();
         let Some(p) = &mut self.entry else { return };
         let e = p.entry.get();
         if p.lossless && done > p.acked {
@@ -412,7 +417,7 @@ impl PacketReader {
     }
 
     fn wait_poll(&self, w: &mut Waiter) -> Result<()> {
-        if self.writer_closed() && self.newest() <= self.waiting_for() {
+        if self.writer_closed() && self.newest() <= self.done_through() {
             return Err(Error::ProducerGone { epoch: self.info.epoch });
         }
         w.wait()

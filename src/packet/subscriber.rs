@@ -326,7 +326,7 @@ impl PacketSubscriber {
             protocol::wait_on(
                 bell,
                 lease.entry(),
-                self.reader.waiting_for(),
+                self.reader.done_through(),
                 deadline,
                 self.opts.spin,
                 self.opts.park_slice,

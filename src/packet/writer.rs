@@ -71,15 +71,16 @@ impl RingMem {
 }
 
 /// Where the next packet of a given length would go: what a lossless gate
-/// checks before the writer overwrites anything.
+/// checks before the writer overwrites anything
+/// ([`PacketWriter::would_overwrite`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Placement {
+pub struct Placement {
     /// Seq the packet would get.
-    pub(crate) seq: u64,
+    pub seq: u64,
     /// Free-running byte position of its first byte (after padding).
-    pub(crate) pos: u64,
+    pub pos: u64,
     /// The `tail` the write would raise to: every byte below it is lost.
-    pub(crate) tail: u64,
+    pub tail: u64,
 }
 
 /// The single writer of a packet ring. Owns the region and its memfd.
@@ -120,6 +121,8 @@ impl PacketWriter {
             crate::publisher::random_epoch(),
         )?;
         let (region, fd) = Region::create(name, info.region_bytes)?;
+        #[cfg(loom)]
+        loom_construct(&region, &info);
         let h = region.at::<PacketHeader>(0);
         info.write_to(h);
         // SYNC: producer-state — Release; readers Acquire it while waiting.
@@ -167,7 +170,7 @@ impl PacketWriter {
     }
 
     /// Where a packet of `len` bytes would go next.
-    pub(crate) fn placement(&self, len: usize) -> Placement {
+    pub fn placement(&self, len: usize) -> Placement {
         let len = len as u64;
         let size = self.info.data_bytes;
         let mut pos = self.head;
@@ -187,7 +190,13 @@ impl PacketWriter {
     /// is done with everything up to `acked` still needs: its record (the
     /// record of `p.seq` recycles that of `p.seq - record_count`) or its
     /// bytes (below `p.tail`).
-    pub(crate) fn would_overwrite(&self, p: &Placement, acked: u64) -> bool {
+    ///
+    /// This is [`super::PacketPublisher`]'s lossless gate, public for
+    /// in-process transports of your own: have each lossless reader store
+    /// its [`PacketReader::done_through`](super::PacketReader::done_through)
+    /// with `Release` after each read, load it with `Acquire`, and write
+    /// only while this is `false` for every such reader.
+    pub fn would_overwrite(&self, p: &Placement, acked: u64) -> bool {
         let next = acked.saturating_add(1);
         if next > self.seq {
             // Done with everything written so far (a value beyond our seq is
@@ -351,5 +360,24 @@ impl PacketWriter {
 impl Drop for PacketWriter {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// Under loom the shared structs' atomics are modelled objects that must be
+/// constructed before use: builds the header and every record in place.
+#[cfg(loom)]
+fn loom_construct(region: &Region, info: &PacketRingInfo) {
+    let at = |offset: usize| region.as_ptr().wrapping_add(offset);
+    // SAFETY: the region was just created, is mapped read-write, holds
+    // `info.region_bytes` bytes (the header at 0 and `record_count` records
+    // at `info.record_at(..)`, all in bounds and aligned by the layout), and
+    // nothing else refers to it yet.
+    unsafe {
+        at(0).cast::<PacketHeader>().write(PacketHeader::default());
+        for s in 0..u64::from(info.record_count) {
+            at(info.record_at(s))
+                .cast::<PacketRecord>()
+                .write(PacketRecord::default());
+        }
     }
 }
