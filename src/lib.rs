@@ -11,6 +11,9 @@
 //! * A [`Subscriber`] connects, receives the ring's file descriptors by
 //!   `SCM_RIGHTS`, imports the pool once, and [`Subscriber::next`] copies each
 //!   frame into its own buffer and proves the copy was not torn.
+//! * [`packet`]: the encoded side of a camera (H.264/H.265 access units) in
+//!   a CPU shared-memory packet ring, served over the same handshake:
+//!   keyframe join, overrun resync, codec parameters, lossless recorders.
 //!
 //! The protocol is in [`protocol`]; the shared layout in [`layout`] and, for
 //! other languages, in `proto/vramring.h` and `proto/PROTOCOL.md`.
@@ -54,3 +57,8 @@ pub use format::{Format, Geometry, Plane};
 pub use memory::{BackendKind, WriteCompletion};
 pub use publisher::{BackendChoice, FrameMeta, Policy, Publisher, PublisherStats, RingConfig, SlotMut};
 pub use subscriber::{Borrow, Frame, Mode, Subscriber, SubscriberOptions, SubscriberStats};
+
+/// The README's code blocks, compiled as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
