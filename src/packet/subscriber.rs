@@ -292,10 +292,11 @@ impl PacketSubscriber {
             }
             self.wait(deadline, timeout)?;
         }
-        Ok(self
-            .reader
+        // `has_next` found the packet committed; only a writer that moved a
+        // record's seq backwards makes it vanish now.
+        self.reader
             .try_borrow()?
-            .expect("has_next found a committed packet and nothing else reads this ring"))
+            .ok_or_else(|| Error::LayoutMismatch("packet ring: a committed record went back to an older seq".into()))
     }
 
     /// Version of the current codec parameters (0: never set).
