@@ -322,6 +322,11 @@ pub struct Subscriber {
     last: u64,
     stats: SubscriberStats,
     path: PathBuf,
+    /// The publisher is gone: deliver the frames still committed in the
+    /// ring, then report `ProducerGone`.
+    draining: bool,
+    /// `ProducerGone` has been reported (the drain is over).
+    drained: bool,
 }
 
 impl std::fmt::Debug for Subscriber {
@@ -445,6 +450,8 @@ impl Subscriber {
             last: 0,
             stats: SubscriberStats::default(),
             path,
+            draining: false,
+            drained: false,
         };
         let entry = sub.entry();
         // `Lease::new` checked the entry with an Acquire load of its state,
@@ -559,11 +566,58 @@ impl Subscriber {
 
     /// Two loads per call: whether our entry is still ours. If not (evicted,
     /// or freed because the publisher saw us go), finds out why.
+    /// A publisher that is gone only starts the drain.
     fn ensure_lease(&mut self) -> Result<()> {
-        self.lease.ensure()
+        if self.draining {
+            return Ok(());
+        }
+        let checked = self.lease.ensure();
+        self.drain_if_gone(checked)
+    }
+
+    /// The full lease check (the socket too); a publisher that is gone
+    /// starts the drain.
+    fn check_lease(&mut self) -> Result<()> {
+        if self.draining {
+            return Ok(());
+        }
+        let checked = self.lease.check();
+        self.drain_if_gone(checked)
+    }
+
+    fn drain_if_gone(&mut self, checked: Result<()>) -> Result<()> {
+        match checked {
+            Err(Error::ProducerGone { .. }) => {
+                self.draining = true;
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    /// While draining: `global_seq` when a frame newer than `last` is left
+    /// to read (per the mode), else the end of the stream.
+    fn drain_next(&mut self) -> Result<u64> {
+        // SYNC: global-seq — Acquire pairs with the publisher's Release.
+        let g = self.header().seq.global_seq.load(Ordering::Acquire);
+        let window = protocol::safe_window(self.info.slot_count, self.opts.lossless);
+        if protocol::pick(self.opts.mode, self.last, g, window).is_some() {
+            return Ok(g);
+        }
+        Err(self.drain_over())
+    }
+
+    /// Ends the drain: `ProducerGone`, now and on every later call (or, with
+    /// `reconnect`, once).
+    fn drain_over(&mut self) -> Error {
+        self.drained = true;
+        self.lease.end(Error::ProducerGone { epoch: self.info.epoch })
     }
 
     fn wait(&mut self, deadline: Instant, timeout: Duration) -> Result<u64> {
+        if self.draining {
+            return self.drain_next();
+        }
         let (spin, slice) = (self.opts.spin, self.opts.park_slice);
         let outcome = {
             let header = self.control.at::<RingHeader>(0);
@@ -574,13 +628,22 @@ impl Subscriber {
         };
         match outcome {
             WaitOutcome::Advanced(g) => Ok(g),
-            WaitOutcome::ProducerClosed => Err(self.lease.end(Error::ProducerGone { epoch: self.info.epoch })),
+            WaitOutcome::ProducerClosed => {
+                self.draining = true;
+                self.drain_next()
+            }
             WaitOutcome::TimedOut => {
-                self.lease.check()?;
+                self.check_lease()?;
+                if self.draining {
+                    return self.drain_next();
+                }
                 Err(Error::Timeout(timeout, "the next frame"))
             }
             WaitOutcome::Stopped => {
-                self.lease.check()?;
+                self.check_lease()?;
+                if self.draining {
+                    return self.drain_next();
+                }
                 // Readable but not fatal (e.g. an ignored message): loop again.
                 Ok(self.last)
             }
@@ -653,6 +716,10 @@ impl Subscriber {
                 });
             }
             let Some((snap, skipped)) = self.next_snapshot(g) else {
+                if self.draining {
+                    // No publisher will finish what is not readable now.
+                    return Err(self.drain_over());
+                }
                 if Instant::now() >= deadline {
                     return Err(Error::Timeout(timeout, "the next frame"));
                 }
@@ -702,6 +769,9 @@ impl Subscriber {
                     released: false,
                 });
             }
+            if self.draining {
+                return Err(self.drain_over());
+            }
             if Instant::now() >= deadline {
                 return Err(Error::Timeout(timeout, "the next frame"));
             }
@@ -712,7 +782,7 @@ impl Subscriber {
     /// publisher is gone by a fresh connection to the same path. The old
     /// import is released (in its owning context) when the old state drops.
     fn reconnect_if_gone(&mut self, deadline: Instant, timeout: Duration) -> Result<()> {
-        if !self.opts.reconnect || !matches!(self.lease.gone(), Some(Error::ProducerGone { .. })) {
+        if !self.opts.reconnect || !self.drained {
             return Ok(());
         }
         loop {

@@ -332,3 +332,34 @@ fn a_stalled_lossless_reader_is_evicted_after_its_lease_and_told_so() {
             .unwrap();
     }
 }
+
+#[test]
+fn frames_committed_before_a_close_are_delivered_before_producer_gone() {
+    let path = sock("drain");
+    let mut p = Publisher::create(&path, host(Format::Gray8, 64, 32).slots(8)).unwrap();
+    let mut s = Subscriber::connect(&path, SubscriberOptions::default().mode(Mode::Sequential)).unwrap();
+    for _ in 0..5 {
+        let mut slot = p.loan(Duration::from_millis(10)).unwrap();
+        let seq = slot.seq();
+        testpattern::fill(slot.bytes_mut().unwrap(), seq);
+        slot.publish(FrameMeta::pts(seq as i64)).unwrap();
+    }
+    p.close().unwrap();
+    // Let the service free our entry and say Bye before we read anything:
+    // the frames are still in the ring and must come first.
+    std::thread::sleep(Duration::from_millis(100));
+    for want in 1..=5u64 {
+        let f = s.next(Duration::from_secs(1)).unwrap();
+        assert_eq!(f.seq(), want);
+        testpattern::verify(f.host_bytes().unwrap(), want).unwrap();
+    }
+    assert!(matches!(
+        s.next(Duration::from_secs(1)),
+        Err(Error::ProducerGone { .. })
+    ));
+    // And on every later call, borrow included.
+    assert!(matches!(
+        s.borrow(Duration::from_millis(10)),
+        Err(Error::ProducerGone { .. })
+    ));
+}

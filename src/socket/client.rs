@@ -151,11 +151,6 @@ impl Lease {
         e.state.load(Ordering::Acquire) == SUB_ACTIVE && e.generation.load(Ordering::Relaxed) == self.generation
     }
 
-    /// The terminal error, once the lease has ended.
-    pub(crate) fn gone(&self) -> Option<&Error> {
-        self.gone.as_ref()
-    }
-
     /// Records the end of the lease and returns the error.
     pub(crate) fn end(&mut self, e: Error) -> Error {
         self.gone = Some(clone_gone(&e));
