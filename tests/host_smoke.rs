@@ -363,3 +363,15 @@ fn frames_committed_before_a_close_are_delivered_before_producer_gone() {
         Err(Error::ProducerGone { .. })
     ));
 }
+
+#[test]
+fn close_stops_the_socket_service_at_once_not_at_its_next_tick() {
+    let path = sock("close-fast");
+    let mut p = Publisher::create(&path, host(Format::Gray8, 16, 16)).unwrap();
+    let _s = Subscriber::connect(&path, SubscriberOptions::default()).unwrap();
+    // Let the service settle into its (one-second) idle poll.
+    std::thread::sleep(Duration::from_millis(50));
+    let t = std::time::Instant::now();
+    p.close().unwrap();
+    assert!(t.elapsed() < Duration::from_millis(200), "close took {:?}", t.elapsed());
+}

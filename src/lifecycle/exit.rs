@@ -378,11 +378,16 @@ pub struct StopSignal {
     inner: Arc<StopInner>,
 }
 
+/// A callback run when a stop is raised (e.g. a write to a worker's
+/// eventfd, so a worker blocked in `poll` sees the stop at once).
+type OnRaise = Box<dyn Fn() + Send + Sync>;
+
 #[derive(Default)]
 struct StopInner {
     raised: AtomicBool,
     lock: Mutex<()>,
     wake: Condvar,
+    on_raise: Mutex<Vec<OnRaise>>,
 }
 
 impl StopSignal {
@@ -403,6 +408,22 @@ impl StopSignal {
             self.inner.raised.store(true, Ordering::Release);
         }
         self.inner.wake.notify_all();
+        for f in lock(&self.inner.on_raise).iter() {
+            f();
+        }
+    }
+
+    /// Runs `f` when the stop is raised (at once if it already is), for a
+    /// worker that waits in something other than [`StopSignal::sleep`]:
+    /// e.g. `f` writes to an eventfd the worker polls.
+    pub fn on_raise(&self, f: impl Fn() + Send + Sync + 'static) {
+        let mut hooks = lock(&self.inner.on_raise);
+        if self.is_raised() {
+            drop(hooks);
+            f();
+            return;
+        }
+        hooks.push(Box::new(f));
     }
 
     /// Whether stop was requested.
@@ -908,6 +929,25 @@ mod tests {
         assert!(stopped);
         assert!(waited < Duration::from_secs(5), "slept {waited:?}");
         assert!(!StopSignal::new().sleep(Duration::from_millis(1)));
+    }
+
+    #[test]
+    fn on_raise_hooks_run_at_the_raise_or_at_once_if_already_raised() {
+        use std::sync::atomic::AtomicUsize;
+        let stop = StopSignal::new();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = Arc::clone(&calls);
+        stop.on_raise(move || {
+            c.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(calls.load(Ordering::Relaxed), 0);
+        stop.raise();
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+        let c = Arc::clone(&calls);
+        stop.on_raise(move || {
+            c.fetch_add(10, Ordering::Relaxed);
+        });
+        assert_eq!(calls.load(Ordering::Relaxed), 11);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::layout::{
 use crate::lifecycle::{ExitPhase, ExitWorker};
 use crate::shm::{Region, SEALS_FIXED_SIZE};
 use crate::socket::msg::{self, Hello, Welcome};
-use crate::socket::service::{self, Served};
+use crate::socket::service::{self, Served, Waker};
 use crate::socket::transport::{AccessPolicy, Listener};
 
 /// How a [`PacketPublisher`] serves its ring.
@@ -117,6 +117,7 @@ struct PacketShared {
     cfg: PacketPublisherConfig,
     evict_requests: Mutex<Vec<u32>>,
     lossless_waits: AtomicU64,
+    waker: Waker,
 }
 
 impl PacketShared {
@@ -144,6 +145,9 @@ impl Served for PacketShared {
     }
     fn evict_requests(&self) -> &Mutex<Vec<u32>> {
         &self.evict_requests
+    }
+    fn waker(&self) -> &Waker {
+        &self.waker
     }
 
     fn refuse(&self, hello: &Hello) -> Option<(u32, String)> {
@@ -280,6 +284,7 @@ impl PacketPublisher {
             cfg,
             evict_requests: Mutex::new(Vec::new()),
             lossless_waits: AtomicU64::new(0),
+            waker: Waker::new()?,
         });
         let svc = Arc::clone(&shared);
         let service = ExitWorker::builder(format!("vramring-packets:{}", path.display()), ExitPhase::Service)
@@ -408,6 +413,7 @@ impl PacketPublisher {
         if let Ok(mut q) = self.shared.evict_requests.lock() {
             q.push(k as u32);
         }
+        self.shared.waker.wake();
         self.blocked = None;
     }
 

@@ -19,7 +19,7 @@ use crate::memory::{BackendKind, ExportedPool, WriteCompletion};
 use crate::protocol::{self, CommitMeta};
 use crate::shm::{Region, SEALS_FIXED_SIZE, SEALS_READ_ONLY};
 use crate::socket::msg::{self, Attach, Hello, Welcome};
-use crate::socket::service::Served;
+use crate::socket::service::{Served, Waker};
 use crate::socket::transport::{AccessPolicy, Listener};
 use crate::time::{monotonic_ns, realtime_ns};
 
@@ -270,6 +270,8 @@ pub(crate) struct Shared {
     /// Push buffers sent by subscribers; the producer maps them.
     pub(crate) attach_requests: Mutex<Vec<AttachRequest>>,
     pub(crate) lossless_waits: AtomicU64,
+    /// Wakes the socket service (evictions, stop).
+    pub(crate) waker: Waker,
 }
 
 /// A subscriber's push buffers, received by the service, mapped by the
@@ -325,6 +327,9 @@ impl Served for Shared {
     }
     fn evict_requests(&self) -> &Mutex<Vec<u32>> {
         &self.evict_requests
+    }
+    fn waker(&self) -> &Waker {
+        &self.waker
     }
 
     fn refuse(&self, hello: &Hello) -> Option<(u32, String)> {
@@ -577,6 +582,7 @@ impl Publisher {
             evict_requests: Mutex::new(Vec::new()),
             attach_requests: Mutex::new(Vec::new()),
             lossless_waits: AtomicU64::new(0),
+            waker: Waker::new()?,
         });
         let svc_shared = Arc::clone(&shared);
         // The service thread registers with the process-exit registry: a
@@ -696,6 +702,7 @@ impl Publisher {
         if let Ok(mut q) = self.shared.evict_requests.lock() {
             q.push(k as u32);
         }
+        self.shared.waker.wake();
         self.blocked = None;
     }
 

@@ -36,7 +36,10 @@ pub(crate) trait Served: Send + Sync + 'static {
     /// How long a new connection has to send its Hello.
     fn handshake_timeout(&self) -> Duration;
     /// Entries the producer evicted; the service sends Evicted and closes.
+    /// The producer pushes one, then [`Waker::wake`]s the service.
     fn evict_requests(&self) -> &Mutex<Vec<u32>>;
+    /// Wakes the service out of its `poll`.
+    fn waker(&self) -> &Waker;
     /// A refusal `(REJECT_*, reason)` for a Hello whose peer passed the
     /// credential check, or `None` to accept it.
     fn refuse(&self, hello: &Hello) -> Option<(u32, String)>;
@@ -60,8 +63,46 @@ pub(crate) fn ring(doorbell: &DoorbellLine) {
     crate::protocol::ring_doorbell_word(doorbell);
 }
 
-/// How long one poll waits; bounds how late a stop request is seen.
-const TICK: Duration = Duration::from_millis(20);
+/// Longest single poll when nothing is pending. Stops and evictions wake
+/// the service at once through its [`Waker`]; handshake deadlines shorten
+/// the poll. Only the producer's heartbeat word waits for this tick, so an
+/// idle service costs one wakeup a second instead of fifty.
+const IDLE_TICK: Duration = Duration::from_secs(1);
+/// Pause after a failed poll.
+const RETRY: Duration = Duration::from_millis(20);
+
+/// An eventfd that wakes the service's `poll`: written by the producer
+/// (evictions) and by the stop signal (close, process exit).
+#[derive(Debug)]
+pub(crate) struct Waker(OwnedFd);
+
+impl Waker {
+    /// A new eventfd.
+    pub(crate) fn new() -> crate::error::Result<Waker> {
+        rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .map(Waker)
+        .map_err(|e| Error::io("eventfd", e))
+    }
+
+    /// Wakes the service (best effort: a full counter already wakes it).
+    pub(crate) fn wake(&self) {
+        let _ = rustix::io::write(&self.0, &1u64.to_ne_bytes());
+    }
+
+    /// A second handle on the same eventfd, for the stop signal's hook.
+    fn try_clone(&self) -> Option<Waker> {
+        self.0.try_clone().ok().map(Waker)
+    }
+
+    /// Resets the counter after a wakeup.
+    fn drain(&self) {
+        let mut b = [0u8; 8];
+        let _ = rustix::io::read(&self.0, &mut b);
+    }
+}
 
 enum State {
     Pending { deadline: Instant },
@@ -76,14 +117,25 @@ struct Conn {
 /// Serves `listener` until `stop` is raised, then marks the ring closed,
 /// rings the doorbell, says Bye on every connection and frees its entry.
 pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
+    match sh.waker().try_clone() {
+        Some(w) => stop.on_raise(move || w.wake()),
+        None => tracing::warn!("no second handle on the service's eventfd; a stop is seen within a second"),
+    }
     let mut conns: Vec<Conn> = Vec::new();
     while !stop.is_raised() {
         handle_evictions(&*sh, &mut conns);
-        let (listener_ready, ready) = match poll(&listener, &conns) {
+        let timeout = conns
+            .iter()
+            .filter_map(|c| match c.state {
+                State::Pending { deadline } => Some(deadline.saturating_duration_since(Instant::now())),
+                State::Active { .. } => None,
+            })
+            .fold(IDLE_TICK, Duration::min);
+        let (listener_ready, ready) = match poll(&listener, sh.waker(), &conns, timeout) {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, "poll in the socket service");
-                std::thread::sleep(TICK);
+                std::thread::sleep(RETRY);
                 continue;
             }
         };
@@ -122,23 +174,33 @@ pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
     }
 }
 
-fn poll(listener: &Listener, conns: &[Conn]) -> rustix::io::Result<(bool, Vec<usize>)> {
-    let lfd = listener.as_fd();
-    let mut fds = Vec::with_capacity(conns.len() + 1);
-    fds.push(PollFd::from_borrowed_fd(lfd, PollFlags::IN));
+/// Waits up to `timeout` for the listener, the waker or a connection;
+/// returns whether the listener is ready and which connections are.
+fn poll(
+    listener: &Listener,
+    waker: &Waker,
+    conns: &[Conn],
+    timeout: Duration,
+) -> rustix::io::Result<(bool, Vec<usize>)> {
+    let mut fds = Vec::with_capacity(conns.len() + 2);
+    fds.push(PollFd::from_borrowed_fd(listener.as_fd(), PollFlags::IN));
+    fds.push(PollFd::from_borrowed_fd(waker.0.as_fd(), PollFlags::IN));
     for c in conns {
         fds.push(PollFd::from_borrowed_fd(c.fd.as_fd(), PollFlags::IN | PollFlags::RDHUP));
     }
     let ts = rustix::time::Timespec {
-        tv_sec: 0,
-        tv_nsec: TICK.as_nanos() as _,
+        tv_sec: timeout.as_secs() as _,
+        tv_nsec: timeout.subsec_nanos() as _,
     };
     match rustix::event::poll(&mut fds, Some(&ts)) {
         Ok(_) | Err(rustix::io::Errno::INTR) => {}
         Err(e) => return Err(e),
     }
     let listener_ready = !fds[0].revents().is_empty();
-    let ready = fds[1..]
+    if !fds[1].revents().is_empty() {
+        waker.drain();
+    }
+    let ready = fds[2..]
         .iter()
         .enumerate()
         .filter(|(_, p)| !p.revents().is_empty())
