@@ -159,7 +159,8 @@ pub struct ProducerLine {
     pub state: AtomicU32,
     /// Reserved, zero.
     pub reserved0: AtomicU32,
-    /// `CLOCK_MONOTONIC` ns of the last publish or service tick.
+    /// `CLOCK_MONOTONIC` ns of the last service wakeup (at least once a
+    /// second; informational).
     pub heartbeat_ns: AtomicU64,
     /// Frames published (equals `global_seq`; kept for inspection tools).
     pub published: AtomicU64,

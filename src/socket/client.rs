@@ -204,7 +204,7 @@ impl Lease {
         }
         if err.is_none() && evicted {
             // The publisher's notice (with its reason) follows the entry's
-            // release within one service tick; wait a little for it.
+            // release at once (the producer wakes the service); wait a little for it.
             let notice = match transport::recv(self.sock.as_fd(), Duration::from_millis(100)) {
                 Ok(Some(m)) => match Msg::decode(&m.bytes) {
                     Ok(Msg::Evicted(n)) => Some(n.reason),
