@@ -1075,10 +1075,11 @@ fn main() -> R<()> {
     }
     let o = Opts::parse(&args)?;
     set_log_level(LogLevel::Error);
+    // Counted before pinning (pinning leaves this process one CPU).
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     if let Some((cpu, _)) = o.cpus {
         pin_to(cpu)?;
     }
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     eprintln!(
         "packet_race: {} cores, sizes {:?}, modes {:?}, transports {:?}, {} rounds, {} samples (<1 MiB) / {} (>=1 MiB), {} warm-up, period {} µs / {} µs, cpus {:?}",
         cores,
