@@ -322,9 +322,6 @@ pub struct Subscriber {
     last: u64,
     stats: SubscriberStats,
     path: PathBuf,
-    /// The publisher is gone: deliver the frames still committed in the
-    /// ring, then report `ProducerGone`.
-    draining: bool,
     /// `ProducerGone` has been reported (the drain is over).
     drained: bool,
 }
@@ -450,7 +447,6 @@ impl Subscriber {
             last: 0,
             stats: SubscriberStats::default(),
             path,
-            draining: false,
             drained: false,
         };
         let entry = sub.entry();
@@ -566,35 +562,6 @@ impl Subscriber {
 
     /// Two loads per call: whether our entry is still ours. If not (evicted,
     /// or freed because the publisher saw us go), finds out why.
-    /// A publisher that is gone only starts the drain.
-    fn ensure_lease(&mut self) -> Result<()> {
-        if self.draining {
-            return Ok(());
-        }
-        let checked = self.lease.ensure();
-        self.drain_if_gone(checked)
-    }
-
-    /// The full lease check (the socket too); a publisher that is gone
-    /// starts the drain.
-    fn check_lease(&mut self) -> Result<()> {
-        if self.draining {
-            return Ok(());
-        }
-        let checked = self.lease.check();
-        self.drain_if_gone(checked)
-    }
-
-    fn drain_if_gone(&mut self, checked: Result<()>) -> Result<()> {
-        match checked {
-            Err(Error::ProducerGone { .. }) => {
-                self.draining = true;
-                Ok(())
-            }
-            other => other,
-        }
-    }
-
     /// While draining: `global_seq` when a frame newer than `last` is left
     /// to read (per the mode), else the end of the stream.
     fn drain_next(&mut self) -> Result<u64> {
@@ -615,7 +582,7 @@ impl Subscriber {
     }
 
     fn wait(&mut self, deadline: Instant, timeout: Duration) -> Result<u64> {
-        if self.draining {
+        if self.lease.draining() {
             return self.drain_next();
         }
         let (spin, slice) = (self.opts.spin, self.opts.park_slice);
@@ -629,19 +596,19 @@ impl Subscriber {
         match outcome {
             WaitOutcome::Advanced(g) => Ok(g),
             WaitOutcome::ProducerClosed => {
-                self.draining = true;
+                self.lease.start_drain();
                 self.drain_next()
             }
             WaitOutcome::TimedOut => {
-                self.check_lease()?;
-                if self.draining {
+                self.lease.check_or_drain()?;
+                if self.lease.draining() {
                     return self.drain_next();
                 }
                 Err(Error::Timeout(timeout, "the next frame"))
             }
             WaitOutcome::Stopped => {
-                self.check_lease()?;
-                if self.draining {
+                self.lease.check_or_drain()?;
+                if self.lease.draining() {
                     return self.drain_next();
                 }
                 // Readable but not fatal (e.g. an ignored message): loop again.
@@ -701,7 +668,7 @@ impl Subscriber {
     pub fn next(&mut self, timeout: Duration) -> Result<Frame<'_>> {
         let deadline = Instant::now() + timeout;
         self.reconnect_if_gone(deadline, timeout)?;
-        self.ensure_lease()?;
+        self.lease.ensure_or_drain()?;
         loop {
             let g = self.wait(deadline, timeout)?;
             if let Some((snap, k)) = self.take_pushed() {
@@ -716,7 +683,7 @@ impl Subscriber {
                 });
             }
             let Some((snap, skipped)) = self.next_snapshot(g) else {
-                if self.draining {
+                if self.lease.draining() {
                     // No publisher will finish what is not readable now.
                     return Err(self.drain_over());
                 }
@@ -756,7 +723,7 @@ impl Subscriber {
     pub fn borrow(&mut self, timeout: Duration) -> Result<Borrow<'_>> {
         let deadline = Instant::now() + timeout;
         self.reconnect_if_gone(deadline, timeout)?;
-        self.ensure_lease()?;
+        self.lease.ensure_or_drain()?;
         loop {
             let g = self.wait(deadline, timeout)?;
             if let Some((snap, skipped)) = self.next_snapshot(g) {
@@ -769,7 +736,7 @@ impl Subscriber {
                     released: false,
                 });
             }
-            if self.draining {
+            if self.lease.draining() {
                 return Err(self.drain_over());
             }
             if Instant::now() >= deadline {

@@ -7,16 +7,17 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::writer::{Placement, RingMem};
 use super::{PacketMeta, PacketRingConfig, PacketRingInfo, PacketWriter};
 use crate::error::{Error, Result};
 use crate::layout::{
     self, DoorbellLine, ProducerLine, SubEntry, SubsHeader, BACKEND_HOST, DEFAULT_MAX_SUBSCRIBERS,
-    MAX_SUBSCRIBERS_LIMIT, SUBF_LOSSLESS, SUB_ACTIVE, SUB_EVICTED,
+    MAX_SUBSCRIBERS_LIMIT, SUBF_LOSSLESS, SUB_ACTIVE,
 };
 use crate::lifecycle::{ExitPhase, ExitWorker};
+use crate::publisher::lossless::LosslessGate;
 use crate::shm::{Region, SEALS_FIXED_SIZE};
 use crate::socket::msg::{self, Hello, Welcome};
 use crate::socket::service::{self, Served, Waker};
@@ -212,6 +213,21 @@ impl Served for PacketShared {
     }
 }
 
+/// The first lossless reader that still needs something `p` overwrites:
+/// (entry, the seq it needs next).
+fn lossless_holder(writer: &PacketWriter, sh: &PacketShared, p: &Placement) -> Option<(usize, u64)> {
+    sh.entries().iter().enumerate().find_map(|(k, e)| {
+        // SYNC: sub-state — Acquire pairs with the service's Release.
+        if e.state.load(Ordering::Acquire) != SUB_ACTIVE || e.flags.load(Ordering::Relaxed) & SUBF_LOSSLESS == 0 {
+            return None;
+        }
+        // SYNC: release-cursor — Acquire pairs with the reader's Release
+        // after its copy: its reads happen-before our overwrite.
+        let acked = e.released_seq.load(Ordering::Acquire);
+        writer.would_overwrite(p, acked).then(|| (k, acked.saturating_add(1)))
+    })
+}
+
 /// The writer of a packet ring, serving subscribers on a Unix socket.
 ///
 /// One publisher process can offer a camera's decoded frames on one socket
@@ -232,8 +248,8 @@ pub struct PacketPublisher {
     writer: PacketWriter,
     shared: Arc<PacketShared>,
     service: Option<ExitWorker>,
-    /// (entry, seq it still needs, since): the lossless reader we wait for.
-    blocked: Option<(usize, u64, Instant)>,
+    /// The wait for lossless readers.
+    gate: LosslessGate,
     path: PathBuf,
     closed: bool,
 }
@@ -293,7 +309,7 @@ impl PacketPublisher {
             writer,
             shared,
             service: Some(service),
-            blocked: None,
+            gate: LosslessGate::default(),
             path,
             closed: false,
         })
@@ -347,74 +363,16 @@ impl PacketPublisher {
         self.writer.write_inner(len, meta, fill, shared.entries())
     }
 
-    /// The first lossless reader that still needs something `p` overwrites:
-    /// (entry, the seq it needs next).
-    fn lossless_holder(&self, p: &Placement) -> Option<(usize, u64)> {
-        self.shared.entries().iter().enumerate().find_map(|(k, e)| {
-            // SYNC: sub-state — Acquire pairs with the service's Release.
-            if e.state.load(Ordering::Acquire) != SUB_ACTIVE || e.flags.load(Ordering::Relaxed) & SUBF_LOSSLESS == 0 {
-                return None;
-            }
-            // SYNC: release-cursor — Acquire pairs with the reader's Release
-            // after its copy: its reads happen-before our overwrite.
-            let acked = e.released_seq.load(Ordering::Acquire);
-            self.writer
-                .would_overwrite(p, acked)
-                .then(|| (k, acked.saturating_add(1)))
-        })
-    }
-
     fn wait_lossless(&mut self, p: &Placement) -> Result<()> {
-        let start = Instant::now();
-        let mut counted = false;
-        loop {
-            let Some((k, needs)) = self.lossless_holder(p) else {
-                self.blocked = None;
-                return Ok(());
-            };
-            if !counted {
-                self.shared.lossless_waits.fetch_add(1, Ordering::Relaxed);
-                counted = true;
-            }
-            let since = match self.blocked {
-                Some((bk, bs, since)) if bk == k && bs == needs => since,
-                _ => {
-                    let now = Instant::now();
-                    self.blocked = Some((k, needs, now));
-                    now
-                }
-            };
-            if since.elapsed() >= self.shared.cfg.lossless_lease {
-                self.evict(k);
-                continue;
-            }
-            if start.elapsed() >= self.shared.cfg.write_timeout {
-                let e = &self.shared.entries()[k];
-                return Err(Error::LosslessBlocked {
-                    index: k as u32,
-                    name: e.name(),
-                    held_seq: needs,
-                    waited: start.elapsed(),
-                });
-            }
-            // A lossless reader a whole ring behind: it reads at stream
-            // rate, so a short sleep costs nothing and spares a core.
-            std::thread::sleep(Duration::from_micros(50));
-        }
-    }
-
-    fn evict(&mut self, k: usize) {
-        let e = &self.shared.entries()[k];
-        tracing::warn!(index = k, name = %e.name(), "evicting a lossless packet reader that kept the writer waiting past its lease");
-        // SYNC: sub-state — Release; the subscriber sees it with Acquire.
-        e.state.store(SUB_EVICTED, Ordering::Release);
-        // Relaxed: own counter, single writer (the producer thread).
-        self.shared.producer().evictions.fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut q) = self.shared.evict_requests.lock() {
-            q.push(k as u32);
-        }
-        self.shared.waker.wake();
-        self.blocked = None;
+        let sh = Arc::clone(&self.shared);
+        let writer = &self.writer;
+        self.gate.wait(
+            &*sh,
+            &sh.lossless_waits,
+            sh.cfg.lossless_lease,
+            sh.cfg.write_timeout,
+            || lossless_holder(writer, &sh, p),
+        )
     }
 
     /// Replaces the codec parameters (SPS/PPS/VPS or extradata) atomically.

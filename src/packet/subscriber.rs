@@ -98,9 +98,6 @@ pub struct PacketSubscriber {
     lease: Lease,
     opts: PacketSubscriberOptions,
     path: PathBuf,
-    /// The publisher is gone (Bye or EOF): deliver what is left, then
-    /// report `ProducerGone`.
-    draining: bool,
 }
 
 impl std::fmt::Debug for PacketSubscriber {
@@ -178,7 +175,6 @@ impl PacketSubscriber {
             lease,
             opts,
             path,
-            draining: false,
         })
     }
 
@@ -197,35 +193,6 @@ impl PacketSubscriber {
         self.reader.info().epoch
     }
 
-    /// Checks the lease (two loads while all is well). A publisher that is
-    /// gone only starts the drain; eviction is reported at once.
-    fn lease(&mut self) -> Result<()> {
-        if self.draining {
-            return Ok(());
-        }
-        let checked = self.lease.ensure();
-        self.drain_if_gone(checked)
-    }
-
-    /// The full check (the socket too), for a waiter that was told to stop.
-    fn lease_full(&mut self) -> Result<()> {
-        if self.draining {
-            return Ok(());
-        }
-        let checked = self.lease.check();
-        self.drain_if_gone(checked)
-    }
-
-    fn drain_if_gone(&mut self, checked: Result<()>) -> Result<()> {
-        match checked {
-            Err(Error::ProducerGone { .. }) => {
-                self.draining = true;
-                Ok(())
-            }
-            other => other,
-        }
-    }
-
     fn gone(&self) -> Error {
         Error::ProducerGone { epoch: self.epoch() }
     }
@@ -239,10 +206,10 @@ impl PacketSubscriber {
     /// left; [`Error::Evicted`]; [`Error::LayoutMismatch`] for a record out
     /// of bounds.
     pub fn try_next_copy(&mut self, buf: &mut Vec<u8>) -> Result<Option<Packet>> {
-        self.lease()?;
+        self.lease.ensure_or_drain()?;
         match self.reader.try_next_copy(buf)? {
             Some(p) => Ok(Some(p)),
-            None if self.draining => Err(self.gone()),
+            None if self.lease.draining() => Err(self.gone()),
             None => Ok(None),
         }
     }
@@ -269,9 +236,13 @@ impl PacketSubscriber {
     /// # Errors
     /// As [`PacketSubscriber::try_next_copy`].
     pub fn try_borrow(&mut self) -> Result<Option<PacketBorrow<'_>>> {
-        self.lease()?;
+        self.lease.ensure_or_drain()?;
         if !self.reader.has_next()? {
-            return if self.draining { Err(self.gone()) } else { Ok(None) };
+            return if self.lease.draining() {
+                Err(self.gone())
+            } else {
+                Ok(None)
+            };
         }
         self.reader.try_borrow()
     }
@@ -283,11 +254,11 @@ impl PacketSubscriber {
     pub fn borrow(&mut self, timeout: Duration) -> Result<PacketBorrow<'_>> {
         let deadline = Instant::now() + timeout;
         loop {
-            self.lease()?;
+            self.lease.ensure_or_drain()?;
             if self.reader.has_next()? {
                 break;
             }
-            if self.draining {
+            if self.lease.draining() {
                 return Err(self.gone());
             }
             self.wait(deadline, timeout)?;
@@ -313,7 +284,7 @@ impl PacketSubscriber {
     }
 
     fn wait(&mut self, deadline: Instant, timeout: Duration) -> Result<()> {
-        if self.draining {
+        if self.lease.draining() {
             return Err(self.gone());
         }
         let outcome = {
@@ -338,17 +309,17 @@ impl PacketSubscriber {
             WaitOutcome::Advanced(_) => Ok(()),
             // Closed in order: drain what is left, then report it.
             WaitOutcome::ProducerClosed => {
-                self.draining = true;
+                self.lease.start_drain();
                 Ok(())
             }
             WaitOutcome::TimedOut => {
-                self.lease_full()?;
-                if self.draining {
+                self.lease.check_or_drain()?;
+                if self.lease.draining() {
                     return Ok(());
                 }
                 Err(Error::Timeout(timeout, "the next packet"))
             }
-            WaitOutcome::Stopped => self.lease_full(),
+            WaitOutcome::Stopped => self.lease.check_or_drain(),
         }
     }
 

@@ -5,14 +5,14 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::format::{Format, Geometry};
 use crate::layout::{
     self, DoorbellLine, ProducerLine, RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, DEFAULT_MAX_SUBSCRIBERS,
     MAX_SLOTS, MAX_SUBSCRIBERS_LIMIT, MIN_SLOTS, POLICY_LOSSLESS, POLICY_OVERWRITE, PRODUCER_CLOSED, PRODUCER_LIVE,
-    SUBF_LOSSLESS, SUBF_PUSH, SUBF_SEQUENTIAL, SUBF_WRITE, SUB_ACTIVE, SUB_EVICTED, USER_META_BYTES, USER_META_WORDS,
+    SUBF_LOSSLESS, SUBF_PUSH, SUBF_SEQUENTIAL, SUBF_WRITE, SUB_ACTIVE, USER_META_BYTES, USER_META_WORDS,
 };
 use crate::lifecycle::{ExitPhase, ExitWorker};
 use crate::memory::{BackendKind, ExportedPool, WriteCompletion};
@@ -22,6 +22,9 @@ use crate::socket::msg::{self, Attach, Hello, Welcome};
 use crate::socket::service::{Served, Waker};
 use crate::socket::transport::{AccessPolicy, Listener};
 use crate::time::{monotonic_ns, realtime_ns};
+
+pub(crate) mod lossless;
+use lossless::LosslessGate;
 
 /// What the producer does when a slot it wants to reuse is still held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -454,8 +457,8 @@ pub struct Publisher {
     pool: Box<dyn ExportedPool>,
     service: Option<ExitWorker>,
     next_seq: u64,
-    /// (entry, held seq, since): the lossless reader the producer waits for.
-    blocked: Option<(usize, u64, Instant)>,
+    /// The wait for lossless readers.
+    gate: LosslessGate,
     targets: Vec<PushTarget>,
     path: PathBuf,
     closed: bool,
@@ -520,7 +523,7 @@ impl Publisher {
                 pool,
                 service: Some(service),
                 next_seq: 1,
-                blocked: None,
+                gate: LosslessGate::default(),
                 targets: Vec::new(),
                 path,
                 closed: false,
@@ -650,60 +653,11 @@ impl Publisher {
     }
 
     fn wait_lossless(&mut self, held_seq: u64, timeout: Duration) -> Result<()> {
-        let start = Instant::now();
-        let mut counted = false;
-        loop {
-            let Some((k, _released)) = protocol::lossless_holder(self.shared.entries(), held_seq) else {
-                self.blocked = None;
-                return Ok(());
-            };
-            if !counted {
-                self.shared.lossless_waits.fetch_add(1, StdOrdering::Relaxed);
-                counted = true;
-            }
-            let since = match self.blocked {
-                Some((bk, bs, since)) if bk == k && bs == held_seq => since,
-                _ => {
-                    let now = Instant::now();
-                    self.blocked = Some((k, held_seq, now));
-                    now
-                }
-            };
-            if since.elapsed() >= self.shared.cfg.lossless_lease {
-                self.evict(k);
-                continue;
-            }
-            if start.elapsed() >= timeout {
-                let e = &self.shared.entries()[k];
-                return Err(Error::LosslessBlocked {
-                    index: k as u32,
-                    name: e.name(),
-                    held_seq,
-                    waited: start.elapsed(),
-                });
-            }
-            // The lossless reader is behind by a whole ring; it reads at
-            // frame rate, so a short sleep costs nothing and spares a core.
-            std::thread::sleep(Duration::from_micros(50));
-        }
-    }
-
-    fn evict(&mut self, k: usize) {
-        let e = &self.shared.entries()[k];
-        tracing::warn!(index = k, name = %e.name(), "evicting a lossless subscriber that held a frame past its lease");
-        // SYNC: sub-state — Release; the subscriber sees EVICTED with Acquire.
-        e.state.store(SUB_EVICTED, std::sync::atomic::Ordering::Release);
-        // Relaxed: own counter, single writer (the producer thread).
-        self.shared
-            .header()
-            .producer
-            .evictions
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Ok(mut q) = self.shared.evict_requests.lock() {
-            q.push(k as u32);
-        }
-        self.shared.waker.wake();
-        self.blocked = None;
+        let sh = &*self.shared;
+        self.gate
+            .wait(sh, &sh.lossless_waits, sh.cfg.lossless_lease, timeout, || {
+                protocol::lossless_holder(sh.entries(), held_seq).map(|(k, _)| (k, held_seq))
+            })
     }
 
     /// Maps push buffers that subscribers sent, and unmaps those of

@@ -71,6 +71,9 @@ pub(crate) struct Lease {
     max_subscribers: u32,
     epoch: u64,
     gone: Option<Error>,
+    /// The publisher is gone: what is still committed in the ring is read
+    /// before `ProducerGone` is reported.
+    draining: bool,
 }
 
 impl std::fmt::Debug for Lease {
@@ -110,6 +113,7 @@ impl Lease {
             max_subscribers,
             epoch,
             gone: None,
+            draining: false,
         };
         if !lease.still_ours() {
             return Err(Error::LayoutMismatch("our subscriber entry is not active".into()));
@@ -219,6 +223,51 @@ impl Lease {
         match err {
             Some(e) => Err(self.end(e)),
             None => Ok(()),
+        }
+    }
+
+    /// Whether the publisher is gone and the reader is draining the ring.
+    pub(crate) fn draining(&self) -> bool {
+        self.draining
+    }
+
+    /// Starts the drain (the publisher closed in order).
+    pub(crate) fn start_drain(&mut self) {
+        self.draining = true;
+    }
+
+    /// [`Lease::ensure`] for a reader that drains: a publisher that is gone
+    /// starts the drain instead of failing; an eviction fails at once.
+    ///
+    /// # Errors
+    /// [`Error::Evicted`], [`Error::Io`].
+    pub(crate) fn ensure_or_drain(&mut self) -> Result<()> {
+        if self.draining {
+            return Ok(());
+        }
+        let checked = self.ensure();
+        self.drain_if_gone(checked)
+    }
+
+    /// [`Lease::check`] (the socket too) for a reader that drains.
+    ///
+    /// # Errors
+    /// As [`Lease::ensure_or_drain`].
+    pub(crate) fn check_or_drain(&mut self) -> Result<()> {
+        if self.draining {
+            return Ok(());
+        }
+        let checked = self.check();
+        self.drain_if_gone(checked)
+    }
+
+    fn drain_if_gone(&mut self, checked: Result<()>) -> Result<()> {
+        match checked {
+            Err(Error::ProducerGone { .. }) => {
+                self.draining = true;
+                Ok(())
+            }
+            other => other,
         }
     }
 
