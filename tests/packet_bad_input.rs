@@ -327,6 +327,22 @@ fn every_malformed_answer_gives_a_typed_error() {
             |e| matches!(e, Error::LayoutMismatch(_)),
         ),
         (
+            "keyframe seq with the writing bit",
+            |s| {
+                let off = offset_of!(PacketHeader, tail) + 16;
+                put64(&mut s.ring, off, u64::MAX);
+            },
+            |e| matches!(e, Error::LayoutMismatch(_)),
+        ),
+        (
+            "write seq with the writing bit",
+            |s| {
+                let off = offset_of!(PacketHeader, seq);
+                put64(&mut s.ring, off, u64::MAX);
+            },
+            |e| matches!(e, Error::LayoutMismatch(_)),
+        ),
+        (
             "codec parameters longer than their area",
             |s| {
                 let off = offset_of!(PacketHeader, params) + 8;

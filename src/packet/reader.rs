@@ -158,6 +158,11 @@ impl PacketReader {
         // SYNC: packet-keyframe — Acquire pairs with the writer's Release
         // store after the keyframe's record commit.
         let key = reader.header().tail.keyframe_seq.load(Ordering::Acquire);
+        if key & PACKET_WRITING != 0 {
+            return Err(Error::LayoutMismatch(format!(
+                "packet ring: keyframe seq {key:#x} is out of range"
+            )));
+        }
         if key != 0 {
             reader.cursor = Cursor::At(key);
         }
@@ -304,6 +309,13 @@ impl PacketReader {
     /// Finds the next packet to read, committed and (so far) intact.
     fn poll(&mut self) -> Result<Option<Snap>> {
         let newest = self.newest();
+        if newest & PACKET_WRITING != 0 {
+            // Honest seqs stay below 2^63 (the top bit marks a record being
+            // written); refusing larger ones keeps every `seq + 1` in range.
+            return Err(Error::LayoutMismatch(format!(
+                "packet ring: write_seq {newest:#x} is out of range"
+            )));
+        }
         let want = match self.cursor {
             Cursor::At(s) => {
                 if s > newest {
