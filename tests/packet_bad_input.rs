@@ -120,6 +120,16 @@ fn connect_to(
     s: &Served,
     lossless: bool,
 ) -> (vramring::Result<PacketSubscriber>, std::thread::JoinHandle<()>, TempDir) {
+    connect_to_fake(s, lossless, Duration::from_secs(5))
+}
+
+/// As [`connect_to`]; the fake hangs up `hold` after its Welcome (or when
+/// the subscriber says something).
+fn connect_to_fake(
+    s: &Served,
+    lossless: bool,
+    hold: Duration,
+) -> (vramring::Result<PacketSubscriber>, std::thread::JoinHandle<()>, TempDir) {
     let dir = TempDir::new(&format!("pk-bad-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
     let path: PathBuf = dir.join("fake.sock");
     let listener = Listener::bind(&path, 0o600).expect("bind the fake");
@@ -135,7 +145,7 @@ fn connect_to(
         let _hello = transport::recv(conn.as_fd(), Duration::from_secs(5));
         let all: [BorrowedFd<'_>; 3] = [ring.as_fd(), subs.as_fd(), extra.as_fd()];
         let _ = transport::send(conn.as_fd(), &bytes, &all[..nfds]);
-        let _ = transport::readable(conn.as_fd(), Duration::from_secs(5));
+        let _ = transport::readable(conn.as_fd(), hold);
     });
     let mut opts = PacketSubscriberOptions::new().lossless(lossless).name("victim");
     opts.connect_timeout = Duration::from_millis(500);
@@ -390,4 +400,118 @@ proptest! {
             Err(e) => prop_assert!(false, "unexpected error {e:?}"),
         }
     }
+}
+
+#[test]
+fn a_blocking_read_keeps_its_timeout_when_write_seq_runs_ahead_of_the_records() {
+    let mut s = capture();
+    // `write_seq` says 3 more packets than any record holds.
+    put64(&mut s.ring, offset_of!(PacketHeader, seq), PACKETS + 3);
+    let (sub, fake, _dir) = connect_to(&s, false);
+    let mut sub = sub.expect("connects");
+    let mut buf = Vec::new();
+    for want in 16..=PACKETS {
+        assert_eq!(sub.next_copy(&mut buf, Duration::from_secs(1)).unwrap().seq, want);
+    }
+    let t = std::time::Instant::now();
+    match sub.next_copy(&mut buf, Duration::from_millis(200)) {
+        Err(Error::Timeout(..)) => {}
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+    drop(sub);
+    fake.join().unwrap();
+}
+
+#[test]
+fn non_blocking_reads_report_a_crashed_publisher_once_the_ring_is_drained() {
+    let s = capture();
+    // The fake hangs up right after its Welcome, as a killed publisher's
+    // socket would; nothing frees our entry.
+    let (sub, fake, _dir) = connect_to_fake(&s, false, Duration::ZERO);
+    let mut sub = sub.expect("connects");
+    fake.join().unwrap();
+    let mut buf = Vec::new();
+    let mut got = 0;
+    let t = std::time::Instant::now();
+    loop {
+        match sub.try_next_copy(&mut buf) {
+            Ok(Some(_)) => got += 1,
+            Ok(None) => {
+                assert!(
+                    t.elapsed() < Duration::from_secs(2),
+                    "no ProducerGone after {:?}",
+                    t.elapsed()
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(Error::ProducerGone { .. }) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(got, 5, "the packets left in the ring come first");
+    assert!(matches!(sub.try_borrow(), Err(Error::ProducerGone { .. })));
+}
+
+#[test]
+fn a_lossless_reader_cannot_dodge_its_lease_by_moving_its_cursor() {
+    let dir = TempDir::new(&format!("pk-dodge-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
+    let path = dir.join("p.sock");
+    let cfg = PacketPublisherConfig::new(PacketRingConfig::new(1 << 14, 8, 4096))
+        .write_timeout(Duration::from_millis(100))
+        .lossless_lease(Duration::from_millis(300));
+    let mut p = PacketPublisher::create(&path, cfg).unwrap();
+    // A hand-made lossless client that maps its entry and flips its cursor
+    // between 0 and 1 every 20 ms.
+    let sock = transport::connect(&path).unwrap();
+    let hello = Hello {
+        flags: msg::HELLO_PACKETS | msg::HELLO_LOSSLESS,
+        backends: 1,
+        name: "dodger".into(),
+        device_uuid: [0; 16],
+    };
+    transport::send(sock.as_fd(), &Msg::Hello(hello).encode(), &[]).unwrap();
+    let got = transport::recv(sock.as_fd(), Duration::from_secs(5))
+        .unwrap()
+        .expect("a Welcome");
+    let Ok(Msg::Welcome(w)) = Msg::decode(&got.bytes) else {
+        panic!("not a Welcome")
+    };
+    let file = File::from(got.fds[1].try_clone().unwrap());
+    let off = std::mem::size_of::<SubsHeader>()
+        + w.index as usize * std::mem::size_of::<SubEntry>()
+        + offset_of!(SubEntry, released_seq);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flipper = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut v = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                file.write_all_at(&v.to_le_bytes(), off as u64).unwrap();
+                v ^= 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let t = std::time::Instant::now();
+    let mut i = 0u64;
+    while p.stats().evictions == 0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "never evicted");
+        i += 1;
+        let flags = if i == 1 { PACKET_KEY } else { 0 };
+        match p.write(
+            &[i as u8; 3000],
+            PacketMeta {
+                flags,
+                ..Default::default()
+            },
+        ) {
+            Ok(_) | Err(Error::LosslessBlocked { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    flipper.join().unwrap();
+    assert_eq!(p.stats().evictions, 1);
+    drop(sock);
 }

@@ -8,7 +8,8 @@
 //!   [`Error::ProducerGone`] on close or crash, futex wakeups). One process
 //!   can publish a camera's decoded frames on one socket and its encoded
 //!   packets on another. A lossless subscriber (a recorder) never loses a
-//!   packet: the writer waits for it, bounded, and evicts it past its lease.
+//!   packet after its first one: the writer waits for it, bounded, and
+//!   evicts it past its lease (measured on the writer's own seq).
 //! * [`PacketWriter`] / [`PacketReader`]: the same ring in-process, for
 //!   callers that pass the memfd themselves; the reader waits by a bounded
 //!   poll.

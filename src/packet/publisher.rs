@@ -14,10 +14,10 @@ use super::{PacketMeta, PacketRingConfig, PacketRingInfo, PacketWriter};
 use crate::error::{Error, Result};
 use crate::layout::{
     self, DoorbellLine, ProducerLine, SubEntry, SubsHeader, BACKEND_HOST, DEFAULT_MAX_SUBSCRIBERS,
-    MAX_SUBSCRIBERS_LIMIT, SUBF_LOSSLESS, SUB_ACTIVE,
+    MAX_SUBSCRIBERS_LIMIT, PRODUCER_CLOSED, SUBF_LOSSLESS, SUB_ACTIVE,
 };
 use crate::lifecycle::{ExitPhase, ExitWorker};
-use crate::publisher::lossless::LosslessGate;
+use crate::publisher::lossless::{Holder, LosslessGate};
 use crate::shm::{Region, SEALS_FIXED_SIZE};
 use crate::socket::msg::{self, Hello, Welcome};
 use crate::socket::service::{self, Served, Waker};
@@ -213,9 +213,8 @@ impl Served for PacketShared {
     }
 }
 
-/// The first lossless reader that still needs something `p` overwrites:
-/// (entry, the seq it needs next).
-fn lossless_holder(writer: &PacketWriter, sh: &PacketShared, p: &Placement) -> Option<(usize, u64)> {
+/// The first lossless reader that still needs something `p` overwrites.
+fn lossless_holder(writer: &PacketWriter, sh: &PacketShared, p: &Placement) -> Option<Holder> {
     sh.entries().iter().enumerate().find_map(|(k, e)| {
         // SYNC: sub-state — Acquire pairs with the service's Release.
         if e.state.load(Ordering::Acquire) != SUB_ACTIVE || e.flags.load(Ordering::Relaxed) & SUBF_LOSSLESS == 0 {
@@ -224,7 +223,15 @@ fn lossless_holder(writer: &PacketWriter, sh: &PacketShared, p: &Placement) -> O
         // SYNC: release-cursor — Acquire pairs with the reader's Release
         // after its copy: its reads happen-before our overwrite.
         let acked = e.released_seq.load(Ordering::Acquire);
-        writer.would_overwrite(p, acked).then(|| (k, acked.saturating_add(1)))
+        writer.would_overwrite(p, acked).then(|| Holder {
+            index: k,
+            // Relaxed: written by the service before its Release of `state`.
+            generation: e.generation.load(Ordering::Relaxed),
+            // The lease runs on the packet we are trying to write, not on
+            // the reader's cursor, which it could move back and forth.
+            key: p.seq,
+            held_seq: acked.saturating_add(1),
+        })
     })
 }
 
@@ -350,7 +357,10 @@ impl PacketPublisher {
     /// # Errors
     /// As [`PacketPublisher::write`].
     pub fn write_with(&mut self, len: usize, meta: PacketMeta, fill: impl FnOnce(&mut [u8])) -> Result<u64> {
-        if self.closed {
+        // Closed by `close`, or by process exit stopping the service (which
+        // marks the ring closed and frees every entry: no more lossless gate).
+        // Relaxed: our own store (close) or the service's, seen soon enough.
+        if self.closed || self.shared.producer().state.load(Ordering::Relaxed) == PRODUCER_CLOSED {
             return Err(Error::Closed);
         }
         let max = self.shared.info.max_packet as usize;

@@ -15,6 +15,10 @@ use crate::shm::{Region, SEALS_FIXED_SIZE};
 use crate::socket::client::{self, Lease};
 use crate::socket::msg::{self, Hello};
 
+/// How often the non-blocking reads look at the publisher's socket when
+/// there is nothing to read (blocking reads check it between park slices).
+const LIVENESS_CHECK: Duration = Duration::from_millis(20);
+
 /// How to subscribe to a packet ring.
 #[derive(Debug, Clone)]
 pub struct PacketSubscriberOptions {
@@ -98,6 +102,8 @@ pub struct PacketSubscriber {
     lease: Lease,
     opts: PacketSubscriberOptions,
     path: PathBuf,
+    /// When the non-blocking calls last looked at the socket.
+    last_check: Instant,
 }
 
 impl std::fmt::Debug for PacketSubscriber {
@@ -175,6 +181,7 @@ impl PacketSubscriber {
             lease,
             opts,
             path,
+            last_check: Instant::now(),
         })
     }
 
@@ -207,11 +214,38 @@ impl PacketSubscriber {
     /// of bounds.
     pub fn try_next_copy(&mut self, buf: &mut Vec<u8>) -> Result<Option<Packet>> {
         self.lease.ensure_or_drain()?;
+        if let Some(p) = self.reader.try_next_copy(buf)? {
+            return Ok(Some(p));
+        }
+        if !self.idle_check()? {
+            return Ok(None);
+        }
+        // The publisher went away after our read: one more look, then the end.
         match self.reader.try_next_copy(buf)? {
             Some(p) => Ok(Some(p)),
-            None if self.lease.draining() => Err(self.gone()),
-            None => Ok(None),
+            None => Err(self.gone()),
         }
+    }
+
+    /// Nothing to read now. While draining that is the end; otherwise, at
+    /// most every [`LIVENESS_CHECK`], looks at the socket too (a crashed
+    /// publisher leaves our entry active: only its socket's EOF tells).
+    /// Returns whether the drain starts (or has started) now.
+    ///
+    /// # Errors
+    /// [`Error::ProducerGone`] when draining is over; the lease's errors.
+    fn idle_check(&mut self) -> Result<bool> {
+        if self.lease.draining() {
+            return Err(self.gone());
+        }
+        if self.last_check.elapsed() < LIVENESS_CHECK {
+            return Ok(false);
+        }
+        self.last_check = Instant::now();
+        if !self.lease.quiet() {
+            self.lease.check_or_drain()?;
+        }
+        Ok(self.lease.draining())
     }
 
     /// Copies the next packet into `buf`, waiting up to `timeout` (spin,
@@ -224,6 +258,12 @@ impl PacketSubscriber {
         loop {
             if let Some(p) = self.try_next_copy(buf)? {
                 return Ok(p);
+            }
+            // `wait` returns at once while `write_seq` is past a record that
+            // is not committed (only a misbehaving writer does that): the
+            // deadline is checked here too.
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout(timeout, "the next packet"));
             }
             self.wait(deadline, timeout)?;
         }
@@ -238,11 +278,12 @@ impl PacketSubscriber {
     pub fn try_borrow(&mut self) -> Result<Option<PacketBorrow<'_>>> {
         self.lease.ensure_or_drain()?;
         if !self.reader.has_next()? {
-            return if self.lease.draining() {
-                Err(self.gone())
-            } else {
-                Ok(None)
-            };
+            if !self.idle_check()? {
+                return Ok(None);
+            }
+            if !self.reader.has_next()? {
+                return Err(self.gone());
+            }
         }
         self.reader.try_borrow()
     }
@@ -260,6 +301,9 @@ impl PacketSubscriber {
             }
             if self.lease.draining() {
                 return Err(self.gone());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout(timeout, "the next packet"));
             }
             self.wait(deadline, timeout)?;
         }

@@ -6,24 +6,38 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::layout::SUB_EVICTED;
+use crate::layout::{SUB_ACTIVE, SUB_EVICTED};
 use crate::socket::service::Served;
+
+/// A lossless reader the producer must wait for, as `holder` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Holder {
+    /// Its table entry.
+    pub(crate) index: usize,
+    /// The entry's generation when it was found blocking.
+    pub(crate) generation: u32,
+    /// What the lease is measured on: a seq of the producer's own (the
+    /// frame held, the packet about to be written), never a value the
+    /// reader controls, so a reader cannot restart its lease by moving its
+    /// cursor back and forth.
+    pub(crate) key: u64,
+    /// The seq reported in [`Error::LosslessBlocked`].
+    pub(crate) held_seq: u64,
+}
 
 /// Which lossless reader the producer is waiting for, and since when: the
 /// lease is measured across calls, so a reader that keeps the producer
 /// waiting through several timed-out loans or writes is still evicted.
 #[derive(Debug, Default)]
 pub(crate) struct LosslessGate {
-    /// (entry, seq it holds or needs, since).
-    blocked: Option<(usize, u64, Instant)>,
+    /// (entry, generation, key, since).
+    blocked: Option<(usize, u32, u64, Instant)>,
 }
 
 impl LosslessGate {
-    /// Waits until `holder()` names no lossless reader, at most `timeout`;
-    /// `holder` returns the first blocking reader's entry and the seq it
-    /// holds (frames) or needs next (packets). A reader that has kept the
-    /// producer waiting on the same seq for `lease` is evicted. `waits`
-    /// counts calls that had to wait.
+    /// Waits until `holder()` names no lossless reader, at most `timeout`.
+    /// A reader that has kept the producer waiting on the same key for
+    /// `lease` is evicted. `waits` counts calls that had to wait.
     ///
     /// # Errors
     /// [`Error::LosslessBlocked`] when `timeout` runs out first.
@@ -33,37 +47,38 @@ impl LosslessGate {
         waits: &AtomicU64,
         lease: Duration,
         timeout: Duration,
-        mut holder: impl FnMut() -> Option<(usize, u64)>,
+        mut holder: impl FnMut() -> Option<Holder>,
     ) -> Result<()> {
         let start = Instant::now();
         let mut counted = false;
         loop {
-            let Some((k, seq)) = holder() else {
+            let Some(h) = holder() else {
                 self.blocked = None;
                 return Ok(());
             };
+            let k = h.index;
             if !counted {
                 // Relaxed: a counter for stats.
                 waits.fetch_add(1, Ordering::Relaxed);
                 counted = true;
             }
             let since = match self.blocked {
-                Some((bk, bs, since)) if bk == k && bs == seq => since,
+                Some((bk, bg, key, since)) if bk == k && bg == h.generation && key == h.key => since,
                 _ => {
                     let now = Instant::now();
-                    self.blocked = Some((k, seq, now));
+                    self.blocked = Some((k, h.generation, h.key, now));
                     now
                 }
             };
             if since.elapsed() >= lease {
-                self.evict(sh, k);
+                self.evict(sh, &h);
                 continue;
             }
             if start.elapsed() >= timeout {
                 return Err(Error::LosslessBlocked {
                     index: k as u32,
                     name: sh.entries()[k].name(),
-                    held_seq: seq,
+                    held_seq: h.held_seq,
                     waited: start.elapsed(),
                 });
             }
@@ -73,19 +88,32 @@ impl LosslessGate {
         }
     }
 
-    /// Evicts entry `k`: marks it, counts it, and has the service send
-    /// `Evicted` and close the connection.
-    fn evict<S: Served>(&mut self, sh: &S, k: usize) {
+    /// Evicts the holder: marks its entry, counts it, and has the service
+    /// send `Evicted` and close the connection. Nothing happens if the
+    /// entry changed hands meanwhile (the service freed or reassigned it).
+    fn evict<S: Served>(&mut self, sh: &S, h: &Holder) {
+        self.blocked = None;
+        let k = h.index;
         let e = &sh.entries()[k];
+        // Relaxed: the service writes the generation before it stores
+        // ACTIVE (Release), which the compare-exchange below re-checks.
+        if e.generation.load(Ordering::Relaxed) != h.generation {
+            return;
+        }
+        // SYNC: sub-state — Release on success; the subscriber sees
+        // EVICTED with Acquire. Fails if the service freed the entry.
+        if e.state
+            .compare_exchange(SUB_ACTIVE, SUB_EVICTED, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
         tracing::warn!(index = k, name = %e.name(), "evicting a lossless subscriber that kept the producer waiting past its lease");
-        // SYNC: sub-state — Release; the subscriber sees EVICTED with Acquire.
-        e.state.store(SUB_EVICTED, Ordering::Release);
         // Relaxed: own counter, single writer (the producer thread).
         sh.producer().evictions.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut q) = sh.evict_requests().lock() {
             q.push(k as u32);
         }
         sh.waker().wake();
-        self.blocked = None;
     }
 }

@@ -24,7 +24,7 @@ use crate::socket::transport::{AccessPolicy, Listener};
 use crate::time::{monotonic_ns, realtime_ns};
 
 pub(crate) mod lossless;
-use lossless::LosslessGate;
+use lossless::{Holder, LosslessGate};
 
 /// What the producer does when a slot it wants to reuse is still held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -656,7 +656,12 @@ impl Publisher {
         let sh = &*self.shared;
         self.gate
             .wait(sh, &sh.lossless_waits, sh.cfg.lossless_lease, timeout, || {
-                protocol::lossless_holder(sh.entries(), held_seq).map(|(k, _)| (k, held_seq))
+                protocol::lossless_holder(sh.entries(), held_seq).map(|(k, _)| Holder {
+                    index: k,
+                    generation: sh.entries()[k].generation.load(StdOrdering::Relaxed),
+                    key: held_seq,
+                    held_seq,
+                })
             })
     }
 

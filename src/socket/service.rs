@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags};
 
 use crate::error::Error;
-use crate::layout::{DoorbellLine, ProducerLine, SubEntry, PRODUCER_CLOSED, SUB_ACTIVE, SUB_FREE};
+use crate::layout::{DoorbellLine, ProducerLine, SubEntry, PRODUCER_CLOSED, SUB_ACTIVE, SUB_EVICTED, SUB_FREE};
 use crate::lifecycle::StopSignal;
 use crate::socket::msg::{self, Attach, Hello, Msg, Notice, Welcome, PROTOCOL_VERSION};
 use crate::socket::transport::{self, AccessPolicy, Listener};
@@ -140,13 +140,23 @@ pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
             }
         };
         if listener_ready {
-            while let Ok(Some(fd)) = listener.accept(Duration::ZERO) {
-                conns.push(Conn {
-                    fd,
-                    state: State::Pending {
-                        deadline: Instant::now() + sh.handshake_timeout(),
-                    },
-                });
+            loop {
+                match listener.accept(Duration::ZERO) {
+                    Ok(Some(fd)) => conns.push(Conn {
+                        fd,
+                        state: State::Pending {
+                            deadline: Instant::now() + sh.handshake_timeout(),
+                        },
+                    }),
+                    Ok(None) => break,
+                    Err(e) => {
+                        // E.g. EMFILE: the listener stays readable, so
+                        // without a pause the loop would spin.
+                        tracing::warn!(error = %e, "accept in the socket service");
+                        std::thread::sleep(RETRY);
+                        break;
+                    }
+                }
             }
         }
         let now = Instant::now();
@@ -391,4 +401,15 @@ fn handle_evictions<S: Served>(sh: &S, conns: &mut Vec<Conn>) {
         free_entry(sh, index);
         false
     });
+    // An entry evicted after its connection had already closed (the service
+    // freed it, then the producer's eviction landed): nobody is left to
+    // tell; give the entry back.
+    for index in requests {
+        if let Some(e) = sh.entries().get(index as usize) {
+            // SYNC: sub-state — Release, as in `free_entry`.
+            let _ = e
+                .state
+                .compare_exchange(SUB_EVICTED, SUB_FREE, Ordering::Release, Ordering::Relaxed);
+        }
+    }
 }
