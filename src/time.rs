@@ -8,6 +8,13 @@ pub fn monotonic_ns() -> u64 {
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
+/// `CLOCK_MONOTONIC_COARSE` now, in nanoseconds: a few ns to read, with
+/// the kernel tick's resolution (1–10 ms), for rate limits in hot loops.
+pub fn coarse_monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
 /// `CLOCK_REALTIME` now, in nanoseconds.
 pub fn realtime_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Realtime);
