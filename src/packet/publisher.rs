@@ -5,8 +5,8 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::writer::{Placement, RingMem};
@@ -20,7 +20,7 @@ use crate::lifecycle::{ExitPhase, ExitWorker};
 use crate::publisher::lossless::{Holder, LosslessGate};
 use crate::shm::{Region, SEALS_FIXED_SIZE};
 use crate::socket::msg::{self, Hello, Welcome};
-use crate::socket::service::{self, Served, Waker};
+use crate::socket::service::{self, Served, ServiceState};
 use crate::socket::transport::{AccessPolicy, Listener};
 
 /// How a [`PacketPublisher`] serves its ring.
@@ -116,9 +116,7 @@ struct PacketShared {
     subs: Region,
     subs_fd: OwnedFd,
     cfg: PacketPublisherConfig,
-    evict_requests: Mutex<Vec<u32>>,
-    lossless_waits: AtomicU64,
-    waker: Waker,
+    state: ServiceState,
 }
 
 impl PacketShared {
@@ -144,11 +142,8 @@ impl Served for PacketShared {
     fn handshake_timeout(&self) -> Duration {
         self.cfg.handshake_timeout
     }
-    fn evict_requests(&self) -> &Mutex<Vec<u32>> {
-        &self.evict_requests
-    }
-    fn waker(&self) -> &Waker {
-        &self.waker
+    fn state(&self) -> &ServiceState {
+        &self.state
     }
 
     fn refuse(&self, hello: &Hello) -> Option<(u32, String)> {
@@ -305,9 +300,7 @@ impl PacketPublisher {
             subs,
             subs_fd,
             cfg,
-            evict_requests: Mutex::new(Vec::new()),
-            lossless_waits: AtomicU64::new(0),
-            waker: Waker::new()?,
+            state: ServiceState::new()?,
         });
         let svc = Arc::clone(&shared);
         let service = ExitWorker::builder(format!("vramring-packets:{}", path.display()), ExitPhase::Service)
@@ -369,20 +362,14 @@ impl PacketPublisher {
         }
         let placement = self.writer.placement(len);
         self.wait_lossless(&placement)?;
-        let shared = Arc::clone(&self.shared);
-        self.writer.write_inner(len, meta, fill, shared.entries())
+        self.writer.write_inner(len, meta, fill, self.shared.entries())
     }
 
     fn wait_lossless(&mut self, p: &Placement) -> Result<()> {
-        let sh = Arc::clone(&self.shared);
-        let writer = &self.writer;
-        self.gate.wait(
-            &*sh,
-            &sh.lossless_waits,
-            sh.cfg.lossless_lease,
-            sh.cfg.write_timeout,
-            || lossless_holder(writer, &sh, p),
-        )
+        let (sh, writer) = (&*self.shared, &self.writer);
+        self.gate.wait(sh, sh.cfg.lossless_lease, sh.cfg.write_timeout, || {
+            lossless_holder(writer, sh, p)
+        })
     }
 
     /// Replaces the codec parameters (SPS/PPS/VPS or extradata) atomically.
@@ -409,7 +396,7 @@ impl PacketPublisher {
             connects: p.connects.load(r),
             disconnects: p.disconnects.load(r),
             evictions: p.evictions.load(r),
-            lossless_waits: self.shared.lossless_waits.load(r),
+            lossless_waits: self.shared.state.lossless_waits.load(r),
         }
     }
 

@@ -2,7 +2,7 @@
 //! lease: one implementation for the frame [`super::Publisher`] and the
 //! [`crate::packet::PacketPublisher`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -37,14 +37,14 @@ pub(crate) struct LosslessGate {
 impl LosslessGate {
     /// Waits until `holder()` names no lossless reader, at most `timeout`.
     /// A reader that has kept the producer waiting on the same key for
-    /// `lease` is evicted. `waits` counts calls that had to wait.
+    /// `lease` is evicted. Calls that had to wait are counted in the
+    /// service state's `lossless_waits`.
     ///
     /// # Errors
     /// [`Error::LosslessBlocked`] when `timeout` runs out first.
     pub(crate) fn wait<S: Served>(
         &mut self,
         sh: &S,
-        waits: &AtomicU64,
         lease: Duration,
         timeout: Duration,
         mut holder: impl FnMut() -> Option<Holder>,
@@ -59,7 +59,7 @@ impl LosslessGate {
             let k = h.index;
             if !counted {
                 // Relaxed: a counter for stats.
-                waits.fetch_add(1, Ordering::Relaxed);
+                sh.state().lossless_waits.fetch_add(1, Ordering::Relaxed);
                 counted = true;
             }
             let since = match self.blocked {
@@ -111,9 +111,9 @@ impl LosslessGate {
         tracing::warn!(index = k, name = %e.name(), "evicting a lossless subscriber that kept the producer waiting past its lease");
         // Relaxed: own counter, single writer (the producer thread).
         sh.producer().evictions.fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut q) = sh.evict_requests().lock() {
+        if let Ok(mut q) = sh.state().evict_requests.lock() {
             q.push(k as u32);
         }
-        sh.waker().wake();
+        sh.state().waker.wake();
     }
 }

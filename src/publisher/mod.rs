@@ -3,7 +3,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
+use std::sync::atomic::Ordering as StdOrdering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use crate::memory::{BackendKind, ExportedPool, WriteCompletion};
 use crate::protocol::{self, CommitMeta};
 use crate::shm::{Region, SEALS_FIXED_SIZE, SEALS_READ_ONLY};
 use crate::socket::msg::{self, Attach, Hello, Welcome};
-use crate::socket::service::{Served, Waker};
+use crate::socket::service::{Served, ServiceState};
 use crate::socket::transport::{AccessPolicy, Listener};
 use crate::time::{monotonic_ns, realtime_ns};
 
@@ -268,13 +268,10 @@ pub(crate) struct Shared {
     pub(crate) pool_fd: OwnedFd,
     pub(crate) info: RingInfo,
     pub(crate) cfg: RingConfig,
-    /// Entries the producer evicted; the service sends Evicted and closes.
-    pub(crate) evict_requests: Mutex<Vec<u32>>,
     /// Push buffers sent by subscribers; the producer maps them.
     pub(crate) attach_requests: Mutex<Vec<AttachRequest>>,
-    pub(crate) lossless_waits: AtomicU64,
-    /// Wakes the socket service (evictions, stop).
-    pub(crate) waker: Waker,
+    /// Evictions, the service's waker, lossless-wait count.
+    pub(crate) state: ServiceState,
 }
 
 /// A subscriber's push buffers, received by the service, mapped by the
@@ -328,11 +325,8 @@ impl Served for Shared {
     fn handshake_timeout(&self) -> Duration {
         self.cfg.handshake_timeout
     }
-    fn evict_requests(&self) -> &Mutex<Vec<u32>> {
-        &self.evict_requests
-    }
-    fn waker(&self) -> &Waker {
-        &self.waker
+    fn state(&self) -> &ServiceState {
+        &self.state
     }
 
     fn refuse(&self, hello: &Hello) -> Option<(u32, String)> {
@@ -582,10 +576,8 @@ impl Publisher {
             pool_fd,
             info,
             cfg,
-            evict_requests: Mutex::new(Vec::new()),
             attach_requests: Mutex::new(Vec::new()),
-            lossless_waits: AtomicU64::new(0),
-            waker: Waker::new()?,
+            state: ServiceState::new()?,
         });
         let svc_shared = Arc::clone(&shared);
         // The service thread registers with the process-exit registry: a
@@ -654,15 +646,14 @@ impl Publisher {
 
     fn wait_lossless(&mut self, held_seq: u64, timeout: Duration) -> Result<()> {
         let sh = &*self.shared;
-        self.gate
-            .wait(sh, &sh.lossless_waits, sh.cfg.lossless_lease, timeout, || {
-                protocol::lossless_holder(sh.entries(), held_seq).map(|(k, _)| Holder {
-                    index: k,
-                    generation: sh.entries()[k].generation.load(StdOrdering::Relaxed),
-                    key: held_seq,
-                    held_seq,
-                })
+        self.gate.wait(sh, sh.cfg.lossless_lease, timeout, || {
+            protocol::lossless_holder(sh.entries(), held_seq).map(|(k, _)| Holder {
+                index: k,
+                generation: sh.entries()[k].generation.load(StdOrdering::Relaxed),
+                key: held_seq,
+                held_seq,
             })
+        })
     }
 
     /// Maps push buffers that subscribers sent, and unmaps those of
@@ -777,7 +768,7 @@ impl Publisher {
             connects: p.connects.load(r),
             disconnects: p.disconnects.load(r),
             evictions: p.evictions.load(r),
-            lossless_waits: self.shared.lossless_waits.load(r),
+            lossless_waits: self.shared.state.lossless_waits.load(r),
         }
     }
 

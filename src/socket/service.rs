@@ -35,11 +35,8 @@ pub(crate) trait Served: Send + Sync + 'static {
     fn access(&self) -> &AccessPolicy;
     /// How long a new connection has to send its Hello.
     fn handshake_timeout(&self) -> Duration;
-    /// Entries the producer evicted; the service sends Evicted and closes.
-    /// The producer pushes one, then [`Waker::wake`]s the service.
-    fn evict_requests(&self) -> &Mutex<Vec<u32>>;
-    /// Wakes the service out of its `poll`.
-    fn waker(&self) -> &Waker;
+    /// What the producer and the service exchange besides the ring.
+    fn state(&self) -> &ServiceState;
     /// A refusal `(REJECT_*, reason)` for a Hello whose peer passed the
     /// credential check, or `None` to accept it.
     fn refuse(&self, hello: &Hello) -> Option<(u32, String)>;
@@ -70,6 +67,30 @@ pub(crate) fn ring(doorbell: &DoorbellLine) {
 const IDLE_TICK: Duration = Duration::from_secs(1);
 /// Pause after a failed poll.
 const RETRY: Duration = Duration::from_millis(20);
+
+/// What a publisher's producer thread and its socket service share besides
+/// the ring, the same for both kinds of ring.
+#[derive(Debug)]
+pub(crate) struct ServiceState {
+    /// Entries the producer evicted; the service sends Evicted and closes.
+    /// The producer pushes one, then wakes the service.
+    pub(crate) evict_requests: Mutex<Vec<u32>>,
+    /// Wakes the service out of its `poll` (evictions, stop).
+    pub(crate) waker: Waker,
+    /// Loans or writes that had to wait for a lossless subscriber.
+    pub(crate) lossless_waits: std::sync::atomic::AtomicU64,
+}
+
+impl ServiceState {
+    /// Empty queues, a new eventfd.
+    pub(crate) fn new() -> crate::error::Result<ServiceState> {
+        Ok(ServiceState {
+            evict_requests: Mutex::new(Vec::new()),
+            waker: Waker::new()?,
+            lossless_waits: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+}
 
 /// An eventfd that wakes the service's `poll`: written by the producer
 /// (evictions) and by the stop signal (close, process exit).
@@ -117,7 +138,7 @@ struct Conn {
 /// Serves `listener` until `stop` is raised, then marks the ring closed,
 /// rings the doorbell, says Bye on every connection and frees its entry.
 pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
-    match sh.waker().try_clone() {
+    match sh.state().waker.try_clone() {
         Some(w) => stop.on_raise(move || w.wake()),
         None => tracing::warn!("no second handle on the service's eventfd; a stop is seen within a second"),
     }
@@ -131,7 +152,7 @@ pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
                 State::Active { .. } => None,
             })
             .fold(IDLE_TICK, Duration::min);
-        let (listener_ready, ready) = match poll(&listener, sh.waker(), &conns, timeout) {
+        let (listener_ready, ready) = match poll(&listener, &sh.state().waker, &conns, timeout) {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, "poll in the socket service");
@@ -384,7 +405,7 @@ fn free_entry<S: Served>(sh: &S, index: u32) {
 }
 
 fn handle_evictions<S: Served>(sh: &S, conns: &mut Vec<Conn>) {
-    let requests = match sh.evict_requests().lock() {
+    let requests = match sh.state().evict_requests.lock() {
         Ok(mut q) if !q.is_empty() => std::mem::take(&mut *q),
         _ => return,
     };
