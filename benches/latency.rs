@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
-use vramring::publisher::BackendChoice;
+use vramring::BackendChoice;
 use vramring::{Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions};
 
 #[path = "common/mod.rs"]

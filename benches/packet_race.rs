@@ -97,6 +97,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
+use vramring::ServeOptions;
 
 use iceoryx2::prelude::*;
 use iceoryx2::waitset::WaitSetRunResult;

@@ -21,7 +21,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use vramring::publisher::BackendChoice;
+use vramring::BackendChoice;
 
 #[path = "common/mod.rs"]
 #[allow(dead_code)]

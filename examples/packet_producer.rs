@@ -13,6 +13,7 @@
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use vramring::ServeOptions;
 
 use clap::Parser;
 use vramring::packet::{PacketMeta, PacketPublisher, PacketPublisherConfig, PacketRingConfig, PACKET_KEY};

@@ -1,7 +1,7 @@
 //! The shared-memory layout: `#[repr(C)]` structs of fixed-width atomics,
 //! pinned by compile-time asserts and mirrored by `proto/vramring.h`.
 //!
-//! Two memfds carry the layout to subscribers:
+//! Two memfds shared by every subscriber carry the layout:
 //!
 //! * the **control region**: [`RingHeader`] followed by `slot_count`
 //!   [`SlotDesc`]s. Only the publisher writes it; it is sealed with
@@ -9,8 +9,13 @@
 //!   so subscribers can map it read-only only and a publisher cannot shrink
 //!   it under them (no `SIGBUS`).
 //! * the **subscriber table**: [`SubsHeader`] followed by `max_subscribers`
-//!   [`SubEntry`]s. The publisher assigns entries; each subscriber writes its
-//!   own entry's cursor, counters and `parked` flag.
+//!   [`SubEntry`]s. Only the publisher writes it; it is sealed like the
+//!   control region and sent read-only.
+//!
+//! A third memfd is made for each connection: the subscriber's **client
+//! region**, one [`ClientLine`] (its cursor, counters, `parked` flag, push
+//! hold and its own doorbell), mapped by that subscriber and the publisher
+//! only.
 //!
 //! Everything is little-endian, fixed-width, and reached through `&Atomic*`
 //! only. Nothing read from a peer is trusted: [`RingInfo::validate`] checks
@@ -26,7 +31,7 @@ pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"VRAMRING");
 /// Magic of the subscriber table: the bytes `VRSUBTAB`.
 pub const SUBS_MAGIC: u64 = u64::from_le_bytes(*b"VRSUBTAB");
 /// Version of this shared layout. Any change to a struct below bumps it.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Fewest slots a ring may have.
 pub const MIN_SLOTS: u32 = 2;
@@ -76,6 +81,14 @@ pub const SUB_FREE: u32 = 0;
 pub const SUB_ACTIVE: u32 = 1;
 /// `SubEntry.state`: evicted; the publisher no longer waits for it.
 pub const SUB_EVICTED: u32 = 2;
+
+/// `SubEntry.evict_code` (and the Evicted notice's code): held a frame or packet past the lossless lease.
+pub const EVICT_LEASE: u32 = 16;
+/// `SubEntry.evict_code`: broke the protocol (an unexpected message, a
+/// second Attach, buffers that do not fit the ring).
+pub const EVICT_PROTOCOL: u32 = 18;
+/// `SubEntry.evict_code`: its push buffers could not be mapped.
+pub const EVICT_PUSH: u32 = 17;
 
 /// `SubEntry.flags`: lossless (the producer waits for its cursor).
 pub const SUBF_LOSSLESS: u32 = 1;
@@ -181,13 +194,13 @@ pub struct SeqLine {
     pub global_seq: AtomicU64,
 }
 
-/// The futex word subscribers park on, alone on its cache lines.
+/// Reserved cache lines (zero). Subscribers park on the doorbell of their
+/// own [`ClientLine`], which no other subscriber can reach.
 #[repr(C, align(128))]
 #[cfg_attr(loom, derive(Default))]
 pub struct DoorbellLine {
-    /// Incremented by the publisher after a publish when any entry is `parked`.
-    /// SYNC: doorbell (Release increment by publisher, Acquire load by waiter).
-    pub doorbell: AtomicU32,
+    /// Reserved, zero.
+    pub reserved: AtomicU32,
 }
 
 /// The head of the control region.
@@ -200,7 +213,7 @@ pub struct RingHeader {
     pub producer: ProducerLine,
     /// `global_seq`.
     pub seq: SeqLine,
-    /// Futex word.
+    /// Reserved (zero).
     pub doorbell: DoorbellLine,
 }
 
@@ -248,21 +261,78 @@ pub struct SubsHeader {
     pub reserved: [AtomicU64; 28],
 }
 
-/// One subscriber's entry.
+/// One subscriber's entry in the subscriber table. Written by the
+/// publisher alone ([`crate::ring::table`] is its one writer); subscribers
+/// map the table read-only and read their own entry to learn whether their
+/// lease still holds.
 #[repr(C, align(128))]
 #[cfg_attr(loom, derive(Default))]
 pub struct SubEntry {
-    /// `SUB_*`; written by the publisher.
-    /// SYNC: sub-state (Release by publisher, Acquire by publisher's producer path / subscriber).
+    /// `SUB_*`.
+    /// SYNC: sub-state (Release by the publisher's table, Acquire by the
+    /// publisher's producer path and by the subscriber).
     pub state: AtomicU32,
-    /// `SUBF_*`; written by the publisher.
+    /// `SUBF_*`.
     pub flags: AtomicU32,
-    /// Incremented by the publisher at each assignment of this entry.
+    /// Incremented at each assignment of this entry.
     pub generation: AtomicU32,
-    /// Non-zero while the subscriber is parked (or about to park) on the
-    /// doorbell futex; written by the subscriber.
-    /// SYNC: park (SeqCst fence on both sides, see `protocol::wait`).
+    /// Push delivery: buffers attached (0: none yet), once the publisher
+    /// has mapped them.
+    /// SYNC: push-seq (Release by publisher, Acquire by the subscriber).
+    pub push_count: AtomicU32,
+    /// `EVICT_*` reason once the entry is `SUB_EVICTED` (0 otherwise).
+    pub evict_code: AtomicU32,
+    /// Reserved, zero.
+    pub reserved0: AtomicU32,
+    /// The publisher's view of this subscriber's lossless cursor: the
+    /// subscriber's `released_seq`, clamped to what was published and never
+    /// moving back.
+    pub released_seq: AtomicU64,
+    /// Frames handed to the user, as last reported (informational, copied
+    /// from the client region by the publisher).
+    pub delivered: AtomicU64,
+    /// Frames skipped, as last reported (informational).
+    pub dropped: AtomicU64,
+    /// Torn reads discarded, as last reported (informational).
+    pub overruns: AtomicU64,
+    /// `CLOCK_MONOTONIC` ns of the subscriber's last reported read.
+    pub heartbeat_ns: AtomicU64,
+    /// Name from the subscriber's Hello, NUL-padded UTF-8.
+    pub name: [AtomicU64; NAME_BYTES / 8],
+    /// Push delivery: seq of the frame in each of the subscriber's own
+    /// buffers (`seq | SEQ_WRITING` while the publisher copies into it, 0
+    /// empty).
+    /// SYNC: push-seq (Release by publisher after the copy completed, Acquire
+    /// by the subscriber).
+    pub push_seq: [AtomicU64; PUSH_BUFFERS],
+    /// Reserved, zero.
+    pub reserved1: AtomicU64,
+}
+
+/// Bytes of a client region: one [`ClientLine`].
+pub const CLIENT_BYTES: u64 = std::mem::size_of::<ClientLine>() as u64;
+
+/// A subscriber's own region: a memfd made for one connection, mapped
+/// read-write by that subscriber and by the publisher, and by nobody else.
+/// The subscriber writes every field but `doorbell`; the publisher treats
+/// each value it reads here as hostile (clamped, range-checked, never an
+/// index or a size).
+#[repr(C, align(128))]
+#[cfg_attr(loom, derive(Default))]
+pub struct ClientLine {
+    /// The futex word this subscriber parks on; incremented by the
+    /// publisher after a publish while `parked` is set.
+    /// SYNC: doorbell (Release increment by publisher, Acquire load by waiter).
+    pub doorbell: AtomicU32,
+    /// Non-zero while the subscriber is parked (or about to park).
+    /// SYNC: park (SeqCst fence on both sides, see `frame::protocol::wait`).
     pub parked: AtomicU32,
+    /// Push delivery: `k + 1` while the subscriber reads its buffer `k`, 0
+    /// when it holds none.
+    /// SYNC: push-hold (SeqCst fences on both sides, see `frame::protocol::push`).
+    pub push_held: AtomicU32,
+    /// Reserved, zero.
+    pub reserved0: AtomicU32,
     /// Lossless cursor: the newest seq this subscriber is done with.
     /// SYNC: release-cursor (Release by subscriber after its copy completes,
     /// Acquire by producer before reusing the slot).
@@ -277,21 +347,8 @@ pub struct SubEntry {
     pub overruns: AtomicU64,
     /// `CLOCK_MONOTONIC` ns of the subscriber's last read.
     pub heartbeat_ns: AtomicU64,
-    /// Name from the subscriber's Hello, NUL-padded UTF-8.
-    pub name: [AtomicU64; NAME_BYTES / 8],
-    /// Push delivery: seq of the frame in each of the subscriber's own
-    /// buffers (`seq | SEQ_WRITING` while the publisher copies into it, 0
-    /// empty); written by the publisher.
-    /// SYNC: push-seq (Release by publisher after the copy completed, Acquire
-    /// by the subscriber).
-    pub push_seq: [AtomicU64; PUSH_BUFFERS],
-    /// Push delivery: `k + 1` while the subscriber reads its buffer `k`, 0
-    /// when it holds none; written by the subscriber.
-    /// SYNC: push-hold (SeqCst fences on both sides, see `protocol::push`).
-    pub push_held: AtomicU32,
-    /// Push delivery: buffers attached (0: pull delivery); written by the
-    /// publisher once it has mapped them.
-    pub push_count: AtomicU32,
+    /// Reserved, zero.
+    pub reserved1: [AtomicU64; 8],
 }
 
 #[cfg(not(loom))]
@@ -320,14 +377,18 @@ const _: () = {
     assert!(size_of::<SlotDesc>() == 128);
     assert!(offset_of!(SlotDesc, user) == 48);
     assert!(size_of::<SubsHeader>() == 256);
-    assert!(offset_of!(SubEntry, parked) == 12);
     assert!(size_of::<SubEntry>() == 128);
-    assert!(offset_of!(SubEntry, released_seq) == 16);
+    assert!(offset_of!(SubEntry, push_count) == 12);
+    assert!(offset_of!(SubEntry, evict_code) == 16);
+    assert!(offset_of!(SubEntry, released_seq) == 24);
     assert!(offset_of!(SubEntry, heartbeat_ns) == 56);
     assert!(offset_of!(SubEntry, name) == 64);
     assert!(offset_of!(SubEntry, push_seq) == 96);
-    assert!(offset_of!(SubEntry, push_held) == 120);
-    assert!(offset_of!(SubEntry, push_count) == 124);
+    assert!(size_of::<ClientLine>() == 128);
+    assert!(offset_of!(ClientLine, parked) == 4);
+    assert!(offset_of!(ClientLine, push_held) == 8);
+    assert!(offset_of!(ClientLine, released_seq) == 16);
+    assert!(offset_of!(ClientLine, heartbeat_ns) == 56);
 };
 
 /// Bytes of a control region with `slot_count` slots.

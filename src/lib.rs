@@ -39,24 +39,27 @@
 
 pub mod error;
 pub mod format;
+pub mod frame;
 pub mod layout;
 pub mod lifecycle;
 pub mod memory;
 pub mod packet;
-pub mod protocol;
-pub mod publisher;
+pub mod ring;
 pub(crate) mod shm;
 pub mod socket;
-mod subscriber;
 pub(crate) mod sync;
+#[cfg(feature = "testing")]
 pub mod testpattern;
 pub mod time;
 
 pub use error::{Error, Result};
 pub use format::{Format, Geometry, Plane};
+pub use frame::{
+    BackendChoice, Borrow, Frame, FrameMeta, Mode, Policy, Publisher, RingConfig, SlotMut, Subscriber,
+    SubscriberOptions, SubscriberStats,
+};
 pub use memory::{BackendKind, WriteCompletion};
-pub use publisher::{BackendChoice, FrameMeta, Policy, Publisher, PublisherStats, RingConfig, SlotMut};
-pub use subscriber::{Borrow, Frame, Mode, Subscriber, SubscriberOptions, SubscriberStats};
+pub use ring::{PublisherStats, ServeConfig, ServeOptions};
 
 /// The README's code blocks, compiled as doctests so they stay true.
 #[cfg(doctest)]

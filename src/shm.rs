@@ -26,6 +26,8 @@ unsafe impl SharedPlain for crate::layout::SlotDesc {}
 unsafe impl SharedPlain for crate::layout::SubsHeader {}
 // SAFETY: as above.
 unsafe impl SharedPlain for crate::layout::SubEntry {}
+// SAFETY: as above.
+unsafe impl SharedPlain for crate::layout::ClientLine {}
 
 /// A mapping of a memfd (or any file descriptor) shared with peers.
 ///
@@ -99,6 +101,25 @@ impl Region {
             )
         })?;
         Ok(Region { map, len: ulen })
+    }
+
+    /// A new, read-only open file description of the memfd `fd` (through
+    /// `/proc/self/fd`), to send to a peer: `mmap(PROT_WRITE, MAP_SHARED)`,
+    /// `write`, `ftruncate` and `fallocate` through it fail with `EACCES` or
+    /// `EBADF` whatever the seals. Seals remain the guarantee: a memfd's
+    /// inode is mode 0777, so a peer could reopen it read-write through its
+    /// own `/proc`; `F_SEAL_FUTURE_WRITE` is what stops that.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when `/proc` is not mounted or the reopen fails.
+    pub(crate) fn reopen_read_only(fd: BorrowedFd<'_>) -> Result<OwnedFd> {
+        let path = format!("/proc/self/fd/{}", fd_raw(fd));
+        rustix::fs::open(
+            path.as_str(),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .ctx(|| format!("reopening {path} read-only (is /proc mounted?)"))
     }
 
     /// Checks that a peer's memfd carries at least `seals`, so it cannot be

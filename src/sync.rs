@@ -14,3 +14,9 @@ pub(crate) fn spin_hint() {
     #[cfg(not(loom))]
     std::hint::spin_loop();
 }
+
+/// A mutex loom can see (the table's per-entry client slots).
+#[cfg(loom)]
+pub(crate) use loom::sync::{Mutex, MutexGuard};
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Mutex, MutexGuard};

@@ -30,10 +30,10 @@ use rustix::fs::{MemfdFlags, SealFlags};
 
 use common::{SubResult, SubSpec, TempDir};
 use vramring::layout::{self, ProducerLine, RingHeader, RingInfo0, SeqLine, SlotDesc, SubEntry, SubsHeader};
-use vramring::publisher::BackendChoice;
 use vramring::socket::msg::{self, Hello, Msg, Notice, Welcome};
 use vramring::socket::transport::{self, Listener};
 use vramring::time::monotonic_ns;
+use vramring::BackendChoice;
 use vramring::{
     testpattern, Error, Format, FrameMeta, Geometry, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions,
 };

@@ -9,7 +9,7 @@
 //! `vramring::packet::layout` and `vramring::socket::msg`. The C code in
 //! `proto/PROTOCOL.md` is compiled too: its test-pattern functions are
 //! checked against `vramring::testpattern`, its push-delivery claim,
-//! complete and take (section 16.5) against `vramring::protocol::push`, and
+//! complete and take (section 16.5) against `vramring::frame::protocol::push`, and
 //! its packet reader (section 17.12) is run on a packet ring the Rust writer
 //! filled and checked against `vramring::packet::PacketReader`. A missing C
 //! compiler is a failure, never a skip.
@@ -23,6 +23,7 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 
 use vramring::format;
+use vramring::frame::protocol::push;
 use vramring::layout::{
     self, DoorbellLine, ProducerLine, RingHeader, RingInfo0, SeqLine, SlotDesc, SubEntry, SubsHeader,
 };
@@ -31,7 +32,6 @@ use vramring::packet::layout::{
     ParamsArea,
 };
 use vramring::packet::{Packet, PacketMeta, PacketReader, PacketRingConfig, PacketWriter};
-use vramring::protocol::push;
 use vramring::socket::msg::{self, Attach, Hello, Msg, Notice, Welcome};
 use vramring::socket::transport;
 use vramring::{Error, Format};
@@ -1001,7 +1001,7 @@ fn c_push_entry(c: &mut Checks, name: &str, push_seq: [u64; layout::PUSH_BUFFERS
 }
 
 /// The push-delivery C code of PROTOCOL.md section 16.5 compiles, and its
-/// claim, complete and take do what `vramring::protocol::push` does.
+/// claim, complete and take do what `vramring::frame::protocol::push` does.
 fn protocol_md_push(c: &mut Checks, md: &str) {
     let code = doc_c_block(md, "### 16.5 The claim and hold protocol");
     let _ = writeln!(c.top, "/* PROTOCOL.md, section 16.5 */\n{code}\n");

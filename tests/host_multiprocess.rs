@@ -5,10 +5,11 @@
 mod common;
 
 use std::time::{Duration, Instant};
+use vramring::ServeOptions;
 
 use common::{ChildProc, SubResult, SubSpec, TempDir};
 use std::path::PathBuf;
-use vramring::publisher::BackendChoice;
+use vramring::BackendChoice;
 use vramring::{testpattern, Format, FrameMeta, Policy, Publisher, RingConfig};
 
 #[test]

@@ -2,8 +2,9 @@
 //! subscribers in this process (the multi-process suite is `host_multiprocess`).
 
 use std::time::Duration;
+use vramring::ServeOptions;
 
-use vramring::publisher::BackendChoice;
+use vramring::BackendChoice;
 use vramring::{
     testpattern, Error, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions,
 };

@@ -34,11 +34,12 @@ use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use vramring::ServeOptions;
 
 use common::{ChildProc, TempDir};
 use examples_common::{emit, Json, JsonLine};
-use vramring::publisher::BackendChoice;
 use vramring::time::monotonic_ns;
+use vramring::BackendChoice;
 use vramring::{
     testpattern, Error, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions,
 };

@@ -127,7 +127,7 @@ fn exit_child() {
 /// alive. The registry stops and joins the service thread, which marks the
 /// ring closed; the teardown marker then reads the subscriber's view of it.
 fn live_ring(marker: &Path, cuda: bool) {
-    use vramring::publisher::BackendChoice;
+    use vramring::BackendChoice;
     use vramring::{Error, Format, FrameMeta, Publisher, RingConfig, Subscriber, SubscriberOptions};
     let dir = std::env::temp_dir().join(format!("vramring-exit-ring-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");

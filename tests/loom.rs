@@ -1,4 +1,4 @@
-//! Model checks of the ring protocol (`vramring::protocol`) under loom.
+//! Model checks of the ring protocol (`vramring::frame::protocol`) under loom.
 //!
 //! Run with `.ci/loom.sh` (`RUSTFLAGS="--cfg loom" cargo test --release
 //! --test loom`). Under `--cfg loom` the shared layout is built from loom's
@@ -30,8 +30,8 @@ use loom::thread;
 
 use std::time::{Duration, Instant};
 
+use vramring::frame::protocol::{self, CommitMeta, Look, ReadMode, SlotSnapshot, WaitOutcome};
 use vramring::layout::{RingHeader, SlotDesc, SubEntry, SUBF_LOSSLESS, SUBF_SEQUENTIAL, SUB_ACTIVE};
-use vramring::protocol::{self, CommitMeta, Look, ReadMode, SlotSnapshot, WaitOutcome};
 
 /// Words of pixel data per slot.
 const WORDS: usize = 2;

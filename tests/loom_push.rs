@@ -1,5 +1,5 @@
 //! Model check of push delivery's buffer claim/hold handshake
-//! (`vramring::protocol::push`) under loom: the publisher never writes a
+//! (`vramring::frame::protocol::push`) under loom: the publisher never writes a
 //! buffer the reader holds, and the reader never takes a buffer mid-write.
 //!
 //! Each push buffer's bytes are modelled as [`WORDS`] `AtomicU64`s written
@@ -11,8 +11,8 @@ use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
+use vramring::frame::protocol::push;
 use vramring::layout::{SubEntry, PUSH_BUFFERS};
-use vramring::protocol::push;
 
 const WORDS: usize = 2;
 

@@ -16,6 +16,7 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use vramring::ServeOptions;
 
 use proptest::prelude::*;
 use rustix::fs::{MemfdFlags, SealFlags};

@@ -7,6 +7,7 @@
 mod common;
 
 use std::time::{Duration, Instant};
+use vramring::ServeOptions;
 
 use common::{wait_until, TempDir};
 use vramring::packet::{

@@ -11,11 +11,12 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use vramring::ServeOptions;
 
 use vramring::memory::cuda::GpuTestPattern;
-use vramring::publisher::BackendChoice;
 use vramring::testpattern::{self, PatternError};
 use vramring::time::monotonic_ns;
+use vramring::BackendChoice;
 use vramring::{
     BackendKind, Error as RingError, Format, Frame, FrameMeta, Mode, Policy, Publisher, RingConfig, SlotMut,
     Subscriber, SubscriberOptions,

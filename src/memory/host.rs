@@ -10,7 +10,7 @@ use memmap2::MmapMut;
 
 use crate::error::{Error, IoContext, Result};
 use crate::memory::{check_range, BackendKind, ExportedPool, ImportedPool, WriteCompletion};
-use crate::shm::{Region, SEALS_FIXED_SIZE};
+use crate::shm::{Region, SEALS_FIXED_SIZE, SEALS_READ_ONLY};
 
 /// The publisher's memfd pool.
 #[derive(Debug)]
@@ -28,8 +28,24 @@ impl HostPool {
     /// # Errors
     /// [`Error::Io`] when the memfd cannot be created or mapped.
     pub fn create(bytes: u64) -> Result<Self> {
+        Self::create_with(bytes, true)
+    }
+
+    /// Creates a zeroed pool of `bytes` bytes, sealed against resizing and,
+    /// unless `peers_may_write`, against every write but through this
+    /// process's own mapping (`F_SEAL_FUTURE_WRITE`): then no subscriber
+    /// can write the pool, whatever descriptor it holds.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the memfd cannot be created, sealed or mapped.
+    pub fn create_with(bytes: u64, peers_may_write: bool) -> Result<Self> {
         let (region, fd) = Region::create("vramring-pool", bytes)?;
-        Region::seal(fd.as_fd(), SEALS_FIXED_SIZE)?;
+        let seals = if peers_may_write {
+            SEALS_FIXED_SIZE
+        } else {
+            SEALS_READ_ONLY
+        };
+        Region::seal(fd.as_fd(), seals)?;
         Ok(HostPool {
             region,
             fd,
@@ -52,6 +68,9 @@ impl ExportedPool for HostPool {
     }
     fn export_fd(&self) -> Result<OwnedFd> {
         self.fd.try_clone().ctx(|| "dup of the pool memfd".into())
+    }
+    fn export_read_only_fd(&self) -> Result<OwnedFd> {
+        Region::reopen_read_only(self.fd.as_fd())
     }
     fn base_addr(&self) -> u64 {
         self.region.as_ptr() as u64
@@ -113,7 +132,8 @@ impl ExportedPool for HostPool {
 /// A subscriber's mapping of a host pool and its own buffer.
 #[derive(Debug)]
 pub struct HostImport {
-    region: Region,
+    /// The pool; `None` for a push-only subscriber.
+    region: Option<Region>,
     writable: bool,
     dest: Option<MmapMut>,
     dest_len: usize,
@@ -132,11 +152,32 @@ impl HostImport {
         // The mapping keeps the memory alive; the descriptor is not needed.
         drop(fd);
         Ok(HostImport {
-            region,
+            region: Some(region),
             writable,
             dest: None,
             dest_len: 0,
             push: None,
+        })
+    }
+}
+
+impl HostImport {
+    /// A push-only subscriber's side: no pool (a push subscriber never
+    /// receives it), only the buffers [`ImportedPool::alloc_push`] makes.
+    pub fn push_only() -> Self {
+        HostImport {
+            region: None,
+            writable: false,
+            dest: None,
+            dest_len: 0,
+            push: None,
+        }
+    }
+
+    fn pool(&self) -> Result<&Region> {
+        self.region.as_ref().ok_or(Error::WrongBackend {
+            what: "pulling a frame",
+            backend: "push-only",
         })
     }
 }
@@ -146,16 +187,17 @@ impl ImportedPool for HostImport {
         BackendKind::Host
     }
     fn base_addr(&self) -> u64 {
-        self.region.as_ptr() as u64
+        self.region.as_ref().map_or(0, |r| r.as_ptr() as u64)
     }
     fn pool_bytes(&self) -> u64 {
-        self.region.len() as u64
+        self.region.as_ref().map_or(0, |r| r.len() as u64)
     }
     fn writable(&self) -> bool {
         self.writable
     }
     fn copy_out(&mut self, src_offset: u64, len: u64) -> Result<()> {
-        check_range("pool", src_offset, len, self.region.len() as u64)?;
+        let src = self.pool()?.as_ptr();
+        check_range("pool", src_offset, len, self.pool_bytes())?;
         let len = usize::try_from(len).map_err(|_| Error::TooLarge {
             len: usize::MAX,
             max: usize::MAX,
@@ -171,7 +213,7 @@ impl ImportedPool for HostImport {
         // caller validates the slot seq after this copy (seqlock rule), so
         // no torn result is ever handed out.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.region.as_ptr().add(src_offset as usize), dest.as_mut_ptr(), len);
+            std::ptr::copy_nonoverlapping(src.add(src_offset as usize), dest.as_mut_ptr(), len);
         }
         self.dest_len = len;
         Ok(())

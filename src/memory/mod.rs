@@ -93,6 +93,14 @@ pub trait ExportedPool: Send {
     /// A new descriptor for the pool, to send to one subscriber. The caller
     /// owns it and closes it after sending.
     fn export_fd(&self) -> Result<OwnedFd>;
+    /// A descriptor for a subscriber without write access: for host memory
+    /// a read-only reopen of the memfd (a writable shared mapping,
+    /// `fallocate` or `ftruncate` through it fail). A CUDA VMM handle has
+    /// no access mode: the importer picks its own with `cuMemSetAccess`, so
+    /// the default is [`ExportedPool::export_fd`] (see `docs/SECURITY.md`).
+    fn export_read_only_fd(&self) -> Result<OwnedFd> {
+        self.export_fd()
+    }
     /// Address of the pool in the publisher's own address space (host
     /// pointer or `CUdeviceptr`).
     fn base_addr(&self) -> u64;

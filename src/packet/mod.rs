@@ -93,7 +93,7 @@ mod tests;
 pub use layout::{
     PacketHeader, PacketRecord, PacketRingInfo, PACKET_DISCONTINUITY, PACKET_KEY, PACKET_MAGIC, PARAMS_BYTES,
 };
-pub use publisher::{PacketPublisher, PacketPublisherConfig, PacketPublisherStats};
+pub use publisher::{PacketPublisher, PacketPublisherConfig};
 pub use reader::{Packet, PacketBorrow, PacketReader, PacketReaderStats};
 pub use subscriber::{PacketSubscriber, PacketSubscriberOptions};
 pub use writer::{PacketMeta, PacketRingConfig, PacketWriter, Placement};

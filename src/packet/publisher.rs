@@ -3,67 +3,55 @@
 //! lease, `ProducerGone` on close or crash), with futex wakeups and lossless
 //! readers.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::writer::{Placement, RingMem};
 use super::{PacketMeta, PacketRingConfig, PacketRingInfo, PacketWriter};
 use crate::error::{Error, Result};
-use crate::layout::{
-    self, DoorbellLine, ProducerLine, SubEntry, SubsHeader, BACKEND_HOST, DEFAULT_MAX_SUBSCRIBERS,
-    MAX_SUBSCRIBERS_LIMIT, PRODUCER_CLOSED, SUBF_LOSSLESS, SUB_ACTIVE,
-};
+use crate::layout::{ProducerLine, BACKEND_HOST, PRODUCER_CLOSED, SUBF_LOSSLESS};
 use crate::lifecycle::{ExitPhase, ExitWorker};
-use crate::publisher::lossless::{Holder, LosslessGate};
-use crate::shm::{Region, SEALS_FIXED_SIZE};
+use crate::ring::lossless::{Holder, LosslessGate};
+use crate::ring::serve::{self, Served, ServiceState};
+use crate::ring::table::{Assigned, Table};
+use crate::ring::{PublisherStats, ServeConfig, ServeOptions};
 use crate::socket::msg::{self, Hello, Welcome};
-use crate::socket::service::{self, Served, ServiceState};
-use crate::socket::transport::{AccessPolicy, Listener};
+use crate::socket::transport::Listener;
+use crate::sync::atomic::Ordering;
 
 /// How a [`PacketPublisher`] serves its ring.
 #[derive(Debug, Clone)]
 pub struct PacketPublisherConfig {
     /// Sizes and codec of the ring.
     pub ring: PacketRingConfig,
-    /// Subscriber table entries.
-    pub max_subscribers: u32,
     /// Whether subscribers may ask for lossless delivery (default yes).
     pub allow_lossless: bool,
     /// How long [`PacketPublisher::write`] waits for a lossless reader
-    /// before it returns [`Error::LosslessBlocked`].
+    /// before it returns [`Error::LosslessBlocked`]. Longer than the lease
+    /// by default, so a stalled reader is evicted and the write goes on.
     pub write_timeout: Duration,
-    /// A lossless reader that keeps the writer waiting this long is evicted.
-    pub lossless_lease: Duration,
-    /// File mode of the socket (default `0o660`).
-    pub socket_mode: u32,
-    /// uid/gid allow-list checked with `SO_PEERCRED`.
-    pub access: AccessPolicy,
-    /// How long a connecting subscriber has to send its Hello.
-    pub handshake_timeout: Duration,
+    /// The serving settings shared with the frame ring.
+    pub serve: ServeConfig,
+}
+
+impl ServeOptions for PacketPublisherConfig {
+    fn serve_mut(&mut self) -> &mut ServeConfig {
+        &mut self.serve
+    }
 }
 
 impl PacketPublisherConfig {
     /// Serves a ring of `ring`'s sizes; 64 subscribers, lossless allowed,
-    /// 1 s write timeout, 2 s lease.
+    /// 2 s write timeout, 1 s lease.
     pub fn new(ring: PacketRingConfig) -> Self {
         PacketPublisherConfig {
             ring,
-            max_subscribers: DEFAULT_MAX_SUBSCRIBERS,
             allow_lossless: true,
-            write_timeout: Duration::from_secs(1),
-            lossless_lease: Duration::from_secs(2),
-            socket_mode: 0o660,
-            access: AccessPolicy::default(),
-            handshake_timeout: Duration::from_secs(2),
+            write_timeout: Duration::from_secs(2),
+            serve: ServeConfig::default(),
         }
-    }
-    /// Sets the subscriber table size.
-    pub fn max_subscribers(mut self, n: u32) -> Self {
-        self.max_subscribers = n;
-        self
     }
     /// Allows or refuses lossless subscribers.
     pub fn allow_lossless(mut self, yes: bool) -> Self {
@@ -75,78 +63,34 @@ impl PacketPublisherConfig {
         self.write_timeout = d;
         self
     }
-    /// Sets the lossless lease.
-    pub fn lossless_lease(mut self, d: Duration) -> Self {
-        self.lossless_lease = d;
-        self
-    }
-    /// Sets the socket's file mode.
-    pub fn socket_mode(mut self, mode: u32) -> Self {
-        self.socket_mode = mode;
-        self
-    }
-    /// Sets the uid/gid allow-list.
-    pub fn access(mut self, a: AccessPolicy) -> Self {
-        self.access = a;
-        self
-    }
-}
-
-/// A packet publisher's counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PacketPublisherStats {
-    /// Packets written.
-    pub published: u64,
-    /// Subscribers connected now.
-    pub subscribers: u32,
-    /// Subscribers that connected so far.
-    pub connects: u64,
-    /// Subscribers whose connection closed so far.
-    pub disconnects: u64,
-    /// Lossless subscribers evicted so far.
-    pub evictions: u64,
-    /// Writes that had to wait for a lossless subscriber.
-    pub lossless_waits: u64,
 }
 
 /// What the writer and the socket service share.
 struct PacketShared {
     mem: Arc<RingMem>,
+    /// Read-only reopen of the sealed ring memfd, sent in every Welcome.
+    ring_fd: std::os::fd::OwnedFd,
     info: PacketRingInfo,
-    subs: Region,
-    subs_fd: OwnedFd,
+    table: Table,
     cfg: PacketPublisherConfig,
     state: ServiceState,
-}
-
-impl PacketShared {
-    fn entries(&self) -> &[SubEntry] {
-        self.subs
-            .slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.cfg.max_subscribers as usize)
-    }
 }
 
 impl Served for PacketShared {
     fn producer(&self) -> &ProducerLine {
         &self.mem.header().producer
     }
-    fn doorbell(&self) -> &DoorbellLine {
-        &self.mem.header().doorbell
+    fn table(&self) -> &Table {
+        &self.table
     }
-    fn entries(&self) -> &[SubEntry] {
-        PacketShared::entries(self)
-    }
-    fn access(&self) -> &AccessPolicy {
-        &self.cfg.access
-    }
-    fn handshake_timeout(&self) -> Duration {
-        self.cfg.handshake_timeout
+    fn serve_config(&self) -> &ServeConfig {
+        &self.cfg.serve
     }
     fn state(&self) -> &ServiceState {
         &self.state
     }
 
-    fn refuse(&self, hello: &Hello) -> Option<(u32, String)> {
+    fn refuse(&self, hello: &Hello, _uid: u32) -> Option<(u32, String)> {
         if hello.flags & msg::HELLO_PACKETS == 0 {
             return Some((
                 msg::REJECT_KIND,
@@ -192,42 +136,34 @@ impl Served for PacketShared {
         }
     }
 
-    fn welcome(&self, index: u32, generation: u32, hello: &Hello) -> (Welcome, Vec<BorrowedFd<'_>>) {
+    fn welcome(&self, a: &Assigned, hello: &Hello) -> (Welcome, BorrowedFd<'_>, Option<BorrowedFd<'_>>) {
         let welcome = Welcome {
-            index,
-            generation,
+            index: a.index,
+            generation: a.generation,
             epoch: self.info.epoch,
             backend: BACKEND_HOST,
             granted: msg::HELLO_PACKETS | (hello.flags & msg::HELLO_LOSSLESS),
             control_bytes: self.info.region_bytes,
-            subs_bytes: self.subs.len() as u64,
+            subs_bytes: 0,
             pool_bytes: 0,
             device_uuid: [0; 16],
+            client_bytes: 0,
         };
-        (welcome, vec![self.mem.fd.as_fd(), self.subs_fd.as_fd()])
+        (welcome, self.ring_fd.as_fd(), None)
     }
 }
 
 /// The first lossless reader that still needs something `p` overwrites.
 fn lossless_holder(writer: &PacketWriter, sh: &PacketShared, p: &Placement) -> Option<Holder> {
-    sh.entries().iter().enumerate().find_map(|(k, e)| {
-        // SYNC: sub-state — Acquire pairs with the service's Release.
-        if e.state.load(Ordering::Acquire) != SUB_ACTIVE || e.flags.load(Ordering::Relaxed) & SUBF_LOSSLESS == 0 {
-            return None;
-        }
-        // SYNC: release-cursor — Acquire pairs with the reader's Release
-        // after its copy: its reads happen-before our overwrite.
-        let acked = e.released_seq.load(Ordering::Acquire);
-        writer.would_overwrite(p, acked).then(|| Holder {
-            index: k,
-            // Relaxed: written by the service before its Release of `state`.
-            generation: e.generation.load(Ordering::Relaxed),
+    sh.table
+        .holder(writer.seq(), |acked| writer.would_overwrite(p, acked))
+        .map(|blocker| Holder {
+            blocker,
             // The lease runs on the packet we are trying to write, not on
             // the reader's cursor, which it could move back and forth.
             key: p.seq,
-            held_seq: acked.saturating_add(1),
+            held_seq: blocker.released.saturating_add(1),
         })
-    })
 }
 
 /// The writer of a packet ring, serving subscribers on a Unix socket.
@@ -274,12 +210,7 @@ impl PacketPublisher {
     /// publisher owns `path`, [`Error::Io`].
     pub fn create(path: impl AsRef<Path>, cfg: PacketPublisherConfig) -> Result<PacketPublisher> {
         let path = path.as_ref().to_owned();
-        if cfg.max_subscribers == 0 || cfg.max_subscribers > MAX_SUBSCRIBERS_LIMIT {
-            return Err(Error::Config(format!(
-                "max_subscribers {} not in 1..={MAX_SUBSCRIBERS_LIMIT}",
-                cfg.max_subscribers
-            )));
-        }
+        cfg.serve.validate()?;
         // Validate the sizes before binding, so a bad config leaves no socket.
         PacketRingInfo::new(
             cfg.ring.data_bytes,
@@ -288,23 +219,22 @@ impl PacketPublisher {
             cfg.ring.codec,
             1,
         )?;
-        let listener = Listener::bind(&path, cfg.socket_mode)?;
+        let listener = Listener::bind(&path, cfg.serve.socket_mode)?;
         let writer = PacketWriter::create("vramring-packets", cfg.ring)?;
         let info = *writer.info();
-        let (subs, subs_fd) = Region::create("vramring-packet-subs", layout::subs_bytes(cfg.max_subscribers))?;
-        subs.at::<SubsHeader>(0).init(cfg.max_subscribers, info.epoch);
-        Region::seal(subs_fd.as_fd(), SEALS_FIXED_SIZE)?;
+        let table = Table::create("vramring-packet-subs", cfg.serve.max_subscribers, info.epoch)?;
+        let ring_fd = crate::shm::Region::reopen_read_only(writer.mem().fd.as_fd())?;
         let shared = Arc::new(PacketShared {
             mem: Arc::clone(writer.mem()),
+            ring_fd,
             info,
-            subs,
-            subs_fd,
+            table,
             cfg,
             state: ServiceState::new()?,
         });
         let svc = Arc::clone(&shared);
         let service = ExitWorker::builder(format!("vramring-packets:{}", path.display()), ExitPhase::Service)
-            .spawn(move |stop| service::run(svc, listener, stop))?;
+            .spawn(move |stop| serve::run(svc, listener, stop))?;
         Ok(PacketPublisher {
             writer,
             shared,
@@ -362,14 +292,14 @@ impl PacketPublisher {
         }
         let placement = self.writer.placement(len);
         self.wait_lossless(&placement)?;
-        self.writer.write_inner(len, meta, fill, self.shared.entries())
+        let table = &self.shared.table;
+        self.writer.write_inner(len, meta, fill, || table.wake_parked())
     }
 
     fn wait_lossless(&mut self, p: &Placement) -> Result<()> {
         let (sh, writer) = (&*self.shared, &self.writer);
-        self.gate.wait(sh, sh.cfg.lossless_lease, sh.cfg.write_timeout, || {
-            lossless_holder(writer, sh, p)
-        })
+        self.gate
+            .wait(sh, sh.cfg.write_timeout, || lossless_holder(writer, sh, p))
     }
 
     /// Replaces the codec parameters (SPS/PPS/VPS or extradata) atomically.
@@ -382,22 +312,8 @@ impl PacketPublisher {
     }
 
     /// Counters.
-    pub fn stats(&self) -> PacketPublisherStats {
-        let p = self.shared.producer();
-        let r = Ordering::Relaxed;
-        PacketPublisherStats {
-            published: self.writer.seq(),
-            subscribers: self
-                .shared
-                .entries()
-                .iter()
-                .filter(|e| e.state.load(r) == SUB_ACTIVE)
-                .count() as u32,
-            connects: p.connects.load(r),
-            disconnects: p.disconnects.load(r),
-            evictions: p.evictions.load(r),
-            lossless_waits: self.shared.state.lossless_waits.load(r),
-        }
+    pub fn stats(&self) -> PublisherStats {
+        serve::stats(&*self.shared, self.writer.seq())
     }
 
     /// Stops serving and tells subscribers the ring is closed (they get

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use super::layout::{PacketHeader, PacketRecord, PacketRingInfo, PACKET_KEY, PACKET_WRITING, PARAMS_BYTES};
 use crate::error::{Error, IoContext, Result};
 use crate::layout::PRODUCER_CLOSED;
+use crate::ring::lease::ClientRef;
 use crate::shm::{Region, SEALS_READ_ONLY};
-use crate::socket::client::EntryRef;
 use crate::sync::atomic::{fence, Ordering};
 
 /// A packet handed to the user; its bytes went to the caller's buffer (or
@@ -99,7 +99,7 @@ pub struct PacketReader {
 /// Where a socket reader publishes its progress.
 #[derive(Debug)]
 struct Progress {
-    entry: EntryRef,
+    entry: ClientRef,
     lossless: bool,
     /// The last value stored in `released_seq`.
     acked: u64,
@@ -121,9 +121,9 @@ impl PacketReader {
     /// Opens a reader for a socket subscriber. A lossless one starts after
     /// `acked` (the cursor the publisher's service gave it): at the newest
     /// keyframe if that is newer, else at the first keyframe after `acked`.
-    pub(crate) fn open_for(fd: BorrowedFd<'_>, entry: EntryRef, lossless: bool) -> Result<Self> {
-        // Relaxed: the entry's state was Acquire-loaded by `Lease::new`,
-        // which published the cursor the service stored before it.
+    pub(crate) fn open_for(fd: BorrowedFd<'_>, entry: ClientRef, lossless: bool) -> Result<Self> {
+        // Relaxed: the service stored the cursor before it sent the region
+        // (sendmsg/recvmsg order it); nobody else writes it.
         let acked = entry.get().released_seq.load(Ordering::Relaxed);
         let mut r = Self::open_inner(fd, Some(Progress { entry, lossless, acked }))?;
         if lossless {

@@ -10,9 +10,9 @@ use super::layout::PacketHeader;
 use super::{Packet, PacketBorrow, PacketReader, PacketReaderStats, PacketRingInfo};
 use crate::error::{Error, Result};
 use crate::layout::SubsHeader;
-use crate::protocol::{self, Bell, WaitOutcome};
-use crate::shm::{Region, SEALS_FIXED_SIZE};
-use crate::socket::client::{self, Lease};
+use crate::ring::lease::{self, Lease};
+use crate::ring::{wait_on, Bell, WaitOutcome};
+
 use crate::socket::msg::{self, Hello};
 
 /// How often the non-blocking reads look at the publisher's socket when
@@ -137,11 +137,12 @@ impl PacketSubscriber {
             name: opts.name.clone(),
             device_uuid: [0; 16],
         };
-        let (sock, welcome, fds) = client::request(&path, hello, opts.connect_timeout)?;
+        let (sock, welcome, fds) = lease::request(&path, hello, opts.connect_timeout)?;
         let mut fds = fds.into_iter();
-        let (Some(ring_fd), Some(subs_fd), None) = (fds.next(), fds.next(), fds.next()) else {
+        let (Some(ring_fd), Some(subs_fd), Some(client_fd), None) = (fds.next(), fds.next(), fds.next(), fds.next())
+        else {
             return Err(Error::BadMessage(
-                "a packet Welcome must carry exactly 2 descriptors".into(),
+                "a packet Welcome must carry exactly 3 descriptors".into(),
             ));
         };
         if welcome.granted & msg::HELLO_PACKETS == 0 {
@@ -153,14 +154,7 @@ impl PacketSubscriber {
                 reason: "lossless not granted".into(),
             });
         }
-        Region::require_seals(subs_fd.as_fd(), SEALS_FIXED_SIZE)?;
-        if welcome.subs_bytes < std::mem::size_of::<SubsHeader>() as u64 {
-            return Err(Error::LayoutMismatch(format!(
-                "Welcome announces a subscriber table of {} bytes, shorter than its header",
-                welcome.subs_bytes
-            )));
-        }
-        let subs = Region::map(subs_fd.as_fd(), welcome.subs_bytes, true)?;
+        let (subs, client) = lease::map_table_and_client(&welcome, &subs_fd, &client_fd)?;
         let (max, subs_epoch) = subs.at::<SubsHeader>(0).validate_shape(subs.len() as u64)?;
         if subs_epoch != welcome.epoch {
             return Err(Error::LayoutMismatch(
@@ -169,8 +163,8 @@ impl PacketSubscriber {
         }
         // `PacketReader::open_for` re-validates the ring's own header; the
         // entry must be ours before it reads the cursor the service set.
-        let lease = Lease::new(sock, subs, &welcome, max, welcome.epoch)?;
-        let reader = PacketReader::open_for(ring_fd.as_fd(), lease.entry_ref(), opts.lossless)?;
+        let lease = Lease::new(sock, subs, client, &welcome, max, welcome.epoch)?;
+        let reader = PacketReader::open_for(ring_fd.as_fd(), lease.client_ref(), opts.lossless)?;
         let info = *reader.info();
         if info.epoch != welcome.epoch || info.region_bytes != welcome.control_bytes {
             return Err(Error::LayoutMismatch(
@@ -338,12 +332,11 @@ impl PacketSubscriber {
             let bell = Bell {
                 seq: &h.seq.write_seq,
                 producer: &h.producer,
-                doorbell: &h.doorbell,
             };
             let lease = &self.lease;
-            protocol::wait_on(
+            wait_on(
                 bell,
-                lease.entry(),
+                lease.client(),
                 self.reader.done_through(),
                 deadline,
                 self.opts.spin,

@@ -7,7 +7,7 @@ use super::layout::{
     PacketHeader, PacketRecord, PacketRingInfo, PACKET_KEY, PACKET_WRITING, PARAMS_BYTES, PARAMS_WORDS,
 };
 use crate::error::{Error, Result};
-use crate::layout::{SubEntry, PRODUCER_CLOSED, PRODUCER_LIVE};
+use crate::layout::{PRODUCER_CLOSED, PRODUCER_LIVE};
 use crate::shm::{Region, SEALS_READ_ONLY};
 use crate::sync::atomic::{fence, Ordering};
 
@@ -118,7 +118,7 @@ impl PacketWriter {
             cfg.records,
             cfg.max_packet,
             cfg.codec,
-            crate::publisher::random_epoch(),
+            crate::ring::random_epoch(),
         )?;
         let (region, fd) = Region::create(name, info.region_bytes)?;
         #[cfg(loom)]
@@ -228,17 +228,18 @@ impl PacketWriter {
     /// [`Error::TooLarge`] when `len` is over the ring's max packet; nothing
     /// is written then.
     pub fn write_with(&mut self, len: usize, meta: PacketMeta, fill: impl FnOnce(&mut [u8])) -> Result<u64> {
-        self.write_inner(len, meta, fill, &[])
+        self.write_inner(len, meta, fill, || {})
     }
 
-    /// The write itself; `entries` are the subscribers to wake if parked
-    /// (none for an in-process writer).
+    /// The write itself; `wake` rings the doorbells of parked subscribers
+    /// after the seq is published (nothing for an in-process writer, whose
+    /// readers poll).
     pub(crate) fn write_inner(
         &mut self,
         len: usize,
         meta: PacketMeta,
         fill: impl FnOnce(&mut [u8]),
-        entries: &[SubEntry],
+        wake: impl FnOnce(),
     ) -> Result<u64> {
         let max = self.info.max_packet as usize;
         if len > max {
@@ -300,10 +301,9 @@ impl PacketWriter {
         h.tail.head.store(end, Ordering::Relaxed);
         h.producer.published.store(seq, Ordering::Relaxed);
         // SYNC: packet-write-seq — Release after the record commit (inside
-        // `publish_seq`), then the park check.
-        if crate::protocol::publish_seq(&h.seq.write_seq, seq, entries) {
-            crate::protocol::ring_doorbell_word(&h.doorbell);
-        }
+        // `publish_seq`), then the park fence and the wakeups.
+        crate::ring::publish_seq(&h.seq.write_seq, seq);
+        wake();
 
         self.offsets[(seq & self.info.record_mask()) as usize] = pos;
         self.tail = self.tail.max(new_tail);
@@ -347,13 +347,13 @@ impl PacketWriter {
         Ok(version)
     }
 
-    /// Marks the ring closed and wakes every parked reader: they report
-    /// [`Error::ProducerGone`]. Also done on drop.
+    /// Marks the ring closed: readers report [`Error::ProducerGone`] once
+    /// they have read what is left (a [`super::PacketPublisher`]'s service
+    /// also rings every subscriber's doorbell). Also done on drop.
     pub fn close(&mut self) {
         let h = self.header();
         // SYNC: producer-state — Release; readers Acquire it.
         h.producer.state.store(PRODUCER_CLOSED, Ordering::Release);
-        crate::protocol::ring_doorbell_word(&h.doorbell);
     }
 }
 

@@ -2,14 +2,14 @@
 //! plumbing with `SCM_RIGHTS` and `SO_PEERCRED` ([`transport`]).
 //!
 //! Sequence: the subscriber connects and sends `Hello`; the publisher checks
-//! the peer's credentials and the Hello, then answers `Welcome` with three
-//! descriptors (control memfd, subscriber-table memfd, pool) or `Reject`.
-//! The connection then stays open as the subscriber's lease: EOF on either
-//! side means the other is gone.
+//! the peer's credentials and the Hello, then answers `Welcome` with its
+//! descriptors (control memfd and subscriber-table memfd, read-only; the
+//! subscriber's own client-region memfd; the pool for a pull subscriber of a
+//! frame ring) or `Reject`. The connection then stays open as the
+//! subscriber's lease: EOF on either side means the other is gone. The
+//! service and the lease that run this are in [`crate::ring`].
 
-pub(crate) mod client;
 pub mod msg;
-pub(crate) mod service;
 pub mod transport;
 
 pub use msg::{Attach, Hello, Msg, Notice, Welcome, PROTOCOL_VERSION};

@@ -9,7 +9,7 @@
 use crate::error::{Error, Result};
 
 /// Version of the socket protocol. A change to any message bumps it.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Magic of every message: the bytes `VRSK`.
 pub const MSG_MAGIC: u32 = u32::from_le_bytes(*b"VRSK");
 /// Bytes of the message header.
@@ -63,10 +63,16 @@ pub const REJECT_WRITE_DENIED: u32 = 8;
 /// Reject code: the socket serves the other kind of ring (frames vs
 /// packets).
 pub const REJECT_KIND: u32 = 9;
+/// Reject code: pull delivery (the pool's descriptor) is not granted to
+/// this peer; ask for push delivery.
+pub const REJECT_PULL_DENIED: u32 = 10;
 /// Evict code: the subscriber's push buffers could not be attached.
-pub const EVICT_ATTACH: u32 = 17;
+pub const EVICT_ATTACH: u32 = crate::layout::EVICT_PUSH;
+/// Evict code: the subscriber broke the protocol (an unexpected message,
+/// a second Attach, buffers that do not fit the ring).
+pub const EVICT_PROTOCOL: u32 = crate::layout::EVICT_PROTOCOL;
 /// Evict code: a lossless subscriber held a frame past its lease.
-pub const EVICT_LEASE: u32 = 16;
+pub const EVICT_LEASE: u32 = crate::layout::EVICT_LEASE;
 
 /// Bytes of a subscriber name.
 pub const NAME_BYTES: usize = 32;
@@ -100,7 +106,9 @@ pub struct Hello {
 }
 
 /// Publisher → subscriber, sent with the control memfd, the subscriber-table
-/// memfd and the pool descriptor, in that order.
+/// memfd (both read-only and sealed), the subscriber's own client-region
+/// memfd and, for a pull subscriber of a frame ring, the pool descriptor,
+/// in that order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Welcome {
     /// The subscriber's table index.
@@ -121,6 +129,8 @@ pub struct Welcome {
     pub pool_bytes: u64,
     /// GPU UUID of the pool (zero for host).
     pub device_uuid: [u8; 16],
+    /// Bytes of the subscriber's own client region.
+    pub client_bytes: u64,
 }
 
 /// Subscriber → publisher: the subscriber's own buffers for push delivery,
@@ -250,8 +260,9 @@ impl Msg {
                 body.u64(w.control_bytes)
                     .u64(w.subs_bytes)
                     .u64(w.pool_bytes)
-                    .bytes(&w.device_uuid, 16);
-                body.bytes(&[], WELCOME_BODY - 64);
+                    .bytes(&w.device_uuid, 16)
+                    .u64(w.client_bytes);
+                body.bytes(&[], WELCOME_BODY - 72);
             }
             Msg::Reject(n) | Msg::Evicted(n) => {
                 body.u32(n.code)
@@ -356,6 +367,7 @@ impl Msg {
                     subs_bytes: r.u64(),
                     pool_bytes: r.u64(),
                     device_uuid: r.take::<16>(),
+                    client_bytes: r.u64(),
                 })
             }
             KIND_REJECT | KIND_EVICTED => {
@@ -415,6 +427,7 @@ mod tests {
                 subs_bytes: 8448,
                 pool_bytes: 1 << 21,
                 device_uuid: [1; 16],
+                client_bytes: 128,
             }),
             Msg::Reject(Notice {
                 code: REJECT_FULL,
@@ -478,7 +491,7 @@ mod tests {
         fn mutated_valid_messages_give_typed_errors_never_panics(pos in 0usize..112, val in any::<u8>(), kind in 0usize..3) {
             let m = match kind {
                 0 => Msg::Hello(Hello { flags: 1, backends: 2, name: "x".into(), device_uuid: [0; 16] }),
-                1 => Msg::Welcome(Welcome { index: 1, generation: 1, epoch: 1, backend: 1, granted: 0, control_bytes: 1, subs_bytes: 1, pool_bytes: 1, device_uuid: [0; 16] }),
+                1 => Msg::Welcome(Welcome { index: 1, generation: 1, epoch: 1, backend: 1, granted: 0, control_bytes: 1, subs_bytes: 1, pool_bytes: 1, device_uuid: [0; 16], client_bytes: 128 }),
                 _ => Msg::Reject(Notice { code: 1, reason: "r".into() }),
             };
             let mut b = m.encode();

@@ -82,6 +82,25 @@ impl<D: Driver> CudaImport<D> {
     /// allocation granules; [`Error::Driver`] when a driver call fails (for
     /// instance an FD that is not a CUDA allocation).
     pub fn import(driver: Arc<D>, fd: OwnedFd, bytes: u64, device_uuid: [u8; 16], writable: bool) -> Result<Self> {
+        let imp = Self::open(driver, Some(&fd), bytes, device_uuid, writable);
+        // The driver did not take `fd` (CUDA docs: import does not take
+        // ownership of the descriptor); we own it and close it now.
+        drop(fd);
+        imp
+    }
+
+    /// A push-only subscriber's side: the context and stream on the GPU
+    /// with UUID `device_uuid`, with no pool imported (a push subscriber
+    /// never receives it); [`ImportedPool::alloc_push`] then makes the
+    /// buffers the publisher copies into. Pulling from it fails.
+    ///
+    /// # Errors
+    /// As [`CudaImport::import`].
+    pub fn push_only(driver: Arc<D>, device_uuid: [u8; 16]) -> Result<Self> {
+        Self::open(driver, None, 0, device_uuid, false)
+    }
+
+    fn open(driver: Arc<D>, fd: Option<&OwnedFd>, bytes: u64, device_uuid: [u8; 16], writable: bool) -> Result<Self> {
         driver.init()?;
         let dev = find_device_by_uuid(&*driver, &device_uuid)?;
         let mut imp = CudaImport {
@@ -99,11 +118,7 @@ impl<D: Driver> CudaImport<D> {
             push: VmmMapping::default(),
             push_stride: 0,
         };
-        let built = imp.build(&fd);
-        // The driver did not take `fd` (CUDA docs: import does not take
-        // ownership of the descriptor); we own it and close it now.
-        drop(fd);
-        match built {
+        match imp.build(fd) {
             Ok(()) => Ok(imp),
             Err(e) => {
                 if let Err(ce) = imp.close() {
@@ -114,7 +129,7 @@ impl<D: Driver> CudaImport<D> {
         }
     }
 
-    fn build(&mut self, fd: &OwnedFd) -> Result<()> {
+    fn build(&mut self, fd: Option<&OwnedFd>) -> Result<()> {
         let d = Arc::clone(&self.driver);
         let dev = self.device;
         let ctx = d.primary_ctx_retain(dev)?;
@@ -123,7 +138,9 @@ impl<D: Driver> CudaImport<D> {
         let body = |d: &D| -> Result<_> {
             // Checks `bytes` is whole granules, imports, reserves, maps and
             // sets `access` for this device.
-            self.mem.import(d, fd, self.bytes, dev, access)?;
+            if let Some(fd) = fd {
+                self.mem.import(d, fd, self.bytes, dev, access)?;
+            }
             self.stream = Some(d.stream_create_non_blocking()?);
             Ok(())
         };

@@ -31,10 +31,13 @@
 
 mod context;
 mod driver;
+#[cfg(feature = "testing")]
 mod fake;
+#[cfg(feature = "testing")]
 mod gpu_pattern;
 mod import;
 mod mapping;
+#[cfg(feature = "testing")]
 mod pattern;
 mod pool;
 mod real;
@@ -47,9 +50,12 @@ pub use driver::{
     attr, code, error_name, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver,
     DriverError, MemHandle,
 };
+#[cfg(feature = "testing")]
 pub use fake::{CallRecord, FakeDevice, FakeDriver, Leaks};
+#[cfg(feature = "testing")]
 pub use gpu_pattern::GpuTestPattern;
 pub use import::CudaImport;
+#[cfg(feature = "testing")]
 pub use pattern::{PatternCheck, PatternKernels};
 pub use pool::CudaPool;
 pub use real::RealDriver;
@@ -219,6 +225,11 @@ pub fn free_memory_probe<D: Driver>(driver: Arc<D>, dev: CuDevice) -> Result<Fre
     }))
 }
 
+/// The largest allocation granularity a push subscriber's buffers may be
+/// rounded up to: what the publisher accepts past the bytes the buffers
+/// need (current GPUs use 2 MiB).
+pub const MAX_GRANULARITY: u64 = 32 << 20;
+
 /// A pool on the GPU with this process's ordinal `ordinal`, through the real
 /// driver, for the publisher.
 ///
@@ -236,6 +247,14 @@ pub fn create_pool(ordinal: u32, bytes: u64) -> Result<Box<dyn ExportedPool>> {
 /// As [`CudaImport::import`].
 pub fn import_pool(fd: OwnedFd, bytes: u64, device_uuid: [u8; 16], writable: bool) -> Result<Box<dyn ImportedPool>> {
     Ok(Box::new(CudaImport::import_default(fd, bytes, device_uuid, writable)?))
+}
+
+/// A push-only subscriber's CUDA side on the GPU `device_uuid` (no pool).
+///
+/// # Errors
+/// As [`CudaImport::push_only`].
+pub fn push_only(device_uuid: [u8; 16]) -> Result<Box<dyn ImportedPool>> {
+    Ok(Box::new(CudaImport::push_only(RealDriver::shared()?, device_uuid)?))
 }
 
 /// `v` rounded up to a multiple of `to` (a power of two or any nonzero).

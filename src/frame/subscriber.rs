@@ -6,15 +6,16 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::protocol::{self, Look, ReadMode, SlotSnapshot, WaitOutcome};
 use crate::error::{Error, Result};
 use crate::format::Geometry;
 use crate::layout::{
-    RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, BACKEND_CUDA, BACKEND_HOST, PUSH_BUFFERS, USER_META_BYTES,
+    ClientLine, RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, BACKEND_CUDA, BACKEND_HOST, PUSH_BUFFERS,
+    USER_META_BYTES,
 };
 use crate::memory::{BackendKind, ImportedPool};
-use crate::protocol::{self, Look, ReadMode, SlotSnapshot, WaitOutcome};
-use crate::shm::{Region, SEALS_FIXED_SIZE, SEALS_READ_ONLY};
-use crate::socket::client::{self, Lease};
+use crate::ring::lease::{self, Lease};
+use crate::shm::{Region, SEALS_READ_ONLY};
 use crate::socket::msg::{self, Hello, Msg};
 use crate::socket::transport;
 use crate::time::monotonic_ns;
@@ -337,15 +338,20 @@ impl std::fmt::Debug for Subscriber {
     }
 }
 
-fn import_pool(info: &RingInfo, fd: OwnedFd, writable: bool) -> Result<Box<dyn ImportedPool>> {
-    match info.backend {
-        BACKEND_HOST => Ok(Box::new(crate::memory::host::HostImport::import(
+/// Imports the pool (pull delivery), or with no descriptor (push
+/// delivery: the pool is never handed out) sets up only what the push
+/// buffers need.
+fn import_pool(info: &RingInfo, fd: Option<OwnedFd>, writable: bool) -> Result<Box<dyn ImportedPool>> {
+    match (info.backend, fd) {
+        (BACKEND_HOST, Some(fd)) => Ok(Box::new(crate::memory::host::HostImport::import(
             fd,
             info.pool_bytes,
             writable,
         )?)),
-        BACKEND_CUDA => crate::memory::cuda::import_pool(fd, info.pool_bytes, info.device_uuid, writable),
-        other => Err(Error::LayoutMismatch(format!("backend code {other}"))),
+        (BACKEND_HOST, None) => Ok(Box::new(crate::memory::host::HostImport::push_only())),
+        (BACKEND_CUDA, Some(fd)) => crate::memory::cuda::import_pool(fd, info.pool_bytes, info.device_uuid, writable),
+        (BACKEND_CUDA, None) => crate::memory::cuda::push_only(info.device_uuid),
+        (other, _) => Err(Error::LayoutMismatch(format!("backend code {other}"))),
     }
 }
 
@@ -387,26 +393,37 @@ impl Subscriber {
             name: opts.name.clone(),
             device_uuid: [0; 16],
         };
-        let (sock, welcome, fds) = client::request(&path, hello, opts.connect_timeout)?;
+        let (sock, welcome, fds) = lease::request(&path, hello, opts.connect_timeout)?;
+        let push = welcome.granted & msg::HELLO_PUSH != 0;
+        if opts.push && !push {
+            return Err(Error::Refused {
+                code: msg::REJECT_BAD_HELLO,
+                reason: "push delivery not granted".into(),
+            });
+        }
+        // A push subscriber receives no pool: control, table, client region.
+        let want = if push { 3 } else { 4 };
+        if fds.len() != want {
+            return Err(Error::BadMessage(format!(
+                "Welcome must carry exactly {want} descriptors, it carries {}",
+                fds.len()
+            )));
+        }
         let mut fds = fds.into_iter();
-        let (Some(control_fd), Some(subs_fd), Some(pool_fd), None) = (fds.next(), fds.next(), fds.next(), fds.next())
-        else {
-            return Err(Error::BadMessage("Welcome must carry exactly 3 descriptors".into()));
+        let (Some(control_fd), Some(subs_fd), Some(client_fd)) = (fds.next(), fds.next(), fds.next()) else {
+            return Err(Error::BadMessage("Welcome descriptors missing".into()));
         };
+        let pool_fd = fds.next();
         // The control region must be sealed read-only and fixed-size: then
         // the publisher cannot shrink it under our mapping, and we could not
         // write it even by mistake.
         Region::require_seals(control_fd.as_fd(), SEALS_READ_ONLY)?;
-        Region::require_seals(subs_fd.as_fd(), SEALS_FIXED_SIZE)?;
         // `Region::at` treats a region too short for its struct as a bug, so
         // a peer's short size is refused here, before any header is read.
-        if welcome.control_bytes < std::mem::size_of::<RingHeader>() as u64
-            || welcome.subs_bytes < std::mem::size_of::<SubsHeader>() as u64
-        {
+        if welcome.control_bytes < std::mem::size_of::<RingHeader>() as u64 {
             return Err(Error::LayoutMismatch(format!(
-                "Welcome announces a control region of {} bytes and a subscriber table of {} bytes, \
-                 shorter than their headers",
-                welcome.control_bytes, welcome.subs_bytes
+                "Welcome announces a control region of {} bytes, shorter than its header",
+                welcome.control_bytes
             )));
         }
         let control = Region::map(control_fd.as_fd(), welcome.control_bytes, false)?;
@@ -420,9 +437,9 @@ impl Subscriber {
                 "Welcome disagrees with the control region".into(),
             ));
         }
-        let subs = Region::map(subs_fd.as_fd(), welcome.subs_bytes, true)?;
+        let (subs, client) = lease::map_table_and_client(&welcome, &subs_fd, &client_fd)?;
         subs.at::<SubsHeader>(0).validate(&info, subs.len() as u64)?;
-        let lease = Lease::new(sock, subs, &welcome, info.max_subscribers, info.epoch)?;
+        let lease = Lease::new(sock, subs, client, &welcome, info.max_subscribers, info.epoch)?;
         let writable = welcome.granted & msg::HELLO_WRITE != 0;
         if opts.write && !writable {
             return Err(Error::Refused {
@@ -449,44 +466,39 @@ impl Subscriber {
             path,
             drained: false,
         };
-        let entry = sub.entry();
-        // `Lease::new` checked the entry with an Acquire load of its state,
-        // so the cursor the service set is visible.
+        // The service stored our cursor before it sent the Welcome
+        // (sendmsg/recvmsg order it); nobody else writes it.
         let last = if sub.opts.lossless {
-            entry.released_seq.load(Ordering::Relaxed)
+            sub.client().released_seq.load(Ordering::Relaxed)
         } else {
             // SYNC: global-seq — Acquire.
             sub.header().seq.global_seq.load(Ordering::Acquire).saturating_sub(1)
         };
         sub.last = last;
-        if welcome.granted & msg::HELLO_PUSH != 0 {
-            sub.attach_push();
+        if push {
+            sub.attach_push()?;
         }
         Ok(sub)
     }
 
     /// Makes this subscriber's push buffers and sends them to the publisher.
-    /// On failure it stays on pull delivery.
-    fn attach_push(&mut self) {
+    ///
+    /// # Errors
+    /// The backend's allocation error, or the socket's: a push subscriber
+    /// has no pool to fall back on.
+    fn attach_push(&mut self) -> Result<()> {
         let stride = self
             .info
             .geometry
             .frame_bytes
             .next_multiple_of(crate::format::SLOT_ALIGN);
-        let sent = self
-            .pool
-            .alloc_push(PUSH_BUFFERS as u32, stride)
-            .and_then(|(fd, bytes)| {
-                let a = msg::Attach {
-                    count: PUSH_BUFFERS as u32,
-                    stride,
-                    bytes,
-                };
-                transport::send(self.lease.sock().as_fd(), &Msg::Attach(a).encode(), &[fd.as_fd()])
-            });
-        if let Err(e) = sent {
-            tracing::warn!(error = %e, "push delivery unavailable; pulling frames");
-        }
+        let (fd, bytes) = self.pool.alloc_push(PUSH_BUFFERS as u32, stride)?;
+        let a = msg::Attach {
+            count: PUSH_BUFFERS as u32,
+            stride,
+            bytes,
+        };
+        transport::send(self.lease.sock().as_fd(), &Msg::Attach(a).encode(), &[fd.as_fd()])
     }
 
     /// Push delivery, when the publisher has mapped our buffers: holds the
@@ -498,7 +510,7 @@ impl Subscriber {
         if !self.opts.push || entry.push_count.load(Ordering::Acquire) as usize != PUSH_BUFFERS {
             return None;
         }
-        let (k, seq) = protocol::push::take_newest(entry, self.last)?;
+        let (k, seq) = protocol::push::take_newest(entry, self.lease.client(), self.last)?;
         // The meta lives in the ring's slot; read it under the seqlock. If
         // the slot moved on already, a newer frame has been pushed too.
         match SlotSnapshot::look(self.slot(seq), seq) {
@@ -521,6 +533,10 @@ impl Subscriber {
 
     fn entry(&self) -> &SubEntry {
         self.lease.entry()
+    }
+
+    fn client(&self) -> &ClientLine {
+        self.lease.client()
     }
 
     fn slot_addr(&self, seq: u64) -> u64 {
@@ -589,7 +605,7 @@ impl Subscriber {
         let outcome = {
             let header = self.control.at::<RingHeader>(0);
             let lease = &self.lease;
-            protocol::wait_for_seq(header, lease.entry(), self.last, deadline, spin, slice, || {
+            protocol::wait_for_seq(header, lease.client(), self.last, deadline, spin, slice, || {
                 lease.quiet()
             })
         };
@@ -637,7 +653,7 @@ impl Subscriber {
     }
 
     fn publish_counters(&self) {
-        let e = self.entry();
+        let e = self.client();
         // Relaxed: own counters, single writer (this subscriber).
         e.delivered.store(self.stats.delivered, Ordering::Relaxed);
         e.dropped.store(self.stats.dropped, Ordering::Relaxed);
@@ -653,9 +669,9 @@ impl Subscriber {
         if self.opts.lossless {
             // SYNC: release-cursor — Release after the copy completed, paired
             // with the producer's Acquire in `lossless_holder`.
-            self.entry().released_seq.store(snap.seq, Ordering::Release);
+            self.client().released_seq.store(snap.seq, Ordering::Release);
         }
-        self.entry().reading_seq.store(0, Ordering::Relaxed);
+        self.client().reading_seq.store(0, Ordering::Relaxed);
         self.publish_counters();
     }
 
@@ -682,6 +698,24 @@ impl Subscriber {
                     push: Some(k),
                 });
             }
+            if self.opts.push {
+                // Nothing pushed past `last` although the ring moved on to
+                // `g`: those frames were not pushed to us (buffers not
+                // attached yet, or all held). A push subscriber has no pool
+                // to pull them from; they are a counted gap.
+                if g > self.last {
+                    self.stats.dropped += g - self.last;
+                    self.last = g;
+                    self.publish_counters();
+                }
+                if self.lease.draining() {
+                    return Err(self.drain_over());
+                }
+                if Instant::now() >= deadline {
+                    return Err(Error::Timeout(timeout, "the next frame"));
+                }
+                continue;
+            }
             let Some((snap, skipped)) = self.next_snapshot(g) else {
                 if self.lease.draining() {
                     // No publisher will finish what is not readable now.
@@ -693,7 +727,7 @@ impl Subscriber {
                 continue;
             };
             // Relaxed: informational.
-            self.entry().reading_seq.store(snap.seq, Ordering::Relaxed);
+            self.client().reading_seq.store(snap.seq, Ordering::Relaxed);
             let offset = (snap.seq & self.info.mask()) * self.info.geometry.slot_stride;
             self.pool.copy_out(offset, self.info.geometry.frame_bytes)?;
             self.pool.complete()?;
@@ -721,6 +755,12 @@ impl Subscriber {
     /// # Errors
     /// As [`Subscriber::next`].
     pub fn borrow(&mut self, timeout: Duration) -> Result<Borrow<'_>> {
+        if self.opts.push {
+            return Err(Error::WrongBackend {
+                what: "borrowing a frame in place",
+                backend: "push delivery (it never maps the pool; use next)",
+            });
+        }
         let deadline = Instant::now() + timeout;
         self.reconnect_if_gone(deadline, timeout)?;
         self.lease.ensure_or_drain()?;
@@ -729,7 +769,7 @@ impl Subscriber {
             if let Some((snap, skipped)) = self.next_snapshot(g) {
                 self.stats.dropped += skipped;
                 // Relaxed: informational.
-                self.entry().reading_seq.store(snap.seq, Ordering::Relaxed);
+                self.client().reading_seq.store(snap.seq, Ordering::Relaxed);
                 return Ok(Borrow {
                     sub: self,
                     snap,
@@ -797,7 +837,7 @@ impl Subscriber {
             self.stats.overruns += 1;
             self.stats.dropped += 1;
             self.last = snap.seq;
-            self.entry().reading_seq.store(0, Ordering::Relaxed);
+            self.client().reading_seq.store(0, Ordering::Relaxed);
             self.publish_counters();
             Err(Error::Overrun { seq: snap.seq })
         }
@@ -809,7 +849,7 @@ impl Subscriber {
     /// # Errors
     /// The backend's release error.
     pub fn close(&mut self) -> Result<()> {
-        protocol::push::release_hold(self.entry());
+        protocol::push::release_hold(self.client());
         self.lease.bye();
         self.pool.close()
     }

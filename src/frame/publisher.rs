@@ -3,28 +3,28 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering as StdOrdering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::protocol::{self, CommitMeta};
 use crate::error::{Error, Result};
 use crate::format::{Format, Geometry};
 use crate::layout::{
-    self, DoorbellLine, ProducerLine, RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, DEFAULT_MAX_SUBSCRIBERS,
-    MAX_SLOTS, MAX_SUBSCRIBERS_LIMIT, MIN_SLOTS, POLICY_LOSSLESS, POLICY_OVERWRITE, PRODUCER_CLOSED, PRODUCER_LIVE,
-    SUBF_LOSSLESS, SUBF_PUSH, SUBF_SEQUENTIAL, SUBF_WRITE, SUB_ACTIVE, USER_META_BYTES, USER_META_WORDS,
+    self, ProducerLine, RingHeader, RingInfo, SlotDesc, EVICT_PUSH, MAX_SLOTS, MIN_SLOTS, POLICY_LOSSLESS,
+    POLICY_OVERWRITE, PRODUCER_CLOSED, PRODUCER_LIVE, SUBF_LOSSLESS, SUBF_PUSH, SUBF_SEQUENTIAL, SUBF_WRITE,
+    USER_META_BYTES, USER_META_WORDS,
 };
 use crate::lifecycle::{ExitPhase, ExitWorker};
 use crate::memory::{BackendKind, ExportedPool, WriteCompletion};
-use crate::protocol::{self, CommitMeta};
-use crate::shm::{Region, SEALS_FIXED_SIZE, SEALS_READ_ONLY};
+use crate::ring::lossless::{Holder, LosslessGate};
+use crate::ring::serve::{self, Served, ServiceState};
+use crate::ring::table::{Assigned, Table};
+use crate::ring::{PublisherStats, ServeConfig, ServeOptions};
+use crate::shm::{Region, SEALS_READ_ONLY};
 use crate::socket::msg::{self, Attach, Hello, Welcome};
-use crate::socket::service::{Served, ServiceState};
-use crate::socket::transport::{AccessPolicy, Listener};
+use crate::socket::transport::Listener;
+use crate::sync::atomic::Ordering;
 use crate::time::{monotonic_ns, realtime_ns};
-
-pub(crate) mod lossless;
-use lossless::{Holder, LosslessGate};
 
 /// What the producer does when a slot it wants to reuse is still held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -66,6 +66,37 @@ impl std::str::FromStr for BackendChoice {
     }
 }
 
+/// Who may receive the pool's descriptor (pull delivery).
+///
+/// A pull subscriber maps the slot pool itself. On the host backend its
+/// descriptor is read-only and the pool sealed, so it can only read; a CUDA
+/// VMM descriptor carries no access mode (the importer chooses its own), so
+/// a publisher that does not trust its subscribers with the pool refuses
+/// pull delivery and serves push delivery only, which never hands the pool
+/// out.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PullAccess {
+    /// Every subscriber may pull.
+    #[default]
+    Anyone,
+    /// Only subscribers with these uids (`SO_PEERCRED`) may pull; the
+    /// others must ask for push delivery.
+    Uids(Vec<u32>),
+    /// Nobody pulls: push delivery only.
+    Nobody,
+}
+
+impl PullAccess {
+    /// Whether a peer with `uid` may receive the pool.
+    pub fn allows(&self, uid: u32) -> bool {
+        match self {
+            PullAccess::Anyone => true,
+            PullAccess::Uids(list) => list.contains(&uid),
+            PullAccess::Nobody => false,
+        }
+    }
+}
+
 /// The shape and behaviour of a ring.
 #[derive(Debug, Clone)]
 pub struct RingConfig {
@@ -81,24 +112,23 @@ pub struct RingConfig {
     pub policy: Policy,
     /// Memory backend.
     pub backend: BackendChoice,
-    /// Subscriber table entries.
-    pub max_subscribers: u32,
-    /// File mode of the socket (default `0o660`).
-    pub socket_mode: u32,
-    /// uid/gid allow-list checked with `SO_PEERCRED`.
-    pub access: AccessPolicy,
     /// Whether subscribers that ask for write access to the pool get it.
     pub allow_write: bool,
-    /// A lossless subscriber that holds the frame the producer needs for
-    /// longer than this is evicted.
-    pub lossless_lease: Duration,
-    /// How long a connecting subscriber has to send its Hello.
-    pub handshake_timeout: Duration,
+    /// Who may pull (receive the pool's descriptor).
+    pub pull: PullAccess,
+    /// The serving settings shared with the packet ring.
+    pub serve: ServeConfig,
+}
+
+impl ServeOptions for RingConfig {
+    fn serve_mut(&mut self) -> &mut ServeConfig {
+        &mut self.serve
+    }
 }
 
 impl RingConfig {
     /// A ring of 8 slots of `width`×`height` frames of `format`, overwrite
-    /// policy, automatic backend.
+    /// policy, automatic backend, anyone may pull, nobody writes.
     pub fn new(format: Format, width: u32, height: u32) -> Self {
         RingConfig {
             format,
@@ -107,12 +137,9 @@ impl RingConfig {
             slots: 8,
             policy: Policy::Overwrite,
             backend: BackendChoice::Auto,
-            max_subscribers: DEFAULT_MAX_SUBSCRIBERS,
-            socket_mode: 0o660,
-            access: AccessPolicy::default(),
             allow_write: false,
-            lossless_lease: Duration::from_secs(2),
-            handshake_timeout: Duration::from_secs(2),
+            pull: PullAccess::Anyone,
+            serve: ServeConfig::default(),
         }
     }
     /// Sets the slot count.
@@ -130,29 +157,16 @@ impl RingConfig {
         self.backend = b;
         self
     }
-    /// Sets the subscriber table size.
-    pub fn max_subscribers(mut self, n: u32) -> Self {
-        self.max_subscribers = n;
-        self
-    }
-    /// Sets the socket's file mode.
-    pub fn socket_mode(mut self, mode: u32) -> Self {
-        self.socket_mode = mode;
-        self
-    }
-    /// Sets the uid/gid allow-list.
-    pub fn access(mut self, a: AccessPolicy) -> Self {
-        self.access = a;
-        self
-    }
-    /// Grants write access to subscribers that ask for it.
+    /// Grants write access to subscribers that ask for it. The host pool is
+    /// then not sealed against writes: any subscriber able to reopen its
+    /// descriptor could write it (see `docs/SECURITY.md`).
     pub fn allow_write(mut self, yes: bool) -> Self {
         self.allow_write = yes;
         self
     }
-    /// Sets the lossless lease.
-    pub fn lossless_lease(mut self, d: Duration) -> Self {
-        self.lossless_lease = d;
+    /// Sets who may pull.
+    pub fn pull(mut self, p: PullAccess) -> Self {
+        self.pull = p;
         self
     }
 
@@ -163,12 +177,7 @@ impl RingConfig {
                 self.slots
             )));
         }
-        if self.max_subscribers == 0 || self.max_subscribers > MAX_SUBSCRIBERS_LIMIT {
-            return Err(Error::Config(format!(
-                "max_subscribers {} not in 1..={MAX_SUBSCRIBERS_LIMIT}",
-                self.max_subscribers
-            )));
-        }
+        self.serve.validate()?;
         Geometry::new(self.format, self.width, self.height)
     }
 }
@@ -242,35 +251,22 @@ impl FrameMeta {
     }
 }
 
-/// Counters of a publisher.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PublisherStats {
-    /// Frames committed.
-    pub published: u64,
-    /// Subscribers connected now.
-    pub subscribers: u32,
-    /// Subscribers that connected so far.
-    pub connects: u64,
-    /// Subscribers whose connection closed so far.
-    pub disconnects: u64,
-    /// Lossless subscribers evicted.
-    pub evictions: u64,
-    /// Loans that had to wait for a lossless subscriber.
-    pub lossless_waits: u64,
-}
-
 /// What the producer and the socket service share.
 pub(crate) struct Shared {
     pub(crate) control: Region,
-    pub(crate) subs: Region,
+    /// Read-only reopen of the sealed control memfd, sent in every Welcome.
     pub(crate) control_fd: OwnedFd,
-    pub(crate) subs_fd: OwnedFd,
+    pub(crate) table: Table,
+    /// The pool for pull subscribers without write access (read-only for
+    /// host memory).
     pub(crate) pool_fd: OwnedFd,
+    /// The pool for subscribers granted write access.
+    pub(crate) pool_rw_fd: Option<OwnedFd>,
     pub(crate) info: RingInfo,
     pub(crate) cfg: RingConfig,
     /// Push buffers sent by subscribers; the producer maps them.
     pub(crate) attach_requests: Mutex<Vec<AttachRequest>>,
-    /// Evictions, the service's waker, lossless-wait count.
+    /// Evictions, the service's waker, counters.
     pub(crate) state: ServiceState,
 }
 
@@ -303,9 +299,12 @@ impl Shared {
         self.control
             .slice::<SlotDesc>(std::mem::size_of::<RingHeader>(), self.info.slot_count as usize)
     }
-    pub(crate) fn entries(&self) -> &[SubEntry] {
-        self.subs
-            .slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.info.max_subscribers as usize)
+    /// Bytes a push subscriber's buffer stride must be.
+    fn push_stride(&self) -> u64 {
+        self.info
+            .geometry
+            .frame_bytes
+            .next_multiple_of(crate::format::SLOT_ALIGN)
     }
 }
 
@@ -313,23 +312,17 @@ impl Served for Shared {
     fn producer(&self) -> &ProducerLine {
         &self.header().producer
     }
-    fn doorbell(&self) -> &DoorbellLine {
-        &self.header().doorbell
+    fn table(&self) -> &Table {
+        &self.table
     }
-    fn entries(&self) -> &[SubEntry] {
-        Shared::entries(self)
-    }
-    fn access(&self) -> &AccessPolicy {
-        &self.cfg.access
-    }
-    fn handshake_timeout(&self) -> Duration {
-        self.cfg.handshake_timeout
+    fn serve_config(&self) -> &ServeConfig {
+        &self.cfg.serve
     }
     fn state(&self) -> &ServiceState {
         &self.state
     }
 
-    fn refuse(&self, hello: &Hello) -> Option<(u32, String)> {
+    fn refuse(&self, hello: &Hello, uid: u32) -> Option<(u32, String)> {
         let info = &self.info;
         if hello.flags & msg::HELLO_PACKETS != 0 {
             return Some((
@@ -350,10 +343,23 @@ impl Served for Shared {
                 "lossless asked of a publisher with the overwrite policy".into(),
             ));
         }
+        let push = hello.flags & msg::HELLO_PUSH != 0;
+        if push && hello.flags & (msg::HELLO_LOSSLESS | msg::HELLO_SEQUENTIAL | msg::HELLO_WRITE) != 0 {
+            return Some((
+                msg::REJECT_BAD_HELLO,
+                "push delivery is for latest readers without lossless or write access".into(),
+            ));
+        }
         if hello.flags & msg::HELLO_WRITE != 0 && !self.cfg.allow_write {
             return Some((
                 msg::REJECT_WRITE_DENIED,
                 "write access to the pool is not granted by this publisher".into(),
+            ));
+        }
+        if !push && !self.cfg.pull.allows(uid) {
+            return Some((
+                msg::REJECT_PULL_DENIED,
+                format!("this publisher does not hand its pool to uid {uid}; ask for push delivery"),
             ));
         }
         None
@@ -378,58 +384,79 @@ impl Served for Shared {
         // SYNC: global-seq — Acquire: the lossless cursor starts at the
         // newest committed frame, so the producer never waits for frames
         // published before this subscriber joined.
-        self.header().seq.global_seq.load(StdOrdering::Acquire)
+        self.header().seq.global_seq.load(Ordering::Acquire)
     }
 
-    fn welcome(&self, index: u32, generation: u32, hello: &Hello) -> (Welcome, Vec<BorrowedFd<'_>>) {
+    fn welcome(&self, a: &Assigned, hello: &Hello) -> (Welcome, BorrowedFd<'_>, Option<BorrowedFd<'_>>) {
         let info = &self.info;
         let welcome = Welcome {
-            index,
-            generation,
+            index: a.index,
+            generation: a.generation,
             epoch: info.epoch,
             backend: info.backend,
             granted: hello.flags & (msg::HELLO_LOSSLESS | msg::HELLO_SEQUENTIAL | msg::HELLO_WRITE | msg::HELLO_PUSH),
             control_bytes: self.control.len() as u64,
-            subs_bytes: self.subs.len() as u64,
+            subs_bytes: 0,
             pool_bytes: info.pool_bytes,
             device_uuid: info.device_uuid,
+            client_bytes: 0,
         };
-        (
-            welcome,
-            vec![self.control_fd.as_fd(), self.subs_fd.as_fd(), self.pool_fd.as_fd()],
-        )
+        // A push subscriber never receives the pool.
+        let pool = if hello.flags & msg::HELLO_PUSH != 0 {
+            None
+        } else if hello.flags & msg::HELLO_WRITE != 0 {
+            self.pool_rw_fd.as_ref().map(|fd| fd.as_fd())
+        } else {
+            Some(self.pool_fd.as_fd())
+        };
+        (welcome, self.control_fd.as_fd(), pool)
     }
 
     /// Checks a subscriber's push buffers against the ring and hands them
-    /// to the producer thread, which maps them. Bad ones are dropped (the
-    /// subscriber stays on pull delivery).
-    fn attach(&self, index: u32, a: Attach, fds: Vec<OwnedFd>) {
-        let Some(e) = Shared::entries(self).get(index as usize) else {
-            return;
-        };
-        // Relaxed: written by the service thread, which calls us.
-        let push = e.flags.load(StdOrdering::Relaxed) & SUBF_PUSH != 0;
-        let frame = self.info.geometry.frame_bytes;
-        let ok = push
-            && fds.len() == 1
-            && a.count as usize == layout::PUSH_BUFFERS
-            && a.stride >= frame
-            && a.stride
-                .checked_mul(u64::from(a.count))
-                .is_some_and(|need| need <= a.bytes);
-        let Some(fd) = fds.into_iter().next().filter(|_| ok) else {
-            tracing::warn!(index, ?a, "ignoring a malformed Attach");
-            return;
-        };
-        let generation = e.generation.load(StdOrdering::Relaxed);
-        if let Ok(mut q) = self.attach_requests.lock() {
-            q.push(AttachRequest {
-                index,
-                generation,
-                fd,
-                attach: a,
-            });
+    /// to the producer thread, which maps them.
+    fn attach(&self, index: u32, generation: u32, a: Attach, fds: Vec<OwnedFd>) -> std::result::Result<(), String> {
+        let push = self
+            .table
+            .entry(index as usize)
+            // Relaxed: written by the service thread, which calls us.
+            .is_some_and(|e| e.flags.load(Ordering::Relaxed) & SUBF_PUSH != 0);
+        if !push {
+            return Err("push delivery was not granted".into());
         }
+        let stride = self.push_stride();
+        let need = stride * layout::PUSH_BUFFERS as u64;
+        // A CUDA allocation is rounded up to its granularity (2 MiB on
+        // current GPUs); nothing else may exceed what the buffers need.
+        let most = need + crate::memory::cuda::MAX_GRANULARITY;
+        if fds.len() != 1
+            || a.count as usize != layout::PUSH_BUFFERS
+            || a.stride != stride
+            || a.bytes < need
+            || a.bytes > most
+        {
+            return Err(format!(
+                "{} descriptors, {} buffers of {} bytes in {} bytes; want 1 descriptor, {} buffers of {stride} bytes in {need}..={most}",
+                fds.len(),
+                a.count,
+                a.stride,
+                a.bytes,
+                layout::PUSH_BUFFERS
+            ));
+        }
+        let Some(fd) = fds.into_iter().next() else {
+            return Err("no descriptor".into());
+        };
+        let mut q = self
+            .attach_requests
+            .lock()
+            .map_err(|_| "attach queue poisoned".to_string())?;
+        q.push(AttachRequest {
+            index,
+            generation,
+            fd,
+            attach: a,
+        });
+        Ok(())
     }
 }
 
@@ -469,25 +496,21 @@ impl std::fmt::Debug for Publisher {
     }
 }
 
-pub(crate) fn random_epoch() -> u64 {
-    let mut b = [0u8; 8];
-    if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
-        // Fall back to time and pid; the epoch only needs to differ between
-        // publisher instances at one path.
-        return realtime_ns() ^ (u64::from(std::process::id()) << 32);
-    }
-    u64::from_le_bytes(b) | 1
-}
-
-pub(crate) fn create_pool(choice: BackendChoice, bytes: u64) -> Result<Box<dyn ExportedPool>> {
+pub(crate) fn create_pool(choice: BackendChoice, bytes: u64, peers_may_write: bool) -> Result<Box<dyn ExportedPool>> {
+    let host = || -> Result<Box<dyn ExportedPool>> {
+        Ok(Box::new(crate::memory::host::HostPool::create_with(
+            bytes,
+            peers_may_write,
+        )?))
+    };
     match choice {
-        BackendChoice::Host => Ok(Box::new(crate::memory::host::HostPool::create(bytes)?)),
+        BackendChoice::Host => host(),
         BackendChoice::Cuda(ordinal) => crate::memory::cuda::create_pool(ordinal, bytes),
         BackendChoice::Auto => {
             if crate::memory::cuda::cuda_usable() {
                 crate::memory::cuda::create_pool(0, bytes)
             } else {
-                Ok(Box::new(crate::memory::host::HostPool::create(bytes)?))
+                host()
             }
         }
     }
@@ -505,12 +528,12 @@ impl Publisher {
         let geometry = cfg.validate()?;
         // Bind first: a second publisher at a live path fails before it
         // allocates anything.
-        let listener = Listener::bind(&path, cfg.socket_mode)?;
+        let listener = Listener::bind(&path, cfg.serve.socket_mode)?;
         let pool_bytes = geometry
             .slot_stride
             .checked_mul(u64::from(cfg.slots))
             .ok_or_else(|| Error::Config("ring size overflows".into()))?;
-        let mut pool = create_pool(cfg.backend, pool_bytes)?;
+        let mut pool = create_pool(cfg.backend, pool_bytes, cfg.allow_write)?;
         match Self::build(listener, &mut pool, &path, cfg, geometry) {
             Ok((shared, service)) => Ok(Publisher {
                 shared,
@@ -538,7 +561,7 @@ impl Publisher {
         cfg: RingConfig,
         geometry: Geometry,
     ) -> Result<(Arc<Shared>, ExitWorker)> {
-        let epoch = random_epoch();
+        let epoch = crate::ring::random_epoch();
         let info = RingInfo {
             epoch,
             slot_count: cfg.slots,
@@ -551,29 +574,26 @@ impl Publisher {
             geometry,
             pool_bytes: pool.pool_bytes(),
             device_uuid: pool.device_uuid(),
-            max_subscribers: cfg.max_subscribers,
+            max_subscribers: cfg.serve.max_subscribers,
             control_bytes: layout::control_bytes(cfg.slots),
         };
         let (control, control_fd) = Region::create("vramring-control", info.control_bytes)?;
         info.write_to(control.at::<RingHeader>(0), realtime_ns());
-        let (subs, subs_fd) = Region::create("vramring-subs", layout::subs_bytes(cfg.max_subscribers))?;
-        subs.at::<SubsHeader>(0).init(cfg.max_subscribers, epoch);
         Region::seal(control_fd.as_fd(), SEALS_READ_ONLY)?;
-        Region::seal(subs_fd.as_fd(), SEALS_FIXED_SIZE)?;
-        let pool_fd = pool.export_fd()?;
+        let control_fd = Region::reopen_read_only(control_fd.as_fd())?;
+        let table = Table::create("vramring-subs", cfg.serve.max_subscribers, epoch)?;
+        let pool_fd = pool.export_read_only_fd()?;
+        let pool_rw_fd = if cfg.allow_write { Some(pool.export_fd()?) } else { None };
         let header = control.at::<RingHeader>(0);
         // SYNC: producer-state — Release: the ring is ready before any
         // subscriber can connect (the service starts below).
-        header
-            .producer
-            .state
-            .store(PRODUCER_LIVE, std::sync::atomic::Ordering::Release);
+        header.producer.state.store(PRODUCER_LIVE, Ordering::Release);
         let shared = Arc::new(Shared {
             control,
-            subs,
             control_fd,
-            subs_fd,
+            table,
             pool_fd,
+            pool_rw_fd,
             info,
             cfg,
             attach_requests: Mutex::new(Vec::new()),
@@ -584,7 +604,7 @@ impl Publisher {
         // `std::process::exit` with a live publisher stops and joins it (it
         // marks the ring closed and says Bye) before CUDA's exit handlers.
         let service = ExitWorker::builder(format!("vramring-service:{}", path.display()), ExitPhase::Service)
-            .spawn(move |stop| crate::socket::service::run(svc_shared, listener, stop))?;
+            .spawn(move |stop| serve::run(svc_shared, listener, stop))?;
         Ok((shared, service))
     }
 
@@ -646,46 +666,40 @@ impl Publisher {
 
     fn wait_lossless(&mut self, held_seq: u64, timeout: Duration) -> Result<()> {
         let sh = &*self.shared;
-        self.gate.wait(sh, sh.cfg.lossless_lease, timeout, || {
-            protocol::lossless_holder(sh.entries(), held_seq).map(|(k, _)| Holder {
-                index: k,
-                generation: sh.entries()[k].generation.load(StdOrdering::Relaxed),
-                key: held_seq,
-                held_seq,
-            })
+        let newest = self.next_seq - 1;
+        self.gate.wait(sh, timeout, || {
+            sh.table
+                .holder(newest, |released| released < held_seq)
+                .map(|blocker| Holder {
+                    blocker,
+                    key: held_seq,
+                    held_seq,
+                })
         })
     }
 
     /// Maps push buffers that subscribers sent, and unmaps those of
-    /// subscribers that left. Runs on the producer thread, which owns the pool.
+    /// subscribers that left. Runs on the producer thread, which owns the
+    /// pool. A subscriber whose buffers cannot be mapped is evicted: it has
+    /// no pool to fall back on.
     fn sync_targets(&mut self) {
         let requests = match self.shared.attach_requests.lock() {
             Ok(mut q) if !q.is_empty() => std::mem::take(&mut *q),
             _ => Vec::new(),
         };
-        let entries = self.shared.entries();
-        let live = |index: usize, generation: u32| {
-            let e = &entries[index];
-            // SYNC: sub-state — Acquire.
-            e.state.load(std::sync::atomic::Ordering::Acquire) == SUB_ACTIVE
-                && e.generation.load(std::sync::atomic::Ordering::Relaxed) == generation
-        };
+        let table = &self.shared.table;
         for r in requests {
             let index = r.index as usize;
-            if index >= entries.len() || !live(index, r.generation) {
+            if !table.live(index, r.generation) {
                 continue;
             }
             match self.pool.attach_target(&r.fd, r.attach.bytes) {
                 Ok(id) => {
-                    let e = &entries[index];
-                    for w in &e.push_seq {
-                        // Relaxed: published by the Release of push_count.
-                        w.store(0, std::sync::atomic::Ordering::Relaxed);
+                    if let Some(e) = table.entry(index) {
+                        // SYNC: push-seq — Release; the subscriber starts
+                        // taking pushed frames when it sees the count.
+                        e.push_count.store(layout::PUSH_BUFFERS as u32, Ordering::Release);
                     }
-                    // SYNC: push-seq — Release; the subscriber switches to
-                    // push delivery when it sees the count.
-                    e.push_count
-                        .store(layout::PUSH_BUFFERS as u32, std::sync::atomic::Ordering::Release);
                     self.targets.push(PushTarget {
                         index,
                         generation: r.generation,
@@ -697,12 +711,17 @@ impl Publisher {
                     });
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, index, "could not map a subscriber's push buffers; it stays on pull delivery")
+                    tracing::warn!(error = %e, index, "could not map a subscriber's push buffers; evicting it");
+                    if table.evict(index, r.generation, EVICT_PUSH) {
+                        // Relaxed: a counter for stats.
+                        self.shared.header().producer.evictions.fetch_add(1, Ordering::Relaxed);
+                        self.shared.state.request_eviction(index, EVICT_PUSH);
+                    }
                 }
             }
         }
         for t in &mut self.targets {
-            if !t.dead && !live(t.index, t.generation) {
+            if !t.dead && !table.live(t.index, t.generation) {
                 t.dead = true;
             }
         }
@@ -725,9 +744,13 @@ impl Publisher {
         self.sync_targets();
         let g = self.shared.info.geometry;
         let slot_offset = index as u64 * g.slot_stride;
-        let entries = self.shared.entries();
+        let table = &self.shared.table;
         for t in self.targets.iter_mut().filter(|t| !t.dead) {
-            t.pending = protocol::push::claim_buffer(&entries[t.index], t.newest, seq);
+            t.pending = table
+                .with_client(t.index, t.generation, |e, c| {
+                    protocol::push::claim_buffer(e, c, t.newest, seq)
+                })
+                .flatten();
             if let Some(k) = t.pending {
                 let dst = k as u64 * t.stride;
                 if let Err(e) = self.pool.push_copy(t.id, dst, slot_offset, g.frame_bytes, completion) {
@@ -742,34 +765,21 @@ impl Publisher {
         protocol::commit_slot(&sh.slots()[index], seq, &meta.to_commit());
         for t in &mut self.targets {
             if let Some(k) = t.pending.take() {
-                protocol::push::complete_buffer(&entries[t.index], k, seq);
+                if let Some(e) = table.entry(t.index) {
+                    protocol::push::complete_buffer(e, k, seq);
+                }
                 t.newest = Some(k);
             }
         }
-        if protocol::publish_global(sh.header(), seq, entries) {
-            protocol::ring_doorbell(sh.header());
-        }
+        protocol::publish_global(sh.header(), seq);
+        table.wake_parked();
         self.next_seq = seq + 1;
         Ok(())
     }
 
     /// Counters.
     pub fn stats(&self) -> PublisherStats {
-        let p = &self.shared.header().producer;
-        let r = std::sync::atomic::Ordering::Relaxed;
-        PublisherStats {
-            published: p.published.load(r),
-            subscribers: self
-                .shared
-                .entries()
-                .iter()
-                .filter(|e| e.state.load(r) == SUB_ACTIVE)
-                .count() as u32,
-            connects: p.connects.load(r),
-            disconnects: p.disconnects.load(r),
-            evictions: p.evictions.load(r),
-            lossless_waits: self.shared.state.lossless_waits.load(r),
-        }
+        serve::stats(&*self.shared, self.next_seq - 1)
     }
 
     /// Stops serving, tells subscribers the ring is closed, and releases
@@ -782,11 +792,8 @@ impl Publisher {
             let header = self.shared.header();
             // SYNC: producer-state — Release; subscribers Acquire it and
             // report `ProducerGone` promptly.
-            header
-                .producer
-                .state
-                .store(PRODUCER_CLOSED, std::sync::atomic::Ordering::Release);
-            protocol::ring_doorbell(header);
+            header.producer.state.store(PRODUCER_CLOSED, Ordering::Release);
+            // The service rings every subscriber's doorbell as it stops.
             if let Some(worker) = self.service.take() {
                 let outcome = worker.stop();
                 tracing::debug!(?outcome, "socket service stopped");

@@ -1,6 +1,11 @@
 //! The subscriber's half of the handshake and of the lease, shared by the
 //! frame-ring [`crate::Subscriber`] and the packet-ring
 //! [`crate::packet::PacketSubscriber`].
+//!
+//! The lease holds while our entry in the publisher's (read-only) table is
+//! `ACTIVE` with our Welcome's generation; it is checked on every read,
+//! before anything is delivered. What we write goes to our own client
+//! region, which no other subscriber holds.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
@@ -8,11 +13,39 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::layout::{SubEntry, SubsHeader, SUB_ACTIVE};
-use crate::shm::Region;
+use crate::layout::{ClientLine, SubEntry, SubsHeader, CLIENT_BYTES, SUB_ACTIVE};
+use crate::shm::{Region, SEALS_FIXED_SIZE, SEALS_READ_ONLY};
 use crate::socket::msg::{self, Hello, Msg, Welcome};
 use crate::socket::transport;
 use crate::sync::atomic::Ordering;
+
+/// Maps the two regions every Welcome carries after the control region:
+/// the publisher's subscriber table (read-only, sealed) and our own client
+/// region (read-write, fixed size), checking their seals and sizes before
+/// the first load.
+///
+/// # Errors
+/// [`Error::LayoutMismatch`] for missing seals or sizes that do not fit.
+pub(crate) fn map_table_and_client(
+    welcome: &Welcome,
+    subs_fd: &OwnedFd,
+    client_fd: &OwnedFd,
+) -> Result<(Region, Region)> {
+    Region::require_seals(subs_fd.as_fd(), SEALS_READ_ONLY)?;
+    Region::require_seals(client_fd.as_fd(), SEALS_FIXED_SIZE)?;
+    if welcome.subs_bytes < std::mem::size_of::<SubsHeader>() as u64 || welcome.client_bytes != CLIENT_BYTES {
+        return Err(Error::LayoutMismatch(format!(
+            "Welcome announces a subscriber table of {} bytes and a client region of {} bytes \
+             (a table needs at least {}, a client region is {CLIENT_BYTES})",
+            welcome.subs_bytes,
+            welcome.client_bytes,
+            std::mem::size_of::<SubsHeader>()
+        )));
+    }
+    let subs = Region::map(subs_fd.as_fd(), welcome.subs_bytes, false)?;
+    let client = Region::map(client_fd.as_fd(), CLIENT_BYTES, true)?;
+    Ok((subs, client))
+}
 
 /// Connects to `path`, sends `hello`, and waits up to `timeout` for the
 /// Welcome. Returns the connection, the Welcome and its descriptors.
@@ -66,6 +99,7 @@ pub(crate) fn request(path: &Path, hello: Hello, timeout: Duration) -> Result<(O
 pub(crate) struct Lease {
     sock: OwnedFd,
     subs: Arc<Region>,
+    client: Arc<Region>,
     index: usize,
     generation: u32,
     max_subscribers: u32,
@@ -88,8 +122,8 @@ impl std::fmt::Debug for Lease {
 
 impl Lease {
     /// Takes up the entry a Welcome assigned, in a subscriber table mapped
-    /// read-write (already validated against the ring: `max_subscribers`
-    /// entries, `epoch`).
+    /// read-only (already validated against the ring: `max_subscribers`
+    /// entries, `epoch`), with our client region.
     ///
     /// # Errors
     /// [`Error::LayoutMismatch`] when the index is out of range or the entry
@@ -97,17 +131,16 @@ impl Lease {
     pub(crate) fn new(
         sock: OwnedFd,
         subs: Region,
+        client: Region,
         welcome: &Welcome,
         max_subscribers: u32,
         epoch: u64,
     ) -> Result<Lease> {
-        let index = welcome.index as usize;
-        if index >= max_subscribers as usize {
-            return Err(Error::LayoutMismatch(format!("subscriber index {index} out of range")));
-        }
+        let index = super::table::check_index(welcome.index, max_subscribers)?;
         let lease = Lease {
             sock,
             subs: Arc::new(subs),
+            client: Arc::new(client),
             index,
             generation: welcome.generation,
             max_subscribers,
@@ -131,19 +164,21 @@ impl Lease {
         self.index
     }
 
-    /// Our entry in the subscriber table.
+    /// Our entry in the subscriber table (read-only).
     pub(crate) fn entry(&self) -> &SubEntry {
         &self
             .subs
             .slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.max_subscribers as usize)[self.index]
     }
 
-    /// A handle on our entry that keeps the table mapped.
-    pub(crate) fn entry_ref(&self) -> EntryRef {
-        EntryRef {
-            subs: Arc::clone(&self.subs),
-            offset: std::mem::size_of::<SubsHeader>() + self.index * std::mem::size_of::<SubEntry>(),
-        }
+    /// Our client region.
+    pub(crate) fn client(&self) -> &ClientLine {
+        self.client.at::<ClientLine>(0)
+    }
+
+    /// A handle on our client region that keeps it mapped.
+    pub(crate) fn client_ref(&self) -> ClientRef {
+        ClientRef(Arc::clone(&self.client))
     }
 
     /// Whether the entry is still active and ours (two loads).
@@ -217,7 +252,12 @@ impl Lease {
                 _ => None,
             };
             err = Some(Error::Evicted {
-                reason: notice.unwrap_or_else(|| "our subscriber entry was released by the publisher".into()),
+                reason: notice.unwrap_or_else(|| {
+                    // Relaxed: the Acquire load of `state` in `still_ours`
+                    // ordered the code written before it.
+                    let code = self.entry().evict_code.load(Ordering::Relaxed);
+                    crate::ring::serve::evict_reason(code).into()
+                }),
             });
         }
         match err {
@@ -277,17 +317,14 @@ impl Lease {
     }
 }
 
-/// An owned handle on one entry of a mapped subscriber table.
+/// An owned handle on a subscriber's own client region.
 #[derive(Debug, Clone)]
-pub(crate) struct EntryRef {
-    subs: Arc<Region>,
-    offset: usize,
-}
+pub(crate) struct ClientRef(Arc<Region>);
 
-impl EntryRef {
-    /// The entry (in range: the index was checked by [`Lease::new`]).
-    pub(crate) fn get(&self) -> &SubEntry {
-        self.subs.at(self.offset)
+impl ClientRef {
+    /// The client line.
+    pub(crate) fn get(&self) -> &ClientLine {
+        self.0.at(0)
     }
 }
 

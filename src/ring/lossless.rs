@@ -1,21 +1,20 @@
 //! The producer's bounded wait for lossless readers, with eviction past the
-//! lease: one implementation for the frame [`super::Publisher`] and the
+//! lease: one implementation for the frame [`crate::Publisher`] and the
 //! [`crate::packet::PacketPublisher`].
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::serve::Served;
+use super::table::Blocker;
 use crate::error::{Error, Result};
-use crate::layout::{SUB_ACTIVE, SUB_EVICTED};
-use crate::socket::service::Served;
+use crate::layout::EVICT_LEASE;
+use crate::sync::atomic::Ordering;
 
 /// A lossless reader the producer must wait for, as `holder` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Holder {
-    /// Its table entry.
-    pub(crate) index: usize,
-    /// The entry's generation when it was found blocking.
-    pub(crate) generation: u32,
+    /// The reader, as the table found it.
+    pub(crate) blocker: Blocker,
     /// What the lease is measured on: a seq of the producer's own (the
     /// frame held, the packet about to be written), never a value the
     /// reader controls, so a reader cannot restart its lease by moving its
@@ -37,18 +36,18 @@ pub(crate) struct LosslessGate {
 impl LosslessGate {
     /// Waits until `holder()` names no lossless reader, at most `timeout`.
     /// A reader that has kept the producer waiting on the same key for
-    /// `lease` is evicted. Calls that had to wait are counted in the
-    /// service state's `lossless_waits`.
+    /// `lease` is evicted, and the wait goes on without it. Calls that had
+    /// to wait are counted in the service state's `lossless_waits`.
     ///
     /// # Errors
     /// [`Error::LosslessBlocked`] when `timeout` runs out first.
     pub(crate) fn wait<S: Served>(
         &mut self,
         sh: &S,
-        lease: Duration,
         timeout: Duration,
         mut holder: impl FnMut() -> Option<Holder>,
     ) -> Result<()> {
+        let lease = sh.serve_config().lossless_lease;
         let start = Instant::now();
         let mut counted = false;
         loop {
@@ -56,17 +55,17 @@ impl LosslessGate {
                 self.blocked = None;
                 return Ok(());
             };
-            let k = h.index;
+            let (k, generation) = (h.blocker.index, h.blocker.generation);
             if !counted {
                 // Relaxed: a counter for stats.
                 sh.state().lossless_waits.fetch_add(1, Ordering::Relaxed);
                 counted = true;
             }
             let since = match self.blocked {
-                Some((bk, bg, key, since)) if bk == k && bg == h.generation && key == h.key => since,
+                Some((bk, bg, key, since)) if bk == k && bg == generation && key == h.key => since,
                 _ => {
                     let now = Instant::now();
-                    self.blocked = Some((k, h.generation, h.key, now));
+                    self.blocked = Some((k, generation, h.key, now));
                     now
                 }
             };
@@ -77,7 +76,7 @@ impl LosslessGate {
             if start.elapsed() >= timeout {
                 return Err(Error::LosslessBlocked {
                     index: k as u32,
-                    name: sh.entries()[k].name(),
+                    name: sh.table().entry(k).map(|e| e.name()).unwrap_or_default(),
                     held_seq: h.held_seq,
                     waited: start.elapsed(),
                 });
@@ -88,32 +87,19 @@ impl LosslessGate {
         }
     }
 
-    /// Evicts the holder: marks its entry, counts it, and has the service
-    /// send `Evicted` and close the connection. Nothing happens if the
-    /// entry changed hands meanwhile (the service freed or reassigned it).
+    /// Evicts the holder through the table and has the service send
+    /// `Evicted` and close the connection. Nothing happens if the entry
+    /// changed hands meanwhile (the service freed or reassigned it).
     fn evict<S: Served>(&mut self, sh: &S, h: &Holder) {
         self.blocked = None;
-        let k = h.index;
-        let e = &sh.entries()[k];
-        // Relaxed: the service writes the generation before it stores
-        // ACTIVE (Release), which the compare-exchange below re-checks.
-        if e.generation.load(Ordering::Relaxed) != h.generation {
+        let k = h.blocker.index;
+        if !sh.table().evict(k, h.blocker.generation, EVICT_LEASE) {
             return;
         }
-        // SYNC: sub-state — Release on success; the subscriber sees
-        // EVICTED with Acquire. Fails if the service freed the entry.
-        if e.state
-            .compare_exchange(SUB_ACTIVE, SUB_EVICTED, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
-            return;
-        }
-        tracing::warn!(index = k, name = %e.name(), "evicting a lossless subscriber that kept the producer waiting past its lease");
-        // Relaxed: own counter, single writer (the producer thread).
+        let name = sh.table().entry(k).map(|e| e.name()).unwrap_or_default();
+        tracing::warn!(index = k, name = %name, "evicting a lossless subscriber that kept the producer waiting past its lease");
+        // Relaxed: a counter for stats (the service counts too).
         sh.producer().evictions.fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut q) = sh.state().evict_requests.lock() {
-            q.push(k as u32);
-        }
-        sh.state().waker.wake();
+        sh.state().request_eviction(k, EVICT_LEASE);
     }
 }

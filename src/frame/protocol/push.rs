@@ -3,9 +3,11 @@
 //! does no GPU work to receive a frame (no GPU context switch between
 //! processes per frame and subscriber).
 //!
-//! Each push subscriber has [`PUSH_BUFFERS`] buffers and, in its table
-//! entry, one `push_seq` word per buffer (publisher-written) and one
-//! `push_held` word (subscriber-written).
+//! Each push subscriber has [`PUSH_BUFFERS`] buffers, one `push_seq` word
+//! per buffer in its table entry (publisher-written, read-only to
+//! subscribers) and one `push_held` word in its own client region
+//! (subscriber-written; the publisher only compares it, so a bad value
+//! costs that subscriber its own frames).
 //!
 //! * The publisher picks a buffer that is neither the newest complete one
 //!   nor held: it stores `push_seq[k] = seq | SEQ_WRITING`, issues a `SeqCst`
@@ -21,14 +23,14 @@
 //! (Dekker). After the copy completed (stream synchronised), the publisher
 //! stores `push_seq[k] = seq` with Release, before `global_seq`.
 
-use crate::layout::{SubEntry, PUSH_BUFFERS, SEQ_WRITING};
+use crate::layout::{ClientLine, SubEntry, PUSH_BUFFERS, SEQ_WRITING};
 use crate::sync::atomic::{fence, Ordering};
 
 /// Publisher: claims a buffer of `entry` to write frame `seq` into, skipping
 /// `newest` (the newest complete buffer) and whatever the reader holds.
 /// `None` when every candidate is held (the frame is not pushed to this
 /// reader; it sees a gap).
-pub fn claim_buffer(entry: &SubEntry, newest: Option<usize>, seq: u64) -> Option<usize> {
+pub fn claim_buffer(entry: &SubEntry, client: &ClientLine, newest: Option<usize>, seq: u64) -> Option<usize> {
     for k in 0..PUSH_BUFFERS {
         if Some(k) == newest {
             continue;
@@ -39,7 +41,7 @@ pub fn claim_buffer(entry: &SubEntry, newest: Option<usize>, seq: u64) -> Option
         // SYNC: push-hold — SeqCst fence between our mark and the load of
         // the reader's hold (mirror of the reader's fence).
         fence(Ordering::SeqCst);
-        let held = entry.push_held.load(Ordering::Relaxed) as usize;
+        let held = client.push_held.load(Ordering::Relaxed) as usize;
         // SYNC: push-hold — Acquire fence pairs with the reader's Release
         // store of a hold elsewhere: its reads of buffer `k` under its
         // earlier hold happen before our writes into `k`.
@@ -65,7 +67,7 @@ pub fn complete_buffer(entry: &SubEntry, k: usize, seq: u64) {
 
 /// Reader: holds and returns the newest complete buffer whose frame is newer
 /// than `after`, as `(k, seq)`; `None` when there is none.
-pub fn take_newest(entry: &SubEntry, after: u64) -> Option<(usize, u64)> {
+pub fn take_newest(entry: &SubEntry, client: &ClientLine, after: u64) -> Option<(usize, u64)> {
     for _ in 0..64 {
         let mut best: Option<(usize, u64)> = None;
         for k in 0..PUSH_BUFFERS {
@@ -79,7 +81,7 @@ pub fn take_newest(entry: &SubEntry, after: u64) -> Option<(usize, u64)> {
         // SYNC: push-hold — Release: our reads of the buffer we held before
         // happen before the publisher's next write into it (its Acquire
         // fence); then a SeqCst fence before re-checking `push_seq[k]`.
-        entry.push_held.store(k as u32 + 1, Ordering::Release);
+        client.push_held.store(k as u32 + 1, Ordering::Release);
         fence(Ordering::SeqCst);
         if entry.push_seq[k].load(Ordering::Relaxed) == s {
             return Some((k, s));
@@ -90,7 +92,7 @@ pub fn take_newest(entry: &SubEntry, after: u64) -> Option<(usize, u64)> {
 }
 
 /// Reader: lets go of whatever buffer it holds.
-pub fn release_hold(entry: &SubEntry) {
+pub fn release_hold(client: &ClientLine) {
     // SYNC: push-hold — Release, as in `take_newest`.
-    entry.push_held.store(0, Ordering::Release);
+    client.push_held.store(0, Ordering::Release);
 }

@@ -7,11 +7,11 @@
 //! | `RingHeader.info.*` | publisher, once, before `layout_version` | everyone (validated once, copied) |
 //! | `producer.state` | publisher | subscribers (Acquire) |
 //! | `seq.global_seq` | publisher | subscribers (Acquire) |
-//! | `doorbell.doorbell` | publisher | subscribers (futex word) |
 //! | `SlotDesc.seq` | publisher | subscribers (Acquire, then re-check) |
 //! | `SlotDesc.{pts, commit_ns, flags, user*}` | publisher, between invalidate and commit | subscribers, between the two seq loads |
-//! | `SubEntry.{state, flags, generation, name}` | publisher | producer path, subscriber |
-//! | `SubEntry.{released_seq, reading_seq, parked, counters, heartbeat}` | that subscriber | publisher |
+//! | `SubEntry.*` (the subscriber table) | publisher ([`crate::ring::table`]) | subscribers, read-only |
+//! | `ClientLine.doorbell` | publisher | that subscriber (futex word) |
+//! | `ClientLine.{released_seq, reading_seq, parked, push_held, counters}` | that subscriber, in its own region | publisher, as hostile input |
 //!
 //! # Orderings (each pair is labelled `SYNC: <name>` at both ends)
 //!
@@ -31,14 +31,11 @@
 //! * **global-seq**: `global_seq.store(s, Release)` after the slot's seq;
 //!   a reader Acquire-loads it to learn what exists.
 //! * **release-cursor**: a lossless subscriber stores `released_seq = s`
-//!   (Release) after its copy of `s` completed (or its borrow ended); the
-//!   producer Acquire-loads it before reusing the slot that held `s`.
-//! * **park**: a subscriber sets `parked = 1`, `SeqCst` fence, loads the
-//!   doorbell, re-checks `global_seq`, then futex-waits on the doorbell value
-//!   it loaded. The publisher stores `global_seq`, `SeqCst` fence, then reads
-//!   every `parked`; if any is set it increments the doorbell (Release) and
-//!   wakes. The two fences make it impossible for both sides to miss each
-//!   other (Dekker); every wait is also bounded by a timeout slice.
+//!   (Release) in its client region after its copy of `s` completed (or its
+//!   borrow ended); the producer Acquire-loads it (clamped to what was
+//!   published, never moving back) before reusing the slot that held `s`.
+//! * **park** / **doorbell**: see [`crate::ring::wait`]; each subscriber
+//!   parks on the doorbell of its own client region.
 //! * **push-seq / push-hold**: push delivery, see [`push`].
 //!
 //! Sequence numbers are free-running `u64`; 0 means never written; the slot
@@ -47,11 +44,7 @@
 pub mod consume;
 pub mod publish;
 pub mod push;
-pub mod wait;
 
+pub use crate::ring::wait::{publish_seq, ring_doorbell, wait_on, wake_if_parked, Bell, WaitOutcome};
 pub use consume::{pick, safe_window, Look, Pick, ReadMode, SlotSnapshot};
-pub use publish::{
-    commit, commit_slot, invalidate, lossless_holder, publish_global, publish_seq, ring_doorbell, ring_doorbell_word,
-    CommitMeta,
-};
-pub use wait::{wait_for_seq, wait_on, Bell, WaitOutcome};
+pub use publish::{commit, commit_slot, invalidate, publish_global, wait_for_seq, CommitMeta};

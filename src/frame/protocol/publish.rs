@@ -1,0 +1,87 @@
+//! The producer's half: invalidate, commit, publish (the lossless check is
+//! the table's, [`crate::ring::table`]; the wakeup is [`crate::ring::wait`]'s).
+
+use std::time::{Duration, Instant};
+
+use crate::layout::{ClientLine, RingHeader, SlotDesc, SEQ_WRITING, USER_META_WORDS};
+use crate::ring::wait::{publish_seq, wait_on, Bell, WaitOutcome};
+use crate::sync::atomic::{fence, Ordering};
+
+/// What a commit stores in the slot descriptor besides the seq.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitMeta {
+    /// Presentation timestamp.
+    pub pts: i64,
+    /// `FRAME_*` flags.
+    pub flags: u32,
+    /// `CLOCK_MONOTONIC` ns of the commit.
+    pub commit_ns: u64,
+    /// Bytes of `user` in use.
+    pub user_len: u32,
+    /// User metadata words.
+    pub user: [u64; USER_META_WORDS],
+}
+
+/// Step 2 of a publish: mark `slot` as being written for `seq`, before any
+/// write to its bytes is made or enqueued.
+pub fn invalidate(slot: &SlotDesc, seq: u64) {
+    // Relaxed store + SeqCst fence: the fence orders this store before every
+    // later write to the slot's bytes and meta (seqlock writer rule).
+    // SYNC: invalidate — pairs with the reader's Acquire fence + reload in
+    // `consume::SlotSnapshot::still_valid`.
+    slot.seq.store(seq | SEQ_WRITING, Ordering::Relaxed);
+    fence(Ordering::SeqCst);
+}
+
+/// Step 4 of a publish: store the meta, then the slot seq, then `global_seq`
+/// and the park fence; the caller then wakes parked subscribers
+/// ([`crate::ring::wake_if_parked`] for each).
+///
+/// The caller has already made the frame's bytes complete (CPU stores, or
+/// `cuStreamSynchronize` on the stream that wrote them).
+pub fn commit(header: &RingHeader, slot: &SlotDesc, seq: u64, meta: &CommitMeta) {
+    commit_slot(slot, seq, meta);
+    publish_global(header, seq);
+}
+
+/// The first half of [`commit`]: the slot's meta, then its seq (Release).
+pub fn commit_slot(slot: &SlotDesc, seq: u64, meta: &CommitMeta) {
+    // Relaxed: these are published by the Release store of `slot.seq` below
+    // and read by subscribers only between their two loads of `slot.seq`.
+    slot.pts.store(meta.pts as u64, Ordering::Relaxed);
+    slot.commit_ns.store(meta.commit_ns, Ordering::Relaxed);
+    slot.flags.store(meta.flags, Ordering::Relaxed);
+    slot.user_len.store(meta.user_len, Ordering::Relaxed);
+    for (w, v) in slot.user.iter().zip(meta.user.iter()) {
+        w.store(*v, Ordering::Relaxed);
+    }
+    // SYNC: slot-seq — Release: bytes and meta above happen-before a reader's
+    // Acquire load that sees `seq`.
+    slot.seq.store(seq, Ordering::Release);
+}
+
+/// The second half of [`commit`]: `global_seq` (Release), then the park
+/// fence ([`publish_seq`]).
+pub fn publish_global(header: &RingHeader, seq: u64) {
+    // Relaxed: own counter, single writer (the publisher).
+    header.producer.published.store(seq, Ordering::Relaxed);
+    publish_seq(&header.seq.global_seq, seq);
+}
+
+/// Waits until `global_seq > after`, or `deadline`, parked on `client`'s
+/// doorbell: [`wait_on`] over the frame ring's words.
+pub fn wait_for_seq(
+    header: &RingHeader,
+    client: &ClientLine,
+    after: u64,
+    deadline: Instant,
+    spin: Duration,
+    slice: Duration,
+    alive: impl FnMut() -> bool,
+) -> WaitOutcome {
+    let bell = Bell {
+        seq: &header.seq.global_seq,
+        producer: &header.producer,
+    };
+    wait_on(bell, client, after, deadline, spin, slice, alive)
+}

@@ -1,0 +1,159 @@
+//! The ring core both ring kinds stand on: the subscriber table, the socket
+//! service, the lossless gate, wakeups and the subscriber's lease.
+//!
+//! * [`table`]: subscriber entries (assign, serve, evict, free, reuse), the
+//!   one writer of that state, and each subscriber's own client region.
+//! * [`serve`]: the publisher's socket service (accept, handshake, per
+//!   connection limits, eviction notices), generic over what a ring kind
+//!   tells it.
+//! * [`lossless`]: the producer's bounded wait for lossless readers, with
+//!   eviction past the lease.
+//! * [`wait`]: publishing a seq and waking parked subscribers; a
+//!   subscriber's spin-then-park wait.
+//! * [`lease`]: the subscriber's half: the handshake, liveness,
+//!   `ProducerGone` after the drain, eviction.
+//!
+//! The frame ring ([`crate::frame`]) and the packet ring
+//! ([`crate::packet`]) are thin layers over these: each says what its
+//! Welcome carries and how its producer decides that a lossless reader
+//! blocks it.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::layout::{DEFAULT_MAX_SUBSCRIBERS, MAX_SUBSCRIBERS_LIMIT};
+use crate::socket::transport::AccessPolicy;
+
+pub(crate) mod lease;
+pub(crate) mod lossless;
+pub(crate) mod serve;
+pub(crate) mod table;
+pub mod wait;
+
+pub use wait::{publish_seq, ring_doorbell, wait_on, wake_if_parked, Bell, WaitOutcome};
+
+/// Default cap on connections that have not finished their handshake.
+pub const DEFAULT_MAX_PENDING: u32 = 16;
+
+/// How a publisher of either ring kind serves subscribers: the settings the
+/// frame ring's [`crate::RingConfig`] and the packet ring's
+/// [`crate::packet::PacketPublisherConfig`] share. Their builders come from
+/// [`ServeOptions`].
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Subscriber table entries: the most subscribers connected at once.
+    pub max_subscribers: u32,
+    /// Connections that may be in their handshake at once; more are closed
+    /// at accept.
+    pub max_pending: u32,
+    /// File mode of the socket (default `0o660`).
+    pub socket_mode: u32,
+    /// uid/gid allow-list checked with `SO_PEERCRED`.
+    pub access: AccessPolicy,
+    /// A lossless subscriber that keeps the producer waiting this long is
+    /// evicted.
+    pub lossless_lease: Duration,
+    /// How long a connecting subscriber has to send its Hello.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            max_subscribers: DEFAULT_MAX_SUBSCRIBERS,
+            max_pending: DEFAULT_MAX_PENDING,
+            socket_mode: 0o660,
+            access: AccessPolicy::default(),
+            lossless_lease: Duration::from_secs(1),
+            handshake_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl ServeConfig {
+    /// Checks the limits.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the bad value.
+    pub fn validate(&self) -> Result<()> {
+        if self.max_subscribers == 0 || self.max_subscribers > MAX_SUBSCRIBERS_LIMIT {
+            return Err(Error::Config(format!(
+                "max_subscribers {} not in 1..={MAX_SUBSCRIBERS_LIMIT}",
+                self.max_subscribers
+            )));
+        }
+        if self.max_pending == 0 {
+            return Err(Error::Config("max_pending must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Builder methods for the serving settings, shared by both ring kinds'
+/// configs.
+pub trait ServeOptions: Sized {
+    /// The settings.
+    fn serve_mut(&mut self) -> &mut ServeConfig;
+
+    /// Sets the subscriber table size.
+    fn max_subscribers(mut self, n: u32) -> Self {
+        self.serve_mut().max_subscribers = n;
+        self
+    }
+    /// Sets the cap on connections in their handshake.
+    fn max_pending(mut self, n: u32) -> Self {
+        self.serve_mut().max_pending = n;
+        self
+    }
+    /// Sets the socket's file mode.
+    fn socket_mode(mut self, mode: u32) -> Self {
+        self.serve_mut().socket_mode = mode;
+        self
+    }
+    /// Sets the uid/gid allow-list.
+    fn access(mut self, a: AccessPolicy) -> Self {
+        self.serve_mut().access = a;
+        self
+    }
+    /// Sets the lossless lease.
+    fn lossless_lease(mut self, d: Duration) -> Self {
+        self.serve_mut().lossless_lease = d;
+        self
+    }
+    /// Sets how long a connecting subscriber has to send its Hello.
+    fn handshake_timeout(mut self, d: Duration) -> Self {
+        self.serve_mut().handshake_timeout = d;
+        self
+    }
+}
+
+/// Counters of a publisher of either ring kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PublisherStats {
+    /// Frames or packets committed.
+    pub published: u64,
+    /// Subscribers connected now.
+    pub subscribers: u32,
+    /// Subscribers that connected so far.
+    pub connects: u64,
+    /// Subscribers whose connection closed so far.
+    pub disconnects: u64,
+    /// Subscribers evicted so far (lossless lease, protocol violations).
+    pub evictions: u64,
+    /// Loans or writes that had to wait for a lossless subscriber.
+    pub lossless_waits: u64,
+    /// Connections refused or closed before a Welcome (bad Hello, not
+    /// allowed, table full, too many handshakes).
+    pub refused: u64,
+}
+
+/// A random, odd epoch for a new publisher instance.
+pub(crate) fn random_epoch() -> u64 {
+    let mut b = [0u8; 8];
+    if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
+        // Fall back to time and pid; the epoch only needs to differ between
+        // publisher instances at one path.
+        return crate::time::realtime_ns() ^ (u64::from(std::process::id()) << 32);
+    }
+    u64::from_le_bytes(b) | 1
+}

@@ -1,0 +1,352 @@
+//! The subscriber table: the one writer of every subscriber entry, for both
+//! ring kinds.
+//!
+//! # Lifecycle of an entry
+//!
+//! ```text
+//!            assign (service)                 evict (producer: lease, or
+//!   FREE ───────────────────────▶ ACTIVE ──── service: protocol) ───▶ EVICTED
+//!    ▲    generation += 1,          │                                    │
+//!    │    new client region         │ free (service: EOF, Bye, close)    │ free / reap
+//!    └──────────────────────────────┴────────────────────────────────────┘
+//! ```
+//!
+//! * The table ([`SubEntry`]s) is written by this module alone, on the
+//!   publisher's threads: the socket service assigns and frees, the
+//!   producer evicts (a compare-exchange, so a racing free wins cleanly) and
+//!   mirrors. Subscribers map it read-only: the memfd is sealed
+//!   `F_SEAL_FUTURE_WRITE` once the publisher has mapped it, and what they
+//!   receive is a read-only reopen.
+//! * What a subscriber writes lives in its **client region** ([`ClientLine`]),
+//!   a memfd made for that one connection and dropped with it. No other
+//!   subscriber ever holds it, so whatever a subscriber writes reaches the
+//!   publisher and itself only. A reused entry gets a new region: a
+//!   departed subscriber that kept its mapping writes into memory nobody
+//!   reads any more.
+//! * Every word the publisher reads from a client region is hostile: the
+//!   lossless cursor is clamped to what was published and never moves back
+//!   ([`Table::holder`]); `parked` only costs that subscriber's own wakeup;
+//!   `push_held` is compared, never used as an index; counters are copied
+//!   for inspection only.
+//! * Liveness and eviction are decided from the table alone: a subscriber's
+//!   lease holds while its entry is `ACTIVE` with its Welcome's generation.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use crate::error::{Error, Result};
+use crate::layout::{
+    self, ClientLine, SubEntry, SubsHeader, CLIENT_BYTES, SUBF_LOSSLESS, SUB_ACTIVE, SUB_EVICTED, SUB_FREE,
+};
+use crate::shm::{Region, SEALS_FIXED_SIZE, SEALS_READ_ONLY};
+use crate::sync::atomic::Ordering;
+use crate::sync::Mutex;
+use crate::time::monotonic_ns;
+
+/// What the publisher keeps of one connected subscriber.
+#[derive(Debug)]
+struct Client {
+    /// The entry's generation this client was assigned with.
+    generation: u32,
+    /// The client region, mapped read-write.
+    region: Region,
+    /// The publisher's view of the lossless cursor (clamped, monotonic).
+    released: u64,
+}
+
+impl Client {
+    fn line(&self) -> &ClientLine {
+        self.region.at::<ClientLine>(0)
+    }
+}
+
+/// An entry just assigned by [`Table::assign`].
+#[derive(Debug)]
+pub(crate) struct Assigned {
+    /// Table index.
+    pub(crate) index: u32,
+    /// The entry's new generation.
+    pub(crate) generation: u32,
+    /// The client region's descriptor, for the Welcome (read-write: the
+    /// subscriber writes its cursor there).
+    pub(crate) client_fd: OwnedFd,
+}
+
+/// A lossless subscriber the producer has to wait for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Blocker {
+    /// Table index.
+    pub(crate) index: usize,
+    /// The entry's generation.
+    pub(crate) generation: u32,
+    /// Its clamped lossless cursor.
+    pub(crate) released: u64,
+}
+
+/// The subscriber table and the publisher's private side of each entry.
+#[derive(Debug)]
+pub(crate) struct Table {
+    region: Region,
+    /// Read-only reopen of the sealed table memfd, sent in every Welcome.
+    send_fd: OwnedFd,
+    clients: Box<[Mutex<Option<Client>>]>,
+}
+
+impl Table {
+    /// A table of `max` free entries for the publisher instance `epoch`,
+    /// sealed read-only for everyone but this mapping.
+    ///
+    /// # Errors
+    /// [`Error::Io`] from memfd creation, sealing or the read-only reopen.
+    pub(crate) fn create(name: &str, max: u32, epoch: u64) -> Result<Table> {
+        let (region, fd) = Region::create(name, layout::subs_bytes(max))?;
+        region.at::<SubsHeader>(0).init(max, epoch);
+        // Our mapping is made; from now on nobody can make a writable one.
+        Region::seal(fd.as_fd(), SEALS_READ_ONLY)?;
+        let send_fd = Region::reopen_read_only(fd.as_fd())?;
+        let clients = (0..max).map(|_| Mutex::new(None)).collect();
+        Ok(Table {
+            region,
+            send_fd,
+            clients,
+        })
+    }
+
+    /// The descriptor subscribers receive (read-only, sealed).
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.send_fd.as_fd()
+    }
+
+    /// Bytes of the table memfd.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.region.len() as u64
+    }
+
+    /// Every entry.
+    pub(crate) fn entries(&self) -> &[SubEntry] {
+        self.region
+            .slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.clients.len())
+    }
+
+    /// Entry `index`, if in range.
+    pub(crate) fn entry(&self, index: usize) -> Option<&SubEntry> {
+        self.entries().get(index)
+    }
+
+    /// Entries in use now.
+    pub(crate) fn active(&self) -> u32 {
+        // Relaxed: a count for stats.
+        self.entries()
+            .iter()
+            .filter(|e| e.state.load(Ordering::Relaxed) == SUB_ACTIVE)
+            .count() as u32
+    }
+
+    /// Whether entry `index` is active with `generation`.
+    pub(crate) fn live(&self, index: usize, generation: u32) -> bool {
+        self.entry(index).is_some_and(|e| {
+            // SYNC: sub-state — Acquire pairs with the Release in `assign`.
+            e.state.load(Ordering::Acquire) == SUB_ACTIVE && e.generation.load(Ordering::Relaxed) == generation
+        })
+    }
+
+    /// Service: takes a free entry for a new subscriber with `SUBF_*`
+    /// `flags` and `name`, whose lossless cursor starts at `start`, and
+    /// makes its client region. `Ok(None)` when the table is full.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the client region cannot be made.
+    pub(crate) fn assign(&self, flags: u32, name: &str, start: u64) -> Result<Option<Assigned>> {
+        // Relaxed: only the service thread moves an entry out of FREE.
+        let Some(index) = self
+            .entries()
+            .iter()
+            .position(|e| e.state.load(Ordering::Relaxed) == SUB_FREE)
+        else {
+            return Ok(None);
+        };
+        let (region, fd) = Region::create("vramring-client", CLIENT_BYTES)?;
+        Region::seal(fd.as_fd(), SEALS_FIXED_SIZE)?;
+        let line = region.at::<ClientLine>(0);
+        // Relaxed: the region is not shared yet; the Welcome's sendmsg
+        // publishes it.
+        line.released_seq.store(start, Ordering::Relaxed);
+        let e = &self.entries()[index];
+        // Relaxed: all published by the Release store of `state` below.
+        let generation = e.generation.load(Ordering::Relaxed).wrapping_add(1);
+        e.generation.store(generation, Ordering::Relaxed);
+        e.flags.store(flags, Ordering::Relaxed);
+        e.push_count.store(0, Ordering::Relaxed);
+        e.evict_code.store(0, Ordering::Relaxed);
+        e.released_seq.store(start, Ordering::Relaxed);
+        for w in [&e.delivered, &e.dropped, &e.overruns] {
+            w.store(0, Ordering::Relaxed);
+        }
+        for w in &e.push_seq {
+            w.store(0, Ordering::Relaxed);
+        }
+        e.heartbeat_ns.store(monotonic_ns(), Ordering::Relaxed);
+        e.set_name(name);
+        *self.lock(index) = Some(Client {
+            generation,
+            region,
+            released: start,
+        });
+        // SYNC: sub-state — Release, paired with the producer's Acquire when
+        // it scans the table and the subscriber's Acquire at connect.
+        e.state.store(SUB_ACTIVE, Ordering::Release);
+        Ok(Some(Assigned {
+            index: index as u32,
+            generation,
+            client_fd: fd,
+        }))
+    }
+
+    /// Service: the connection of entry `index` is gone (EOF, Bye, close,
+    /// eviction sent): frees the entry and drops its client region.
+    pub(crate) fn free(&self, index: u32) {
+        let Some(e) = self.entry(index as usize) else {
+            return;
+        };
+        *self.lock(index as usize) = None;
+        // Relaxed: published by the Release store of `state`.
+        e.flags.store(0, Ordering::Relaxed);
+        e.push_count.store(0, Ordering::Relaxed);
+        // SYNC: sub-state — Release; the producer stops waiting for this
+        // entry and unmaps its push buffers at its next publish.
+        e.state.store(SUB_FREE, Ordering::Release);
+    }
+
+    /// Marks entry `index` (if still `generation`) evicted with `EVICT_*`
+    /// `code`; returns whether it was. The caller then has the service send
+    /// the notice and [`Table::free`] the entry.
+    pub(crate) fn evict(&self, index: usize, generation: u32, code: u32) -> bool {
+        let Some(e) = self.entry(index) else {
+            return false;
+        };
+        // Relaxed: the generation is written before ACTIVE (Release), which
+        // the compare-exchange re-checks.
+        if e.generation.load(Ordering::Relaxed) != generation {
+            return false;
+        }
+        e.evict_code.store(code, Ordering::Relaxed);
+        // SYNC: sub-state — Release on success; the subscriber sees EVICTED
+        // with Acquire. Fails if the service freed the entry meanwhile.
+        e.state
+            .compare_exchange(SUB_ACTIVE, SUB_EVICTED, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Service: frees an entry evicted after its connection had already
+    /// closed (nobody is left to tell).
+    pub(crate) fn reap(&self, index: u32) {
+        if let Some(e) = self.entry(index as usize) {
+            // Relaxed: read-only check before the free's Release store.
+            if e.state.load(Ordering::Relaxed) == SUB_EVICTED {
+                self.free(index);
+            }
+        }
+    }
+
+    /// Runs `f` on the entry and client region of `index` while it is
+    /// assigned with `generation` (the region stays mapped meanwhile).
+    pub(crate) fn with_client<R>(
+        &self,
+        index: usize,
+        generation: u32,
+        f: impl FnOnce(&SubEntry, &ClientLine) -> R,
+    ) -> Option<R> {
+        let e = self.entry(index)?;
+        let guard = self.lock(index);
+        let c = guard.as_ref().filter(|c| c.generation == generation)?;
+        Some(f(e, c.line()))
+    }
+
+    /// Producer, after its seq store and `SeqCst` fence: rings the doorbell
+    /// of every subscriber whose `parked` is set.
+    pub(crate) fn wake_parked(&self) {
+        for (k, e) in self.entries().iter().enumerate() {
+            // Relaxed: a FREE entry has no region to ring; ACTIVE is
+            // re-checked under the lock (the region lives as long as it).
+            if e.state.load(Ordering::Relaxed) != SUB_ACTIVE {
+                continue;
+            }
+            if let Some(c) = self.lock(k).as_ref() {
+                crate::ring::wake_if_parked(c.line());
+            }
+        }
+    }
+
+    /// Producer: the first active lossless subscriber whose clamped cursor
+    /// `blocks` the write, reading every cursor as hostile: a value is
+    /// capped at `newest` (nothing beyond what was published can be
+    /// released) and never moves the publisher's view back.
+    pub(crate) fn holder(&self, newest: u64, blocks: impl Fn(u64) -> bool) -> Option<Blocker> {
+        for (k, e) in self.entries().iter().enumerate() {
+            // SYNC: sub-state — Acquire pairs with the Release in `assign`.
+            if e.state.load(Ordering::Acquire) != SUB_ACTIVE || e.flags.load(Ordering::Relaxed) & SUBF_LOSSLESS == 0 {
+                continue;
+            }
+            let mut guard = self.lock(k);
+            let Some(c) = guard.as_mut() else { continue };
+            // SYNC: release-cursor — Acquire pairs with the subscriber's
+            // Release after its copy: its reads happen before our overwrite.
+            let claimed = c.line().released_seq.load(Ordering::Acquire);
+            c.released = c.released.max(claimed.min(newest));
+            // Relaxed: informational mirror, single writer (the producer).
+            e.released_seq.store(c.released, Ordering::Relaxed);
+            if blocks(c.released) {
+                return Some(Blocker {
+                    index: k,
+                    generation: c.generation,
+                    released: c.released,
+                });
+            }
+        }
+        None
+    }
+
+    /// Service tick: copies each client's counters into its entry, for
+    /// inspection tools (values are the subscriber's own claims).
+    pub(crate) fn mirror_counters(&self) {
+        for (k, e) in self.entries().iter().enumerate() {
+            // Relaxed: informational.
+            if e.state.load(Ordering::Relaxed) != SUB_ACTIVE {
+                continue;
+            }
+            if let Some(c) = self.lock(k).as_ref() {
+                let l = c.line();
+                // Relaxed: informational copies, single writer (the service).
+                for (to, from) in [
+                    (&e.delivered, &l.delivered),
+                    (&e.dropped, &l.dropped),
+                    (&e.overruns, &l.overruns),
+                    (&e.heartbeat_ns, &l.heartbeat_ns),
+                ] {
+                    to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    fn lock(&self, index: usize) -> crate::sync::MutexGuard<'_, Option<Client>> {
+        // A poisoned slot only means a panic elsewhere while it was held;
+        // its content is still a consistent Option.
+        match self.clients[index].lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+}
+
+/// A subscriber-side check of a peer's subscriber table.
+///
+/// # Errors
+/// [`Error::LayoutMismatch`] when the Welcome's index is out of range.
+pub(crate) fn check_index(index: u32, max: u32) -> Result<usize> {
+    if index >= max {
+        return Err(Error::LayoutMismatch(format!(
+            "subscriber index {index} out of range (table of {max})"
+        )));
+    }
+    Ok(index as usize)
+}
