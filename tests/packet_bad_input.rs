@@ -20,7 +20,7 @@ use vramring::ServeOptions;
 
 use proptest::prelude::*;
 use rustix::fs::{MemfdFlags, SealFlags};
-use vramring::layout::{SubEntry, SubsHeader};
+use vramring::layout::{ClientLine, SubEntry, SubsHeader, CLIENT_BYTES};
 use vramring::packet::layout::{PacketHeader, PacketInfo, PacketRecord};
 use vramring::packet::{
     PacketMeta, PacketPublisher, PacketPublisherConfig, PacketRingConfig, PacketSubscriber, PacketSubscriberOptions,
@@ -91,14 +91,14 @@ fn capture() -> Served {
     let Ok(Msg::Welcome(welcome)) = Msg::decode(&got.bytes) else {
         panic!("not a Welcome")
     };
-    assert_eq!(got.fds.len(), 2);
+    assert_eq!(got.fds.len(), 3, "ring, table, client region");
     Served {
         ring: read_all(&got.fds[0], welcome.control_bytes),
         subs: read_all(&got.fds[1], welcome.subs_bytes),
         welcome,
         ring_seals: READ_ONLY,
-        subs_seals: FIXED_SIZE,
-        fds: 2,
+        subs_seals: READ_ONLY,
+        fds: 3,
     }
 }
 
@@ -136,6 +136,7 @@ fn connect_to_fake(
     let listener = Listener::bind(&path, 0o600).expect("bind the fake");
     let ring = memfd("fake-ring", &s.ring, s.ring_seals);
     let subs = memfd("fake-subs", &s.subs, s.subs_seals);
+    let client = memfd("fake-client", &[0u8; CLIENT_BYTES as usize], FIXED_SIZE);
     let extra = memfd("fake-extra", &[0u8; 64], FIXED_SIZE);
     let bytes = Msg::Welcome(s.welcome).encode();
     let nfds = s.fds;
@@ -144,7 +145,7 @@ fn connect_to_fake(
             return;
         };
         let _hello = transport::recv(conn.as_fd(), Duration::from_secs(5));
-        let all: [BorrowedFd<'_>; 3] = [ring.as_fd(), subs.as_fd(), extra.as_fd()];
+        let all: [BorrowedFd<'_>; 4] = [ring.as_fd(), subs.as_fd(), client.as_fd(), extra.as_fd()];
         let _ = transport::send(conn.as_fd(), &bytes, &all[..nfds]);
         let _ = transport::readable(conn.as_fd(), hold);
     });
@@ -211,11 +212,8 @@ fn every_malformed_answer_gives_a_typed_error() {
     let cases: Vec<(&str, Edit, Expect)> = vec![
         ("no descriptors", |s| s.fds = 0, |e| matches!(e, Error::BadMessage(_))),
         ("one descriptor", |s| s.fds = 1, |e| matches!(e, Error::BadMessage(_))),
-        (
-            "three descriptors",
-            |s| s.fds = 3,
-            |e| matches!(e, Error::BadMessage(_)),
-        ),
+        ("two descriptors", |s| s.fds = 2, |e| matches!(e, Error::BadMessage(_))),
+        ("four descriptors", |s| s.fds = 4, |e| matches!(e, Error::BadMessage(_))),
         (
             "packets not granted",
             |s| s.welcome.granted = 0,
@@ -234,6 +232,16 @@ fn every_malformed_answer_gives_a_typed_error() {
         (
             "unsealed subscriber table",
             |s| s.subs_seals = SealFlags::empty(),
+            |e| matches!(e, Error::LayoutMismatch(_)),
+        ),
+        (
+            "subscriber table writable by readers",
+            |s| s.subs_seals = FIXED_SIZE,
+            |e| matches!(e, Error::LayoutMismatch(_)),
+        ),
+        (
+            "client region of the wrong size",
+            |s| s.welcome.client_bytes = 64,
             |e| matches!(e, Error::LayoutMismatch(_)),
         ),
         (
@@ -478,10 +486,10 @@ fn a_lossless_reader_cannot_dodge_its_lease_by_moving_its_cursor() {
     let Ok(Msg::Welcome(w)) = Msg::decode(&got.bytes) else {
         panic!("not a Welcome")
     };
-    let file = File::from(got.fds[1].try_clone().unwrap());
-    let off = std::mem::size_of::<SubsHeader>()
-        + w.index as usize * std::mem::size_of::<SubEntry>()
-        + offset_of!(SubEntry, released_seq);
+    // The cursor lives in the client's own region (the third descriptor).
+    let _ = w;
+    let file = File::from(got.fds[2].try_clone().unwrap());
+    let off = offset_of!(ClientLine, released_seq);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flipper = {
         let stop = std::sync::Arc::clone(&stop);
