@@ -109,7 +109,7 @@ pub const FRAME_DISCONTINUITY: u32 = 2;
 /// `layout_version` (the ready word) is stored with Release.
 #[repr(C, align(128))]
 #[cfg_attr(loom, derive(Default))]
-pub struct RingInfo0 {
+pub struct SharedRingInfo {
     /// [`RING_MAGIC`].
     pub magic: AtomicU64,
     /// [`LAYOUT_VERSION`]; 0 until the region is ready.
@@ -208,7 +208,7 @@ pub struct DoorbellLine {
 #[cfg_attr(loom, derive(Default))]
 pub struct RingHeader {
     /// Immutable description.
-    pub info: RingInfo0,
+    pub info: SharedRingInfo,
     /// Producer state.
     pub producer: ProducerLine,
     /// `global_seq`.
@@ -354,18 +354,18 @@ pub struct ClientLine {
 #[cfg(not(loom))]
 const _: () = {
     use std::mem::{align_of, offset_of, size_of};
-    assert!(size_of::<RingInfo0>() == 256);
-    assert!(offset_of!(RingInfo0, layout_version) == 8);
-    assert!(offset_of!(RingInfo0, epoch) == 24);
-    assert!(offset_of!(RingInfo0, slot_count) == 32);
-    assert!(offset_of!(RingInfo0, backend) == 48);
-    assert!(offset_of!(RingInfo0, plane_offset) == 72);
-    assert!(offset_of!(RingInfo0, plane_pitch) == 104);
-    assert!(offset_of!(RingInfo0, plane_rows) == 136);
-    assert!(offset_of!(RingInfo0, plane_row_bytes) == 168);
-    assert!(offset_of!(RingInfo0, frame_bytes) == 200);
-    assert!(offset_of!(RingInfo0, device_uuid) == 224);
-    assert!(offset_of!(RingInfo0, created_realtime_ns) == 248);
+    assert!(size_of::<SharedRingInfo>() == 256);
+    assert!(offset_of!(SharedRingInfo, layout_version) == 8);
+    assert!(offset_of!(SharedRingInfo, epoch) == 24);
+    assert!(offset_of!(SharedRingInfo, slot_count) == 32);
+    assert!(offset_of!(SharedRingInfo, backend) == 48);
+    assert!(offset_of!(SharedRingInfo, plane_offset) == 72);
+    assert!(offset_of!(SharedRingInfo, plane_pitch) == 104);
+    assert!(offset_of!(SharedRingInfo, plane_rows) == 136);
+    assert!(offset_of!(SharedRingInfo, plane_row_bytes) == 168);
+    assert!(offset_of!(SharedRingInfo, frame_bytes) == 200);
+    assert!(offset_of!(SharedRingInfo, device_uuid) == 224);
+    assert!(offset_of!(SharedRingInfo, created_realtime_ns) == 248);
     assert!(size_of::<ProducerLine>() == 128);
     assert!(size_of::<SeqLine>() == 128);
     assert!(size_of::<DoorbellLine>() == 128);

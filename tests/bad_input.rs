@@ -29,7 +29,7 @@ use proptest::test_runner::{Config, TestRunner};
 use rustix::fs::{MemfdFlags, SealFlags};
 
 use common::{SubResult, SubSpec, TempDir};
-use vramring::layout::{self, ProducerLine, RingHeader, RingInfo0, SeqLine, SlotDesc, SubEntry, SubsHeader};
+use vramring::layout::{self, ProducerLine, RingHeader, SeqLine, SharedRingInfo, SlotDesc, SubEntry, SubsHeader};
 use vramring::socket::msg::{self, Hello, Msg, Notice, Welcome};
 use vramring::socket::transport::{self, Listener};
 use vramring::time::monotonic_ns;
@@ -267,7 +267,7 @@ const EPOCH: u64 = 0x5eed_f00d_0000_0001;
 
 macro_rules! info {
     ($field:ident) => {
-        offset_of!(RingHeader, info) + offset_of!(RingInfo0, $field)
+        offset_of!(RingHeader, info) + offset_of!(SharedRingInfo, $field)
     };
 }
 
@@ -764,7 +764,7 @@ fn randomly_corrupted_rings_give_typed_errors_or_work_never_panics() {
         proptest::collection::vec((0..control_len, any::<u8>()), 0..12),
         proptest::collection::vec((0..subs_len, any::<u8>()), 0..4),
         proptest::collection::vec((0..welcome_len, any::<u8>()), 0..3),
-        proptest::collection::vec((size_of::<RingInfo0>()..control_len, any::<u8>()), 0..24),
+        proptest::collection::vec((size_of::<SharedRingInfo>()..control_len, any::<u8>()), 0..24),
     );
     let mut runner = TestRunner::new(Config {
         cases: 256,

@@ -25,7 +25,7 @@ use std::sync::atomic::Ordering;
 use vramring::format;
 use vramring::frame::protocol::push;
 use vramring::layout::{
-    self, DoorbellLine, ProducerLine, RingHeader, RingInfo0, SeqLine, SlotDesc, SubEntry, SubsHeader,
+    self, DoorbellLine, ProducerLine, RingHeader, SeqLine, SharedRingInfo, SlotDesc, SubEntry, SubsHeader,
 };
 use vramring::packet::layout::{
     self as packet_layout, PacketHeader, PacketInfo, PacketRecord, PacketRingInfo, PacketSeqLine, PacketTailLine,
@@ -111,7 +111,7 @@ macro_rules! shared_struct {
 }
 
 fn shared_layout(c: &mut Checks) {
-    shared_struct!(c, "vr_ring_info", RingInfo0, pad: false, [
+    shared_struct!(c, "vr_ring_info", SharedRingInfo, pad: false, [
         magic, layout_version, header_bytes, control_bytes, epoch, slot_count, slot_desc_bytes,
         slots_offset, backend, format, width, height, plane_count, policy, plane_offset,
         plane_pitch, plane_rows, plane_row_bytes, frame_bytes, slot_stride, pool_bytes,

@@ -1,12 +1,13 @@
 //! The subscriber: connects, imports the pool once, and reads frames by
 //! copying them into its own buffer and validating after the copy.
 
+use crate::sync::atomic::Ordering;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::protocol::{self, Look, ReadMode, SlotSnapshot, WaitOutcome};
+pub use super::protocol::Mode;
+use super::protocol::{self, Look, SlotSnapshot, WaitOutcome};
 use crate::error::{Error, Result};
 use crate::format::Geometry;
 use crate::layout::{
@@ -19,9 +20,6 @@ use crate::shm::{Region, SEALS_READ_ONLY};
 use crate::socket::msg::{self, Hello, Msg};
 use crate::socket::transport;
 use crate::time::monotonic_ns;
-
-/// Which frames a subscriber reads.
-pub type Mode = ReadMode;
 
 /// How to subscribe.
 #[derive(Debug, Clone)]
@@ -270,7 +268,7 @@ impl Borrow<'_> {
         if self.sub.pool.kind() != BackendKind::Host {
             return Err(Error::WrongBackend {
                 what: "CPU reads of a borrowed slot",
-                backend: "cuda",
+                backend: self.sub.pool.kind().name(),
             });
         }
         let len = self.len() as usize;

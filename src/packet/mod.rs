@@ -82,6 +82,7 @@
 //! [`Packet::skipped`] counts the packets never delivered in between.
 
 pub mod layout;
+mod protocol;
 mod publisher;
 mod reader;
 mod subscriber;

@@ -4,12 +4,13 @@
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
-use super::layout::{PacketHeader, PacketRecord, PacketRingInfo, PACKET_KEY, PACKET_WRITING, PARAMS_BYTES};
+use super::layout::{PacketHeader, PacketRecord, PacketRingInfo, PACKET_KEY, PACKET_WRITING};
+use super::protocol::{self, Look, Snap};
 use crate::error::{Error, IoContext, Result};
 use crate::layout::PRODUCER_CLOSED;
 use crate::ring::lease::ClientRef;
 use crate::shm::{Region, SEALS_READ_ONLY};
-use crate::sync::atomic::{fence, Ordering};
+use crate::sync::atomic::Ordering;
 
 /// A packet handed to the user; its bytes went to the caller's buffer (or
 /// stay in place, for a [`PacketBorrow`]).
@@ -58,25 +59,6 @@ enum Cursor {
     At(u64),
     /// Find the first intact keyframe with a seq above this one.
     Resync { after: u64 },
-}
-
-/// A record's meta as read between the two loads of its seq.
-#[derive(Debug, Clone, Copy)]
-struct Snap {
-    seq: u64,
-    offset: u64,
-    len: u32,
-    flags: u32,
-    pts: u64,
-    dts: u64,
-    codec: u32,
-    commit_ns: u64,
-}
-
-enum Look {
-    Ready(Snap),
-    Overwritten,
-    NotYet,
 }
 
 /// A reader of a packet ring, over a read-only mapping of its memfd.
@@ -233,53 +215,17 @@ impl PacketReader {
         self.header().producer.state.load(Ordering::Acquire) == PRODUCER_CLOSED
     }
 
+    fn look(&self, want: u64) -> Look {
+        protocol::look(self.header(), self.record(want), want)
+    }
+
+    fn intact(&self, snap: &Snap) -> bool {
+        protocol::intact(self.header(), self.record(snap.seq), snap)
+    }
+
     fn newest(&self) -> u64 {
         // SYNC: packet-write-seq — Acquire pairs with the writer's Release.
         self.header().seq.write_seq.load(Ordering::Acquire)
-    }
-
-    /// Reads the record of `want`: its seq (Acquire), meta, and a re-check.
-    fn look(&self, want: u64) -> Look {
-        let rec = self.record(want);
-        // SYNC: packet-record — Acquire pairs with the writer's Release commit.
-        let s = rec.seq.load(Ordering::Acquire);
-        if s != want {
-            return if s & PACKET_WRITING != 0 || s > want {
-                Look::Overwritten
-            } else {
-                Look::NotYet
-            };
-        }
-        // Relaxed: guarded by the seqlock; checked by the re-check below and
-        // again after the copy.
-        let snap = Snap {
-            seq: want,
-            offset: rec.offset.load(Ordering::Relaxed),
-            len: rec.len.load(Ordering::Relaxed),
-            flags: rec.flags.load(Ordering::Relaxed),
-            pts: rec.pts.load(Ordering::Relaxed),
-            dts: rec.dts.load(Ordering::Relaxed),
-            codec: rec.codec.load(Ordering::Relaxed),
-            commit_ns: rec.commit_ns.load(Ordering::Relaxed),
-        };
-        if self.intact(&snap) {
-            Look::Ready(snap)
-        } else {
-            Look::Overwritten
-        }
-    }
-
-    /// Whether the record still holds `snap.seq` and no byte of it has been
-    /// overwritten: the seqlock re-check, after the meta read or the copy.
-    fn intact(&self, snap: &Snap) -> bool {
-        // SYNC: packet-record / packet-tail — Acquire fence pairs with the
-        // writer's SeqCst fence after its tail store and invalidate: if
-        // anything read before this fence came from a write after that fence,
-        // the reloads below see the invalidation or the raised tail.
-        fence(Ordering::Acquire);
-        // Relaxed: ordered by the fence above.
-        self.record(snap.seq).seq.load(Ordering::Relaxed) == snap.seq
-            && self.header().tail.tail.load(Ordering::Relaxed) <= snap.offset
     }
 
     /// Region byte offset of a validated snapshot's first byte, after
@@ -492,28 +438,8 @@ impl PacketReader {
         let p = &self.header().params;
         let mut w = Waiter::new(Duration::from_millis(100));
         loop {
-            // SYNC: params-seq — Acquire pairs with the writer's Release commit.
-            let s1 = p.seq.load(Ordering::Acquire);
-            if s1 & PACKET_WRITING == 0 {
-                // Relaxed: guarded by the seqlock, re-checked below.
-                let len = p.len.load(Ordering::Relaxed) as usize;
-                out.clear();
-                for w in p.data.iter().take(len.min(PARAMS_BYTES).div_ceil(8)) {
-                    out.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
-                }
-                // SYNC: params-seq — Acquire fence pairs with the writer's
-                // SeqCst fence after its invalidate.
-                fence(Ordering::Acquire);
-                if p.seq.load(Ordering::Relaxed) == s1 {
-                    if len > PARAMS_BYTES {
-                        out.clear();
-                        return Err(Error::LayoutMismatch(format!(
-                            "packet ring: codec parameters of {len} bytes exceed the {PARAMS_BYTES}-byte area"
-                        )));
-                    }
-                    out.truncate(len);
-                    return Ok(s1);
-                }
+            if let Some(version) = protocol::read_params(p, out)? {
+                return Ok(version);
             }
             w.wait()
                 .map_err(|_| Error::Timeout(w.timeout, "a consistent read of the codec parameters"))?;

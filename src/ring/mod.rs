@@ -32,6 +32,18 @@ pub mod wait;
 
 pub use wait::{publish_seq, ring_doorbell, wait_on, wake_if_parked, Bell, WaitOutcome};
 
+/// What a reader finds when it looks for seq `want` in a slot or record
+/// (the first of its two seqlock loads), for both ring kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Look<T> {
+    /// It holds `want`, committed; here is its meta.
+    Ready(T),
+    /// It already holds a newer seq or is being rewritten.
+    Overwritten,
+    /// It does not hold `want` yet (a racing or misbehaving producer).
+    NotYet,
+}
+
 /// Default cap on connections that have not finished their handshake.
 pub const DEFAULT_MAX_PENDING: u32 = 16;
 

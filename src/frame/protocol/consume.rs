@@ -6,7 +6,7 @@ use crate::sync::atomic::{fence, Ordering};
 
 /// Which frames a subscriber wants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReadMode {
+pub enum Mode {
     /// Jump to the newest frame.
     Latest,
     /// Every frame in order; gaps reported.
@@ -41,16 +41,16 @@ pub fn safe_window(slot_count: u32, lossless: bool) -> u64 {
 ///
 /// In `Sequential` mode a reader that fell more than `window` frames behind
 /// jumps to the oldest frame still in the window.
-pub fn pick(mode: ReadMode, last: u64, global: u64, window: u64) -> Option<Pick> {
+pub fn pick(mode: Mode, last: u64, global: u64, window: u64) -> Option<Pick> {
     if global <= last {
         return None;
     }
     match mode {
-        ReadMode::Latest => Some(Pick {
+        Mode::Latest => Some(Pick {
             seq: global,
             skipped: global - last - 1,
         }),
-        ReadMode::Sequential => {
+        Mode::Sequential => {
             let want = last + 1;
             let oldest = global.saturating_sub(window.max(1) - 1).max(1);
             if want < oldest {
@@ -82,16 +82,8 @@ pub struct SlotSnapshot {
     pub user: [u64; USER_META_WORDS],
 }
 
-/// The outcome of looking at a slot for seq `want`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Look {
-    /// The slot holds `want`, committed; here is its meta.
-    Ready(SlotSnapshot),
-    /// The slot already holds a newer frame or is being rewritten.
-    Overwritten,
-    /// The slot does not hold `want` yet (a racing or misbehaving producer).
-    NotYet,
-}
+/// What [`SlotSnapshot::look`] finds in a slot.
+pub type Look = crate::ring::Look<SlotSnapshot>;
 
 impl SlotSnapshot {
     /// Reads the slot's seq (Acquire) and, if it is `want`, its meta.
@@ -138,21 +130,18 @@ mod tests {
 
     #[test]
     fn latest_jumps_to_newest_and_counts_the_gap() {
-        assert_eq!(pick(ReadMode::Latest, 3, 10, 7), Some(Pick { seq: 10, skipped: 6 }));
-        assert_eq!(pick(ReadMode::Latest, 10, 10, 7), None);
+        assert_eq!(pick(Mode::Latest, 3, 10, 7), Some(Pick { seq: 10, skipped: 6 }));
+        assert_eq!(pick(Mode::Latest, 10, 10, 7), None);
     }
 
     #[test]
     fn sequential_reads_in_order_until_it_falls_out_of_the_ring() {
         let w = safe_window(8, false);
-        assert_eq!(pick(ReadMode::Sequential, 3, 5, w), Some(Pick { seq: 4, skipped: 0 }));
+        assert_eq!(pick(Mode::Sequential, 3, 5, w), Some(Pick { seq: 4, skipped: 0 }));
         // 8 slots: frames 100-6..=100 are safe to read; 94 is the oldest.
+        assert_eq!(pick(Mode::Sequential, 10, 100, w), Some(Pick { seq: 94, skipped: 83 }));
         assert_eq!(
-            pick(ReadMode::Sequential, 10, 100, w),
-            Some(Pick { seq: 94, skipped: 83 })
-        );
-        assert_eq!(
-            pick(ReadMode::Sequential, 0, 1, safe_window(2, false)),
+            pick(Mode::Sequential, 0, 1, safe_window(2, false)),
             Some(Pick { seq: 1, skipped: 0 })
         );
     }
@@ -160,9 +149,6 @@ mod tests {
     #[test]
     fn a_lossless_reader_never_skips() {
         let w = safe_window(2, true);
-        assert_eq!(
-            pick(ReadMode::Sequential, 10, 100, w),
-            Some(Pick { seq: 11, skipped: 0 })
-        );
+        assert_eq!(pick(Mode::Sequential, 10, 100, w), Some(Pick { seq: 11, skipped: 0 }));
     }
 }

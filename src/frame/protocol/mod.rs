@@ -46,5 +46,5 @@ pub mod publish;
 pub mod push;
 
 pub use crate::ring::wait::{publish_seq, ring_doorbell, wait_on, wake_if_parked, Bell, WaitOutcome};
-pub use consume::{pick, safe_window, Look, Pick, ReadMode, SlotSnapshot};
+pub use consume::{pick, safe_window, Look, Mode, Pick, SlotSnapshot};
 pub use publish::{commit, commit_slot, invalidate, publish_global, wait_for_seq, CommitMeta};
