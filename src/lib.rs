@@ -55,7 +55,7 @@ pub mod time;
 pub use error::{Error, Result};
 pub use format::{Format, Geometry, Plane};
 pub use frame::{
-    BackendChoice, Borrow, Frame, FrameMeta, Mode, Policy, Publisher, RingConfig, SlotMut, Subscriber,
+    BackendChoice, Borrow, Frame, FrameMeta, Mode, Policy, Publisher, PullAccess, RingConfig, SlotMut, Subscriber,
     SubscriberOptions, SubscriberStats,
 };
 pub use memory::{BackendKind, WriteCompletion};
