@@ -24,7 +24,11 @@ struct Cli {
     args: common::ConsumerArgs,
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    common::exit_with(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
     common::install_stop_handler();
     let report = common::run_consumer(&cli.args)?;

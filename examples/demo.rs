@@ -63,7 +63,11 @@ enum Role {
     Consumer(common::ConsumerArgs),
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    common::exit_with(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
     common::install_stop_handler();
     match &cli.role {

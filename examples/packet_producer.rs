@@ -72,7 +72,11 @@ struct Cli {
     json: bool,
 }
 
-fn main() -> AnyResult<()> {
+fn main() -> std::process::ExitCode {
+    common::exit_with(run())
+}
+
+fn run() -> AnyResult<()> {
     let cli = Cli::parse();
     common::install_stop_handler();
     let stream = std::fs::read(&cli.input).map_err(|e| format!("reading {}: {e}", cli.input.display()))?;

@@ -25,7 +25,11 @@ struct Cli {
     args: common::ProducerArgs,
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    common::exit_with(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
     common::install_stop_handler();
     common::run_producer(&cli.args)?;

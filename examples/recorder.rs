@@ -75,7 +75,11 @@ fn connect(cli: &Cli, opts: PacketSubscriberOptions, wait: Duration) -> AnyResul
     }
 }
 
-fn main() -> AnyResult<()> {
+fn main() -> std::process::ExitCode {
+    common::exit_with(run())
+}
+
+fn run() -> AnyResult<()> {
     let cli = Cli::parse();
     common::install_stop_handler();
     let opts = PacketSubscriberOptions::new()

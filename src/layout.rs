@@ -218,7 +218,7 @@ pub struct RingHeader {
 }
 
 /// One slot's descriptor. Written only by the publisher, under the seqlock
-/// rule in [`crate::protocol`].
+/// rule in [`crate::frame::protocol`].
 #[repr(C, align(128))]
 #[cfg_attr(loom, derive(Default))]
 pub struct SlotDesc {
@@ -262,7 +262,7 @@ pub struct SubsHeader {
 }
 
 /// One subscriber's entry in the subscriber table. Written by the
-/// publisher alone ([`crate::ring::table`] is its one writer); subscribers
+/// publisher alone (`ring::table` is its one writer); subscribers
 /// map the table read-only and read their own entry to learn whether their
 /// lease still holds.
 #[repr(C, align(128))]

@@ -25,6 +25,18 @@ use vramring::{
 /// What every example's `main` returns.
 pub type AnyResult<T> = Result<T, Box<dyn Error>>;
 
+/// Ends an example: prints an error as the sentence its `Display` gives
+/// (not `Debug`) on stderr and exits 1; 0 on success.
+pub fn exit_with(result: AnyResult<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Stop flag
 // ---------------------------------------------------------------------------

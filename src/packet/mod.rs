@@ -5,7 +5,7 @@
 //! * [`PacketPublisher`] / [`PacketSubscriber`]: the ring served over the
 //!   same socket handshake as the frame ring (a sealed memfd and a
 //!   subscriber table by `SCM_RIGHTS`, the connection as the lease,
-//!   [`Error::ProducerGone`] on close or crash, futex wakeups). One process
+//!   [`crate::Error::ProducerGone`] on close or crash, futex wakeups). One process
 //!   can publish a camera's decoded frames on one socket and its encoded
 //!   packets on another. A lossless subscriber (a recorder) never loses a
 //!   packet after its first one: the writer waits for it, bounded, and
@@ -77,7 +77,7 @@
 //! after the copy or the borrow's release); before a write the publisher
 //! Acquire-loads it and does not recycle a record it still needs nor raise
 //! `tail` past the first byte of the packet it reads next. A reader that finds its next packet overwritten returns
-//! [`Error::PacketOverrun`]; its next read resumes at the oldest intact
+//! [`crate::Error::PacketOverrun`]; its next read resumes at the oldest intact
 //! keyframe after the lost packet (or waits for the next one to come), and
 //! [`Packet::skipped`] counts the packets never delivered in between.
 

@@ -1,16 +1,16 @@
 //! The ring core both ring kinds stand on: the subscriber table, the socket
 //! service, the lossless gate, wakeups and the subscriber's lease.
 //!
-//! * [`table`]: subscriber entries (assign, serve, evict, free, reuse), the
+//! * `table`: subscriber entries (assign, serve, evict, free, reuse), the
 //!   one writer of that state, and each subscriber's own client region.
-//! * [`serve`]: the publisher's socket service (accept, handshake, per
+//! * `serve`: the publisher's socket service (accept, handshake, per
 //!   connection limits, eviction notices), generic over what a ring kind
 //!   tells it.
-//! * [`lossless`]: the producer's bounded wait for lossless readers, with
+//! * `lossless`: the producer's bounded wait for lossless readers, with
 //!   eviction past the lease.
 //! * [`wait`]: publishing a seq and waking parked subscribers; a
 //!   subscriber's spin-then-park wait.
-//! * [`lease`]: the subscriber's half: the handshake, liveness,
+//! * `lease`: the subscriber's half: the handshake, liveness,
 //!   `ProducerGone` after the drain, eviction.
 //!
 //! The frame ring ([`crate::frame`]) and the packet ring

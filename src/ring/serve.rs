@@ -278,29 +278,36 @@ pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
     }
 }
 
-/// Accepts what is waiting, closing at once what would exceed the
-/// handshake cap.
+/// Most connections accepted per service iteration, so a connect flood
+/// cannot keep the service from the connections it already has.
+const ACCEPT_BATCH: usize = 64;
+
+/// Accepts what is waiting (at most [`ACCEPT_BATCH`]). A subscriber sends
+/// its Hello right after connecting, so a new connection whose Hello is
+/// already there is served at once; one that has said nothing waits in the
+/// pending set, and when that set is full its oldest member (which had its
+/// chance) is closed to make room. A flood of silent connections therefore
+/// costs the flooder its own connections, not a newcomer's handshake.
 fn accept_all<S: Served>(sh: &S, listener: &Listener, conns: &mut Vec<Conn>) {
-    loop {
+    for _ in 0..ACCEPT_BATCH {
         match listener.accept(Duration::ZERO) {
             Ok(Some(fd)) => {
-                let pending = conns
-                    .iter()
-                    .filter(|c| matches!(c.state, State::Pending { .. }))
-                    .count();
-                if pending >= sh.serve_config().max_pending as usize {
-                    // Dropping the descriptor closes it: the peer sees EOF.
-                    tracing::debug!(pending, "too many connections in their handshake; closing a new one");
-                    // Relaxed: own counter.
-                    sh.state().refused.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                conns.push(Conn {
+                let mut c = Conn {
                     fd,
                     state: State::Pending {
                         deadline: Instant::now() + sh.serve_config().handshake_timeout,
                     },
-                });
+                };
+                if transport::readable(c.fd.as_fd(), Duration::ZERO).unwrap_or(false) {
+                    // A refused or broken handshake closes the connection.
+                    if !matches!(service_conn(sh, &mut c, true, Instant::now()), Verdict::Keep) {
+                        continue;
+                    }
+                }
+                if matches!(c.state, State::Pending { .. }) {
+                    expire_oldest_if_full(sh, conns);
+                }
+                conns.push(c);
             }
             Ok(None) => break,
             Err(e) => {
@@ -312,6 +319,22 @@ fn accept_all<S: Served>(sh: &S, listener: &Listener, conns: &mut Vec<Conn>) {
                 break;
             }
         }
+    }
+}
+
+/// When the pending set is full, expires its oldest member: the loop that
+/// follows closes it (connections are not removed here, so the indices
+/// `poll` reported stay valid). The refusal is counted there.
+fn expire_oldest_if_full<S: Served>(sh: &S, conns: &mut [Conn]) {
+    let now = Instant::now();
+    let mut live = conns.iter_mut().filter_map(|c| match &mut c.state {
+        State::Pending { deadline } if *deadline > now => Some(deadline),
+        _ => None,
+    });
+    let Some(oldest) = live.next() else { return };
+    if 1 + live.count() >= sh.serve_config().max_pending as usize {
+        tracing::debug!("too many silent connections; closing the oldest");
+        *oldest = now;
     }
 }
 

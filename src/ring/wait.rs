@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crate::layout::{ClientLine, ProducerLine, PRODUCER_CLOSED};
 use crate::sync::atomic::{fence, AtomicU64, Ordering};
 
-/// Why [`wait_for_seq`] returned.
+/// Why [`wait_on`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WaitOutcome {
     /// `global_seq` passed the seq; here it is.
@@ -143,7 +143,7 @@ fn park(line: &DoorbellLine, bell: u32, _timeout: Duration) {
 
 /// Publisher: stores the newest seq of a ring (`global_seq`, or a packet
 /// ring's `write_seq`), then the fence after which parked flags are read
-/// ([`wake_if_parked`], or [`crate::ring::table`]'s `wake_parked`).
+/// ([`wake_if_parked`], or `ring::table`'s `wake_parked`).
 pub fn publish_seq(word: &AtomicU64, seq: u64) {
     // SYNC: global-seq / packet-write-seq — Release, after the slot seq or
     // packet record commit, so a reader that sees `>= seq` finds it

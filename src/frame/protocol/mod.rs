@@ -9,7 +9,7 @@
 //! | `seq.global_seq` | publisher | subscribers (Acquire) |
 //! | `SlotDesc.seq` | publisher | subscribers (Acquire, then re-check) |
 //! | `SlotDesc.{pts, commit_ns, flags, user*}` | publisher, between invalidate and commit | subscribers, between the two seq loads |
-//! | `SubEntry.*` (the subscriber table) | publisher ([`crate::ring::table`]) | subscribers, read-only |
+//! | `SubEntry.*` (the subscriber table) | publisher (`ring::table`) | subscribers, read-only |
 //! | `ClientLine.doorbell` | publisher | that subscriber (futex word) |
 //! | `ClientLine.{released_seq, reading_seq, parked, push_held, counters}` | that subscriber, in its own region | publisher, as hostile input |
 //!

@@ -1,5 +1,5 @@
 //! The producer's half: invalidate, commit, publish (the lossless check is
-//! the table's, [`crate::ring::table`]; the wakeup is [`crate::ring::wait`]'s).
+//! the table's, `ring::table`; the wakeup is [`crate::ring::wait`]'s).
 
 use std::time::{Duration, Instant};
 

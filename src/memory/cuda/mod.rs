@@ -5,15 +5,15 @@
 //!
 //! 1. [`Driver`]: one method per driver call, `Result`-returning, with two
 //!    implementations: [`RealDriver`] (the driver library, loaded at run
-//!    time) and [`FakeDriver`] (host memory, fault injection, context
-//!    tracking) for tests without a GPU.
+//!    time) and `FakeDriver` (host memory, fault injection, context
+//!    tracking; `testing` feature) for tests without a GPU.
 //! 2. [`ContextGuard`]: the ring's context current for a scope, the caller's
 //!    context (nothing, or a foreign one) current again afterwards.
 //! 3. Owners: [`CudaPool`] (the publisher's pool, an
-//!    [`ExportedPool`](crate::memory::ExportedPool)), [`CudaImport`] (a
-//!    subscriber's mapping, own stream and own buffer, an
-//!    [`ImportedPool`](crate::memory::ImportedPool)) and [`PatternKernels`]
-//!    (the test pattern written and checked on the GPU).
+//!    [`crate::memory::ExportedPool`]), [`CudaImport`] (a subscriber's
+//!    mapping, own stream and own buffer, an [`crate::memory::ImportedPool`])
+//!    and `PatternKernels` (the test pattern written and checked on the GPU;
+//!    `testing` feature).
 //!
 //! # Teardown
 //! Every owner releases what it holds with its own context pushed, whatever
