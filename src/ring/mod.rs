@@ -55,9 +55,13 @@ pub const DEFAULT_MAX_PENDING: u32 = 16;
 pub struct ServeConfig {
     /// Subscriber table entries: the most subscribers connected at once.
     pub max_subscribers: u32,
-    /// Connections that may be in their handshake at once; more are closed
-    /// at accept.
+    /// Connections that may be in their handshake at once; past that the
+    /// oldest silent one is closed.
     pub max_pending: u32,
+    /// Most table entries one uid may hold at once (`None`: no cap beyond
+    /// the table). Containers that run as distinct uids can then not fill
+    /// the table for each other.
+    pub max_per_uid: Option<u32>,
     /// File mode of the socket (default `0o660`).
     pub socket_mode: u32,
     /// uid/gid allow-list checked with `SO_PEERCRED`.
@@ -74,6 +78,7 @@ impl Default for ServeConfig {
         ServeConfig {
             max_subscribers: DEFAULT_MAX_SUBSCRIBERS,
             max_pending: DEFAULT_MAX_PENDING,
+            max_per_uid: None,
             socket_mode: 0o660,
             access: AccessPolicy::default(),
             lossless_lease: Duration::from_secs(1),
@@ -115,6 +120,11 @@ pub trait ServeOptions: Sized {
     /// Sets the cap on connections in their handshake.
     fn max_pending(mut self, n: u32) -> Self {
         self.serve_mut().max_pending = n;
+        self
+    }
+    /// Caps the table entries one uid may hold at once.
+    fn max_per_uid(mut self, n: u32) -> Self {
+        self.serve_mut().max_per_uid = Some(n);
         self
     }
     /// Sets the socket's file mode.

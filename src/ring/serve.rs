@@ -507,7 +507,16 @@ fn handshake<S: Served>(sh: &S, fd: &OwnedFd, bytes: &[u8]) -> Result<(u32, u32)
         return Err(reject(fd, code, reason));
     }
     let table = sh.table();
-    let Some(a) = table.assign(sh.entry_flags(&hello), &hello.name, sh.lossless_start())? else {
+    if let Some(most) = sh.serve_config().max_per_uid {
+        if table.held_by(uid) >= most {
+            return Err(reject(
+                fd,
+                msg::REJECT_FULL,
+                format!("uid {uid} already holds {most} subscriber entries, the most this publisher allows one uid"),
+            ));
+        }
+    }
+    let Some(a) = table.assign(sh.entry_flags(&hello), &hello.name, sh.lossless_start(), uid)? else {
         return Err(reject(
             fd,
             msg::REJECT_FULL,

@@ -51,6 +51,8 @@ struct Client {
     region: Region,
     /// The publisher's view of the lossless cursor (clamped, monotonic).
     released: u64,
+    /// The peer's uid (`SO_PEERCRED`).
+    uid: u32,
 }
 
 impl Client {
@@ -141,6 +143,13 @@ impl Table {
             .count() as u32
     }
 
+    /// Entries held now by peers with `uid`.
+    pub(crate) fn held_by(&self, uid: u32) -> u32 {
+        (0..self.clients.len())
+            .filter(|&k| self.lock(k).as_ref().is_some_and(|c| c.uid == uid))
+            .count() as u32
+    }
+
     /// Whether entry `index` is active with `generation`.
     pub(crate) fn live(&self, index: usize, generation: u32) -> bool {
         self.entry(index).is_some_and(|e| {
@@ -155,7 +164,7 @@ impl Table {
     ///
     /// # Errors
     /// [`Error::Io`] when the client region cannot be made.
-    pub(crate) fn assign(&self, flags: u32, name: &str, start: u64) -> Result<Option<Assigned>> {
+    pub(crate) fn assign(&self, flags: u32, name: &str, start: u64, uid: u32) -> Result<Option<Assigned>> {
         // Relaxed: only the service thread moves an entry out of FREE.
         let Some(index) = self
             .entries()
@@ -190,6 +199,7 @@ impl Table {
             generation,
             region,
             released: start,
+            uid,
         });
         // SYNC: sub-state — Release, paired with the producer's Acquire when
         // it scans the table and the subscriber's Acquire at connect.
