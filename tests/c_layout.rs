@@ -25,7 +25,7 @@ use std::sync::atomic::Ordering;
 use vramring::format;
 use vramring::frame::protocol::push;
 use vramring::layout::{
-    self, DoorbellLine, ProducerLine, RingHeader, RingInfo0, SeqLine, SlotDesc, SubEntry, SubsHeader,
+    self, ClientLine, DoorbellLine, ProducerLine, RingHeader, RingInfo0, SeqLine, SlotDesc, SubEntry, SubsHeader,
 };
 use vramring::packet::layout::{
     self as packet_layout, PacketHeader, PacketInfo, PacketRecord, PacketRingInfo, PacketSeqLine, PacketTailLine,
@@ -121,7 +121,7 @@ fn shared_layout(c: &mut Checks) {
         state, reserved0, heartbeat_ns, published, evictions, connects, disconnects,
     ]);
     shared_struct!(c, "vr_seq_line", SeqLine, pad: true, [global_seq]);
-    shared_struct!(c, "vr_doorbell_line", DoorbellLine, pad: true, [doorbell]);
+    shared_struct!(c, "vr_doorbell_line", DoorbellLine, pad: true, [reserved]);
     shared_struct!(c, "vr_ring_header", RingHeader, pad: false, [info, producer, seq, doorbell]);
     shared_struct!(c, "vr_slot_desc", SlotDesc, pad: false, [
         seq, pts, commit_ns, flags, user_len, reserved, user, reserved2,
@@ -130,9 +130,14 @@ fn shared_layout(c: &mut Checks) {
         magic, layout_version, max_subscribers, epoch, entry_bytes, entries_offset, reserved,
     ]);
     shared_struct!(c, "vr_sub_entry", SubEntry, pad: false, [
-        state, flags, generation, parked, released_seq, reading_seq, delivered, dropped,
-        overruns, heartbeat_ns, name, push_seq, push_held, push_count,
+        state, flags, generation, push_count, evict_code, reserved0, released_seq, delivered,
+        dropped, overruns, heartbeat_ns, name, push_seq, reserved1,
     ]);
+    shared_struct!(c, "vr_client_line", ClientLine, pad: false, [
+        doorbell, parked, push_held, reserved0, released_seq, reading_seq, delivered, dropped,
+        overruns, heartbeat_ns, reserved1,
+    ]);
+    c.push("VR_CLIENT_BYTES", "VR_CLIENT_BYTES", layout::CLIENT_BYTES);
     // The hot words, as a reader of another language addresses them.
     c.push(
         "vr_ring_header.seq.global_seq",
@@ -140,9 +145,9 @@ fn shared_layout(c: &mut Checks) {
         offset_of!(RingHeader, seq) + offset_of!(SeqLine, global_seq),
     );
     c.push(
-        "vr_ring_header.doorbell.doorbell",
-        "offsetof(vr_ring_header, doorbell.doorbell)",
-        offset_of!(RingHeader, doorbell) + offset_of!(DoorbellLine, doorbell),
+        "vr_ring_header.doorbell.reserved",
+        "offsetof(vr_ring_header, doorbell.reserved)",
+        offset_of!(RingHeader, doorbell) + offset_of!(DoorbellLine, reserved),
     );
     c.push(
         "vr_ring_header.producer.state",
@@ -195,9 +200,9 @@ fn packet_layout(c: &mut Checks) {
             offset_of!(PacketHeader, producer) + offset_of!(ProducerLine, state),
         ),
         (
-            "doorbell",
-            "doorbell.doorbell",
-            offset_of!(PacketHeader, doorbell) + offset_of!(DoorbellLine, doorbell),
+            "doorbell.reserved",
+            "doorbell.reserved",
+            offset_of!(PacketHeader, doorbell) + offset_of!(DoorbellLine, reserved),
         ),
         (
             "params.seq",
@@ -248,6 +253,12 @@ fn constants(c: &mut Checks) {
     c.constant("VR_RING_MAGIC", layout::RING_MAGIC);
     c.constant("VR_SUBS_MAGIC", layout::SUBS_MAGIC);
     c.constant("VR_LAYOUT_VERSION", layout::LAYOUT_VERSION);
+    // Protocol v2 (issue 10) in both languages: a stale header or a crate
+    // that moved on without the header fails here.
+    assert_eq!(layout::LAYOUT_VERSION, 2, "the Rust layout is version 2");
+    assert_eq!(msg::PROTOCOL_VERSION, 2, "the Rust socket protocol is version 2");
+    c.push("VR_LAYOUT_VERSION is 2", "VR_LAYOUT_VERSION == 2u", 1u32);
+    c.push("VR_PROTOCOL_VERSION is 2", "VR_PROTOCOL_VERSION == 2u", 1u32);
     c.constant("VR_MIN_SLOTS", layout::MIN_SLOTS);
     c.constant("VR_MAX_SLOTS", layout::MAX_SLOTS);
     c.constant("VR_DEFAULT_MAX_SUBSCRIBERS", layout::DEFAULT_MAX_SUBSCRIBERS);
@@ -267,6 +278,9 @@ fn constants(c: &mut Checks) {
     c.constant("VR_SUB_FREE", layout::SUB_FREE);
     c.constant("VR_SUB_ACTIVE", layout::SUB_ACTIVE);
     c.constant("VR_SUB_EVICTED", layout::SUB_EVICTED);
+    c.constant("VR_EVICT_LEASE", layout::EVICT_LEASE);
+    c.constant("VR_EVICT_PUSH", layout::EVICT_PUSH);
+    c.constant("VR_EVICT_PROTOCOL", layout::EVICT_PROTOCOL);
     c.constant("VR_SUBF_LOSSLESS", layout::SUBF_LOSSLESS);
     c.constant("VR_SUBF_SEQUENTIAL", layout::SUBF_SEQUENTIAL);
     c.constant("VR_SUBF_WRITE", layout::SUBF_WRITE);
@@ -318,11 +332,13 @@ fn constants(c: &mut Checks) {
     c.constant("VR_F_SEAL_SHRINK", S::SHRINK.bits());
     c.constant("VR_F_SEAL_GROW", S::GROW.bits());
     c.constant("VR_F_SEAL_FUTURE_WRITE", S::FUTURE_WRITE.bits());
-    c.constant(
-        "VR_CONTROL_SEALS",
-        (S::SHRINK | S::GROW | S::FUTURE_WRITE | S::SEAL).bits(),
-    );
-    c.constant("VR_SUBS_SEALS", (S::SHRINK | S::GROW | S::SEAL).bits());
+    let read_only = (S::SHRINK | S::GROW | S::FUTURE_WRITE | S::SEAL).bits();
+    let fixed_size = (S::SHRINK | S::GROW | S::SEAL).bits();
+    c.constant("VR_READ_ONLY_SEALS", read_only);
+    c.constant("VR_FIXED_SIZE_SEALS", fixed_size);
+    c.constant("VR_CONTROL_SEALS", read_only);
+    c.constant("VR_SUBS_SEALS", read_only);
+    c.constant("VR_CLIENT_SEALS", fixed_size);
     c.constant("VR_HOST_POOL_SEALS", S::SHRINK.bits());
     // What the publisher requires of a host subscriber's push buffers
     // (`HostPool::attach_target`).
@@ -371,8 +387,11 @@ fn constants(c: &mut Checks) {
     c.constant("VR_REJECT_SHUTDOWN", msg::REJECT_SHUTDOWN);
     c.constant("VR_REJECT_WRITE_DENIED", msg::REJECT_WRITE_DENIED);
     c.constant("VR_REJECT_KIND", msg::REJECT_KIND);
-    c.constant("VR_EVICT_LEASE", msg::EVICT_LEASE);
+    c.constant("VR_REJECT_PULL_DENIED", msg::REJECT_PULL_DENIED);
+    c.push("VR_EVICT_LEASE (msg)", "VR_EVICT_LEASE", msg::EVICT_LEASE);
     c.constant("VR_EVICT_ATTACH", msg::EVICT_ATTACH);
+    c.push("VR_EVICT_PROTOCOL (msg)", "VR_EVICT_PROTOCOL", msg::EVICT_PROTOCOL);
+    c.constant("VR_MAX_GRANULARITY", vramring::memory::cuda::MAX_GRANULARITY);
 
     // Every message kind is in the header: a new `Msg` variant fails to
     // compile here, a new kind code fails to decode below.
@@ -516,6 +535,7 @@ fn messages(c: &mut Checks) {
         subs_bytes: 0x2122_2324_2526_2728,
         pool_bytes: 0x3132_3334_3536_3738,
         device_uuid: uuid,
+        client_bytes: 0x4142_4344_4546_4748,
     };
     let b = Msg::Welcome(w).encode();
     embed(c, "welcome", "vr_welcome", &b);
@@ -526,7 +546,7 @@ fn messages(c: &mut Checks) {
         b.len() - msg::HEADER_BYTES,
     );
     let f_uuid = find(&b, &uuid, "welcome.device_uuid");
-    let f_reserved = f_uuid + 16;
+    let f_reserved = find(&b, &w.client_bytes.to_le_bytes(), "client_bytes") + 8;
     let scalar = [
         (
             "index",
@@ -570,6 +590,12 @@ fn messages(c: &mut Checks) {
             find(&b, &w.pool_bytes.to_le_bytes(), "pool_bytes"),
             8,
             w.pool_bytes,
+        ),
+        (
+            "client_bytes",
+            find(&b, &w.client_bytes.to_le_bytes(), "client_bytes"),
+            8,
+            w.client_bytes,
         ),
     ];
     for (f, off, size, v) in scalar {
@@ -733,20 +759,14 @@ fn protocol_md_code(c: &mut Checks) {
         vramring::testpattern::mix32(0xdead_beef),
     );
 
-    // Appendix B is compiled (not run) inside a function that declares the
-    // names it uses.
+    // Appendix B is compiled (not run), after the stubs it names.
     let reader = doc_c_block(&md, "## Appendix B");
     let _ = writeln!(
         c.top,
         "/* PROTOCOL.md, Appendix B */\n\
          static void use_frame(const void *b, uint64_t seq, int64_t pts) {{ (void)b; (void)seq; (void)pts; }}\n\
-         void appendix_b(const void *ctl, vr_sub_entry *e, const void *pool, const vr_ring_info *info,\n\
-                         unsigned char *buf, int lossless);\n\
-         void appendix_b(const void *ctl, vr_sub_entry *e, const void *pool, const vr_ring_info *info,\n\
-                         unsigned char *buf, int lossless) {{\n\
-         const vr_ring_info I = *info;\n\
-         uint64_t last = 0, dropped = 0, overruns = 0, delivered = 0;\n\
-         {reader}\n}}\n"
+         static int socket_says_gone(int sock) {{ return sock < 0; }}\n\
+         {reader}\n"
     );
 }
 
@@ -934,7 +954,7 @@ fn protocol_md_packets(c: &mut Checks, md: &str) {
     c.push("packet reader pk_behind skipped", "pk_behind.skipped", stats.skipped);
     c.push("packet reader pk_behind overruns", "pk_behind.overruns", stats.overruns);
 
-    // Lossless cursors (section 17.10), in the reader's own entry. From the
+    // Lossless cursors (section 17.10), in the reader's own client region. From the
     // lossless start (keyframe_seq - 1 = 16) it reads 17..=20 and is done
     // with 20; from a cursor past the newest keyframe it resyncs, finds no
     // keyframe after 18, and is done with everything written (20).
@@ -945,9 +965,9 @@ fn protocol_md_packets(c: &mut Checks, md: &str) {
     ] {
         let _ = writeln!(
             c.prelude,
-            "    vr_sub_entry {name}_e; memset(&{name}_e, 0, sizeof {name}_e); {name}_e.released_seq = {start}u;"
+            "    vr_client_line {name}_e; memset(&{name}_e, 0, sizeof {name}_e); {name}_e.released_seq = {start}u;"
         );
-        let init = format!("{name}.e = &{name}_e; {name}.lossless = 1; vr_packet_join(&{name});");
+        let init = format!("{name}.cl = &{name}_e; {name}.lossless = 1; vr_packet_join(&{name});");
         c_packet_reader(c, name, &init, &steps);
         c.push(
             format!("{name} released_seq"),
@@ -976,24 +996,28 @@ fn protocol_md_packets(c: &mut Checks, md: &str) {
     c.push("packet params bytes", "pkt_fnv(pkp, pkp_len)", fnv(&got));
 }
 
-/// A zeroed subscriber-table entry with these push words.
-fn push_entry(push_seq: [u64; layout::PUSH_BUFFERS], held: u32) -> Box<SubEntry> {
+/// A zeroed subscriber-table entry with these push words, and a zeroed
+/// client region with this hold.
+fn push_entry(push_seq: [u64; layout::PUSH_BUFFERS], held: u32) -> (Box<SubEntry>, Box<ClientLine>) {
     // SAFETY: `SubEntry` is made of atomic integers only, for which all-zero
     // bytes are a valid value.
     let e: Box<SubEntry> = Box::new(unsafe { std::mem::zeroed() });
+    // SAFETY: as above, for `ClientLine`.
+    let cl: Box<ClientLine> = Box::new(unsafe { std::mem::zeroed() });
     for (w, v) in e.push_seq.iter().zip(push_seq) {
         w.store(v, Ordering::Relaxed);
     }
-    e.push_held.store(held, Ordering::Relaxed);
-    e
+    cl.push_held.store(held, Ordering::Relaxed);
+    (e, cl)
 }
 
 /// Emits C statements that build a `vr_sub_entry` named `name` with these
-/// push words.
+/// push words and a `vr_client_line` named `<name>_c` with this hold.
 fn c_push_entry(c: &mut Checks, name: &str, push_seq: [u64; layout::PUSH_BUFFERS], held: u32) {
     let _ = writeln!(
         c.prelude,
-        "    vr_sub_entry {name}; memset(&{name}, 0, sizeof {name}); {name}.push_held = {held}u;"
+        "    vr_sub_entry {name}; memset(&{name}, 0, sizeof {name});\n\
+         \x20   vr_client_line {name}_c; memset(&{name}_c, 0, sizeof {name}_c); {name}_c.push_held = {held}u;"
     );
     for (k, v) in push_seq.iter().enumerate() {
         let _ = writeln!(c.prelude, "    {name}.push_seq[{k}] = UINT64_C({v:#x});");
@@ -1017,14 +1041,14 @@ fn protocol_md_push(c: &mut Checks, md: &str) {
         ([5, 6 | w, 7], 3, Some(0), 9),
     ];
     for (n, (seqs, held, newest, seq)) in claims.into_iter().enumerate() {
-        let e = push_entry(seqs, held);
-        let k = push::claim_buffer(&e, newest, seq);
+        let (e, cl) = push_entry(seqs, held);
+        let k = push::claim_buffer(&e, &cl, newest, seq);
         let name = format!("claim{n}");
         c_push_entry(c, &name, seqs, held);
         let newest_c = newest.map_or(-1, |k| k as i64);
         let _ = writeln!(
             c.prelude,
-            "    int {name}_k = vr_push_claim(&{name}, {newest_c}, UINT64_C({seq:#x}));"
+            "    int {name}_k = vr_push_claim(&{name}, &{name}_c, {newest_c}, UINT64_C({seq:#x}));"
         );
         // The words right after the claim, before the C code completes it.
         let _ = writeln!(
@@ -1056,8 +1080,9 @@ fn protocol_md_push(c: &mut Checks, md: &str) {
             );
         }
     }
+    let (e, cl) = push_entry([5, 6, 7], 3);
     assert_eq!(
-        push::claim_buffer(&push_entry([5, 6, 7], 3), Some(0), 8),
+        push::claim_buffer(&e, &cl, Some(0), 8),
         Some(1),
         "with 3 buffers, one is neither newest nor held"
     );
@@ -1073,13 +1098,13 @@ fn protocol_md_push(c: &mut Checks, md: &str) {
         ([1 | w, 2 | w, 3 | w], 3, 0),
     ];
     for (n, (seqs, held, after)) in takes.into_iter().enumerate() {
-        let e = push_entry(seqs, held);
-        let got = push::take_newest(&e, after);
+        let (e, cl) = push_entry(seqs, held);
+        let got = push::take_newest(&e, &cl, after);
         let name = format!("take{n}");
         c_push_entry(c, &name, seqs, held);
         let _ = writeln!(
             c.prelude,
-            "    uint64_t {name}_seq = 0; int {name}_k = vr_push_take(&{name}, UINT64_C({after:#x}), &{name}_seq);"
+            "    uint64_t {name}_seq = 0; int {name}_k = vr_push_take(&{name}, &{name}_c, UINT64_C({after:#x}), &{name}_seq);"
         );
         c.push(
             format!("push take #{n} k+1"),
@@ -1093,15 +1118,18 @@ fn protocol_md_push(c: &mut Checks, md: &str) {
         );
         c.push(
             format!("push take #{n} push_held"),
-            format!("{name}.push_held"),
-            e.push_held.load(Ordering::Relaxed),
+            format!("{name}_c.push_held"),
+            cl.push_held.load(Ordering::Relaxed),
         );
     }
 }
 
 fn c_program(c: &Checks) -> String {
     let mut s = String::new();
-    s.push_str("#include <stdio.h>\n#include <stddef.h>\n#include <string.h>\n#include \"vramring.h\"\n\n");
+    // _GNU_SOURCE: Appendix B calls syscall(SYS_futex) and clock_gettime.
+    s.push_str(
+        "#define _GNU_SOURCE\n#include <stdio.h>\n#include <stddef.h>\n#include <string.h>\n#include \"vramring.h\"\n\n",
+    );
     s.push_str(&c.top);
     s.push_str("int main(void) {\n");
     s.push_str(&c.prelude);
