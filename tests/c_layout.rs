@@ -11,8 +11,11 @@
 //! checked against `vramring::testpattern`, its push-delivery claim,
 //! complete and take (section 16.5) against `vramring::frame::protocol::push`, and
 //! its packet reader (section 17.12) is run on a packet ring the Rust writer
-//! filled and checked against `vramring::packet::PacketReader`. A missing C
-//! compiler is a failure, never a skip.
+//! filled and checked against `vramring::packet::PacketReader`; its
+//! Appendix B reader is compiled. A real host publisher's Welcomes are
+//! checked too: descriptor counts, seals, read-only access modes and
+//! `client_bytes` against the header, and a v1 Hello refused with
+//! `VR_REJECT_VERSION`. A missing C compiler is a failure, never a skip.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -722,6 +725,106 @@ fn messages(c: &mut Checks) {
     c.push("vr_attach fits", "sizeof(vr_attach) <= VR_MAX_MSG_BYTES", 1);
 }
 
+/// Whether a shared writable mapping of one page of `fd` is refused.
+fn refuses_shared_write(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
+    // SAFETY: a fresh mapping at an address the kernel picks; it aliases no
+    // Rust object and is unmapped at once without being touched.
+    unsafe {
+        match mmap(
+            std::ptr::null_mut(),
+            4096,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::SHARED,
+            fd,
+            0,
+        ) {
+            Ok(p) => {
+                let _ = munmap(p, 4096);
+                false
+            }
+            Err(_) => true,
+        }
+    }
+}
+
+/// The descriptors a real v2 Welcome carries are what the header says: a
+/// pull subscriber gets control, table, client region and pool, a push
+/// subscriber the first three; their seals are the header's, the shared
+/// regions (and, without a write grant, the pool) are read-only at the
+/// open-file level, the client region is read-write and `VR_CLIENT_BYTES`
+/// long; a v1 Hello is refused with `VR_REJECT_VERSION`.
+fn live_welcome(c: &mut Checks) {
+    use std::os::fd::AsFd;
+    use vramring::{BackendChoice, Publisher, RingConfig};
+    let dir = scratch_dir();
+    let path = dir.join("live.sock");
+    let _ = std::fs::remove_file(&path);
+    let publisher = Publisher::create(
+        &path,
+        RingConfig::new(Format::Gray8, 64, 16).backend(BackendChoice::Host),
+    )
+    .expect("a host publisher");
+    let hello = |flags: u32| Hello {
+        flags,
+        backends: 1 << layout::BACKEND_HOST,
+        name: "c-layout".into(),
+        device_uuid: [0; 16],
+    };
+    let ask = |bytes: &[u8]| {
+        let sock = transport::connect(&path).expect("connecting to the publisher");
+        transport::send(sock.as_fd(), bytes, &[]).expect("sending a Hello");
+        let got = transport::recv(sock.as_fd(), std::time::Duration::from_secs(5))
+            .expect("receiving the answer")
+            .expect("an answer within 5 s");
+        (sock, got)
+    };
+    for (name, flags, fds) in [("pull", 0, 4usize), ("push", msg::HELLO_PUSH, 3)] {
+        let (_sock, got) = ask(&Msg::Hello(hello(flags)).encode());
+        let Ok(Msg::Welcome(w)) = Msg::decode(&got.bytes) else {
+            panic!("{name}: expected a Welcome");
+        };
+        assert_eq!(got.fds.len(), fds, "{name}: descriptors in the Welcome");
+        c.push(format!("live {name} client_bytes"), "VR_CLIENT_BYTES", w.client_bytes);
+        let regions = [
+            ("control", "VR_CONTROL_SEALS", w.control_bytes, true),
+            ("subs", "VR_SUBS_SEALS", w.subs_bytes, true),
+            ("client", "VR_CLIENT_SEALS", w.client_bytes, false),
+            ("pool", "VR_READ_ONLY_SEALS", w.pool_bytes, true),
+        ];
+        for (k, fd) in got.fds.iter().enumerate() {
+            let (what, seals, bytes, read_only) = regions[k];
+            let got_seals = rustix::fs::fcntl_get_seals(fd).expect("F_GET_SEALS").bits();
+            c.push(format!("live {name} fd{k} {what} seals"), seals, got_seals);
+            let size = rustix::fs::fstat(fd).expect("fstat").st_size as u64;
+            assert!(
+                size >= bytes,
+                "{name}: fd {k} ({what}) holds {size} bytes, the Welcome says {bytes}"
+            );
+            let mode = rustix::fs::fcntl_getfl(fd).expect("F_GETFL").bits() & 3;
+            assert_eq!(
+                mode,
+                if read_only { 0 } else { 2 },
+                "{name}: fd {k} ({what}) access mode"
+            );
+            assert_eq!(
+                refuses_shared_write(fd.as_fd()),
+                read_only,
+                "{name}: fd {k} ({what}) PROT_WRITE mapping"
+            );
+        }
+    }
+    // A v1 peer is refused in words.
+    let mut v1 = Msg::Hello(hello(0)).encode();
+    v1[4..8].copy_from_slice(&1u32.to_le_bytes());
+    let (_sock, got) = ask(&v1);
+    let Ok(Msg::Reject(n)) = Msg::decode(&got.bytes) else {
+        panic!("a v1 Hello must get a Reject");
+    };
+    c.push("live v1 hello reject code", "VR_REJECT_VERSION", n.code);
+    drop(publisher);
+}
+
 /// The first fenced C block after the heading `heading` in PROTOCOL.md.
 fn doc_c_block(md: &str, heading: &str) -> String {
     let at = md
@@ -1206,6 +1309,7 @@ fn c_header_matches_the_rust_layout_and_messages() {
     packet_layout(&mut checks);
     constants(&mut checks);
     messages(&mut checks);
+    live_welcome(&mut checks);
     protocol_md_code(&mut checks);
 
     let dir = scratch_dir();
