@@ -106,8 +106,8 @@
 #define VR_SUB_ACTIVE 1u
 #define VR_SUB_EVICTED 2u
 
-/* vr_sub_entry.evict_code (and the Evicted notice's code) once the entry is
- * VR_SUB_EVICTED; 0 otherwise. */
+/* vr_sub_entry.evict_code (and the Evicted notice's code): why the entry was
+ * evicted; 0 while it never was since its assignment. */
 #define VR_EVICT_LEASE 16u    /* held a frame or packet past the lossless lease */
 #define VR_EVICT_PUSH 17u     /* its push buffers could not be mapped           */
 #define VR_EVICT_PROTOCOL 18u /* broke the protocol: a message other than Bye
@@ -282,7 +282,9 @@ typedef struct vr_sub_entry {
     uint32_t generation;            /*   8 +1 per assignment                     */
     uint32_t push_count;            /*  12 VR_PUSH_BUFFERS once the publisher mapped
                                      the push buffers, 0 otherwise. SYNC: push-seq */
-    uint32_t evict_code;            /*  16 VR_EVICT_* once VR_SUB_EVICTED, else 0 */
+    uint32_t evict_code;            /*  16 VR_EVICT_* of the last eviction (stored
+                                     before VR_SUB_EVICTED, kept after the free),
+                                     0 from the next assignment                */
     uint32_t reserved0;             /*  20 zero                                  */
     uint64_t released_seq;          /*  24 the publisher's view of the lossless
                                      cursor: the client's released_seq clamped to
