@@ -12,7 +12,9 @@
 //! complete and take (section 16.5) against `vramring::frame::protocol::push`, and
 //! its packet reader (section 17.12) is run on a packet ring the Rust writer
 //! filled and checked against `vramring::packet::PacketReader`; its
-//! Appendix B reader is compiled. A real host publisher's Welcomes are
+//! Appendix B frame reader runs as a lossless subscriber of a real Rust
+//! publisher (every frame intact, "producer gone" after the orderly close,
+//! not "evicted"). A real host publisher's Welcomes are
 //! checked too: descriptor counts, seals, read-only access modes and
 //! `client_bytes` against the header, and a v1 Hello refused with
 //! `VR_REJECT_VERSION`. A missing C compiler is a failure, never a skip.
@@ -862,16 +864,90 @@ fn protocol_md_code(c: &mut Checks) {
         vramring::testpattern::mix32(0xdead_beef),
     );
 
-    // Appendix B is compiled (not run), after the stubs it names.
+    // Appendix B, after the two functions it names: `use_frame` checks the
+    // Appendix A pattern, `socket_event` reads the socket. It is run by
+    // `appendix_b_runs_against_a_rust_publisher` (the program's `b` mode).
     let reader = doc_c_block(&md, "## Appendix B");
     let _ = writeln!(
         c.top,
-        "/* PROTOCOL.md, Appendix B */\n\
-         static void use_frame(const void *b, uint64_t seq, int64_t pts) {{ (void)b; (void)seq; (void)pts; }}\n\
-         static int socket_says_gone(int sock) {{ return sock < 0; }}\n\
-         {reader}\n"
+        "/* PROTOCOL.md, Appendix B */\n{APPENDIX_B_STUBS}\n{reader}\n{APPENDIX_B_RUNNER}\n"
     );
 }
+
+/// What Appendix B's reader calls: a frame check against the Appendix A
+/// pattern, and the socket read of section 12 step 3g.
+const APPENDIX_B_STUBS: &str = r#"
+static uint64_t ab_len, ab_good, ab_bad, ab_last;
+enum { AB_GONE = 1, AB_EVICTED = 2 }; /* Appendix B's VR_READ_GONE, VR_READ_EVICTED */
+static uint32_t ab_le32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static void use_frame(const void *b, uint64_t seq, int64_t pts) {
+    const unsigned char *p = b;
+    uint32_t n = (uint32_t)(ab_len / 4), sum = 0;
+    int ok = n >= 4;
+    for (uint32_t i = 4; ok && i < n; i++) {
+        uint32_t x = ab_le32(p + 4 * i);
+        ok = x == word(seq, i);
+        sum += x;
+    }
+    ok = ok && ab_le32(p) == (uint32_t)seq && ab_le32(p + 4) == (uint32_t)(seq >> 32) &&
+         ab_le32(p + 8) == sum && ab_le32(p + 12) == n && pts == (int64_t)seq;
+    if (ok) ab_good++; else ab_bad++;
+    ab_last = seq;
+    /* A slow consumer: the publisher's close lands while frames are left to
+     * drain, so the reader finds its entry freed at a lease check. */
+    struct timespec pause = {0, 2 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+}
+/* Gone: the publisher said Bye, or the connection ended; evicted: an
+ * Evicted notice; 0: nothing, or another message. */
+static int socket_event(int sock) {
+    unsigned char m[VR_MAX_MSG_BYTES + 1];
+    ssize_t r = recv(sock, m, sizeof m, MSG_DONTWAIT);
+    if (r == 0) return AB_GONE;
+    if (r < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : AB_GONE;
+    if (r < (ssize_t)VR_HEADER_BYTES) return 0;
+    uint32_t kind = ab_le32(m + 8);
+    return kind == VR_KIND_BYE ? AB_GONE : kind == VR_KIND_EVICTED ? AB_EVICTED : 0;
+}
+"#;
+
+/// The `b` mode of the C program: maps the descriptors of a Welcome it
+/// inherited and runs Appendix B's reader until it returns.
+const APPENDIX_B_RUNNER: &str = r#"
+static int run_appendix_b(char **argv) {
+    int fd[5];
+    for (int k = 0; k < 5; k++) fd[k] = atoi(argv[2 + k]);
+    uint64_t ctl_bytes = strtoull(argv[7], NULL, 10), subs_bytes = strtoull(argv[8], NULL, 10);
+    uint64_t pool_bytes = strtoull(argv[9], NULL, 10);
+    uint32_t index = (uint32_t)strtoul(argv[10], NULL, 10), generation = (uint32_t)strtoul(argv[11], NULL, 10);
+    void *ctl = mmap(NULL, ctl_bytes, PROT_READ, MAP_SHARED, fd[0], 0);
+    void *subs = mmap(NULL, subs_bytes, PROT_READ, MAP_SHARED, fd[1], 0);
+    void *client = mmap(NULL, VR_CLIENT_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd[2], 0);
+    void *pool = mmap(NULL, pool_bytes, PROT_READ, MAP_SHARED, fd[3], 0);
+    if (ctl == MAP_FAILED || subs == MAP_FAILED || client == MAP_FAILED || pool == MAP_FAILED) {
+        printf("mmap failed\n");
+        return 1;
+    }
+    const vr_ring_header *h = ctl;
+    vr_ring_info I;
+    if (__atomic_load_n(&h->info.layout_version, __ATOMIC_ACQUIRE) != VR_LAYOUT_VERSION) return 1;
+    memcpy(&I, &h->info, sizeof I); /* immutable once ready; the Rust side validated it */
+    const vr_sub_entry *e = (const vr_sub_entry *)((const char *)subs + sizeof(vr_subs_header)) + index;
+    vr_client_line *cl = client;
+    uint64_t last = __atomic_load_n(&cl->released_seq, __ATOMIC_RELAXED);
+    unsigned char *buf = malloc(I.frame_bytes);
+    ab_len = I.frame_bytes;
+    int rc = vr_read_frames(ctl, &I, e, cl, generation, pool, fd[4], 1, 1, last, buf);
+    printf("rc %d good %llu bad %llu last %llu delivered %llu dropped %llu overruns %llu start %llu\n", rc,
+           (unsigned long long)ab_good, (unsigned long long)ab_bad, (unsigned long long)ab_last,
+           (unsigned long long)cl->delivered, (unsigned long long)cl->dropped,
+           (unsigned long long)cl->overruns, (unsigned long long)last);
+    free(buf);
+    return 0;
+}
+"#;
 
 /// FNV-1a of a packet's bytes; the C program computes the same.
 fn fnv(bytes: &[u8]) -> u64 {
@@ -1231,10 +1307,11 @@ fn c_program(c: &Checks) -> String {
     let mut s = String::new();
     // _GNU_SOURCE: Appendix B calls syscall(SYS_futex) and clock_gettime.
     s.push_str(
-        "#define _GNU_SOURCE\n#include <stdio.h>\n#include <stddef.h>\n#include <string.h>\n#include \"vramring.h\"\n\n",
+        "#define _GNU_SOURCE\n#include <errno.h>\n#include <stdio.h>\n#include <stddef.h>\n#include <stdlib.h>\n\
+         #include <string.h>\n#include <sys/mman.h>\n#include <sys/socket.h>\n#include <time.h>\n#include \"vramring.h\"\n\n",
     );
     s.push_str(&c.top);
-    s.push_str("int main(void) {\n");
+    s.push_str("int main(int argc, char **argv) {\n    if (argc == 12 && strcmp(argv[1], \"b\") == 0) return run_appendix_b(argv);\n");
     s.push_str(&c.prelude);
     for k in &c.list {
         let _ = writeln!(
@@ -1302,6 +1379,91 @@ fn scratch_dir() -> PathBuf {
     dir
 }
 
+/// Appendix B's reader, compiled into the C program, reads a lossless
+/// Sequential subscription of a real host publisher: the test does the
+/// handshake, the C program inherits the Welcome's descriptors and the
+/// socket, and the publisher writes more frames than it has slots (so it
+/// waits on the C reader's cursor in its client region, and wakes it through
+/// its own doorbell), then closes. The reader must deliver every frame intact
+/// and in order, keep its counters in its client region, and end with
+/// "producer gone", not "evicted", after the orderly close.
+fn appendix_b_runs_against_a_rust_publisher(exe: &Path, dir: &Path) {
+    use std::os::fd::{AsFd, AsRawFd};
+    use std::time::{Duration, Instant};
+    use vramring::{BackendChoice, FrameMeta, Policy, Publisher, RingConfig};
+    const FRAMES: u64 = 40;
+    let path = dir.join("appendix-b.sock");
+    let mut p = Publisher::create(
+        &path,
+        RingConfig::new(Format::Gray8, 64, 16)
+            .slots(4)
+            .policy(Policy::Lossless)
+            .backend(BackendChoice::Host),
+    )
+    .expect("a lossless host publisher");
+    let sock = transport::connect(&path).expect("connecting");
+    let hello = Hello {
+        flags: msg::HELLO_LOSSLESS | msg::HELLO_SEQUENTIAL,
+        backends: 1 << layout::BACKEND_HOST,
+        name: "appendix-b".into(),
+        device_uuid: [0; 16],
+    };
+    transport::send(sock.as_fd(), &Msg::Hello(hello).encode(), &[]).unwrap();
+    let got = transport::recv(sock.as_fd(), Duration::from_secs(5))
+        .unwrap()
+        .expect("a Welcome");
+    let Ok(Msg::Welcome(w)) = Msg::decode(&got.bytes) else {
+        panic!("expected a Welcome");
+    };
+    assert_eq!(got.fds.len(), 4);
+    let mut args = vec!["b".to_string()];
+    for fd in got.fds.iter().map(|f| f.as_fd()).chain([sock.as_fd()]) {
+        // The child inherits these five descriptors.
+        rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty()).unwrap();
+        args.push(fd.as_raw_fd().to_string());
+    }
+    for v in [
+        w.control_bytes,
+        w.subs_bytes,
+        w.pool_bytes,
+        u64::from(w.index),
+        u64::from(w.generation),
+    ] {
+        args.push(v.to_string());
+    }
+    let mut child = Command::new(exe)
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting the C reader");
+    for _ in 0..FRAMES {
+        let mut slot = p
+            .loan(Duration::from_secs(5))
+            .expect("a loan (the C reader releases its frames)");
+        let seq = slot.seq();
+        vramring::testpattern::fill(slot.bytes_mut().unwrap(), seq);
+        slot.publish(FrameMeta::pts(seq as i64)).unwrap();
+    }
+    p.close().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("Appendix B's reader did not return within 10 s of the publisher's close");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the C reader failed: {text}");
+    assert_eq!(
+        text.trim(),
+        format!("rc 1 good {FRAMES} bad 0 last {FRAMES} delivered {FRAMES} dropped 0 overruns 0 start 0"),
+        "Appendix B's reader: rc 1 is producer gone (2 would be evicted)"
+    );
+    drop(sock);
+}
+
 #[test]
 fn c_header_matches_the_rust_layout_and_messages() {
     let mut checks = Checks::default();
@@ -1341,6 +1503,7 @@ fn c_header_matches_the_rust_layout_and_messages() {
         checks.list.len(),
         failures.join("\n  ")
     );
+    appendix_b_runs_against_a_rust_publisher(&dir.join("c_layout"), &dir);
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!("{} layout, constant and message checks agree", checks.list.len());
 }
