@@ -1,8 +1,8 @@
 /*
  * vramring.h: the shared-memory layout and socket messages of vramring.
  *
- * Layout version 1 (VR_LAYOUT_VERSION), packet-ring layout version 1
- * (VR_PACKET_LAYOUT_VERSION), socket protocol version 1
+ * Layout version 2 (VR_LAYOUT_VERSION), packet-ring layout version 1
+ * (VR_PACKET_LAYOUT_VERSION), socket protocol version 2
  * (VR_PROTOCOL_VERSION). proto/PROTOCOL.md is the prose reference; this
  * header is the byte-exact one. tests/c_layout.rs compiles a program against
  * this header and checks every size, offset and constant against the Rust
@@ -13,12 +13,18 @@
  *  - Everything is little-endian and fixed-width. No pointers, no bool, no
  *    enums: every code is a uint32_t compared against the constants below.
  *  - Shared-memory structs (vr_ring_* , vr_slot_desc, vr_subs_header,
- *    vr_sub_entry, vr_packet_*) are declared with plain uint32_t / uint64_t fields. Every
+ *    vr_sub_entry, vr_client_line, vr_packet_*) are declared with plain uint32_t / uint64_t fields. Every
  *    one of those fields MUST be accessed atomically, with the memory order
  *    PROTOCOL.md names (e.g. __atomic_load_n(&h->seq.global_seq,
  *    __ATOMIC_ACQUIRE)); "relaxed" where it says nothing. Never memcpy a
  *    struct out of shared memory and never write a field the protocol does
  *    not give to you.
+ *  - Who writes what (protocol v2): the publisher alone writes the control
+ *    region, the subscriber table and the packet region; subscribers map
+ *    them read-only (the memfds are sealed VR_READ_ONLY_SEALS and sent as
+ *    read-only reopens). A subscriber writes only its own client region
+ *    (vr_client_line, one memfd per connection, shared with the publisher
+ *    and nobody else), every field of it but `doorbell`.
  *  - The shared structs have no implicit padding: the tail of every
  *    128-byte line is spelled out as a `_pad` array (padding, not reserved:
  *    never read, never written). `reserved*` fields are zero in this version.
@@ -66,7 +72,7 @@
 /* Magic of the subscriber table: the bytes "VRSUBTAB" read as a LE u64. */
 #define VR_SUBS_MAGIC UINT64_C(0x4241544255535256)
 /* Version of the shared layout; also the control region's ready word. */
-#define VR_LAYOUT_VERSION 1u
+#define VR_LAYOUT_VERSION 2u
 
 #define VR_MIN_SLOTS 2u                  /* slot_count is a power of two in */
 #define VR_MAX_SLOTS 1024u               /* VR_MIN_SLOTS..=VR_MAX_SLOTS      */
@@ -99,6 +105,14 @@
 #define VR_SUB_FREE 0u
 #define VR_SUB_ACTIVE 1u
 #define VR_SUB_EVICTED 2u
+
+/* vr_sub_entry.evict_code (and the Evicted notice's code): why the entry was
+ * evicted; 0 while it never was since its assignment. */
+#define VR_EVICT_LEASE 16u    /* held a frame or packet past the lossless lease */
+#define VR_EVICT_PUSH 17u     /* its push buffers could not be mapped           */
+#define VR_EVICT_PROTOCOL 18u /* broke the protocol: a message other than Bye
+                                 after the Welcome, a second Attach, or push
+                                 buffers that do not fit the ring            */
 
 /* vr_sub_entry.flags */
 #define VR_SUBF_LOSSLESS 1u
@@ -135,8 +149,18 @@
 #define VR_F_SEAL_SHRINK 0x0002u
 #define VR_F_SEAL_GROW 0x0004u
 #define VR_F_SEAL_FUTURE_WRITE 0x0010u
-#define VR_CONTROL_SEALS (VR_F_SEAL_SHRINK | VR_F_SEAL_GROW | VR_F_SEAL_FUTURE_WRITE | VR_F_SEAL_SEAL)
-#define VR_SUBS_SEALS (VR_F_SEAL_SHRINK | VR_F_SEAL_GROW | VR_F_SEAL_SEAL)
+/* A region only the publisher writes: nobody can make a new writable
+ * mapping, write(), fallocate() or resize it; the publisher keeps the
+ * writable mapping it made before sealing. */
+#define VR_READ_ONLY_SEALS (VR_F_SEAL_SHRINK | VR_F_SEAL_GROW | VR_F_SEAL_FUTURE_WRITE | VR_F_SEAL_SEAL)
+/* A region of fixed size that its holders may write. */
+#define VR_FIXED_SIZE_SEALS (VR_F_SEAL_SHRINK | VR_F_SEAL_GROW | VR_F_SEAL_SEAL)
+#define VR_CONTROL_SEALS VR_READ_ONLY_SEALS   /* fd 0: control region          */
+#define VR_SUBS_SEALS VR_READ_ONLY_SEALS      /* fd 1: subscriber table (v2)   */
+#define VR_CLIENT_SEALS VR_FIXED_SIZE_SEALS   /* fd 2: own client region       */
+/* Seals a subscriber requires on a host pool (fd 3). The publisher applies
+ * VR_READ_ONLY_SEALS, or VR_FIXED_SIZE_SEALS when it grants write access to
+ * anyone (PROTOCOL.md section 8.3). */
 #define VR_HOST_POOL_SEALS (VR_F_SEAL_SHRINK)
 /* Seals the publisher requires on the memfd of a host-backend Attach (the
  * Rust subscriber applies SHRINK | GROW | SEAL). */
@@ -149,10 +173,13 @@
  *     vr_ring_header                  at 0
  *     vr_slot_desc[slot_count]        at sizeof(vr_ring_header) = 640
  *     total VR_CONTROL_BYTES(slot_count)
- * Subscriber table (memfd #1, mapped read-write):
+ * Subscriber table (memfd #1, mapped read-only; publisher-written):
  *     vr_subs_header                  at 0
  *     vr_sub_entry[max_subscribers]   at sizeof(vr_subs_header) = 256
  *     total VR_SUBS_BYTES(max_subscribers)
+ * Client region (memfd #2, this connection's own, mapped read-write):
+ *     vr_client_line                  at 0
+ *     total VR_CLIENT_BYTES = 128
  * ====================================================================== */
 
 /* Immutable description of the ring. The publisher writes every field, then
@@ -204,9 +231,11 @@ typedef struct vr_seq_line {
     uint8_t _pad[120];
 } vr_seq_line;
 
-/* The futex word subscribers park on, alone on its line. */
+/* Reserved in v2 (zero): every subscriber parks on the doorbell of its own
+ * vr_client_line, which no other subscriber can reach. (In v1 this was the
+ * one futex word all subscribers shared.) */
 typedef struct vr_doorbell_line {
-    VR_ALIGN128 uint32_t doorbell;  /*   0 SYNC: doorbell; a shared futex word   */
+    VR_ALIGN128 uint32_t reserved;  /*   0 zero                                  */
     uint8_t _pad[124];
 } vr_doorbell_line;
 
@@ -215,7 +244,7 @@ typedef struct vr_ring_header {
     vr_ring_info info;              /*   0 */
     vr_producer_line producer;      /* 256 */
     vr_seq_line seq;                /* 384 */
-    vr_doorbell_line doorbell;      /* 512 */
+    vr_doorbell_line doorbell;      /* 512 reserved (zero) in v2             */
 } vr_ring_header;                   /* 640 */
 
 /* One slot's descriptor; slot of seq s is s & (slot_count - 1). Written only
@@ -242,31 +271,63 @@ typedef struct vr_subs_header {
     uint64_t reserved[28];          /*  32 zero                                  */
 } vr_subs_header;                   /* 256 */
 
-/* One subscriber's entry. The publisher writes state, flags, generation,
- * name, push_seq and push_count; the subscriber owning the entry writes
- * everything else. */
+/* One subscriber's entry. Written by the publisher alone (v2); a
+ * subscriber maps the table read-only and reads its own entry: its lease
+ * holds while state == VR_SUB_ACTIVE and generation == its Welcome's. The
+ * counters are the publisher's copies of what the subscriber reported in its
+ * client region (informational, the subscriber's own claims). */
 typedef struct vr_sub_entry {
-    VR_ALIGN128 uint32_t state;     /*   0 VR_SUB_*; SYNC: sub-state (publisher) */
-    uint32_t flags;                 /*   4 VR_SUBF_* (publisher)                 */
-    uint32_t generation;            /*   8 +1 per assignment (publisher)         */
-    uint32_t parked;                /*  12 !=0 while parked on the doorbell; SYNC: park */
-    uint64_t released_seq;          /*  16 lossless cursor; SYNC: release-cursor */
-    uint64_t reading_seq;           /*  24 seq being read, 0 none (informational) */
-    uint64_t delivered;             /*  32 frames handed to the user            */
-    uint64_t dropped;               /*  40 frames skipped (gaps)                */
-    uint64_t overruns;              /*  48 reads discarded by validate-after-copy */
-    uint64_t heartbeat_ns;          /*  56 CLOCK_MONOTONIC of the last read     */
-    uint64_t name[4];               /*  64 NUL-padded UTF-8, bytes in LE word order */
+    VR_ALIGN128 uint32_t state;     /*   0 VR_SUB_*; SYNC: sub-state             */
+    uint32_t flags;                 /*   4 VR_SUBF_*                             */
+    uint32_t generation;            /*   8 +1 per assignment                     */
+    uint32_t push_count;            /*  12 VR_PUSH_BUFFERS once the publisher mapped
+                                     the push buffers, 0 otherwise. SYNC: push-seq */
+    uint32_t evict_code;            /*  16 VR_EVICT_* of the last eviction (stored
+                                     before VR_SUB_EVICTED, kept after the free),
+                                     0 from the next assignment                */
+    uint32_t reserved0;             /*  20 zero                                  */
+    uint64_t released_seq;          /*  24 the publisher's view of the lossless
+                                     cursor: the client's released_seq clamped to
+                                     what was published, never moving back     */
+    uint64_t delivered;             /*  32 copy of the client's delivered        */
+    uint64_t dropped;               /*  40 copy of the client's dropped          */
+    uint64_t overruns;              /*  48 copy of the client's overruns         */
+    uint64_t heartbeat_ns;          /*  56 copy of the client's heartbeat_ns     */
+    uint64_t name[4];               /*  64 the Hello's name, NUL-padded UTF-8, LE word order */
     /* Push delivery (PROTOCOL.md section 16); all zero while not in use. */
     uint64_t push_seq[VR_PUSH_BUFFERS]; /*  96 seq in push buffer k; seq|VR_SEQ_WRITING
-                                     while claimed/written; 0 empty (publisher).
+                                     while claimed/written; 0 empty.
                                      SYNC: push-seq, push-hold */
-    uint32_t push_held;             /* 120 k + 1 while holding buffer k, 0 none
-                                     (subscriber). SYNC: push-hold */
-    uint32_t push_count;            /* 124 VR_PUSH_BUFFERS once the publisher mapped
-                                     the buffers, 0 pull delivery (publisher).
-                                     SYNC: push-seq */
+    uint64_t reserved1;             /* 120 zero                                  */
 } vr_sub_entry;                     /* 128 */
+
+/* A subscriber's own region: one memfd per connection, sealed
+ * VR_CLIENT_SEALS, mapped read-write by that subscriber and the publisher
+ * only. The subscriber writes every field but doorbell; the publisher treats
+ * every value here as hostile (released_seq clamped to the newest published
+ * seq and never moving back, push_held only compared, parked only costs this
+ * subscriber's own wake-up, counters copied for inspection). A reused table
+ * entry gets a new client region. */
+typedef struct vr_client_line {
+    VR_ALIGN128 uint32_t doorbell;  /*   0 the futex word this subscriber parks on;
+                                     incremented by the publisher. SYNC: doorbell */
+    uint32_t parked;                /*   4 !=0 while parked (or about to park). SYNC: park */
+    uint32_t push_held;             /*   8 push: k + 1 while holding buffer k, 0 none.
+                                     SYNC: push-hold */
+    uint32_t reserved0;             /*  12 zero                                  */
+    uint64_t released_seq;          /*  16 lossless cursor: newest seq done with;
+                                     set by the publisher before the Welcome.
+                                     SYNC: release-cursor */
+    uint64_t reading_seq;           /*  24 seq being read, 0 none (informational) */
+    uint64_t delivered;             /*  32 frames/packets handed to the user     */
+    uint64_t dropped;               /*  40 frames/packets skipped (gaps)         */
+    uint64_t overruns;              /*  48 reads discarded by validate-after-copy */
+    uint64_t heartbeat_ns;          /*  56 CLOCK_MONOTONIC of the last read      */
+    uint64_t reserved1[8];          /*  64 zero                                  */
+} vr_client_line;                   /* 128 */
+
+/* Bytes of a client region (the Welcome's client_bytes). */
+#define VR_CLIENT_BYTES 128u
 
 /* Byte sizes of the two regions. */
 #define VR_CONTROL_BYTES(slot_count) \
@@ -284,7 +345,8 @@ typedef struct vr_sub_entry {
  *     vr_packet_record[record_count]    at sizeof(vr_packet_header) = 4864
  *     data area (data_bytes bytes)      at VR_PACKET_DATA_OFFSET(record_count)
  *     total VR_PACKET_REGION_BYTES(record_count, data_bytes)
- * Subscriber table (memfd #1, mapped read-write): as the frame ring's.
+ * Subscriber table (memfd #1, mapped read-only) and client region (memfd
+ * #2, mapped read-write): as the frame ring's.
  *
  * Byte positions are free-running uint64_t; position p lives at
  * data_offset + (p & (data_bytes - 1)). A packet never wraps: one that does
@@ -314,7 +376,8 @@ typedef struct vr_sub_entry {
 #define VR_PACKET_WRITING (UINT64_C(1) << 63)
 
 /* Seals a subscriber must find on the packet region's memfd (fd 0 of a
- * packet Welcome); the subscriber table (fd 1) carries VR_SUBS_SEALS. */
+ * packet Welcome); the subscriber table (fd 1) carries VR_SUBS_SEALS, the
+ * client region (fd 2) VR_CLIENT_SEALS. */
 #define VR_PACKET_RING_SEALS VR_CONTROL_SEALS
 
 /* Immutable description. The writer stores every field, then layout_version
@@ -365,13 +428,14 @@ typedef struct vr_packet_params {
 
 /* The head of the packet region. producer and doorbell are the frame
  * ring's line structs, with the same meaning (producer.published counts
- * packets: == write_seq). */
+ * packets: == write_seq; doorbell is reserved, zero: readers park on their
+ * own vr_client_line). */
 typedef struct vr_packet_header {
     vr_packet_info info;            /*    0 */
     vr_packet_seq_line seq;         /*  128 */
     vr_packet_tail_line tail;       /*  256 */
     vr_producer_line producer;      /*  384 SYNC: producer-state                 */
-    vr_doorbell_line doorbell;      /*  512 SYNC: doorbell                       */
+    vr_doorbell_line doorbell;      /*  512 reserved (zero)                      */
     vr_packet_params params;        /*  640 */
 } vr_packet_header;                 /* 4864 */
 
@@ -404,7 +468,7 @@ typedef struct vr_packet_record {
  * datagram, little-endian, packed.
  * ====================================================================== */
 
-#define VR_PROTOCOL_VERSION 1u
+#define VR_PROTOCOL_VERSION 2u
 /* Magic of every message: the bytes "VRSK" read as a LE u32. */
 #define VR_MSG_MAGIC 0x4b535256u
 #define VR_HEADER_BYTES 16u
@@ -415,13 +479,15 @@ typedef struct vr_packet_record {
 
 /* vr_msg_header.kind */
 #define VR_KIND_HELLO 1u    /* subscriber -> publisher, first message          */
-#define VR_KIND_WELCOME 2u  /* publisher -> subscriber, with exactly 3 fds
-                               (frame ring) or 2 fds (packet ring)             */
+#define VR_KIND_WELCOME 2u  /* publisher -> subscriber, with exactly 4 fds
+                               (frame ring, pull), 3 (frame ring, push) or 3
+                               (packet ring)                                   */
 #define VR_KIND_REJECT 3u   /* publisher -> subscriber, then close             */
 #define VR_KIND_EVICTED 4u  /* publisher -> subscriber, then close             */
 #define VR_KIND_BYE 5u      /* either side, header only                        */
-#define VR_KIND_ATTACH 6u   /* subscriber -> publisher, with exactly 1 fd, only
-                               after a Welcome that granted VR_HELLO_PUSH       */
+#define VR_KIND_ATTACH 6u   /* subscriber -> publisher, with exactly 1 fd, at
+                               most once, only after a Welcome that granted
+                               VR_HELLO_PUSH                                   */
 
 /* vr_hello.flags (asked) and vr_welcome.granted (granted) */
 #define VR_HELLO_LOSSLESS 1u
@@ -445,9 +511,10 @@ typedef struct vr_packet_record {
 #define VR_REJECT_WRITE_DENIED 8u
 #define VR_REJECT_KIND 9u   /* the socket serves the other kind of ring (frames
                                vs packets: VR_HELLO_PACKETS)                    */
-#define VR_EVICT_LEASE 16u
-#define VR_EVICT_ATTACH 17u /* push buffers could not be attached (reserved: not
-                               sent; the subscriber stays on pull delivery)     */
+#define VR_REJECT_PULL_DENIED 10u /* pull delivery (the pool's descriptor) is not
+                               granted to this peer: ask for VR_HELLO_PUSH      */
+/* Evicted codes: VR_EVICT_LEASE, VR_EVICT_PUSH, VR_EVICT_PROTOCOL (above). */
+#define VR_EVICT_ATTACH VR_EVICT_PUSH /* v1 name of VR_EVICT_PUSH            */
 
 #define VR_HELLO_BODY_BYTES 96u
 #define VR_WELCOME_BODY_BYTES 96u
@@ -472,11 +539,16 @@ typedef struct VR_PACKED vr_hello {
     uint8_t reserved[40];           /* 72 zero                                   */
 } vr_hello;                         /* 112 */
 
-/* Publisher -> subscriber, with SCM_RIGHTS fds: [0] control memfd,
- * [1] subscriber-table memfd, [2] pool fd. A packet ring's Welcome (granted
- * has VR_HELLO_PACKETS) carries 2: [0] packet-region memfd, [1]
- * subscriber-table memfd; control_bytes is then the packet region's
- * region_bytes, backend VR_BACKEND_HOST, pool_bytes 0. */
+/* Publisher -> subscriber, with SCM_RIGHTS fds: [0] control memfd
+ * (read-only reopen, VR_CONTROL_SEALS), [1] subscriber-table memfd
+ * (read-only reopen, VR_SUBS_SEALS), [2] this connection's client-region
+ * memfd (read-write, VR_CLIENT_SEALS), and for a pull subscriber [3] the pool
+ * (host: a read-only reopen of the memfd unless write was granted; CUDA: the
+ * VMM allocation's POSIX fd). A push subscriber receives no pool: 3 fds. A
+ * packet ring's Welcome (granted has VR_HELLO_PACKETS) carries 3: [0]
+ * packet-region memfd (read-only reopen), [1] subscriber table, [2] client
+ * region; control_bytes is then the packet region's region_bytes, backend
+ * VR_BACKEND_HOST, pool_bytes 0. */
 typedef struct VR_PACKED vr_welcome {
     vr_msg_header hdr;              /*  0 kind VR_KIND_WELCOME, body_len 96      */
     uint32_t index;                 /* 16 our entry in the subscriber table      */
@@ -486,9 +558,10 @@ typedef struct VR_PACKED vr_welcome {
     uint32_t granted;               /* 36 VR_HELLO_* granted                     */
     uint64_t control_bytes;         /* 40 bytes to map of fd[0]                  */
     uint64_t subs_bytes;            /* 48 bytes to map of fd[1]                  */
-    uint64_t pool_bytes;            /* 56 bytes to map of fd[2]                  */
+    uint64_t pool_bytes;            /* 56 bytes to map of the pool (fd[3])       */
     uint8_t device_uuid[16];        /* 64 GPU of the pool, 0 for host            */
-    uint8_t reserved[32];           /* 80 zero                                   */
+    uint64_t client_bytes;          /* 80 bytes of fd[2]; == VR_CLIENT_BYTES     */
+    uint8_t reserved[24];           /* 88 zero                                   */
 } vr_welcome;                       /* 112 */
 
 /* Reject (kind 3) or Evicted (kind 4). The layout of Reject never changes
@@ -506,12 +579,18 @@ typedef struct VR_PACKED vr_notice {
  * with SCM_RIGHTS fd [0]: the subscriber's own push buffers (host: a memfd
  * sealed at least VR_PUSH_HOST_SEALS; CUDA: a VMM allocation on the ring's
  * GPU exported as a POSIX fd). Buffer k starts at byte k * stride. */
+/* The most an Attach's bytes may exceed count * stride (a CUDA allocation
+ * is rounded up to its granularity, 2 MiB on current GPUs). */
+#define VR_MAX_GRANULARITY (UINT64_C(32) << 20)
+
 typedef struct VR_PACKED vr_attach {
     vr_msg_header hdr;              /*  0 kind VR_KIND_ATTACH, body_len 24       */
     uint32_t count;                 /* 16 buffers; must be VR_PUSH_BUFFERS       */
     uint32_t reserved;              /* 20 zero                                   */
-    uint64_t stride;                /* 24 bytes between buffers, >= frame_bytes  */
-    uint64_t bytes;                 /* 32 bytes of the allocation, >= count*stride */
+    uint64_t stride;                /* 24 bytes between buffers; must be
+                                     round_up(frame_bytes, VR_SLOT_ALIGN)      */
+    uint64_t bytes;                 /* 32 bytes of the allocation, in
+                                     count*stride ..= count*stride + VR_MAX_GRANULARITY */
 } vr_attach;                        /* 40 */
 
 /* ======================================================================
@@ -557,14 +636,21 @@ VR_STATIC_ASSERT(offsetof(vr_subs_header, epoch) == 16, "subs epoch");
 VR_STATIC_ASSERT(offsetof(vr_subs_header, entries_offset) == 28, "entries_offset");
 VR_STATIC_ASSERT(sizeof(vr_sub_entry) == 128, "vr_sub_entry size");
 VR_STATIC_ASSERT(VR_ALIGNOF(vr_sub_entry) == 128, "vr_sub_entry align");
-VR_STATIC_ASSERT(offsetof(vr_sub_entry, parked) == 12, "parked");
-VR_STATIC_ASSERT(offsetof(vr_sub_entry, released_seq) == 16, "released_seq");
+VR_STATIC_ASSERT(offsetof(vr_sub_entry, push_count) == 12, "sub push_count");
+VR_STATIC_ASSERT(offsetof(vr_sub_entry, evict_code) == 16, "sub evict_code");
+VR_STATIC_ASSERT(offsetof(vr_sub_entry, released_seq) == 24, "sub released_seq");
 VR_STATIC_ASSERT(offsetof(vr_sub_entry, heartbeat_ns) == 56, "sub heartbeat_ns");
 VR_STATIC_ASSERT(offsetof(vr_sub_entry, name) == 64, "sub name");
 VR_STATIC_ASSERT(offsetof(vr_sub_entry, push_seq) == 96, "sub push_seq");
 VR_STATIC_ASSERT(sizeof(((vr_sub_entry *)0)->push_seq) == 24, "sub push_seq size");
-VR_STATIC_ASSERT(offsetof(vr_sub_entry, push_held) == 120, "sub push_held");
-VR_STATIC_ASSERT(offsetof(vr_sub_entry, push_count) == 124, "sub push_count");
+VR_STATIC_ASSERT(offsetof(vr_sub_entry, reserved1) == 120, "sub reserved1");
+VR_STATIC_ASSERT(sizeof(vr_client_line) == VR_CLIENT_BYTES, "vr_client_line size");
+VR_STATIC_ASSERT(VR_ALIGNOF(vr_client_line) == 128, "vr_client_line align");
+VR_STATIC_ASSERT(offsetof(vr_client_line, parked) == 4, "client parked");
+VR_STATIC_ASSERT(offsetof(vr_client_line, push_held) == 8, "client push_held");
+VR_STATIC_ASSERT(offsetof(vr_client_line, released_seq) == 16, "client released_seq");
+VR_STATIC_ASSERT(offsetof(vr_client_line, heartbeat_ns) == 56, "client heartbeat_ns");
+VR_STATIC_ASSERT(offsetof(vr_client_line, reserved1) == 64, "client reserved1");
 
 VR_STATIC_ASSERT(sizeof(vr_packet_info) == 128, "vr_packet_info size");
 VR_STATIC_ASSERT(offsetof(vr_packet_info, layout_version) == 8, "packet layout_version");
@@ -617,6 +703,7 @@ VR_STATIC_ASSERT(sizeof(vr_welcome) == VR_HEADER_BYTES + VR_WELCOME_BODY_BYTES, 
 VR_STATIC_ASSERT(offsetof(vr_welcome, epoch) == 24, "welcome epoch");
 VR_STATIC_ASSERT(offsetof(vr_welcome, control_bytes) == 40, "welcome control_bytes");
 VR_STATIC_ASSERT(offsetof(vr_welcome, device_uuid) == 64, "welcome device_uuid");
+VR_STATIC_ASSERT(offsetof(vr_welcome, client_bytes) == 80, "welcome client_bytes");
 VR_STATIC_ASSERT(sizeof(vr_notice) == VR_HEADER_BYTES + VR_NOTICE_BODY_BYTES, "vr_notice size");
 VR_STATIC_ASSERT(offsetof(vr_notice, reason) == 24, "notice reason");
 VR_STATIC_ASSERT(sizeof(vr_attach) == VR_HEADER_BYTES + VR_ATTACH_BODY_BYTES, "vr_attach size");

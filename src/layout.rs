@@ -280,7 +280,9 @@ pub struct SubEntry {
     /// has mapped them.
     /// SYNC: push-seq (Release by publisher, Acquire by the subscriber).
     pub push_count: AtomicU32,
-    /// `EVICT_*` reason once the entry is `SUB_EVICTED` (0 otherwise).
+    /// `EVICT_*` reason of the last eviction, stored before the state
+    /// becomes `SUB_EVICTED` and kept when the entry is freed; 0 again at
+    /// the next assignment.
     pub evict_code: AtomicU32,
     /// Reserved, zero.
     pub reserved0: AtomicU32,
@@ -325,7 +327,7 @@ pub struct ClientLine {
     /// SYNC: doorbell (Release increment by publisher, Acquire load by waiter).
     pub doorbell: AtomicU32,
     /// Non-zero while the subscriber is parked (or about to park).
-    /// SYNC: park (SeqCst fence on both sides, see `frame::protocol::wait`).
+    /// SYNC: park (SeqCst fence on both sides, see `ring::wait`).
     pub parked: AtomicU32,
     /// Push delivery: `k + 1` while the subscriber reads its buffer `k`, 0
     /// when it holds none.

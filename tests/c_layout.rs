@@ -11,8 +11,13 @@
 //! checked against `vramring::testpattern`, its push-delivery claim,
 //! complete and take (section 16.5) against `vramring::frame::protocol::push`, and
 //! its packet reader (section 17.12) is run on a packet ring the Rust writer
-//! filled and checked against `vramring::packet::PacketReader`. A missing C
-//! compiler is a failure, never a skip.
+//! filled and checked against `vramring::packet::PacketReader`; its
+//! Appendix B frame reader runs as a lossless subscriber of a real Rust
+//! publisher (every frame intact, "producer gone" after the orderly close,
+//! not "evicted"). A real host publisher's Welcomes are
+//! checked too: descriptor counts, seals, read-only access modes and
+//! `client_bytes` against the header, and a v1 Hello refused with
+//! `VR_REJECT_VERSION`. A missing C compiler is a failure, never a skip.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -25,7 +30,8 @@ use std::sync::atomic::Ordering;
 use vramring::format;
 use vramring::frame::protocol::push;
 use vramring::layout::{
-    self, DoorbellLine, ProducerLine, RingHeader, SeqLine, SharedRingInfo, SlotDesc, SubEntry, SubsHeader,
+    self, ClientLine, DoorbellLine, ProducerLine, RingHeader, SeqLine, SharedRingInfo, SlotDesc, SubEntry,
+    SubsHeader,
 };
 use vramring::packet::layout::{
     self as packet_layout, PacketHeader, PacketInfo, PacketRecord, PacketRingInfo, PacketSeqLine, PacketTailLine,
@@ -121,7 +127,7 @@ fn shared_layout(c: &mut Checks) {
         state, reserved0, heartbeat_ns, published, evictions, connects, disconnects,
     ]);
     shared_struct!(c, "vr_seq_line", SeqLine, pad: true, [global_seq]);
-    shared_struct!(c, "vr_doorbell_line", DoorbellLine, pad: true, [doorbell]);
+    shared_struct!(c, "vr_doorbell_line", DoorbellLine, pad: true, [reserved]);
     shared_struct!(c, "vr_ring_header", RingHeader, pad: false, [info, producer, seq, doorbell]);
     shared_struct!(c, "vr_slot_desc", SlotDesc, pad: false, [
         seq, pts, commit_ns, flags, user_len, reserved, user, reserved2,
@@ -130,9 +136,14 @@ fn shared_layout(c: &mut Checks) {
         magic, layout_version, max_subscribers, epoch, entry_bytes, entries_offset, reserved,
     ]);
     shared_struct!(c, "vr_sub_entry", SubEntry, pad: false, [
-        state, flags, generation, parked, released_seq, reading_seq, delivered, dropped,
-        overruns, heartbeat_ns, name, push_seq, push_held, push_count,
+        state, flags, generation, push_count, evict_code, reserved0, released_seq, delivered,
+        dropped, overruns, heartbeat_ns, name, push_seq, reserved1,
     ]);
+    shared_struct!(c, "vr_client_line", ClientLine, pad: false, [
+        doorbell, parked, push_held, reserved0, released_seq, reading_seq, delivered, dropped,
+        overruns, heartbeat_ns, reserved1,
+    ]);
+    c.push("VR_CLIENT_BYTES", "VR_CLIENT_BYTES", layout::CLIENT_BYTES);
     // The hot words, as a reader of another language addresses them.
     c.push(
         "vr_ring_header.seq.global_seq",
@@ -140,9 +151,9 @@ fn shared_layout(c: &mut Checks) {
         offset_of!(RingHeader, seq) + offset_of!(SeqLine, global_seq),
     );
     c.push(
-        "vr_ring_header.doorbell.doorbell",
-        "offsetof(vr_ring_header, doorbell.doorbell)",
-        offset_of!(RingHeader, doorbell) + offset_of!(DoorbellLine, doorbell),
+        "vr_ring_header.doorbell.reserved",
+        "offsetof(vr_ring_header, doorbell.reserved)",
+        offset_of!(RingHeader, doorbell) + offset_of!(DoorbellLine, reserved),
     );
     c.push(
         "vr_ring_header.producer.state",
@@ -195,9 +206,9 @@ fn packet_layout(c: &mut Checks) {
             offset_of!(PacketHeader, producer) + offset_of!(ProducerLine, state),
         ),
         (
-            "doorbell",
-            "doorbell.doorbell",
-            offset_of!(PacketHeader, doorbell) + offset_of!(DoorbellLine, doorbell),
+            "doorbell.reserved",
+            "doorbell.reserved",
+            offset_of!(PacketHeader, doorbell) + offset_of!(DoorbellLine, reserved),
         ),
         (
             "params.seq",
@@ -248,6 +259,12 @@ fn constants(c: &mut Checks) {
     c.constant("VR_RING_MAGIC", layout::RING_MAGIC);
     c.constant("VR_SUBS_MAGIC", layout::SUBS_MAGIC);
     c.constant("VR_LAYOUT_VERSION", layout::LAYOUT_VERSION);
+    // Protocol v2 (issue 10) in both languages: a stale header or a crate
+    // that moved on without the header fails here.
+    assert_eq!(layout::LAYOUT_VERSION, 2, "the Rust layout is version 2");
+    assert_eq!(msg::PROTOCOL_VERSION, 2, "the Rust socket protocol is version 2");
+    c.push("VR_LAYOUT_VERSION is 2", "VR_LAYOUT_VERSION == 2u", 1u32);
+    c.push("VR_PROTOCOL_VERSION is 2", "VR_PROTOCOL_VERSION == 2u", 1u32);
     c.constant("VR_MIN_SLOTS", layout::MIN_SLOTS);
     c.constant("VR_MAX_SLOTS", layout::MAX_SLOTS);
     c.constant("VR_DEFAULT_MAX_SUBSCRIBERS", layout::DEFAULT_MAX_SUBSCRIBERS);
@@ -267,6 +284,9 @@ fn constants(c: &mut Checks) {
     c.constant("VR_SUB_FREE", layout::SUB_FREE);
     c.constant("VR_SUB_ACTIVE", layout::SUB_ACTIVE);
     c.constant("VR_SUB_EVICTED", layout::SUB_EVICTED);
+    c.constant("VR_EVICT_LEASE", layout::EVICT_LEASE);
+    c.constant("VR_EVICT_PUSH", layout::EVICT_PUSH);
+    c.constant("VR_EVICT_PROTOCOL", layout::EVICT_PROTOCOL);
     c.constant("VR_SUBF_LOSSLESS", layout::SUBF_LOSSLESS);
     c.constant("VR_SUBF_SEQUENTIAL", layout::SUBF_SEQUENTIAL);
     c.constant("VR_SUBF_WRITE", layout::SUBF_WRITE);
@@ -318,11 +338,13 @@ fn constants(c: &mut Checks) {
     c.constant("VR_F_SEAL_SHRINK", S::SHRINK.bits());
     c.constant("VR_F_SEAL_GROW", S::GROW.bits());
     c.constant("VR_F_SEAL_FUTURE_WRITE", S::FUTURE_WRITE.bits());
-    c.constant(
-        "VR_CONTROL_SEALS",
-        (S::SHRINK | S::GROW | S::FUTURE_WRITE | S::SEAL).bits(),
-    );
-    c.constant("VR_SUBS_SEALS", (S::SHRINK | S::GROW | S::SEAL).bits());
+    let read_only = (S::SHRINK | S::GROW | S::FUTURE_WRITE | S::SEAL).bits();
+    let fixed_size = (S::SHRINK | S::GROW | S::SEAL).bits();
+    c.constant("VR_READ_ONLY_SEALS", read_only);
+    c.constant("VR_FIXED_SIZE_SEALS", fixed_size);
+    c.constant("VR_CONTROL_SEALS", read_only);
+    c.constant("VR_SUBS_SEALS", read_only);
+    c.constant("VR_CLIENT_SEALS", fixed_size);
     c.constant("VR_HOST_POOL_SEALS", S::SHRINK.bits());
     // What the publisher requires of a host subscriber's push buffers
     // (`HostPool::attach_target`).
@@ -371,8 +393,11 @@ fn constants(c: &mut Checks) {
     c.constant("VR_REJECT_SHUTDOWN", msg::REJECT_SHUTDOWN);
     c.constant("VR_REJECT_WRITE_DENIED", msg::REJECT_WRITE_DENIED);
     c.constant("VR_REJECT_KIND", msg::REJECT_KIND);
-    c.constant("VR_EVICT_LEASE", msg::EVICT_LEASE);
+    c.constant("VR_REJECT_PULL_DENIED", msg::REJECT_PULL_DENIED);
+    c.push("VR_EVICT_LEASE (msg)", "VR_EVICT_LEASE", msg::EVICT_LEASE);
     c.constant("VR_EVICT_ATTACH", msg::EVICT_ATTACH);
+    c.push("VR_EVICT_PROTOCOL (msg)", "VR_EVICT_PROTOCOL", msg::EVICT_PROTOCOL);
+    c.constant("VR_MAX_GRANULARITY", vramring::memory::cuda::MAX_GRANULARITY);
 
     // Every message kind is in the header: a new `Msg` variant fails to
     // compile here, a new kind code fails to decode below.
@@ -516,6 +541,7 @@ fn messages(c: &mut Checks) {
         subs_bytes: 0x2122_2324_2526_2728,
         pool_bytes: 0x3132_3334_3536_3738,
         device_uuid: uuid,
+        client_bytes: 0x4142_4344_4546_4748,
     };
     let b = Msg::Welcome(w).encode();
     embed(c, "welcome", "vr_welcome", &b);
@@ -526,7 +552,7 @@ fn messages(c: &mut Checks) {
         b.len() - msg::HEADER_BYTES,
     );
     let f_uuid = find(&b, &uuid, "welcome.device_uuid");
-    let f_reserved = f_uuid + 16;
+    let f_reserved = find(&b, &w.client_bytes.to_le_bytes(), "client_bytes") + 8;
     let scalar = [
         (
             "index",
@@ -570,6 +596,12 @@ fn messages(c: &mut Checks) {
             find(&b, &w.pool_bytes.to_le_bytes(), "pool_bytes"),
             8,
             w.pool_bytes,
+        ),
+        (
+            "client_bytes",
+            find(&b, &w.client_bytes.to_le_bytes(), "client_bytes"),
+            8,
+            w.client_bytes,
         ),
     ];
     for (f, off, size, v) in scalar {
@@ -696,6 +728,106 @@ fn messages(c: &mut Checks) {
     c.push("vr_attach fits", "sizeof(vr_attach) <= VR_MAX_MSG_BYTES", 1);
 }
 
+/// Whether a shared writable mapping of one page of `fd` is refused.
+fn refuses_shared_write(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
+    // SAFETY: a fresh mapping at an address the kernel picks; it aliases no
+    // Rust object and is unmapped at once without being touched.
+    unsafe {
+        match mmap(
+            std::ptr::null_mut(),
+            4096,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::SHARED,
+            fd,
+            0,
+        ) {
+            Ok(p) => {
+                let _ = munmap(p, 4096);
+                false
+            }
+            Err(_) => true,
+        }
+    }
+}
+
+/// The descriptors a real v2 Welcome carries are what the header says: a
+/// pull subscriber gets control, table, client region and pool, a push
+/// subscriber the first three; their seals are the header's, the shared
+/// regions (and, without a write grant, the pool) are read-only at the
+/// open-file level, the client region is read-write and `VR_CLIENT_BYTES`
+/// long; a v1 Hello is refused with `VR_REJECT_VERSION`.
+fn live_welcome(c: &mut Checks) {
+    use std::os::fd::AsFd;
+    use vramring::{BackendChoice, Publisher, RingConfig};
+    let dir = scratch_dir();
+    let path = dir.join("live.sock");
+    let _ = std::fs::remove_file(&path);
+    let publisher = Publisher::create(
+        &path,
+        RingConfig::new(Format::Gray8, 64, 16).backend(BackendChoice::Host),
+    )
+    .expect("a host publisher");
+    let hello = |flags: u32| Hello {
+        flags,
+        backends: 1 << layout::BACKEND_HOST,
+        name: "c-layout".into(),
+        device_uuid: [0; 16],
+    };
+    let ask = |bytes: &[u8]| {
+        let sock = transport::connect(&path).expect("connecting to the publisher");
+        transport::send(sock.as_fd(), bytes, &[]).expect("sending a Hello");
+        let got = transport::recv(sock.as_fd(), std::time::Duration::from_secs(5))
+            .expect("receiving the answer")
+            .expect("an answer within 5 s");
+        (sock, got)
+    };
+    for (name, flags, fds) in [("pull", 0, 4usize), ("push", msg::HELLO_PUSH, 3)] {
+        let (_sock, got) = ask(&Msg::Hello(hello(flags)).encode());
+        let Ok(Msg::Welcome(w)) = Msg::decode(&got.bytes) else {
+            panic!("{name}: expected a Welcome");
+        };
+        assert_eq!(got.fds.len(), fds, "{name}: descriptors in the Welcome");
+        c.push(format!("live {name} client_bytes"), "VR_CLIENT_BYTES", w.client_bytes);
+        let regions = [
+            ("control", "VR_CONTROL_SEALS", w.control_bytes, true),
+            ("subs", "VR_SUBS_SEALS", w.subs_bytes, true),
+            ("client", "VR_CLIENT_SEALS", w.client_bytes, false),
+            ("pool", "VR_READ_ONLY_SEALS", w.pool_bytes, true),
+        ];
+        for (k, fd) in got.fds.iter().enumerate() {
+            let (what, seals, bytes, read_only) = regions[k];
+            let got_seals = rustix::fs::fcntl_get_seals(fd).expect("F_GET_SEALS").bits();
+            c.push(format!("live {name} fd{k} {what} seals"), seals, got_seals);
+            let size = rustix::fs::fstat(fd).expect("fstat").st_size as u64;
+            assert!(
+                size >= bytes,
+                "{name}: fd {k} ({what}) holds {size} bytes, the Welcome says {bytes}"
+            );
+            let mode = rustix::fs::fcntl_getfl(fd).expect("F_GETFL").bits() & 3;
+            assert_eq!(
+                mode,
+                if read_only { 0 } else { 2 },
+                "{name}: fd {k} ({what}) access mode"
+            );
+            assert_eq!(
+                refuses_shared_write(fd.as_fd()),
+                read_only,
+                "{name}: fd {k} ({what}) PROT_WRITE mapping"
+            );
+        }
+    }
+    // A v1 peer is refused in words.
+    let mut v1 = Msg::Hello(hello(0)).encode();
+    v1[4..8].copy_from_slice(&1u32.to_le_bytes());
+    let (_sock, got) = ask(&v1);
+    let Ok(Msg::Reject(n)) = Msg::decode(&got.bytes) else {
+        panic!("a v1 Hello must get a Reject");
+    };
+    c.push("live v1 hello reject code", "VR_REJECT_VERSION", n.code);
+    drop(publisher);
+}
+
 /// The first fenced C block after the heading `heading` in PROTOCOL.md.
 fn doc_c_block(md: &str, heading: &str) -> String {
     let at = md
@@ -733,22 +865,90 @@ fn protocol_md_code(c: &mut Checks) {
         vramring::testpattern::mix32(0xdead_beef),
     );
 
-    // Appendix B is compiled (not run) inside a function that declares the
-    // names it uses.
+    // Appendix B, after the two functions it names: `use_frame` checks the
+    // Appendix A pattern, `socket_event` reads the socket. It is run by
+    // `appendix_b_runs_against_a_rust_publisher` (the program's `b` mode).
     let reader = doc_c_block(&md, "## Appendix B");
     let _ = writeln!(
         c.top,
-        "/* PROTOCOL.md, Appendix B */\n\
-         static void use_frame(const void *b, uint64_t seq, int64_t pts) {{ (void)b; (void)seq; (void)pts; }}\n\
-         void appendix_b(const void *ctl, vr_sub_entry *e, const void *pool, const vr_ring_info *info,\n\
-                         unsigned char *buf, int lossless);\n\
-         void appendix_b(const void *ctl, vr_sub_entry *e, const void *pool, const vr_ring_info *info,\n\
-                         unsigned char *buf, int lossless) {{\n\
-         const vr_ring_info I = *info;\n\
-         uint64_t last = 0, dropped = 0, overruns = 0, delivered = 0;\n\
-         {reader}\n}}\n"
+        "/* PROTOCOL.md, Appendix B */\n{APPENDIX_B_STUBS}\n{reader}\n{APPENDIX_B_RUNNER}\n"
     );
 }
+
+/// What Appendix B's reader calls: a frame check against the Appendix A
+/// pattern, and the socket read of section 12 step 3g.
+const APPENDIX_B_STUBS: &str = r#"
+static uint64_t ab_len, ab_good, ab_bad, ab_last;
+enum { AB_GONE = 1, AB_EVICTED = 2 }; /* Appendix B's VR_READ_GONE, VR_READ_EVICTED */
+static uint32_t ab_le32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static void use_frame(const void *b, uint64_t seq, int64_t pts) {
+    const unsigned char *p = b;
+    uint32_t n = (uint32_t)(ab_len / 4), sum = 0;
+    int ok = n >= 4;
+    for (uint32_t i = 4; ok && i < n; i++) {
+        uint32_t x = ab_le32(p + 4 * i);
+        ok = x == word(seq, i);
+        sum += x;
+    }
+    ok = ok && ab_le32(p) == (uint32_t)seq && ab_le32(p + 4) == (uint32_t)(seq >> 32) &&
+         ab_le32(p + 8) == sum && ab_le32(p + 12) == n && pts == (int64_t)seq;
+    if (ok) ab_good++; else ab_bad++;
+    ab_last = seq;
+    /* A slow consumer: the publisher's close lands while frames are left to
+     * drain, so the reader finds its entry freed at a lease check. */
+    struct timespec pause = {0, 2 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+}
+/* Gone: the publisher said Bye, or the connection ended; evicted: an
+ * Evicted notice; 0: nothing, or another message. */
+static int socket_event(int sock) {
+    unsigned char m[VR_MAX_MSG_BYTES + 1];
+    ssize_t r = recv(sock, m, sizeof m, MSG_DONTWAIT);
+    if (r == 0) return AB_GONE;
+    if (r < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : AB_GONE;
+    if (r < (ssize_t)VR_HEADER_BYTES) return 0;
+    uint32_t kind = ab_le32(m + 8);
+    return kind == VR_KIND_BYE ? AB_GONE : kind == VR_KIND_EVICTED ? AB_EVICTED : 0;
+}
+"#;
+
+/// The `b` mode of the C program: maps the descriptors of a Welcome it
+/// inherited and runs Appendix B's reader until it returns.
+const APPENDIX_B_RUNNER: &str = r#"
+static int run_appendix_b(char **argv) {
+    int fd[5];
+    for (int k = 0; k < 5; k++) fd[k] = atoi(argv[2 + k]);
+    uint64_t ctl_bytes = strtoull(argv[7], NULL, 10), subs_bytes = strtoull(argv[8], NULL, 10);
+    uint64_t pool_bytes = strtoull(argv[9], NULL, 10);
+    uint32_t index = (uint32_t)strtoul(argv[10], NULL, 10), generation = (uint32_t)strtoul(argv[11], NULL, 10);
+    void *ctl = mmap(NULL, ctl_bytes, PROT_READ, MAP_SHARED, fd[0], 0);
+    void *subs = mmap(NULL, subs_bytes, PROT_READ, MAP_SHARED, fd[1], 0);
+    void *client = mmap(NULL, VR_CLIENT_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd[2], 0);
+    void *pool = mmap(NULL, pool_bytes, PROT_READ, MAP_SHARED, fd[3], 0);
+    if (ctl == MAP_FAILED || subs == MAP_FAILED || client == MAP_FAILED || pool == MAP_FAILED) {
+        printf("mmap failed\n");
+        return 1;
+    }
+    const vr_ring_header *h = ctl;
+    vr_ring_info I;
+    if (__atomic_load_n(&h->info.layout_version, __ATOMIC_ACQUIRE) != VR_LAYOUT_VERSION) return 1;
+    memcpy(&I, &h->info, sizeof I); /* immutable once ready; the Rust side validated it */
+    const vr_sub_entry *e = (const vr_sub_entry *)((const char *)subs + sizeof(vr_subs_header)) + index;
+    vr_client_line *cl = client;
+    uint64_t last = __atomic_load_n(&cl->released_seq, __ATOMIC_RELAXED);
+    unsigned char *buf = malloc(I.frame_bytes);
+    ab_len = I.frame_bytes;
+    int rc = vr_read_frames(ctl, &I, e, cl, generation, pool, fd[4], 1, 1, last, buf);
+    printf("rc %d good %llu bad %llu last %llu delivered %llu dropped %llu overruns %llu start %llu\n", rc,
+           (unsigned long long)ab_good, (unsigned long long)ab_bad, (unsigned long long)ab_last,
+           (unsigned long long)cl->delivered, (unsigned long long)cl->dropped,
+           (unsigned long long)cl->overruns, (unsigned long long)last);
+    free(buf);
+    return 0;
+}
+"#;
 
 /// FNV-1a of a packet's bytes; the C program computes the same.
 fn fnv(bytes: &[u8]) -> u64 {
@@ -934,7 +1134,7 @@ fn protocol_md_packets(c: &mut Checks, md: &str) {
     c.push("packet reader pk_behind skipped", "pk_behind.skipped", stats.skipped);
     c.push("packet reader pk_behind overruns", "pk_behind.overruns", stats.overruns);
 
-    // Lossless cursors (section 17.10), in the reader's own entry. From the
+    // Lossless cursors (section 17.10), in the reader's own client region. From the
     // lossless start (keyframe_seq - 1 = 16) it reads 17..=20 and is done
     // with 20; from a cursor past the newest keyframe it resyncs, finds no
     // keyframe after 18, and is done with everything written (20).
@@ -945,9 +1145,9 @@ fn protocol_md_packets(c: &mut Checks, md: &str) {
     ] {
         let _ = writeln!(
             c.prelude,
-            "    vr_sub_entry {name}_e; memset(&{name}_e, 0, sizeof {name}_e); {name}_e.released_seq = {start}u;"
+            "    vr_client_line {name}_e; memset(&{name}_e, 0, sizeof {name}_e); {name}_e.released_seq = {start}u;"
         );
-        let init = format!("{name}.e = &{name}_e; {name}.lossless = 1; vr_packet_join(&{name});");
+        let init = format!("{name}.cl = &{name}_e; {name}.lossless = 1; vr_packet_join(&{name});");
         c_packet_reader(c, name, &init, &steps);
         c.push(
             format!("{name} released_seq"),
@@ -976,24 +1176,28 @@ fn protocol_md_packets(c: &mut Checks, md: &str) {
     c.push("packet params bytes", "pkt_fnv(pkp, pkp_len)", fnv(&got));
 }
 
-/// A zeroed subscriber-table entry with these push words.
-fn push_entry(push_seq: [u64; layout::PUSH_BUFFERS], held: u32) -> Box<SubEntry> {
+/// A zeroed subscriber-table entry with these push words, and a zeroed
+/// client region with this hold.
+fn push_entry(push_seq: [u64; layout::PUSH_BUFFERS], held: u32) -> (Box<SubEntry>, Box<ClientLine>) {
     // SAFETY: `SubEntry` is made of atomic integers only, for which all-zero
     // bytes are a valid value.
     let e: Box<SubEntry> = Box::new(unsafe { std::mem::zeroed() });
+    // SAFETY: as above, for `ClientLine`.
+    let cl: Box<ClientLine> = Box::new(unsafe { std::mem::zeroed() });
     for (w, v) in e.push_seq.iter().zip(push_seq) {
         w.store(v, Ordering::Relaxed);
     }
-    e.push_held.store(held, Ordering::Relaxed);
-    e
+    cl.push_held.store(held, Ordering::Relaxed);
+    (e, cl)
 }
 
 /// Emits C statements that build a `vr_sub_entry` named `name` with these
-/// push words.
+/// push words and a `vr_client_line` named `<name>_c` with this hold.
 fn c_push_entry(c: &mut Checks, name: &str, push_seq: [u64; layout::PUSH_BUFFERS], held: u32) {
     let _ = writeln!(
         c.prelude,
-        "    vr_sub_entry {name}; memset(&{name}, 0, sizeof {name}); {name}.push_held = {held}u;"
+        "    vr_sub_entry {name}; memset(&{name}, 0, sizeof {name});\n\
+         \x20   vr_client_line {name}_c; memset(&{name}_c, 0, sizeof {name}_c); {name}_c.push_held = {held}u;"
     );
     for (k, v) in push_seq.iter().enumerate() {
         let _ = writeln!(c.prelude, "    {name}.push_seq[{k}] = UINT64_C({v:#x});");
@@ -1017,14 +1221,14 @@ fn protocol_md_push(c: &mut Checks, md: &str) {
         ([5, 6 | w, 7], 3, Some(0), 9),
     ];
     for (n, (seqs, held, newest, seq)) in claims.into_iter().enumerate() {
-        let e = push_entry(seqs, held);
-        let k = push::claim_buffer(&e, newest, seq);
+        let (e, cl) = push_entry(seqs, held);
+        let k = push::claim_buffer(&e, &cl, newest, seq);
         let name = format!("claim{n}");
         c_push_entry(c, &name, seqs, held);
         let newest_c = newest.map_or(-1, |k| k as i64);
         let _ = writeln!(
             c.prelude,
-            "    int {name}_k = vr_push_claim(&{name}, {newest_c}, UINT64_C({seq:#x}));"
+            "    int {name}_k = vr_push_claim(&{name}, &{name}_c, {newest_c}, UINT64_C({seq:#x}));"
         );
         // The words right after the claim, before the C code completes it.
         let _ = writeln!(
@@ -1056,8 +1260,9 @@ fn protocol_md_push(c: &mut Checks, md: &str) {
             );
         }
     }
+    let (e, cl) = push_entry([5, 6, 7], 3);
     assert_eq!(
-        push::claim_buffer(&push_entry([5, 6, 7], 3), Some(0), 8),
+        push::claim_buffer(&e, &cl, Some(0), 8),
         Some(1),
         "with 3 buffers, one is neither newest nor held"
     );
@@ -1073,13 +1278,13 @@ fn protocol_md_push(c: &mut Checks, md: &str) {
         ([1 | w, 2 | w, 3 | w], 3, 0),
     ];
     for (n, (seqs, held, after)) in takes.into_iter().enumerate() {
-        let e = push_entry(seqs, held);
-        let got = push::take_newest(&e, after);
+        let (e, cl) = push_entry(seqs, held);
+        let got = push::take_newest(&e, &cl, after);
         let name = format!("take{n}");
         c_push_entry(c, &name, seqs, held);
         let _ = writeln!(
             c.prelude,
-            "    uint64_t {name}_seq = 0; int {name}_k = vr_push_take(&{name}, UINT64_C({after:#x}), &{name}_seq);"
+            "    uint64_t {name}_seq = 0; int {name}_k = vr_push_take(&{name}, &{name}_c, UINT64_C({after:#x}), &{name}_seq);"
         );
         c.push(
             format!("push take #{n} k+1"),
@@ -1093,17 +1298,21 @@ fn protocol_md_push(c: &mut Checks, md: &str) {
         );
         c.push(
             format!("push take #{n} push_held"),
-            format!("{name}.push_held"),
-            e.push_held.load(Ordering::Relaxed),
+            format!("{name}_c.push_held"),
+            cl.push_held.load(Ordering::Relaxed),
         );
     }
 }
 
 fn c_program(c: &Checks) -> String {
     let mut s = String::new();
-    s.push_str("#include <stdio.h>\n#include <stddef.h>\n#include <string.h>\n#include \"vramring.h\"\n\n");
+    // _GNU_SOURCE: Appendix B calls syscall(SYS_futex) and clock_gettime.
+    s.push_str(
+        "#define _GNU_SOURCE\n#include <errno.h>\n#include <stdio.h>\n#include <stddef.h>\n#include <stdlib.h>\n\
+         #include <string.h>\n#include <sys/mman.h>\n#include <sys/socket.h>\n#include <time.h>\n#include \"vramring.h\"\n\n",
+    );
     s.push_str(&c.top);
-    s.push_str("int main(void) {\n");
+    s.push_str("int main(int argc, char **argv) {\n    if (argc == 12 && strcmp(argv[1], \"b\") == 0) return run_appendix_b(argv);\n");
     s.push_str(&c.prelude);
     for k in &c.list {
         let _ = writeln!(
@@ -1171,6 +1380,91 @@ fn scratch_dir() -> PathBuf {
     dir
 }
 
+/// Appendix B's reader, compiled into the C program, reads a lossless
+/// Sequential subscription of a real host publisher: the test does the
+/// handshake, the C program inherits the Welcome's descriptors and the
+/// socket, and the publisher writes more frames than it has slots (so it
+/// waits on the C reader's cursor in its client region, and wakes it through
+/// its own doorbell), then closes. The reader must deliver every frame intact
+/// and in order, keep its counters in its client region, and end with
+/// "producer gone", not "evicted", after the orderly close.
+fn appendix_b_runs_against_a_rust_publisher(exe: &Path, dir: &Path) {
+    use std::os::fd::{AsFd, AsRawFd};
+    use std::time::{Duration, Instant};
+    use vramring::{BackendChoice, FrameMeta, Policy, Publisher, RingConfig};
+    const FRAMES: u64 = 40;
+    let path = dir.join("appendix-b.sock");
+    let mut p = Publisher::create(
+        &path,
+        RingConfig::new(Format::Gray8, 64, 16)
+            .slots(4)
+            .policy(Policy::Lossless)
+            .backend(BackendChoice::Host),
+    )
+    .expect("a lossless host publisher");
+    let sock = transport::connect(&path).expect("connecting");
+    let hello = Hello {
+        flags: msg::HELLO_LOSSLESS | msg::HELLO_SEQUENTIAL,
+        backends: 1 << layout::BACKEND_HOST,
+        name: "appendix-b".into(),
+        device_uuid: [0; 16],
+    };
+    transport::send(sock.as_fd(), &Msg::Hello(hello).encode(), &[]).unwrap();
+    let got = transport::recv(sock.as_fd(), Duration::from_secs(5))
+        .unwrap()
+        .expect("a Welcome");
+    let Ok(Msg::Welcome(w)) = Msg::decode(&got.bytes) else {
+        panic!("expected a Welcome");
+    };
+    assert_eq!(got.fds.len(), 4);
+    let mut args = vec!["b".to_string()];
+    for fd in got.fds.iter().map(|f| f.as_fd()).chain([sock.as_fd()]) {
+        // The child inherits these five descriptors.
+        rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty()).unwrap();
+        args.push(fd.as_raw_fd().to_string());
+    }
+    for v in [
+        w.control_bytes,
+        w.subs_bytes,
+        w.pool_bytes,
+        u64::from(w.index),
+        u64::from(w.generation),
+    ] {
+        args.push(v.to_string());
+    }
+    let mut child = Command::new(exe)
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting the C reader");
+    for _ in 0..FRAMES {
+        let mut slot = p
+            .loan(Duration::from_secs(5))
+            .expect("a loan (the C reader releases its frames)");
+        let seq = slot.seq();
+        vramring::testpattern::fill(slot.bytes_mut().unwrap(), seq);
+        slot.publish(FrameMeta::pts(seq as i64)).unwrap();
+    }
+    p.close().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("Appendix B's reader did not return within 10 s of the publisher's close");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the C reader failed: {text}");
+    assert_eq!(
+        text.trim(),
+        format!("rc 1 good {FRAMES} bad 0 last {FRAMES} delivered {FRAMES} dropped 0 overruns 0 start 0"),
+        "Appendix B's reader: rc 1 is producer gone (2 would be evicted)"
+    );
+    drop(sock);
+}
+
 #[test]
 fn c_header_matches_the_rust_layout_and_messages() {
     let mut checks = Checks::default();
@@ -1178,6 +1472,7 @@ fn c_header_matches_the_rust_layout_and_messages() {
     packet_layout(&mut checks);
     constants(&mut checks);
     messages(&mut checks);
+    live_welcome(&mut checks);
     protocol_md_code(&mut checks);
 
     let dir = scratch_dir();
@@ -1209,6 +1504,7 @@ fn c_header_matches_the_rust_layout_and_messages() {
         checks.list.len(),
         failures.join("\n  ")
     );
+    appendix_b_runs_against_a_rust_publisher(&dir.join("c_layout"), &dir);
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!("{} layout, constant and message checks agree", checks.list.len());
 }

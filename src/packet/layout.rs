@@ -140,7 +140,9 @@ pub struct PacketHeader {
     /// Producer state, heartbeat and counters: the frame ring's
     /// [`ProducerLine`], with `published` counting packets.
     pub producer: ProducerLine,
-    /// The futex word readers park on: the frame ring's [`DoorbellLine`].
+    /// Reserved (zero): the frame ring's [`DoorbellLine`]. Readers park on
+    /// the doorbell of their own client region
+    /// ([`crate::layout::ClientLine`]).
     pub doorbell: DoorbellLine,
     /// Codec parameters.
     pub params: ParamsArea,

@@ -19,7 +19,8 @@ pub const MAX_MSG_BYTES: usize = 256;
 
 /// `kind`: subscriber → publisher, first message.
 pub const KIND_HELLO: u32 = 1;
-/// `kind`: publisher → subscriber, with 3 descriptors.
+/// `kind`: publisher → subscriber, with 4 descriptors (frame ring, pull),
+/// or 3 (frame ring, push; packet ring).
 pub const KIND_WELCOME: u32 = 2;
 /// `kind`: publisher → subscriber, then the publisher closes.
 pub const KIND_REJECT: u32 = 3;
