@@ -109,7 +109,10 @@ impl Conn {
                 Ok(None) => return false,
                 Ok(Some(m)) => match Msg::decode(&m.bytes) {
                     Ok(Msg::Reject(n)) | Ok(Msg::Evicted(n)) => {
-                        rep.put("publisher_said", format!("code {} {}", n.code, n.reason.replace(' ', "_")));
+                        rep.put(
+                            "publisher_said",
+                            format!("code {} {}", n.code, n.reason.replace(' ', "_")),
+                        );
                         return true;
                     }
                     Ok(Msg::Bye) => {
@@ -187,7 +190,7 @@ fn others(table: &Map, own: u32) -> Vec<usize> {
         .collect()
 }
 
-/// 1. Write the pool without a WRITE grant: a shared writable mapping of
+/// Attack 1: Write the pool without a WRITE grant: a shared writable mapping of
 /// every descriptor, scribbled on when it is the pool; `pwrite` too.
 fn pool_write(socket: &Path, dur: Duration, rep: &mut Report) {
     let c = join(socket, 0, "attacker-pool");
@@ -212,14 +215,15 @@ fn pool_write(socket: &Path, dur: Duration, rep: &mut Report) {
     rep.put("rounds", rounds);
 }
 
-/// 2. Corrupt other readers' push delivery: claim every buffer of every
-/// other push reader holds the next frame.
+/// Attack 2: Corrupt other readers' push delivery: label every buffer of every
+/// other push reader with the next seq before it is published, so that at
+/// the next publish two of its three buffers claim a frame they do not hold.
 fn push_seq(socket: &Path, dur: Duration, rep: &mut Report) {
     let c = join(socket, 0, "attacker-pushseq");
     let ctl = c.control();
     let table = c.map(Role::Table, true, rep, "mmap_rw_table");
     let mut writes = 0u64;
-    every(dur, Duration::from_micros(300), || {
+    every(dur, Duration::from_micros(200), || {
         let Some(t) = &table else { return };
         let g = ctl.read64(layout::CTRL_GLOBAL_SEQ).unwrap_or(0);
         for e in others(t, c.welcome.index) {
@@ -227,15 +231,18 @@ fn push_seq(socket: &Path, dur: Duration, rep: &mut Report) {
                 continue;
             }
             for k in 0..layout::PUSH_BUFFERS as usize {
-                t.write64(e + layout::ENTRY_PUSH_SEQ + 8 * k, g + 1 + k as u64);
-                writes += 1;
+                let off = e + layout::ENTRY_PUSH_SEQ + 8 * k;
+                if t.read64(off).unwrap_or(0) <= g {
+                    t.write64(off, g + 1);
+                    writes += 1;
+                }
             }
         }
     });
     rep.put("writes", writes);
 }
 
-/// 3. Kick every other subscriber: bump their entries' generation.
+/// Attack 3: Kick every other subscriber: bump their entries' generation.
 fn generation(socket: &Path, dur: Duration, rep: &mut Report) {
     let c = join(socket, 0, "attacker-gen");
     let table = c.map(Role::Table, true, rep, "mmap_rw_table");
@@ -251,7 +258,7 @@ fn generation(socket: &Path, dur: Duration, rep: &mut Report) {
     rep.put("writes", writes);
 }
 
-/// 4. Get honest readers evicted: mark them lossless.
+/// Attack 4: Get honest readers evicted: mark them lossless.
 fn lossless_flag(socket: &Path, dur: Duration, rep: &mut Report) {
     let c = join(socket, 0, "attacker-flag");
     let table = c.map(Role::Table, true, rep, "mmap_rw_table");
@@ -269,7 +276,7 @@ fn lossless_flag(socket: &Path, dur: Duration, rep: &mut Report) {
     rep.put("writes", writes);
 }
 
-/// 5. A lossless reader that never releases and flips its own generation
+/// Attack 5: A lossless reader that never releases and flips its own generation
 /// back and forth, to stall the publisher without being evicted.
 fn generation_flip(socket: &Path, dur: Duration, rep: &mut Report) {
     let c = join(socket, msg::HELLO_LOSSLESS, "attacker-flip");
@@ -289,7 +296,7 @@ fn generation_flip(socket: &Path, dur: Duration, rep: &mut Report) {
     rep.put("evicted_or_closed", closed);
 }
 
-/// 6. Ghost entries: leave, then mark every free entry ACTIVE.
+/// Attack 6: Ghost entries: leave, then mark every free entry ACTIVE.
 fn ghost_entries(socket: &Path, dur: Duration, rep: &mut Report) {
     let c = join(socket, 0, "attacker-ghost");
     let table = c.map(Role::Table, true, rep, "mmap_rw_table");
@@ -320,7 +327,7 @@ fn ghost_entries(socket: &Path, dur: Duration, rep: &mut Report) {
     drop(fds);
 }
 
-/// 7. `fallocate(PUNCH_HOLE)`, `ftruncate` and `write` on every received
+/// Attack 7: `fallocate(PUNCH_HOLE)`, `ftruncate` and `write` on every received
 /// descriptor, the punch repeated through the attack.
 fn fd_syscalls(socket: &Path, dur: Duration, rep: &mut Report) {
     let c = join(socket, 0, "attacker-fdsys");
@@ -382,7 +389,7 @@ fn hold_until(c: &Conn, end: Instant, rep: &mut Report) {
     std::thread::sleep(end.saturating_duration_since(Instant::now()));
 }
 
-/// 8a. Attach flood: many well-formed push Attach messages, each with its
+/// Attack 8a: Attach flood: many well-formed push Attach messages, each with its
 /// own buffers, on one connection.
 fn attach_flood(socket: &Path, dur: Duration, rep: &mut Report) {
     const N: usize = 300;
@@ -402,7 +409,7 @@ fn attach_flood(socket: &Path, dur: Duration, rep: &mut Report) {
     hold_until(&c, end, rep);
 }
 
-/// 8b. Attach with a giant sparse `bytes` (1 TiB each), repeated.
+/// Attack 8b: Attach with a giant sparse `bytes` (1 TiB each), repeated.
 fn attach_giant(socket: &Path, dur: Duration, rep: &mut Report) {
     const N: usize = 24;
     const GIANT: u64 = 1 << 40;
@@ -436,13 +443,17 @@ fn own_push_held(socket: &Path, dur: Duration, rep: &mut Report) {
     let table = c.map(Role::Table, true, rep, "mmap_rw_table");
     let own = table.as_ref().and_then(|t| layout::entry_offset(t, c.welcome.index));
     let mut n = 0u32;
-    every(end.saturating_duration_since(Instant::now()), Duration::from_micros(200), || {
-        if let (Some(t), Some(e)) = (&table, own) {
-            let v = [4, 0xffff_ffff, 1, 2, 3, 0x8000_0001][n as usize % 6];
-            t.write32(e + layout::ENTRY_PUSH_HELD, v);
-            n += 1;
-        }
-    });
+    every(
+        end.saturating_duration_since(Instant::now()),
+        Duration::from_micros(200),
+        || {
+            if let (Some(t), Some(e)) = (&table, own) {
+                let v = [4, 0xffff_ffff, 1, 2, 3, 0x8000_0001][n as usize % 6];
+                t.write32(e + layout::ENTRY_PUSH_HELD, v);
+                n += 1;
+            }
+        },
+    );
     rep.put("writes", n);
 }
 
@@ -549,9 +560,15 @@ fn message_flood(socket: &Path, dur: Duration, rep: &mut Report) {
 /// read after that must say Evicted.
 fn slow_lossless(socket: &Path, dur: Duration, rep: &mut Report) {
     use vramring::{Error, Subscriber, SubscriberOptions};
-    let mut sub = Subscriber::connect(socket, SubscriberOptions::default().name("slow-lossless").lossless(true))
-        .expect("slow reader connect");
-    let first = sub.next(Duration::from_secs(5)).map(|f| f.seq()).expect("a first frame");
+    let mut sub = Subscriber::connect(
+        socket,
+        SubscriberOptions::default().name("slow-lossless").lossless(true),
+    )
+    .expect("slow reader connect");
+    let first = sub
+        .next(Duration::from_secs(5))
+        .map(|f| f.seq())
+        .expect("a first frame");
     rep.put("first_seq", first);
     // Holds nothing across the sleep except its cursor: the lossless
     // reader is "done with" only what it released, so the publisher waits.

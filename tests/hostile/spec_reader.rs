@@ -23,6 +23,7 @@ use super::map::Map;
 const READERS: usize = 4;
 const SPIN: Duration = Duration::from_micros(50);
 const SLICE: Duration = Duration::from_millis(20);
+const PREEMPTED: Duration = Duration::from_millis(2);
 
 #[derive(Debug, PartialEq, Eq)]
 enum Wait {
@@ -135,6 +136,10 @@ fn wait(
         }
         // 3e.
         futex_wait(doorbell, bell, (deadline - now).min(SLICE));
+        // A reader may be preempted between any two steps; this one is, for
+        // 2 ms, right after it wakes (so the outcome does not hang on a race
+        // with the publisher's close).
+        std::thread::sleep(PREEMPTED);
         // 3f.
         if writable_parked {
             parked.store(0, Ordering::Relaxed);
@@ -170,7 +175,9 @@ fn table_is_writable(table: &Map) -> bool {
 /// Runs the readers until the ring ends (or `budget` passes).
 pub fn run(socket: &Path, budget: Duration, rep: &mut Report) {
     let ends: Vec<String> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..READERS).map(|k| s.spawn(move || reader(socket, k, budget))).collect();
+        let hs: Vec<_> = (0..READERS)
+            .map(|k| s.spawn(move || reader(socket, k, budget)))
+            .collect();
         hs.into_iter().map(|h| h.join().expect("spec reader thread")).collect()
     });
     for (k, e) in ends.iter().enumerate() {
