@@ -661,15 +661,30 @@ fn message_flood_closes_the_connection() {
 /// on its very next read, and must not write into its freed entry (which a
 /// newcomer then gets). The slow lossless reader holds past the lease; a
 /// lossless newcomer joins after the eviction and must see no drop or
-/// overrun. v1: the evicted reader keeps getting frames.
+/// overrun. The slow reader follows `proto/PROTOCOL.md` §11–§12 literally
+/// (`hostile/spec_reader.rs`). v1: its first read after the eviction
+/// delivers a frame (liveness is only checked after an empty slice), and it
+/// keeps releasing into the entry the newcomer got.
 #[test]
 fn evicted_reader_notices_on_next_read_while_frames_arrive() {
+    evicted_reader_scenario("evicted-notice-spec", "spec_lossless");
+}
+
+/// The same with the Rust `Subscriber` as the slow lossless reader (it
+/// already notices on v1: it checks its entry when it finds its next frame
+/// overwritten); guards that v2 keeps it so.
+#[test]
+fn evicted_rust_subscriber_notices_on_next_read() {
+    evicted_reader_scenario("evicted-notice-rust", "slow_lossless");
+}
+
+fn evicted_reader_scenario(name: &str, attack: &str) {
     let allow = ONE_LOSSLESS_STALL;
-    let mut rig = Rig::start("evicted-notice");
+    let mut rig = Rig::start(name);
     let hold = LEASE_MS + 1000;
     let (a, joiner) = run_attack(
         &mut rig,
-        "slow_lossless",
+        attack,
         hold,
         allow,
         Some((
@@ -705,11 +720,12 @@ fn evicted_reader_notices_on_next_read_while_frames_arrive() {
         None => problems.push("the newcomer was never started".into()),
     }
     rig.problems.extend(problems);
-    finish(rig, allow, "evicted-notice", Some(&a));
+    finish(rig, allow, name, Some(&a));
 }
 
 /// Spec finding: at an orderly close, readers following `proto/PROTOCOL.md`
-/// literally (§12, four at once, parked on the doorbell between frames) end
+/// literally (§12, four at once, parked on the doorbell between frames and
+/// preempted for 30 ms after each wake, as any reader may be) end
 /// with ProducerGone, never "evicted"; so do the honest consumers.
 #[test]
 fn orderly_close_ends_spec_readers_with_producer_gone() {

@@ -164,6 +164,7 @@ pub fn run() {
         "slow_lossless" => slow_lossless(&socket, dur, &mut rep),
         "packet_stall" => packet_stall(&socket, dur, &mut rep),
         "spec_reader" => super::spec_reader::run(&socket, dur, &mut rep),
+        "spec_lossless" => super::spec_reader::lossless(&socket, dur, &mut rep),
         other => panic!("unknown attack {other:?}"),
     }
     rep.save(&result);

@@ -25,8 +25,18 @@ pub const TABLE_MAGIC: &[u8; 8] = b"VRSUBTAB";
 pub const BACKENDS_HOST: u32 = 1 << 1;
 
 // --- control region (`RingHeader`) ---------------------------------------
+/// `info.slot_count` (u32).
+pub const CTRL_SLOT_COUNT: usize = 32;
+/// `info.slots_offset` (u64): where `SlotDesc` 0 starts.
+pub const CTRL_SLOTS_OFFSET: usize = 40;
 /// `info.frame_bytes` (u64).
 pub const CTRL_FRAME_BYTES: usize = 200;
+/// `info.slot_stride` (u64).
+pub const CTRL_SLOT_STRIDE: usize = 208;
+/// Bytes of a `SlotDesc`; its `seq` (u64) is at offset 0.
+pub const SLOT_DESC_BYTES: usize = 128;
+/// Slot seq bit: being written.
+pub const SEQ_WRITING: u64 = 1 << 63;
 /// `producer.state` (u32).
 pub const CTRL_PRODUCER_STATE: usize = 256;
 /// `seq.global_seq` (u64).

@@ -91,6 +91,17 @@ impl Map {
             a.store(v, Ordering::Release);
         }
     }
+    /// A copy of `len` bytes at `off` (clamped to the mapping). The other
+    /// side may write them meanwhile: the caller validates afterwards.
+    pub fn copy_out(&self, off: usize, len: usize) -> Vec<u8> {
+        let len = len.min(self.len.saturating_sub(off));
+        let mut out = vec![0u8; len];
+        // SAFETY: `off + len <= self.len`, inside a live mapping, into our
+        // own buffer. A racy copy of shared bytes, validated by the caller
+        // with the slot's seqlock as the protocol says (PROTOCOL.md §11).
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), out.as_mut_ptr(), len) };
+        out
+    }
     /// Writes `byte` over every `step`-th byte of the mapping.
     pub fn scribble(&self, byte: u8, step: usize) {
         if !self.writable {

@@ -23,7 +23,7 @@ use super::map::Map;
 const READERS: usize = 4;
 const SPIN: Duration = Duration::from_micros(50);
 const SLICE: Duration = Duration::from_millis(20);
-const PREEMPTED: Duration = Duration::from_millis(2);
+const PREEMPTED: Duration = Duration::from_millis(30);
 
 #[derive(Debug, PartialEq, Eq)]
 enum Wait {
@@ -137,7 +137,7 @@ fn wait(
         // 3e.
         futex_wait(doorbell, bell, (deadline - now).min(SLICE));
         // A reader may be preempted between any two steps; this one is, for
-        // 2 ms, right after it wakes (so the outcome does not hang on a race
+        // 30 ms, right after it wakes (so the outcome does not hang on a race
         // with the publisher's close).
         std::thread::sleep(PREEMPTED);
         // 3f.
@@ -170,6 +170,94 @@ fn wait(
 
 fn table_is_writable(table: &Map) -> bool {
     table.writable()
+}
+
+/// A lossless Sequential reader per §11 (pull, copy, validate after the
+/// copy, release): reads one frame, holds for `hold` (past the lease, so
+/// the publisher evicts it while frames keep coming), then reads again for
+/// a second. Records what its first read after the hold returned and how
+/// many frames it delivered (and released into its entry) after that.
+pub fn lossless(socket: &Path, hold: Duration, rep: &mut Report) {
+    use vramring::socket::msg;
+    let c = join(socket, msg::HELLO_LOSSLESS | msg::HELLO_SEQUENTIAL, "spec-lossless");
+    let ctl = c.control();
+    let table_fd = c.fds.get(Role::Table).expect("a subscriber table");
+    let table = Map::new(table_fd, layout::size_of_fd(table_fd), true)
+        .or_else(|_| Map::new(table_fd, layout::size_of_fd(table_fd), false))
+        .expect("mapping the subscriber table");
+    let pool_fd = c.fds.get(Role::Pool).expect("a pool");
+    let pool = Map::new(pool_fd, layout::size_of_fd(pool_fd), false).expect("mapping the pool read-only");
+    let entry = layout::entry_offset(&table, c.welcome.index).expect("own entry");
+    let (_, _, released_off) = layout::own_words(&table, c.welcome.index).expect("own words");
+    let generation = c.welcome.generation;
+    let g = || ctl.read64(layout::CTRL_GLOBAL_SEQ).unwrap_or(0);
+    let doorbell = ctl.u32(layout::CTRL_DOORBELL).expect("doorbell");
+    let slot_count = u64::from(ctl.read32(layout::CTRL_SLOT_COUNT).expect("slot_count")).max(1);
+    let slots_off = ctl.read64(layout::CTRL_SLOTS_OFFSET).expect("slots_offset") as usize;
+    let stride = ctl.read64(layout::CTRL_SLOT_STRIDE).expect("slot_stride") as usize;
+    let frame = ctl.read64(layout::CTRL_FRAME_BYTES).expect("frame_bytes") as usize;
+    // §4.2: a lossless reader starts at the cursor the publisher set.
+    let mut last = table.read64(released_off).unwrap_or(0);
+    let mut torn = 0u64;
+    // One read; `Ok(seq)` delivered, `Err(end)` otherwise.
+    let mut read = |last: &mut u64| -> Result<u64, &'static str> {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            match wait(&c, &ctl, &table, entry, generation, doorbell, *last, deadline, &g) {
+                Wait::Seq(_) => {}
+                Wait::ProducerGone => return Err("producer-gone"),
+                Wait::Evicted => return Err("evicted"),
+                Wait::TimedOut => return Err("timeout"),
+            }
+            let seq = *last + 1;
+            let slot = slots_off + ((seq & (slot_count - 1)) as usize) * layout::SLOT_DESC_BYTES;
+            let v = ctl.read64(slot).unwrap_or(0);
+            if v & layout::SEQ_WRITING != 0 || v > seq {
+                // 3: overwritten before we started (Sequential): dropped.
+                *last = seq;
+                continue;
+            }
+            if v < seq {
+                continue;
+            }
+            let bytes = pool.copy_out(((seq & (slot_count - 1)) as usize) * stride, frame);
+            std::sync::atomic::fence(Ordering::Acquire);
+            if ctl.read64(slot).unwrap_or(0) != seq {
+                // 6: overrun.
+                *last = seq;
+                continue;
+            }
+            if vramring::testpattern::verify(&bytes, seq).is_err() {
+                torn += 1;
+            }
+            // 7: deliver and release.
+            *last = seq;
+            table.write64(released_off, seq);
+            return Ok(seq);
+        }
+    };
+    let first = read(&mut last);
+    rep.put("first", format!("{first:?}").replace(' ', "_"));
+    std::thread::sleep(hold);
+    let mut first_after = String::new();
+    let mut after = 0u64;
+    let end = Instant::now() + Duration::from_millis(1000);
+    while Instant::now() < end {
+        let r = read(&mut last);
+        if first_after.is_empty() {
+            first_after = match r {
+                Ok(_) => "frame".into(),
+                Err(e) => e.into(),
+            };
+        }
+        match r {
+            Ok(_) => after += 1,
+            Err(_) => break,
+        }
+    }
+    rep.put("first_read_after_hold", first_after);
+    rep.put("frames_after_hold", after);
+    rep.put("torn", torn);
 }
 
 /// Runs the readers until the ring ends (or `budget` passes).
