@@ -175,6 +175,10 @@ struct Rig {
 
 impl Rig {
     fn start(name: &str) -> Rig {
+        Rig::start_at(name, FPS)
+    }
+
+    fn start_at(name: &str, fps: u64) -> Rig {
         let gate = slot();
         let dir = TempDir::new(&format!("hostile-{name}"));
         let socket = dir.join("ring.sock");
@@ -190,7 +194,7 @@ impl Rig {
             "--height",
             "120",
         ]);
-        c.args(["--slots", "8", "--fps", &FPS.to_string(), "--policy", "lossless"]);
+        c.args(["--slots", "8", "--fps", &fps.to_string(), "--policy", "lossless"]);
         c.args([
             "--lossless-lease-ms",
             &LEASE_MS.to_string(),
@@ -392,30 +396,30 @@ fn run_attack(
 /// The newcomer, the orderly close and the honest consumers' results.
 fn finish(mut rig: Rig, allow: Allow, what: &str, attacker: Option<&Attacker>) {
     if rig.producer.try_wait().is_none() {
-        newcomer_joins(&mut rig);
+        newcomer_joins(&mut rig, 30);
     }
     close_and_check(rig, allow, what, attacker);
 }
 
-/// A newcomer joins and reads 30 verified frames.
-fn newcomer_joins(rig: &mut Rig) {
+/// A newcomer joins and reads `frames` verified frames.
+fn newcomer_joins(rig: &mut Rig, frames: u64) {
     let mut newcomer = consumer(
         &rig.dir,
         &rig.socket,
         "newcomer",
         &["--mode", "sequential"],
-        &["--frames", "30"],
+        &["--frames", &frames.to_string()],
     );
     let done = wait_for(Duration::from_secs(10), || newcomer.try_wait().is_some());
     match newcomer.try_wait() {
         Some(st) if st.success() => {
             let f = last_event(&newcomer, "final");
-            if f.as_ref().and_then(|j| j.u64("delivered")) != Some(30) || f.and_then(|j| j.u64("torn")) != Some(0) {
+            if f.as_ref().and_then(|j| j.u64("delivered")) != Some(frames) || f.and_then(|j| j.u64("torn")) != Some(0) {
                 rig.problem(format!("the newcomer read badly:\n{}", tail(&newcomer.output())));
             }
         }
         _ => rig.problem(format!(
-            "a newcomer could not join and read 30 frames after the attack ({}):\n{}",
+            "a newcomer could not join and read {frames} frames after the attack ({}):\n{}",
             if done { "it failed" } else { "it hung" },
             tail(&newcomer.output())
         )),
@@ -724,13 +728,14 @@ fn evicted_reader_scenario(name: &str, attack: &str) {
 }
 
 /// Spec finding: at an orderly close, readers following `proto/PROTOCOL.md`
-/// literally (§12, four at once, parked on the doorbell between frames and
-/// preempted for 30 ms after each wake, as any reader may be) end
+/// literally (§12, eight at once, parked on the doorbell between frames and
+/// preempted for 30 ms between steps 3f and 3g, as any reader may be) end
 /// with ProducerGone, never "evicted"; so do the honest consumers.
 #[test]
 fn orderly_close_ends_spec_readers_with_producer_gone() {
-    let mut rig = Rig::start("orderly-close");
-    newcomer_joins(&mut rig);
+    // 10 fps: between frames the readers are parked, as on an idle ring.
+    let mut rig = Rig::start_at("orderly-close", 10);
+    newcomer_joins(&mut rig, 10);
     let result = rig.dir.join("spec.result");
     let env = vec![
         (attacks::ATTACK, "spec_reader".to_owned()),
@@ -739,13 +744,17 @@ fn orderly_close_ends_spec_readers_with_producer_gone() {
         (attacks::MILLIS, "20000".to_owned()),
     ];
     let mut spec = common::spawn(&rig.dir, "spec-readers", common::self_command(&[], "spec", &env));
-    std::thread::sleep(Duration::from_millis(800));
+    let joined = wait_for(Duration::from_secs(10), || {
+        last_event(&rig.producer, "status").and_then(|j| j.u64("subscribers")) >= Some(4 + spec_reader::READERS as u64)
+    });
+    assert!(joined, "the spec readers did not connect:\n{}", spec.output());
+    std::thread::sleep(Duration::from_millis(300));
     rig.producer.interrupt();
     spec.wait_success(Instant::now() + Duration::from_secs(15));
     let report = std::fs::read_to_string(&result).unwrap_or_default();
     eprintln!("spec readers: {report}");
     let evicted: Vec<&str> = report.lines().filter(|l| l.ends_with(" evicted")).collect();
-    if !evicted.is_empty() || !report.contains("producer_gone 4") {
+    if !evicted.is_empty() || !report.contains(&format!("producer_gone {}", spec_reader::READERS)) {
         rig.problem(format!(
             "spec-following readers did not all see ProducerGone at the orderly close: {}",
             report.replace('\n', "; ")

@@ -1,6 +1,6 @@
 //! A reader written from `proto/PROTOCOL.md` alone (no vramring client
 //! code): the §12 wait loop, step by step, on the raw mappings, run by
-//! several threads at once, each on its own connection. It only follows the
+//! [`READERS`] threads at once, each on its own connection. It only follows the
 //! ring (Latest: it remembers the newest seq) and reports how its last wait
 //! ended: `producer-gone` (3a, or Bye/EOF in 3g) or `evicted` (3g).
 //!
@@ -20,7 +20,7 @@ use super::layout::{self, Role};
 use super::map::Map;
 
 /// Readers (threads, each its own connection).
-const READERS: usize = 4;
+pub const READERS: usize = 8;
 const SPIN: Duration = Duration::from_micros(50);
 const SLICE: Duration = Duration::from_millis(20);
 const PREEMPTED: Duration = Duration::from_millis(30);
@@ -136,10 +136,6 @@ fn wait(
         }
         // 3e.
         futex_wait(doorbell, bell, (deadline - now).min(SLICE));
-        // A reader may be preempted between any two steps; this one is, for
-        // 30 ms, right after it wakes (so the outcome does not hang on a race
-        // with the publisher's close).
-        std::thread::sleep(PREEMPTED);
         // 3f.
         if writable_parked {
             parked.store(0, Ordering::Relaxed);
@@ -148,6 +144,10 @@ fn wait(
         if s > after {
             return Wait::Seq(s);
         }
+        // A reader may be preempted between any two steps; this one is, for
+        // a while, between 3f and 3g (so the outcome does not hang on a race
+        // with the publisher's close).
+        std::thread::sleep(PREEMPTED);
         // 3g.
         let state = table.read32(entry + layout::ENTRY_STATE);
         let gen_now = table.read32(entry + layout::ENTRY_GENERATION);
