@@ -8,9 +8,9 @@
 //! * every honest consumer exits cleanly with 0 torn frames, its gaps
 //!   counted (lossless: none), read to the end, and ended by `ProducerGone`
 //!   at the producer's orderly close (never `Evicted`);
-//! * the producer kept ≥ 80 % of its pre-attack rate through the attack
+//! * the producer kept ≥ 60 % of its pre-attack rate through the attack
 //!   (less the lease, where the attacker is a lossless reader that may be
-//!   evicted once) and evicted nobody else;
+//!   evicted once) and evicted nobody but the attacker;
 //! * the producer's descriptors and mappings return to the pre-attack
 //!   count (± small slack) after the attacker leaves, and stay bounded
 //!   during the attack where the attack is about resources;
@@ -64,6 +64,11 @@ const MAPS_SLACK: usize = 6;
 /// (a per-connection cap, a few pending handshakes).
 const FD_BOUND: usize = 256;
 const MAPS_BOUND: usize = 64;
+/// Fraction of its pre-attack rate the producer must keep through an
+/// attack. 0.6, not 0.8: on a loaded 2-core machine the control (an idle
+/// attacker) was seen at 0.69; every rate harm seen on v1 is below 0.3
+/// (attach floods are caught by the mapping bound as well).
+const MIN_RATE_FRACTION: f64 = 0.6;
 /// Address space an attack may make the producer map at once.
 const VM_BOUND_KB: u64 = 1 << 20;
 
@@ -288,7 +293,15 @@ struct Allow {
     evictions: u64,
 }
 
+/// No stall; the attacker itself may be evicted or refused (a publisher
+/// that closes a misbehaving connection with a typed notice may count it as
+/// an eviction); nobody else.
 const STRICT: Allow = Allow {
+    stall_ms: 0,
+    evictions: 1,
+};
+/// The control: nobody evicted.
+const NOTHING: Allow = Allow {
     stall_ms: 0,
     evictions: 0,
 };
@@ -353,7 +366,7 @@ fn run_attack(
         .collect();
     eprintln!("[{attack}] attacker reported {report:?}");
     eprintln!("[{attack}] producer usage before {base:?}, peak {peak:?}");
-    let min_rate = 0.8 * base_rate * (window - allow.stall_ms as f64 / 1000.0).max(0.0) / window;
+    let min_rate = MIN_RATE_FRACTION * base_rate * (window - allow.stall_ms as f64 / 1000.0).max(0.0) / window;
     eprintln!("[{attack}] rate before {base_rate:.1} fps, during {attack_rate:.1} fps (at least {min_rate:.1} wanted)");
     if attack_rate < min_rate {
         rig.problem(format!(
@@ -538,7 +551,7 @@ fn refused_or(a: &Attacker, key: &str) -> bool {
 /// on v1 and v2; proves the checks are not what fails the other tests.
 #[test]
 fn control_no_attack_all_health_checks_pass() {
-    scenario("control", "idle", 1500, STRICT);
+    scenario("control", "idle", 1500, NOTHING);
 }
 
 /// Attack 1: The pool written without a WRITE grant (shared writable `mmap` of
@@ -765,7 +778,7 @@ fn orderly_close_ends_spec_readers_with_producer_gone() {
             report.replace('\n', "; ")
         ));
     }
-    close_and_check(rig, STRICT, "orderly-close", None);
+    close_and_check(rig, NOTHING, "orderly-close", None);
 }
 
 /// Attack 9: Packet ring: a lossless packet reader that stops reading must be
