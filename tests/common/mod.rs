@@ -91,6 +91,10 @@ impl ChildProc {
             self.output()
         );
     }
+    /// The child's process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
     /// What the child printed (stdout and stderr).
     pub fn output(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

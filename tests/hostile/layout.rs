@@ -1,0 +1,173 @@
+//! Every protocol-version-specific fact the hostile suite relies on, in one
+//! place, so that a new protocol version only needs this file adapted:
+//! byte offsets inside the shared regions, which Hello flags ask for what,
+//! how the attacker finds its own writable words, and how a descriptor from
+//! a Welcome is recognised (by its content, not by its index).
+//!
+//! Today (protocol v1) the Welcome carries three descriptors (control
+//! region, subscriber table, pool); the subscriber table holds every
+//! subscriber's entry and every subscriber maps it writable. Under v2 the
+//! table is publisher-written and read-only, and each connection has its own
+//! small writable region: adapt [`own_words`] and the `ENTRY_*` offsets.
+
+#![allow(dead_code)]
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use super::map::Map;
+
+/// Bytes at offset 0 of the control region.
+pub const CONTROL_MAGIC: &[u8; 8] = b"VRAMRING";
+/// Bytes at offset 0 of the subscriber table.
+pub const TABLE_MAGIC: &[u8; 8] = b"VRSUBTAB";
+
+/// `Hello.backends` bit of the host backend (`1 << BACKEND_HOST`).
+pub const BACKENDS_HOST: u32 = 1 << 1;
+
+// --- control region (`RingHeader`) ---------------------------------------
+/// `info.slot_count` (u32).
+pub const CTRL_SLOT_COUNT: usize = 32;
+/// `info.slots_offset` (u64): where `SlotDesc` 0 starts.
+pub const CTRL_SLOTS_OFFSET: usize = 40;
+/// `info.frame_bytes` (u64).
+pub const CTRL_FRAME_BYTES: usize = 200;
+/// `info.slot_stride` (u64).
+pub const CTRL_SLOT_STRIDE: usize = 208;
+/// Bytes of a `SlotDesc`; its `seq` (u64) is at offset 0.
+pub const SLOT_DESC_BYTES: usize = 128;
+/// Slot seq bit: being written.
+pub const SEQ_WRITING: u64 = 1 << 63;
+/// `producer.state` (u32).
+pub const CTRL_PRODUCER_STATE: usize = 256;
+/// `seq.global_seq` (u64).
+pub const CTRL_GLOBAL_SEQ: usize = 384;
+/// `doorbell.doorbell` (u32).
+pub const CTRL_DOORBELL: usize = 512;
+/// `producer.state` value: closed in order.
+pub const PRODUCER_CLOSED: u32 = 2;
+
+// --- subscriber table (`SubsHeader`, then `SubEntry`s) ---------------------
+/// `max_subscribers` (u32).
+pub const TAB_MAX_SUBSCRIBERS: usize = 12;
+/// `entry_bytes` (u32).
+pub const TAB_ENTRY_BYTES: usize = 24;
+/// `entries_offset` (u32).
+pub const TAB_ENTRIES_OFFSET: usize = 28;
+
+/// `SubEntry.state` (u32).
+pub const ENTRY_STATE: usize = 0;
+/// `SubEntry.flags` (u32).
+pub const ENTRY_FLAGS: usize = 4;
+/// `SubEntry.generation` (u32).
+pub const ENTRY_GENERATION: usize = 8;
+/// `SubEntry.parked` (u32).
+pub const ENTRY_PARKED: usize = 12;
+/// `SubEntry.released_seq` (u64).
+pub const ENTRY_RELEASED_SEQ: usize = 16;
+/// `SubEntry.push_seq[3]` (u64 each).
+pub const ENTRY_PUSH_SEQ: usize = 96;
+/// `SubEntry.push_held` (u32).
+pub const ENTRY_PUSH_HELD: usize = 120;
+/// `SubEntry.push_count` (u32).
+pub const ENTRY_PUSH_COUNT: usize = 124;
+
+/// `SubEntry.state` values.
+pub const STATE_FREE: u32 = 0;
+/// Assigned to a connected subscriber.
+pub const STATE_ACTIVE: u32 = 1;
+/// `SubEntry.flags`: lossless.
+pub const FLAG_LOSSLESS: u32 = 1;
+/// Push buffers per subscriber.
+pub const PUSH_BUFFERS: u32 = 3;
+/// Alignment the honest subscriber uses for its push-buffer stride.
+pub const PUSH_STRIDE_ALIGN: u64 = 256;
+
+/// What a received descriptor is, told by its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The control region (`VRAMRING`).
+    Control,
+    /// The subscriber table (`VRSUBTAB`).
+    Table,
+    /// The frame pool (the Welcome's `pool_bytes` long, no magic).
+    Pool,
+    /// Anything else (e.g. a v2 per-connection region).
+    Other,
+}
+
+impl Role {
+    /// A short name for result files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Control => "control",
+            Role::Table => "table",
+            Role::Pool => "pool",
+            Role::Other => "other",
+        }
+    }
+}
+
+/// Bytes of the file behind `fd`.
+pub fn size_of_fd(fd: BorrowedFd<'_>) -> u64 {
+    rustix::fs::fstat(fd).map_or(0, |st| st.st_size as u64)
+}
+
+/// Classifies a descriptor by its magic (read with `pread`, which works on
+/// read-only descriptors too) and, for the pool, by its size.
+pub fn classify(fd: BorrowedFd<'_>, pool_bytes: u64) -> Role {
+    let mut head = [0u8; 8];
+    let n = rustix::io::pread(fd, &mut head, 0).unwrap_or(0);
+    if n == 8 && &head == CONTROL_MAGIC {
+        Role::Control
+    } else if n == 8 && &head == TABLE_MAGIC {
+        Role::Table
+    } else if size_of_fd(fd) == pool_bytes {
+        Role::Pool
+    } else {
+        Role::Other
+    }
+}
+
+/// The descriptors of a Welcome, sorted by role.
+#[derive(Debug, Default)]
+pub struct Fds {
+    /// `(role, fd)` in the order received.
+    pub all: Vec<(Role, OwnedFd)>,
+}
+
+impl Fds {
+    /// Sorts `fds` by content.
+    pub fn new(fds: Vec<OwnedFd>, pool_bytes: u64) -> Fds {
+        Fds {
+            all: fds
+                .into_iter()
+                .map(|fd| (classify(fd.as_fd(), pool_bytes), fd))
+                .collect(),
+        }
+    }
+    /// The first descriptor of `role`.
+    pub fn get(&self, role: Role) -> Option<BorrowedFd<'_>> {
+        self.all.iter().find(|(r, _)| *r == role).map(|(_, f)| f.as_fd())
+    }
+}
+
+/// Where entry `index` starts in the table, read from the table's header.
+pub fn entry_offset(table: &Map, index: u32) -> Option<usize> {
+    let entry_bytes = u64::from(table.read32(TAB_ENTRY_BYTES)?);
+    let entries_offset = u64::from(table.read32(TAB_ENTRIES_OFFSET)?);
+    let off = entries_offset + u64::from(index) * entry_bytes;
+    (entry_bytes >= 128 && off + entry_bytes <= table.len() as u64).then_some(off as usize)
+}
+
+/// Entries in the table.
+pub fn entry_count(table: &Map) -> u32 {
+    table.read32(TAB_MAX_SUBSCRIBERS).unwrap_or(0)
+}
+
+/// The attacker's own writable words: `(role of the fd, offset of its
+/// generation, offset of its released seq)`. Today both live in its table
+/// entry (`index` from the Welcome); under v2 they move to its own region.
+pub fn own_words(table: &Map, index: u32) -> Option<(Role, usize, usize)> {
+    let e = entry_offset(table, index)?;
+    Some((Role::Table, e + ENTRY_GENERATION, e + ENTRY_RELEASED_SEQ))
+}
