@@ -715,7 +715,7 @@ impl Publisher {
                     if table.evict(index, r.generation, EVICT_PUSH) {
                         // Relaxed: a counter for stats.
                         self.shared.header().producer.evictions.fetch_add(1, Ordering::Relaxed);
-                        self.shared.state.request_eviction(index, EVICT_PUSH);
+                        self.shared.state.request_eviction(index, r.generation, EVICT_PUSH);
                     }
                 }
             }

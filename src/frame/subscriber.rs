@@ -666,7 +666,7 @@ impl Subscriber {
         self.last = snap.seq;
         if self.opts.lossless {
             // SYNC: release-cursor — Release after the copy completed, paired
-            // with the producer's Acquire in `lossless_holder`.
+            // with the producer's Acquire in `Table::holder`.
             self.client().released_seq.store(snap.seq, Ordering::Release);
         }
         self.client().reading_seq.store(0, Ordering::Relaxed);

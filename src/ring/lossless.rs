@@ -100,6 +100,6 @@ impl LosslessGate {
         tracing::warn!(index = k, name = %name, "evicting a lossless subscriber that kept the producer waiting past its lease");
         // Relaxed: a counter for stats (the service counts too).
         sh.producer().evictions.fetch_add(1, Ordering::Relaxed);
-        sh.state().request_eviction(k, EVICT_LEASE);
+        sh.state().request_eviction(k, h.blocker.generation, EVICT_LEASE);
     }
 }

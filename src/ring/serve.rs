@@ -81,6 +81,9 @@ const RETRY: Duration = Duration::from_millis(20);
 pub(crate) struct EvictRequest {
     /// Table index.
     pub(crate) index: u32,
+    /// The entry's generation when it was evicted: a request never reaches
+    /// a newcomer that took the index since.
+    pub(crate) generation: u32,
     /// `EVICT_*` code of the layout.
     pub(crate) code: u32,
 }
@@ -113,10 +116,11 @@ impl ServiceState {
 
     /// Producer: entry `index` was marked evicted (`code`); has the service
     /// tell the subscriber and close its connection.
-    pub(crate) fn request_eviction(&self, index: usize, code: u32) {
+    pub(crate) fn request_eviction(&self, index: usize, generation: u32, code: u32) {
         if let Ok(mut q) = self.evict_requests.lock() {
             q.push(EvictRequest {
                 index: index as u32,
+                generation,
                 code,
             });
         }
@@ -549,10 +553,10 @@ fn handle_evictions<S: Served>(sh: &S, conns: &mut Vec<Conn>) {
         _ => return,
     };
     conns.retain(|c| {
-        let State::Active { index, .. } = c.state else {
+        let State::Active { index, generation, .. } = c.state else {
             return true;
         };
-        let Some(r) = requests.iter().find(|r| r.index == index) else {
+        let Some(r) = requests.iter().find(|r| r.index == index && r.generation == generation) else {
             return true;
         };
         send_evicted(c, r.code, evict_reason(r.code));
@@ -563,7 +567,7 @@ fn handle_evictions<S: Served>(sh: &S, conns: &mut Vec<Conn>) {
     // freed it, then the producer's eviction landed): nobody is left to
     // tell; give the entry back.
     for r in requests {
-        sh.table().reap(r.index);
+        sh.table().reap(r.index, r.generation);
     }
 }
 

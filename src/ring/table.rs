@@ -248,10 +248,11 @@ impl Table {
 
     /// Service: frees an entry evicted after its connection had already
     /// closed (nobody is left to tell).
-    pub(crate) fn reap(&self, index: u32) {
+    pub(crate) fn reap(&self, index: u32, generation: u32) {
         if let Some(e) = self.entry(index as usize) {
-            // Relaxed: read-only check before the free's Release store.
-            if e.state.load(Ordering::Relaxed) == SUB_EVICTED {
+            // Relaxed: only publisher threads write these; the free's
+            // Release store publishes the change.
+            if e.state.load(Ordering::Relaxed) == SUB_EVICTED && e.generation.load(Ordering::Relaxed) == generation {
                 self.free(index);
             }
         }
