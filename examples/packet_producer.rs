@@ -64,9 +64,14 @@ struct Cli {
     /// Give up waiting for subscribers after this many seconds.
     #[arg(long, default_value_t = 30)]
     wait_secs: u64,
-    /// How long a write may wait for a lossless subscriber, in ms.
+    /// How long one write may wait for a lossless subscriber, in ms; a write
+    /// that runs out is retried (the lease still runs).
     #[arg(long, default_value_t = 2000)]
     write_timeout_ms: u64,
+    /// A lossless subscriber that keeps the writer waiting this long is
+    /// evicted, in ms.
+    #[arg(long, default_value_t = 1000)]
+    lease_ms: u64,
     /// Print JSON lines.
     #[arg(long)]
     json: bool,
@@ -87,7 +92,7 @@ fn run() -> AnyResult<()> {
     let ring = PacketRingConfig::new(cli.ring_bytes, cli.records, cli.max_packet).codec(CODEC_H264);
     let cfg = PacketPublisherConfig::new(ring)
         .write_timeout(Duration::from_millis(cli.write_timeout_ms))
-        .lossless_lease(Duration::from_millis(cli.write_timeout_ms.max(1) * 2));
+        .lossless_lease(Duration::from_millis(cli.lease_ms));
     let mut publisher = PacketPublisher::create(&cli.socket, cfg)?;
     let start_wait = Instant::now();
     while publisher.stats().subscribers < cli.wait_subscribers {
@@ -137,7 +142,17 @@ fn run() -> AnyResult<()> {
                 flags: if au.key { PACKET_KEY } else { 0 },
                 codec: 0,
             };
-            publisher.write(au.bytes, meta)?;
+            // A stalled lossless recorder is evicted after its lease (measured
+            // across writes), so a write that timed out is simply retried.
+            loop {
+                match publisher.write(au.bytes, meta) {
+                    Err(vramring::Error::LosslessBlocked { .. }) if !stop_requested() => continue,
+                    other => {
+                        other?;
+                        break;
+                    }
+                }
+            }
             packets += 1;
             bytes += au.bytes.len() as u64;
             keys += u64::from(au.key);

@@ -30,8 +30,7 @@ use std::sync::atomic::Ordering;
 use vramring::format;
 use vramring::frame::protocol::push;
 use vramring::layout::{
-    self, ClientLine, DoorbellLine, ProducerLine, RingHeader, SeqLine, SharedRingInfo, SlotDesc, SubEntry,
-    SubsHeader,
+    self, ClientLine, DoorbellLine, ProducerLine, RingHeader, SeqLine, SharedRingInfo, SlotDesc, SubEntry, SubsHeader,
 };
 use vramring::packet::layout::{
     self as packet_layout, PacketHeader, PacketInfo, PacketRecord, PacketRingInfo, PacketSeqLine, PacketTailLine,

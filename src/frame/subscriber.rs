@@ -323,6 +323,11 @@ pub struct Subscriber {
     path: PathBuf,
     /// `ProducerGone` has been reported (the drain is over).
     drained: bool,
+    /// Push delivery: the first pushed frame has been delivered. The
+    /// stream of a push subscriber starts there (the frames before its
+    /// buffers were mapped were never offered to it, as for a subscriber
+    /// that joined later), so gaps are counted from then on.
+    push_started: bool,
 }
 
 impl std::fmt::Debug for Subscriber {
@@ -463,6 +468,7 @@ impl Subscriber {
             stats: SubscriberStats::default(),
             path,
             drained: false,
+            push_started: false,
         };
         // The service stored our cursor before it sent the Welcome
         // (sendmsg/recvmsg order it); nobody else writes it.
@@ -686,7 +692,8 @@ impl Subscriber {
         loop {
             let g = self.wait(deadline, timeout)?;
             if let Some((snap, k)) = self.take_pushed() {
-                let skipped = snap.seq - self.last - 1;
+                let skipped = if self.push_started { snap.seq - self.last - 1 } else { 0 };
+                self.push_started = true;
                 self.stats.pushed += 1;
                 self.deliver(&snap, skipped);
                 return Ok(Frame {
@@ -698,11 +705,14 @@ impl Subscriber {
             }
             if self.opts.push {
                 // Nothing pushed past `last` although the ring moved on to
-                // `g`: those frames were not pushed to us (buffers not
-                // attached yet, or all held). A push subscriber has no pool
-                // to pull them from; they are a counted gap.
+                // `g`: those frames were not pushed to us (all buffers held,
+                // or not mapped yet). A push subscriber has no pool to pull
+                // them from: once its stream has started they are a counted
+                // gap; before, it had not joined yet.
                 if g > self.last {
-                    self.stats.dropped += g - self.last;
+                    if self.push_started {
+                        self.stats.dropped += g - self.last;
+                    }
                     self.last = g;
                     self.publish_counters();
                 }

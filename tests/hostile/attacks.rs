@@ -282,10 +282,10 @@ fn lossless_flag(socket: &Path, dur: Duration, rep: &mut Report) {
 fn generation_flip(socket: &Path, dur: Duration, rep: &mut Report) {
     let c = join(socket, msg::HELLO_LOSSLESS, "attacker-flip");
     let table = c.map(Role::Table, true, rep, "mmap_rw_table");
-    let own = table.as_ref().and_then(|t| layout::own_words(t, c.welcome.index));
+    let own = table.as_ref().and_then(|t| layout::own_generation(t, c.welcome.index));
     let mut flips = 0u64;
     every(dur, Duration::from_micros(200), || {
-        let (Some(t), Some((_, gen_off, _))) = (&table, own) else {
+        let (Some(t), Some(gen_off)) = (&table, own) else {
             return;
         };
         let g = c.welcome.generation;
@@ -441,16 +441,16 @@ fn own_push_held(socket: &Path, dur: Duration, rep: &mut Report) {
         "attach_sent",
         send_attach(&c, stride, stride * u64::from(layout::PUSH_BUFFERS), fd.as_fd()),
     );
-    let table = c.map(Role::Table, true, rep, "mmap_rw_table");
-    let own = table.as_ref().and_then(|t| layout::entry_offset(t, c.welcome.index));
+    let (role, off) = layout::OWN_PUSH_HELD;
+    let own = c.map(role, true, rep, "mmap_rw_own_region");
     let mut n = 0u32;
     every(
         end.saturating_duration_since(Instant::now()),
         Duration::from_micros(200),
         || {
-            if let (Some(t), Some(e)) = (&table, own) {
+            if let Some(m) = &own {
                 let v = [4, 0xffff_ffff, 1, 2, 3, 0x8000_0001][n as usize % 6];
-                t.write32(e + layout::ENTRY_PUSH_HELD, v);
+                m.write32(off, v);
                 n += 1;
             }
         },
@@ -463,11 +463,11 @@ fn own_push_held(socket: &Path, dur: Duration, rep: &mut Report) {
 fn cursor_games(socket: &Path, dur: Duration, rep: &mut Report) {
     let c = join(socket, msg::HELLO_LOSSLESS, "attacker-cursor");
     let ctl = c.control();
-    let table = c.map(Role::Table, true, rep, "mmap_rw_table");
-    let own = table.as_ref().and_then(|t| layout::own_words(t, c.welcome.index));
+    let (role, rel) = layout::OWN_RELEASED;
+    let own = c.map(role, true, rep, "mmap_rw_own_region");
     let mut n = 0u64;
     every(dur, Duration::from_micros(300), || {
-        let (Some(t), Some((_, _, rel))) = (&table, own) else {
+        let Some(t) = &own else {
             return;
         };
         let g = ctl.read64(layout::CTRL_GLOBAL_SEQ).unwrap_or(0);

@@ -4,11 +4,13 @@
 //! how the attacker finds its own writable words, and how a descriptor from
 //! a Welcome is recognised (by its content, not by its index).
 //!
-//! Today (protocol v1) the Welcome carries three descriptors (control
-//! region, subscriber table, pool); the subscriber table holds every
-//! subscriber's entry and every subscriber maps it writable. Under v2 the
-//! table is publisher-written and read-only, and each connection has its own
-//! small writable region: adapt [`own_words`] and the `ENTRY_*` offsets.
+//! Protocol v2: a pull Welcome carries four descriptors (control region,
+//! subscriber table, the subscriber's own client region, pool), a push
+//! Welcome three (no pool). The table is publisher-written and sealed
+//! read-only; what a subscriber writes (cursor, `parked`, `push_held`, its
+//! doorbell) is in its own client region. Under v1 the table held those
+//! words and every subscriber mapped it writable, which is what the attacks
+//! below still try.
 
 #![allow(dead_code)]
 
@@ -41,7 +43,7 @@ pub const SEQ_WRITING: u64 = 1 << 63;
 pub const CTRL_PRODUCER_STATE: usize = 256;
 /// `seq.global_seq` (u64).
 pub const CTRL_GLOBAL_SEQ: usize = 384;
-/// `doorbell.doorbell` (u32).
+/// The v1 doorbell (u32), reserved and zero in v2.
 pub const CTRL_DOORBELL: usize = 512;
 /// `producer.state` value: closed in order.
 pub const PRODUCER_CLOSED: u32 = 2;
@@ -60,16 +62,24 @@ pub const ENTRY_STATE: usize = 0;
 pub const ENTRY_FLAGS: usize = 4;
 /// `SubEntry.generation` (u32).
 pub const ENTRY_GENERATION: usize = 8;
-/// `SubEntry.parked` (u32).
-pub const ENTRY_PARKED: usize = 12;
-/// `SubEntry.released_seq` (u64).
-pub const ENTRY_RELEASED_SEQ: usize = 16;
+/// `SubEntry.push_count` (u32).
+pub const ENTRY_PUSH_COUNT: usize = 12;
+/// `SubEntry.released_seq` (u64): the publisher's clamped view.
+pub const ENTRY_RELEASED_SEQ: usize = 24;
 /// `SubEntry.push_seq[3]` (u64 each).
 pub const ENTRY_PUSH_SEQ: usize = 96;
-/// `SubEntry.push_held` (u32).
-pub const ENTRY_PUSH_HELD: usize = 120;
-/// `SubEntry.push_count` (u32).
-pub const ENTRY_PUSH_COUNT: usize = 124;
+
+// --- client region (`ClientLine`), the subscriber's own ---------------------
+/// Bytes of a client region.
+pub const CLIENT_BYTES: u64 = 128;
+/// `ClientLine.doorbell` (u32): the futex word this subscriber parks on.
+pub const CLIENT_DOORBELL: usize = 0;
+/// `ClientLine.parked` (u32).
+pub const CLIENT_PARKED: usize = 4;
+/// `ClientLine.push_held` (u32).
+pub const CLIENT_PUSH_HELD: usize = 8;
+/// `ClientLine.released_seq` (u64).
+pub const CLIENT_RELEASED_SEQ: usize = 16;
 
 /// `SubEntry.state` values.
 pub const STATE_FREE: u32 = 0;
@@ -91,7 +101,9 @@ pub enum Role {
     Table,
     /// The frame pool (the Welcome's `pool_bytes` long, no magic).
     Pool,
-    /// Anything else (e.g. a v2 per-connection region).
+    /// The subscriber's own client region ([`CLIENT_BYTES`] long).
+    Client,
+    /// Anything else.
     Other,
 }
 
@@ -102,6 +114,7 @@ impl Role {
             Role::Control => "control",
             Role::Table => "table",
             Role::Pool => "pool",
+            Role::Client => "client",
             Role::Other => "other",
         }
     }
@@ -123,6 +136,8 @@ pub fn classify(fd: BorrowedFd<'_>, pool_bytes: u64) -> Role {
         Role::Table
     } else if size_of_fd(fd) == pool_bytes {
         Role::Pool
+    } else if size_of_fd(fd) == CLIENT_BYTES {
+        Role::Client
     } else {
         Role::Other
     }
@@ -164,10 +179,13 @@ pub fn entry_count(table: &Map) -> u32 {
     table.read32(TAB_MAX_SUBSCRIBERS).unwrap_or(0)
 }
 
-/// The attacker's own writable words: `(role of the fd, offset of its
-/// generation, offset of its released seq)`. Today both live in its table
-/// entry (`index` from the Welcome); under v2 they move to its own region.
-pub fn own_words(table: &Map, index: u32) -> Option<(Role, usize, usize)> {
-    let e = entry_offset(table, index)?;
-    Some((Role::Table, e + ENTRY_GENERATION, e + ENTRY_RELEASED_SEQ))
+/// Where the attacker's lossless cursor lives: its own client region.
+pub const OWN_RELEASED: (Role, usize) = (Role::Client, CLIENT_RELEASED_SEQ);
+/// Where its push hold lives.
+pub const OWN_PUSH_HELD: (Role, usize) = (Role::Client, CLIENT_PUSH_HELD);
+
+/// The table offset of the attacker's own entry's generation (v1 let it
+/// write there; v2 maps the table read-only).
+pub fn own_generation(table: &Map, index: u32) -> Option<usize> {
+    Some(entry_offset(table, index)? + ENTRY_GENERATION)
 }

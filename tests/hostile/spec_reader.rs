@@ -1,8 +1,10 @@
-//! A reader written from `proto/PROTOCOL.md` alone (no vramring client
-//! code): the §12 wait loop, step by step, on the raw mappings, run by
-//! [`READERS`] threads at once, each on its own connection. It only follows the
-//! ring (Latest: it remembers the newest seq) and reports how its last wait
-//! ended: `producer-gone` (3a, or Bye/EOF in 3g) or `evicted` (3g).
+//! A reader written from `proto/PROTOCOL.md` (v2) alone (no vramring client
+//! code): the §12 wait loop, step by step, on the raw mappings, parked on
+//! the doorbell of its own client region, with the lease decided as §15.1
+//! says (the socket first, then the entry), run by [`READERS`] threads at
+//! once, each on its own connection. It only follows the ring (Latest: it
+//! remembers the newest seq) and reports how its last wait ended:
+//! `producer-gone` or `evicted`.
 //!
 //! When the spec's close or eviction steps change, this file changes with
 //! them; the offsets come from `layout`.
@@ -57,21 +59,13 @@ fn futex_wait(word: &AtomicU32, val: u32, timeout: Duration) {
 fn reader(socket: &Path, k: usize, budget: Duration) -> String {
     let c = join(socket, 0, &format!("spec-reader-{k}"));
     let ctl = c.control();
-    let table_fd = c.fds.get(Role::Table).expect("a subscriber table");
-    // Writable where the protocol lets a reader write its `parked` flag
-    // (v1); read-only otherwise.
-    let table = Map::new(table_fd, layout::size_of_fd(table_fd), true)
-        .or_else(|_| Map::new(table_fd, layout::size_of_fd(table_fd), false))
-        .expect("mapping the subscriber table");
-    let entry = layout::entry_offset(&table, c.welcome.index).expect("own entry");
-    let generation = c.welcome.generation;
+    let own = Own::new(&c);
     let g = || ctl.read64(layout::CTRL_GLOBAL_SEQ).unwrap_or(0);
-    let doorbell = ctl.u32(layout::CTRL_DOORBELL).expect("doorbell");
     let end = Instant::now() + budget;
     let mut after = g();
     loop {
         let deadline = (Instant::now() + Duration::from_secs(2)).min(end);
-        match wait(&c, &ctl, &table, entry, generation, doorbell, after, deadline, &g) {
+        match wait(&c, &ctl, &own, after, deadline, &g) {
             Wait::Seq(s) => after = s,
             Wait::ProducerGone => return "producer-gone".into(),
             Wait::Evicted => return "evicted".into(),
@@ -81,18 +75,58 @@ fn reader(socket: &Path, k: usize, budget: Duration) -> String {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn wait(
-    c: &super::attacks::Conn,
-    ctl: &Map,
-    table: &Map,
+/// What a v2 reader maps of its own: the publisher's table read-only (its
+/// entry tells whether the lease holds) and its client region read-write
+/// (cursor, `parked`, doorbell).
+struct Own {
+    table: Map,
+    client: Map,
     entry: usize,
     generation: u32,
-    doorbell: &AtomicU32,
-    after: u64,
-    deadline: Instant,
-    g: &dyn Fn() -> u64,
-) -> Wait {
+}
+
+impl Own {
+    fn new(c: &super::attacks::Conn) -> Own {
+        let table_fd = c.fds.get(Role::Table).expect("a subscriber table");
+        let table = Map::new(table_fd, layout::size_of_fd(table_fd), false).expect("mapping the table read-only");
+        let client_fd = c.fds.get(Role::Client).expect("a client region");
+        let client = Map::new(client_fd, layout::CLIENT_BYTES, true).expect("mapping the client region");
+        let entry = layout::entry_offset(&table, c.welcome.index).expect("own entry");
+        Own {
+            table,
+            client,
+            entry,
+            generation: c.welcome.generation,
+        }
+    }
+
+    /// §15.1: the entry is `ACTIVE` with our generation.
+    fn ours(&self) -> bool {
+        self.table.read32(self.entry + layout::ENTRY_STATE) == Some(layout::STATE_ACTIVE)
+            && self.table.read32(self.entry + layout::ENTRY_GENERATION) == Some(self.generation)
+    }
+
+    /// §15.1, when the entry is not ours or the socket is readable: the
+    /// socket first, then the entry. `None`: the lease holds.
+    fn decide(&self, c: &super::attacks::Conn) -> Option<Wait> {
+        while transport::readable(c.sock.as_fd(), Duration::ZERO).unwrap_or(true) {
+            match transport::recv(c.sock.as_fd(), Duration::ZERO) {
+                Ok(Some(m)) => match Msg::decode(&m.bytes) {
+                    Ok(Msg::Evicted(_)) => return Some(Wait::Evicted),
+                    Ok(Msg::Bye) => return Some(Wait::ProducerGone),
+                    _ => {}
+                },
+                Ok(None) => break,
+                Err(_) => return Some(Wait::ProducerGone),
+            }
+        }
+        (!self.ours()).then_some(Wait::Evicted)
+    }
+}
+
+fn wait(c: &super::attacks::Conn, ctl: &Map, own: &Own, after: u64, deadline: Instant, g: &dyn Fn() -> u64) -> Wait {
+    let doorbell: &AtomicU32 = own.client.u32(layout::CLIENT_DOORBELL).expect("doorbell");
+    let parked: &AtomicU32 = own.client.u32(layout::CLIENT_PARKED).expect("parked");
     // 1.
     let s = g();
     if s > after {
@@ -118,28 +152,20 @@ fn wait(
         if now >= deadline {
             return Wait::TimedOut;
         }
-        // 3c. (a store into a read-only mapping would fault: only where writable)
-        let parked = table.u32(entry + layout::ENTRY_PARKED).expect("parked");
-        let writable_parked = table_is_writable(table);
-        if writable_parked {
-            parked.store(1, Ordering::Relaxed);
-        }
+        // 3c.
+        parked.store(1, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::SeqCst);
         // 3d.
         let bell = doorbell.load(Ordering::Acquire);
         let s = g();
         if s > after {
-            if writable_parked {
-                parked.store(0, Ordering::Relaxed);
-            }
+            parked.store(0, Ordering::Relaxed);
             return Wait::Seq(s);
         }
         // 3e.
         futex_wait(doorbell, bell, (deadline - now).min(SLICE));
         // 3f.
-        if writable_parked {
-            parked.store(0, Ordering::Relaxed);
-        }
+        parked.store(0, Ordering::Relaxed);
         let s = g();
         if s > after {
             return Wait::Seq(s);
@@ -148,28 +174,13 @@ fn wait(
         // a while, between 3f and 3g (so the outcome does not hang on a race
         // with the publisher's close).
         std::thread::sleep(PREEMPTED);
-        // 3g.
-        let state = table.read32(entry + layout::ENTRY_STATE);
-        let gen_now = table.read32(entry + layout::ENTRY_GENERATION);
-        if state != Some(layout::STATE_ACTIVE) || gen_now != Some(generation) {
-            return Wait::Evicted;
-        }
-        if transport::readable(c.sock.as_fd(), Duration::ZERO).unwrap_or(true) {
-            match transport::recv(c.sock.as_fd(), Duration::ZERO) {
-                Ok(Some(m)) => match Msg::decode(&m.bytes) {
-                    Ok(Msg::Evicted(_)) => return Wait::Evicted,
-                    Ok(Msg::Bye) => return Wait::ProducerGone,
-                    _ => {}
-                },
-                Ok(None) => {}
-                Err(_) => return Wait::ProducerGone,
+        // 3g: the lease, decided as §15.1 says.
+        if !own.ours() || transport::readable(c.sock.as_fd(), Duration::ZERO).unwrap_or(true) {
+            if let Some(end) = own.decide(c) {
+                return end;
             }
         }
     }
-}
-
-fn table_is_writable(table: &Map) -> bool {
-    table.writable()
 }
 
 /// A lossless Sequential reader per §11 (pull, copy, validate after the
@@ -181,29 +192,31 @@ pub fn lossless(socket: &Path, hold: Duration, rep: &mut Report) {
     use vramring::socket::msg;
     let c = join(socket, msg::HELLO_LOSSLESS | msg::HELLO_SEQUENTIAL, "spec-lossless");
     let ctl = c.control();
-    let table_fd = c.fds.get(Role::Table).expect("a subscriber table");
-    let table = Map::new(table_fd, layout::size_of_fd(table_fd), true)
-        .or_else(|_| Map::new(table_fd, layout::size_of_fd(table_fd), false))
-        .expect("mapping the subscriber table");
+    let own = Own::new(&c);
     let pool_fd = c.fds.get(Role::Pool).expect("a pool");
     let pool = Map::new(pool_fd, layout::size_of_fd(pool_fd), false).expect("mapping the pool read-only");
-    let entry = layout::entry_offset(&table, c.welcome.index).expect("own entry");
-    let (_, _, released_off) = layout::own_words(&table, c.welcome.index).expect("own words");
-    let generation = c.welcome.generation;
+    let (_, released_off) = layout::OWN_RELEASED;
     let g = || ctl.read64(layout::CTRL_GLOBAL_SEQ).unwrap_or(0);
-    let doorbell = ctl.u32(layout::CTRL_DOORBELL).expect("doorbell");
     let slot_count = u64::from(ctl.read32(layout::CTRL_SLOT_COUNT).expect("slot_count")).max(1);
     let slots_off = ctl.read64(layout::CTRL_SLOTS_OFFSET).expect("slots_offset") as usize;
     let stride = ctl.read64(layout::CTRL_SLOT_STRIDE).expect("slot_stride") as usize;
     let frame = ctl.read64(layout::CTRL_FRAME_BYTES).expect("frame_bytes") as usize;
     // §4.2: a lossless reader starts at the cursor the publisher set.
-    let mut last = table.read64(released_off).unwrap_or(0);
+    let mut last = own.client.read64(released_off).unwrap_or(0);
     let mut torn = 0u64;
     // One read; `Ok(seq)` delivered, `Err(end)` otherwise.
     let mut read = |last: &mut u64| -> Result<u64, &'static str> {
         let deadline = Instant::now() + Duration::from_secs(2);
         loop {
-            match wait(&c, &ctl, &table, entry, generation, doorbell, *last, deadline, &g) {
+            // §11 step 0: the lease, at the start of every read.
+            if !own.ours() {
+                match own.decide(&c) {
+                    Some(Wait::ProducerGone) => return Err("producer-gone"),
+                    Some(_) => return Err("evicted"),
+                    None => {}
+                }
+            }
+            match wait(&c, &ctl, &own, *last, deadline, &g) {
                 Wait::Seq(_) => {}
                 Wait::ProducerGone => return Err("producer-gone"),
                 Wait::Evicted => return Err("evicted"),
@@ -232,7 +245,7 @@ pub fn lossless(socket: &Path, hold: Duration, rep: &mut Report) {
             }
             // 7: deliver and release.
             *last = seq;
-            table.write64(released_off, seq);
+            own.client.write64(released_off, seq);
             return Ok(seq);
         }
     };
