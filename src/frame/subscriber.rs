@@ -616,7 +616,7 @@ impl Subscriber {
         match outcome {
             WaitOutcome::Advanced(g) => Ok(g),
             WaitOutcome::ProducerClosed => {
-                self.lease.start_drain();
+                self.lease.on_producer_closed()?;
                 self.drain_next()
             }
             WaitOutcome::TimedOut => {

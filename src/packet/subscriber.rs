@@ -348,7 +348,7 @@ impl PacketSubscriber {
             WaitOutcome::Advanced(_) => Ok(()),
             // Closed in order: drain what is left, then report it.
             WaitOutcome::ProducerClosed => {
-                self.lease.start_drain();
+                self.lease.on_producer_closed()?;
                 Ok(())
             }
             WaitOutcome::TimedOut => {

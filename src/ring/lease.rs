@@ -266,14 +266,26 @@ impl Lease {
         }
     }
 
+    /// The wait saw `PRODUCER_CLOSED`: start the drain, unless the lease
+    /// had already ended by an eviction (PROTOCOL.md §15.1: the producer
+    /// state counts only while our entry is ours; the socket says which).
+    ///
+    /// # Errors
+    /// [`Error::Evicted`], [`Error::Io`].
+    pub(crate) fn on_producer_closed(&mut self) -> Result<()> {
+        let checked = if self.quiet() { Ok(()) } else { self.check() };
+        match checked {
+            Ok(()) | Err(Error::ProducerGone { .. }) => {
+                self.draining = true;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Whether the publisher is gone and the reader is draining the ring.
     pub(crate) fn draining(&self) -> bool {
         self.draining
-    }
-
-    /// Starts the drain (the publisher closed in order).
-    pub(crate) fn start_drain(&mut self) {
-        self.draining = true;
     }
 
     /// [`Lease::ensure`] for a reader that drains: a publisher that is gone
