@@ -138,6 +138,12 @@ impl Lease {
             .slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.max_subscribers as usize)[self.index]
     }
 
+    /// The whole subscriber table (for inspection; read only).
+    pub(crate) fn table(&self) -> &[SubEntry] {
+        self.subs
+            .slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.max_subscribers as usize)
+    }
+
     /// A handle on our entry that keeps the table mapped.
     pub(crate) fn entry_ref(&self) -> EntryRef {
         EntryRef {
