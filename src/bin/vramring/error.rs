@@ -133,7 +133,16 @@ pub fn describe(path: &Path, e: &Error) -> String {
             ),
         },
         Problem::Timeout => format!("{p}: {e}; the publisher accepted but did not answer in time"),
-        Problem::Error => format!("{p}: {e}"),
+        Problem::Error => match e {
+            Error::Refused { code, reason } if *code == msg::REJECT_KIND => {
+                if reason.contains("serves a packet ring") {
+                    format!("{p} serves a packet ring (encoded video), not frames: `vramring record` reads it")
+                } else {
+                    format!("{p} serves a frame ring (decoded frames), not packets: `vramring snapshot` reads it")
+                }
+            }
+            _ => format!("{p}: {e}"),
+        },
     }
 }
 

@@ -216,13 +216,7 @@ pub fn run_ls(a: &LsArgs) -> CliResult {
             .iter()
             .zip(widths)
             .enumerate()
-            .map(|(i, (c, w))| {
-                if i == 9 {
-                    c.clone()
-                } else {
-                    format!("{c:<w$}")
-                }
-            })
+            .map(|(i, (c, w))| if i == 9 { c.clone() } else { format!("{c:<w$}") })
             .collect();
         if !crate::emit(cells.join("  ").trim_end()) {
             break;

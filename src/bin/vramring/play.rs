@@ -5,9 +5,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde_json::json;
-use vramring::packet::{
-    annexb, PacketMeta, PacketPublisher, PacketPublisherConfig, PacketRingConfig, PACKET_KEY,
-};
+use vramring::packet::{annexb, PacketMeta, PacketPublisher, PacketPublisherConfig, PacketRingConfig, PACKET_KEY};
 use vramring::socket::AccessPolicy;
 
 use crate::error::{exit, CliError, CliResult};

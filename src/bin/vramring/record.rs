@@ -78,7 +78,10 @@ pub fn run(a: &RecordArgs) -> CliResult {
         // Short waits, so Ctrl-C and --seconds are honoured promptly.
         let mut slice = Duration::from_millis(100);
         if let Some(d) = deadline {
-            slice = slice.min(d.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)));
+            slice = slice.min(
+                d.saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1)),
+            );
         }
         match sub.next_copy(&mut buf, slice) {
             Ok(p) => {

@@ -245,10 +245,7 @@ pub fn full_text(st: &RingStatus) -> Vec<String> {
         "counters   published {}, connects {}, disconnects {}, evictions {}",
         p.published, p.connects, p.disconnects, p.evictions
     ));
-    o.push(format!(
-        "rate       {} Hz over the ring",
-        rate(st.recent_rate_hz())
-    ));
+    o.push(format!("rate       {} Hz over the ring", rate(st.recent_rate_hz())));
     match &st.detail {
         RingDetail::Frames(f) => {
             let g = &f.info.geometry;

@@ -51,7 +51,10 @@ pub fn output_path(template: &Path, n: u64, count: u64, seq: u64) -> PathBuf {
     if count <= 1 {
         return template.to_owned();
     }
-    let stem = template.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let stem = template
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let name = match template.extension() {
         Some(ext) => format!("{stem}-{n:04}.{}", ext.to_string_lossy()),
         None => format!("{stem}-{n:04}"),
@@ -98,7 +101,10 @@ pub fn run(a: &SnapshotArgs) -> CliResult {
         if a.every > 0 && n > 1 {
             let due = start + Duration::from_millis(a.every * (n - 1));
             while Instant::now() < due && !term::stop_requested() {
-                std::thread::sleep(due.saturating_duration_since(Instant::now()).min(Duration::from_millis(50)));
+                std::thread::sleep(
+                    due.saturating_duration_since(Instant::now())
+                        .min(Duration::from_millis(50)),
+                );
             }
         }
         let frame = sub.next(timeout).map_err(|e| match e {
@@ -114,9 +120,7 @@ pub fn run(a: &SnapshotArgs) -> CliResult {
         })?;
         // A host ring's copy is host memory already; a CUDA ring's is in
         // this process's own device buffer: one device-to-host copy.
-        frame
-            .copy_to_host(&mut host)
-            .map_err(|e| ring_error(&a.socket, &e))?;
+        frame.copy_to_host(&mut host).map_err(|e| ring_error(&a.socket, &e))?;
         let (seq, pts) = (frame.seq(), frame.pts());
         let pushed = frame.pushed();
         drop(frame);

@@ -278,7 +278,9 @@ pub fn run(a: &TopArgs) -> CliResult {
         }
         let due = Instant::now() + interval;
         while Instant::now() < due && !term::stop_requested() {
-            let left = due.saturating_duration_since(Instant::now()).min(Duration::from_millis(100));
+            let left = due
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(100));
             match &raw {
                 Some(t) if t.quit_key(left) => term::request_stop(),
                 Some(_) => {}
