@@ -185,8 +185,11 @@ pub fn opt(v: Option<u64>) -> String {
     v.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
+/// A subscriber's delivery rate, per second, when known.
+pub type RateOf<'a> = &'a dyn Fn(&SubscriberRow) -> Option<f64>;
+
 /// The subscriber table as aligned text rows (a header first).
-pub fn table_text(st: &RingStatus, rates: Option<&dyn Fn(&SubscriberRow) -> Option<f64>>) -> Vec<String> {
+pub fn table_text(st: &RingStatus, rates: Option<RateOf<'_>>) -> Vec<String> {
     let mut out = Vec::new();
     let with_rate = rates.is_some();
     let mut head = format!("{:>4}  {:<24} {:<8} {:<10}", "#", "NAME", "STATE", "MODE");

@@ -123,7 +123,6 @@ pub fn run(a: &SnapshotArgs) -> CliResult {
         frame.copy_to_host(&mut host).map_err(|e| ring_error(&a.socket, &e))?;
         let (seq, pts) = (frame.seq(), frame.pts());
         let pushed = frame.pushed();
-        drop(frame);
         let img = convert::to_image(&g, &host, matrix, a.range).map_err(CliError::failure)?;
         let path = output_path(&a.output, n, a.count, seq);
         let text = [

@@ -351,7 +351,7 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
                 self.dest.ok_or(Error::Closed)?
             }
             OwnBuffer::Push(k) => {
-                let off = (k as u64).checked_mul(self.push_stride).unwrap_or(u64::MAX);
+                let off = (k as u64).saturating_mul(self.push_stride);
                 check_range("push buffer", 0, len, self.push_stride)?;
                 check_range("push buffers", off, self.push_stride, self.push.bytes())?;
                 match self.push.addr() {
