@@ -23,8 +23,31 @@ use vramring::{testpattern, Format, Geometry};
 
 const CLIP: &[u8] = include_bytes!("data/clip.h264");
 
+/// The `vramring` binary: the one Cargo built for this test, or, when the
+/// test binary was staged for a GPU machine without that path, `vramring`
+/// in the staging directory (`.device/vramring` beside `.device/tests/`).
+fn cli_path() -> PathBuf {
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_vramring"));
+    if built.exists() {
+        return built;
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    let staged = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("<dir>/tests/<test>")
+        .join("vramring");
+    assert!(
+        staged.exists(),
+        "no vramring binary at {} or {}",
+        built.display(),
+        staged.display()
+    );
+    staged
+}
+
 fn cli() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_vramring"))
+    Command::new(cli_path())
 }
 
 /// Runs a command to its end (killed after `limit`), output captured.
@@ -98,6 +121,17 @@ fn producer(dir: &TempDir, name: &str, socket: &Path, format: &str, w: u32, h: u
     c.args(["--socket", &s(socket), "--backend", "host", "--format", format]);
     c.args(["--width", &w.to_string(), "--height", &h.to_string(), "--slots", "8"]);
     c.args(["--fps", "60", "--frames", "0", "--report-ms", "0"]);
+    let mut p = spawn(dir, name, c);
+    wait_ready(socket, &mut p);
+    p
+}
+
+/// A frame ring of the producer example on `backend`.
+fn producer_on(dir: &TempDir, name: &str, socket: &Path, backend: &str, w: u32, h: u32) -> ChildProc {
+    let mut c = Command::new(example("producer"));
+    c.args(["--socket", &s(socket), "--backend", backend, "--format", "nv12"]);
+    c.args(["--width", &w.to_string(), "--height", &h.to_string(), "--slots", "8"]);
+    c.args(["--fps", "30", "--frames", "0", "--report-ms", "0"]);
     let mut p = spawn(dir, name, c);
     wait_ready(socket, &mut p);
     p
@@ -407,7 +441,7 @@ fn a_socket_whose_file_mode_excludes_the_user_exits_4() {
     let mut c = if root {
         let mut c = Command::new("setpriv");
         c.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"]);
-        c.arg(env!("CARGO_BIN_EXE_vramring"));
+        c.arg(cli_path());
         c
     } else {
         cli()
@@ -673,4 +707,42 @@ fn record_of_a_frame_ring_is_refused_with_a_reason() {
     let o = run(&["record", &s(&socket), "-o", &s(&dir.join("x.h264"))]);
     assert_eq!(code(&o), 1);
     assert!(stderr(&o).contains("frame ring"), "{}", stderr(&o));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn snapshot_of_a_cuda_ring_is_the_test_pattern_written_on_the_gpu() {
+    let dir = TempDir::new("cli-cuda");
+    let socket = dir.join("cam.sock");
+    let (w, h) = (1920, 1080);
+    let p = producer_on(&dir, "producer", &socket, "cuda", w, h);
+    let v = json(&run(&["ls", &s(&dir.join("")), "--json"]));
+    assert_eq!(v[0]["backend"], "cuda", "{v}");
+    assert!(v[0]["gpu_uuid"].as_str().is_some_and(|u| u.starts_with("GPU-")), "{v}");
+    let out = dir.join("cuda.png");
+    let o = run(&[
+        "snapshot",
+        &s(&socket),
+        "-o",
+        &s(&out),
+        "--count",
+        "2",
+        "--every",
+        "100",
+        "--json",
+    ]);
+    assert_ok(&o);
+    for l in stdout(&o).lines() {
+        let l: Value = serde_json::from_str(l).unwrap();
+        assert_eq!(l["backend"], "cuda");
+        assert_eq!(l["matrix"], "bt709", "1080 rows: HD");
+        let path = PathBuf::from(l["path"].as_str().unwrap());
+        assert_png_is_pattern(&path, Format::Nv12, w, h, l["seq"].as_u64().unwrap(), "bt709");
+        println!("checked {} (seq {})", path.display(), l["seq"]);
+    }
+    // $OUT (the device machine's output folder) keeps the first PNG.
+    if let Some(keep) = std::env::var_os("OUT") {
+        std::fs::copy(dir.join("cuda-0001.png"), PathBuf::from(keep).join("cuda.png")).unwrap();
+    }
+    p.interrupt();
 }
