@@ -507,6 +507,43 @@ fn top_prints_rates_per_ring_and_per_subscriber_when_not_a_terminal() {
     assert!(t.lines().any(|l| l.contains("sub ") && l.contains("detector")), "{t}");
 }
 
+#[test]
+fn top_on_a_terminal_redraws_in_place_and_quits_on_q_or_ctrl_c() {
+    let dir = TempDir::new("cli-top-tty");
+    let socket = dir.join("cam.sock");
+    let _p = producer(&dir, "producer", &socket, "nv12", 64, 64);
+    // `script` (util-linux / bsdutils) runs top on a pseudo-terminal and
+    // forwards our stdin to it: the key comes after a few refreshes.
+    for key in ["q", "\x03"] {
+        let cmdline = format!("{} top {} --interval-ms 200", cli_path().display(), s(&dir.join("")));
+        let mut c = Command::new("script");
+        c.args(["-qec", &cmdline, "/dev/null"]);
+        c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = c.spawn().expect("script (util-linux) runs top on a pty");
+        std::thread::sleep(Duration::from_millis(1200));
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), key.as_bytes()).unwrap();
+        let start = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                panic!("top did not quit on {key:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let t = String::from_utf8_lossy(&out.stdout);
+        let redraws = t.matches("\x1b[H\x1b[2J").count();
+        assert!(redraws >= 3, "{redraws} redraws in place:\n{t}");
+        assert!(t.contains("frames nv12 64x64"), "{t}");
+        assert!(t.starts_with("\x1b[?1049h"), "the alternate screen is entered");
+        assert!(
+            t.trim_end().ends_with("\x1b[?25h\x1b[?1049l"),
+            "and left, cursor shown: {t:?}"
+        );
+    }
+}
+
 /// The reference YUV → RGB conversion, written independently of the CLI's
 /// (published matrix coefficients, not derived from Kr/Kb).
 fn reference_rgb(y: f64, u: f64, v: f64, matrix: &str) -> [f64; 3] {

@@ -177,13 +177,14 @@ fn ring_headline(s: &Sample) -> String {
     )
 }
 
-fn screen(dir: &Path, samples: &[Sample]) -> String {
+fn screen(dir: &Path, interval: Duration, samples: &[Sample]) -> String {
     let mut o = String::new();
     let _ = write!(
         o,
-        "vramring top: {} ({} rings), every refresh; q or Ctrl-C quits\r\n\r\n",
+        "vramring top: {} ({} rings), every {} ms; q or Ctrl-C quits\r\n\r\n",
         dir.display(),
-        samples.len()
+        samples.len(),
+        interval.as_millis()
     );
     if samples.is_empty() {
         o += "no ring sockets\r\n";
@@ -260,7 +261,7 @@ pub fn run(a: &TopArgs) -> CliResult {
             })
             .collect();
         let ok = if raw.is_some() {
-            print!("\x1b[H\x1b[2J{}", screen(&dir, &samples));
+            print!("\x1b[H\x1b[2J{}", screen(&dir, interval, &samples));
             std::io::Write::flush(&mut std::io::stdout()).is_ok()
         } else if a.json {
             let obj = json!({
