@@ -22,7 +22,8 @@ use clap::{Parser, Subcommand};
 
 pub use error::{exit, CliError, CliResult};
 
-/// Name the CLI gives itself in publishers' subscriber tables.
+/// Name the CLI gives itself in publishers' subscriber tables (`ls`,
+/// `inspect`, `top`; `snapshot` and `record` add `:snapshot`, `:record`).
 pub const CLI_NAME: &str = "vramring-cli";
 
 /// Environment variable naming the default run directory.

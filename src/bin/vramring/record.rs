@@ -51,7 +51,7 @@ pub fn run(a: &RecordArgs) -> CliResult {
     term::install_stop_handler();
     let opts = PacketSubscriberOptions::new()
         .lossless(a.lossless)
-        .name(crate::CLI_NAME)
+        .name(format!("{}:record", crate::CLI_NAME))
         .connect_timeout(Duration::from_millis(a.timeout_ms));
     let mut sub = PacketSubscriber::connect(&a.socket, opts).map_err(|e| ring_error(&a.socket, &e))?;
     let file = std::fs::File::create(&a.output)

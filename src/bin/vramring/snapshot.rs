@@ -87,7 +87,9 @@ fn write_png(path: &Path, img: &convert::Image, text: &[(&str, String)]) -> Resu
 pub fn run(a: &SnapshotArgs) -> CliResult {
     term::install_stop_handler();
     let timeout = Duration::from_millis(a.timeout_ms);
-    let mut opts = SubscriberOptions::default().name(crate::CLI_NAME).mode(Mode::Latest);
+    let mut opts = SubscriberOptions::default()
+        .name(format!("{}:snapshot", crate::CLI_NAME))
+        .mode(Mode::Latest);
     opts.connect_timeout = timeout;
     let mut sub = Subscriber::connect(&a.socket, opts).map_err(|e| ring_error(&a.socket, &e))?;
     let g = *sub.geometry();
