@@ -92,6 +92,8 @@ impl Lease {
     /// entries, `epoch`).
     ///
     /// # Errors
+    /// [`Error::ProducerGone`] when the publisher closed since its Welcome
+    /// (the entry is free again and the socket says Bye or EOF);
     /// [`Error::LayoutMismatch`] when the index is out of range or the entry
     /// is not active with the Welcome's generation.
     pub(crate) fn new(
@@ -116,6 +118,12 @@ impl Lease {
             draining: false,
         };
         if !lease.still_ours() {
+            // A publisher that closed between its Welcome and now freed the
+            // entry and said Bye (or hung up): that is a publisher gone, not
+            // a bad layout.
+            if transport::readable(lease.sock.as_fd(), Duration::ZERO).unwrap_or(true) {
+                return Err(Error::ProducerGone { epoch });
+            }
             return Err(Error::LayoutMismatch("our subscriber entry is not active".into()));
         }
         Ok(lease)

@@ -58,6 +58,10 @@ pub struct PlayArgs {
     /// How long a write may wait for a lossless subscriber, in ms.
     #[arg(long, default_value_t = 2000)]
     pub write_timeout_ms: u64,
+    /// Keep the ring open this long after the last packet, in ms, so a
+    /// subscriber still connecting can attach and drain it.
+    #[arg(long, default_value_t = 500)]
+    pub linger_ms: u64,
     /// Print the summary as one JSON object (and a `ready` object first).
     #[arg(long)]
     pub json: bool,
@@ -171,6 +175,10 @@ pub fn run(a: &PlayArgs) -> CliResult {
         }
     }
     let seconds = start.elapsed().as_secs_f64();
+    let linger = Instant::now() + Duration::from_millis(a.linger_ms);
+    while Instant::now() < linger && !term::stop_requested() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let stats = publisher.stats();
     publisher.close();
     if a.json {
