@@ -46,7 +46,13 @@ fn an_inspector_sees_the_producer_the_slots_and_every_subscriber_and_never_holds
     }
     det.next(Duration::from_secs(1)).unwrap();
 
-    let st = ins.status().unwrap();
+    // The publisher counts a connect just after its Welcome is sent.
+    let mut st = ins.status().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while st.producer.connects < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+        st = ins.status().unwrap();
+    }
     assert_eq!(st.producer.state, ProducerState::Live);
     assert_eq!(st.producer.published, 3);
     assert_eq!(st.producer.connects, 3);
