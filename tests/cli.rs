@@ -783,3 +783,37 @@ fn snapshot_of_a_cuda_ring_is_the_test_pattern_written_on_the_gpu() {
     }
     p.interrupt();
 }
+
+#[test]
+fn snapshot_of_a_ring_that_publishes_nothing_times_out_with_exit_5() {
+    let dir = TempDir::new("cli-snapshot-idle");
+    let socket = dir.join("idle.sock");
+    // Holds its first frame until 50 subscribers are connected: never.
+    let mut c = Command::new(example("producer"));
+    c.args([
+        "--socket",
+        &s(&socket),
+        "--backend",
+        "host",
+        "--width",
+        "64",
+        "--height",
+        "64",
+    ]);
+    c.args(["--wait-subscribers", "50", "--report-ms", "0"]);
+    let mut p = spawn(&dir, "producer", c);
+    wait_ready(&socket, &mut p);
+    let start = Instant::now();
+    let o = run(&[
+        "snapshot",
+        &s(&socket),
+        "-o",
+        &s(&dir.join("x.png")),
+        "--timeout-ms",
+        "300",
+    ]);
+    assert_eq!(code(&o), 5, "{}", stderr(&o));
+    assert!(stderr(&o).contains("no frame"), "{}", stderr(&o));
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert!(!dir.join("x.png").exists());
+}
