@@ -474,8 +474,10 @@ impl std::fmt::Debug for Inspector {
 
 impl Inspector {
     /// Connects to the publisher at `path`, whichever kind of ring it
-    /// serves (a frame Hello first; a packet Hello when the publisher
-    /// answers that it serves packets).
+    /// serves: a frame Hello first (a packet Hello first when the file name
+    /// contains `packets`, the naming convention of `cam0.packets.sock`),
+    /// then the other kind's when the publisher answers that it serves the
+    /// other kind ([`msg::REJECT_KIND`]).
     ///
     /// # Errors
     /// [`Error::Io`] when nothing listens (`ConnectionRefused`: a stale
@@ -486,34 +488,49 @@ impl Inspector {
     /// for a malformed answer.
     pub fn connect(path: impl AsRef<Path>, opts: InspectOptions) -> Result<Inspector> {
         let path = path.as_ref().to_owned();
+        let packets_first = path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().contains("packets"));
+        let first = if packets_first {
+            Self::connect_packets(path.clone(), opts.clone())
+        } else {
+            Self::connect_frames(path.clone(), opts.clone())
+        };
+        match first {
+            Err(Error::Refused { code, .. }) if code == msg::REJECT_KIND => {
+                if packets_first {
+                    Self::connect_frames(path, opts)
+                } else {
+                    Self::connect_packets(path, opts)
+                }
+            }
+            other => other,
+        }
+    }
+
+    fn connect_frames(path: PathBuf, opts: InspectOptions) -> Result<Inspector> {
         let hello = Hello {
             flags: 0,
             backends: (1 << BACKEND_HOST) | (1 << BACKEND_CUDA),
-            name: opts.name.clone(),
+            name: opts.name,
             device_uuid: [0; 16],
         };
-        match client::request(&path, hello, opts.timeout) {
-            Ok((sock, welcome, fds)) => {
-                let mut fds = fds.into_iter();
-                let (Some(control_fd), Some(subs_fd), Some(pool_fd), None) =
-                    (fds.next(), fds.next(), fds.next(), fds.next())
-                else {
-                    return Err(Error::BadMessage("Welcome must carry exactly 3 descriptors".into()));
-                };
-                // Never imported: an inspector reads no frame.
-                drop(pool_fd);
-                let (control, info, subs) =
-                    crate::subscriber::map_frame_ring(&welcome, control_fd.as_fd(), subs_fd.as_fd(), false)?;
-                let lease = Lease::new(sock, subs, &welcome, info.max_subscribers, info.epoch)?;
-                Ok(Inspector {
-                    path,
-                    ring: Ring::Frames { control, info },
-                    lease,
-                })
-            }
-            Err(Error::Refused { code, .. }) if code == msg::REJECT_KIND => Self::connect_packets(path, opts),
-            Err(e) => Err(e),
-        }
+        let (sock, welcome, fds) = client::request(&path, hello, opts.timeout)?;
+        let mut fds = fds.into_iter();
+        let (Some(control_fd), Some(subs_fd), Some(pool_fd), None) = (fds.next(), fds.next(), fds.next(), fds.next())
+        else {
+            return Err(Error::BadMessage("Welcome must carry exactly 3 descriptors".into()));
+        };
+        // Never imported: an inspector reads no frame.
+        drop(pool_fd);
+        let (control, info, subs) =
+            crate::subscriber::map_frame_ring(&welcome, control_fd.as_fd(), subs_fd.as_fd(), false)?;
+        let lease = Lease::new(sock, subs, &welcome, info.max_subscribers, info.epoch)?;
+        Ok(Inspector {
+            path,
+            ring: Ring::Frames { control, info },
+            lease,
+        })
     }
 
     fn connect_packets(path: PathBuf, opts: InspectOptions) -> Result<Inspector> {

@@ -674,7 +674,17 @@ fn record_of_a_played_file_is_byte_identical_lossless_or_not() {
             &dir,
             "play",
             &socket,
-            &["--fps", "0", "--wait-subscribers", "1", "--linger-ms", "2000", "--json"],
+            &[
+                "--fps",
+                "0",
+                "--wait-subscribers",
+                "1",
+                "--start-delay-ms",
+                "1000",
+                "--linger-ms",
+                "2000",
+                "--json",
+            ],
         );
         assert!(wait_until(Duration::from_secs(20), || socket.exists()));
         let out = dir.join("rec.h264");

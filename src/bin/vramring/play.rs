@@ -39,6 +39,12 @@ pub struct PlayArgs {
     /// Wait for this many subscribers before the first packet.
     #[arg(long, default_value_t = 0)]
     pub wait_subscribers: u32,
+    /// Wait this long before the first packet (after --wait-subscribers is
+    /// met), in ms: a subscriber is counted when the publisher assigns its
+    /// entry and attaches a moment later, and one that attaches once
+    /// packets flow joins at the newest keyframe, not at the first packet.
+    #[arg(long, default_value_t = 200)]
+    pub start_delay_ms: u64,
     /// Give up waiting for subscribers after this many ms.
     #[arg(long, default_value_t = 30_000)]
     pub wait_ms: u64,
@@ -132,6 +138,10 @@ pub fn run(a: &PlayArgs) -> CliResult {
                 ),
             });
         }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let delay = Instant::now() + Duration::from_millis(a.start_delay_ms);
+    while Instant::now() < delay && !term::stop_requested() {
         std::thread::sleep(Duration::from_millis(5));
     }
     let period = (a.fps > 0.0).then(|| Duration::from_secs_f64(1.0 / a.fps));
