@@ -244,6 +244,14 @@ fn ls_lists_frame_and_packet_rings_and_marks_a_stale_socket() {
     assert!(line("old.sock").contains("stale"), "{t}");
 
     assert_eq!(code(&run(&["ls", &s(&dir.join("no-such-dir"))])), 3);
+
+    // RUST_LOG diagnostics go to stderr; stdout stays one JSON value.
+    let mut c = cli();
+    c.args(["ls", &s(&dir.join("")), "--json"]).env("RUST_LOG", "info");
+    let o = run_limited(c, Duration::from_secs(30));
+    assert_ok(&o);
+    assert_eq!(json(&o).as_array().map(Vec::len), Some(3));
+    assert!(stderr(&o).contains("stale socket"), "{}", stderr(&o));
 }
 
 #[test]
