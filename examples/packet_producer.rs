@@ -16,14 +16,11 @@ use std::time::{Duration, Instant};
 use vramring::ServeOptions;
 
 use clap::Parser;
-use vramring::packet::{PacketMeta, PacketPublisher, PacketPublisherConfig, PacketRingConfig, PACKET_KEY};
+use vramring::packet::{annexb, PacketMeta, PacketPublisher, PacketPublisherConfig, PacketRingConfig, PACKET_KEY};
 
 #[path = "common/mod.rs"]
 #[allow(dead_code)]
 mod common;
-
-#[path = "common/annexb.rs"]
-mod annexb;
 
 use common::{emit, stop_requested, AnyResult, Json};
 

@@ -11,6 +11,8 @@
 //! * A [`Subscriber`] connects, receives the ring's file descriptors by
 //!   `SCM_RIGHTS`, imports the pool once, and [`Subscriber::next`] copies each
 //!   frame into its own buffer and proves the copy was not torn.
+//! * [`inspect`]: read-only snapshots of a live ring (producer state,
+//!   slots, the subscriber table) for tools such as the `vramring` command.
 //! * [`packet`]: the encoded side of a camera (H.264/H.265 access units) in
 //!   a CPU shared-memory packet ring, served over the same handshake:
 //!   keyframe join, overrun resync, codec parameters, lossless recorders.
@@ -87,6 +89,7 @@
 pub mod error;
 pub mod format;
 pub mod frame;
+pub mod inspect;
 pub mod layout;
 pub mod lifecycle;
 pub mod memory;

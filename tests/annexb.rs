@@ -1,9 +1,8 @@
-//! Tests of the Annex-B access-unit splitter in `examples/common/annexb.rs`,
+//! Tests of the Annex-B access-unit splitter in `vramring::packet::annexb`,
 //! against the committed clip `tests/data/clip.h264` (see
 //! `tests/data/README.md`), hand-built streams, and random bytes.
 
-#[path = "../examples/common/annexb.rs"]
-mod annexb;
+use vramring::packet::annexb;
 
 use annexb::{access_units, nal_type, nal_units, parameter_sets, AccessUnit};
 use proptest::prelude::*;

@@ -10,7 +10,7 @@ use vramring::memory::cuda::{
     code, CallRecord, CuContext, CuStream, CudaImport, CudaPool, DeviceSelector, Driver, FakeDevice, FakeDriver,
     PatternKernels,
 };
-use vramring::memory::{ExportedPool, ImportedPool, WriteCompletion};
+use vramring::memory::{ExportedPool, ImportedPool, OwnBuffer, WriteCompletion};
 use vramring::Error;
 
 const GPU: [u8; 16] = *b"fake-gpu-0123456";
@@ -352,6 +352,37 @@ fn a_frame_filled_by_the_publisher_arrives_whole_in_the_subscribers_own_buffer()
     // SAFETY: as above.
     unsafe { subd.memcpy_dtoh(&mut host, imp.dest_addr()) }.unwrap();
     vramring::testpattern::verify(&host, 42).unwrap();
+}
+
+#[test]
+fn a_frame_read_back_from_the_subscribers_own_device_buffer_is_whole_and_bounded() {
+    let pubd = publisher_process();
+    let subd = subscriber_process();
+    let pool = create(&pubd, 4 * MIB).unwrap();
+    let fill = PatternKernels::load(Arc::clone(&pubd), 0).unwrap();
+    let len = 460_800; // 640x480 NV12
+    let null = CuStream::from_bits(0);
+    // SAFETY: the range lies inside the pool's read-write mapping.
+    unsafe { fill.fill(pool.base_addr() + 2 * MIB, len, 7, null) }.unwrap();
+    pool.complete_writes(WriteCompletion::CudaStream(null.as_raw()))
+        .unwrap();
+    let mut imp = import(&subd, pool.export_fd().unwrap(), pool.pool_bytes(), false).unwrap();
+    let foreign = foreign_current(&subd);
+    imp.copy_out(2 * MIB, len).unwrap();
+    imp.complete().unwrap();
+    let mut host = vec![0u8; len as usize];
+    imp.read_own(OwnBuffer::Dest, &mut host).unwrap();
+    vramring::testpattern::verify(&host, 7).unwrap();
+    assert_eq!(subd.current(), Some(foreign), "the caller's context is current again");
+    // Past the subscriber's own buffer, or from push buffers it never made.
+    let mut big = vec![0u8; (imp.dest_capacity() + 1) as usize];
+    assert!(matches!(
+        imp.read_own(OwnBuffer::Dest, &mut big),
+        Err(Error::LayoutMismatch(_))
+    ));
+    assert!(imp.read_own(OwnBuffer::Push(0), &mut host[..16]).is_err());
+    imp.close().unwrap();
+    assert!(matches!(imp.read_own(OwnBuffer::Dest, &mut host), Err(Error::Closed)));
 }
 
 #[test]

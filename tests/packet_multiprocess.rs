@@ -18,8 +18,7 @@ mod common;
 #[allow(dead_code)]
 mod examples_common;
 
-#[path = "../examples/common/annexb.rs"]
-mod annexb;
+use vramring::packet::annexb;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -1,8 +1,7 @@
 //! The subscriber: connects, imports the pool once, and reads frames by
 //! copying them into its own buffer and validating after the copy.
 
-use crate::sync::atomic::Ordering;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -14,11 +13,12 @@ use crate::layout::{
     ClientLine, RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, BACKEND_CUDA, BACKEND_HOST, PUSH_BUFFERS,
     USER_META_BYTES,
 };
-use crate::memory::{BackendKind, ImportedPool};
+use crate::memory::{BackendKind, ImportedPool, OwnBuffer};
 use crate::ring::lease::{self, Lease};
 use crate::shm::{Region, SEALS_READ_ONLY};
-use crate::socket::msg::{self, Hello, Msg};
+use crate::socket::msg::{self, Hello, Msg, Welcome};
 use crate::socket::transport;
+use crate::sync::atomic::Ordering;
 use crate::time::monotonic_ns;
 
 /// How to subscribe.
@@ -204,6 +204,42 @@ impl Frame<'_> {
             None => self.sub.pool.dest_addr(),
         }
     }
+    /// Copies the frame (`len()` bytes, planes at the offsets of
+    /// [`Frame::geometry`]) into host memory `dst`, whatever the backend:
+    /// a `memcpy` for a host ring, a synchronous device-to-host copy in the
+    /// subscriber's own CUDA context for a CUDA ring. It reads the
+    /// subscriber's own copy of the frame (or its push buffer), never the
+    /// ring, so the bytes are the whole frame [`Subscriber::next`] proved.
+    ///
+    /// # Errors
+    /// [`Error::TooLarge`] when `dst` is shorter than the frame; backend
+    /// errors ([`Error::Driver`]).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use vramring::{Subscriber, SubscriberOptions};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut sub = Subscriber::connect("/run/vramring/cam0.sock", SubscriberOptions::default())?;
+    /// let frame = sub.next(Duration::from_secs(1))?;
+    /// let mut pixels = vec![0u8; frame.len() as usize];
+    /// frame.copy_to_host(&mut pixels)?; // host or CUDA ring alike
+    /// # Ok(()) }
+    /// ```
+    pub fn copy_to_host(&self, dst: &mut [u8]) -> Result<()> {
+        let len = usize::try_from(self.len()).map_err(|_| Error::TooLarge {
+            len: usize::MAX,
+            max: dst.len(),
+        })?;
+        if dst.len() < len {
+            return Err(Error::TooLarge { len, max: dst.len() });
+        }
+        let buf = match self.push {
+            Some(k) => OwnBuffer::Push(k),
+            None => OwnBuffer::Dest,
+        };
+        self.sub.pool.read_own(buf, &mut dst[..len])
+    }
     /// Whether the frame arrived by push delivery.
     pub fn pushed(&self) -> bool {
         self.push.is_some()
@@ -358,6 +394,47 @@ fn import_pool(info: &RingInfo, fd: Option<OwnedFd>, writable: bool) -> Result<B
     }
 }
 
+/// Maps a frame ring's control region (read-only) and subscriber table
+/// (read-write when `subs_writable`) from a Welcome's descriptors, and
+/// validates both against the Welcome.
+///
+/// # Errors
+/// [`Error::LayoutMismatch`] for missing seals, short regions or a header
+/// that disagrees with the Welcome; [`Error::Io`] when mapping fails.
+pub(crate) fn map_frame_ring(
+    welcome: &Welcome,
+    control_fd: BorrowedFd<'_>,
+    subs_fd: &OwnedFd,
+    client_fd: &OwnedFd,
+) -> Result<(Region, RingInfo, Region, Region)> {
+    // The control region must be sealed read-only and fixed-size: then
+    // the publisher cannot shrink it under our mapping, and we could not
+    // write it even by mistake.
+    Region::require_seals(control_fd, SEALS_READ_ONLY)?;
+    // `Region::at` treats a region too short for its struct as a bug, so
+    // a peer's short size is refused here, before any header is read.
+    if welcome.control_bytes < std::mem::size_of::<RingHeader>() as u64 {
+        return Err(Error::LayoutMismatch(format!(
+            "Welcome announces a control region of {} bytes, shorter than its header",
+            welcome.control_bytes
+        )));
+    }
+    let control = Region::map(control_fd, welcome.control_bytes, false)?;
+    let info = RingInfo::validate(control.at::<RingHeader>(0), control.len() as u64)?;
+    if info.epoch != welcome.epoch
+        || info.backend != welcome.backend
+        || info.pool_bytes != welcome.pool_bytes
+        || info.device_uuid != welcome.device_uuid
+    {
+        return Err(Error::LayoutMismatch(
+            "Welcome disagrees with the control region".into(),
+        ));
+    }
+    let (subs, client) = lease::map_table_and_client(welcome, subs_fd, client_fd)?;
+    subs.at::<SubsHeader>(0).validate(&info, subs.len() as u64)?;
+    Ok((control, info, subs, client))
+}
+
 impl Subscriber {
     /// Connects to the publisher at `path` and imports its ring.
     ///
@@ -417,31 +494,7 @@ impl Subscriber {
             return Err(Error::BadMessage("Welcome descriptors missing".into()));
         };
         let pool_fd = fds.next();
-        // The control region must be sealed read-only and fixed-size: then
-        // the publisher cannot shrink it under our mapping, and we could not
-        // write it even by mistake.
-        Region::require_seals(control_fd.as_fd(), SEALS_READ_ONLY)?;
-        // `Region::at` treats a region too short for its struct as a bug, so
-        // a peer's short size is refused here, before any header is read.
-        if welcome.control_bytes < std::mem::size_of::<RingHeader>() as u64 {
-            return Err(Error::LayoutMismatch(format!(
-                "Welcome announces a control region of {} bytes, shorter than its header",
-                welcome.control_bytes
-            )));
-        }
-        let control = Region::map(control_fd.as_fd(), welcome.control_bytes, false)?;
-        let info = RingInfo::validate(control.at::<RingHeader>(0), control.len() as u64)?;
-        if info.epoch != welcome.epoch
-            || info.backend != welcome.backend
-            || info.pool_bytes != welcome.pool_bytes
-            || info.device_uuid != welcome.device_uuid
-        {
-            return Err(Error::LayoutMismatch(
-                "Welcome disagrees with the control region".into(),
-            ));
-        }
-        let (subs, client) = lease::map_table_and_client(&welcome, &subs_fd, &client_fd)?;
-        subs.at::<SubsHeader>(0).validate(&info, subs.len() as u64)?;
+        let (control, info, subs, client) = map_frame_ring(&welcome, control_fd.as_fd(), &subs_fd, &client_fd)?;
         let lease = Lease::new(sock, subs, client, &welcome, info.max_subscribers, info.epoch)?;
         let writable = welcome.granted & msg::HELLO_WRITE != 0;
         if opts.write && !writable {
@@ -578,6 +631,20 @@ impl Subscriber {
     /// Counters.
     pub fn stats(&self) -> SubscriberStats {
         self.stats
+    }
+
+    /// A read-only snapshot of the ring this subscriber is attached to:
+    /// producer state and counters, slot descriptors and the subscriber
+    /// table (this subscriber's own entry marked `is_self`). See
+    /// [`crate::inspect`].
+    pub fn ring_status(&self) -> crate::inspect::RingStatus {
+        crate::inspect::frame_status(
+            &self.path,
+            &self.control,
+            &self.info,
+            self.lease.table(),
+            Some(self.lease.index()),
+        )
     }
 
     /// Two loads per call: whether our entry is still ours. If not (evicted,

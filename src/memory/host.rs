@@ -9,7 +9,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use memmap2::MmapMut;
 
 use crate::error::{Error, IoContext, Result};
-use crate::memory::{check_range, BackendKind, ExportedPool, ImportedPool, WriteCompletion};
+use crate::memory::{check_range, BackendKind, ExportedPool, ImportedPool, OwnBuffer, WriteCompletion};
 use crate::shm::{Region, SEALS_FIXED_SIZE, SEALS_READ_ONLY};
 
 /// The publisher's memfd pool.
@@ -252,6 +252,22 @@ impl ImportedPool for HostImport {
         // writes buffer `k` only while we do not hold it (push-hold
         // protocol); the caller holds it for the lifetime of the slice.
         Some(unsafe { std::slice::from_raw_parts(r.as_ptr().add(off as usize), len) })
+    }
+    fn read_own(&self, buf: OwnBuffer, dst: &mut [u8]) -> Result<()> {
+        let src = match buf {
+            OwnBuffer::Dest => self.dest_host(),
+            OwnBuffer::Push(k) => self.push_host(k, dst.len()),
+        };
+        match src {
+            Some(src) if src.len() >= dst.len() => {
+                dst.copy_from_slice(&src[..dst.len()]);
+                Ok(())
+            }
+            _ => Err(Error::LayoutMismatch(format!(
+                "{} bytes asked of the subscriber's own {buf:?} buffer, which is shorter",
+                dst.len()
+            ))),
+        }
     }
     fn close(&mut self) -> Result<()> {
         self.dest = None;

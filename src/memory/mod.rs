@@ -131,6 +131,16 @@ pub trait ExportedPool: Send {
     fn close(&mut self) -> Result<()>;
 }
 
+/// One of a subscriber's own buffers (never the shared pool), for
+/// [`ImportedPool::read_own`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnBuffer {
+    /// The buffer [`ImportedPool::copy_out`] copies frames into.
+    Dest,
+    /// Push delivery: buffer `k` of the subscriber's push buffers.
+    Push(usize),
+}
+
 /// A subscriber's side of a slot pool.
 pub trait ImportedPool: Send {
     /// The backend.
@@ -158,6 +168,17 @@ pub trait ImportedPool: Send {
     fn push_addr(&self, k: usize) -> u64;
     /// Push delivery: the first `len` bytes of buffer `k`, when host memory.
     fn push_host(&self, k: usize, len: usize) -> Option<&[u8]>;
+    /// Copies the first `dst.len()` bytes of one of this subscriber's own
+    /// buffers into host memory, synchronously (for CUDA a device-to-host
+    /// copy in the import's context). Call it after [`ImportedPool::complete`]
+    /// for the copy that filled the buffer. The shared pool is never read
+    /// here: the bytes are the subscriber's own, so they cannot tear.
+    ///
+    /// # Errors
+    /// [`crate::Error::LayoutMismatch`] when `dst` is longer than the
+    /// buffer (or the buffer does not exist); [`crate::Error::Closed`];
+    /// [`crate::Error::Driver`].
+    fn read_own(&self, buf: OwnBuffer, dst: &mut [u8]) -> Result<()>;
     /// Releases everything. Retryable after an error; idempotent after success.
     fn close(&mut self) -> Result<()>;
 }

@@ -81,6 +81,7 @@
 //! keyframe after the lost packet (or waits for the next one to come), and
 //! [`Packet::skipped`] counts the packets never delivered in between.
 
+pub mod annexb;
 pub mod layout;
 mod protocol;
 mod publisher;
@@ -96,5 +97,6 @@ pub use layout::{
 };
 pub use publisher::{PacketPublisher, PacketPublisherConfig};
 pub use reader::{Packet, PacketBorrow, PacketReader, PacketReaderStats};
+pub(crate) use subscriber::map_packet_table;
 pub use subscriber::{PacketSubscriber, PacketSubscriberOptions};
 pub use writer::{PacketMeta, PacketRingConfig, PacketWriter, Placement};

@@ -165,7 +165,7 @@ impl PacketReader {
         self.region.at(0)
     }
 
-    fn record(&self, seq: u64) -> &PacketRecord {
+    pub(crate) fn record(&self, seq: u64) -> &PacketRecord {
         // `record_at` masks the seq with `record_count - 1` (validated).
         self.region.at(self.info.record_at(seq))
     }

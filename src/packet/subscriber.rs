@@ -2,7 +2,7 @@
 //! ring read-only, and reads packets with futex wakeups; optionally
 //! lossless.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,8 @@ use crate::layout::SubsHeader;
 use crate::ring::lease::{self, Lease};
 use crate::ring::{wait_on, Bell, WaitOutcome};
 
-use crate::socket::msg::{self, Hello};
+use crate::shm::Region;
+use crate::socket::msg::{self, Hello, Welcome};
 
 /// How often the non-blocking reads look at the publisher's socket when
 /// there is nothing to read (blocking reads check it between park slices).
@@ -117,6 +118,27 @@ impl std::fmt::Debug for PacketSubscriber {
     }
 }
 
+/// Maps a packet ring's subscriber table (read-write when `writable`) from
+/// a Welcome's descriptor and validates it; returns it and its entry count.
+///
+/// # Errors
+/// [`Error::LayoutMismatch`] for missing seals, a short table or one of
+/// another publisher instance; [`Error::Io`] when mapping fails.
+pub(crate) fn map_packet_table(
+    welcome: &Welcome,
+    subs_fd: &OwnedFd,
+    client_fd: &OwnedFd,
+) -> Result<(Region, Region, u32)> {
+    let (subs, client) = lease::map_table_and_client(welcome, subs_fd, client_fd)?;
+    let (max, subs_epoch) = subs.at::<SubsHeader>(0).validate_shape(subs.len() as u64)?;
+    if subs_epoch != welcome.epoch {
+        return Err(Error::LayoutMismatch(
+            "subscriber table belongs to another publisher instance".into(),
+        ));
+    }
+    Ok((subs, client, max))
+}
+
 impl PacketSubscriber {
     /// Connects to the packet publisher at `path` and maps its ring.
     ///
@@ -154,13 +176,7 @@ impl PacketSubscriber {
                 reason: "lossless not granted".into(),
             });
         }
-        let (subs, client) = lease::map_table_and_client(&welcome, &subs_fd, &client_fd)?;
-        let (max, subs_epoch) = subs.at::<SubsHeader>(0).validate_shape(subs.len() as u64)?;
-        if subs_epoch != welcome.epoch {
-            return Err(Error::LayoutMismatch(
-                "subscriber table belongs to another publisher instance".into(),
-            ));
-        }
+        let (subs, client, max) = map_packet_table(&welcome, &subs_fd, &client_fd)?;
         // `PacketReader::open_for` re-validates the ring's own header; the
         // entry must be ours before it reads the cursor the service set.
         let lease = Lease::new(sock, subs, client, &welcome, max, welcome.epoch)?;
@@ -188,6 +204,14 @@ impl PacketSubscriber {
     /// Counters.
     pub fn stats(&self) -> PacketReaderStats {
         self.reader.stats()
+    }
+
+    /// A read-only snapshot of the packet ring this subscriber is attached
+    /// to: producer state, positions, codec parameters, the newest records
+    /// and the subscriber table (this subscriber's own entry marked
+    /// `is_self`). See [`crate::inspect`].
+    pub fn ring_status(&self) -> crate::inspect::RingStatus {
+        crate::inspect::packet_status(&self.path, &self.reader, self.lease.table(), Some(self.lease.index()))
     }
 
     /// The publisher instance.

@@ -126,6 +126,8 @@ impl Lease {
     /// entries, `epoch`), with our client region.
     ///
     /// # Errors
+    /// [`Error::ProducerGone`] when the publisher closed since its Welcome
+    /// (the entry is free again and the socket says Bye or EOF);
     /// [`Error::LayoutMismatch`] when the index is out of range or the entry
     /// is not active with the Welcome's generation.
     pub(crate) fn new(
@@ -149,6 +151,12 @@ impl Lease {
             draining: false,
         };
         if !lease.still_ours() {
+            // A publisher that closed between its Welcome and now freed the
+            // entry and said Bye (or hung up): that is a publisher gone, not
+            // a bad layout.
+            if transport::readable(lease.sock.as_fd(), Duration::ZERO).unwrap_or(true) {
+                return Err(Error::ProducerGone { epoch });
+            }
             return Err(Error::LayoutMismatch("our subscriber entry is not active".into()));
         }
         Ok(lease)
@@ -179,6 +187,12 @@ impl Lease {
     /// A handle on our client region that keeps it mapped.
     pub(crate) fn client_ref(&self) -> ClientRef {
         ClientRef(Arc::clone(&self.client))
+    }
+
+    /// The whole subscriber table (for inspection; read only).
+    pub(crate) fn table(&self) -> &[SubEntry] {
+        self.subs
+            .slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), self.max_subscribers as usize)
     }
 
     /// Whether the entry is still active and ours (two loads).

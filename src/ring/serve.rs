@@ -72,6 +72,9 @@ pub(crate) trait Served: Send + Sync + 'static {
 /// the poll. Only the producer's heartbeat and the counters mirrored for
 /// inspection wait for this tick.
 const IDLE_TICK: Duration = Duration::from_secs(1);
+/// Longest poll while subscribers are connected: their counters are
+/// copied into the table this often, for inspection tools (`vramring top`).
+const MIRROR_TICK: Duration = Duration::from_millis(250);
 /// Pause after a failed poll or accept.
 const RETRY: Duration = Duration::from_millis(20);
 
@@ -218,7 +221,7 @@ pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
                 State::Pending { deadline } => Some(deadline.saturating_duration_since(Instant::now())),
                 State::Active { .. } => None,
             })
-            .fold(IDLE_TICK, Duration::min);
+            .fold(if conns.is_empty() { IDLE_TICK } else { MIRROR_TICK }, Duration::min);
         let (listener_ready, ready) = match poll(&listener, &sh.state().waker, &conns, timeout) {
             Ok(r) => r,
             Err(e) => {

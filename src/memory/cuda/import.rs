@@ -10,7 +10,7 @@ use super::mapping::VmmMapping;
 use super::real::RealDriver;
 use super::{find_device_by_uuid, format_uuid, round_up};
 use crate::error::{Error, Result};
-use crate::memory::{check_range, BackendKind, ImportedPool};
+use crate::memory::{check_range, BackendKind, ImportedPool, OwnBuffer};
 
 /// The subscriber's own buffer grows in steps of this many bytes.
 const DEST_STEP: u64 = 2 << 20;
@@ -357,6 +357,37 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
 
     fn push_host(&self, _k: usize, _len: usize) -> Option<&[u8]> {
         None
+    }
+
+    fn read_own(&self, buf: OwnBuffer, dst: &mut [u8]) -> Result<()> {
+        let ctx = self.open_ctx()?;
+        let len = dst.len() as u64;
+        let src = match buf {
+            OwnBuffer::Dest => {
+                check_range("subscriber's own buffer", 0, len, self.dest_cap)?;
+                self.dest.ok_or(Error::Closed)?
+            }
+            OwnBuffer::Push(k) => {
+                let off = (k as u64).saturating_mul(self.push_stride);
+                check_range("push buffer", 0, len, self.push_stride)?;
+                check_range("push buffers", off, self.push_stride, self.push.bytes())?;
+                match self.push.addr() {
+                    0 => return Err(Error::Closed),
+                    base => base + off,
+                }
+            }
+        };
+        if len == 0 {
+            return Ok(());
+        }
+        let body = |d: &D| -> Result<()> {
+            // SAFETY: `src..src + len` lies inside one of our own live
+            // allocations (checked above), in `ctx`; `dst` is a host buffer
+            // of exactly `len` bytes.
+            Ok(unsafe { d.memcpy_dtoh(dst, src) }?)
+        };
+        // SAFETY: `ctx` is retained while the import is open (checked above).
+        unsafe { with_context(&*self.driver, ctx, body) }
     }
 
     fn close(&mut self) -> Result<()> {

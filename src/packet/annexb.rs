@@ -1,12 +1,6 @@
-//! A small H.264 Annex-B splitter: NAL units, access units and parameter sets.
-//!
-//! Standalone (std only, no dependency on `vramring`) so that both tests and
-//! examples can include it:
-//!
-//! ```ignore
-//! #[path = "../examples/common/annexb.rs"] mod annexb; // from tests/
-//! #[path = "common/annexb.rs"] mod annexb;             // from examples/
-//! ```
+//! A small H.264 Annex-B splitter: NAL units, access units and parameter
+//! sets, for publishing an elementary stream on a packet ring one access
+//! unit per packet (`examples/packet_producer.rs`, `vramring play`).
 //!
 //! The splitter is lossless: every byte of the input belongs to exactly one
 //! NAL unit range or access unit, so concatenating the pieces reproduces the
@@ -20,8 +14,20 @@
 //! detected; neither are the finer "first VCL NAL of a new primary picture"
 //! tests of §7.4.1.2.4 (frame_num, pps_id, … changes). Streams from common
 //! encoders (x264, NVENC, …) are split correctly.
-
-#![allow(dead_code)]
+//!
+//! # Examples
+//! ```
+//! use vramring::packet::annexb;
+//! // SPS, PPS, IDR slice, then a non-IDR slice: two access units.
+//! let stream = [
+//!     0, 0, 0, 1, 0x67, 0x42, 0, 0, 0, 1, 0x68, 0xce, 0, 0, 1, 0x65, 0x88, 0x84, 0, 0, 1, 0x41, 0x9a,
+//! ];
+//! let aus = annexb::access_units(&stream);
+//! assert_eq!(aus.len(), 2);
+//! assert!(aus[0].key && !aus[1].key);
+//! assert_eq!(aus.iter().map(|a| a.bytes.len()).sum::<usize>(), stream.len());
+//! assert_eq!(annexb::parameter_sets(aus[0].bytes), &stream[..12]);
+//! ```
 
 /// `nal_unit_type` of a non-IDR coded slice.
 pub const NAL_SLICE: u8 = 1;
