@@ -42,6 +42,8 @@ pub mod format;
 pub mod layout;
 pub mod lifecycle;
 pub mod memory;
+#[cfg(feature = "nvdec")]
+pub mod nvdec;
 pub mod packet;
 pub mod protocol;
 pub mod publisher;
