@@ -33,7 +33,6 @@ use vramring::{BackendChoice, BackendKind, Error, Format, FrameMeta, Policy, Pub
 mod common;
 
 #[path = "common/annexb.rs"]
-#[allow(dead_code)]
 mod annexb;
 
 use common::{emit, stop_requested, Json};
@@ -148,11 +147,12 @@ fn run(cli: &Cli) -> vramring::Result<()> {
         let subs = out.publisher.as_ref().map_or(0, |p| p.stats().subscribers);
         if cli.json {
             emit(
-                &Json::event("progress")
+                &Json::event("status")
+                    .str("role", "producer")
                     .u64("decoded", decoded)
                     .u64("published", out.published)
                     .u64("subscribers", u64::from(subs))
-                    .f64("fps", decoded as f64 / secs)
+                    .f64("fps", out.published as f64 / secs)
                     .finish(),
             );
         } else {
@@ -225,6 +225,7 @@ fn run(cli: &Cli) -> vramring::Result<()> {
     if cli.json {
         emit(
             &Json::event("final")
+                .str("role", "producer")
                 .u64("decoded", decoded)
                 .u64("published", out.published)
                 .u64("loops", u64::from(out.loop_no))
@@ -259,12 +260,29 @@ fn run(cli: &Cli) -> vramring::Result<()> {
 fn publish(cli: &Cli, out: &mut Out, f: &DecodedFrame<'_>) -> vramring::Result<()> {
     if out.publisher.is_none() {
         let backend = cli.backend.unwrap_or(BackendChoice::Cuda(cli.device));
-        let policy = if cli.lossless { Policy::Lossless } else { Policy::Overwrite };
+        let policy = if cli.lossless {
+            Policy::Lossless
+        } else {
+            Policy::Overwrite
+        };
         let cfg = RingConfig::new(Format::Nv12, f.width(), f.height())
             .slots(cli.slots)
             .backend(backend)
             .policy(policy);
         let p = Publisher::create(&cli.socket, cfg)?;
+        if cli.json {
+            emit(
+                &Json::event("ready")
+                    .str("role", "producer")
+                    .str("socket", &cli.socket.display().to_string())
+                    .str("backend", p.backend().name())
+                    .str("format", "nv12")
+                    .u64("width", f.width().into())
+                    .u64("height", f.height().into())
+                    .u64("slots", cli.slots.into())
+                    .finish(),
+            );
+        }
         let waited = Instant::now();
         while p.stats().subscribers < cli.wait_subscribers {
             if stop_requested() || waited.elapsed() > Duration::from_secs(cli.wait_secs) {

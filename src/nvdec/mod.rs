@@ -8,7 +8,9 @@
 //! CUDA toolkit and no Video Codec SDK. Where the library or a GPU is
 //! missing, [`Decoder::new`] returns [`Error::DecoderUnavailable`] or
 //! [`Error::CudaUnavailable`]; a stream the GPU cannot decode gives
-//! [`Error::UnsupportedStream`].
+//! [`Error::UnsupportedStream`]. `VRAMRING_NVCUVID` names the library to
+//! open instead of `libnvcuvid.so.1` (a path, for a driver installed outside
+//! the loader's search path).
 //!
 //! # How a frame travels
 //! 1. [`Decoder::decode`] hands one access unit to NVDEC's parser, which
@@ -271,7 +273,11 @@ impl State {
             )));
         }
         let a = f.display_area;
-        if a.left < 0 || a.top < 0 || a.right <= a.left || a.bottom <= a.top || a.right as u32 > f.coded_width
+        if a.left < 0
+            || a.top < 0
+            || a.right <= a.left
+            || a.bottom <= a.top
+            || a.right as u32 > f.coded_width
             || a.bottom as u32 > f.coded_height
         {
             return Err(Error::UnsupportedStream(format!(
@@ -318,7 +324,9 @@ impl State {
         check("cuvidGetDecoderCaps", unsafe { (self.lib.get_decoder_caps)(&mut caps) })?;
         let what = format!("{} 4:2:0 8-bit", Codec::from_raw(f.codec));
         if caps.is_supported == 0 {
-            return Err(Error::UnsupportedStream(format!("{what} is not supported by this GPU's NVDEC")));
+            return Err(Error::UnsupportedStream(format!(
+                "{what} is not supported by this GPU's NVDEC"
+            )));
         }
         if f.coded_width > caps.max_width
             || f.coded_height > caps.max_height
@@ -328,11 +336,19 @@ impl State {
         {
             return Err(Error::UnsupportedStream(format!(
                 "{what} at {}x{}: this GPU's NVDEC takes {}x{} to {}x{}, at most {} macroblocks",
-                f.coded_width, f.coded_height, caps.min_width, caps.min_height, caps.max_width, caps.max_height, caps.max_mb_count
+                f.coded_width,
+                f.coded_height,
+                caps.min_width,
+                caps.min_height,
+                caps.max_width,
+                caps.max_height,
+                caps.max_mb_count
             )));
         }
         if caps.output_format_mask & (1 << sys::SURFACE_NV12) == 0 {
-            return Err(Error::UnsupportedStream(format!("{what}: this GPU's NVDEC has no NV12 output")));
+            return Err(Error::UnsupportedStream(format!(
+                "{what}: this GPU's NVDEC has no NV12 output"
+            )));
         }
         // Target size = coded size and no display-area crop: the surfaces
         // are the decoder's own pictures with no post-processing (no scaler
@@ -367,7 +383,9 @@ impl State {
         let mut dec: sys::VideoDecoder = std::ptr::null_mut();
         // SAFETY: `ci` is a valid `CUVIDDECODECREATEINFO` whose lock is live;
         // `dec` is a valid out-parameter; the context is current.
-        check("cuvidCreateDecoder", unsafe { (self.lib.create_decoder)(&mut dec, &mut ci) })?;
+        check("cuvidCreateDecoder", unsafe {
+            (self.lib.create_decoder)(&mut dec, &mut ci)
+        })?;
         self.decoder = dec;
         self.info = Some(info);
         tracing::debug!(?info, "NVDEC decoder created");
@@ -382,7 +400,9 @@ impl State {
         }
         // SAFETY: `pic` is the parser's `CUVIDPICPARAMS` for this callback,
         // valid for its duration; the decoder is live; the context is current.
-        check("cuvidDecodePicture", unsafe { (self.lib.decode_picture)(self.decoder, pic) })
+        check("cuvidDecodePicture", unsafe {
+            (self.lib.decode_picture)(self.decoder, pic)
+        })
     }
 }
 
@@ -523,8 +543,22 @@ impl DecodedFrame<'_> {
         // memory of this device's primary context or in the host pool's
         // mapping; the sources are the mapped surface's display rectangle.
         unsafe {
-            self.copy_plane(self.luma_addr(), dst_y, y.pitch, u64::from(self.width()), u64::from(self.height()), host)?;
-            self.copy_plane(self.chroma_addr(), dst_uv, uv.pitch, u64::from(self.width()), u64::from(self.height() / 2), host)?;
+            self.copy_plane(
+                self.luma_addr(),
+                dst_y,
+                y.pitch,
+                u64::from(self.width()),
+                u64::from(self.height()),
+                host,
+            )?;
+            self.copy_plane(
+                self.chroma_addr(),
+                dst_uv,
+                uv.pitch,
+                u64::from(self.width()),
+                u64::from(self.height() / 2),
+                host,
+            )?;
         }
         if host {
             let d = RealDriver::shared()?;
@@ -579,7 +613,11 @@ impl DecodedFrame<'_> {
             } else {
                 CUmemorytype::CU_MEMORYTYPE_DEVICE
             },
-            dstHost: if host { dst as usize as *mut c_void } else { std::ptr::null_mut() },
+            dstHost: if host {
+                dst as usize as *mut c_void
+            } else {
+                std::ptr::null_mut()
+            },
             dstDevice: if host { 0 } else { dst },
             dstArray: std::ptr::null_mut(),
             dstPitch: dst_pitch as usize,
@@ -590,7 +628,9 @@ impl DecodedFrame<'_> {
         // unmap, which waits for the stream) to memory the caller vouches
         // for; the stream is the decoder's, live; the decoder's context is
         // current during the sink call.
-        check("cuMemcpy2DAsync", unsafe { (self.memcpy2d)(&c, self.stream.as_raw().cast()) })
+        check("cuMemcpy2DAsync", unsafe {
+            (self.memcpy2d)(&c, self.stream.as_raw().cast())
+        })
     }
 }
 
@@ -827,7 +867,9 @@ impl Decoder {
             };
             let (Some(info), false) = (st.info, st.decoder.is_null()) else {
                 st.pending.clear();
-                return Err(Error::UnsupportedStream("a picture was output before any sequence header".into()));
+                return Err(Error::UnsupportedStream(
+                    "a picture was output before any sequence header".into(),
+                ));
             };
             let decoder = st.decoder;
             let mut pp = sys::ProcParams {
@@ -873,7 +915,9 @@ impl Decoder {
             // every copy out of it has finished.
             let synced = unsafe { self.driver.stream_synchronize(stream) }.map_err(Error::from);
             // SAFETY: `ptr` was mapped above from this decoder.
-            let unmapped = check("cuvidUnmapVideoFrame64", unsafe { (self.lib.unmap_video_frame64)(decoder, ptr) });
+            let unmapped = check("cuvidUnmapVideoFrame64", unsafe {
+                (self.lib.unmap_video_frame64)(decoder, ptr)
+            });
             self.output += 1;
             if let Err(e) = r.and(synced).and(unmapped) {
                 // SAFETY: as above.
@@ -889,7 +933,9 @@ impl Decoder {
             return Ok(());
         }
         // SAFETY: the parser is live and not in a parse call.
-        check("cuvidDestroyVideoParser", unsafe { (self.lib.destroy_video_parser)(self.parser) })?;
+        check("cuvidDestroyVideoParser", unsafe {
+            (self.lib.destroy_video_parser)(self.parser)
+        })?;
         self.parser = std::ptr::null_mut();
         // SAFETY: no other reference to the state is live.
         unsafe { (*self.state).pending.clear() };

@@ -291,6 +291,10 @@ pub struct Nvcuvid {
 /// development symlink.
 const LIBRARY_NAMES: [&str; 2] = ["libnvcuvid.so.1", "libnvcuvid.so"];
 
+/// Environment variable naming the library to open instead (a path or a
+/// soname), for a driver installed outside the loader's search path.
+pub const LIBRARY_ENV: &str = "VRAMRING_NVCUVID";
+
 impl Nvcuvid {
     /// Opens `libnvcuvid` and resolves every entry point.
     ///
@@ -300,7 +304,12 @@ impl Nvcuvid {
     pub fn load() -> Result<Nvcuvid, String> {
         let mut tried = Vec::new();
         let mut lib = None;
-        for name in LIBRARY_NAMES {
+        let over = std::env::var(LIBRARY_ENV).ok().filter(|v| !v.is_empty());
+        let names: Vec<&str> = match &over {
+            Some(v) => vec![v.as_str()],
+            None => LIBRARY_NAMES.to_vec(),
+        };
+        for name in names {
             // SAFETY: opening the driver's video library runs its
             // initialisers, which only set up the library itself; nothing
             // else in this process depends on it being absent.
