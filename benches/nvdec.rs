@@ -14,8 +14,8 @@
 //!    never a frame period behind its schedule.
 //!
 //! ```text
-//! cargo bench --features nvdec --bench nvdec -- [--secs 3] [--streams 1,4,8] \
-//!     [--capacity 1,8,16,32,64] [--capacity-secs 4]
+//! cargo bench --features nvdec --bench nvdec -- [--secs 3] [--streams 1,4,8,16,32] \
+//!     [--capacity 1,16,64,128,192] [--capacity-secs 4]
 //! ```
 //! Prints one line per measurement and a JSON line (`"bench":"nvdec"`) each.
 
@@ -46,8 +46,8 @@ fn parse_list(s: &str) -> Vec<usize> {
 fn args() -> Args {
     let mut a = Args {
         secs: 3.0,
-        streams: vec![1, 4, 8],
-        capacity: vec![1, 8, 16, 32, 64],
+        streams: vec![1, 4, 8, 16, 32],
+        capacity: vec![1, 16, 64, 128, 192],
         capacity_secs: 4.0,
     };
     let v: Vec<String> = std::env::args().skip(1).collect();
@@ -70,7 +70,11 @@ fn args() -> Args {
 }
 
 fn clip() -> Vec<u8> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip1080.h264");
+    // `VRAMRING_TEST_DATA` overrides `tests/data` (staged binaries).
+    let p = match std::env::var_os("VRAMRING_TEST_DATA") {
+        Some(d) => PathBuf::from(d).join("clip1080.h264"),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip1080.h264"),
+    };
     std::fs::read(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
 }
 
@@ -84,15 +88,28 @@ fn pct(v: &mut [u64], p: f64) -> u64 {
 
 /// Decodes the clip in a loop for `secs`, calling `sink` per picture;
 /// returns pictures out and the elapsed time.
+///
+/// Warm-up first: the first access unit (its sequence header makes the
+/// hardware decoder, which takes tens of ms and serialises across
+/// decoders) is decoded and flushed into a no-op sink; then every stream
+/// waits at `ready`, sleeps `stagger`, and the measured run starts.
 fn run_stream(
     stream: &[u8],
     secs: f64,
     mut sink: impl FnMut(&DecodedFrame<'_>) -> vramring::Result<()>,
     pace: Option<Duration>,
     stop: &AtomicBool,
+    ready: &Barrier,
+    stagger: Duration,
 ) -> (u64, Duration) {
     let units = annexb::access_units(stream);
     let mut dec = Decoder::new(DecoderOptions::new(Codec::H264)).expect("an NVDEC decoder");
+    dec.decode(units[0].bytes, Some(0), &mut |_| Ok(()))
+        .expect("warm-up decode");
+    dec.flush(&mut |_| Ok(())).expect("warm-up flush");
+    let warm = dec.output_count();
+    ready.wait();
+    std::thread::sleep(stagger);
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(secs);
     let mut next = start;
@@ -112,7 +129,7 @@ fn run_stream(
         }
         dec.flush(&mut sink).expect("flush");
     }
-    let n = dec.output_count();
+    let n = dec.output_count() - warm;
     let el = start.elapsed();
     dec.close().expect("close");
     (n, el)
@@ -129,10 +146,7 @@ fn decode_only(stream: &Arc<Vec<u8>>, n: usize, secs: f64) -> f64 {
     let handles: Vec<_> = (0..n)
         .map(|_| {
             let (s, b, st) = (Arc::clone(stream), Arc::clone(&barrier), Arc::clone(&stop));
-            std::thread::spawn(move || {
-                b.wait();
-                run_stream(&s, secs, |_f| Ok(()), None, &st)
-            })
+            std::thread::spawn(move || run_stream(&s, secs, |_f| Ok(()), None, &st, &b, Duration::ZERO))
         })
         .collect();
     let res: Vec<(u64, Duration)> = handles.into_iter().map(|h| h.join().expect("thread")).collect();
@@ -175,7 +189,6 @@ fn decode_ring(stream: &Arc<Vec<u8>>, n: usize, secs: f64, dir: &Path) -> (f64, 
                     .backend(BackendChoice::Cuda(0));
                 let mut p = Publisher::create(&path, cfg).expect("publisher");
                 let mut times = Vec::new();
-                b.wait();
                 let r = run_stream(
                     &s,
                     secs,
@@ -191,6 +204,8 @@ fn decode_ring(stream: &Arc<Vec<u8>>, n: usize, secs: f64, dir: &Path) -> (f64, 
                     },
                     None,
                     &st,
+                    &b,
+                    Duration::ZERO,
                 );
                 p.close().expect("close");
                 (r, times)
@@ -238,7 +253,7 @@ fn capacity(stream: &Arc<Vec<u8>>, n: usize, secs: f64, dir: &Path) -> bool {
     let received = Arc::new(AtomicU64::new(0));
     let skipped = Arc::new(AtomicU64::new(0));
     let sub_errors = Arc::new(AtomicU64::new(0));
-    let ready = Arc::new(Barrier::new(n + 1));
+    let ready = Arc::new(Barrier::new(n));
     let mut handles = Vec::new();
     for k in 0..n {
         let s = Arc::clone(stream);
@@ -283,21 +298,22 @@ fn capacity(stream: &Arc<Vec<u8>>, n: usize, secs: f64, dir: &Path) -> bool {
                     })
                 })
                 .collect();
-            rd.wait();
-            // Stagger the streams over one frame period.
-            std::thread::sleep(PERIOD_25FPS * k as u32 / n as u32);
-            let start = Instant::now();
-            let mut due = start;
+            // The schedule starts at the stream's first output picture: the
+            // parser's display delay and the B-frame reorder depth hold the
+            // first pictures back by a constant number of access units, and
+            // making the decoder is not part of keeping 25 fps.
+            let mut due: Option<Instant> = None;
             run_stream(
                 &s,
                 secs,
                 |f| {
                     let now = Instant::now();
-                    if now > due + PERIOD_25FPS {
+                    let d = *due.get_or_insert(now);
+                    if now > d + PERIOD_25FPS {
                         lt.fetch_add(1, Ordering::Relaxed);
                     }
-                    ml.fetch_max(now.saturating_duration_since(due).as_micros() as u64, Ordering::Relaxed);
-                    due += PERIOD_25FPS;
+                    ml.fetch_max(now.saturating_duration_since(d).as_micros() as u64, Ordering::Relaxed);
+                    due = Some(d + PERIOD_25FPS);
                     let mut slot = p.loan(Duration::from_millis(100))?;
                     f.copy_to_slot(&mut slot)?;
                     // SAFETY: the decoder's stream is of the ring's device's
@@ -308,6 +324,9 @@ fn capacity(stream: &Arc<Vec<u8>>, n: usize, secs: f64, dir: &Path) -> bool {
                 },
                 Some(PERIOD_25FPS),
                 &st,
+                &rd,
+                // Stagger the streams over one frame period.
+                PERIOD_25FPS * k as u32 / n as u32,
             );
             // Let the subscribers read the last frames before the ring closes.
             std::thread::sleep(Duration::from_millis(200));
@@ -317,7 +336,6 @@ fn capacity(stream: &Arc<Vec<u8>>, n: usize, secs: f64, dir: &Path) -> bool {
             }
         }));
     }
-    ready.wait();
     for h in handles {
         h.join().expect("stream thread");
     }
@@ -331,7 +349,9 @@ fn capacity(stream: &Arc<Vec<u8>>, n: usize, secs: f64, dir: &Path) -> bool {
     );
     let ml = max_late_us.load(Ordering::Relaxed);
     let expected = (n as f64 * 25.0 * secs) as u64;
-    let pass = sk == 0 && lt == 0 && se == 0 && rc == 4 * pb && pb + 2 * n as u64 >= expected;
+    // Published may fall short of the schedule by the display lag (a few
+    // pictures per stream): those are still in the decoder when time is up.
+    let pass = sk == 0 && lt == 0 && se == 0 && rc == 4 * pb && pb + 4 * n as u64 >= expected;
     println!(
         "capacity streams {n:3} @25fps x4 subs: published {pb} (schedule {expected}), received {rc} (4x = {}), skipped {sk}, late {lt}, max lateness {:.1} ms, subscriber errors {se}: {}",
         4 * pb,

@@ -307,7 +307,7 @@ fn run_demo(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
     while let Ok((k, line)) = rx.recv_timeout(Duration::from_millis(100)) {
         record(&mut procs[k], &line);
     }
-    print_final(&procs)
+    print_final(&procs, clip)
 }
 
 fn record(p: &mut Proc, line: &str) {
@@ -394,7 +394,7 @@ fn draw_status(procs: &[Proc], start: Instant, tty: bool, drawn: usize) -> usize
     lines.len()
 }
 
-fn print_final(procs: &[Proc]) -> Result<(), Box<dyn std::error::Error>> {
+fn print_final(procs: &[Proc], clip: bool) -> Result<(), Box<dyn std::error::Error>> {
     println!();
     println!(
         "{:<15} {:>10} {:>9} {:>10} {:>10} {:>9} {:>9} {:>5}  exit",
@@ -450,7 +450,10 @@ fn print_final(procs: &[Proc]) -> Result<(), Box<dyn std::error::Error>> {
     if torn > 0 {
         problems.push(format!("{torn} torn frames"));
     }
-    if problems.is_empty() {
+    if problems.is_empty() && clip {
+        println!("frames are decoded video, not pattern-checked here (tests/gpu_nvdec.rs proves them bit-exact)");
+        Ok(())
+    } else if problems.is_empty() {
         println!("every delivered frame verified: torn = 0");
         Ok(())
     } else {
