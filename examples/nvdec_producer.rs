@@ -166,15 +166,34 @@ fn run(cli: &Cli) -> vramring::Result<()> {
     if let Some(packets) = &cli.packets {
         let mut sub = PacketSubscriber::connect(packets, PacketSubscriberOptions::new().name("nvdec_producer"))?;
         let mut buf = Vec::new();
+        let mut params = Vec::new();
+        let mut au = Vec::new();
+        // The reader joins (and resyncs after an overrun) at a keyframe; the
+        // ring's codec parameters go in front of it, for cameras that do not
+        // repeat SPS/PPS before every keyframe.
+        let mut need_params = true;
         while !stop_requested() {
             let p = match sub.next_copy(&mut buf, Duration::from_millis(500)) {
                 Ok(p) => p,
                 Err(Error::Timeout(..)) => continue,
-                Err(Error::PacketOverrun { .. }) => continue,
+                Err(Error::PacketOverrun { .. }) => {
+                    need_params = true;
+                    continue;
+                }
                 Err(Error::ProducerGone { .. }) => break,
                 Err(e) => return Err(e),
             };
-            decoder.decode(&buf[..p.len], Some(p.pts), &mut |f| publish(cli, &mut out, f))?;
+            let data = if need_params {
+                sub.codec_params(&mut params)?;
+                need_params = false;
+                au.clear();
+                au.extend_from_slice(&params);
+                au.extend_from_slice(&buf[..p.len]);
+                &au[..]
+            } else {
+                &buf[..p.len]
+            };
+            decoder.decode(data, Some(p.pts), &mut |f| publish(cli, &mut out, f))?;
             report(&out, decoder.output_count());
         }
         decoder.flush(&mut |f| publish(cli, &mut out, f))?;
