@@ -282,8 +282,11 @@ fn capacity(stream: &Arc<Vec<u8>>, n: usize, secs: f64, dir: &Path) -> bool {
                         .name(format!("bench-{k}-{j}"));
                     let mut sub = Subscriber::connect(&path, opts).expect("subscriber");
                     let (rc, sk, se) = (Arc::clone(&rc), Arc::clone(&sk), Arc::clone(&se));
+                    // A long timeout: the first frame comes only after every
+                    // stream's warm-up (hardware decoders are made one after
+                    // another, ~70 ms each); the end is ProducerGone.
                     std::thread::spawn(move || loop {
-                        match sub.next(Duration::from_secs(5)) {
+                        match sub.next(Duration::from_secs(60)) {
                             Ok(f) => {
                                 sk.fetch_add(f.skipped(), Ordering::Relaxed);
                                 rc.fetch_add(1, Ordering::Relaxed);
