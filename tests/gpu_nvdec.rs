@@ -39,8 +39,13 @@ use vramring::{Error, Subscriber, SubscriberOptions};
 const SUB_ENV: &str = "VRAMRING_NVDEC_SUB";
 const SELF_TEST: &str = "ring_subscribers_match_ffmpeg_pull_push_and_namespaced";
 
+/// `tests/data`, or `VRAMRING_TEST_DATA` (a GPU machine that runs staged
+/// binaries from another checkout).
 fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+    match std::env::var_os("VRAMRING_TEST_DATA") {
+        Some(d) => PathBuf::from(d).join(name),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name),
+    }
 }
 
 struct Clip {
