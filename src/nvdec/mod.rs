@@ -949,7 +949,9 @@ impl Decoder {
     /// # Errors
     /// The first failing release; what failed stays for a retry.
     pub fn close(&mut self) -> Result<()> {
-        let Some(ctx) = self.ctx else { return Ok(()) };
+        if self.ctx.is_none() {
+            return Ok(());
+        }
         self.in_context(|d| {
             d.destroy_parser()?;
             // SAFETY: no other reference to the state is live.
@@ -971,7 +973,6 @@ impl Decoder {
             }
             Ok(())
         })?;
-        let _ = ctx;
         self.driver.primary_ctx_release(self.device)?;
         self.ctx = None;
         Ok(())
@@ -987,26 +988,4 @@ impl Drop for Decoder {
         // is destroyed (or, after a failed close, never called again).
         drop(unsafe { Box::from_raw(self.state) });
     }
-}
-
-/// MD5 of an NV12 picture's bytes without pitch padding: `height` rows of
-/// `width` luma bytes, then `height / 2` rows of `width` interleaved UV
-/// bytes, which is the digest `ffmpeg -f framemd5 -pix_fmt nv12` writes per
-/// frame. `planes` gives each plane's bytes and pitch.
-///
-/// Lives here so the GPU test, the example and a subscriber in another
-/// language agree on what is hashed; the digest itself comes from the
-/// `md-5` crate in the tests.
-pub fn nv12_rows<'a>(
-    width: u32,
-    height: u32,
-    luma: (&'a [u8], usize),
-    chroma: (&'a [u8], usize),
-) -> impl Iterator<Item = &'a [u8]> + 'a {
-    let w = width as usize;
-    let (y, yp) = luma;
-    let (uv, uvp) = chroma;
-    (0..height as usize)
-        .map(move |r| &y[r * yp..r * yp + w])
-        .chain((0..height as usize / 2).map(move |r| &uv[r * uvp..r * uvp + w]))
 }
