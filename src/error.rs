@@ -165,6 +165,17 @@ pub enum Error {
     #[error("a device-memory watchdog is already running in this process; stop it before starting another")]
     WatchdogRunning,
 
+    /// The hardware video decoder (NVDEC, `libnvcuvid`) cannot be used on
+    /// this machine: the library is missing or lacks an entry point.
+    #[error("the NVDEC hardware decoder is not usable here: {0}")]
+    DecoderUnavailable(String),
+
+    /// The hardware video decoder cannot decode this stream (codec, chroma
+    /// format, bit depth or size beyond what this GPU's NVDEC supports, or a
+    /// mid-stream format change).
+    #[error("the NVDEC hardware decoder cannot decode this stream: {0}")]
+    UnsupportedStream(String),
+
     /// A packet-ring reader fell behind and the packet it wanted was
     /// overwritten; its next read resumes at the next intact keyframe.
     #[error("packet {seq} was overwritten before it was read (the writer is at packet {newest}, overrun {overruns} times so far); the next read resumes at a keyframe")]

@@ -93,6 +93,8 @@ pub mod inspect;
 pub mod layout;
 pub mod lifecycle;
 pub mod memory;
+#[cfg(feature = "nvdec")]
+pub mod nvdec;
 pub mod packet;
 pub mod ring;
 pub(crate) mod shm;

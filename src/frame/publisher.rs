@@ -847,6 +847,12 @@ impl SlotMut<'_> {
         &self.publisher.shared.info.geometry
     }
 
+    /// The ring's backend: whether [`SlotMut::addr`] is a host pointer or a
+    /// `CUdeviceptr`.
+    pub fn backend(&self) -> BackendKind {
+        self.publisher.pool.kind()
+    }
+
     /// Address of the slot's first byte (host pointer or `CUdeviceptr`).
     pub fn addr(&self) -> u64 {
         self.publisher.pool.base_addr() + self.index as u64 * self.geometry().slot_stride
