@@ -133,7 +133,7 @@ fn park(line: &ClientLine, bell: u32, timeout: Duration) {
 /// from `bell`. A lost wakeup is then a waiter that never returns, which loom
 /// reports, instead of a slice that silently hides it.
 #[cfg(loom)]
-fn park(line: &DoorbellLine, bell: u32, _timeout: Duration) {
+fn park(line: &ClientLine, bell: u32, _timeout: Duration) {
     // Relaxed: the kernel's compare of the futex word orders nothing; the
     // caller re-loads `global_seq` (Acquire) and re-parks if it has not moved.
     while line.doorbell.load(Ordering::Relaxed) == bell {
