@@ -25,6 +25,13 @@
 //! reader's Release store, `Table::holder`'s Acquire load) passes these
 //! models even when weakened to `Relaxed`; that pair is argued, not checked.
 //!
+//! Deliberate mutations the models catch (checked by hand on protocol v2:
+//! edit, run, revert): no `SeqCst` fence after `invalidate`'s store (model
+//! (a): "accepted frame 1 holds a word of another frame"); no `SeqCst`
+//! fence in `publish_seq` after the seq store, and none in `wait_on`
+//! between `parked = 1` and its loads (model (d): the parked subscriber is
+//! never woken, "Model exceeded maximum number of branches").
+//!
 //! `LOOM_MAX_PREEMPTIONS` overrides each model's preemption bound.
 #![cfg(loom)]
 
