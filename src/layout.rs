@@ -244,6 +244,7 @@ pub struct SlotDesc {
 
 /// The head of the subscriber table.
 #[repr(C, align(128))]
+#[cfg_attr(loom, derive(Default))]
 pub struct SubsHeader {
     /// [`SUBS_MAGIC`].
     pub magic: AtomicU64,

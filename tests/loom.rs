@@ -3,8 +3,12 @@
 //! Run with `.ci/loom.sh` (`RUSTFLAGS="--cfg loom" cargo test --release
 //! --test loom`). Under `--cfg loom` the shared layout is built from loom's
 //! atomics (`src/sync.rs`), so these models drive the crate's own
-//! `invalidate`, `commit`, `ring_doorbell`, `lossless_holder`, `pick`,
-//! `SlotSnapshot::{look, still_valid}` and `wait_for_seq`, unchanged.
+//! `invalidate`, `commit`, `pick`, `SlotSnapshot::{look, still_valid}` and
+//! `wait_for_seq`, unchanged, and the subscriber table's own `assign`,
+//! `holder` (the lossless check) and `wake_parked` (the doorbells), through
+//! the `cfg(loom)`-only `vramring::ring::loom_table` wrappers: the one
+//! subscriber's cursor, `parked` flag and doorbell live in its own client
+//! region, a real memfd that it maps as `Subscriber` does (protocol v2).
 //!
 //! A slot's pixel bytes are modelled as [`WORDS`] `AtomicU64`s per slot,
 //! written and read `Relaxed` like plain CPU stores into and copies out of
@@ -18,8 +22,15 @@
 //!
 //! What loom cannot check: it never lets a load read a store that executes
 //! after it (load buffering), so the release-cursor pair (the lossless
-//! reader's Release store, `lossless_holder`'s Acquire load) passes these
+//! reader's Release store, `Table::holder`'s Acquire load) passes these
 //! models even when weakened to `Relaxed`; that pair is argued, not checked.
+//!
+//! Deliberate mutations the models catch (checked by hand on protocol v2:
+//! edit, run, revert): no `SeqCst` fence after `invalidate`'s store (model
+//! (a): "accepted frame 1 holds a word of another frame"); no `SeqCst`
+//! fence in `publish_seq` after the seq store, and none in `wait_on`
+//! between `parked = 1` and its loads (model (d): the parked subscriber is
+//! never woken, "Model exceeded maximum number of branches").
 //!
 //! `LOOM_MAX_PREEMPTIONS` overrides each model's preemption bound.
 #![cfg(loom)]
@@ -28,10 +39,12 @@ use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use vramring::frame::protocol::{self, CommitMeta, Look, ReadMode, SlotSnapshot, WaitOutcome};
-use vramring::layout::{RingHeader, SlotDesc, SubEntry, SUBF_LOSSLESS, SUBF_SEQUENTIAL, SUB_ACTIVE};
+use vramring::layout::{ClientLine, RingHeader, SlotDesc, SUBF_LOSSLESS, SUBF_SEQUENTIAL};
+use vramring::ring::loom_table::{LoomTable, Mapped};
 
 /// Words of pixel data per slot.
 const WORDS: usize = 2;
@@ -41,28 +54,37 @@ fn pattern(seq: u64, k: usize) -> u64 {
     (seq << 8) | k as u64
 }
 
-/// A control region, one subscriber entry and a pool, in process memory.
+/// A control region and a pool in process memory, and a subscriber table
+/// of one entry with its subscriber's client region (memfds).
 struct Ring {
     header: RingHeader,
     slots: Vec<SlotDesc>,
-    entries: Vec<SubEntry>,
+    table: LoomTable,
+    /// The subscriber's own mapping of its client region.
+    client: Mapped,
     pool: Vec<[AtomicU64; WORDS]>,
 }
 
 impl Ring {
-    /// A ring of `slot_count` slots whose one subscriber entry is active
-    /// with `flags`, as the publisher's service leaves it at connect.
+    /// A ring of `slot_count` slots whose one subscriber entry the table
+    /// assigned with `flags` (cursor at 0), as the publisher's service does
+    /// at connect; the subscriber has mapped its client region.
     fn new(slot_count: usize, flags: u32) -> Arc<Ring> {
-        let ring = Ring {
+        let table = LoomTable::create(1);
+        let a = table.assign(flags, 0).expect("a free entry");
+        let client = Mapped::client(a.client_fd.as_fd());
+        Arc::new(Ring {
             header: RingHeader::default(),
             slots: (0..slot_count).map(|_| SlotDesc::default()).collect(),
-            entries: vec![SubEntry::default()],
+            table,
+            client,
             pool: (0..slot_count).map(|_| Default::default()).collect(),
-        };
-        // Relaxed: the model has no other thread yet; spawning orders these.
-        ring.entries[0].flags.store(flags, Ordering::Relaxed);
-        ring.entries[0].state.store(SUB_ACTIVE, Ordering::Relaxed);
-        Arc::new(ring)
+        })
+    }
+
+    /// The subscriber's client line (its own mapping).
+    fn line(&self) -> &ClientLine {
+        self.client.line()
     }
 
     fn index(&self, seq: u64) -> usize {
@@ -74,7 +96,8 @@ impl Ring {
     }
 
     /// One publish, as `Publisher::loan` + `SlotMut::publish` do it:
-    /// invalidate, write the bytes, commit, ring the doorbell if asked.
+    /// invalidate, write the bytes, commit, ring the doorbells of parked
+    /// subscribers.
     fn publish(&self, seq: u64) {
         let slot = self.slot(seq);
         protocol::invalidate(slot, seq);
@@ -86,17 +109,19 @@ impl Ring {
             pts: seq as i64,
             ..CommitMeta::default()
         };
-        if protocol::commit(&self.header, slot, seq, &meta, &self.entries) {
-            protocol::ring_doorbell(&self.header);
-        }
+        protocol::commit(&self.header, slot, seq, &meta);
+        self.table.wake_parked();
     }
 
-    /// Under the lossless policy: `Publisher::wait_lossless` with the lease
-    /// and timeout left out (an eviction would end the model early).
+    /// Under the lossless policy, before publishing `seq`:
+    /// `Publisher::wait_lossless` (the table's `holder` with the newest seq
+    /// published and "released below the frame the slot holds") with the
+    /// lease and timeout left out (an eviction would end the model early).
     fn wait_lossless(&self, seq: u64) {
         let n = self.slots.len() as u64;
         if seq > n {
-            while protocol::lossless_holder(&self.entries, seq - n).is_some() {
+            let held = seq - n;
+            while self.table.holder(seq - 1, |released| released < held).is_some() {
                 thread::yield_now();
             }
         }
@@ -296,10 +321,10 @@ fn sequential_reader_seqs_only_increase_when_it_falls_behind() {
     reader_seqs_only_increase(ReadMode::Sequential, 4, 2, 5, 2);
 }
 
-/// (c) Lossless policy, 2 slots, 4 frames: the producer waits on
-/// `lossless_holder` before it invalidates a slot; the lossless reader
+/// (c) Lossless policy, 2 slots, 4 frames: the producer waits on the
+/// table's `holder` before it invalidates a slot; the lossless reader
 /// reads the frame after the one it released, copies it, and releases it
-/// (Release). The reader never finds its frame overwritten or invalidated
+/// (Release, in its client region). The reader never finds its frame overwritten or invalidated
 /// mid-copy, and receives every seq in order.
 #[test]
 fn lossless_producer_never_overwrites_a_held_slot() {
@@ -314,7 +339,6 @@ fn lossless_producer_never_overwrites_a_held_slot() {
                 }
             })
         };
-        let entry = &ring.entries[0];
         let mut last = 0;
         while last < 4 {
             let want = last + 1;
@@ -334,7 +358,7 @@ fn lossless_producer_never_overwrites_a_held_slot() {
             );
             assert_whole(&snap, &words);
             // SYNC: release-cursor — Release after the copy, as `Subscriber::deliver`.
-            entry.released_seq.store(want, Ordering::Release);
+            ring.line().released_seq.store(want, Ordering::Release);
             last = want;
         }
         producer.join().unwrap();
@@ -358,7 +382,6 @@ fn lossless_sequential_reader_gets_every_frame() {
                 }
             })
         };
-        let entry = &ring.entries[0];
         let mut last = 0;
         while last < 4 {
             let g = ring.global();
@@ -387,7 +410,7 @@ fn lossless_sequential_reader_gets_every_frame() {
             );
             assert_whole(&snap, &words);
             // SYNC: release-cursor — Release after the copy.
-            entry.released_seq.store(p.seq, Ordering::Release);
+            ring.line().released_seq.store(p.seq, Ordering::Release);
             last = p.seq;
         }
         producer.join().unwrap();
@@ -416,7 +439,7 @@ fn parked_subscriber_is_always_woken() {
         while after < 2 {
             match protocol::wait_for_seq(
                 &ring.header,
-                &ring.entries[0],
+                ring.line(),
                 after,
                 deadline,
                 Duration::ZERO,

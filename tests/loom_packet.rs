@@ -17,7 +17,7 @@
 //! Deliberate mutations the models catch (checked by hand): no tail
 //! re-check, no record re-check, no Acquire fence before the re-checks, no
 //! SeqCst fence after the writer's invalidate, the lossless gate switched
-//! off. Not caught, and rightly: a Relaxed record commit, because this
+//! off (the first two rechecked on protocol v2, eb22d0f). Not caught, and rightly: a Relaxed record commit, because this
 //! reader always Acquire-loads `write_seq` (stored Release after the
 //! commit) before it reads a record, so the commit's Release is a second
 //! edge (kept for readers that poll records directly, as the C sketch in

@@ -2,6 +2,10 @@
 //! (`vramring::frame::protocol::push`) under loom: the publisher never writes a
 //! buffer the reader holds, and the reader never takes a buffer mid-write.
 //!
+//! The publisher's `push_seq` words live in the subscriber's table entry
+//! ([`SubEntry`], publisher-written), the reader's `push_held` in its own
+//! client region ([`ClientLine`], reader-written), as in protocol v2.
+//!
 //! Each push buffer's bytes are modelled as [`WORDS`] `AtomicU64`s written
 //! and read `Relaxed` (the copy); word `k` of frame `s` holds `s * 16 + k`.
 //! Run with `.ci/loom.sh`.
@@ -12,12 +16,13 @@ use loom::sync::Arc;
 use loom::thread;
 
 use vramring::frame::protocol::push;
-use vramring::layout::{SubEntry, PUSH_BUFFERS};
+use vramring::layout::{ClientLine, SubEntry, PUSH_BUFFERS};
 
 const WORDS: usize = 2;
 
 struct Target {
     entry: SubEntry,
+    client: ClientLine,
     buffers: Vec<[AtomicU64; WORDS]>,
 }
 
@@ -31,7 +36,7 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
 
 /// The publisher's side of one frame: claim, copy, complete.
 fn publish(t: &Target, newest: &mut Option<usize>, seq: u64) {
-    let Some(k) = push::claim_buffer(&t.entry, *newest, seq) else {
+    let Some(k) = push::claim_buffer(&t.entry, &t.client, *newest, seq) else {
         return;
     };
     for (i, w) in t.buffers[k].iter().enumerate() {
@@ -47,6 +52,7 @@ fn a_held_push_buffer_is_never_written_and_a_taken_one_is_whole() {
     model(|| {
         let t = Arc::new(Target {
             entry: SubEntry::default(),
+            client: ClientLine::default(),
             buffers: (0..PUSH_BUFFERS).map(|_| Default::default()).collect(),
         });
         let p = Arc::clone(&t);
@@ -58,7 +64,7 @@ fn a_held_push_buffer_is_never_written_and_a_taken_one_is_whole() {
         });
         let mut last = 0;
         for _ in 0..2 {
-            if let Some((k, seq)) = push::take_newest(&t.entry, last) {
+            if let Some((k, seq)) = push::take_newest(&t.entry, &t.client, last) {
                 assert!(seq > last, "seqs only increase");
                 // While held, the buffer must stay whole: read it twice.
                 for _ in 0..2 {
@@ -69,7 +75,7 @@ fn a_held_push_buffer_is_never_written_and_a_taken_one_is_whole() {
                 last = seq;
             }
         }
-        push::release_hold(&t.entry);
+        push::release_hold(&t.client);
         publisher.join().unwrap();
     });
 }
@@ -82,6 +88,7 @@ fn a_publisher_that_ignores_the_hold_is_caught() {
     model(|| {
         let t = Arc::new(Target {
             entry: SubEntry::default(),
+            client: ClientLine::default(),
             buffers: (0..PUSH_BUFFERS).map(|_| Default::default()).collect(),
         });
         let p = Arc::clone(&t);
@@ -98,7 +105,7 @@ fn a_publisher_that_ignores_the_hold_is_caught() {
                 newest = Some(k);
             }
         });
-        if let Some((k, seq)) = push::take_newest(&t.entry, 0) {
+        if let Some((k, seq)) = push::take_newest(&t.entry, &t.client, 0) {
             for _ in 0..2 {
                 for (i, w) in t.buffers[k].iter().enumerate() {
                     assert_eq!(w.load(Ordering::Relaxed), seq * 16 + i as u64, "buffer {k} torn");

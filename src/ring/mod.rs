@@ -30,6 +30,9 @@ pub(crate) mod serve;
 pub(crate) mod table;
 pub mod wait;
 
+#[cfg(loom)]
+#[doc(hidden)]
+pub use table::loom_api as loom_table;
 pub use wait::{publish_seq, ring_doorbell, wait_on, wake_if_parked, Bell, WaitOutcome};
 
 /// What a reader finds when it looks for seq `want` in a slot or record

@@ -101,6 +101,8 @@ impl Table {
     /// [`Error::Io`] from memfd creation, sealing or the read-only reopen.
     pub(crate) fn create(name: &str, max: u32, epoch: u64) -> Result<Table> {
         let (region, fd) = Region::create(name, layout::subs_bytes(max))?;
+        #[cfg(loom)]
+        loom_construct_table(&region, max);
         region.at::<SubsHeader>(0).init(max, epoch);
         // Our mapping is made; from now on nobody can make a writable one.
         Region::seal(fd.as_fd(), SEALS_READ_ONLY)?;
@@ -175,6 +177,8 @@ impl Table {
         };
         let (region, fd) = Region::create("vramring-client", CLIENT_BYTES)?;
         Region::seal(fd.as_fd(), SEALS_FIXED_SIZE)?;
+        #[cfg(loom)]
+        loom_construct_client(&region);
         let line = region.at::<ClientLine>(0);
         // Relaxed: the region is not shared yet; the Welcome's sendmsg
         // publishes it.
@@ -217,13 +221,18 @@ impl Table {
         let Some(e) = self.entry(index as usize) else {
             return;
         };
-        *self.lock(index as usize) = None;
+        // Under the entry's lock, so an `evict` (which checks the client's
+        // generation and swaps the state under the same lock) is wholly
+        // before or after the free.
+        let mut guard = self.lock(index as usize);
+        *guard = None;
         // Relaxed: published by the Release store of `state`.
         e.flags.store(0, Ordering::Relaxed);
         e.push_count.store(0, Ordering::Relaxed);
         // SYNC: sub-state — Release; the producer stops waiting for this
         // entry and unmaps its push buffers at its next publish.
         e.state.store(SUB_FREE, Ordering::Release);
+        drop(guard);
     }
 
     /// Marks entry `index` (if still `generation`) evicted with `EVICT_*`
@@ -233,17 +242,24 @@ impl Table {
         let Some(e) = self.entry(index) else {
             return false;
         };
-        // Relaxed: the generation is written before ACTIVE (Release), which
-        // the compare-exchange re-checks.
-        if e.generation.load(Ordering::Relaxed) != generation {
+        // The generation check and the compare-exchange under the entry's
+        // lock: a free and a reassignment (both take it) cannot come between
+        // them. Checked apart, a free + assign in between made the stale
+        // generation's CAS find the newcomer ACTIVE and evict it (ABA;
+        // tests/loom_table.rs keeps that variant as a mutant).
+        let guard = self.lock(index);
+        if guard.as_ref().is_none_or(|c| c.generation != generation) {
             return false;
         }
         e.evict_code.store(code, Ordering::Relaxed);
         // SYNC: sub-state — Release on success; the subscriber sees EVICTED
         // with Acquire. Fails if the service freed the entry meanwhile.
-        e.state
+        let evicted = e
+            .state
             .compare_exchange(SUB_ACTIVE, SUB_EVICTED, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
+            .is_ok();
+        drop(guard);
+        evicted
     }
 
     /// Service: frees an entry evicted after its connection had already
@@ -360,4 +376,173 @@ pub(crate) fn check_index(index: u32, max: u32) -> Result<usize> {
         )));
     }
     Ok(index as usize)
+}
+
+/// Under loom the shared structs' atomics are modelled objects that must be
+/// constructed before use: builds the table head and every entry in place.
+#[cfg(loom)]
+fn loom_construct_table(region: &Region, max: u32) {
+    let head = std::mem::size_of::<SubsHeader>();
+    let entry = std::mem::size_of::<SubEntry>();
+    assert!(region.len() >= head + max as usize * entry, "table region too small");
+    // SAFETY: the region was just created read-write with
+    // `layout::subs_bytes(max)` bytes (checked above), page-aligned, so the
+    // head at 0 and the `max` entries after it are in bounds and aligned;
+    // nothing else refers to it yet.
+    unsafe {
+        region.as_ptr().cast::<SubsHeader>().write(SubsHeader::default());
+        for k in 0..max as usize {
+            region
+                .as_ptr()
+                .wrapping_add(head + k * entry)
+                .cast::<SubEntry>()
+                .write(SubEntry::default());
+        }
+    }
+}
+
+/// Under loom: builds a new client region's [`ClientLine`] in place.
+#[cfg(loom)]
+fn loom_construct_client(region: &Region) {
+    assert!(
+        region.len() >= std::mem::size_of::<ClientLine>(),
+        "client region too small"
+    );
+    // SAFETY: the region was just created read-write with `CLIENT_BYTES`
+    // bytes (checked above), page-aligned; nothing else refers to it yet.
+    unsafe { region.as_ptr().cast::<ClientLine>().write(ClientLine::default()) }
+}
+
+/// The table's API as `tests/loom_table.rs` drives it, under `--cfg loom`
+/// only: thin wrappers over [`Table`], so the model runs the table's own
+/// code. Not part of the crate's API.
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_api {
+    use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+    use crate::layout::{self, ClientLine, SubEntry, SubsHeader, CLIENT_BYTES};
+    use crate::shm::Region;
+
+    /// A [`super::Table`].
+    #[derive(Debug)]
+    pub struct LoomTable(super::Table);
+
+    /// What [`LoomTable::assign`] hands the service.
+    #[derive(Debug)]
+    pub struct Assigned {
+        /// Table index.
+        pub index: u32,
+        /// The entry's new generation.
+        pub generation: u32,
+        /// The client region (read-write), as the Welcome carries it.
+        pub client_fd: OwnedFd,
+    }
+
+    /// What [`LoomTable::holder`] reports.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Blocker {
+        /// Table index.
+        pub index: usize,
+        /// The entry's generation.
+        pub generation: u32,
+        /// Its clamped lossless cursor.
+        pub released: u64,
+    }
+
+    /// A subscriber's mapping of a region it received.
+    #[derive(Debug)]
+    pub struct Mapped(Region);
+
+    impl Mapped {
+        /// A subscriber's read-only mapping of the table `fd` of `max` entries.
+        pub fn table(fd: BorrowedFd<'_>, max: u32) -> Mapped {
+            Mapped(Region::map(fd, layout::subs_bytes(max), false).expect("map the table read-only"))
+        }
+
+        /// A subscriber's read-write mapping of its client region `fd`.
+        pub fn client(fd: BorrowedFd<'_>) -> Mapped {
+            Mapped(Region::map(fd, CLIENT_BYTES, true).expect("map the client region"))
+        }
+
+        /// Entry `index` of a mapped table.
+        pub fn entry(&self, index: usize) -> &SubEntry {
+            &self.0.slice::<SubEntry>(std::mem::size_of::<SubsHeader>(), index + 1)[index]
+        }
+
+        /// The line of a mapped client region.
+        pub fn line(&self) -> &ClientLine {
+            self.0.at::<ClientLine>(0)
+        }
+    }
+
+    impl LoomTable {
+        /// [`super::Table::create`].
+        pub fn create(max: u32) -> LoomTable {
+            LoomTable(super::Table::create("loom-table", max, 1).expect("create the table"))
+        }
+        /// The read-only descriptor subscribers receive.
+        pub fn fd(&self) -> BorrowedFd<'_> {
+            self.0.fd()
+        }
+        /// [`super::Table::entry`] (the publisher's own mapping).
+        pub fn entry(&self, index: usize) -> &SubEntry {
+            self.0.entry(index).expect("index in range")
+        }
+        /// [`super::Table::live`].
+        pub fn live(&self, index: usize, generation: u32) -> bool {
+            self.0.live(index, generation)
+        }
+        /// [`super::Table::assign`].
+        pub fn assign(&self, flags: u32, start: u64) -> Option<Assigned> {
+            self.0
+                .assign(flags, "loom", start)
+                .expect("make a client region")
+                .map(|a| Assigned {
+                    index: a.index,
+                    generation: a.generation,
+                    client_fd: a.client_fd,
+                })
+        }
+        /// [`super::Table::free`].
+        pub fn free(&self, index: u32) {
+            self.0.free(index);
+        }
+        /// [`super::Table::evict`].
+        pub fn evict(&self, index: usize, generation: u32, code: u32) -> bool {
+            self.0.evict(index, generation, code)
+        }
+        /// [`super::Table::reap`].
+        pub fn reap(&self, index: u32) {
+            self.0.reap(index);
+        }
+        /// [`super::Table::with_client`].
+        pub fn with_client<R>(
+            &self,
+            index: usize,
+            generation: u32,
+            f: impl FnOnce(&SubEntry, &ClientLine) -> R,
+        ) -> Option<R> {
+            self.0.with_client(index, generation, f)
+        }
+        /// [`super::Table::wake_parked`].
+        pub fn wake_parked(&self) {
+            self.0.wake_parked();
+        }
+        /// [`super::Table::holder`].
+        pub fn holder(&self, newest: u64, blocks: impl Fn(u64) -> bool) -> Option<Blocker> {
+            self.0.holder(newest, blocks).map(|b| Blocker {
+                index: b.index,
+                generation: b.generation,
+                released: b.released,
+            })
+        }
+    }
+
+    /// The client region's descriptor.
+    impl AsFd for Assigned {
+        fn as_fd(&self) -> BorrowedFd<'_> {
+            self.client_fd.as_fd()
+        }
+    }
 }
