@@ -233,6 +233,12 @@ impl PyPublisher {
             (*p.geometry(), p.next_seq(), p.backend() == BackendKind::Cuda)
         };
         let meta = Self::meta(pts, seq, meta, flags)?;
+        if !frame.hasattr("__dlpack__")? {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "publish takes a DLPack producer (a torch tensor, a numpy array, ...), got {}",
+                frame.get_type().name()?
+            )));
+        }
         let req = ImportRequest::new(frame.as_borrowed())?;
         let dev = req.device()?;
         let src_cuda = match dev.device_type {

@@ -1,0 +1,204 @@
+"""Python subscriber latency at 1080p on a CUDA ring, against the Rust
+subscriber in the same run, and against torch's own CUDA IPC
+(`torch.multiprocessing` passing a CUDA tensor through a queue).
+
+Latency is the same measure the Rust `consumer` example reports: the
+CLOCK_MONOTONIC time when the frame is in the consumer's hands (for Python:
+after `next()` and `torch.from_dlpack` of both NV12 planes) minus the time the
+publisher committed it. Every Python frame is also checked against the test
+pattern on the GPU after the timestamp is taken (torn frames are counted).
+
+Phase A, one CUDA producer (the Rust `producer` example) and four
+subscribers at once: Rust pull, Rust push, Python pull, Python push.
+Phase B, torch IPC: a producer process fills a ring of 16 preallocated CUDA
+tensors (device copy + synchronize, then timestamp) and puts them on a
+`torch.multiprocessing` queue; the consumer takes each one ("get") and, as a
+second figure, clones it into memory of its own and synchronizes ("get +
+clone": what a vramring Frame gives you).
+
+    PYTHONPATH=/tmp/site python3 benches/python_latency.py \
+        --examples .device/examples --frames 3000 --fps 200 --out "$OUT"
+
+Needs a GPU, torch and the vramring wheel. Prints a table and writes
+python_latency.json to --out.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+CLOCK = time.CLOCK_MONOTONIC
+
+
+def pct(xs, p):
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    k = min(len(s) - 1, max(0, int(round(p / 100.0 * (len(s) - 1)))))
+    return s[k]
+
+
+def summary(name, lat_ns, **extra):
+    us = [x / 1000.0 for x in lat_ns]
+    return dict(name=name, n=len(us), p50_us=round(pct(us, 50), 1), p99_us=round(pct(us, 99), 1),
+                max_us=round(max(us), 1) if us else None, **extra)
+
+
+def role_python(sock, push, frames, warmup):
+    import torch
+
+    import vramring
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "gpu"))
+    try:
+        from check_gpu import GpuPattern
+    except ImportError:
+        GpuPattern = None
+    sub = vramring.Subscriber(sock, push=push, name="py-push" if push else "py-pull", connect_timeout=20)
+    lat, torn, pat, n = [], None, None, 0
+    while True:
+        try:
+            f = sub.next(10.0)
+        except vramring.ProducerGone:
+            break
+        y = torch.from_dlpack(f.plane(0))
+        uv = torch.from_dlpack(f.plane(1))
+        now = time.clock_gettime_ns(CLOCK)
+        n += 1
+        if n > warmup:
+            lat.append(now - f.commit_ns)
+        if GpuPattern is not None:
+            whole = torch.from_dlpack(f)
+            if pat is None:
+                pat = GpuPattern(f.nbytes, whole.device)
+                torn = torch.zeros((), dtype=torch.int64, device=whole.device)
+            torn += (pat.bad_words(whole, f.seq) > 0).long()
+        del y, uv, f
+        if n >= frames:
+            break
+    torch.cuda.synchronize()
+    s = sub.stats()
+    out = summary("python-push" if push else "python-pull", lat, delivered=s["delivered"], pushed=s["pushed"],
+                  torn=int(torn.item()) if torn is not None else None, overruns=s["overruns"])
+    sub.close()
+    print(json.dumps(out), flush=True)
+
+
+def _ipc_producer(q, ready, frames, fps, nbytes, slots):
+    import torch
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
+    ring = [torch.empty(nbytes, dtype=torch.uint8, device="cuda") for _ in range(slots)]
+    ready.wait()
+    period = 1.0 / fps
+    due = time.monotonic()
+    for seq in range(1, frames + 1):
+        now = time.monotonic()
+        if due > now:
+            time.sleep(due - now)
+        due = max(due + period, time.monotonic() - period)
+        t = ring[seq % slots]
+        t.copy_(src)
+        torch.cuda.synchronize()
+        q.put((seq, time.clock_gettime_ns(CLOCK), t))
+    q.put(None)
+    time.sleep(1.0)  # keep the storages alive until the consumer let go
+
+
+def phase_ipc(frames, fps, nbytes, warmup):
+    import torch
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue(maxsize=64)
+    ready = ctx.Event()
+    p = ctx.Process(target=_ipc_producer, args=(q, ready, frames, fps, nbytes, 16))
+    p.start()
+    torch.zeros(1, device="cuda")
+    ready.set()
+    get, clone, n = [], [], 0
+    while True:
+        item = q.get()
+        if item is None:
+            break
+        seq, t0, t = item
+        now = time.clock_gettime_ns(CLOCK)
+        own = t.clone()
+        torch.cuda.synchronize()
+        now2 = time.clock_gettime_ns(CLOCK)
+        n += 1
+        if n > warmup:
+            get.append(now - t0)
+            clone.append(now2 - t0)
+        del t, own
+    p.join()
+    return [summary("torch-ipc get", get), summary("torch-ipc get + clone", clone)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--examples", required=False, help="dir with the Rust producer and consumer examples")
+    ap.add_argument("--frames", type=int, default=3000)
+    ap.add_argument("--fps", type=float, default=200)
+    ap.add_argument("--width", type=int, default=1920)
+    ap.add_argument("--height", type=int, default=1080)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--role", choices=["py-pull", "py-push"])
+    ap.add_argument("--socket")
+    a = ap.parse_args()
+    if a.role:
+        return role_python(a.socket, a.role == "py-push", a.frames, a.warmup)
+
+    d = tempfile.mkdtemp(prefix="vrb")
+    sock = os.path.join(d, "cam.sock")
+    ex = a.examples
+    prod = subprocess.Popen(
+        [f"{ex}/producer", "--socket", sock, "--backend", "cuda", "--format", "nv12", "--width", str(a.width),
+         "--height", str(a.height), "--slots", "16", "--fps", str(a.fps), "--frames", str(a.frames + a.warmup),
+         "--wait-subscribers", "4", "--json", "--report-ms", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready = json.loads(prod.stdout.readline())
+    nbytes = ready["frame_bytes"]
+    subs = []
+    for name, extra in (("rust-pull", []), ("rust-push", ["--push"])):
+        subs.append((name, subprocess.Popen(
+            [f"{ex}/consumer", "--socket", sock, "--name", name, "--json", "--report-ms", "0",
+             "--timeout-ms", "20000"] + extra,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    for role in ("py-pull", "py-push"):
+        subs.append((role, subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--role", role, "--socket", sock,
+             "--frames", str(a.frames + a.warmup), "--warmup", str(a.warmup)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    results = []
+    for name, p in subs:
+        out, err = p.communicate(timeout=600)
+        lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+        if p.returncode != 0 or not lines:
+            print(f"{name} failed ({p.returncode}): {err[-2000:]}", file=sys.stderr)
+            results.append(dict(name=name, error=err[-500:]))
+            continue
+        r = lines[-1]
+        if name.startswith("rust"):
+            r = dict(name=name, n=r["delivered"], p50_us=r["p50_us"], p99_us=r["p99_us"], max_us=r["max_us"],
+                     delivered=r["delivered"], torn=r["torn"], overruns=r["overruns"])
+        results.append(r)
+    pout, _ = prod.communicate(timeout=60)
+    results += phase_ipc(a.frames + a.warmup, a.fps, nbytes, a.warmup)
+    import torch
+    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=torch.cuda.get_device_name(0),
+                torch=torch.__version__, python=sys.version.split()[0], frames=a.frames, fps=a.fps,
+                geometry=f"nv12 {a.width}x{a.height}", frame_bytes=nbytes, command=" ".join(sys.argv))
+    print(json.dumps(meta))
+    print(f"{'subscriber':<24}{'n':>7}{'p50 us':>10}{'p99 us':>10}{'max us':>10}  torn")
+    for r in results:
+        print(f"{r['name']:<24}{r.get('n', 0):>7}{r.get('p50_us', float('nan')):>10}{r.get('p99_us', float('nan')):>10}"
+              f"{r.get('max_us') or float('nan'):>10}  {r.get('torn', '-')}")
+    with open(os.path.join(a.out, "python_latency.json"), "w") as fh:
+        json.dump(dict(meta=meta, results=results), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
