@@ -6,11 +6,14 @@ Latency is the same measure the Rust `consumer` example reports: the
 CLOCK_MONOTONIC time when the frame is in the consumer's hands (for Python:
 after `next()` and `torch.from_dlpack` of both NV12 planes) minus the time the
 publisher committed it. Every Python frame is also checked against the test
-pattern on the GPU after the timestamp is taken (torn frames are counted).
+pattern on the GPU after the timestamp is taken when `--verify` is given.
 
-Phase A, one CUDA producer (the Rust `producer` example) and four
-subscribers at once: Rust pull, Rust push, Python pull, Python push.
-Phase B, torch IPC: a producer process fills a ring of 16 preallocated CUDA
+Phase A, a CUDA producer (the Rust `producer` example) with a Rust pull and
+a Python pull subscriber at once; phase B the same with push subscribers.
+The Rust consumer checks each frame with its GPU kernel after its
+timestamp; the Python one does not (`--verify` makes it, on the GPU, after
+the timestamp: python/gpu/check_gpu.py proves the frames separately).
+Phase C, torch IPC: a producer process fills a ring of 16 preallocated CUDA
 tensors (device copy + synchronize, then timestamp) and puts them on a
 `torch.multiprocessing` queue; the consumer takes each one ("get") and, as a
 second figure, clones it into memory of its own and synchronizes ("get +
@@ -48,41 +51,44 @@ def summary(name, lat_ns, **extra):
                 max_us=round(max(us), 1) if us else None, **extra)
 
 
-def role_python(sock, push, frames, warmup):
+def role_python(sock, push, frames, warmup, verify):
     import torch
 
     import vramring
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "gpu"))
-    try:
+    GpuPattern = None
+    if verify:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "gpu"))
         from check_gpu import GpuPattern
-    except ImportError:
-        GpuPattern = None
     sub = vramring.Subscriber(sock, push=push, name="py-push" if push else "py-pull", connect_timeout=20)
-    lat, torn, pat, n = [], None, None, 0
+    lat, conv, torn, pat, n = [], [], None, None, 0
     while True:
         try:
             f = sub.next(10.0)
         except vramring.ProducerGone:
             break
+        t_next = time.clock_gettime_ns(CLOCK)
         y = torch.from_dlpack(f.plane(0))
         uv = torch.from_dlpack(f.plane(1))
         now = time.clock_gettime_ns(CLOCK)
         n += 1
         if n > warmup:
             lat.append(now - f.commit_ns)
+            conv.append(now - t_next)
         if GpuPattern is not None:
             whole = torch.from_dlpack(f)
             if pat is None:
                 pat = GpuPattern(f.nbytes, whole.device)
                 torn = torch.zeros((), dtype=torch.int64, device=whole.device)
             torn += (pat.bad_words(whole, f.seq) > 0).long()
+            torch.cuda.synchronize()
         del y, uv, f
         if n >= frames:
             break
     torch.cuda.synchronize()
     s = sub.stats()
     out = summary("python-push" if push else "python-pull", lat, delivered=s["delivered"], pushed=s["pushed"],
-                  torn=int(torn.item()) if torn is not None else None, overruns=s["overruns"])
+                  torn=int(torn.item()) if torn is not None else None, overruns=s["overruns"],
+                  from_dlpack_p50_us=round(pct(conv, 50) / 1000.0, 1))
     sub.close()
     print(json.dumps(out), flush=True)
 
@@ -147,55 +153,57 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--role", choices=["py-pull", "py-push"])
     ap.add_argument("--socket")
+    ap.add_argument("--verify", action="store_true", help="also check every Python frame on the GPU")
     a = ap.parse_args()
     if a.role:
-        return role_python(a.socket, a.role == "py-push", a.frames, a.warmup)
+        return role_python(a.socket, a.role == "py-push", a.frames, a.warmup, a.verify)
 
-    d = tempfile.mkdtemp(prefix="vrb")
-    sock = os.path.join(d, "cam.sock")
-    ex = a.examples
-    prod = subprocess.Popen(
-        [f"{ex}/producer", "--socket", sock, "--backend", "cuda", "--format", "nv12", "--width", str(a.width),
-         "--height", str(a.height), "--slots", "16", "--fps", str(a.fps), "--frames", str(a.frames + a.warmup),
-         "--wait-subscribers", "4", "--json", "--report-ms", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ready = json.loads(prod.stdout.readline())
-    nbytes = ready["frame_bytes"]
-    subs = []
-    for name, extra in (("rust-pull", []), ("rust-push", ["--push"])):
-        subs.append((name, subprocess.Popen(
-            [f"{ex}/consumer", "--socket", sock, "--name", name, "--json", "--report-ms", "0",
-             "--timeout-ms", "20000"] + extra,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
-    for role in ("py-pull", "py-push"):
-        subs.append((role, subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--role", role, "--socket", sock,
-             "--frames", str(a.frames + a.warmup), "--warmup", str(a.warmup)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     results = []
-    for name, p in subs:
-        out, err = p.communicate(timeout=600)
-        lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-        if p.returncode != 0 or not lines:
-            print(f"{name} failed ({p.returncode}): {err[-2000:]}", file=sys.stderr)
-            results.append(dict(name=name, error=err[-500:]))
-            continue
-        r = lines[-1]
-        if name.startswith("rust"):
-            r = dict(name=name, n=r["delivered"], p50_us=r["p50_us"], p99_us=r["p99_us"], max_us=r["max_us"],
-                     delivered=r["delivered"], torn=r["torn"], overruns=r["overruns"])
-        results.append(r)
-    pout, _ = prod.communicate(timeout=60)
+    nbytes = 0
+    # One phase per delivery kind: the producer, the Rust subscriber and the
+    # Python subscriber at once (fewer GPU processes time-slicing the GPU).
+    for rust_name, rust_extra, py_role in (("rust-pull", [], "py-pull"), ("rust-push", ["--push"], "py-push")):
+        d = tempfile.mkdtemp(prefix="vrb")
+        sock = os.path.join(d, "cam.sock")
+        ex = a.examples
+        prod = subprocess.Popen(
+            [f"{ex}/producer", "--socket", sock, "--backend", "cuda", "--format", "nv12", "--width", str(a.width),
+             "--height", str(a.height), "--slots", "16", "--fps", str(a.fps), "--frames", str(a.frames + a.warmup),
+             "--wait-subscribers", "2", "--json", "--report-ms", "0"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready = json.loads(prod.stdout.readline())
+        nbytes = ready["frame_bytes"]
+        subs = [(rust_name, subprocess.Popen(
+            [f"{ex}/consumer", "--socket", sock, "--name", rust_name, "--json", "--report-ms", "0",
+             "--timeout-ms", "20000"] + rust_extra,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))]
+        subs.append((py_role, subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--role", py_role, "--socket", sock,
+             "--frames", str(a.frames + a.warmup), "--warmup", str(a.warmup)] + (["--verify"] if a.verify else []),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        for name, p in subs:
+            out, err = p.communicate(timeout=600)
+            lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+            if p.returncode != 0 or not lines:
+                print(f"{name} failed ({p.returncode}): {err[-2000:]}", file=sys.stderr)
+                results.append(dict(name=name, error=err[-500:]))
+                continue
+            r = lines[-1]
+            if name.startswith("rust"):
+                r = dict(name=name, n=r["delivered"], p50_us=r["p50_us"], p99_us=r["p99_us"], max_us=r["max_us"],
+                         delivered=r["delivered"], torn=r["torn"], overruns=r["overruns"])
+            results.append(r)
+        prod.communicate(timeout=60)
     results += phase_ipc(a.frames + a.warmup, a.fps, nbytes, a.warmup)
     import torch
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=torch.cuda.get_device_name(0),
                 torch=torch.__version__, python=sys.version.split()[0], frames=a.frames, fps=a.fps,
                 geometry=f"nv12 {a.width}x{a.height}", frame_bytes=nbytes, command=" ".join(sys.argv))
     print(json.dumps(meta))
-    print(f"{'subscriber':<24}{'n':>7}{'p50 us':>10}{'p99 us':>10}{'max us':>10}  torn")
+    print(f"{'subscriber':<24}{'n':>7}{'p50 us':>10}{'p99 us':>10}{'max us':>10}  torn  from_dlpack p50 us")
     for r in results:
         print(f"{r['name']:<24}{r.get('n', 0):>7}{r.get('p50_us', float('nan')):>10}{r.get('p99_us', float('nan')):>10}"
-              f"{r.get('max_us') or float('nan'):>10}  {r.get('torn', '-')}")
+              f"{r.get('max_us') or float('nan'):>10}  {r.get('torn', '-')}  {r.get('from_dlpack_p50_us', '')}")
     with open(os.path.join(a.out, "python_latency.json"), "w") as fh:
         json.dump(dict(meta=meta, results=results), fh, indent=1)
 

@@ -183,33 +183,40 @@ impl Cuda {
         width: u64,
         rows: u64,
     ) -> Result<()> {
-        // SAFETY: CUDA_MEMCPY2D is a plain C struct; all-zero is "no array,
-        // offsets 0", the documented way to start one.
-        let mut p: cu::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-        match src {
-            Side::Host(a) => {
-                p.srcMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_HOST;
-                p.srcHost = a as usize as *const std::ffi::c_void;
-            }
-            Side::Device(a) => {
-                p.srcMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                p.srcDevice = a;
-            }
-        }
-        match dst {
-            Side::Host(a) => {
-                p.dstMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_HOST;
-                p.dstHost = a as usize as *mut std::ffi::c_void;
-            }
-            Side::Device(a) => {
-                p.dstMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                p.dstDevice = a;
-            }
-        }
-        p.srcPitch = src_pitch as usize;
-        p.dstPitch = dst_pitch as usize;
-        p.WidthInBytes = width as usize;
-        p.Height = rows as usize;
+        let (src_type, src_host, src_dev) = match src {
+            Side::Host(a) => (
+                cu::CUmemorytype::CU_MEMORYTYPE_HOST,
+                a as usize as *const std::ffi::c_void,
+                0,
+            ),
+            Side::Device(a) => (cu::CUmemorytype::CU_MEMORYTYPE_DEVICE, std::ptr::null(), a),
+        };
+        let (dst_type, dst_host, dst_dev) = match dst {
+            Side::Host(a) => (
+                cu::CUmemorytype::CU_MEMORYTYPE_HOST,
+                a as usize as *mut std::ffi::c_void,
+                0,
+            ),
+            Side::Device(a) => (cu::CUmemorytype::CU_MEMORYTYPE_DEVICE, std::ptr::null_mut(), a),
+        };
+        let p = cu::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: src_type,
+            srcHost: src_host,
+            srcDevice: src_dev,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: src_pitch as usize,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: dst_type,
+            dstHost: dst_host,
+            dstDevice: dst_dev,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: dst_pitch as usize,
+            WidthInBytes: width as usize,
+            Height: rows as usize,
+        };
         let stream = self.stream.as_raw();
         self.with(|_| {
             // SAFETY: the caller's contract on both sides; `p` lives for the
