@@ -52,14 +52,15 @@ def summary(name, lat_ns, **extra):
 
 
 def role_python(sock, push, frames, warmup, verify):
-    import torch
-
     import vramring
+    sub = vramring.Subscriber(sock, push=push, name="py-push" if push else "py-pull", connect_timeout=20)
+    if sub.backend == "host":
+        return role_python_host(sub, push, frames, warmup)
+    import torch
     GpuPattern = None
     if verify:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "gpu"))
         from check_gpu import GpuPattern
-    sub = vramring.Subscriber(sock, push=push, name="py-push" if push else "py-pull", connect_timeout=20)
     lat, conv, torn, pat, n = [], [], None, None, 0
     while True:
         try:
@@ -89,6 +90,33 @@ def role_python(sock, push, frames, warmup, verify):
     out = summary("python-push" if push else "python-pull", lat, delivered=s["delivered"], pushed=s["pushed"],
                   torn=int(torn.item()) if torn is not None else None, overruns=s["overruns"],
                   from_dlpack_p50_us=round(pct(conv, 50) / 1000.0, 1))
+    sub.close()
+    print(json.dumps(out), flush=True)
+
+
+def role_python_host(sub, push, frames, warmup):
+    """A host ring (the CPU machine): numpy.from_dlpack instead of torch."""
+    import numpy as np
+
+    import vramring
+    lat, conv, n = [], [], 0
+    while n < frames:
+        try:
+            f = sub.next(10.0)
+        except vramring.ProducerGone:
+            break
+        t_next = time.clock_gettime_ns(CLOCK)
+        y = np.from_dlpack(f.plane(0))
+        uv = np.from_dlpack(f.plane(1))
+        now = time.clock_gettime_ns(CLOCK)
+        n += 1
+        if n > warmup:
+            lat.append(now - f.commit_ns)
+            conv.append(now - t_next)
+        del y, uv, f
+    s = sub.stats()
+    out = summary("python-push" if push else "python-pull", lat, delivered=s["delivered"], pushed=s["pushed"],
+                  overruns=s["overruns"], from_dlpack_p50_us=round(pct(conv, 50) / 1000.0, 2))
     sub.close()
     print(json.dumps(out), flush=True)
 
@@ -150,6 +178,8 @@ def main():
     ap.add_argument("--width", type=int, default=1920)
     ap.add_argument("--height", type=int, default=1080)
     ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--backend", choices=["cuda", "host"], default="cuda",
+                    help="host: the CPU machine (numpy, no torch IPC phase)")
     ap.add_argument("--out", default=".")
     ap.add_argument("--role", choices=["py-pull", "py-push"])
     ap.add_argument("--socket")
@@ -167,7 +197,7 @@ def main():
         sock = os.path.join(d, "cam.sock")
         ex = a.examples
         prod = subprocess.Popen(
-            [f"{ex}/producer", "--socket", sock, "--backend", "cuda", "--format", "nv12", "--width", str(a.width),
+            [f"{ex}/producer", "--socket", sock, "--backend", a.backend, "--format", "nv12", "--width", str(a.width),
              "--height", str(a.height), "--slots", "16", "--fps", str(a.fps), "--frames", str(a.frames + a.warmup),
              "--wait-subscribers", "2", "--json", "--report-ms", "0"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -194,10 +224,14 @@ def main():
                          delivered=r["delivered"], torn=r["torn"], overruns=r["overruns"])
             results.append(r)
         prod.communicate(timeout=60)
-    results += phase_ipc(a.frames + a.warmup, a.fps, nbytes, a.warmup)
-    import torch
-    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=torch.cuda.get_device_name(0),
-                torch=torch.__version__, python=sys.version.split()[0], frames=a.frames, fps=a.fps,
+    if a.backend == "cuda":
+        results += phase_ipc(a.frames + a.warmup, a.fps, nbytes, a.warmup)
+        import torch
+        gpu, tv = torch.cuda.get_device_name(0), torch.__version__
+    else:
+        gpu, tv = None, None
+    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=gpu, backend=a.backend,
+                cpus=os.cpu_count(), torch=tv, python=sys.version.split()[0], frames=a.frames, fps=a.fps,
                 geometry=f"nv12 {a.width}x{a.height}", frame_bytes=nbytes, command=" ".join(sys.argv))
     print(json.dumps(meta))
     print(f"{'subscriber':<24}{'n':>7}{'p50 us':>10}{'p99 us':>10}{'max us':>10}  torn  from_dlpack p50 us")

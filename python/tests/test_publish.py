@@ -14,9 +14,10 @@ from conftest import check_pattern, pattern_frame
 
 def test_python_publisher_to_rust_consumer_has_no_torn_frames(examples, sock):
     n = 200
-    with vramring.Publisher(sock, "nv12", 640, 360, slots=8, backend="host") as pub:
+    # Lossless, so the consumer (a debug build, slow to verify) gets every frame.
+    with vramring.Publisher(sock, "nv12", 640, 360, slots=8, backend="host", policy="lossless") as pub:
         cons = subprocess.Popen(
-            [str(examples / "consumer"), "--socket", sock, "--mode", "sequential", "--json", "--report-ms", "0"],
+            [str(examples / "consumer"), "--socket", sock, "--lossless", "--json", "--report-ms", "0"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -26,16 +27,13 @@ def test_python_publisher_to_rust_consumer_has_no_torn_frames(examples, sock):
             assert time.monotonic() < deadline, "the Rust consumer did not connect"
             time.sleep(0.01)
         for seq in range(1, n + 1):
-            assert pub.publish(pattern_frame(seq, pub.nbytes), pts=seq * 1000) == seq
-            time.sleep(0.002)
+            assert pub.publish(pattern_frame(seq, pub.nbytes), pts=seq * 1000, timeout=5.0) == seq
     out, err = cons.communicate(timeout=30)
     assert cons.returncode == 0, err
     final = json.loads(out.strip().splitlines()[-1])
     assert final["event"] == "final"
     assert final["torn"] == 0
-    assert final["delivered"] + final["dropped"] == n
-    assert final["delivered"] >= n // 2
-    assert final["last_seq"] == n
+    assert (final["delivered"], final["dropped"], final["first_seq"], final["last_seq"]) == (n, 0, 1, n)
 
 
 def test_publish_accepts_the_slot_image_and_the_packed_layout(sock):
