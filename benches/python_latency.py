@@ -99,7 +99,7 @@ def role_python_host(sub, push, frames, warmup):
     import numpy as np
 
     import vramring
-    lat, conv, n = [], [], 0
+    lat, conv, n, kept = [], [], 0, None
     while n < frames:
         try:
             f = sub.next(10.0)
@@ -113,10 +113,28 @@ def role_python_host(sub, push, frames, warmup):
         if n > warmup:
             lat.append(now - f.commit_ns)
             conv.append(now - t_next)
+        if kept is None:
+            kept = f
         del y, uv, f
+    # vramring's side of an export alone, in a tight loop on the last frame:
+    # plane() + __dlpack__ (capsule made), and numpy.from_dlpack of a view.
+    f, kept = kept, None
+    export_ns, import_ns = [], []
+    if f is not None:
+        v = f.plane(0)
+        for _ in range(5000):
+            t0 = time.perf_counter_ns()
+            f.plane(0).__dlpack__()
+            t1 = time.perf_counter_ns()
+            np.from_dlpack(v)
+            export_ns.append(t1 - t0)
+            import_ns.append(time.perf_counter_ns() - t1)
+        del v, f
     s = sub.stats()
     out = summary("python-push" if push else "python-pull", lat, delivered=s["delivered"], pushed=s["pushed"],
-                  overruns=s["overruns"], from_dlpack_p50_us=round(pct(conv, 50) / 1000.0, 2))
+                  overruns=s["overruns"], from_dlpack_p50_us=round(pct(conv, 50) / 1000.0, 2),
+                  export_loop_p50_us=round(pct(export_ns, 50) / 1000.0, 2) if export_ns else None,
+                  numpy_import_loop_p50_us=round(pct(import_ns, 50) / 1000.0, 2) if import_ns else None)
     sub.close()
     print(json.dumps(out), flush=True)
 
