@@ -13,7 +13,7 @@ ring's GPU or on the host): tensors made from it keep it alive, and no later
 subscriber makes too (device to device on a CUDA ring).
 """
 
-from types import TracebackType
+import os
 from typing import Any, Iterator, Literal, Optional, Union
 
 __version__: str
@@ -209,4 +209,3 @@ class Closed(VramringError): ...
 class PacketOverrun(VramringError): ...
 class FramesHeld(VramringError): ...
 
-import os

@@ -565,25 +565,26 @@ impl Loan {
         let m = PyPublisher::meta(pts, self.seq, meta, flags)?;
         let s = stream_arg(stream.as_ref())?;
         self.done = true;
-        self.owner.borrow_mut(py).publish_loan(self.seq, m, s, py)
+        crate::sub::busy(self.owner.try_borrow_mut(py))?.publish_loan(self.seq, m, s, py)
     }
     /// Gives the slot back unpublished (the seq is reused).
-    fn cancel(&mut self, py: Python<'_>) {
+    fn cancel(&mut self, py: Python<'_>) -> PyResult<()> {
         if !self.done {
+            let mut o = crate::sub::busy(self.owner.try_borrow_mut(py))?;
             self.done = true;
-            let mut o = self.owner.borrow_mut(py);
             if o.loan_open == Some(self.seq) {
                 o.loan_open = None;
             }
         }
+        Ok(())
     }
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
         slf
     }
     /// Leaving the block without `publish()` cancels the loan.
     #[pyo3(signature = (*_args))]
-    fn __exit__(&mut self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
-        self.cancel(py);
-        false
+    fn __exit__(&mut self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.cancel(py)?;
+        Ok(false)
     }
 }

@@ -734,20 +734,30 @@ impl BorrowedFrame {
         Ok(PyBytes::new(py, &v))
     }
     /// Ends the borrow; returns whether the frame stayed intact. Idempotent.
-    fn release(&mut self, py: Python<'_>) -> bool {
+    fn release(&mut self, py: Python<'_>) -> PyResult<bool> {
         if let Some(i) = self.intact {
-            return i;
+            return Ok(i);
         }
-        let i = self.owner.borrow_mut(py).end_borrow().unwrap_or(false);
+        let i = busy(self.owner.try_borrow_mut(py))?.end_borrow().unwrap_or(false);
         self.intact = Some(i);
-        i
+        Ok(i)
     }
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
         slf
     }
     #[pyo3(signature = (*_args))]
-    fn __exit__(&mut self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
-        self.release(py);
-        false
+    fn __exit__(&mut self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.release(py)?;
+        Ok(false)
     }
+}
+
+/// A clear error instead of PyO3's when another thread is inside a call on
+/// the same object (it holds it while the GIL is released).
+pub fn busy<T>(r: Result<T, pyo3::pycell::PyBorrowMutError>) -> PyResult<T> {
+    r.map_err(|_| {
+        pyo3::exceptions::PyRuntimeError::new_err(
+            "the object is in use by another thread (a call on it is waiting); use one object per thread",
+        )
+    })
 }
