@@ -20,7 +20,7 @@ python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q maturin pytest numpy
 
 # The examples the tests start (debug profile: `cargo test` built it already).
-(cd .. && cargo build -q --example producer --example consumer)
+(cd .. && cargo build -q --example producer --example consumer --example packet_producer)
 export VRAMRING_EXAMPLES="$PWD/../target/debug/examples"
 
 "$venv/bin/python" -m pip install -q .
