@@ -19,6 +19,10 @@ python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q maturin pytest numpy
 
+# The extension crate is outside the root package: format and lint it here.
+cargo fmt --check
+cargo clippy --all-targets -q -- -D warnings
+
 # The examples the tests start (debug profile: `cargo test` built it already).
 (cd .. && cargo build -q --example producer --example consumer --example packet_producer)
 export VRAMRING_EXAMPLES="$PWD/../target/debug/examples"
