@@ -189,6 +189,11 @@ impl Frame<'_> {
     pub fn geometry(&self) -> &Geometry {
         &self.sub.info.geometry
     }
+    /// The ring's description (backend, device, geometry) of the publisher
+    /// instance this frame came from.
+    pub fn info(&self) -> &RingInfo {
+        &self.sub.info
+    }
     /// The copy, when it is host memory.
     pub fn host_bytes(&self) -> Option<&[u8]> {
         match self.push {
@@ -259,6 +264,7 @@ impl Frame<'_> {
 pub struct Borrow<'s> {
     sub: &'s mut Subscriber,
     snap: SlotSnapshot,
+    skipped: u64,
     released: bool,
 }
 
@@ -280,6 +286,32 @@ impl Borrow<'_> {
     /// `CLOCK_MONOTONIC` ns of the commit.
     pub fn commit_ns(&self) -> u64 {
         self.snap.commit_ns
+    }
+    /// Flags.
+    pub fn flags(&self) -> u32 {
+        self.snap.flags
+    }
+    /// Frames skipped between the previous delivered frame and this one.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+    /// User metadata (as [`Frame::user`]).
+    pub fn user(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(USER_META_BYTES);
+        for w in self.snap.user {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        out.truncate(self.snap.user_len as usize);
+        out
+    }
+    /// Format and plane layout of the slot.
+    pub fn geometry(&self) -> &Geometry {
+        &self.sub.info.geometry
+    }
+    /// The ring's description (backend, device, geometry) of the publisher
+    /// instance this frame came from.
+    pub fn info(&self) -> &RingInfo {
+        &self.sub.info
     }
     /// Address of the slot in this process's mapping (host pointer or
     /// `CUdeviceptr`), read-only unless write access was granted.
@@ -848,6 +880,7 @@ impl Subscriber {
                 return Ok(Borrow {
                     sub: self,
                     snap,
+                    skipped,
                     released: false,
                 });
             }

@@ -1,0 +1,434 @@
+//! Memory the Python objects own: a CUDA device context ([`Cuda`]) and
+//! pools of per-frame buffers ([`BufPool`], [`Buf`]).
+//!
+//! Every `Frame` handed to Python owns one [`Buf`] through an `Arc`; every
+//! DLPack capsule made from the frame holds another clone of that `Arc`, so a
+//! tensor keeps the bytes it views alive, and the subscriber never writes a
+//! buffer while any clone lives: `next()` always copies into a buffer taken
+//! from the pool's free list (or a fresh allocation), and a buffer goes back
+//! to the free list only when its last `Arc` drops.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys as cu;
+use vramring::memory::cuda::{self as vc, ContextGuard, CuContext, CuDevice, CuStream, DevicePtr, Driver, RealDriver};
+use vramring::{Error, Result};
+
+/// The primary context of one GPU, retained, and a non-blocking stream of
+/// ours in it. The ring's memory (publisher pool, subscriber import) lives
+/// in the same primary context, so its addresses are valid here, and so are
+/// torch's (torch uses the primary context too).
+pub struct Cuda {
+    driver: Arc<RealDriver>,
+    device: CuDevice,
+    /// The device's ordinal in this process (DLPack's `device_id`).
+    pub ordinal: i32,
+    ctx: CuContext,
+    stream: CuStream,
+}
+
+impl std::fmt::Debug for Cuda {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cuda").field("ordinal", &self.ordinal).finish()
+    }
+}
+
+fn check(call: &'static str, r: cu::CUresult) -> Result<()> {
+    let code = r as u32;
+    if code == vc::code::SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Driver {
+            call,
+            code,
+            name: vc::error_name(code).to_string(),
+        })
+    }
+}
+
+/// One side of a 2D copy.
+#[derive(Debug, Clone, Copy)]
+pub enum Side {
+    /// Host memory at this address.
+    Host(u64),
+    /// Device memory at this address (in the primary context).
+    Device(u64),
+}
+
+impl Cuda {
+    /// The GPU with this UUID.
+    ///
+    /// # Errors
+    /// [`Error::CudaUnavailable`], [`Error::DeviceNotVisible`], driver errors.
+    pub fn for_uuid(uuid: &[u8; 16]) -> Result<Arc<Cuda>> {
+        let driver = RealDriver::shared()?;
+        driver.init()?;
+        let n = driver.device_count()?;
+        for ordinal in 0..n {
+            let dev = driver.device_get(ordinal)?;
+            if driver.device_uuid(dev)? == *uuid {
+                return Self::open(driver, ordinal);
+            }
+        }
+        Err(Error::DeviceNotVisible {
+            uuid: vc::format_uuid(uuid),
+        })
+    }
+
+    /// The GPU with this ordinal.
+    ///
+    /// # Errors
+    /// As [`Cuda::for_uuid`]; [`Error::Config`] for an ordinal out of range.
+    pub fn for_ordinal(ordinal: i32) -> Result<Arc<Cuda>> {
+        let driver = RealDriver::shared()?;
+        driver.init()?;
+        let n = driver.device_count()?;
+        if !(0..n).contains(&ordinal) {
+            return Err(Error::Config(format!(
+                "CUDA device ordinal {ordinal} does not exist here ({n} visible)"
+            )));
+        }
+        Self::open(driver, ordinal)
+    }
+
+    fn open(driver: Arc<RealDriver>, ordinal: i32) -> Result<Arc<Cuda>> {
+        let device = driver.device_get(ordinal)?;
+        let ctx = driver.primary_ctx_retain(device)?;
+        // SAFETY: `ctx` was retained just above and stays retained here.
+        let made = unsafe { ContextGuard::push(&*driver, ctx) }.and_then(|g| {
+            let s = driver.stream_create_non_blocking();
+            g.restore()?;
+            s
+        });
+        match made {
+            Ok(stream) => Ok(Arc::new(Cuda {
+                driver,
+                device,
+                ordinal,
+                ctx,
+                stream,
+            })),
+            Err(e) => {
+                let _ = driver.primary_ctx_release(device);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Runs `f` with the context current, restoring the caller's after.
+    fn with<R>(&self, f: impl FnOnce(&RealDriver) -> Result<R>) -> Result<R> {
+        // SAFETY: `self.ctx` is retained for as long as `self` lives.
+        let guard = unsafe { ContextGuard::push(&*self.driver, self.ctx) }?;
+        let r = f(&self.driver);
+        guard.restore()?;
+        r
+    }
+
+    /// Our stream, as the driver API takes it.
+    pub fn raw_stream(&self) -> cu::CUstream {
+        self.stream.as_raw()
+    }
+
+    /// `cuMemAlloc` of `bytes`.
+    ///
+    /// # Errors
+    /// The driver's error (out of memory, for instance).
+    pub fn alloc(&self, bytes: u64) -> Result<DevicePtr> {
+        self.with(|d| Ok(d.mem_alloc(bytes.max(1))?))
+    }
+
+    /// Frees a buffer from [`Cuda::alloc`].
+    ///
+    /// # Safety
+    /// `p` came from [`Cuda::alloc`] on this object and no copy uses it.
+    pub unsafe fn free(&self, p: DevicePtr) -> Result<()> {
+        self.with(|d| {
+            // SAFETY: the caller's contract: our allocation, idle (our only
+            // stream is synchronised after every copy).
+            Ok(unsafe { d.mem_free(p) }?)
+        })
+    }
+
+    /// Copies `bytes` from device `src` to device `dst` on our stream and
+    /// waits for it.
+    ///
+    /// # Safety
+    /// Both ranges are device memory valid in the primary context for the
+    /// duration of the call; `dst` is not read or written by anyone else
+    /// meanwhile.
+    pub unsafe fn copy_dtod(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<()> {
+        self.with(|d| {
+            // SAFETY: the caller's contract; the stream is ours and live.
+            unsafe { d.memcpy_dtod_async(dst, src, bytes, self.stream) }?;
+            // SAFETY: our live stream.
+            unsafe { d.stream_synchronize(self.stream) }?;
+            Ok(())
+        })
+    }
+
+    /// Enqueues a 2D copy (`rows` rows of `width` bytes) on our stream, or on
+    /// `stream` when given; does not wait.
+    ///
+    /// # Safety
+    /// Both sides are valid for `rows` rows at their pitches (host memory
+    /// in this process, device memory in the primary context) until the
+    /// stream has passed the copy.
+    pub unsafe fn copy_2d(
+        &self,
+        dst: Side,
+        dst_pitch: u64,
+        src: Side,
+        src_pitch: u64,
+        width: u64,
+        rows: u64,
+    ) -> Result<()> {
+        let (src_type, src_host, src_dev) = match src {
+            Side::Host(a) => (
+                cu::CUmemorytype::CU_MEMORYTYPE_HOST,
+                a as usize as *const std::ffi::c_void,
+                0,
+            ),
+            Side::Device(a) => (cu::CUmemorytype::CU_MEMORYTYPE_DEVICE, std::ptr::null(), a),
+        };
+        let (dst_type, dst_host, dst_dev) = match dst {
+            Side::Host(a) => (
+                cu::CUmemorytype::CU_MEMORYTYPE_HOST,
+                a as usize as *mut std::ffi::c_void,
+                0,
+            ),
+            Side::Device(a) => (cu::CUmemorytype::CU_MEMORYTYPE_DEVICE, std::ptr::null_mut(), a),
+        };
+        let p = cu::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: src_type,
+            srcHost: src_host,
+            srcDevice: src_dev,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: src_pitch as usize,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: dst_type,
+            dstHost: dst_host,
+            dstDevice: dst_dev,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: dst_pitch as usize,
+            WidthInBytes: width as usize,
+            Height: rows as usize,
+        };
+        let stream = self.stream.as_raw();
+        self.with(|_| {
+            // SAFETY: the caller's contract on both sides; `p` lives for the
+            // call (the driver copies the descriptor); our stream is live.
+            check("cuMemcpy2DAsync", unsafe { cu::cuMemcpy2DAsync_v2(&p, stream) })
+        })
+    }
+
+    /// Waits for our stream.
+    ///
+    /// # Errors
+    /// The driver's error.
+    pub fn sync(&self) -> Result<()> {
+        self.with(|d| {
+            // SAFETY: our live stream.
+            Ok(unsafe { d.stream_synchronize(self.stream) }?)
+        })
+    }
+}
+
+impl Drop for Cuda {
+    fn drop(&mut self) {
+        let r = self.with(|d| {
+            // SAFETY: our live stream; nothing enqueues on it any more.
+            unsafe { d.stream_synchronize(self.stream) }?;
+            // SAFETY: our stream, idle now.
+            unsafe { d.stream_destroy(self.stream) }?;
+            Ok(())
+        });
+        if let Err(e) = r.and_then(|()| Ok(self.driver.primary_ctx_release(self.device)?)) {
+            eprintln!("vramring: releasing the CUDA stream/context failed: {e}");
+        }
+    }
+}
+
+/// Where a buffer lives.
+#[derive(Debug)]
+pub enum Mem {
+    /// Host memory (8-byte aligned).
+    Host(Vec<u64>),
+    /// A `cuMemAlloc` buffer in [`BufPool::cuda`]'s context.
+    Cuda(DevicePtr),
+}
+
+/// Buffers of one size for the frames of one subscriber.
+#[derive(Debug)]
+pub struct BufPool {
+    /// `Some` for a CUDA ring.
+    pub cuda: Option<Arc<Cuda>>,
+    /// Bytes of each buffer.
+    pub bytes: u64,
+    free: Mutex<Vec<Mem>>,
+    live: AtomicUsize,
+    keep: usize,
+}
+
+/// One frame's buffer; back to its pool's free list when dropped.
+#[derive(Debug)]
+pub struct Buf {
+    mem: Option<Mem>,
+    pool: Arc<BufPool>,
+}
+
+impl BufPool {
+    /// A pool of `bytes`-byte buffers, keeping at most `keep` free ones.
+    pub fn new(cuda: Option<Arc<Cuda>>, bytes: u64, keep: usize) -> Arc<BufPool> {
+        Arc::new(BufPool {
+            cuda,
+            bytes,
+            free: Mutex::new(Vec::new()),
+            live: AtomicUsize::new(0),
+            keep,
+        })
+    }
+
+    /// Buffers handed out and not yet back.
+    pub fn live(&self) -> usize {
+        // Relaxed: a count for a limit and for stats; no data is published
+        // through it (the Arc and the mutex order the buffer contents).
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// A buffer nobody else references: from the free list, or new.
+    ///
+    /// # Errors
+    /// Allocation errors.
+    pub fn take(self: &Arc<Self>) -> Result<Buf> {
+        let reused = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mem = match reused {
+            Some(m) => m,
+            None => match &self.cuda {
+                Some(c) => Mem::Cuda(c.alloc(self.bytes)?),
+                None => Mem::Host(vec![0u64; (self.bytes as usize).div_ceil(8)]),
+            },
+        };
+        // Relaxed: see `live`.
+        self.live.fetch_add(1, Ordering::Relaxed);
+        Ok(Buf {
+            mem: Some(mem),
+            pool: Arc::clone(self),
+        })
+    }
+
+    fn release(&self, mem: Mem) {
+        // Relaxed: see `live`.
+        self.live.fetch_sub(1, Ordering::Relaxed);
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if free.len() < self.keep {
+            free.push(mem);
+            return;
+        }
+        drop(free);
+        self.destroy(mem);
+    }
+
+    fn destroy(&self, mem: Mem) {
+        if let (Mem::Cuda(p), Some(c)) = (mem, &self.cuda) {
+            // SAFETY: a buffer of this pool, from `c.alloc`; nobody holds it
+            // (its Buf is gone, or it sat on the free list), and copies into
+            // it were synchronised before the Frame was handed out.
+            if let Err(e) = unsafe { c.free(p) } {
+                eprintln!("vramring: freeing a frame buffer failed: {e}");
+            }
+        }
+    }
+}
+
+impl Drop for BufPool {
+    fn drop(&mut self) {
+        let free = std::mem::take(self.free.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for m in free {
+            self.destroy(m);
+        }
+    }
+}
+
+impl Buf {
+    /// Host pointer or `CUdeviceptr` of the buffer.
+    pub fn addr(&self) -> u64 {
+        match &self.mem {
+            Some(Mem::Host(v)) => v.as_ptr() as u64,
+            Some(Mem::Cuda(p)) => *p,
+            None => 0,
+        }
+    }
+
+    /// Bytes of the buffer.
+    pub fn len(&self) -> u64 {
+        self.pool.bytes
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Arc<BufPool> {
+        &self.pool
+    }
+
+    /// The buffer as bytes, when it is host memory. Needs `&mut`: only a
+    /// buffer nobody else references yet (before it goes into an `Arc`).
+    pub fn host_mut(&mut self) -> Option<&mut [u8]> {
+        let n = self.pool.bytes as usize;
+        match &mut self.mem {
+            Some(Mem::Host(v)) => Some(&mut bytemuck_bytes(v)[..n]),
+            _ => None,
+        }
+    }
+
+    /// The buffer as bytes, when it is host memory.
+    pub fn host(&self) -> Option<&[u8]> {
+        let n = self.pool.bytes as usize;
+        match &self.mem {
+            Some(Mem::Host(v)) => {
+                // SAFETY: `v` holds `ceil(n / 8)` u64s, so at least `n`
+                // initialised bytes; u8 has no alignment or validity rules.
+                Some(unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), n) })
+            }
+            _ => None,
+        }
+    }
+}
+
+fn bytemuck_bytes(v: &mut [u64]) -> &mut [u8] {
+    let n = v.len() * 8;
+    // SAFETY: the slice's `n` bytes are initialised u64s; u8 has no
+    // alignment or validity rules; the borrow is exclusive as `v` is.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), n) }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        if let Some(m) = self.mem.take() {
+            self.pool.release(m);
+        }
+    }
+}
+
+/// A value reachable only through `&mut`: `Sync` for any `Send` value, as
+/// Python classes must be (PyO3 hands out `&mut` one borrower at a time).
+#[derive(Debug, Default)]
+pub struct Excl<T>(T);
+
+// SAFETY: an `&Excl<T>` gives no access to the `T` (there is no `&self`
+// accessor), so sharing it between threads shares nothing; access needs
+// `&mut Excl<T>`, which is exclusive (the `SyncWrapper` argument).
+unsafe impl<T: Send> Sync for Excl<T> {}
+
+impl<T> Excl<T> {
+    /// Wraps `v`.
+    pub fn new(v: T) -> Self {
+        Excl(v)
+    }
+    /// The value.
+    pub fn get_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}

@@ -1,0 +1,85 @@
+"""Bad paths, bad arguments, exceptions mirroring vramring::Error."""
+
+import os
+
+import numpy as np
+import pytest
+
+import vramring
+
+
+def test_every_exception_is_a_vramring_error():
+    for name in ["Timeout", "ProducerGone", "Evicted", "Refused", "LayoutMismatch", "VersionMismatch",
+                 "AddressInUse", "ConfigError", "IoError", "TooLarge", "Closed", "FramesHeld", "PacketOverrun"]:
+        assert issubclass(getattr(vramring, name), vramring.VramringError)
+
+
+def test_a_path_nobody_listens_on_is_an_io_error(tmp_path):
+    with pytest.raises(vramring.IoError, match="No such file"):
+        vramring.Subscriber(str(tmp_path / "nothing.sock"))
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    with pytest.raises(vramring.IoError):
+        vramring.Subscriber(str(plain), connect_timeout=0.5)
+    with pytest.raises(vramring.IoError):
+        vramring.PacketSubscriber(str(tmp_path / "nothing.sock"))
+
+
+def test_timeout_message_is_the_rust_message(sock):
+    with vramring.Publisher(sock, "gray8", 16, 16, backend="host"):
+        with vramring.Subscriber(sock) as sub:
+            with pytest.raises(vramring.Timeout) as e:
+                sub.next(0.05)
+    assert str(e.value) == "timed out after 50ms waiting for the next frame"
+
+
+def test_a_second_publisher_on_a_live_socket_is_address_in_use(sock):
+    with vramring.Publisher(sock, "gray8", 16, 16, backend="host"):
+        with pytest.raises(vramring.AddressInUse, match="already listening"):
+            vramring.Publisher(sock, "gray8", 16, 16, backend="host")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(mode="newest"), "mode must be"),
+        (dict(mode="latest", lossless=True), "lossless"),
+        (dict(mode="sequential", push=True), "push"),
+        (dict(timeout=-1.0), "timeout"),
+        (dict(max_held=0), "max_held"),
+    ],
+)
+def test_bad_subscriber_arguments_are_value_errors(sock, kwargs, match):
+    with vramring.Publisher(sock, "gray8", 16, 16, backend="host"):
+        with pytest.raises(ValueError, match=match):
+            vramring.Subscriber(sock, **kwargs)
+
+
+def test_bad_publisher_arguments(sock):
+    with pytest.raises(ValueError):
+        vramring.Publisher(sock, "yuv444", 16, 16, backend="host")
+    with pytest.raises(ValueError, match="unknown backend"):
+        vramring.Publisher(sock, "nv12", 16, 16, backend="gpu")
+    with pytest.raises(ValueError, match="policy"):
+        vramring.Publisher(sock, "nv12", 16, 16, backend="host", policy="drop")
+    with pytest.raises(vramring.ConfigError):
+        vramring.Publisher(sock, "nv12", 16, 16, slots=3, backend="host")
+    with vramring.Publisher(sock, "nv12", 16, 16, backend="host") as pub:
+        with pytest.raises(ValueError, match="bytes as the slot image"):
+            pub.publish(np.zeros(100, np.uint8))
+        with pytest.raises(ValueError, match="contiguous"):
+            pub.publish(np.zeros((pub.nbytes, 2), np.uint8)[:, 0])
+        with pytest.raises(vramring.TooLarge):
+            pub.publish(np.zeros(pub.nbytes, np.uint8), meta=b"x" * 65)
+        with pytest.raises(TypeError):
+            pub.publish("not a tensor")
+        assert pub.stats()["published"] == 0
+    with pytest.raises(vramring.Closed):
+        pub.publish(np.zeros(16, np.uint8))
+
+
+def test_cuda_on_a_machine_without_a_gpu_is_a_typed_error(sock):
+    if os.path.exists("/dev/nvidiactl"):
+        pytest.skip("this machine has a GPU; the GPU path is checked by python/gpu/check_gpu.py")
+    with pytest.raises((vramring.CudaUnavailable, vramring.DriverError)):
+        vramring.Publisher(sock, "nv12", 64, 64, backend="cuda")

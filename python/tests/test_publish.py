@@ -1,0 +1,120 @@
+"""Python publisher: to Python subscribers, and to the Rust consumer example."""
+
+import json
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import vramring
+from conftest import check_pattern, pattern_frame
+
+
+def test_python_publisher_to_rust_consumer_has_no_torn_frames(examples, sock):
+    n = 200
+    # Lossless, so the consumer (a debug build, slow to verify) gets every frame.
+    with vramring.Publisher(sock, "nv12", 640, 360, slots=8, backend="host", policy="lossless") as pub:
+        cons = subprocess.Popen(
+            [str(examples / "consumer"), "--socket", sock, "--lossless", "--json", "--report-ms", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 10
+        while pub.stats()["subscribers"] < 1:
+            assert time.monotonic() < deadline, "the Rust consumer did not connect"
+            time.sleep(0.01)
+        for seq in range(1, n + 1):
+            assert pub.publish(pattern_frame(seq, pub.nbytes), pts=seq * 1000, timeout=5.0) == seq
+    out, err = cons.communicate(timeout=30)
+    assert cons.returncode == 0, err
+    final = json.loads(out.strip().splitlines()[-1])
+    assert final["event"] == "final"
+    assert final["torn"] == 0
+    assert (final["delivered"], final["dropped"], final["first_seq"], final["last_seq"]) == (n, 0, 1, n)
+
+
+def test_publish_accepts_the_slot_image_and_the_packed_layout(sock):
+    with vramring.Publisher(sock, "nv12", 64, 48, slots=4, backend="host") as pub:
+        with vramring.Subscriber(sock, mode="sequential") as sub:
+            img = pattern_frame(1, pub.nbytes)
+            pub.publish(img, meta=b"camera-7")
+            f = sub.next(1.0)
+            check_pattern(np.from_dlpack(f), 1)
+            assert (f.seq, f.pts, f.meta) == (1, 1, b"camera-7")
+            # Packed: Y rows then UV rows, no pitch padding, any dtype/shape.
+            y = np.arange(64 * 48, dtype=np.uint32).astype(np.uint8).reshape(48, 64)
+            uv = np.full((24, 32, 2), 9, np.uint8)
+            packed = np.concatenate([y.reshape(-1), uv.reshape(-1)]).reshape(-1, 16)
+            assert packed.nbytes == pub.packed_nbytes
+            pub.publish(packed, pts=77)
+            f = sub.next(1.0)
+            assert f.pts == 77
+            assert np.array_equal(np.from_dlpack(f.plane(0)), y)
+            assert np.array_equal(np.from_dlpack(f.plane(1)), uv)
+
+
+def test_loan_writes_in_place_and_publishes(sock):
+    with vramring.Publisher(sock, "rgb8", 32, 16, slots=4, backend="host") as pub:
+        with vramring.Subscriber(sock, mode="sequential") as sub:
+            with pub.loan() as loan:
+                assert loan.seq == 1
+                px = np.from_dlpack(loan.plane(0))
+                assert px.shape == (16, 32, 3)
+                px[:] = [1, 2, 3]
+                assert loan.publish(pts=5) == 1
+            f = sub.next(1.0)
+            assert f.pts == 5 and np.all(np.from_dlpack(f.plane(0)) == [1, 2, 3])
+            # A cancelled loan leaves the seq unused.
+            with pub.loan() as loan:
+                assert loan.seq == 2
+            assert pub.publish(np.zeros(pub.nbytes, np.uint8)) == 2
+            # A view of a loaned slot blocks close() while it lives.
+            with pub.loan() as loan:
+                px = np.from_dlpack(loan.plane(0))
+                loan.publish()
+            with pytest.raises(ValueError, match="still alive"):
+                pub.close()
+            del px
+            pub.close()
+
+
+def test_borrow_reports_whether_the_frame_stayed_intact(sock):
+    with vramring.Publisher(sock, "gray8", 64, 64, slots=4, backend="host") as pub:
+        with vramring.Subscriber(sock, mode="sequential") as sub:
+            pub.publish(pattern_frame(1, pub.nbytes))
+            with sub.borrow(1.0) as b:
+                assert b.seq == 1 and b.intact is None
+                check_pattern(np.frombuffer(b.tobytes(), np.uint8), 1)
+                with pytest.raises(ValueError, match="borrow"):
+                    sub.next(0.1)  # the subscriber is lent out
+            assert b.intact is True
+            pub.publish(pattern_frame(2, pub.nbytes))
+            with sub.borrow(1.0) as b:
+                for seq in range(3, 8):  # wraps the 4-slot ring over frame 2
+                    pub.publish(pattern_frame(seq, pub.nbytes))
+            assert b.intact is False
+            assert sub.stats()["overruns"] == 1
+
+
+def test_reconnect_follows_the_next_publisher_instance(sock):
+    sub = None
+    with vramring.Publisher(sock, "gray8", 64, 8, backend="host") as a:
+        sub = vramring.Subscriber(sock, mode="sequential", reconnect=True)
+        a.publish(pattern_frame(1, a.nbytes))
+        assert sub.next(1.0).seq == 1
+        first = sub.epoch
+    with pytest.raises(vramring.ProducerGone):
+        sub.next(1.0)
+    with vramring.Publisher(sock, "gray8", 128, 8, backend="host") as b:
+        def later():
+            time.sleep(0.2)
+            b.publish(pattern_frame(1, b.nbytes))
+        threading.Thread(target=later).start()
+        f = sub.next(3.0)
+        assert f.width == 128 and f.seq == 1 and sub.epoch != first
+        check_pattern(np.from_dlpack(f), 1)
+        assert sub.stats()["reconnects"] == 1
+    sub.close()
