@@ -11,7 +11,6 @@ use crate::error::{Error, Result};
 use crate::format::Geometry;
 use crate::layout::{
     ClientLine, RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, BACKEND_CUDA, BACKEND_HOST, PUSH_BUFFERS,
-    USER_META_BYTES,
 };
 use crate::memory::{BackendKind, ImportedPool, OwnBuffer};
 use crate::ring::lease::{self, Lease};
@@ -178,12 +177,7 @@ impl Frame<'_> {
     }
     /// User metadata.
     pub fn user(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(USER_META_BYTES);
-        for w in self.snap.user {
-            out.extend_from_slice(&w.to_le_bytes());
-        }
-        out.truncate(self.snap.user_len as usize);
-        out
+        self.snap.user_bytes()
     }
     /// Format and plane layout; planes sit at the same offsets in the copy.
     pub fn geometry(&self) -> &Geometry {
@@ -297,12 +291,7 @@ impl Borrow<'_> {
     }
     /// User metadata (as [`Frame::user`]).
     pub fn user(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(USER_META_BYTES);
-        for w in self.snap.user {
-            out.extend_from_slice(&w.to_le_bytes());
-        }
-        out.truncate(self.snap.user_len as usize);
-        out
+        self.snap.user_bytes()
     }
     /// Format and plane layout of the slot.
     pub fn geometry(&self) -> &Geometry {

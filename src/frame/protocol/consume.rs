@@ -86,6 +86,13 @@ pub struct SlotSnapshot {
 pub type Look = crate::ring::Look<SlotSnapshot>;
 
 impl SlotSnapshot {
+    /// The user metadata bytes in use.
+    pub fn user_bytes(&self) -> Vec<u8> {
+        let mut out: Vec<u8> = self.user.iter().flat_map(|w| w.to_le_bytes()).collect();
+        out.truncate(self.user_len as usize);
+        out
+    }
+
     /// Reads the slot's seq (Acquire) and, if it is `want`, its meta.
     pub fn look(slot: &SlotDesc, want: u64) -> Look {
         // SYNC: slot-seq — Acquire pairs with the publisher's Release commit.
