@@ -22,8 +22,8 @@ use dlpark::python::{DlpackStream, ImportRequest, StreamArg};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use vramring::ServeOptions;
 use vramring::layout::BACKEND_CUDA;
+use vramring::ServeOptions;
 use vramring::{BackendChoice, BackendKind, Error, Format, FrameMeta, Geometry, Policy, Publisher, RingConfig};
 
 use crate::errors::{self, IntoPy};
