@@ -46,10 +46,18 @@ fn an_inspector_sees_the_producer_the_slots_and_every_subscriber_and_never_holds
     }
     det.next(Duration::from_secs(1)).unwrap();
 
-    // The publisher counts a connect just after its Welcome is sent.
+    // The publisher counts a connect just after its Welcome is sent, and
+    // copies each subscriber's counters into the table on its service tick
+    // (250 ms): wait for both.
+    let mirrored = |st: &vramring::inspect::RingStatus| {
+        st.subscribers
+            .iter()
+            .any(|r| r.name == "rec" && r.delivered == 2 && r.released_seq == 2)
+            && st.subscribers.iter().any(|r| r.name == "det" && r.delivered == 1)
+    };
     let mut st = ins.status().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while st.producer.connects < 3 && Instant::now() < deadline {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while (st.producer.connects < 3 || !mirrored(&st)) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
         st = ins.status().unwrap();
     }
@@ -173,7 +181,13 @@ fn copy_to_host_gives_the_whole_frame_pulled_or_pushed_and_refuses_a_short_buffe
             f.copy_to_host(&mut buf[..len - 1]),
             Err(Error::TooLarge { .. })
         ));
-        let f = push.next(Duration::from_secs(1)).unwrap();
+        // A push subscriber's stream starts once its buffers are mapped
+        // (it never holds the pool): until then it sees no frame.
+        let active = push.push_active();
+        let f = match push.next(Duration::from_millis(100)) {
+            Err(Error::Timeout(..)) if !active => continue,
+            other => other.unwrap(),
+        };
         let mut buf = vec![0u8; len];
         f.copy_to_host(&mut buf).unwrap();
         testpattern::verify(&buf, f.seq()).unwrap();

@@ -260,7 +260,9 @@ pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
                 }
             }
         });
-        sh.table().mirror_counters();
+        // Relaxed: a bound for the mirrored cursors (informational).
+        sh.table()
+            .mirror_counters(sh.producer().published.load(Ordering::Relaxed));
         // Relaxed: informational heartbeat, single writer.
         sh.producer().heartbeat_ns.store(monotonic_ns(), Ordering::Relaxed);
     }

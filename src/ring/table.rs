@@ -333,14 +333,23 @@ impl Table {
     }
 
     /// Service tick: copies each client's counters into its entry, for
-    /// inspection tools (values are the subscriber's own claims).
-    pub(crate) fn mirror_counters(&self) {
+    /// inspection tools (values are the subscriber's own claims), and
+    /// advances the publisher's view of a lossless cursor as
+    /// [`Table::holder`] does (clamped to `newest`, never back).
+    pub(crate) fn mirror_counters(&self, newest: u64) {
         for (k, e) in self.entries().iter().enumerate() {
             // Relaxed: informational.
             if e.state.load(Ordering::Relaxed) != SUB_ACTIVE {
                 continue;
             }
-            if let Some(c) = self.lock(k).as_ref() {
+            if let Some(c) = self.lock(k).as_mut() {
+                if e.flags.load(Ordering::Relaxed) & SUBF_LOSSLESS != 0 {
+                    // Relaxed: a mirror for inspection; the producer's own
+                    // check (`holder`) does the Acquire load it relies on.
+                    let claimed = c.line().released_seq.load(Ordering::Relaxed);
+                    c.released = c.released.max(claimed.min(newest));
+                    e.released_seq.store(c.released, Ordering::Relaxed);
+                }
                 let l = c.line();
                 // Relaxed: informational copies, single writer (the service).
                 for (to, from) in [
