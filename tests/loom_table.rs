@@ -185,7 +185,7 @@ fn eviction_vs_reassign(evict: Evict, mutant: bool) {
         }
         if evicted == Some(g1) {
             // handle_evictions: no connection is left for g1; reap it.
-            table.reap(k);
+            table.reap(k, g1);
             assert!(
                 table.live(k as usize, g2),
                 "reaping generation {g1}'s eviction freed the newcomer {g2} (double free)"
@@ -330,7 +330,7 @@ fn a_subscriber_sees_its_eviction_and_a_freed_region_is_never_read() {
         service.join().unwrap();
         let was_evicted = producer.join().unwrap();
         if was_evicted {
-            table.reap(k);
+            table.reap(k, g);
         }
         assert!(!still_ours(subs.entry(k as usize), g));
         assert_eq!(

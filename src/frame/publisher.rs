@@ -450,6 +450,12 @@ impl Served for Shared {
             .attach_requests
             .lock()
             .map_err(|_| "attach queue poisoned".to_string())?;
+        // Requests of subscribers that left before the producer got to
+        // them go now (their descriptors close): the queue holds at most one
+        // request per live entry, however often a peer reconnects while the
+        // producer is idle. Only this thread frees entries, so a live check
+        // here stays true until the next service step.
+        q.retain(|r| self.table.live(r.index as usize, r.generation));
         q.push(AttachRequest {
             index,
             generation,
@@ -695,10 +701,18 @@ impl Publisher {
             }
             match self.pool.attach_target(&r.fd, r.attach.bytes) {
                 Ok(id) => {
-                    if let Some(e) = table.entry(index) {
+                    // Under the entry's lock and its generation: an entry
+                    // freed and reassigned meanwhile never gets our count.
+                    let counted = table.with_client(index, r.generation, |e, _| {
                         // SYNC: push-seq — Release; the subscriber starts
                         // taking pushed frames when it sees the count.
                         e.push_count.store(layout::PUSH_BUFFERS as u32, Ordering::Release);
+                    });
+                    if counted.is_none() {
+                        if let Err(e) = self.pool.detach_target(id) {
+                            tracing::warn!(error = %e, "unmapping the push buffers of a subscriber that left");
+                        }
+                        continue;
                     }
                     self.targets.push(PushTarget {
                         index,
@@ -765,9 +779,12 @@ impl Publisher {
         protocol::commit_slot(&sh.slots()[index], seq, &meta.to_commit());
         for t in &mut self.targets {
             if let Some(k) = t.pending.take() {
-                if let Some(e) = table.entry(t.index) {
+                // Under the entry's lock and the target's generation: a
+                // newcomer at the same index never sees a seq for a buffer
+                // that was never copied into.
+                table.with_client(t.index, t.generation, |e, _| {
                     protocol::push::complete_buffer(e, k, seq);
-                }
+                });
                 t.newest = Some(k);
             }
         }

@@ -118,8 +118,9 @@ impl std::fmt::Debug for PacketSubscriber {
     }
 }
 
-/// Maps a packet ring's subscriber table (read-write when `writable`) from
-/// a Welcome's descriptor and validates it; returns it and its entry count.
+/// Maps a packet ring's subscriber table (read-only) and the subscriber's
+/// client region from a Welcome's descriptors and validates them; returns
+/// both and the table's entry count.
 ///
 /// # Errors
 /// [`Error::LayoutMismatch`] for missing seals, a short table or one of

@@ -55,7 +55,7 @@ pub(crate) fn map_table_and_client(
 /// [`Error::VersionMismatch`] when the publisher says no; [`Error::Timeout`];
 /// [`Error::BadMessage`] for anything but a Welcome or a Reject.
 pub(crate) fn request(path: &Path, hello: Hello, timeout: Duration) -> Result<(OwnedFd, Welcome, Vec<OwnedFd>)> {
-    let sock = transport::connect(path)?;
+    let sock = transport::connect_within(path, timeout)?;
     transport::send(sock.as_fd(), &Msg::Hello(hello).encode(), &[])?;
     let got = transport::recv(sock.as_fd(), timeout)?.ok_or(Error::Timeout(timeout, "the publisher's Welcome"))?;
     let welcome = match Msg::decode(&got.bytes) {

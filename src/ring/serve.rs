@@ -5,14 +5,16 @@
 //! is ever used).
 //!
 //! Every peer is bounded in what it can make the publisher hold:
-//! * at most [`ServeConfig::max_pending`] connections in their handshake
-//!   (more are closed at accept), each for at most
-//!   [`ServeConfig::handshake_timeout`];
+//! * at most [`ServeConfig::max_pending`] silent connections in their
+//!   handshake (past that the oldest is closed; a Hello already there is
+//!   served at accept), each for at most [`ServeConfig::handshake_timeout`];
 //! * one table entry and one client region per connection;
 //! * after the Welcome, exactly one optional Attach (push buffers, checked
-//!   by the ring kind); any other message but Bye, a second Attach or
-//!   malformed buffers evict the subscriber (`EVICT_PROTOCOL`) and close
-//!   its connection; descriptors sent with any message are closed at once;
+//!   by the ring kind; at most one queued per live entry); any other
+//!   well-formed message but Bye, a second Attach or malformed buffers evict
+//!   the subscriber (`EVICT_PROTOCOL`) and close its connection; a datagram
+//!   that does not decode closes it without a notice; descriptors sent with
+//!   any message are closed at once;
 //! * when the process runs out of descriptors, accept fails: newcomers wait
 //!   or are refused, the connected subscribers keep being served.
 //!
@@ -247,12 +249,19 @@ pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
                 }
                 Verdict::Evict(code, reason) => {
                     if let State::Active { index, generation, .. } = c.state {
+                        let mut code = code;
+                        let mut reason = reason;
                         if sh.table().evict(index as usize, generation, code) {
                             // Relaxed: own counter, single writer per thread
                             // (fetch_add: the producer counts too).
                             sh.producer().evictions.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(index, reason, "evicting a subscriber that broke the protocol");
+                        } else if let Some(e) = sh.table().entry(index as usize) {
+                            // Already evicted by the producer: say its reason.
+                            // Relaxed: written before the entry's state moved.
+                            code = e.evict_code.load(Ordering::Relaxed);
+                            reason = evict_reason(code);
                         }
-                        tracing::warn!(index, reason, "evicting a subscriber that broke the protocol");
                         send_evicted(c, code, reason);
                     }
                     close_conn(&*sh, c);
@@ -385,6 +394,12 @@ fn poll(
 fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant) -> Verdict {
     match c.state {
         State::Pending { deadline } => {
+            // A connection accepted in this iteration was not in its poll:
+            // look once more before giving up on it, so a newcomer whose
+            // Hello just arrived is served even while its slot was expired
+            // to make room.
+            let ready =
+                ready || (now >= deadline && transport::readable(c.fd.as_fd(), Duration::ZERO).unwrap_or(false));
             if !ready {
                 if now >= deadline {
                     tracing::debug!("closing a connection that sent no Hello in time");
@@ -525,7 +540,7 @@ fn handshake<S: Served>(sh: &S, fd: &OwnedFd, bytes: &[u8]) -> Result<(u32, u32)
             ));
         }
     }
-    let Some(a) = table.assign(sh.entry_flags(&hello), &hello.name, sh.lossless_start(), uid)? else {
+    let Some(a) = table.assign(sh.entry_flags(&hello), &hello.name, &|| sh.lossless_start(), uid)? else {
         return Err(reject(
             fd,
             msg::REJECT_FULL,

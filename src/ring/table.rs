@@ -161,12 +161,21 @@ impl Table {
     }
 
     /// Service: takes a free entry for a new subscriber with `SUBF_*`
-    /// `flags` and `name`, whose lossless cursor starts at `start`, and
-    /// makes its client region. `Ok(None)` when the table is full.
+    /// `flags`, `name` and peer `uid`, whose lossless cursor starts at
+    /// `start()` (the ring's newest seq, or the packet before its newest
+    /// keyframe), and makes its client region. `Ok(None)` when the table is
+    /// full.
+    ///
+    /// `start` is read again once the entry is `ACTIVE`: a producer that
+    /// published while the entry was being set up did not wait for it, so
+    /// the cursor moves up to what was published meanwhile (the SeqCst
+    /// fence below pairs with the one after the producer's seq store:
+    /// either the producer sees the entry, or this reload sees its seq).
     ///
     /// # Errors
     /// [`Error::Io`] when the client region cannot be made.
-    pub(crate) fn assign(&self, flags: u32, name: &str, start: u64, uid: u32) -> Result<Option<Assigned>> {
+    pub(crate) fn assign(&self, flags: u32, name: &str, start: &dyn Fn() -> u64, uid: u32) -> Result<Option<Assigned>> {
+        let first = start();
         // Relaxed: only the service thread moves an entry out of FREE.
         let Some(index) = self
             .entries()
@@ -182,7 +191,7 @@ impl Table {
         let line = region.at::<ClientLine>(0);
         // Relaxed: the region is not shared yet; the Welcome's sendmsg
         // publishes it.
-        line.released_seq.store(start, Ordering::Relaxed);
+        line.released_seq.store(first, Ordering::Relaxed);
         let e = &self.entries()[index];
         // Relaxed: all published by the Release store of `state` below.
         let generation = e.generation.load(Ordering::Relaxed).wrapping_add(1);
@@ -190,7 +199,7 @@ impl Table {
         e.flags.store(flags, Ordering::Relaxed);
         e.push_count.store(0, Ordering::Relaxed);
         e.evict_code.store(0, Ordering::Relaxed);
-        e.released_seq.store(start, Ordering::Relaxed);
+        e.released_seq.store(first, Ordering::Relaxed);
         for w in [&e.delivered, &e.dropped, &e.overruns] {
             w.store(0, Ordering::Relaxed);
         }
@@ -202,12 +211,25 @@ impl Table {
         *self.lock(index) = Some(Client {
             generation,
             region,
-            released: start,
+            released: first,
             uid,
         });
         // SYNC: sub-state — Release, paired with the producer's Acquire when
         // it scans the table and the subscriber's Acquire at connect.
         e.state.store(SUB_ACTIVE, Ordering::Release);
+        // SYNC: park-style Dekker with the producer's `publish_seq` fence
+        // (see the doc above).
+        crate::sync::atomic::fence(Ordering::SeqCst);
+        let later = start();
+        if later > first {
+            if let Some(c) = self.lock(index).as_mut() {
+                c.released = later;
+                // Relaxed: the client region is not shared yet (the Welcome
+                // publishes it); the mirror is informational.
+                c.line().released_seq.store(later, Ordering::Relaxed);
+                e.released_seq.store(later, Ordering::Relaxed);
+            }
+        }
         Ok(Some(Assigned {
             index: index as u32,
             generation,
@@ -262,8 +284,11 @@ impl Table {
         evicted
     }
 
-    /// Service: frees an entry evicted after its connection had already
-    /// closed (nobody is left to tell).
+    /// Service: frees an entry still `EVICTED` with `generation` once its
+    /// eviction request was handled. Defensive: today every connection that
+    /// ends is freed (`free` clears an `EVICTED` entry too), so this finds
+    /// nothing to do; it keeps an eviction from ever leaving an entry
+    /// `EVICTED` for good.
     pub(crate) fn reap(&self, index: u32, generation: u32) {
         if let Some(e) = self.entry(index as usize) {
             // Relaxed: only publisher threads write these; the free's
@@ -505,7 +530,7 @@ pub mod loom_api {
         /// [`super::Table::assign`].
         pub fn assign(&self, flags: u32, start: u64) -> Option<Assigned> {
             self.0
-                .assign(flags, "loom", start)
+                .assign(flags, "loom", &|| start, 0)
                 .expect("make a client region")
                 .map(|a| Assigned {
                     index: a.index,
@@ -522,8 +547,8 @@ pub mod loom_api {
             self.0.evict(index, generation, code)
         }
         /// [`super::Table::reap`].
-        pub fn reap(&self, index: u32) {
-            self.0.reap(index);
+        pub fn reap(&self, index: u32, generation: u32) {
+            self.0.reap(index, generation);
         }
         /// [`super::Table::with_client`].
         pub fn with_client<R>(

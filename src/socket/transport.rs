@@ -141,9 +141,10 @@ impl Drop for Listener {
     }
 }
 
-/// Whether something accepts connections at `path`.
+/// Whether something listens at `path` (a full backlog, `EAGAIN` after the
+/// timeout, is a listener too: a busy or frozen publisher still owns it).
 fn probe_live(path: &Path) -> bool {
-    connect_once(path).is_ok()
+    matches!(connect_once(path, CONNECT_TIMEOUT), Ok(_) | Err(Errno::AGAIN))
 }
 
 fn seqpacket() -> Result<OwnedFd> {
@@ -151,19 +152,45 @@ fn seqpacket() -> Result<OwnedFd> {
         .ctx(|| "socket(AF_UNIX, SOCK_SEQPACKET)".into())
 }
 
-fn connect_once(path: &Path) -> std::result::Result<OwnedFd, Errno> {
+/// How long a connect (and each later send) may wait when no other bound
+/// is given: a Unix `connect` otherwise blocks for good once a publisher
+/// that stopped accepting has a full backlog.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn connect_once(path: &Path, timeout: Duration) -> std::result::Result<OwnedFd, Errno> {
     let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+    // SO_SNDTIMEO bounds a Unix connect that waits for backlog room (and
+    // every send on the socket); the kernel then fails with EAGAIN.
+    rustix::net::sockopt::set_socket_timeout(
+        &fd,
+        rustix::net::sockopt::Timeout::Send,
+        Some(timeout.max(Duration::from_millis(1))),
+    )?;
     let addr = SocketAddrUnix::new(path)?;
     rustix::net::connect(&fd, &addr)?;
     Ok(fd)
 }
 
-/// Connects to the publisher socket at `path`.
+/// Connects to the publisher socket at `path`, waiting at most
+/// [`CONNECT_TIMEOUT`] for room in its backlog.
 ///
 /// # Errors
-/// [`Error::Io`] with the path when nothing listens there.
+/// As [`connect_within`].
 pub fn connect(path: &Path) -> Result<OwnedFd> {
-    connect_once(path).ctx(|| format!("connecting to publisher socket {}", path.display()))
+    connect_within(path, CONNECT_TIMEOUT)
+}
+
+/// Connects to the publisher socket at `path`, waiting at most `timeout`
+/// when its backlog is full (a publisher that stopped accepting).
+///
+/// # Errors
+/// [`Error::Io`] with the path when nothing listens there;
+/// [`Error::Timeout`] when the publisher did not take the connection in time.
+pub fn connect_within(path: &Path, timeout: Duration) -> Result<OwnedFd> {
+    match connect_once(path, timeout) {
+        Err(Errno::AGAIN) => Err(Error::Timeout(timeout, "room in the publisher's connection backlog")),
+        other => other.ctx(|| format!("connecting to publisher socket {}", path.display())),
+    }
 }
 
 /// Waits until `fd` is readable (or hung up), at most `timeout`.
