@@ -42,7 +42,7 @@ use loom::thread;
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-use vramring::frame::protocol::{self, CommitMeta, Look, ReadMode, SlotSnapshot, WaitOutcome};
+use vramring::frame::protocol::{self, CommitMeta, Look, Mode, SlotSnapshot, WaitOutcome};
 use vramring::layout::{ClientLine, RingHeader, SlotDesc, SUBF_LOSSLESS, SUBF_SEQUENTIAL};
 use vramring::ring::loom_table::{LoomTable, Mapped};
 
@@ -202,7 +202,7 @@ fn reader_never_accepts_a_frame_invalidated_during_its_copy() {
         };
         read(&ring, 1);
         let g = ring.global();
-        if let Some(p) = protocol::pick(ReadMode::Latest, 1, g, protocol::safe_window(2, false)) {
+        if let Some(p) = protocol::pick(Mode::Latest, 1, g, protocol::safe_window(2, false)) {
             read(&ring, p.seq);
         }
         producer.join().unwrap();
@@ -237,11 +237,11 @@ fn reader_trusting_the_slot_seq_alone_never_accepts_a_torn_frame() {
 /// seqs it accepts strictly increase, every accepted frame is whole, a seq
 /// at or below the `global_seq` it loaded is never "not there yet", and
 /// delivered + dropped accounts for every frame.
-fn reader_seqs_only_increase(mode: ReadMode, slot_count: u32, before: u64, frames: u64, preemptions: usize) {
+fn reader_seqs_only_increase(mode: Mode, slot_count: u32, before: u64, frames: u64, preemptions: usize) {
     model(preemptions, move || {
         let ring = Ring::new(
             slot_count as usize,
-            if mode == ReadMode::Sequential {
+            if mode == Mode::Sequential {
                 SUBF_SEQUENTIAL
             } else {
                 0
@@ -280,14 +280,14 @@ fn reader_seqs_only_increase(mode: ReadMode, slot_count: u32, before: u64, frame
                         delivered += 1;
                         dropped += p.skipped;
                         last = snap.seq;
-                    } else if mode == ReadMode::Sequential {
+                    } else if mode == Mode::Sequential {
                         // As `Subscriber::next`: an overrun is a gap.
                         dropped += p.skipped + 1;
                         last = p.seq;
                     }
                 }
                 Look::Overwritten => {
-                    if mode == ReadMode::Sequential {
+                    if mode == Mode::Sequential {
                         dropped += p.skipped + 1;
                         last = p.seq;
                     }
@@ -306,19 +306,19 @@ fn reader_seqs_only_increase(mode: ReadMode, slot_count: u32, before: u64, frame
 
 #[test]
 fn latest_reader_seqs_only_increase() {
-    reader_seqs_only_increase(ReadMode::Latest, 2, 0, 3, 3);
+    reader_seqs_only_increase(Mode::Latest, 2, 0, 3, 3);
 }
 
 #[test]
 fn sequential_reader_seqs_only_increase() {
-    reader_seqs_only_increase(ReadMode::Sequential, 2, 0, 3, 2);
+    reader_seqs_only_increase(Mode::Sequential, 2, 0, 3, 2);
 }
 
 /// With 4 slots the sequential window (3 frames) is narrower than the ring:
 /// the reader starts behind, may jump, and frame 5 rewrites frame 1's slot.
 #[test]
 fn sequential_reader_seqs_only_increase_when_it_falls_behind() {
-    reader_seqs_only_increase(ReadMode::Sequential, 4, 2, 5, 2);
+    reader_seqs_only_increase(Mode::Sequential, 4, 2, 5, 2);
 }
 
 /// (c) Lossless policy, 2 slots, 4 frames: the producer waits on the
@@ -385,7 +385,7 @@ fn lossless_sequential_reader_gets_every_frame() {
         let mut last = 0;
         while last < 4 {
             let g = ring.global();
-            let Some(p) = protocol::pick(ReadMode::Sequential, last, g, protocol::safe_window(2, true)) else {
+            let Some(p) = protocol::pick(Mode::Sequential, last, g, protocol::safe_window(2, true)) else {
                 thread::yield_now();
                 continue;
             };
