@@ -241,11 +241,7 @@ fn reader_seqs_only_increase(mode: Mode, slot_count: u32, before: u64, frames: u
     model(preemptions, move || {
         let ring = Ring::new(
             slot_count as usize,
-            if mode == Mode::Sequential {
-                SUBF_SEQUENTIAL
-            } else {
-                0
-            },
+            if mode == Mode::Sequential { SUBF_SEQUENTIAL } else { 0 },
         );
         for seq in 1..=before {
             ring.publish(seq);
