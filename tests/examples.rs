@@ -19,16 +19,6 @@ use std::time::{Duration, Instant};
 use common::{example, TempDir};
 use examples_common::JsonLine;
 
-/// The last line of `output` that parses as a JSON object with `"event":"final"`.
-fn final_json(output: &str) -> JsonLine {
-    output
-        .lines()
-        .rev()
-        .filter_map(JsonLine::parse)
-        .find(|j| j.get("event") == Some("final"))
-        .unwrap_or_else(|| panic!("no final JSON line in:\n{output}"))
-}
-
 #[test]
 fn producer_and_consumer_examples_pass_verified_frames_and_report_zero_torn() {
     let dir = TempDir::new("examples-pc");
@@ -80,7 +70,7 @@ fn producer_and_consumer_examples_pass_verified_frames_and_report_zero_torn() {
     let deadline = Instant::now() + Duration::from_secs(60);
     for c in &mut consumers {
         c.wait_success(deadline);
-        let j = final_json(&c.output());
+        let j = JsonLine::final_in(&c.output());
         eprintln!("{}: {:?}", c.name, j.0);
         assert_eq!(j.u64("delivered"), Some(150), "{}", c.name);
         assert_eq!(j.u64("torn"), Some(0), "{}", c.name);
@@ -100,7 +90,7 @@ fn producer_and_consumer_examples_pass_verified_frames_and_report_zero_torn() {
     // Ctrl-C ends the producer cleanly, with its summary.
     producer.interrupt();
     producer.wait_success(Instant::now() + Duration::from_secs(20));
-    let j = final_json(&producer.output());
+    let j = JsonLine::final_in(&producer.output());
     eprintln!("producer: {:?}", j.0);
     assert!(j.u64("published").is_some_and(|n| n >= 150));
     assert_eq!(j.u64("connects"), Some(2));

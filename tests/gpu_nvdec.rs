@@ -24,7 +24,6 @@ mod examples_common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{example, TempDir};
@@ -248,27 +247,6 @@ fn subscriber(spec: &str) -> ! {
     std::process::exit(0);
 }
 
-fn final_json(output: &str) -> JsonLine {
-    output
-        .lines()
-        .rev()
-        .filter_map(JsonLine::parse)
-        .find(|j| j.get("event") == Some("final"))
-        .unwrap_or_else(|| panic!("no final JSON line in:\n{output}"))
-}
-
-/// Free device memory on GPU 0, read in this process's primary context.
-fn free_bytes(d: &Arc<RealDriver>) -> u64 {
-    let dev = d.device_get(0).expect("device 0");
-    let ctx = d.primary_ctx_retain(dev).expect("primary context");
-    // SAFETY: `ctx` is retained above and released below.
-    let g = unsafe { ContextGuard::push(&**d, ctx) }.expect("push");
-    let (free, _) = d.mem_get_info().expect("cuMemGetInfo");
-    g.restore().expect("restore");
-    d.primary_ctx_release(dev).expect("release");
-    free
-}
-
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn ring_subscribers_match_ffmpeg_pull_push_and_namespaced() {
@@ -276,7 +254,7 @@ fn ring_subscribers_match_ffmpeg_pull_push_and_namespaced() {
         subscriber(&spec);
     }
     let d = RealDriver::shared().expect("a CUDA driver");
-    let free_before = free_bytes(&d);
+    let free_before = common::gpu_free_bytes(&d);
     let png = std::env::var("VRAMRING_NVDEC_PNG").unwrap_or_default();
     let flags =
         std::env::var("VRAMRING_TEST_UNSHARE").unwrap_or_else(|_| "--pid --ipc --mount --fork --mount-proc".into());
@@ -329,7 +307,7 @@ fn ring_subscribers_match_ffmpeg_pull_push_and_namespaced() {
         let out = producer.wait_with_output().expect("producer");
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{}: producer failed: {text}", clip.file);
-        let p = final_json(&text);
+        let p = JsonLine::final_in(&text);
         eprintln!("{} producer: {p:?}", clip.file);
         assert_eq!(p.u64("published"), Some(2 * n), "{}: {p:?}", clip.file);
         assert_eq!(p.u64("width"), Some(u64::from(clip.width)));
@@ -338,7 +316,7 @@ fn ring_subscribers_match_ffmpeg_pull_push_and_namespaced() {
             let out = child.wait_with_output().expect("subscriber");
             let text = String::from_utf8_lossy(&out.stdout);
             assert!(out.status.success(), "{}: {name} failed: {text}", clip.file);
-            let j = final_json(&text);
+            let j = JsonLine::final_in(&text);
             eprintln!("{} {name}: {j:?}", clip.file);
             assert_eq!(j.u64("mismatched"), Some(0), "{} {name}: {j:?}", clip.file);
             assert_eq!(j.u64("matched"), j.u64("received"), "{} {name}: {j:?}", clip.file);
@@ -361,7 +339,7 @@ fn ring_subscribers_match_ffmpeg_pull_push_and_namespaced() {
         eprintln!("{} ran in {:?}", clip.file, t.elapsed());
     }
     std::thread::sleep(Duration::from_millis(500));
-    let free_after = free_bytes(&d);
+    let free_after = common::gpu_free_bytes(&d);
     let diff = free_before.abs_diff(free_after);
     eprintln!("device free memory before {free_before} after {free_after}");
     assert!(diff <= 4 << 20, "device free memory moved by {diff} bytes");

@@ -11,7 +11,6 @@ mod common;
 mod examples_common;
 
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{example, TempDir};
@@ -20,27 +19,6 @@ use vramring::memory::cuda::{ContextGuard, Driver, RealDriver};
 use vramring::{Subscriber, SubscriberOptions};
 
 const ROGUE: &str = "VRAMRING_GPU_ROGUE";
-
-fn final_json(output: &str) -> JsonLine {
-    output
-        .lines()
-        .rev()
-        .filter_map(JsonLine::parse)
-        .find(|j| j.get("event") == Some("final"))
-        .unwrap_or_else(|| panic!("no final JSON line in:\n{output}"))
-}
-
-/// Free device memory on GPU 0, read in this process's primary context.
-fn free_bytes(d: &Arc<RealDriver>) -> u64 {
-    let dev = d.device_get(0).expect("device 0");
-    let ctx = d.primary_ctx_retain(dev).expect("primary context");
-    // SAFETY: `ctx` is retained above and released below.
-    let g = unsafe { ContextGuard::push(&**d, ctx) }.expect("push");
-    let (free, _) = d.mem_get_info().expect("cuMemGetInfo");
-    g.restore().expect("restore");
-    d.primary_ctx_release(dev).expect("release");
-    free
-}
 
 /// The rogue subscriber: connects, borrows a frame, and tries to write into
 /// the read-only mapping. Exits 0 when the write was refused.
@@ -67,7 +45,7 @@ fn four_gpu_subscribers_one_in_its_own_namespaces_get_10000_frames_untorn() {
         rogue(&socket);
     }
     let d = RealDriver::shared().expect("a CUDA driver");
-    let free_before = free_bytes(&d);
+    let free_before = common::gpu_free_bytes(&d);
     let dir = TempDir::new("gpu-ring");
     let socket = dir.join("cam.sock").display().to_string();
     let frames = "10000";
@@ -162,13 +140,13 @@ fn four_gpu_subscribers_one_in_its_own_namespaces_get_10000_frames_untorn() {
         "producer failed: {}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let p = final_json(&String::from_utf8_lossy(&out.stdout));
+    let p = JsonLine::final_in(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(p.u64("published"), Some(10_000), "producer: {p:?}");
     for (name, child) in subs {
         let out = child.wait_with_output().expect("consumer");
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{name} failed: {text}");
-        let j = final_json(&text);
+        let j = JsonLine::final_in(&text);
         eprintln!("{name}: {j:?}");
         assert_eq!(j.u64("torn"), Some(0), "{name}: {j:?}");
         assert!(
@@ -182,7 +160,7 @@ fn four_gpu_subscribers_one_in_its_own_namespaces_get_10000_frames_untorn() {
     eprintln!("ran in {:?}", t.elapsed());
     // Every process is gone: their pools, imports and push buffers with them.
     std::thread::sleep(Duration::from_millis(500));
-    let free_after = free_bytes(&d);
+    let free_after = common::gpu_free_bytes(&d);
     let diff = free_before.abs_diff(free_after);
     eprintln!("device free memory before {free_before} after {free_after}");
     assert!(diff <= 4 << 20, "device free memory moved by {diff} bytes");

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::{example, ChildProc, TempDir};
 use examples_common::JsonLine;
-use vramring::memory::cuda::{ContextGuard, Driver, RealDriver};
+use vramring::memory::cuda::RealDriver;
 
 /// xorshift64*: the run's random decisions, replayable from the printed seed.
 struct Rng(u64);
@@ -32,17 +32,6 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
-}
-
-fn free_bytes(d: &Arc<RealDriver>) -> u64 {
-    let dev = d.device_get(0).expect("device 0");
-    let ctx = d.primary_ctx_retain(dev).expect("primary context");
-    // SAFETY: `ctx` is retained above and released below.
-    let g = unsafe { ContextGuard::push(&**d, ctx) }.expect("push");
-    let (free, _) = d.mem_get_info().expect("cuMemGetInfo");
-    g.restore().expect("restore");
-    d.primary_ctx_release(dev).expect("release");
-    free
 }
 
 fn fd_count() -> usize {
@@ -78,7 +67,7 @@ fn eight_subscribers_survive_kills_and_producer_restarts_untorn_with_flat_vram()
     // the harness without a GPU); the device-memory checks need CUDA.
     let backend = std::env::var("VRAMRING_SOAK_BACKEND").unwrap_or_else(|_| "cuda".into());
     let d = (backend == "cuda").then(|| RealDriver::shared().expect("a CUDA driver"));
-    let free = |d: &Option<Arc<RealDriver>>| d.as_ref().map_or(0, free_bytes);
+    let free = |d: &Option<Arc<RealDriver>>| d.as_ref().map_or(0, common::gpu_free_bytes);
     let (free_before, fds_before) = (free(&d), fd_count());
     let dir = TempDir::new("gpu-soak");
     let socket = dir.join("cam.sock").display().to_string();

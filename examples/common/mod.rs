@@ -245,6 +245,20 @@ fn push_json_str(out: &mut String, s: &str) {
 pub struct JsonLine(pub Vec<(String, String)>);
 
 impl JsonLine {
+    /// The last line of `output` that parses as a JSON object with
+    /// `"event":"final"` (the summary every example prints at its end).
+    ///
+    /// # Panics
+    /// When there is none, showing `output` (for tests).
+    pub fn final_in(output: &str) -> JsonLine {
+        output
+            .lines()
+            .rev()
+            .filter_map(JsonLine::parse)
+            .find(|j| j.get("event") == Some("final"))
+            .unwrap_or_else(|| panic!("no final JSON line in:\n{output}"))
+    }
+
     /// Parses a flat object of string and number members; `None` for
     /// anything else.
     pub fn parse(line: &str) -> Option<JsonLine> {

@@ -443,3 +443,17 @@ pub fn example(name: &str) -> PathBuf {
     );
     path
 }
+
+/// Free device memory on GPU 0 (`cuMemGetInfo`), read in this process's
+/// primary context, which is retained and released around the call.
+pub fn gpu_free_bytes(d: &std::sync::Arc<vramring::memory::cuda::RealDriver>) -> u64 {
+    use vramring::memory::cuda::{ContextGuard, Driver};
+    let dev = d.device_get(0).expect("device 0");
+    let ctx = d.primary_ctx_retain(dev).expect("primary context");
+    // SAFETY: `ctx` is retained above and released below.
+    let g = unsafe { ContextGuard::push(&**d, ctx) }.expect("push");
+    let (free, _) = d.mem_get_info().expect("cuMemGetInfo");
+    g.restore().expect("restore");
+    d.primary_ctx_release(dev).expect("release");
+    free
+}
