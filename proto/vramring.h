@@ -1,8 +1,8 @@
 /*
  * vramring.h: the shared-memory layout and socket messages of vramring.
  *
- * Layout version 2 (VR_LAYOUT_VERSION), packet-ring layout version 1
- * (VR_PACKET_LAYOUT_VERSION), socket protocol version 2
+ * Layout version 3 (VR_LAYOUT_VERSION), packet-ring layout version 1
+ * (VR_PACKET_LAYOUT_VERSION), socket protocol version 3
  * (VR_PROTOCOL_VERSION). proto/PROTOCOL.md is the prose reference; this
  * header is the byte-exact one. tests/c_layout.rs compiles a program against
  * this header and checks every size, offset and constant against the Rust
@@ -72,7 +72,7 @@
 /* Magic of the subscriber table: the bytes "VRSUBTAB" read as a LE u64. */
 #define VR_SUBS_MAGIC UINT64_C(0x4241544255535256)
 /* Version of the shared layout; also the control region's ready word. */
-#define VR_LAYOUT_VERSION 2u
+#define VR_LAYOUT_VERSION 3u
 
 #define VR_MIN_SLOTS 2u                  /* slot_count is a power of two in */
 #define VR_MAX_SLOTS 1024u               /* VR_MIN_SLOTS..=VR_MAX_SLOTS      */
@@ -227,8 +227,9 @@ typedef struct vr_producer_line {
 
 /* The newest committed seq, alone on its line. */
 typedef struct vr_seq_line {
-    VR_ALIGN128 uint64_t global_seq; /*  0 0 = none yet; SYNC: global-seq        */
-    uint8_t _pad[120];
+    VR_ALIGN128 uint64_t global_seq; /*  0 0 = none yet; SYNC: global-seq (the GPU may store it: stream-order commit) */
+    uint64_t pending_seq;           /*   8 newest commit enqueued; > global_seq: in flight. SYNC: pending */
+    uint8_t _pad[112];
 } vr_seq_line;
 
 /* Reserved in v2 (zero): every subscriber parks on the doorbell of its own
@@ -468,7 +469,7 @@ typedef struct vr_packet_record {
  * datagram, little-endian, packed.
  * ====================================================================== */
 
-#define VR_PROTOCOL_VERSION 2u
+#define VR_PROTOCOL_VERSION 3u
 /* Magic of every message: the bytes "VRSK" read as a LE u32. */
 #define VR_MSG_MAGIC 0x4b535256u
 #define VR_HEADER_BYTES 16u
@@ -620,6 +621,7 @@ VR_STATIC_ASSERT(sizeof(vr_producer_line) == 128, "vr_producer_line size");
 VR_STATIC_ASSERT(offsetof(vr_producer_line, heartbeat_ns) == 8, "heartbeat_ns");
 VR_STATIC_ASSERT(offsetof(vr_producer_line, disconnects) == 40, "disconnects");
 VR_STATIC_ASSERT(sizeof(vr_seq_line) == 128, "vr_seq_line size");
+VR_STATIC_ASSERT(offsetof(vr_seq_line, pending_seq) == 8, "pending_seq");
 VR_STATIC_ASSERT(sizeof(vr_doorbell_line) == 128, "vr_doorbell_line size");
 VR_STATIC_ASSERT(sizeof(vr_ring_header) == 640, "vr_ring_header size");
 VR_STATIC_ASSERT(VR_ALIGNOF(vr_ring_header) == 128, "vr_ring_header align");

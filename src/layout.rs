@@ -31,7 +31,7 @@ pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"VRAMRING");
 /// Magic of the subscriber table: the bytes `VRSUBTAB`.
 pub const SUBS_MAGIC: u64 = u64::from_le_bytes(*b"VRSUBTAB");
 /// Version of this shared layout. Any change to a struct below bumps it.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// Fewest slots a ring may have.
 pub const MIN_SLOTS: u32 = 2;
@@ -189,9 +189,18 @@ pub struct ProducerLine {
 #[repr(C, align(128))]
 #[cfg_attr(loom, derive(Default))]
 pub struct SeqLine {
-    /// Newest committed seq (0: none yet).
+    /// Newest committed seq (0: none yet). On a CUDA ring with stream-order
+    /// commits (protocol 3) the GPU stores it, behind the frame's writes.
     /// SYNC: global-seq (Release by publisher after the slot seq, Acquire by subscribers).
     pub global_seq: AtomicU64,
+    /// Newest seq whose commit the publisher has *enqueued* (stream-order
+    /// commit) or made (CPU commit); `pending_seq > global_seq` means a
+    /// commit is in flight on the GPU. A subscriber about to park that sees
+    /// it in flight spins instead, because the publisher only enqueues a
+    /// wake for subscribers it saw parked when it enqueued the commit.
+    /// SYNC: pending (publisher store + SeqCst fence, then `parked` loads;
+    /// subscriber `parked` store + SeqCst fence, then this load).
+    pub pending_seq: AtomicU64,
 }
 
 /// Reserved cache lines (zero). Subscribers park on the doorbell of their
@@ -371,6 +380,7 @@ const _: () = {
     assert!(offset_of!(SharedRingInfo, created_realtime_ns) == 248);
     assert!(size_of::<ProducerLine>() == 128);
     assert!(size_of::<SeqLine>() == 128);
+    assert!(offset_of!(SeqLine, pending_seq) == 8);
     assert!(size_of::<DoorbellLine>() == 128);
     assert!(size_of::<RingHeader>() == 640);
     assert!(offset_of!(RingHeader, producer) == 256);

@@ -125,7 +125,7 @@ fn shared_layout(c: &mut Checks) {
     shared_struct!(c, "vr_producer_line", ProducerLine, pad: true, [
         state, reserved0, heartbeat_ns, published, evictions, connects, disconnects,
     ]);
-    shared_struct!(c, "vr_seq_line", SeqLine, pad: true, [global_seq]);
+    shared_struct!(c, "vr_seq_line", SeqLine, pad: true, [global_seq, pending_seq]);
     shared_struct!(c, "vr_doorbell_line", DoorbellLine, pad: true, [reserved]);
     shared_struct!(c, "vr_ring_header", RingHeader, pad: false, [info, producer, seq, doorbell]);
     shared_struct!(c, "vr_slot_desc", SlotDesc, pad: false, [
@@ -258,12 +258,13 @@ fn constants(c: &mut Checks) {
     c.constant("VR_RING_MAGIC", layout::RING_MAGIC);
     c.constant("VR_SUBS_MAGIC", layout::SUBS_MAGIC);
     c.constant("VR_LAYOUT_VERSION", layout::LAYOUT_VERSION);
-    // Protocol v2 (issue 10) in both languages: a stale header or a crate
-    // that moved on without the header fails here.
-    assert_eq!(layout::LAYOUT_VERSION, 2, "the Rust layout is version 2");
-    assert_eq!(msg::PROTOCOL_VERSION, 2, "the Rust socket protocol is version 2");
-    c.push("VR_LAYOUT_VERSION is 2", "VR_LAYOUT_VERSION == 2u", 1u32);
-    c.push("VR_PROTOCOL_VERSION is 2", "VR_PROTOCOL_VERSION == 2u", 1u32);
+    // Protocol v3 (issue 15: stream-order commits, `pending_seq`) in both
+    // languages: a stale header or a crate that moved on without the header
+    // fails here.
+    assert_eq!(layout::LAYOUT_VERSION, 3, "the Rust layout is version 3");
+    assert_eq!(msg::PROTOCOL_VERSION, 3, "the Rust socket protocol is version 3");
+    c.push("VR_LAYOUT_VERSION is 3", "VR_LAYOUT_VERSION == 3u", 1u32);
+    c.push("VR_PROTOCOL_VERSION is 3", "VR_PROTOCOL_VERSION == 3u", 1u32);
     c.constant("VR_MIN_SLOTS", layout::MIN_SLOTS);
     c.constant("VR_MAX_SLOTS", layout::MAX_SLOTS);
     c.constant("VR_DEFAULT_MAX_SUBSCRIBERS", layout::DEFAULT_MAX_SUBSCRIBERS);

@@ -604,6 +604,7 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
     report.connects = stats.connects;
     report.evictions = stats.evictions;
     report.lossless_waits = stats.lossless_waits;
+    let stream_commit = publisher.stream_commit();
     publisher.close()?;
     if args.json {
         emit(
@@ -615,6 +616,7 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
                 .u64("connects", report.connects)
                 .u64("evictions", report.evictions)
                 .u64("lossless_waits", report.lossless_waits)
+                .u64("stream_commit", u64::from(stream_commit))
                 .finish(),
         );
     } else {

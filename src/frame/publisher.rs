@@ -37,6 +37,23 @@ pub enum Policy {
     Lossless,
 }
 
+/// How a frame written on a CUDA stream is committed
+/// ([`SlotMut::publish_cuda`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CommitMode {
+    /// Enqueue the push copies and the commit on the writer's stream,
+    /// behind the frame's writes, and return at once: the GPU stores the
+    /// seqs into the ring's shared memory when the frame is complete
+    /// (ADR 0008, PROTOCOL.md §9.3). Falls back to [`CommitMode::Synchronous`]
+    /// where the driver cannot register the ring's memory.
+    #[default]
+    Stream,
+    /// Synchronise the writer's stream on the publisher's thread, then
+    /// commit on the CPU (protocol 2's path; every publish blocks for the
+    /// frame's writes and every push copy).
+    Synchronous,
+}
+
 /// Which memory the ring lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendChoice {
@@ -116,6 +133,8 @@ pub struct RingConfig {
     pub allow_write: bool,
     /// Who may pull (receive the pool's descriptor).
     pub pull: PullAccess,
+    /// How CUDA frames are committed.
+    pub commit: CommitMode,
     /// The serving settings shared with the packet ring.
     pub serve: ServeConfig,
 }
@@ -139,6 +158,7 @@ impl RingConfig {
             backend: BackendChoice::Auto,
             allow_write: false,
             pull: PullAccess::Anyone,
+            commit: CommitMode::Stream,
             serve: ServeConfig::default(),
         }
     }
@@ -167,6 +187,11 @@ impl RingConfig {
     /// Sets who may pull.
     pub fn pull(mut self, p: PullAccess) -> Self {
         self.pull = p;
+        self
+    }
+    /// Sets how CUDA frames are committed.
+    pub fn commit(mut self, m: CommitMode) -> Self {
+        self.commit = m;
         self
     }
 
@@ -288,6 +313,9 @@ struct PushTarget {
     stride: u64,
     newest: Option<usize>,
     pending: Option<usize>,
+    /// Stream-order commits: the seq last enqueued into each buffer (a
+    /// buffer whose seq the GPU has not committed yet is not claimed).
+    enqueued: [u64; layout::PUSH_BUFFERS],
     dead: bool,
 }
 
@@ -487,6 +515,10 @@ pub struct Publisher {
     /// The wait for lossless readers.
     gate: LosslessGate,
     targets: Vec<PushTarget>,
+    /// Whether CUDA frames are committed in stream order.
+    stream_commit: bool,
+    /// The stream of the newest stream-order commit (as an integer).
+    last_stream: Option<usize>,
     path: PathBuf,
     closed: bool,
 }
@@ -541,16 +573,22 @@ impl Publisher {
             .ok_or_else(|| Error::Config("ring size overflows".into()))?;
         let mut pool = create_pool(cfg.backend, pool_bytes, cfg.allow_write)?;
         match Self::build(listener, &mut pool, &path, cfg, geometry) {
-            Ok((shared, service)) => Ok(Publisher {
-                shared,
-                pool,
-                service: Some(service),
-                next_seq: 1,
-                gate: LosslessGate::default(),
-                targets: Vec::new(),
-                path,
-                closed: false,
-            }),
+            Ok((shared, service)) => {
+                let mut p = Publisher {
+                    shared,
+                    pool,
+                    service: Some(service),
+                    next_seq: 1,
+                    gate: LosslessGate::default(),
+                    targets: Vec::new(),
+                    stream_commit: false,
+                    last_stream: None,
+                    path,
+                    closed: false,
+                };
+                p.enable_stream_commit();
+                Ok(p)
+            }
             Err(e) => {
                 if let Err(close_err) = pool.close() {
                     tracing::warn!(error = %close_err, "closing the pool after a failed create");
@@ -659,6 +697,16 @@ impl Publisher {
         let seq = self.next_seq;
         let n = u64::from(self.shared.info.slot_count);
         let index = (seq & self.shared.info.mask()) as usize;
+        if self.stream_commit && seq > n {
+            // The slot's previous frame must have landed: its commit, still
+            // in flight on the GPU, would otherwise store its seq over our
+            // invalidation. In practice it landed long ago.
+            self.wait_committed(seq - n, timeout)?;
+            // SYNC: global-seq — SeqCst fence between seeing the GPU's
+            // commit and reading the table (lossless holders below): the
+            // Dekker pair of `Table::assign`'s fence and reload.
+            crate::sync::atomic::fence(Ordering::SeqCst);
+        }
         if self.shared.cfg.policy == Policy::Lossless && seq > n {
             self.wait_lossless(seq - n, timeout)?;
         }
@@ -668,6 +716,67 @@ impl Publisher {
             seq,
             index,
         })
+    }
+
+    /// Stream-order commits: makes the GPU's stores possible (registers the
+    /// control region and the table for them, loads the commit kernel). On
+    /// failure the ring commits on the CPU, as protocol 2 did.
+    fn enable_stream_commit(&mut self) {
+        if self.shared.cfg.commit != CommitMode::Stream || self.pool.kind() != BackendKind::Cuda {
+            return;
+        }
+        let sh = Arc::clone(&self.shared);
+        let (table, table_len) = sh.table.mapping();
+        let regions = [(sh.control.as_ptr(), sh.control.len()), (table, table_len)];
+        let mut ok = true;
+        for (ptr, len) in regions {
+            // SAFETY: both are this publisher's own mappings, kept alive by
+            // `self.shared` until after `self.pool.close()` (see `close`).
+            match unsafe { self.pool.register_commit_memory(ptr, len) } {
+                Ok(true) => {}
+                Ok(false) => ok = false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "stream-order commits unavailable; committing on the CPU");
+                    ok = false;
+                }
+            }
+            if !ok {
+                break;
+            }
+        }
+        self.stream_commit = ok;
+        tracing::debug!(stream_commit = ok, "commit mode");
+    }
+
+    /// Whether CUDA frames are committed in stream order
+    /// ([`CommitMode::Stream`] in effect).
+    pub fn stream_commit(&self) -> bool {
+        self.stream_commit
+    }
+
+    /// Stream-order commits: waits until the GPU has committed `seq`.
+    fn wait_committed(&self, seq: u64, timeout: Duration) -> Result<()> {
+        let global = &self.shared.header().seq.global_seq;
+        // SYNC: global-seq — Acquire pairs with the GPU's commit store
+        // (after its system-scope fence).
+        if global.load(Ordering::Acquire) >= seq {
+            return Ok(());
+        }
+        let start = std::time::Instant::now();
+        let mut spins = 0u32;
+        // SYNC: global-seq — Acquire, as above.
+        while global.load(Ordering::Acquire) < seq {
+            if start.elapsed() >= timeout {
+                return Err(Error::Timeout(timeout, "the GPU to commit an earlier frame"));
+            }
+            spins += 1;
+            if spins < 1000 {
+                crate::sync::spin_hint();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
     }
 
     fn wait_lossless(&mut self, held_seq: u64, timeout: Duration) -> Result<()> {
@@ -689,10 +798,21 @@ impl Publisher {
     /// pool. A subscriber whose buffers cannot be mapped is evicted: it has
     /// no pool to fall back on.
     fn sync_targets(&mut self) {
-        let requests = match self.shared.attach_requests.lock() {
+        let mut requests = match self.shared.attach_requests.lock() {
             Ok(mut q) if !q.is_empty() => std::mem::take(&mut *q),
             _ => Vec::new(),
         };
+        if !requests.is_empty() && self.stream_commit {
+            // A newcomer may sit at the index of a subscriber whose frames
+            // are still being committed on the GPU: let every enqueued
+            // commit land before its `push_seq` words are cleared below.
+            if let Err(e) = self.wait_committed(self.next_seq - 1, Duration::from_secs(1)) {
+                tracing::warn!(error = %e, "push buffers wait for the GPU's commits; retrying at the next publish");
+                if let Ok(mut q) = self.shared.attach_requests.lock() {
+                    q.append(&mut requests);
+                }
+            }
+        }
         let table = &self.shared.table;
         for r in requests {
             let index = r.index as usize;
@@ -704,6 +824,7 @@ impl Publisher {
                     // Under the entry's lock and its generation: an entry
                     // freed and reassigned meanwhile never gets our count.
                     let counted = table.with_client(index, r.generation, |e, _| {
+                        protocol::push::reset_buffers(e);
                         // SYNC: push-seq — Release; the subscriber starts
                         // taking pushed frames when it sees the count.
                         e.push_count.store(layout::PUSH_BUFFERS as u32, Ordering::Release);
@@ -721,6 +842,7 @@ impl Publisher {
                         stride: r.attach.stride,
                         newest: None,
                         pending: None,
+                        enqueued: [0; layout::PUSH_BUFFERS],
                         dead: false,
                     });
                 }
@@ -755,6 +877,9 @@ impl Publisher {
     }
 
     fn commit(&mut self, seq: u64, index: usize, meta: FrameMeta, completion: WriteCompletion) -> Result<()> {
+        if let (true, WriteCompletion::CudaStream(stream)) = (self.stream_commit, completion) {
+            return self.commit_in_stream(seq, index, meta, stream);
+        }
         self.sync_targets();
         let g = self.shared.info.geometry;
         let slot_offset = index as u64 * g.slot_stride;
@@ -794,6 +919,115 @@ impl Publisher {
         Ok(())
     }
 
+    /// Stream-order commit of frame `seq` in slot `index`, written on
+    /// `stream` (ADR 0008, PROTOCOL.md §9.3): claims push buffers, stores
+    /// the slot's meta (the slot is still invalid), announces the commit in
+    /// `pending_seq`, enqueues one kernel that copies the frame into every
+    /// push buffer and then stores the seqs, and, when some subscriber was
+    /// parked, a host function that rings doorbells after it. Returns
+    /// without waiting for the GPU.
+    fn commit_in_stream(
+        &mut self,
+        seq: u64,
+        index: usize,
+        meta: FrameMeta,
+        stream: crate::memory::RawCuStream,
+    ) -> Result<()> {
+        // Commits land in seq order: one written on another stream than the
+        // last waits for the previous commit first.
+        if self.last_stream.is_some_and(|s| s != stream as usize) {
+            self.wait_committed(seq - 1, Duration::from_secs(5))?;
+        }
+        self.sync_targets();
+        let sh = Arc::clone(&self.shared);
+        let g = sh.info.geometry;
+        let table = &sh.table;
+        let header = sh.header();
+        // SYNC: global-seq — Acquire: what the GPU has committed; a buffer
+        // whose frame is newer is still being copied into.
+        let committed = header.seq.global_seq.load(Ordering::Acquire);
+        for t in self.targets.iter_mut().filter(|t| !t.dead) {
+            let mut skip = t.newest.map_or(0, |k| 1u32 << k);
+            for (k, &e) in t.enqueued.iter().enumerate() {
+                if e > committed {
+                    skip |= 1 << k;
+                }
+            }
+            t.pending = table
+                .with_client(t.index, t.generation, |e, c| {
+                    protocol::push::claim_buffer_avoiding(e, c, skip, seq)
+                })
+                .flatten();
+        }
+        let mut writes = Vec::new();
+        let mut claimed = Vec::new();
+        for (n, t) in self.targets.iter().enumerate() {
+            let (Some(k), Some(e)) = (t.pending, table.entry(t.index)) else {
+                continue;
+            };
+            writes.push(crate::memory::PushWrite {
+                id: t.id,
+                dst_offset: k as u64 * t.stride,
+                push_seq: &e.push_seq[k],
+            });
+            claimed.push(n);
+        }
+        let slot = &sh.slots()[index];
+        protocol::stage_meta(slot, &meta.to_commit());
+        protocol::announce_pending(header, seq);
+        let wake = table.any_parked();
+        let commit = crate::memory::StreamCommit {
+            seq,
+            src_offset: index as u64 * g.slot_stride,
+            len: g.frame_bytes,
+            targets: &writes,
+            slot_seq: &slot.seq,
+            global_seq: &header.seq.global_seq,
+        };
+        let completion = WriteCompletion::CudaStream(stream);
+        // SAFETY: every word of `commit` lies in the control region or the
+        // table, both registered in `enable_stream_commit` and mapped by
+        // `self.shared` until after `self.pool.close()`.
+        if let Err(e) = unsafe { self.pool.enqueue_commit(&commit, completion) } {
+            // Nothing of this frame will land: undo the announcement, so
+            // no subscriber spins for it (the slot stays invalid, the seq
+            // unused, as a failed publish promises).
+            // SYNC: global-seq — Acquire, as above.
+            let landed = header.seq.global_seq.load(Ordering::Acquire);
+            header.seq.pending_seq.store(landed, Ordering::Relaxed);
+            for t in &mut self.targets {
+                t.pending = None;
+            }
+            return Err(e);
+        }
+        if wake {
+            let woken = Arc::clone(&sh);
+            let ring = move || {
+                // SYNC: park — SeqCst fence between the GPU's global_seq
+                // store (complete before this function runs) and the loads
+                // of `parked` (mirror of the subscriber's park fence).
+                crate::sync::atomic::fence(Ordering::SeqCst);
+                woken.table.wake_parked();
+            };
+            if let Err(e) = self.pool.enqueue_host_fn(completion, Box::new(ring)) {
+                // Ring now: a subscriber woken early finds the commit in
+                // flight (`pending_seq`) and spins until it lands.
+                tracing::warn!(error = %e, "enqueueing the wake after a commit failed; waking now");
+                table.wake_parked();
+            }
+        }
+        for n in claimed {
+            let t = &mut self.targets[n];
+            if let Some(k) = t.pending.take() {
+                t.enqueued[k] = seq;
+                t.newest = Some(k);
+            }
+        }
+        self.last_stream = Some(stream as usize);
+        self.next_seq = seq + 1;
+        Ok(())
+    }
+
     /// Counters.
     pub fn stats(&self) -> PublisherStats {
         serve::stats(&*self.shared, self.next_seq - 1)
@@ -806,6 +1040,13 @@ impl Publisher {
     /// The backend's release error; the pool stays reachable for a retry.
     pub fn close(&mut self) -> Result<()> {
         if !self.closed {
+            if self.stream_commit {
+                // Commits still in flight land before the ring says closed
+                // (a subscriber drains what is committed, then sees the close).
+                if let Err(e) = self.pool.complete_writes(WriteCompletion::Host) {
+                    tracing::warn!(error = %e, "waiting for the GPU's last commits at close");
+                }
+            }
             let header = self.shared.header();
             // SYNC: producer-state — Release; subscribers Acquire it and
             // report `ProducerGone` promptly.
@@ -947,16 +1188,28 @@ impl SlotMut<'_> {
         Ok(seq)
     }
 
-    /// Commits a frame written on CUDA stream `stream`: synchronises the
-    /// stream, then commits.
+    /// Commits a frame written on CUDA stream `stream`.
+    ///
+    /// With [`CommitMode::Stream`] (the default, see
+    /// [`Publisher::stream_commit`]) this enqueues, behind the frame's
+    /// writes on `stream`, one kernel that copies the frame into every push
+    /// subscriber's buffer and then stores the frame's seqs into the ring,
+    /// and returns without waiting: subscribers see the frame when the GPU
+    /// has finished it. Keep the slot's bytes untouched after this call, as
+    /// always; to reuse `stream`'s other work, order it after the commit as
+    /// usual (stream order). With [`CommitMode::Synchronous`] it
+    /// synchronises `stream`, then commits on the CPU.
     ///
     /// # Safety
     /// `stream` must be a valid `CUstream` of the ring's CUDA context (or
-    /// null for the legacy default stream) that stays valid for this call.
+    /// null for the legacy default stream) that stays valid for this call
+    /// (destroying it afterwards is fine: the driver finishes its work).
     ///
     /// # Errors
-    /// The driver's error from `cuStreamSynchronize`; the slot stays
-    /// invalid and the seq unused.
+    /// The driver's error from enqueueing the commit (or from
+    /// `cuStreamSynchronize`); the slot stays invalid and the seq unused.
+    /// [`Error::Timeout`] when `stream` differs from the previous frame's
+    /// and the GPU has not committed that frame within 5 s.
     pub unsafe fn publish_cuda(self, meta: FrameMeta, stream: crate::memory::RawCuStream) -> Result<u64> {
         let seq = self.seq;
         self.publisher

@@ -46,6 +46,37 @@ pub enum WriteCompletion {
     CudaStream(RawCuStream),
 }
 
+/// A frame's commit, enqueued on the GPU behind the frame's writes
+/// ([`ExportedPool::enqueue_commit`]): copy the slot into each push target,
+/// then store `seq` into each target's `push_seq` word and the slot's seq
+/// word, then into `global_seq`, each group after a system-scope fence.
+#[derive(Debug)]
+pub struct StreamCommit<'a> {
+    /// The frame's seq.
+    pub seq: u64,
+    /// Pool offset of the slot.
+    pub src_offset: u64,
+    /// Bytes of the frame.
+    pub len: u64,
+    /// Push targets: copy into, then store the seq.
+    pub targets: &'a [PushWrite<'a>],
+    /// The slot's seq word.
+    pub slot_seq: &'a crate::sync::atomic::AtomicU64,
+    /// The ring's `global_seq`.
+    pub global_seq: &'a crate::sync::atomic::AtomicU64,
+}
+
+/// One push target of a [`StreamCommit`].
+#[derive(Debug)]
+pub struct PushWrite<'a> {
+    /// The target ([`ExportedPool::attach_target`]).
+    pub id: u64,
+    /// Offset of the buffer the frame goes to.
+    pub dst_offset: u64,
+    /// The entry's `push_seq` word for that buffer.
+    pub push_seq: &'a crate::sync::atomic::AtomicU64,
+}
+
 /// Which backend a ring uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BackendKind {
@@ -127,6 +158,48 @@ pub trait ExportedPool: Send {
     /// Push delivery: unmaps target `id` (in its owning context), after
     /// every copy into it completed. Unknown ids are ignored.
     fn detach_target(&mut self, id: u64) -> Result<()>;
+    /// Stream-order commits: lets the GPU store into this process's host
+    /// memory `ptr..ptr+len` (a shared-memory region the commit words live
+    /// in). `Ok(false)`: this backend commits on the CPU only.
+    ///
+    /// # Safety
+    /// The range is mapped in this process and stays mapped until
+    /// [`ExportedPool::close`] has succeeded.
+    ///
+    /// # Errors
+    /// The driver's error (registration, or loading the commit kernel).
+    unsafe fn register_commit_memory(&mut self, ptr: *mut u8, len: usize) -> Result<bool> {
+        let _ = (ptr, len);
+        Ok(false)
+    }
+    /// Stream-order commits: enqueues `commit` on `completion`'s stream,
+    /// behind the frame's writes, and returns without waiting.
+    ///
+    /// # Safety
+    /// Every word in `commit` lies in memory registered with
+    /// [`ExportedPool::register_commit_memory`] and stays there until the
+    /// commit has run (a `close` waits for it).
+    ///
+    /// # Errors
+    /// [`crate::Error::WrongBackend`] where the backend has none; the
+    /// driver's error.
+    unsafe fn enqueue_commit(&mut self, commit: &StreamCommit<'_>, completion: WriteCompletion) -> Result<()> {
+        let _ = (commit, completion);
+        Err(crate::Error::WrongBackend {
+            what: "a stream-order commit",
+            backend: self.kind().name(),
+        })
+    }
+    /// Enqueues `f` on `completion`'s stream: it runs on a driver thread
+    /// after the work before it (host backend: now). `f` must not call CUDA.
+    ///
+    /// # Errors
+    /// The driver's error; `f` is then dropped without running.
+    fn enqueue_host_fn(&mut self, completion: WriteCompletion, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
+        let _ = completion;
+        f();
+        Ok(())
+    }
     /// Releases everything. Retryable after an error; idempotent after success.
     fn close(&mut self) -> Result<()>;
 }

@@ -24,7 +24,7 @@
 //! 3. In the sink, [`DecodedFrame::copy_to_slot`] enqueues one 2-D copy per
 //!    plane (`cuMemcpy2DAsync`, surface pitch to slot pitch, cropped rows
 //!    only) on the decoder's stream, and `SlotMut::publish_cuda` with
-//!    [`DecodedFrame::stream`] synchronises that stream and commits.
+//!    [`DecodedFrame::stream`] enqueues the commit behind that copy.
 //! 4. The surface is unmapped after the sink returns and the stream is idle.
 //!
 //! # Why not decode straight into slot memory

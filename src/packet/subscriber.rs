@@ -357,6 +357,7 @@ impl PacketSubscriber {
             let bell = Bell {
                 seq: &h.seq.write_seq,
                 producer: &h.producer,
+                pending: None,
             };
             let lease = &self.lease;
             wait_on(

@@ -313,6 +313,27 @@ impl Table {
         Some(f(e, c.line()))
     }
 
+    /// The publisher's read-write mapping of the table (base, bytes), for
+    /// the GPU's stream-order commit stores into `push_seq`.
+    pub(crate) fn mapping(&self) -> (*mut u8, usize) {
+        (self.region.as_ptr(), self.region.len())
+    }
+
+    /// Producer, after its `pending_seq` store and `SeqCst` fence: whether
+    /// any active subscriber has `parked` set (the commit it is enqueuing
+    /// then needs a wake behind it).
+    pub(crate) fn any_parked(&self) -> bool {
+        self.entries().iter().enumerate().any(|(k, e)| {
+            // Relaxed: as in `wake_parked`.
+            e.state.load(Ordering::Relaxed) == SUB_ACTIVE
+                && self
+                    .lock(k)
+                    .as_ref()
+                    // SYNC: pending — Relaxed, ordered by the caller's fence.
+                    .is_some_and(|c| c.line().parked.load(Ordering::Relaxed) != 0)
+        })
+    }
+
     /// Producer, after its seq store and `SeqCst` fence: rings the doorbell
     /// of every subscriber whose `parked` is set.
     pub(crate) fn wake_parked(&self) {

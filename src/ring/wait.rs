@@ -12,6 +12,15 @@
 //!   each other (Dekker); every wait is also bounded by a timeout slice.
 //! * Each doorbell lives in a region only its subscriber and the publisher
 //!   map, so no subscriber can wake (or keep awake) another.
+//! * **in flight** (frame rings on CUDA, stream-order commits): the GPU
+//!   stores `global_seq` behind the frame's writes, and the publisher
+//!   enqueues a wake only for subscribers it saw parked when it enqueued the
+//!   commit. It stores `pending_seq` (the seq it enqueued), `SeqCst` fence,
+//!   then reads the `parked` flags. A subscriber that has set `parked` and
+//!   fenced reads `pending_seq` too: if a commit newer than what it waits
+//!   for is in flight it spins until it lands instead of parking (Dekker
+//!   again: either the publisher saw the flag and a wake follows the commit,
+//!   or the subscriber saw the commit in flight).
 
 use std::time::{Duration, Instant};
 
@@ -40,7 +49,20 @@ pub struct Bell<'a> {
     pub seq: &'a AtomicU64,
     /// The producer line (its `state`).
     pub producer: &'a ProducerLine,
+    /// The newest seq whose commit is enqueued (`pending_seq` of a frame
+    /// ring); `None` when commits are never in flight (packet rings).
+    pub pending: Option<&'a AtomicU64>,
 }
+
+/// How long a subscriber spins on a commit it saw in flight before it parks
+/// anyway (a GPU that takes longer is far off its normal few microseconds;
+/// the park slice then bounds the wait, and the commit's enqueued wake or
+/// the next one ends it).
+const IN_FLIGHT_SPIN: Duration = Duration::from_millis(2);
+/// The first and longest nap between looks at a commit still in flight
+/// after [`IN_FLIGHT_SPIN`] (doubling in between).
+const IN_FLIGHT_NAP_MIN: Duration = Duration::from_micros(200);
+const IN_FLIGHT_NAP_MAX: Duration = Duration::from_millis(20);
 
 /// Waits until the bell's seq passes `after`, or `deadline`.
 ///
@@ -72,6 +94,11 @@ pub fn wait_on(
         return WaitOutcome::Advanced(g);
     }
     let spin_until = Instant::now() + spin;
+    // The in-flight commit already waited for on the CPU: one that has not
+    // landed within `IN_FLIGHT_SPIN` is waited for parked (a stuck GPU must
+    // not keep the subscriber spinning).
+    let mut spun_for = 0u64;
+    let mut in_flight_nap: Option<Duration> = None;
     while Instant::now() < spin_until.min(deadline) {
         let g = load();
         if g > after {
@@ -105,7 +132,40 @@ pub fn wait_on(
             client.parked.store(0, Ordering::Relaxed);
             return WaitOutcome::Advanced(g);
         }
-        park(client, word, (deadline - now).min(slice));
+        let mut limit = (deadline - now).min(slice);
+        if let Some(pending) = bell.pending {
+            // SYNC: pending — Relaxed, ordered by the SeqCst fence above
+            // (mirror of the publisher's fence between its `pending_seq`
+            // store and its `parked` loads).
+            let p = pending.load(Ordering::Relaxed);
+            if p > after && p != spun_for {
+                spun_for = p;
+                // A commit is in flight and its wake may not include us:
+                // wait for it on the CPU (a few microseconds on the GPU).
+                client.parked.store(0, Ordering::Relaxed);
+                let until = (Instant::now() + IN_FLIGHT_SPIN).min(deadline);
+                loop {
+                    let g = load();
+                    if g > after {
+                        return WaitOutcome::Advanced(g);
+                    }
+                    if Instant::now() >= until {
+                        break;
+                    }
+                    crate::sync::spin_hint();
+                }
+                continue;
+            }
+            if p > after {
+                // Still in flight after the spin (a GPU busy with other
+                // contexts' time slices, or stuck): look again after short
+                // naps, growing, rather than a whole park slice.
+                let n = in_flight_nap.map_or(IN_FLIGHT_NAP_MIN, |n: Duration| (n * 2).min(IN_FLIGHT_NAP_MAX));
+                in_flight_nap = Some(n);
+                limit = limit.min(n);
+            }
+        }
+        park(client, word, limit);
         // Relaxed: only a hint for the publisher; a stale 1 costs one wake.
         client.parked.store(0, Ordering::Relaxed);
         let g = load();
@@ -177,5 +237,112 @@ pub fn ring_doorbell(client: &ClientLine) {
         // mapping, so the kernel keys it by inode and offset and it wakes
         // the waiter in another process and namespace.
         let _ = rustix::thread::futex::wake(&client.doorbell, rustix::thread::futex::Flags::empty(), i32::MAX as u32);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::layout::{ClientLine, RingHeader, CLIENT_BYTES};
+    use crate::shm::Region;
+
+    fn regions() -> (Region, Region) {
+        let (ring, _) = Region::create("wait-test-ring", std::mem::size_of::<RingHeader>() as u64).unwrap();
+        let (client, _) = Region::create("wait-test-client", CLIENT_BYTES).unwrap();
+        (ring, client)
+    }
+
+    /// The publisher's GPU stores `global_seq` and rings nobody: the
+    /// subscriber saw the commit in flight (`pending_seq`) and must not be
+    /// parked when it lands.
+    #[test]
+    fn a_commit_seen_in_flight_is_waited_for_without_parking() {
+        let (ring, client) = regions();
+        let h = ring.at::<RingHeader>(0);
+        h.seq.pending_seq.store(1, Ordering::Relaxed);
+        let line = client.at::<ClientLine>(0);
+        let bell = Bell {
+            seq: &h.seq.global_seq,
+            producer: &h.producer,
+            pending: Some(&h.seq.pending_seq),
+        };
+        let t = Instant::now();
+        let outcome = std::thread::scope(|s| {
+            s.spawn(|| {
+                // Later than the CPU spin: found by a nap, not a park slice.
+                std::thread::sleep(Duration::from_millis(10));
+                h.seq.global_seq.store(1, Ordering::Release);
+            });
+            wait_on(
+                bell,
+                line,
+                0,
+                t + Duration::from_secs(5),
+                Duration::ZERO,
+                Duration::from_secs(5),
+                || true,
+            )
+        });
+        assert_eq!(outcome, WaitOutcome::Advanced(1));
+        assert!(t.elapsed() < Duration::from_secs(1), "parked through an in-flight commit: {:?}", t.elapsed());
+        assert_eq!(line.parked.load(Ordering::Relaxed), 0, "left parked");
+    }
+
+    /// Without `pending_seq` ahead, the same silent store is only found when
+    /// the park slice ends: the test above fails without the in-flight rule.
+    #[test]
+    fn without_a_commit_in_flight_a_silent_store_waits_for_the_slice() {
+        let (ring, client) = regions();
+        let h = ring.at::<RingHeader>(0);
+        let line = client.at::<ClientLine>(0);
+        let bell = Bell {
+            seq: &h.seq.global_seq,
+            producer: &h.producer,
+            pending: Some(&h.seq.pending_seq),
+        };
+        let slice = Duration::from_millis(300);
+        let t = Instant::now();
+        let outcome = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                h.seq.global_seq.store(1, Ordering::Release);
+            });
+            wait_on(bell, line, 0, t + Duration::from_secs(5), Duration::ZERO, slice, || true)
+        });
+        assert_eq!(outcome, WaitOutcome::Advanced(1));
+        assert!(t.elapsed() >= Duration::from_millis(250), "woke without a doorbell: {:?}", t.elapsed());
+    }
+
+    /// A commit that never lands (a stuck GPU) is spun for once, then looked
+    /// at after growing naps: the wait ends at its deadline, not spinning
+    /// throughout.
+    #[test]
+    fn a_commit_that_never_lands_is_not_spun_for_forever() {
+        let (ring, client) = regions();
+        let h = ring.at::<RingHeader>(0);
+        h.seq.pending_seq.store(1, Ordering::Relaxed);
+        let line = client.at::<ClientLine>(0);
+        let bell = Bell {
+            seq: &h.seq.global_seq,
+            producer: &h.producer,
+            pending: Some(&h.seq.pending_seq),
+        };
+        let cpu = || {
+            let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+            Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+        };
+        let (t, c) = (Instant::now(), cpu());
+        let outcome = wait_on(
+            bell,
+            line,
+            0,
+            t + Duration::from_millis(200),
+            Duration::ZERO,
+            Duration::from_millis(50),
+            || true,
+        );
+        assert_eq!(outcome, WaitOutcome::TimedOut);
+        let used = cpu() - c;
+        assert!(used < Duration::from_millis(100), "spun {used:?} of a 200 ms wait");
     }
 }

@@ -9,7 +9,7 @@
 use crate::error::{Error, Result};
 
 /// Version of the socket protocol. A change to any message bumps it.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Magic of every message: the bytes `VRSK`.
 pub const MSG_MAGIC: u32 = u32::from_le_bytes(*b"VRSK");
 /// Bytes of the message header.

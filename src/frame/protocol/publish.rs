@@ -46,8 +46,21 @@ pub fn commit(header: &RingHeader, slot: &SlotDesc, seq: u64, meta: &CommitMeta)
 
 /// The first half of [`commit`]: the slot's meta, then its seq (Release).
 pub fn commit_slot(slot: &SlotDesc, seq: u64, meta: &CommitMeta) {
-    // Relaxed: these are published by the Release store of `slot.seq` below
-    // and read by subscribers only between their two loads of `slot.seq`.
+    stage_meta(slot, meta);
+    // SYNC: slot-seq — Release: bytes and meta above happen-before a reader's
+    // Acquire load that sees `seq`.
+    slot.seq.store(seq, Ordering::Release);
+}
+
+/// The slot's meta, stored while the slot is still invalid (its seq carries
+/// `SEQ_WRITING`). [`commit_slot`] then stores the seq on the CPU; a
+/// stream-order commit has the GPU store it after a system-scope fence, and
+/// the `SeqCst` fence of [`announce_pending`] orders these stores before
+/// the commit is enqueued.
+pub fn stage_meta(slot: &SlotDesc, meta: &CommitMeta) {
+    // Relaxed: these are published by the Release store of `slot.seq` (CPU
+    // or GPU) and read by subscribers only between their two loads of
+    // `slot.seq`.
     slot.pts.store(meta.pts as u64, Ordering::Relaxed);
     slot.commit_ns.store(meta.commit_ns, Ordering::Relaxed);
     slot.flags.store(meta.flags, Ordering::Relaxed);
@@ -55,9 +68,6 @@ pub fn commit_slot(slot: &SlotDesc, seq: u64, meta: &CommitMeta) {
     for (w, v) in slot.user.iter().zip(meta.user.iter()) {
         w.store(*v, Ordering::Relaxed);
     }
-    // SYNC: slot-seq — Release: bytes and meta above happen-before a reader's
-    // Acquire load that sees `seq`.
-    slot.seq.store(seq, Ordering::Release);
 }
 
 /// The second half of [`commit`]: `global_seq` (Release), then the park
@@ -66,6 +76,23 @@ pub fn publish_global(header: &RingHeader, seq: u64) {
     // Relaxed: own counter, single writer (the publisher).
     header.producer.published.store(seq, Ordering::Relaxed);
     publish_seq(&header.seq.global_seq, seq);
+    // SYNC: pending — a CPU commit is never in flight: `pending_seq`
+    // follows `global_seq` (Relaxed; a reader that sees it ahead of the
+    // `global_seq` it loaded spins until that store, already made, arrives).
+    header.seq.pending_seq.store(seq, Ordering::Relaxed);
+}
+
+/// Stream-order commit, on the CPU before the GPU commit is enqueued: the
+/// commit of `seq` is in flight from now on. Stores `pending_seq`, then the
+/// `SeqCst` fence after which the caller reads the `parked` flags to decide
+/// whom the enqueued wake must ring.
+pub fn announce_pending(header: &RingHeader, seq: u64) {
+    // Relaxed: own counter, single writer (the publisher).
+    header.producer.published.store(seq, Ordering::Relaxed);
+    // SYNC: pending — Relaxed store, then the SeqCst fence that orders it
+    // before the `parked` loads (mirror of the subscriber's park fence).
+    header.seq.pending_seq.store(seq, Ordering::Relaxed);
+    fence(Ordering::SeqCst);
 }
 
 /// Waits until `global_seq > after`, or `deadline`, parked on `client`'s
@@ -82,6 +109,7 @@ pub fn wait_for_seq(
     let bell = Bell {
         seq: &header.seq.global_seq,
         producer: &header.producer,
+        pending: Some(&header.seq.pending_seq),
     };
     wait_on(bell, client, after, deadline, spin, slice, alive)
 }

@@ -31,8 +31,15 @@ use crate::sync::atomic::{fence, Ordering};
 /// `None` when every candidate is held (the frame is not pushed to this
 /// reader; it sees a gap).
 pub fn claim_buffer(entry: &SubEntry, client: &ClientLine, newest: Option<usize>, seq: u64) -> Option<usize> {
+    claim_buffer_avoiding(entry, client, newest.map_or(0, |k| 1 << k), seq)
+}
+
+/// [`claim_buffer`], skipping every buffer `k` whose bit is set in `skip`
+/// (the newest complete one, and with stream-order commits those whose
+/// copy and commit are still in flight on the GPU).
+pub fn claim_buffer_avoiding(entry: &SubEntry, client: &ClientLine, skip: u32, seq: u64) -> Option<usize> {
     for k in 0..PUSH_BUFFERS {
-        if Some(k) == newest {
+        if skip & (1 << k) != 0 {
             continue;
         }
         // Relaxed: publisher-owned word; ordered by the fence below.
@@ -63,6 +70,17 @@ pub fn complete_buffer(entry: &SubEntry, k: usize, seq: u64) {
     // (the writing stream was synchronised), paired with the reader's
     // Acquire in `take_newest`.
     entry.push_seq[k % PUSH_BUFFERS].store(seq, Ordering::Release);
+}
+
+/// Publisher, before a new subscriber's first frame: clears its buffers'
+/// seqs. With stream-order commits it runs only after every commit enqueued
+/// before has landed, so a store the GPU made for the entry's previous
+/// occupant cannot survive into the newcomer's view.
+pub fn reset_buffers(entry: &SubEntry) {
+    for w in &entry.push_seq {
+        // Relaxed: published by the Release store of `push_count` after it.
+        w.store(0, Ordering::Relaxed);
+    }
 }
 
 /// Reader: holds and returns the newest complete buffer whose frame is newer

@@ -75,6 +75,10 @@ handle!(
     cudarc::driver::sys::CUfunction
 );
 
+/// A host function the driver calls on its own thread once the work before
+/// it on a stream has completed (`CUhostFn`). It must not call CUDA.
+pub type HostFn = unsafe extern "C" fn(*mut c_void);
+
 /// A physical allocation handle (`CUmemGenericAllocationHandle`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MemHandle(pub u64);
@@ -355,6 +359,34 @@ pub trait Driver: Send + Sync + 'static {
     /// # Safety
     /// See the trait's safety contract.
     unsafe fn module_get_function(&self, module: CuModule, name: &CStr) -> DResult<CuFunction>;
+    /// `cuMemHostRegister_v2` of `bytes` at `ptr` with
+    /// `CU_MEMHOSTREGISTER_DEVICEMAP`: pins the pages and maps them for the
+    /// device, in the current context.
+    ///
+    /// # Safety
+    /// `ptr..ptr+bytes` is mapped host memory of this process that stays
+    /// mapped until [`Driver::mem_host_unregister`].
+    unsafe fn mem_host_register(&self, ptr: *mut c_void, bytes: u64) -> DResult<()>;
+    /// `cuMemHostUnregister`.
+    ///
+    /// # Safety
+    /// `ptr` was registered with [`Driver::mem_host_register`] and no
+    /// pending work uses it.
+    unsafe fn mem_host_unregister(&self, ptr: *mut c_void) -> DResult<()>;
+    /// `cuMemHostGetDevicePointer_v2`: the device address of registered
+    /// host memory at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` lies in memory registered with [`Driver::mem_host_register`].
+    unsafe fn mem_host_device_pointer(&self, ptr: *mut c_void) -> DResult<DevicePtr>;
+    /// `cuLaunchHostFunc`: `f(data)` runs on a driver thread once the work
+    /// enqueued on `stream` before it has completed.
+    ///
+    /// # Safety
+    /// The trait's safety contract, and: `f` never calls CUDA and may run
+    /// on another thread; `data` stays valid until `f` has run (on success)
+    /// and is the caller's again on error.
+    unsafe fn launch_host_func(&self, stream: CuStream, f: HostFn, data: *mut c_void) -> DResult<()>;
     /// `cuLaunchKernel` with no shared memory and no `extra`.
     ///
     /// # Safety

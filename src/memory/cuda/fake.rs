@@ -26,9 +26,10 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
 
+use super::commit::{CommitDesc, COMMIT_KERNEL};
 use super::driver::{
     attr, code, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver, DriverError,
-    MemHandle,
+    HostFn, MemHandle,
 };
 use super::pattern;
 use crate::shm::Region;
@@ -101,6 +102,8 @@ pub struct Leaks {
     pub modules: Vec<u64>,
     /// Primary contexts still retained: (device, references).
     pub primary_contexts: Vec<(CuDevice, u32)>,
+    /// Host memory still registered (`cuMemHostRegister`): host address.
+    pub host_registrations: Vec<u64>,
 }
 
 impl Leaks {
@@ -156,12 +159,16 @@ struct State {
     streams: BTreeMap<u64, Option<CuContext>>,
     modules: BTreeMap<u64, Option<CuContext>>,
     functions: BTreeMap<u64, (u64, String)>,
+    /// Registered host memory: fake device address -> (host address, bytes, owner).
+    host_regs: BTreeMap<u64, (usize, u64, Option<CuContext>)>,
 }
 
 const PRIMARY_BASE: u64 = 0xC0_0000;
 const FOREIGN_BASE: u64 = 0xF0_0000;
 const VA_BASE: u64 = 0x7000_0000_0000;
 const ALLOC_BASE: u64 = 0x6000_0000_0000;
+/// Fake device addresses of registered host memory (1 TiB apart).
+const HOST_REG_BASE: u64 = 0x5000_0000_0000;
 
 fn primary_of(dev: CuDevice) -> CuContext {
     CuContext::from_bits(PRIMARY_BASE + dev as u64)
@@ -237,6 +244,11 @@ impl State {
         if let Some((&start, a)) = self.allocs.range_mut(..=ptr).next_back() {
             if end <= start + a.mem.len() as u64 {
                 return Ok(a.mem.as_mut_ptr().wrapping_add((ptr - start) as usize));
+            }
+        }
+        if let Some((&start, &(host, len, _))) = self.host_regs.range(..=ptr).next_back() {
+            if end <= start + len {
+                return Ok((host as *mut u8).wrapping_add((ptr - start) as usize));
             }
         }
         Err(bad)
@@ -369,6 +381,7 @@ impl FakeDriver {
                 .filter(|(_, &n)| n > 0)
                 .map(|(&d, &n)| (d, n))
                 .collect(),
+            host_registrations: st.host_regs.values().map(|&(h, _, _)| h as u64).collect(),
         }
     }
 
@@ -420,6 +433,49 @@ impl FakeDriver {
         Ok(unsafe { std::ptr::read_unaligned(p.cast::<u32>()) })
     }
 
+    fn write_u64(st: &mut State, call: &'static str, ptr: DevicePtr, v: u64) -> DResult<()> {
+        let p = st.resolve(call, ptr, 8, true)?;
+        // SAFETY: `resolve` checked that 8 writable bytes at `p` lie in a
+        // live host mapping, allocation or registration held by `st`.
+        unsafe { std::ptr::write_unaligned(p.cast::<u64>(), v) };
+        Ok(())
+    }
+
+    /// The commit kernel on the host: every copy, then the seq words, as
+    /// the PTX's last block stores them.
+    fn emulate_commit(st: &mut State, d: &CommitDesc) -> DResult<()> {
+        const CALL: &str = "cuLaunchKernel";
+        let len = d.vecs.checked_mul(16).ok_or(DriverError {
+            call: CALL,
+            code: code::INVALID_VALUE,
+        })?;
+        let count = d.count as usize;
+        if count > d.dst.len() {
+            return Err(DriverError {
+                call: CALL,
+                code: code::INVALID_VALUE,
+            });
+        }
+        if len > 0 {
+            let src = st.resolve(CALL, d.src, len, false)?;
+            for &dst in &d.dst[..count] {
+                let dp = st.resolve(CALL, dst, len, true)?;
+                // SAFETY: both ranges were resolved to live host memory held
+                // by the locked state; `copy` allows overlap.
+                unsafe { std::ptr::copy(src, dp, len as usize) };
+            }
+        }
+        for &w in &d.push_seq[..count] {
+            Self::write_u64(st, CALL, w, d.seq)?;
+        }
+        for w in [d.slot_seq, d.global_seq] {
+            if w != 0 {
+                Self::write_u64(st, CALL, w, d.seq)?;
+            }
+        }
+        Ok(())
+    }
+
     fn write_u32(st: &mut State, call: &'static str, ptr: DevicePtr, v: u32) -> DResult<()> {
         let p = st.resolve(call, ptr, 4, true)?;
         // SAFETY: as in `read_u32`, and the range is writable.
@@ -437,6 +493,14 @@ impl FakeDriver {
             call: CALL,
             code: code::INVALID_VALUE,
         };
+        if name == COMMIT_KERNEL {
+            if params.len() != 1 {
+                return Err(bad);
+            }
+            // SAFETY: the commit kernel's one parameter is a `CommitDesc`.
+            let d = unsafe { *(params[0] as *const CommitDesc) };
+            return Self::emulate_commit(st, &d);
+        }
         if params.len() != 3 {
             return Err(bad);
         }
@@ -1038,6 +1102,84 @@ impl Driver for FakeDriver {
         Ok(())
     }
 
+    unsafe fn mem_host_register(&self, ptr: *mut c_void, bytes: u64) -> DResult<()> {
+        const CALL: &str = "cuMemHostRegister_v2";
+        let (mut st, rec) = self.enter(CALL)?;
+        let owner = st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let host = ptr as usize;
+        let overlaps = st
+            .host_regs
+            .values()
+            .any(|&(h, len, _)| host < h + len as usize && h < host + bytes as usize);
+        if ptr.is_null() || bytes == 0 || overlaps {
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_VALUE,
+                },
+            ));
+        }
+        let dev = HOST_REG_BASE + (st.id() << 40);
+        st.host_regs.insert(dev, (host, bytes, Some(owner)));
+        Ok(())
+    }
+
+    unsafe fn mem_host_unregister(&self, ptr: *mut c_void) -> DResult<()> {
+        const CALL: &str = "cuMemHostUnregister";
+        let (mut st, rec) = self.enter(CALL)?;
+        let found = st
+            .host_regs
+            .iter()
+            .find(|(_, &(h, _, _))| h == ptr as usize)
+            .map(|(&d, &(_, _, o))| (d, o));
+        let Some((dev, owner)) = found else {
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_VALUE,
+                },
+            ));
+        };
+        st.host_regs.remove(&dev);
+        Self::release_owner(&mut st, rec, owner);
+        Ok(())
+    }
+
+    unsafe fn mem_host_device_pointer(&self, ptr: *mut c_void) -> DResult<DevicePtr> {
+        const CALL: &str = "cuMemHostGetDevicePointer_v2";
+        let (mut st, rec) = self.enter(CALL)?;
+        let p = ptr as usize;
+        let found = st
+            .host_regs
+            .iter()
+            .find(|(_, &(h, len, _))| (h..h + len as usize).contains(&p))
+            .map(|(&d, &(h, _, _))| d + (p - h) as u64);
+        found.ok_or_else(|| {
+            Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: code::INVALID_VALUE,
+                },
+            )
+        })
+    }
+
+    unsafe fn launch_host_func(&self, _stream: CuStream, f: HostFn, data: *mut c_void) -> DResult<()> {
+        // The fake's streams are synchronous: the function runs now, on
+        // this thread, with the driver's state unlocked (it must not call
+        // the driver, but it may take locks of its own).
+        drop(self.enter("cuLaunchHostFunc")?);
+        // SAFETY: `data` is valid until `f` has run (trait contract).
+        unsafe { f(data) };
+        Ok(())
+    }
+
     fn module_load_data(&self, image: &CStr) -> DResult<CuModule> {
         const CALL: &str = "cuModuleLoadData";
         let (mut st, rec) = self.enter(CALL)?;
@@ -1089,7 +1231,7 @@ impl Driver for FakeDriver {
                 },
             ));
         }
-        if name != pattern::FILL_KERNEL && name != pattern::VERIFY_KERNEL {
+        if name != pattern::FILL_KERNEL && name != pattern::VERIFY_KERNEL && name != COMMIT_KERNEL {
             return Err(Self::fail_rec(
                 &mut st,
                 rec,

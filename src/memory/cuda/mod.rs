@@ -29,6 +29,7 @@
 //! Devices are matched by UUID, never by ordinal: `CUDA_VISIBLE_DEVICES`
 //! and container device lists renumber GPUs per process.
 
+mod commit;
 mod context;
 mod driver;
 #[cfg(feature = "testing")]
@@ -45,10 +46,11 @@ mod real;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
+pub use commit::MAX_FANOUT;
 pub use context::ContextGuard;
 pub use driver::{
     attr, code, error_name, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver,
-    DriverError, MemHandle,
+    DriverError, HostFn, MemHandle,
 };
 #[cfg(feature = "testing")]
 pub use fake::{CallRecord, FakeDevice, FakeDriver, Leaks};

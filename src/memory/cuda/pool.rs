@@ -4,13 +4,14 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
+use super::commit::{launch_host_closure, CommitDesc, CommitKernel, MAX_FANOUT};
 use super::context::with_context;
 use super::driver::{attr, Access, CuContext, CuDevice, CuStream, DevicePtr, Driver};
 use super::mapping::VmmMapping;
 use super::real::RealDriver;
 use super::{device_free_bytes, format_uuid, resolve_device, round_up, DeviceSelector};
 use crate::error::{Error, IoContext, Result};
-use crate::memory::{check_range, BackendKind, ExportedPool, WriteCompletion};
+use crate::memory::{check_range, BackendKind, ExportedPool, StreamCommit, WriteCompletion};
 
 /// The publisher's pool: one `cuMemCreate` of the whole pool (rounded up to
 /// the allocation granularity once), mapped read-write into this process and
@@ -36,6 +37,18 @@ pub struct CudaPool<D: Driver = RealDriver> {
     /// Push delivery: subscribers' buffers mapped read-write here.
     targets: Vec<(u64, VmmMapping)>,
     next_target: u64,
+    /// Stream-order commits: the commit kernel, once loaded.
+    commit: Option<CommitKernel>,
+    /// Stream-order commits: host memory registered for the GPU's stores.
+    host_regs: Vec<HostReg>,
+}
+
+/// Host memory registered for the GPU's commit stores.
+#[derive(Debug, Clone, Copy)]
+struct HostReg {
+    host: usize,
+    len: usize,
+    dev: DevicePtr,
 }
 
 impl<D: Driver> std::fmt::Debug for CudaPool<D> {
@@ -94,6 +107,8 @@ impl<D: Driver> CudaPool<D> {
             ready: false,
             targets: Vec::new(),
             next_target: 1,
+            commit: None,
+            host_regs: Vec::new(),
         };
         match pool.build(bytes) {
             Ok(()) => Ok(pool),
@@ -200,8 +215,23 @@ impl<D: Driver> CudaPool<D> {
             return Ok(());
         };
         let d = Arc::clone(&self.driver);
-        if self.mem.is_live() || !self.targets.is_empty() {
+        if self.mem.is_live() || !self.targets.is_empty() || self.commit.is_some() || !self.host_regs.is_empty() {
             let body = |d: &D| -> Result<_> {
+                if self.commit.is_some() || !self.host_regs.is_empty() {
+                    // Commits enqueued on writers' streams store into the
+                    // registered memory and run the kernel: let them land.
+                    d.ctx_synchronize()?;
+                    while let Some(r) = self.host_regs.last() {
+                        // SAFETY: registered by `register_commit_memory`;
+                        // the context is synchronised, so no commit uses it.
+                        unsafe { d.mem_host_unregister(r.host as *mut std::ffi::c_void) }?;
+                        self.host_regs.pop();
+                    }
+                    if let Some(k) = self.commit.as_mut() {
+                        k.release(d)?;
+                        self.commit = None;
+                    }
+                }
                 if !self.targets.is_empty() {
                     // Push copies run on writers' streams in this context.
                     d.ctx_synchronize()?;
@@ -321,6 +351,143 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
             // legacy default stream), which orders the copy after its writes.
             Ok(unsafe { d.memcpy_dtod_async(dst, src, len, stream) }?)
         };
+        // SAFETY: `ctx` is retained while the pool is open.
+        unsafe { with_context(&*self.driver, ctx, body) }
+    }
+
+    unsafe fn register_commit_memory(&mut self, ptr: *mut u8, len: usize) -> Result<bool> {
+        let ctx = self.context()?;
+        let page = rustix::param::page_size();
+        let bytes = len.next_multiple_of(page);
+        if ptr.is_null() || len == 0 || (ptr as usize) % page != 0 {
+            return Err(Error::Config(format!(
+                "commit memory at {ptr:?} ({len} bytes) is not a page-aligned mapping"
+            )));
+        }
+        let load = self.commit.is_none();
+        let body = |d: &D| -> Result<(Option<CommitKernel>, DevicePtr)> {
+            let kernel = if load { Some(CommitKernel::load(d)?) } else { None };
+            // SAFETY: the range is a mapping of this process that stays
+            // mapped until `close` (this method's contract); `bytes` only
+            // rounds it up to the end of its last page.
+            let registered = unsafe { d.mem_host_register(ptr.cast(), bytes as u64) }.and_then(|()| {
+                // SAFETY: just registered.
+                unsafe { d.mem_host_device_pointer(ptr.cast()) }.inspect_err(|_| {
+                    // SAFETY: registered just above; nothing uses it yet.
+                    if let Err(ue) = unsafe { d.mem_host_unregister(ptr.cast()) } {
+                        tracing::warn!(error = %ue, "unregistering commit memory after a failed lookup");
+                    }
+                })
+            });
+            match registered {
+                Ok(dev) => Ok((kernel, dev)),
+                Err(e) => {
+                    if let Some(mut k) = kernel {
+                        if let Err(re) = k.release(d) {
+                            tracing::warn!(error = %re, "releasing the commit kernel after a failed registration");
+                        }
+                    }
+                    Err(e.into())
+                }
+            }
+        };
+        // SAFETY: `ctx` is retained while the pool is open (checked above).
+        let (kernel, dev) = unsafe { with_context(&*self.driver, ctx, body) }?;
+        if kernel.is_some() {
+            self.commit = kernel;
+        }
+        self.host_regs.push(HostReg {
+            host: ptr as usize,
+            len: bytes,
+            dev,
+        });
+        Ok(true)
+    }
+
+    unsafe fn enqueue_commit(&mut self, c: &StreamCommit<'_>, completion: WriteCompletion) -> Result<()> {
+        let ctx = self.context()?;
+        let kernel = self.commit.as_ref().ok_or(Error::WrongBackend {
+            what: "a stream-order commit before commit memory was registered",
+            backend: "cuda",
+        })?;
+        let stream = match completion {
+            WriteCompletion::CudaStream(s) => CuStream::from_raw(s),
+            WriteCompletion::Host => CuStream::from_raw(std::ptr::null_mut()),
+        };
+        let regs = &self.host_regs;
+        let word = |w: &crate::sync::atomic::AtomicU64| -> Result<DevicePtr> {
+            let a = w as *const _ as usize;
+            regs.iter()
+                .find(|r| a >= r.host && a + 8 <= r.host + r.len)
+                .map(|r| r.dev + (a - r.host) as u64)
+                .ok_or_else(|| Error::LayoutMismatch(format!("commit word at {a:#x} is outside registered memory")))
+        };
+        check_range("pool", c.src_offset, c.len, self.bytes)?;
+        let src = self.device_ptr() + c.src_offset;
+        let mut dsts = Vec::with_capacity(c.targets.len());
+        for t in c.targets {
+            let (_, m) = self.targets.iter().find(|(id, _)| *id == t.id).ok_or(Error::Closed)?;
+            check_range("push buffer", t.dst_offset, c.len, m.bytes())?;
+            dsts.push((m.addr() + t.dst_offset, word(t.push_seq)?));
+        }
+        let (slot_seq, global_seq) = (word(c.slot_seq)?, word(c.global_seq)?);
+        // The kernel moves 16-byte vectors; a frame of another size (none
+        // of the crate's formats makes one) is copied by the copy engine
+        // first and the kernel only commits.
+        let by_kernel = c.len % 16 == 0 && src % 16 == 0 && dsts.iter().all(|(a, _)| a % 16 == 0);
+        let vecs = if by_kernel { c.len / 16 } else { 0 };
+        let chunks: Vec<&[(DevicePtr, DevicePtr)]> = if dsts.is_empty() {
+            vec![&[]]
+        } else {
+            dsts.chunks(MAX_FANOUT).collect()
+        };
+        let last = chunks.len() - 1;
+        let body = |d: &D| -> Result<()> {
+            if !by_kernel {
+                for &(dst, _) in &dsts {
+                    // SAFETY: both ranges were checked against live
+                    // mappings of this context; the stream is the writer's.
+                    unsafe { d.memcpy_dtod_async(dst, src, c.len, stream) }?;
+                }
+            }
+            for (i, chunk) in chunks.iter().enumerate() {
+                let mut desc = CommitDesc {
+                    src,
+                    vecs,
+                    count: chunk.len() as u64,
+                    seq: c.seq,
+                    ..CommitDesc::default()
+                };
+                for (j, &(dst, ps)) in chunk.iter().enumerate() {
+                    desc.dst[j] = dst;
+                    desc.push_seq[j] = ps;
+                }
+                if i == last {
+                    desc.slot_seq = slot_seq;
+                    desc.global_seq = global_seq;
+                }
+                // SAFETY: source and targets were range-checked against
+                // live mappings of this context and are 16-byte aligned
+                // when `vecs > 0`; the seq words lie in registered memory
+                // that stays mapped until `close`, which synchronises
+                // first (this method's contract).
+                unsafe { kernel.launch(d, stream, desc) }?;
+            }
+            Ok(())
+        };
+        // SAFETY: `ctx` is retained while the pool is open.
+        unsafe { with_context(&*self.driver, ctx, body) }
+    }
+
+    fn enqueue_host_fn(&mut self, completion: WriteCompletion, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
+        let ctx = self.context()?;
+        let stream = match completion {
+            WriteCompletion::CudaStream(s) => CuStream::from_raw(s),
+            WriteCompletion::Host => CuStream::from_raw(std::ptr::null_mut()),
+        };
+        // SAFETY: the stream is the writer's live stream (or the legacy
+        // default stream) and `f` calls no CUDA (the trait's contract).
+        let body = |d: &D| -> Result<()> { Ok(unsafe { launch_host_closure(d, stream, f) }?) };
         // SAFETY: `ctx` is retained while the pool is open.
         unsafe { with_context(&*self.driver, ctx, body) }
     }

@@ -16,7 +16,7 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::sys;
 
 use super::driver::{
-    code, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver, DriverError,
+    code, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver, DriverError, HostFn,
     MemHandle,
 };
 use crate::error::{Error, Result};
@@ -64,6 +64,8 @@ const HANDLE_TYPE_POSIX_FD: c_uint = 1;
 const LOCATION_TYPE_DEVICE: c_uint = 1;
 /// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
 const GRANULARITY_MINIMUM: c_uint = 0;
+/// `CU_MEMHOSTREGISTER_DEVICEMAP`.
+const HOST_REGISTER_DEVICEMAP: c_uint = 2;
 /// `CU_STREAM_NON_BLOCKING`.
 const STREAM_NON_BLOCKING: c_uint = 1;
 
@@ -105,6 +107,10 @@ struct Table {
     memcpy_dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> u32,
     memset_d8: unsafe extern "C" fn(u64, u8, usize) -> u32,
     memset_d32_async: unsafe extern "C" fn(u64, c_uint, usize, Strm) -> u32,
+    mem_host_register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> u32,
+    mem_host_unregister: unsafe extern "C" fn(*mut c_void) -> u32,
+    mem_host_get_device_pointer: unsafe extern "C" fn(*mut u64, *mut c_void, c_uint) -> u32,
+    launch_host_func: unsafe extern "C" fn(Strm, Option<HostFn>, *mut c_void) -> u32,
     module_load_data: unsafe extern "C" fn(*mut sys::CUmodule, *const c_void) -> u32,
     module_unload: unsafe extern "C" fn(sys::CUmodule) -> u32,
     module_get_function: unsafe extern "C" fn(*mut sys::CUfunction, sys::CUmodule, *const std::ffi::c_char) -> u32,
@@ -210,6 +216,10 @@ impl RealDriver {
             memcpy_dtoh: sym!("cuMemcpyDtoH_v2"),
             memset_d8: sym!("cuMemsetD8_v2"),
             memset_d32_async: sym!("cuMemsetD32Async"),
+            mem_host_register: sym!("cuMemHostRegister_v2"),
+            mem_host_unregister: sym!("cuMemHostUnregister"),
+            mem_host_get_device_pointer: sym!("cuMemHostGetDevicePointer_v2"),
+            launch_host_func: sym!("cuLaunchHostFunc"),
             module_load_data: sym!("cuModuleLoadData"),
             module_unload: sym!("cuModuleUnload"),
             module_get_function: sym!("cuModuleGetFunction"),
@@ -500,6 +510,38 @@ impl Driver for RealDriver {
         // is live (trait contract).
         DriverError::check("cuMemsetD32Async", unsafe {
             (self.t.memset_d32_async)(dst, value, n, stream.as_raw())
+        })
+    }
+
+    unsafe fn mem_host_register(&self, ptr: *mut c_void, bytes: u64) -> DResult<()> {
+        let n = to_usize(bytes, "cuMemHostRegister_v2")?;
+        // SAFETY: the range is mapped host memory that stays mapped until
+        // it is unregistered (trait contract).
+        DriverError::check("cuMemHostRegister_v2", unsafe {
+            (self.t.mem_host_register)(ptr, n, HOST_REGISTER_DEVICEMAP)
+        })
+    }
+
+    unsafe fn mem_host_unregister(&self, ptr: *mut c_void) -> DResult<()> {
+        // SAFETY: `ptr` was registered and no work uses it (trait contract).
+        DriverError::check("cuMemHostUnregister", unsafe { (self.t.mem_host_unregister)(ptr) })
+    }
+
+    unsafe fn mem_host_device_pointer(&self, ptr: *mut c_void) -> DResult<DevicePtr> {
+        let mut d: u64 = 0;
+        // SAFETY: out-parameter is a valid `CUdeviceptr`; `ptr` lies in
+        // registered memory (trait contract); flags must be 0.
+        DriverError::check("cuMemHostGetDevicePointer_v2", unsafe {
+            (self.t.mem_host_get_device_pointer)(&mut d, ptr, 0)
+        })?;
+        Ok(d)
+    }
+
+    unsafe fn launch_host_func(&self, stream: CuStream, f: HostFn, data: *mut c_void) -> DResult<()> {
+        // SAFETY: the stream is live, `f` calls no CUDA and `data` outlives
+        // its call (trait contract).
+        DriverError::check("cuLaunchHostFunc", unsafe {
+            (self.t.launch_host_func)(stream.as_raw(), Some(f), data)
         })
     }
 

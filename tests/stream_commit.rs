@@ -1,0 +1,240 @@
+//! Stream-order commits on the fake driver (no GPU needed): the commit
+//! kernel copies the slot into every push target (more than one launch's
+//! worth) and only then stores the push seqs, the slot seq and
+//! `global_seq`; a failure at any driver call of registration, commit or
+//! close surfaces and leaves nothing registered, loaded or allocated, every
+//! release in the pool's context; a host function runs once, or never when
+//! its launch fails. The GPU proof is `tests/gpu_commit.rs`.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use vramring::memory::cuda::{
+    CallRecord, CuContext, CudaImport, CudaPool, DeviceSelector, Driver, FakeDevice, FakeDriver, MAX_FANOUT,
+};
+use vramring::memory::{ExportedPool, ImportedPool, PushWrite, StreamCommit, WriteCompletion};
+
+const GPU: [u8; 16] = *b"fake-gpu-0123456";
+const MIB: u64 = 1 << 20;
+/// More targets than one launch serves, so the commit takes two launches.
+const TARGETS: usize = MAX_FANOUT + 2;
+const STRIDE: u64 = 2 * MIB;
+const FRAME: u64 = MIB;
+
+fn publisher_process() -> Arc<FakeDriver> {
+    FakeDriver::with_one_gpu(GPU)
+}
+
+fn subscriber_process() -> Arc<FakeDriver> {
+    FakeDriver::new(vec![FakeDevice::discrete(GPU)])
+}
+
+fn foreign_current(d: &FakeDriver) -> CuContext {
+    let f = d.foreign_context();
+    d.set_current(Some(f));
+    f
+}
+
+fn assert_clean(d: &FakeDriver, foreign: CuContext, what: &str) {
+    assert!(d.leaks().is_empty(), "{what}: leaked {:?}", d.leaks());
+    let wrong: Vec<CallRecord> = d
+        .releases()
+        .into_iter()
+        .filter(|r| matches!(r.owner, Some(Some(owner)) if r.current != Some(owner)))
+        .collect();
+    assert!(wrong.is_empty(), "{what}: releases outside their owning context: {wrong:#?}");
+    assert_eq!(d.current(), Some(foreign), "{what}: the caller's context is not current again");
+}
+
+/// Host memory standing in for the control region and the table: page
+/// aligned, shared, holding the commit words.
+struct Words {
+    map: memmap2::MmapMut,
+}
+
+impl Words {
+    fn new() -> Words {
+        Words {
+            map: memmap2::MmapMut::map_anon(4096).expect("anonymous mapping"),
+        }
+    }
+    fn word(&self, k: usize) -> &AtomicU64 {
+        assert!(k < 512);
+        // SAFETY: 8-byte aligned (page-aligned base), inside the mapping,
+        // and only ever accessed atomically (or by the fake kernel while
+        // the test waits for it).
+        unsafe { &*(self.map.as_ptr().add(8 * k) as *const AtomicU64) }
+    }
+}
+
+/// A publisher pool with `TARGETS` push subscribers (each its own import in
+/// the subscriber's process); one frame of 0x5A committed as seq 7; every
+/// subscriber's buffer checked; everything closed.
+fn commit_round(pubd: &Arc<FakeDriver>, subd: &Arc<FakeDriver>) -> vramring::Result<()> {
+    let words = Words::new();
+    let mut pool = CudaPool::create(Arc::clone(pubd), DeviceSelector::Uuid(GPU), 8 * MIB)?;
+    let mut imports: Vec<CudaImport<FakeDriver>> = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..TARGETS {
+        let fd: OwnedFd = pool.export_fd()?;
+        let mut imp = CudaImport::import(Arc::clone(subd), fd, pool.pool_bytes(), GPU, false)?;
+        let (push_fd, bytes) = imp.alloc_push(3, STRIDE)?;
+        imports.push(imp);
+        ids.push(pool.attach_target(&push_fd, bytes)?);
+    }
+    // SAFETY: the mapping lives in `words`, declared before the pool, so it
+    // outlives the pool's close (which unregisters it).
+    let registered = unsafe { pool.register_commit_memory(words.map.as_ptr() as *mut u8, words.map.len()) }?;
+    assert!(registered, "the CUDA pool commits in stream order");
+    // SAFETY: the pool's first MiB, its own read-write mapping.
+    unsafe { pubd.memset_d8(pool.base_addr(), 0x5A, FRAME) }?;
+    let writes: Vec<PushWrite<'_>> = ids
+        .iter()
+        .enumerate()
+        .map(|(j, &id)| PushWrite {
+            id,
+            dst_offset: (j as u64 % 3) * STRIDE,
+            push_seq: words.word(10 + j),
+        })
+        .collect();
+    let commit = StreamCommit {
+        seq: 7,
+        src_offset: 0,
+        len: FRAME,
+        targets: &writes,
+        slot_seq: words.word(1),
+        global_seq: words.word(2),
+    };
+    // SAFETY: every word lies in `words`, registered above.
+    unsafe { pool.enqueue_commit(&commit, WriteCompletion::CudaStream(std::ptr::null_mut())) }?;
+    pool.complete_writes(WriteCompletion::Host)?;
+    assert_eq!(words.word(2).load(Ordering::Acquire), 7, "global_seq");
+    assert_eq!(words.word(1).load(Ordering::Acquire), 7, "slot seq");
+    for (j, imp) in imports.iter().enumerate() {
+        assert_eq!(words.word(10 + j).load(Ordering::Acquire), 7, "push seq of target {j}");
+        let mut host = vec![0u8; FRAME as usize];
+        // SAFETY: push buffer `j % 3` holds at least FRAME bytes in the
+        // subscriber's process.
+        unsafe { subd.memcpy_dtoh(&mut host, imp.push_addr(j % 3)) }?;
+        assert!(host.iter().all(|&b| b == 0x5A), "target {j}: the frame did not arrive");
+    }
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = Arc::clone(&ran);
+    pool.enqueue_host_fn(
+        WriteCompletion::CudaStream(std::ptr::null_mut()),
+        Box::new(move || {
+            r.fetch_add(1, Ordering::SeqCst);
+        }),
+    )?;
+    assert_eq!(ran.load(Ordering::SeqCst), 1, "the host function ran once");
+    for id in ids {
+        pool.detach_target(id)?;
+    }
+    for mut imp in imports {
+        imp.close()?;
+    }
+    pool.close()?;
+    Ok(())
+}
+
+#[test]
+fn a_commit_copies_into_every_target_before_it_stores_the_seqs() {
+    let (pubd, subd) = (publisher_process(), subscriber_process());
+    let (fp, fs) = (foreign_current(&pubd), foreign_current(&subd));
+    commit_round(&pubd, &subd).unwrap();
+    assert_clean(&pubd, fp, "publisher");
+    assert_clean(&subd, fs, "subscriber");
+    let launches = pubd.log().iter().filter(|r| r.call == "cuLaunchKernel").count();
+    assert_eq!(launches, TARGETS.div_ceil(MAX_FANOUT), "one launch per {MAX_FANOUT} targets");
+    let registers = pubd.log().iter().filter(|r| r.call == "cuMemHostRegister_v2").count();
+    assert_eq!(registers, 1);
+}
+
+#[test]
+fn a_commit_that_fails_at_any_publisher_call_leaves_nothing_behind() {
+    let d = publisher_process();
+    let before = d.calls();
+    commit_round(&d, &subscriber_process()).unwrap();
+    let total = d.calls() - before;
+    let mut failures = 0;
+    for n in 1..=total {
+        let (pubd, subd) = (publisher_process(), subscriber_process());
+        let (fp, fs) = (foreign_current(&pubd), foreign_current(&subd));
+        pubd.fail_at(n);
+        failures += u64::from(commit_round(&pubd, &subd).is_err());
+        assert_clean(&pubd, fp, &format!("publisher failing at call {n}"));
+        assert_clean(&subd, fs, &format!("subscriber with a publisher failing at call {n}"));
+    }
+    assert!(failures > total / 2, "only {failures} of {total} faults surfaced");
+}
+
+#[test]
+fn a_failed_kernel_launch_stores_no_seq() {
+    let (pubd, subd) = (publisher_process(), subscriber_process());
+    let words = Words::new();
+    let mut pool = CudaPool::create(Arc::clone(&pubd), DeviceSelector::Uuid(GPU), 8 * MIB).unwrap();
+    let mut imp = CudaImport::import(Arc::clone(&subd), pool.export_fd().unwrap(), pool.pool_bytes(), GPU, false).unwrap();
+    let (fd, bytes) = imp.alloc_push(3, STRIDE).unwrap();
+    let id = pool.attach_target(&fd, bytes).unwrap();
+    // SAFETY: `words` outlives the pool (declared first).
+    unsafe { pool.register_commit_memory(words.map.as_ptr() as *mut u8, 4096) }.unwrap();
+    let w = [PushWrite {
+        id,
+        dst_offset: 0,
+        push_seq: words.word(10),
+    }];
+    let commit = StreamCommit {
+        seq: 3,
+        src_offset: 0,
+        len: FRAME,
+        targets: &w,
+        slot_seq: words.word(1),
+        global_seq: words.word(2),
+    };
+    pubd.fail_nth("cuLaunchKernel", 1);
+    // SAFETY: the words lie in `words`, registered above.
+    assert!(unsafe { pool.enqueue_commit(&commit, WriteCompletion::Host) }.is_err());
+    for k in [1, 2, 10] {
+        assert_eq!(words.word(k).load(Ordering::Acquire), 0, "word {k} was stored by a failed commit");
+    }
+    // A word outside registered memory is refused before anything is enqueued.
+    let stray = AtomicU64::new(0);
+    let bad = StreamCommit {
+        global_seq: &stray,
+        ..commit
+    };
+    // SAFETY: refused before any launch (the word is checked first).
+    assert!(unsafe { pool.enqueue_commit(&bad, WriteCompletion::Host) }.is_err());
+    assert_eq!(stray.load(Ordering::Relaxed), 0);
+    pool.detach_target(id).unwrap();
+    imp.close().unwrap();
+    pool.close().unwrap();
+    assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
+}
+
+#[test]
+fn a_host_function_whose_launch_fails_is_dropped_without_running() {
+    let pubd = publisher_process();
+    let mut pool = CudaPool::create(Arc::clone(&pubd), DeviceSelector::Uuid(GPU), 2 * MIB).unwrap();
+    struct Flag(Arc<AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let (ran, dropped) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let (r, flag) = (Arc::clone(&ran), Flag(Arc::clone(&dropped)));
+    pubd.fail_nth("cuLaunchHostFunc", 1);
+    let res = pool.enqueue_host_fn(
+        WriteCompletion::Host,
+        Box::new(move || {
+            let _keep = &flag;
+            r.store(true, Ordering::SeqCst);
+        }),
+    );
+    assert!(res.is_err());
+    assert!(!ran.load(Ordering::SeqCst), "a host function whose launch failed ran");
+    assert!(dropped.load(Ordering::SeqCst), "a host function whose launch failed was leaked");
+    pool.close().unwrap();
+}
