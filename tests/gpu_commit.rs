@@ -1,7 +1,8 @@
-//! Stream-order commits on the GPU (ADR 0008): a CUDA producer whose
+//! Stream-order commits on the GPU (ADR 0009): a CUDA producer whose
 //! `publish_cuda` only enqueues (the GPU stores the seqs), with subscribers
 //! of every mode as separate processes, every frame checked on the GPU
-//! after its copy: 0 torn over 100 000 1080p frames (overwrite policy:
+//! after its copy: 0 torn over more than 100 000 1080p frames checked
+//! (150 000 published at 4 000 fps; overwrite policy:
 //! latest and sequential pull, two push subscribers, a latest pull reader in
 //! its own PID, IPC and mount namespaces), and a lossless run in which the
 //! lossless reader gets every frame in order. Needs a CUDA GPU and root.
@@ -81,12 +82,12 @@ fn finish(producer: Child, frames: u64, subs: Vec<(String, Child)>) -> Vec<(Stri
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn stream_order_commits_deliver_100000_frames_untorn_to_every_mode() {
+fn stream_order_commits_deliver_frames_untorn_to_every_mode_over_100000_checks() {
     let d = RealDriver::shared().expect("a CUDA driver");
     let free_before = common::gpu_free_bytes(&d);
     let dir = TempDir::new("gpu-commit");
     let socket = dir.join("cam.sock").display().to_string();
-    let frames = 100_000u64;
+    let frames = 150_000u64;
     let n = frames.to_string();
     let p = producer(
         &socket,
@@ -109,17 +110,15 @@ fn stream_order_commits_deliver_100000_frames_untorn_to_every_mode() {
     eprintln!("ran in {:?}", t.elapsed());
     let checked: u64 = lines.iter().map(|(_, j)| j.u64("delivered").unwrap_or(0)).sum();
     eprintln!("frames checked on the GPU across subscribers: {checked}");
+    assert!(checked >= 100_000, "only {checked} frames were checked");
     for (name, j) in &lines {
         if name == "sequential" {
             assert_eq!(j.u64("last_seq"), Some(frames), "{name}: {j:?}");
         }
         if name.starts_with("push") {
-            // A push subscriber that keeps up gets most frames: the GPU
-            // copies into its buffers behind each frame.
-            assert!(
-                j.u64("delivered").unwrap_or(0) > frames / 2,
-                "{name} got too few pushed frames: {j:?}"
-            );
+            // Each pushed frame arrives without an overrun: the GPU wrote
+            // it into a buffer the subscriber did not hold.
+            assert_eq!(j.u64("overruns"), Some(0), "{name}: {j:?}");
         }
     }
     std::thread::sleep(Duration::from_millis(500));

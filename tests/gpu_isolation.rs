@@ -103,7 +103,12 @@ fn a_push_only_subscriber_of_a_cuda_ring_holds_no_handle_to_the_pool() -> R {
         let slot = p.loan(Duration::from_millis(100))?;
         let seq = slot.seq();
         example_common::fill_cuda(&gpu, slot, seq)?;
-        let f = s.next(Duration::from_secs(1))?;
+        // The commit is enqueued, not made: a frame pushed before this one
+        // may still be the newest when the subscriber looks.
+        let mut f = s.next(Duration::from_secs(1))?;
+        while f.seq() < seq {
+            f = s.next(Duration::from_secs(1))?;
+        }
         assert!(f.pushed(), "frame {} was not pushed", f.seq());
         assert_eq!(f.seq(), seq);
         example_common::verify_cuda(&gpu, &f)?.map_err(|e| format!("frame {seq}: {e}"))?;

@@ -44,7 +44,7 @@ pub enum CommitMode {
     /// Enqueue the push copies and the commit on the writer's stream,
     /// behind the frame's writes, and return at once: the GPU stores the
     /// seqs into the ring's shared memory when the frame is complete
-    /// (ADR 0008, PROTOCOL.md §9.3). Falls back to [`CommitMode::Synchronous`]
+    /// (ADR 0009, PROTOCOL.md §10.1). Falls back to [`CommitMode::Synchronous`]
     /// where the driver cannot register the ring's memory.
     #[default]
     Stream,
@@ -920,12 +920,12 @@ impl Publisher {
     }
 
     /// Stream-order commit of frame `seq` in slot `index`, written on
-    /// `stream` (ADR 0008, PROTOCOL.md §9.3): claims push buffers, stores
+    /// `stream` (ADR 0009, PROTOCOL.md §10.1): claims push buffers, stores
     /// the slot's meta (the slot is still invalid), announces the commit in
     /// `pending_seq`, enqueues one kernel that copies the frame into every
-    /// push buffer and then stores the seqs, and, when some subscriber was
-    /// parked, a host function that rings doorbells after it. Returns
-    /// without waiting for the GPU.
+    /// push buffer and then stores the seqs, and returns without waiting
+    /// for the GPU, unless some subscriber was parked: then it waits for
+    /// the commit to land and rings doorbells.
     fn commit_in_stream(
         &mut self,
         seq: u64,
@@ -1001,20 +1001,19 @@ impl Publisher {
             return Err(e);
         }
         if wake {
-            let woken = Arc::clone(&sh);
-            let ring = move || {
-                // SYNC: park — SeqCst fence between the GPU's global_seq
-                // store (complete before this function runs) and the loads
-                // of `parked` (mirror of the subscriber's park fence).
-                crate::sync::atomic::fence(Ordering::SeqCst);
-                woken.table.wake_parked();
-            };
-            if let Err(e) = self.pool.enqueue_host_fn(completion, Box::new(ring)) {
-                // Ring now: a subscriber woken early finds the commit in
-                // flight (`pending_seq`) and spins until it lands.
-                tracing::warn!(error = %e, "enqueueing the wake after a commit failed; waking now");
-                table.wake_parked();
+            // Someone is parked: ring it once the GPU has committed. The
+            // wait is on the CPU, for `global_seq` in host memory, and only
+            // while a subscriber sleeps on the futex (a host function on
+            // the driver's thread measured 100+ µs later on the H200);
+            // subscribers that poll or wait by cadence cost nothing here.
+            if let Err(e) = self.wait_committed(seq, Duration::from_secs(5)) {
+                tracing::warn!(error = %e, "waking parked subscribers before the GPU committed");
             }
+            // SYNC: park — SeqCst fence between seeing the GPU's global_seq
+            // store and the loads of `parked` (mirror of the subscriber's
+            // park fence).
+            crate::sync::atomic::fence(Ordering::SeqCst);
+            table.wake_parked();
         }
         for n in claimed {
             let t = &mut self.targets[n];

@@ -12,7 +12,7 @@
 //! registered with `cuMemHostRegister` and reached through its device
 //! mapping, so a subscriber polling them on the CPU sees them the moment
 //! the GPU has stored them, with no CPU work in the publisher. The two
-//! system fences give the order the protocol needs (PROTOCOL.md §9.3): the
+//! system fences give the order the protocol needs (PROTOCOL.md §10.1): the
 //! frame's bytes and every push copy, then the push and slot seqs, then
 //! `global_seq`.
 //!
