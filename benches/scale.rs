@@ -1029,6 +1029,13 @@ fn run_shape_inner(p: &Params, shape: Shape, mps: Option<&MpsDaemon>, dir: &Path
         shape.name(),
         t_start.elapsed().as_secs_f64()
     );
+    if let Some(d) = mps {
+        // Evidence that the clients run under MPS: its servers, now.
+        match d.server_list() {
+            Ok(pids) => eprintln!("scale {}: MPS servers running: {pids:?}", shape.name()),
+            Err(e) => eprintln!("scale {}: MPS get_server_list: {e}", shape.name()),
+        }
+    }
     let go_ns = monotonic_ns() + 500_000_000;
     write_atomic(&dir.join("go"), &go_ns.to_string())?;
     let run = Duration::from_secs_f64(p.warmup_seconds + p.seconds + 0.5);

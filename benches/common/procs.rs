@@ -240,11 +240,6 @@ impl MpsChoice {
             MpsChoice::Both => &[false, true],
         }
     }
-
-    /// Whether a value following `--mps` on the command line belongs to it.
-    pub fn is_value(s: &str) -> bool {
-        matches!(s, "off" | "on" | "both")
-    }
 }
 
 /// Sets a child's environment for one configuration: the daemon's variables
