@@ -1153,15 +1153,20 @@ fn summarize(p: &Params, shape: Shape, tag: &str, dir: &Path) -> (String, String
     let late: u64 = rings.iter().map(|r| r.u("late")).sum();
     let max_late = rings.iter().map(|r| r.u("max_late_ns")).max().unwrap_or(0);
     let published: u64 = rings.iter().map(|r| r.u("published")).sum();
+    let short = rings
+        .iter()
+        .filter(|r| r.u("subscribers_at_end") < p.subs_per_ring as u64)
+        .count();
     md.push_str(&format!(
-        "\nProducers: {} process(es), {} rings, {published} frames published ({} measured); process CPU per frame **{prod_cpu:.1} µs**; publish call (`publish_cuda` / `publish`) p50 {:.1} µs (median over rings), worst ring p99 {:.1} µs; thread CPU per frame (loan + fill + publish) p50 {:.1} µs; frames started more than half a period late: {late} (max lateness {:.2} ms).\n",
+        "\nProducers: {} process(es), {} rings, {published} frames published ({} measured); process CPU per frame **{prod_cpu:.1} µs**; publish call (`publish_cuda` / `publish`) p50 {:.1} µs (median over rings), worst ring p99 {:.1} µs; thread CPU per frame (loan + fill + publish) p50 {:.1} µs; frames started more than half a period late: {late} (max lateness {:.2} ms); rings with fewer than {} subscribers at the end: {short}.\n",
         prods.len(),
         rings.len(),
         frames,
         median_f(&mut pub50),
         us(pub99),
         median_f(&mut fcpu),
-        max_late as f64 / 1e6
+        max_late as f64 / 1e6,
+        p.subs_per_ring
     ));
     let errors: Vec<String> = subs
         .iter()
