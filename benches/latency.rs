@@ -1099,6 +1099,7 @@ fn main() -> R<()> {
         mps_choice
     );
     let mut res = Results::default();
+    let mut mps_failed = false;
     for &with_mps in mps_choice.passes() {
         if procs::stop_requested() {
             break;
@@ -1110,6 +1111,7 @@ fn main() -> R<()> {
                     let line = format!("\n### MPS on\n\nnot run: the MPS control daemon did not start: {e}\n");
                     eprint!("{line}");
                     report.push_str(&line);
+                    mps_failed = true;
                     continue;
                 }
             }
@@ -1143,6 +1145,9 @@ fn main() -> R<()> {
     }
     if procs::stop_requested() {
         return Err("stopped by a signal".into());
+    }
+    if mps_failed {
+        return Err("the MPS pass did not run (see the report)".into());
     }
     Ok(())
 }

@@ -123,8 +123,8 @@ impl SubMode {
 #[derive(Debug, Clone, Parser)]
 #[command(name = "scale")]
 struct Cli {
-    /// The preset the lead runs: both shapes, 64 cameras × 4 subscribers,
-    /// 15 s each (flags given explicitly still win).
+    /// The preset: both shapes, 64 cameras × 4 subscribers, 15 s each
+    /// (flags given explicitly still win).
     #[arg(long)]
     quick: bool,
     /// one-process (one decoder, N rings), per-camera (N producers), or both.
@@ -1268,6 +1268,7 @@ fn real_main() -> R<()> {
         "\nLatency: producer's CLOCK_MONOTONIC just before the publish call → subscriber's `next()` returned. missing: frames of the measured window a subscriber never received (every reader here keeps up: none is slowed). torn: a sampled frame whose pixels are not the pattern of its seq, or whose meta names another camera or frame. CPU per frame: process CPU time over the window ÷ frames published (producers) or received (subscribers).\n",
     );
     let mut js = String::new();
+    let mut failures = 0;
     for &with_mps in mps.passes() {
         if procs::stop_requested() {
             break;
@@ -1276,9 +1277,10 @@ fn real_main() -> R<()> {
             match MpsDaemon::start() {
                 Ok(d) => Some(d),
                 Err(e) => {
-                    md.push_str(&format!(
-                        "\n### MPS on\n\nnot run: the MPS control daemon did not start: {e}\n"
-                    ));
+                    let line = format!("\n### MPS on\n\nnot run: the MPS control daemon did not start: {e}\n");
+                    eprint!("{line}");
+                    md.push_str(&line);
+                    failures += 1;
                     continue;
                 }
             }
@@ -1294,6 +1296,9 @@ fn real_main() -> R<()> {
                 continue;
             }
             let (m, j) = run_shape(&p, shape, daemon.as_ref(), &root, deadline);
+            if m.contains("**run failed") {
+                failures += 1;
+            }
             for line in j.lines().filter(|l| l.contains("\"kind\":\"summary\"")) {
                 eprintln!("{line}");
             }
@@ -1324,6 +1329,9 @@ fn real_main() -> R<()> {
     }
     if procs::stop_requested() {
         return Err("stopped by a signal".into());
+    }
+    if failures > 0 {
+        return Err(format!("{failures} part(s) of the run failed (see the report)").into());
     }
     Ok(())
 }
