@@ -287,15 +287,18 @@ impl MpsDaemon {
             .map_or(0, |d| d.subsec_nanos());
         let root = PathBuf::from(format!("/tmp/vramring-mps-{}-{nanos}", std::process::id()));
         let (pipe, log) = (root.join("pipe"), root.join("log"));
-        for d in [&root, &pipe, &log] {
-            std::fs::create_dir(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
-        }
+        std::fs::create_dir(&root).map_err(|e| format!("creating {}: {e}", root.display()))?;
+        // From here on, dropping `daemon` removes the directories (and quits
+        // the daemon once it may be running).
         let mut daemon = MpsDaemon {
             root,
             pipe,
             log,
             running: false,
         };
+        for d in [&daemon.pipe, &daemon.log] {
+            std::fs::create_dir(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
+        }
         // The daemon forks and may keep the descriptors it inherited: give
         // it a file, not a pipe whose end-of-file would never come.
         let start_log = daemon.root.join("start.log");
@@ -403,7 +406,13 @@ impl MpsDaemon {
     /// What went wrong; the daemon's processes have been signalled anyway.
     pub fn quit(&mut self) -> Result<(), String> {
         if !self.running {
-            return Ok(());
+            // Never started (or already quit): only the directories are left.
+            return match std::fs::remove_dir_all(&self.root) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(format!("removing {}: {e}", self.root.display()))
+                }
+                _ => Ok(()),
+            };
         }
         let mut problems = Vec::new();
         if let Err(e) = self.command("quit", Duration::from_secs(30)) {
