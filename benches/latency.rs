@@ -17,15 +17,25 @@
 //! moment the subscriber's copy has completed on its stream
 //! (`CLOCK_MONOTONIC`, comparable across processes).
 //!
-//! Run on a GPU machine: `cargo bench --bench latency -- [--quick] [--out FILE]`
-//! (or the staged binary: `bash .device/run.sh bench latency`). Every
-//! subscriber busy-polls in the headline rows (as the peers do); the
-//! `vramring (futex)` row uses the default spin-then-park wait.
+//! Run on a GPU machine: `cargo bench --bench latency -- [--quick]
+//! [--mps [off|on|both]] [--timeout-s S] [--out FILE]` (or the staged binary:
+//! `bash .device/run.sh bench latency --quick --mps both`). Every subscriber
+//! busy-polls in the headline rows (as the peers do); the "push futex wait"
+//! row uses the default spin-then-park wait.
+//!
+//! `--mps` runs every case under a private CUDA MPS control daemon (fresh
+//! pipe and log directories under `/tmp`, passed to every child process;
+//! quit at the end, on errors and on SIGINT/SIGTERM too); `--mps both` runs
+//! the cases without, then with MPS and prints both tables, legacy CUDA IPC
+//! p50 ÷ each vramring mode's p50 in each, and MPS ÷ no-MPS per system.
+//! Every case is bounded in time (its frames plus 60 s, and `--timeout-s`
+//! for the whole run, default 570 s): a hung process is killed, never waited
+//! for.
 
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -35,7 +45,11 @@ use vramring::{Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscribe
 
 #[path = "common/mod.rs"]
 mod common;
+#[path = "common/procs.rs"]
+#[allow(dead_code)]
+mod procs;
 use common::{ck, make_primary_current, R};
+use procs::{Children, MpsChoice, MpsDaemon};
 
 fn now_ns() -> u64 {
     vramring::time::monotonic_ns()
@@ -166,6 +180,16 @@ impl System {
             System::VramringFutex => "vramring push, futex wait",
             System::HostRt => "host round trip",
             System::LegacyIpc => "legacy CUDA IPC",
+        }
+    }
+    /// The short label of the mode in the tables.
+    fn mode(self) -> &'static str {
+        match self {
+            System::Vramring => "pull",
+            System::VramringPush => "push",
+            System::VramringFutex => "push futex wait",
+            System::HostRt => "host rt",
+            System::LegacyIpc => "legacy IPC",
         }
     }
     fn key(self) -> &'static str {
@@ -690,18 +714,26 @@ struct Outcome {
     overruns: u64,
 }
 
-fn spawn_role(role: &str, c: &Case, extra: &[String]) -> R<Child> {
+fn spawn_role(children: &mut Children, role: &str, c: &Case, extra: &[String], mps: Option<&MpsDaemon>) -> R<()> {
     let exe = std::env::current_exe()?;
-    Ok(Command::new(exe)
-        .arg("--role")
+    let mut cmd = Command::new(exe);
+    cmd.arg("--role")
         .arg(role)
         .args(c.args())
         .args(extra)
-        .stdin(Stdio::null())
-        .spawn()?)
+        .stdin(Stdio::null());
+    procs::set_child_env(&mut cmd, mps);
+    let name = match extra.get(1) {
+        Some(id) => format!("{role} {id}"),
+        None => role.to_string(),
+    };
+    children.spawn(name, &mut cmd)?;
+    Ok(())
 }
 
-fn run_case(c: &Case) -> R<Outcome> {
+/// Runs one case; every process is killed and reaped by `deadline` (or on a
+/// stop signal) at the latest.
+fn run_case(c: &Case, mps: Option<&MpsDaemon>, deadline: Instant) -> R<Outcome> {
     let _ = std::fs::remove_dir_all(&c.dir);
     std::fs::create_dir_all(&c.dir)?;
     let shm = c.shm();
@@ -712,42 +744,36 @@ fn run_case(c: &Case) -> R<Outcome> {
     };
     let ctl = BenchShm::create(&shm, SLOTS, shm_bytes.next_multiple_of(4096))?;
     let shm_arg = vec![shm.display().to_string()];
-    let mut producer = spawn_role("producer", c, &shm_arg)?;
-    if matches!(
-        c.system,
-        System::Vramring | System::VramringPush | System::VramringFutex
-    ) {
-        while ctl.global().load(Ordering::Acquire) == 0 {
-            if let Some(st) = producer.try_wait()? {
-                return Err(format!("producer exited early: {st}").into());
+    let mut children = Children::default();
+    let result = (|| -> R<()> {
+        spawn_role(&mut children, "producer", c, &shm_arg, mps)?;
+        if matches!(
+            c.system,
+            System::Vramring | System::VramringPush | System::VramringFutex
+        ) {
+            while ctl.global().load(Ordering::Acquire) == 0 {
+                let (running, failed) = children.poll()?;
+                if running == 0 || !failed.is_empty() {
+                    return Err(format!("producer exited early: {failed:?}").into());
+                }
+                if Instant::now() > deadline || procs::stop_requested() {
+                    return Err("the producer's socket did not come up in time".into());
+                }
+                std::thread::sleep(Duration::from_millis(1));
             }
-            std::thread::sleep(Duration::from_millis(1));
         }
-    }
-    let mut subs = Vec::new();
-    for id in 0..c.subs {
-        let mut a = shm_arg.clone();
-        a.push(id.to_string());
-        subs.push(spawn_role("subscriber", c, &a)?);
-    }
-    let pst = producer.wait()?;
-    if !pst.success() {
-        eprintln!("{} producer exited with {pst}", c.system.name());
-    }
-    let mut ok = pst.success();
-    for mut s in subs {
-        ok &= s.wait()?.success();
-    }
+        for id in 0..c.subs {
+            let mut a = shm_arg.clone();
+            a.push(id.to_string());
+            spawn_role(&mut children, "subscriber", c, &a, mps)?;
+        }
+        children.wait_all(deadline, Duration::from_secs(5))?;
+        Ok(())
+    })();
+    drop(children); // kills and reaps whatever is left on an error path
     let _ = std::fs::remove_file(&shm);
-    if !ok {
-        return Err(format!(
-            "{} {}x{} x{}: a process failed",
-            c.system.name(),
-            c.width,
-            c.height,
-            c.subs
-        )
-        .into());
+    if let Err(e) = result {
+        return Err(format!("{} {}x{} x{}: {e}", c.system.name(), c.width, c.height, c.subs).into());
     }
     let mut lat = Vec::new();
     let (mut delivered, mut dropped, mut overruns) = (0, 0, 0);
@@ -800,93 +826,117 @@ fn role_main(args: &[String]) -> R<()> {
     }
 }
 
-fn main() -> R<()> {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
-    if let Some(i) = args.iter().position(|a| a == "--role") {
-        return role_main(&args[i + 1..]);
+/// What a run measures: sizes, subscriber counts, frames.
+struct Plan {
+    sizes: &'static [(u32, u32, &'static str)],
+    sub_counts: &'static [usize],
+    frames: u64,
+    throughput: bool,
+    throughput_sizes: &'static [(u32, u32, &'static str)],
+    throughput_frames: u64,
+    dir: PathBuf,
+    deadline: Instant,
+}
+
+/// Results of every pass, for the ratio tables: p50 by (MPS, frame, subs, system).
+#[derive(Default)]
+struct Results {
+    p50: std::collections::HashMap<(bool, &'static str, usize, &'static str), f64>,
+    jsonl: String,
+}
+
+fn mps_label(with_mps: bool) -> &'static str {
+    if with_mps {
+        "on"
+    } else {
+        "off"
     }
-    if !vramring::memory::cuda::cuda_usable() {
-        eprintln!("latency bench: no usable CUDA GPU here; nothing measured (run it on a GPU machine)");
-        return Ok(());
-    }
-    let quick = args.iter().any(|a| a == "--quick");
-    let throughput_only = args.iter().any(|a| a == "--throughput-only");
-    let out = args
-        .iter()
-        .position(|a| a == "--out")
-        .and_then(|i| args.get(i + 1))
-        .map(PathBuf::from);
-    let frames = if quick { 300 } else { 2000 };
-    let dir = std::env::temp_dir().join(format!("vramring-bench-{}", std::process::id()));
-    let mut report = String::new();
-    report.push_str(&format!(
-        "Latency, publish → subscriber holds its copy (µs), NV12, {SLOTS} slots, {frames} frames per subscriber after warm-up, 1 frame every 2 ms; GPU: {}\n\n",
-        gpu_name()
-    ));
-    report.push_str("| frame | subs | system | p50 | p99 | max | delivered | dropped | overruns | producer CPU/publish p50 (µs) | producer wall/publish p50 (µs) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-    let mut ratios = String::from("\nRatios (other p50 / vramring push p50; > 1 means vramring push is faster):\n\n| frame | subs | host round trip | legacy CUDA IPC | vramring pull | vramring push, futex wait |\n|---|---|---|---|---|---|\n");
-    let sizes: &[(u32, u32, &str)] = &[(1920, 1080, "1080p"), (3840, 2160, "4K")];
-    let sub_counts: &[usize] = if quick { &[1, 4] } else { &[1, 4, 8] };
-    for &(w, h, label) in sizes {
-        for &n in sub_counts.iter().filter(|_| !throughput_only) {
-            let mut p50 = std::collections::HashMap::new();
-            for system in [
-                System::VramringPush,
-                System::Vramring,
-                System::VramringFutex,
-                System::HostRt,
-                System::LegacyIpc,
-            ] {
+}
+
+const LATENCY_SYSTEMS: [System; 5] = [
+    System::VramringPush,
+    System::Vramring,
+    System::VramringFutex,
+    System::HostRt,
+    System::LegacyIpc,
+];
+
+/// Time left for one case: its frames at their pace plus process start-up
+/// and teardown, never past the run's deadline.
+fn case_deadline(c: &Case, plan: &Plan) -> Instant {
+    let paced = Duration::from_micros(c.interval_us * (c.frames + c.warmup));
+    (Instant::now() + Duration::from_secs(60) + paced).min(plan.deadline)
+}
+
+/// One pass (with or without MPS): the latency table, then the maximum rate.
+fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
+    let with_mps = mps.is_some();
+    let tag = mps_label(with_mps);
+    let mut report = format!(
+        "\n### MPS {tag}\n\n| MPS | frame | subs | mode | system | p50 | p99 | max | delivered | dropped | overruns | producer CPU/publish p50 (µs) | producer wall/publish p50 (µs) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    );
+    for &(w, h, label) in plan.sizes {
+        for &n in plan.sub_counts {
+            for system in LATENCY_SYSTEMS {
                 let case = Case {
                     system,
                     width: w,
                     height: h,
                     subs: n,
-                    frames,
+                    frames: plan.frames,
                     warmup: 200,
                     interval_us: 2000,
-                    dir: dir.join(format!("{}-{label}-{n}", system.key())),
+                    dir: plan.dir.join(format!("{tag}-{}-{label}-{n}", system.key())),
                 };
-                match run_case(&case) {
-                    Ok(o) => {
-                        let line = format!(
-                            "| {label} | {n} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {:.1} | {:.1} |\n",
-                            system.name(),
-                            pct(&o.lat, 0.5),
-                            pct(&o.lat, 0.99),
-                            pct(&o.lat, 1.0),
-                            o.delivered,
-                            o.dropped,
-                            o.overruns,
-                            pct(&o.pub_cpu, 0.5),
-                            pct(&o.pub_wall, 0.5),
-                        );
-                        eprint!("{line}");
-                        report.push_str(&line);
-                        p50.insert(system.key(), pct(&o.lat, 0.5));
+                let line = if procs::stop_requested() || Instant::now() > plan.deadline {
+                    format!(
+                        "| {tag} | {label} | {n} | {} | {} | skipped: out of time or stopped |\n",
+                        system.mode(),
+                        system.name()
+                    )
+                } else {
+                    match run_case(&case, mps, case_deadline(&case, plan)) {
+                        Ok(o) => {
+                            let (p50, p99, max) = (pct(&o.lat, 0.5), pct(&o.lat, 0.99), pct(&o.lat, 1.0));
+                            let (cpu, wall) = (pct(&o.pub_cpu, 0.5), pct(&o.pub_wall, 0.5));
+                            res.p50.insert((with_mps, label, n, system.key()), p50);
+                            res.jsonl.push_str(&format!(
+                                "{{\"bench\":\"latency\",\"mps\":\"{tag}\",\"frame\":\"{label}\",\"subs\":{n},\"mode\":\"{}\",\"system\":\"{}\",\"samples\":{},\"p50_us\":{p50:.1},\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"delivered\":{},\"dropped\":{},\"overruns\":{},\"pub_cpu_p50_us\":{cpu:.1},\"pub_wall_p50_us\":{wall:.1}}}\n",
+                                system.mode(),
+                                system.name(),
+                                o.lat.len(),
+                                o.delivered,
+                                o.dropped,
+                                o.overruns
+                            ).replace("NaN", "null"));
+                            format!(
+                                "| {tag} | {label} | {n} | {} | {} | {p50:.1} | {p99:.1} | {max:.1} | {} | {} | {} | {cpu:.1} | {wall:.1} |\n",
+                                system.mode(),
+                                system.name(),
+                                o.delivered,
+                                o.dropped,
+                                o.overruns,
+                            )
+                        }
+                        Err(e) => format!(
+                            "| {tag} | {label} | {n} | {} | {} | failed: {e} |\n",
+                            system.mode(),
+                            system.name()
+                        ),
                     }
-                    Err(e) => {
-                        let line = format!("| {label} | {n} | {} | failed: {e} |\n", system.name());
-                        eprint!("{line}");
-                        report.push_str(&line);
-                    }
-                }
+                };
+                eprint!("{line}");
+                report.push_str(&line);
             }
-            let vr = p50.get("vrp").copied().unwrap_or(f64::NAN);
-            let r = |k: &str| p50.get(k).copied().unwrap_or(f64::NAN) / vr;
-            ratios.push_str(&format!(
-                "| {label} | {n} | {:.2}× | {:.2}× | {:.2}× | {:.2}× |\n",
-                r("host"),
-                r("ipc"),
-                r("vr"),
-                r("vrf")
-            ));
         }
     }
-    report.push_str(&ratios);
-    // Throughput: 4 subscribers, producer as fast as it can.
-    report.push_str("\nMaximum sustained rate, 4 subscribers, producer unpaced, overwrite policy:\n\n| frame | system | frames/s published | frames/s delivered per subscriber (mean) |\n|---|---|---|---|\n");
-    for &(w, h, label) in sizes {
+    if !plan.throughput {
+        return report;
+    }
+    report.push_str(&format!(
+        "\nMaximum sustained rate (MPS {tag}), 4 subscribers, producer unpaced, overwrite policy:\n\n| MPS | frame | mode | system | frames/s published | frames/s delivered per subscriber (mean) |\n|---|---|---|---|---|---|\n"
+    ));
+    for &(w, h, label) in plan.throughput_sizes {
         for system in [
             System::VramringPush,
             System::Vramring,
@@ -898,29 +948,206 @@ fn main() -> R<()> {
                 width: w,
                 height: h,
                 subs: 4,
-                frames: if quick { 2000 } else { 5000 },
+                frames: plan.throughput_frames,
                 warmup: 200,
                 interval_us: 0,
-                dir: dir.join(format!("tp-{}-{label}", system.key())),
+                dir: plan.dir.join(format!("{tag}-tp-{}-{label}", system.key())),
             };
-            match run_case(&case) {
+            if procs::stop_requested() || Instant::now() > plan.deadline {
+                report.push_str(&format!(
+                    "| {tag} | {label} | {} | {} | skipped: out of time or stopped | |\n",
+                    system.mode(),
+                    system.name()
+                ));
+                continue;
+            }
+            let line = match run_case(&case, mps, case_deadline(&case, plan)) {
                 Ok(o) => {
                     // Measured frames over the producer's measured span; a
                     // subscriber's rate counts the measured frames it got.
                     let fps_pub = case.frames as f64 / o.span_s;
                     let fps_sub = o.lat.len() as f64 / 4.0 / o.span_s;
-                    let line = format!("| {label} | {} | {:.0} | {:.0} |\n", system.name(), fps_pub, fps_sub);
-                    eprint!("{line}");
-                    report.push_str(&line);
+                    format!(
+                        "| {tag} | {label} | {} | {} | {fps_pub:.0} | {fps_sub:.0} |\n",
+                        system.mode(),
+                        system.name()
+                    )
                 }
-                Err(e) => report.push_str(&format!("| {label} | {} | failed: {e} | |\n", system.name())),
+                Err(e) => format!(
+                    "| {tag} | {label} | {} | {} | failed: {e} | |\n",
+                    system.mode(),
+                    system.name()
+                ),
+            };
+            eprint!("{line}");
+            report.push_str(&line);
+        }
+    }
+    report
+}
+
+/// The ratio tables of one pass, and across passes when both ran.
+fn ratio_tables(plan: &Plan, passes: &[bool], res: &Results) -> String {
+    let get = |m: bool, label: &'static str, n: usize, k: &'static str| {
+        res.p50.get(&(m, label, n, k)).copied().unwrap_or(f64::NAN)
+    };
+    let mut out = String::new();
+    for &m in passes {
+        let tag = mps_label(m);
+        out.push_str(&format!(
+            "\nMPS {tag}: legacy CUDA IPC p50 ÷ each vramring mode's p50 (> 1 means that vramring mode is faster; the goal under MPS: every vramring mode ≥ 1.00×):\n\n| MPS | frame | subs | push | pull | push futex wait | every vramring mode at or below legacy IPC |\n|---|---|---|---|---|---|---|\n"
+        ));
+        for &(_, _, label) in plan.sizes {
+            for &n in plan.sub_counts {
+                let ipc = get(m, label, n, "ipc");
+                let r: Vec<f64> = ["vrp", "vr", "vrf"].iter().map(|k| ipc / get(m, label, n, k)).collect();
+                let verdict = if r.iter().any(|x| x.is_nan()) {
+                    "incomplete"
+                } else if r.iter().all(|&x| x >= 1.0) {
+                    "yes"
+                } else {
+                    "**no**"
+                };
+                out.push_str(&format!(
+                    "| {tag} | {label} | {n} | {:.2}× | {:.2}× | {:.2}× | {verdict} |\n",
+                    r[0], r[1], r[2]
+                ));
+            }
+        }
+        out.push_str(&format!(
+            "\nMPS {tag}: other p50 ÷ vramring push p50 (> 1 means vramring push is faster):\n\n| MPS | frame | subs | host rt | legacy IPC | pull | push futex wait |\n|---|---|---|---|---|---|---|\n"
+        ));
+        for &(_, _, label) in plan.sizes {
+            for &n in plan.sub_counts {
+                let vr = get(m, label, n, "vrp");
+                out.push_str(&format!(
+                    "| {tag} | {label} | {n} | {:.2}× | {:.2}× | {:.2}× | {:.2}× |\n",
+                    get(m, label, n, "host") / vr,
+                    get(m, label, n, "ipc") / vr,
+                    get(m, label, n, "vr") / vr,
+                    get(m, label, n, "vrf") / vr
+                ));
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    if passes.len() == 2 {
+        out.push_str("\np50 with MPS ÷ p50 without (< 1 means MPS made it faster):\n\n| frame | subs | push | pull | push futex wait | host rt | legacy IPC |\n|---|---|---|---|---|---|---|\n");
+        for &(_, _, label) in plan.sizes {
+            for &n in plan.sub_counts {
+                let r = |k| get(true, label, n, k) / get(false, label, n, k);
+                out.push_str(&format!(
+                    "| {label} | {n} | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× |\n",
+                    r("vrp"),
+                    r("vr"),
+                    r("vrf"),
+                    r("host"),
+                    r("ipc")
+                ));
+            }
+        }
+    }
+    out
+}
+
+fn usage() -> &'static str {
+    "latency bench: [--quick] [--throughput-only] [--mps [off|on|both]] [--timeout-s S] [--out FILE]\n\
+     --quick: 1080p at 1, 4 and 8 subscribers, 300 measured frames each (and the rate at 1080p)\n\
+     --mps: run under a private MPS control daemon (on), or without then with it (both); the daemon is always quit\n\
+     --out FILE: the Markdown report; the rows as JSON lines go to FILE with the extension .jsonl"
+}
+
+fn main() -> R<()> {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    if let Some(i) = args.iter().position(|a| a == "--role") {
+        procs::child_init();
+        return role_main(&args[i + 1..]);
+    }
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{}", usage());
+        return Ok(());
+    }
+    let mps_choice = MpsChoice::from_args(&args)?;
+    let value_of = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1));
+    let timeout_s: u64 = match value_of("--timeout-s") {
+        Some(v) => v.parse().map_err(|_| format!("--timeout-s takes seconds, not {v:?}"))?,
+        None => 570,
+    };
+    if !vramring::memory::cuda::cuda_usable() {
+        eprintln!("latency bench: no usable CUDA GPU here; nothing measured (run it on a GPU machine)");
+        return Ok(());
+    }
+    procs::install_stop_handler();
+    let quick = args.iter().any(|a| a == "--quick");
+    let throughput_only = args.iter().any(|a| a == "--throughput-only");
+    let out = value_of("--out").map(PathBuf::from);
+    const SIZES: &[(u32, u32, &str)] = &[(1920, 1080, "1080p"), (3840, 2160, "4K")];
+    const HD: &[(u32, u32, &str)] = &[(1920, 1080, "1080p")];
+    let plan = Plan {
+        sizes: if quick { HD } else { SIZES },
+        sub_counts: if throughput_only { &[] } else { &[1, 4, 8] },
+        frames: if quick { 300 } else { 2000 },
+        throughput: true,
+        throughput_sizes: if quick { HD } else { SIZES },
+        throughput_frames: if quick { 2000 } else { 5000 },
+        dir: std::env::temp_dir().join(format!("vramring-bench-{}", std::process::id())),
+        deadline: Instant::now() + Duration::from_secs(timeout_s),
+    };
+    let mut report = format!(
+        "Latency, publish → subscriber holds its copy (µs), NV12, {SLOTS} slots, {} frames per subscriber after 200 warm-up, 1 frame every 2 ms; GPU: {}; MPS: {:?}\n",
+        plan.frames,
+        gpu_name(),
+        mps_choice
+    );
+    let mut res = Results::default();
+    let mut mps_failed = false;
+    for &with_mps in mps_choice.passes() {
+        if procs::stop_requested() {
+            break;
+        }
+        let mut daemon = if with_mps {
+            match MpsDaemon::start() {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    let line = format!("\n### MPS on\n\nnot run: the MPS control daemon did not start: {e}\n");
+                    eprint!("{line}");
+                    report.push_str(&line);
+                    mps_failed = true;
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
+        report.push_str(&run_pass(&plan, daemon.as_ref(), &mut res));
+        if let Some(d) = daemon.as_mut() {
+            let clients = d.clients_seen();
+            let line = format!(
+                "\nMPS control daemon: {clients} client connections logged{}\n",
+                if clients == 0 {
+                    " — **the processes did NOT run under MPS**"
+                } else {
+                    ""
+                }
+            );
+            eprint!("{line}");
+            report.push_str(&line);
+            if let Err(e) = d.quit() {
+                report.push_str(&format!("MPS daemon shutdown: {e}\n"));
+            }
+        }
+    }
+    report.push_str(&ratio_tables(&plan, mps_choice.passes(), &res));
+    let _ = std::fs::remove_dir_all(&plan.dir);
     println!("{report}");
     if let Some(out) = out {
-        std::fs::write(out, &report)?;
+        std::fs::write(&out, &report)?;
+        std::fs::write(out.with_extension("jsonl"), &res.jsonl)?;
+    }
+    if procs::stop_requested() {
+        return Err("stopped by a signal".into());
+    }
+    if mps_failed {
+        return Err("the MPS pass did not run (see the report)".into());
     }
     Ok(())
 }
