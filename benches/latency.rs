@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 use vramring::BackendChoice;
-use vramring::{Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions};
+use vramring::{CommitMode, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions};
 
 #[path = "common/mod.rs"]
 mod common;
@@ -167,6 +167,8 @@ impl BenchShm {
 enum System {
     Vramring,
     VramringPush,
+    /// Push delivery with protocol 2's CPU commit (`CommitMode::Synchronous`).
+    VramringPushSync,
     VramringFutex,
     HostRt,
     LegacyIpc,
@@ -177,6 +179,7 @@ impl System {
         match self {
             System::Vramring => "vramring pull",
             System::VramringPush => "vramring push",
+            System::VramringPushSync => "vramring push, CPU commit (v2)",
             System::VramringFutex => "vramring push, futex wait",
             System::HostRt => "host round trip",
             System::LegacyIpc => "legacy CUDA IPC",
@@ -187,6 +190,7 @@ impl System {
         match self {
             System::Vramring => "pull",
             System::VramringPush => "push",
+            System::VramringPushSync => "push CPU commit",
             System::VramringFutex => "push futex wait",
             System::HostRt => "host rt",
             System::LegacyIpc => "legacy IPC",
@@ -196,6 +200,7 @@ impl System {
         match self {
             System::Vramring => "vr",
             System::VramringPush => "vrp",
+            System::VramringPushSync => "vrps",
             System::VramringFutex => "vrf",
             System::HostRt => "host",
             System::LegacyIpc => "ipc",
@@ -205,6 +210,7 @@ impl System {
         [
             System::Vramring,
             System::VramringPush,
+            System::VramringPushSync,
             System::VramringFutex,
             System::HostRt,
             System::LegacyIpc,
@@ -300,7 +306,12 @@ fn vr_producer(c: &Case, shm_path: &Path) -> R<()> {
     let cfg = RingConfig::new(Format::Nv12, c.width, c.height)
         .slots(SLOTS as u32)
         .backend(BackendChoice::Cuda(0))
-        .policy(Policy::Overwrite);
+        .policy(Policy::Overwrite)
+        .commit(if c.system == System::VramringPushSync {
+            CommitMode::Synchronous
+        } else {
+            CommitMode::Stream
+        });
     let mut p = Publisher::create(c.sock(), cfg)?;
     let ready = BenchShm::open(shm_path, 1, 0)?;
     ready.global().store(1, Ordering::Release); // the socket is up
@@ -356,7 +367,10 @@ fn vr_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
     } else {
         Duration::from_secs(3600)
     };
-    let push = matches!(c.system, System::VramringPush | System::VramringFutex);
+    let push = matches!(
+        c.system,
+        System::VramringPush | System::VramringPushSync | System::VramringFutex
+    );
     let mode = if push { Mode::Latest } else { Mode::Sequential };
     let opts = SubscriberOptions::default()
         .mode(mode)
@@ -749,7 +763,7 @@ fn run_case(c: &Case, mps: Option<&MpsDaemon>, deadline: Instant) -> R<Outcome> 
         spawn_role(&mut children, "producer", c, &shm_arg, mps)?;
         if matches!(
             c.system,
-            System::Vramring | System::VramringPush | System::VramringFutex
+            System::Vramring | System::VramringPush | System::VramringPushSync | System::VramringFutex
         ) {
             while ctl.global().load(Ordering::Acquire) == 0 {
                 let (running, failed) = children.poll()?;
@@ -811,13 +825,17 @@ fn role_main(args: &[String]) -> R<()> {
     let c = Case::parse(&args[1..9])?;
     let shm = PathBuf::from(&args[9]);
     match (role, c.system) {
-        ("producer", System::Vramring | System::VramringPush | System::VramringFutex) => vr_producer(&c, &shm),
+        ("producer", System::Vramring | System::VramringPush | System::VramringPushSync | System::VramringFutex) => {
+            vr_producer(&c, &shm)
+        }
         ("producer", System::HostRt) => host_producer(&c, &shm),
         ("producer", System::LegacyIpc) => ipc_producer(&c, &shm),
         ("subscriber", sys_) => {
             let id: usize = args[10].parse()?;
             match sys_ {
-                System::Vramring | System::VramringPush | System::VramringFutex => vr_subscriber(&c, id, &shm),
+                System::Vramring | System::VramringPush | System::VramringPushSync | System::VramringFutex => {
+                    vr_subscriber(&c, id, &shm)
+                }
                 System::HostRt => host_subscriber(&c, id, &shm),
                 System::LegacyIpc => ipc_subscriber(&c, id, &shm),
             }
@@ -853,8 +871,9 @@ fn mps_label(with_mps: bool) -> &'static str {
     }
 }
 
-const LATENCY_SYSTEMS: [System; 5] = [
+const LATENCY_SYSTEMS: [System; 6] = [
     System::VramringPush,
+    System::VramringPushSync,
     System::Vramring,
     System::VramringFutex,
     System::HostRt,

@@ -65,7 +65,11 @@ fn finish(producer: Child, frames: u64, subs: Vec<(String, Child)>) -> Vec<(Stri
     let p = JsonLine::final_in(&text);
     eprintln!("producer: {p:?}");
     assert_eq!(p.u64("published"), Some(frames), "producer: {p:?}");
-    assert_eq!(p.u64("stream_commit"), Some(1), "the producer did not commit in stream order: {p:?}");
+    assert_eq!(
+        p.u64("stream_commit"),
+        Some(1),
+        "the producer did not commit in stream order: {p:?}"
+    );
     let mut lines = Vec::new();
     for (name, child) in subs {
         let out = child.wait_with_output().expect("consumer");
@@ -74,7 +78,10 @@ fn finish(producer: Child, frames: u64, subs: Vec<(String, Child)>) -> Vec<(Stri
         let j = JsonLine::final_in(&text);
         eprintln!("{name}: {j:?}");
         assert_eq!(j.u64("torn"), Some(0), "{name}: {j:?}");
-        assert!(j.u64("delivered").unwrap_or(0) > 100, "{name} got too few frames: {j:?}");
+        assert!(
+            j.u64("delivered").unwrap_or(0) > 100,
+            "{name} got too few frames: {j:?}"
+        );
         lines.push((name, j));
     }
     lines
@@ -91,7 +98,16 @@ fn stream_order_commits_deliver_frames_untorn_to_every_mode_over_100000_checks()
     let n = frames.to_string();
     let p = producer(
         &socket,
-        &["--frames", &n, "--fps", "4000", "--slots", "8", "--wait-subscribers", "5"],
+        &[
+            "--frames",
+            &n,
+            "--fps",
+            "4000",
+            "--slots",
+            "8",
+            "--wait-subscribers",
+            "5",
+        ],
     );
     std::thread::sleep(Duration::from_millis(500));
     let flags =

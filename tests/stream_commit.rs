@@ -43,8 +43,15 @@ fn assert_clean(d: &FakeDriver, foreign: CuContext, what: &str) {
         .into_iter()
         .filter(|r| matches!(r.owner, Some(Some(owner)) if r.current != Some(owner)))
         .collect();
-    assert!(wrong.is_empty(), "{what}: releases outside their owning context: {wrong:#?}");
-    assert_eq!(d.current(), Some(foreign), "{what}: the caller's context is not current again");
+    assert!(
+        wrong.is_empty(),
+        "{what}: releases outside their owning context: {wrong:#?}"
+    );
+    assert_eq!(
+        d.current(),
+        Some(foreign),
+        "{what}: the caller's context is not current again"
+    );
 }
 
 /// Host memory standing in for the control region and the table: page
@@ -146,7 +153,11 @@ fn a_commit_copies_into_every_target_before_it_stores_the_seqs() {
     assert_clean(&pubd, fp, "publisher");
     assert_clean(&subd, fs, "subscriber");
     let launches = pubd.log().iter().filter(|r| r.call == "cuLaunchKernel").count();
-    assert_eq!(launches, TARGETS.div_ceil(MAX_FANOUT), "one launch per {MAX_FANOUT} targets");
+    assert_eq!(
+        launches,
+        TARGETS.div_ceil(MAX_FANOUT),
+        "one launch per {MAX_FANOUT} targets"
+    );
     let registers = pubd.log().iter().filter(|r| r.call == "cuMemHostRegister_v2").count();
     assert_eq!(registers, 1);
 }
@@ -174,7 +185,14 @@ fn a_failed_kernel_launch_stores_no_seq() {
     let (pubd, subd) = (publisher_process(), subscriber_process());
     let words = Words::new();
     let mut pool = CudaPool::create(Arc::clone(&pubd), DeviceSelector::Uuid(GPU), 8 * MIB).unwrap();
-    let mut imp = CudaImport::import(Arc::clone(&subd), pool.export_fd().unwrap(), pool.pool_bytes(), GPU, false).unwrap();
+    let mut imp = CudaImport::import(
+        Arc::clone(&subd),
+        pool.export_fd().unwrap(),
+        pool.pool_bytes(),
+        GPU,
+        false,
+    )
+    .unwrap();
     let (fd, bytes) = imp.alloc_push(3, STRIDE).unwrap();
     let id = pool.attach_target(&fd, bytes).unwrap();
     // SAFETY: `words` outlives the pool (declared first).
@@ -196,7 +214,11 @@ fn a_failed_kernel_launch_stores_no_seq() {
     // SAFETY: the words lie in `words`, registered above.
     assert!(unsafe { pool.enqueue_commit(&commit, WriteCompletion::Host) }.is_err());
     for k in [1, 2, 10] {
-        assert_eq!(words.word(k).load(Ordering::Acquire), 0, "word {k} was stored by a failed commit");
+        assert_eq!(
+            words.word(k).load(Ordering::Acquire),
+            0,
+            "word {k} was stored by a failed commit"
+        );
     }
     // A word outside registered memory is refused before anything is enqueued.
     let stray = AtomicU64::new(0);
@@ -235,6 +257,9 @@ fn a_host_function_whose_launch_fails_is_dropped_without_running() {
     );
     assert!(res.is_err());
     assert!(!ran.load(Ordering::SeqCst), "a host function whose launch failed ran");
-    assert!(dropped.load(Ordering::SeqCst), "a host function whose launch failed was leaked");
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "a host function whose launch failed was leaked"
+    );
     pool.close().unwrap();
 }

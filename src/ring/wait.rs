@@ -284,7 +284,11 @@ mod tests {
             )
         });
         assert_eq!(outcome, WaitOutcome::Advanced(1));
-        assert!(t.elapsed() < Duration::from_secs(1), "parked through an in-flight commit: {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "parked through an in-flight commit: {:?}",
+            t.elapsed()
+        );
         assert_eq!(line.parked.load(Ordering::Relaxed), 0, "left parked");
     }
 
@@ -307,10 +311,16 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(20));
                 h.seq.global_seq.store(1, Ordering::Release);
             });
-            wait_on(bell, line, 0, t + Duration::from_secs(5), Duration::ZERO, slice, || true)
+            wait_on(bell, line, 0, t + Duration::from_secs(5), Duration::ZERO, slice, || {
+                true
+            })
         });
         assert_eq!(outcome, WaitOutcome::Advanced(1));
-        assert!(t.elapsed() >= Duration::from_millis(250), "woke without a doorbell: {:?}", t.elapsed());
+        assert!(
+            t.elapsed() >= Duration::from_millis(250),
+            "woke without a doorbell: {:?}",
+            t.elapsed()
+        );
     }
 
     /// A commit that never lands (a stuck GPU) is spun for once, then looked
