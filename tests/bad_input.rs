@@ -616,7 +616,8 @@ fn a_control_region_with_a_wrong_field_is_a_layout_mismatch() {
             put64(&mut r.control, info!(magic), u64::from_le_bytes(*b"NOTARING"))
         }),
         ("layout version 1", |r| put32(&mut r.control, info!(layout_version), 1)),
-        ("layout version 3", |r| put32(&mut r.control, info!(layout_version), 3)),
+        ("layout version 2", |r| put32(&mut r.control, info!(layout_version), 2)),
+        ("layout version 4", |r| put32(&mut r.control, info!(layout_version), 4)),
         ("layout version 0 (not ready)", |r| {
             put32(&mut r.control, info!(layout_version), 0)
         }),
