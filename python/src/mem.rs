@@ -270,6 +270,7 @@ pub struct BufPool {
     pub bytes: u64,
     free: Mutex<Vec<Mem>>,
     live: AtomicUsize,
+    allocated: AtomicUsize,
     keep: usize,
 }
 
@@ -288,6 +289,7 @@ impl BufPool {
             bytes,
             free: Mutex::new(Vec::new()),
             live: AtomicUsize::new(0),
+            allocated: AtomicUsize::new(0),
             keep,
         })
     }
@@ -299,6 +301,12 @@ impl BufPool {
         self.live.load(Ordering::Relaxed)
     }
 
+    /// Buffers this pool allocated so far (not per frame: they are reused).
+    pub fn allocated(&self) -> usize {
+        // Relaxed: see `live`.
+        self.allocated.load(Ordering::Relaxed)
+    }
+
     /// A buffer nobody else references: from the free list, or new.
     ///
     /// # Errors
@@ -307,10 +315,15 @@ impl BufPool {
         let reused = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let mem = match reused {
             Some(m) => m,
-            None => match &self.cuda {
-                Some(c) => Mem::Cuda(c.alloc(self.bytes)?),
-                None => Mem::Host(vec![0u64; (self.bytes as usize).div_ceil(8)]),
-            },
+            None => {
+                let m = match &self.cuda {
+                    Some(c) => Mem::Cuda(c.alloc(self.bytes)?),
+                    None => Mem::Host(vec![0u64; (self.bytes as usize).div_ceil(8)]),
+                };
+                // Relaxed: see `live`.
+                self.allocated.fetch_add(1, Ordering::Relaxed);
+                m
+            }
         };
         // Relaxed: see `live`.
         self.live.fetch_add(1, Ordering::Relaxed);

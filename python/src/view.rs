@@ -22,6 +22,9 @@ use crate::mem::Buf;
 pub enum Keep {
     /// A frame's own buffer.
     Buf(Arc<Buf>),
+    /// A push buffer lent as it is (the subscriber keeps holding it while
+    /// this lives).
+    Lent(Arc<crate::sub::Lent>),
     /// A loaned publisher slot: the publisher object (kept alive, so its
     /// mapping is) and its count of live slot views (`close()` refuses while
     /// it is not zero).
