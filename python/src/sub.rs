@@ -37,7 +37,7 @@ use vramring::time::monotonic_ns;
 use vramring::{Borrow, Error, Geometry, Mode, Subscriber, SubscriberOptions};
 
 use crate::errors::{self, FramesHeld, IntoPy};
-use crate::mem::{Buf, BufPool, Cuda, Excl};
+use crate::mem::{Buf, BufPool, Consumers, Cuda, Event, Excl};
 use crate::view::{self, Keep, View};
 
 /// One plane of a frame: where it starts, its pitch, bytes per row, rows.
@@ -272,13 +272,48 @@ impl Sink {
 /// buffer) goes when the last tensor does.
 pub struct Lent {
     parked: Mutex<Option<Box<Subscriber>>>,
+    /// The buffer's GPU (`None` on the host).
+    cuda: Option<Arc<Cuda>>,
+    /// Streams of the tensors exported from the frame.
+    pub consumers: Consumers,
+    /// Recorded on those streams when the frame's last reference went; the
+    /// hold moves off the buffer only after they completed.
+    events: Mutex<Vec<Event>>,
 }
 
 impl Lent {
-    fn new() -> Arc<Lent> {
+    fn new(cuda: Option<Arc<Cuda>>) -> Arc<Lent> {
         Arc::new(Lent {
             parked: Mutex::new(None),
+            cuda,
+            consumers: Consumers::default(),
+            events: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The frame and its tensors are gone: fences their consumers' streams.
+    pub fn frame_gone(&self) {
+        let streams = self.consumers.take();
+        if let (Some(c), false) = (&self.cuda, streams.is_empty()) {
+            let evs = c.fence(&streams);
+            self.events.lock().unwrap_or_else(|p| p.into_inner()).extend(evs);
+        }
+    }
+
+    /// Waits until the consumers' work on the buffer is done (before the
+    /// hold moves off it, or the buffer is unmapped).
+    fn settle(&self) {
+        let evs = std::mem::take(&mut *self.events.lock().unwrap_or_else(|p| p.into_inner()));
+        if let Some(c) = &self.cuda {
+            c.sync_events(evs);
+        }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        // Before a parked subscriber (dropped after this) unmaps the buffer.
+        self.settle();
     }
 }
 
@@ -287,8 +322,8 @@ enum Held {
     /// A buffer of the subscriber's pool, holding a copy.
     Buf(Buf),
     /// The push buffer at `addr` (host pointer or device address), held by
-    /// the subscriber; `ordinal` is the CUDA device's, `None` on the host.
-    Lent { addr: u64, ordinal: Option<i32> },
+    /// the subscriber; `cuda` is its GPU's context, `None` on the host.
+    Lent { addr: u64, cuda: Option<Arc<Cuda>> },
 }
 
 /// What a read produced, before it becomes a Python `Frame`.
@@ -307,15 +342,18 @@ struct Got {
 }
 
 impl Got {
-    /// The Python frame; `lent` is the token a lent push buffer gets.
-    fn into_frame(self, lent: impl FnOnce() -> Arc<Lent>) -> Frame {
+    /// The Python frame; `lent` makes the token a lent push buffer gets.
+    fn into_frame(self, lent: impl FnOnce(Option<Arc<Cuda>>) -> Arc<Lent>) -> Frame {
         let (keep, base, dev, zero_copy) = match self.mem {
             Held::Buf(buf) => {
                 let dev = view::device(buf.pool().cuda.as_ref().map(|c| c.ordinal));
                 let base = buf.addr();
                 (Keep::Buf(Arc::new(buf)), base, dev, false)
             }
-            Held::Lent { addr, ordinal } => (Keep::Lent(lent()), addr, view::device(ordinal), true),
+            Held::Lent { addr, cuda } => {
+                let dev = view::device(cuda.as_ref().map(|c| c.ordinal));
+                (Keep::Lent(lent(cuda)), addr, dev, true)
+            }
         };
         let [woke, copied, checked] = self.timing;
         Frame {
@@ -384,9 +422,9 @@ fn read(sub: &mut Subscriber, sink: &mut Sink, lend: bool, timeout: Duration) ->
             let (mem, done) = if f.pushed() {
                 // The subscriber holds this buffer until its next `next()`,
                 // which the caller makes only once the frame is gone.
-                let ordinal = sink.cuda_for(&info)?.map(|c| c.ordinal);
+                let cuda = sink.cuda_for(&info)?;
                 let addr = f.addr();
-                (Held::Lent { addr, ordinal }, woke)
+                (Held::Lent { addr, cuda }, woke)
             } else {
                 // A frame in the subscriber's own buffer, which its next
                 // read overwrites: copy it.
@@ -539,6 +577,9 @@ impl PySubscriber {
         // Lend the pushed buffer only when no frame lent before is alive:
         // `Subscriber::next` moves the hold off that buffer.
         let lend = self.push && !self.reconnect && !self.lent_alive();
+        // `Subscriber::next` is about to move the hold off the buffer lent
+        // last (its frame is gone): the consumers' work on it must be done.
+        let settle = if lend { self.lent.take() } else { None };
         let mut sink = std::mem::take(&mut self.sink);
         let sub = match self.sub() {
             Ok(s) => s,
@@ -547,13 +588,21 @@ impl PySubscriber {
                 return Err(e);
             }
         };
-        let got = py.detach(|| read(sub, &mut sink, lend, timeout));
+        let got = py.detach(|| {
+            if let Some(l) = &settle {
+                l.settle();
+            }
+            if let Some(p) = &sink.pool {
+                p.settle();
+            }
+            read(sub, &mut sink, lend, timeout)
+        });
         self.sink = sink;
         let got = got.py_err()?;
         let lent = &mut self.lent;
         let count = &mut self.lent_count;
-        Ok(got.into_frame(|| {
-            let l = Lent::new();
+        Ok(got.into_frame(|cuda| {
+            let l = Lent::new(cuda);
             *lent = Some(Arc::clone(&l));
             *count += 1;
             l
