@@ -66,9 +66,9 @@ def summary(name, lat_ns, **extra):
                 max_us=round(max(u), 1) if u else None, **extra)
 
 
-def role_python(name, sock, push, frames, warmup, verify):
+def role_python(name, sock, push, frames, warmup, verify, spin):
     import vramring
-    sub = vramring.Subscriber(sock, push=push, name=name, connect_timeout=20)
+    sub = vramring.Subscriber(sock, push=push, name=name, connect_timeout=20, spin=spin)
     cuda = sub.backend == "cuda"
     if cuda:
         import torch
@@ -204,7 +204,8 @@ def phase_ipc(frames, fps, nbytes, warmup):
 
 
 def run_phase(a, kind, who):
-    """One producer and the subscribers `who` ("rust", "python" or "both")
+    """One producer and the subscribers `who` ("rust", "python", "both", or
+    "python-spin": Python alone spinning --spin seconds instead of parking)
     of delivery `kind` ("pull" or "push"); returns (rows, frame_bytes)."""
     d = tempfile.mkdtemp(prefix="vrb")
     sock = os.path.join(d, "cam.sock")
@@ -217,7 +218,7 @@ def run_phase(a, kind, who):
          "--wait-subscribers", str(n_subs), "--json", "--report-ms", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ready = json.loads(prod.stdout.readline())
-    suffix = "alone" if who != "both" else "with the other"
+    suffix = {"both": "with the other", "python-spin": "alone, spin"}.get(who, "alone")
     subs = []
     if who in ("rust", "both"):
         name = f"rust-{kind}"
@@ -225,11 +226,12 @@ def run_phase(a, kind, who):
             [f"{ex}/consumer", "--socket", sock, "--name", name, "--json", "--report-ms", "0",
              "--timeout-ms", "20000"] + (["--push"] if kind == "push" else []),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
-    if who in ("python", "both"):
+    if who in ("python", "both", "python-spin"):
         name = f"python-{kind}"
         subs.append((f"{name} {suffix}", subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--role", name, "--socket", sock,
-             "--frames", str(total), "--warmup", str(a.warmup)] + (["--verify"] if a.verify else []),
+             "--frames", str(total), "--warmup", str(a.warmup)] + (["--verify"] if a.verify else [])
+            + (["--spin", str(a.spin)] if who == "python-spin" else []),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     rows = []
     for row, p in subs:
@@ -259,15 +261,18 @@ def main():
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--backend", choices=["cuda", "host"], default="cuda",
                     help="host: the CPU machine (numpy, no torch IPC phase)")
-    ap.add_argument("--phases", default="rust,python,both",
-                    help="which of rust,python,both to run for each delivery kind")
+    ap.add_argument("--phases", default="rust,python,both,python-spin",
+                    help="which of rust,python,both,python-spin to run for each delivery kind")
+    ap.add_argument("--spin", type=float, default=0.01,
+                    help="python-spin phase: seconds next() spins before parking (longer than a frame period)")
     ap.add_argument("--out", default=".")
     ap.add_argument("--role", choices=["python-pull", "python-push"])
     ap.add_argument("--socket")
     ap.add_argument("--verify", action="store_true", help="also check every Python frame on the GPU")
     a = ap.parse_args()
     if a.role:
-        return role_python(a.role, a.socket, a.role == "python-push", a.frames, a.warmup, a.verify)
+        return role_python(a.role, a.socket, a.role == "python-push", a.frames, a.warmup, a.verify,
+                           a.spin if "--spin" in sys.argv else None)
 
     results = []
     nbytes = 0

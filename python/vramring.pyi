@@ -102,7 +102,9 @@ class Subscriber:
     def __init__(self, path: Union[str, "os.PathLike[str]"], *, name: Optional[str] = None,
                  mode: Optional[Mode] = None, lossless: bool = False, push: bool = False,
                  reconnect: bool = False, timeout: float = 5.0, connect_timeout: float = 5.0,
-                 max_held: int = 16) -> None: ...
+                 max_held: int = 16, spin: Optional[float] = None) -> None:
+        """``spin``: seconds ``next()`` spins before parking the thread
+        (default 50 us); longer costs CPU and saves the wake-up."""
     def next(self, timeout: float = 5.0) -> Frame:
         """Raises Timeout, ProducerGone, Evicted, FramesHeld."""
     def __iter__(self) -> Iterator[Frame]: ...

@@ -375,12 +375,18 @@ impl Got {
 }
 
 fn timeout_of(secs: f64) -> PyResult<Duration> {
+    seconds("timeout", secs)
+}
+
+/// `secs` as a duration; a `ValueError` naming `what` when it is not one.
+fn seconds(what: &str, secs: f64) -> PyResult<Duration> {
     if !secs.is_finite() || secs < 0.0 {
         return Err(PyValueError::new_err(format!(
-            "timeout must be a finite number of seconds >= 0, got {secs}"
+            "{what} must be a finite number of seconds >= 0, got {secs}"
         )));
     }
-    Ok(Duration::from_secs_f64(secs))
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| PyValueError::new_err(format!("{what} of {secs} seconds is too long")))
 }
 
 /// Copies what `src` (host pointer or device address of ring `info`) holds
@@ -621,9 +627,11 @@ impl PySubscriber {
     /// (latest only). `reconnect`: follow the publisher across restarts.
     /// `timeout`: seconds `for frame in sub` waits for each frame.
     /// `max_held`: frames (and tensors made from them) alive at once.
+    /// `spin`: seconds `next()` spins before it parks the thread (default
+    /// 50 µs, as in Rust); longer costs CPU and saves the wake-up.
     #[new]
     #[pyo3(signature = (path, *, name=None, mode=None, lossless=false, push=false, reconnect=false,
-                        timeout=5.0, connect_timeout=5.0, max_held=16))]
+                        timeout=5.0, connect_timeout=5.0, max_held=16, spin=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -636,6 +644,7 @@ impl PySubscriber {
         timeout: f64,
         connect_timeout: f64,
         max_held: usize,
+        spin: Option<f64>,
     ) -> PyResult<Self> {
         let mode = match mode.as_deref() {
             None => {
@@ -676,6 +685,9 @@ impl PySubscriber {
             opts = opts.name(n);
         }
         opts.connect_timeout = timeout_of(connect_timeout)?;
+        if let Some(s) = spin {
+            opts.spin = seconds("spin", s)?;
+        }
         let shown = path.display().to_string();
         let sub = py.detach(|| Subscriber::connect(&path, opts)).py_err()?;
         Ok(PySubscriber {

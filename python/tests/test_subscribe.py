@@ -278,3 +278,17 @@ def test_a_push_subscriber_borrows_its_newest_pushed_buffer_in_place(producer, s
                 intact += 1
         assert intact >= 15
         assert sub.stats()["pushed"] >= intact
+
+
+def test_spin_makes_next_busy_wait_and_every_frame_still_arrives(producer, sock):
+    producer(frames=0, fps=100, wait_subscribers=1)
+    cpu = {}
+    for spin in (0.05, None):
+        with vramring.Subscriber(sock, mode="sequential", spin=spin) as sub:
+            sub.next(5.0)
+            t0, c0 = time.monotonic(), time.thread_time()
+            seqs = [sub.next(5.0).seq for _ in range(30)]  # ~0.3 s of waiting
+            cpu[spin] = (time.thread_time() - c0) / (time.monotonic() - t0)
+        assert seqs == list(range(seqs[0], seqs[0] + 30))
+    # Spinning 50 ms covers the 10 ms between frames: the thread never parks.
+    assert cpu[0.05] > 0.3 > cpu[None], cpu
