@@ -133,6 +133,9 @@ fn a_push_read_without_a_hold_is_whole_when_still_complete_says_so() {
                 publish(&p, &mut newest, seq);
             }
         });
+        // The publisher goes first: a peek before any publish finds
+        // nothing, and loom's search would not branch from there.
+        thread::yield_now();
         if let Some((k, seq)) = push::peek_newest(&t.entry, 0) {
             let words: Vec<u64> = t.buffers[k].iter().map(|w| w.load(Ordering::Relaxed)).collect();
             if push::still_complete(&t.entry, k, seq) {
@@ -163,6 +166,9 @@ fn a_push_read_without_the_check_is_caught_torn() {
                 publish(&p, &mut newest, seq);
             }
         });
+        // The publisher goes first: a peek before any publish finds
+        // nothing, and loom's search would not branch from there.
+        thread::yield_now();
         if let Some((k, seq)) = push::peek_newest(&t.entry, 0) {
             for (i, w) in t.buffers[k].iter().enumerate() {
                 assert_eq!(w.load(Ordering::Relaxed), seq * 16 + i as u64, "buffer {k} torn");
