@@ -3,27 +3,38 @@ subscriber in the same run, and against torch's own CUDA IPC
 (`torch.multiprocessing` passing a CUDA tensor through a queue).
 
 Latency is the same measure the Rust `consumer` example reports: the
-CLOCK_MONOTONIC time when the frame is in the consumer's hands (for Python:
-after `next()` and `torch.from_dlpack` of both NV12 planes) minus the time the
-publisher committed it. Every Python frame is also checked against the test
-pattern on the GPU after the timestamp is taken when `--verify` is given.
+CLOCK_MONOTONIC time when the frame is in the consumer's hands minus the
+time the publisher committed it. For Python, "in hand" is after `next()`
+**and** `torch.from_dlpack` of both NV12 planes (the issue's measure);
+"next" is right after `next()` returned (what the Rust figure measures).
 
-Phase A, a CUDA producer (the Rust `producer` example) with a Rust pull and
-a Python pull subscriber at once; phase B the same with push subscribers.
-The Rust consumer checks each frame with its GPU kernel after its
-timestamp; the Python one does not (`--verify` makes it, on the GPU, after
-the timestamp: python/gpu/check_gpu.py proves the frames separately).
-Phase C, torch IPC: a producer process fills a ring of 16 preallocated CUDA
+Phases, each with a fresh Rust `producer` (same geometry and rate), for pull
+and then push delivery:
+  * the Rust subscriber alone, then the Python subscriber alone: the
+    comparison the goal asks for (nothing else on the GPU);
+  * both at once, as a reference: without MPS the GPU time-slices between
+    the two subscribers' contexts, so in pull mode whichever copies second
+    waits for the other's context switch (~140 us, docs/PERF.md), which
+    says nothing about Python.
+Then torch IPC: a producer process fills a ring of 16 preallocated CUDA
 tensors (device copy + synchronize, then timestamp) and puts them on a
 `torch.multiprocessing` queue; the consumer takes each one ("get") and, as a
 second figure, clones it into memory of its own and synchronizes ("get +
-clone": what a vramring Frame gives you).
+clone": what a vramring pull Frame gives you).
+
+Every Python row also itemises its p50 from `Frame.timing`: wake (commit to
+the end of the wait), copy, check (proving the copy whole), gil (to holding
+the GIL again), ret (to Python having the Frame), y and uv (each
+`torch.from_dlpack`). After the timed frames it times, on the last frame in
+a tight loop, `torch.from_dlpack(plane)`, `plane.__dlpack__(stream=...)`
+alone and `torch.from_dlpack(capsule)`: torch's own cost when warm.
 
     PYTHONPATH=/tmp/site python3 benches/python_latency.py \
-        --examples .device/examples --frames 3000 --fps 200 --out "$OUT"
+        --examples .device/examples --frames 2000 --fps 200 --out "$OUT"
 
-Needs a GPU, torch and the vramring wheel. Prints a table and writes
-python_latency.json to --out.
+Needs a GPU, torch and the vramring wheel (on a CPU machine add
+`--backend host`: numpy instead of torch, no IPC phase). Prints a table and
+writes python_latency.json to --out.
 """
 
 import argparse
@@ -45,36 +56,52 @@ def pct(xs, p):
     return s[k]
 
 
+def us(ns, p=50):
+    return round(pct(ns, p) / 1000.0, 2) if ns else None
+
+
 def summary(name, lat_ns, **extra):
-    us = [x / 1000.0 for x in lat_ns]
-    return dict(name=name, n=len(us), p50_us=round(pct(us, 50), 1), p99_us=round(pct(us, 99), 1),
-                max_us=round(max(us), 1) if us else None, **extra)
+    u = [x / 1000.0 for x in lat_ns]
+    return dict(name=name, n=len(u), p50_us=round(pct(u, 50), 1), p99_us=round(pct(u, 99), 1),
+                max_us=round(max(u), 1) if u else None, **extra)
 
 
-def role_python(sock, push, frames, warmup, verify):
+def role_python(name, sock, push, frames, warmup, verify, spin):
     import vramring
-    sub = vramring.Subscriber(sock, push=push, name="py-push" if push else "py-pull", connect_timeout=20)
-    if sub.backend == "host":
-        return role_python_host(sub, push, frames, warmup)
-    import torch
+    sub = vramring.Subscriber(sock, push=push, name=name, connect_timeout=20, spin=spin)
+    cuda = sub.backend == "cuda"
+    if cuda:
+        import torch
+        from_dlpack = torch.from_dlpack
+    else:
+        import numpy as np
+        from_dlpack = np.from_dlpack
     GpuPattern = None
-    if verify:
+    if verify and cuda:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "gpu"))
         from check_gpu import GpuPattern
-    lat, conv, torn, pat, n = [], [], None, None, 0
-    while True:
+    keys = ("hand", "next", "wake", "copy", "check", "gil", "ret", "y", "uv")
+    t = {k: [] for k in keys}
+    torn, pat, n, zero_copy, warm = None, None, 0, 0, {}
+    while n < frames:
         try:
             f = sub.next(10.0)
         except vramring.ProducerGone:
             break
         t_next = time.clock_gettime_ns(CLOCK)
-        y = torch.from_dlpack(f.plane(0))
-        uv = torch.from_dlpack(f.plane(1))
+        y = from_dlpack(f.plane(0))
+        t_y = time.clock_gettime_ns(CLOCK)
+        uv = from_dlpack(f.plane(1))
         now = time.clock_gettime_ns(CLOCK)
         n += 1
         if n > warmup:
-            lat.append(now - f.commit_ns)
-            conv.append(now - t_next)
+            woke, copied, checked, returned = f.timing
+            c = f.commit_ns
+            for k, v in (("hand", now - c), ("next", t_next - c), ("wake", woke - c), ("copy", copied - woke),
+                         ("check", checked - copied), ("gil", returned - checked), ("ret", t_next - returned),
+                         ("y", t_y - t_next), ("uv", now - t_y)):
+                t[k].append(v)
+            zero_copy += f.zero_copy
         if GpuPattern is not None:
             whole = torch.from_dlpack(f)
             if pat is None:
@@ -82,61 +109,49 @@ def role_python(sock, push, frames, warmup, verify):
                 torn = torch.zeros((), dtype=torch.int64, device=whole.device)
             torn += (pat.bad_words(whole, f.seq) > 0).long()
             torch.cuda.synchronize()
-        del y, uv, f
-        if n >= frames:
-            break
-    torch.cuda.synchronize()
+            del whole
+        del y, uv
+        if n == max(1, warmup // 2):
+            warm = warm_loop(f, cuda, from_dlpack)  # during the warm-up frames
+        del f
+    if cuda:
+        torch.cuda.synchronize()
     s = sub.stats()
-    out = summary("python-push" if push else "python-pull", lat, delivered=s["delivered"], pushed=s["pushed"],
-                  torn=int(torn.item()) if torn is not None else None, overruns=s["overruns"],
-                  from_dlpack_p50_us=round(pct(conv, 50) / 1000.0, 1))
+    out = summary(name, t["hand"], delivered=s["delivered"], pushed=s["pushed"], zero_copy=zero_copy,
+                  overruns=s["overruns"], allocated=s["allocated"],
+                  torn=int(torn.item()) if torn is not None else None,
+                  next_p50_us=us(t["next"]), next_p99_us=us(t["next"], 99),
+                  stages_p50_us={k: us(t[k]) for k in keys[2:]}, **warm)
     sub.close()
     print(json.dumps(out), flush=True)
 
 
-def role_python_host(sub, push, frames, warmup):
-    """A host ring (the CPU machine): numpy.from_dlpack instead of torch."""
-    import numpy as np
-
-    import vramring
-    lat, conv, n, kept = [], [], 0, None
-    while n < frames:
-        try:
-            f = sub.next(10.0)
-        except vramring.ProducerGone:
-            break
-        t_next = time.clock_gettime_ns(CLOCK)
-        y = np.from_dlpack(f.plane(0))
-        uv = np.from_dlpack(f.plane(1))
-        now = time.clock_gettime_ns(CLOCK)
-        n += 1
-        if n > warmup:
-            lat.append(now - f.commit_ns)
-            conv.append(now - t_next)
-        if kept is None:
-            kept = f
-        del y, uv, f
-    # vramring's side of an export alone, in a tight loop on the last frame:
-    # plane() + __dlpack__ (capsule made), and numpy.from_dlpack of a view.
-    f, kept = kept, None
-    export_ns, import_ns = [], []
-    if f is not None:
-        v = f.plane(0)
-        for _ in range(5000):
-            t0 = time.perf_counter_ns()
-            f.plane(0).__dlpack__()
-            t1 = time.perf_counter_ns()
-            np.from_dlpack(v)
-            export_ns.append(t1 - t0)
-            import_ns.append(time.perf_counter_ns() - t1)
-        del v, f
-    s = sub.stats()
-    out = summary("python-push" if push else "python-pull", lat, delivered=s["delivered"], pushed=s["pushed"],
-                  overruns=s["overruns"], from_dlpack_p50_us=round(pct(conv, 50) / 1000.0, 2),
-                  export_loop_p50_us=round(pct(export_ns, 50) / 1000.0, 2) if export_ns else None,
-                  numpy_import_loop_p50_us=round(pct(import_ns, 50) / 1000.0, 2) if import_ns else None)
-    sub.close()
-    print(json.dumps(out), flush=True)
+def warm_loop(f, cuda, from_dlpack, n=2000):
+    """torch's (numpy's) own cost with everything warm, in a tight loop on
+    frame `f`: `from_dlpack(plane)`; `plane.__dlpack__(stream=...)` alone
+    (vramring's side of an export); `torch.from_dlpack(capsule)` (torch
+    without its Python-level `__dlpack_device__` / `current_stream` steps)."""
+    v = f.plane(0)
+    s = None
+    if cuda:
+        import torch
+        cs = torch.cuda.current_stream(v.__dlpack_device__()[1]).cuda_stream
+        s = 1 if cs == 0 else cs
+    imp, exp, cap = [], [], []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        a = from_dlpack(v)
+        t1 = time.perf_counter_ns()
+        c = v.__dlpack__(stream=s) if cuda else v.__dlpack__()
+        t2 = time.perf_counter_ns()
+        b = from_dlpack(c) if cuda else None  # numpy takes no bare capsule
+        t3 = time.perf_counter_ns()
+        imp.append(t1 - t0)
+        exp.append(t2 - t1)
+        cap.append(t3 - t2)
+        del a, b, c
+    return dict(warm_from_dlpack_us=us(imp), warm_export_us=us(exp),
+                warm_from_capsule_us=us(cap) if cuda else None)
 
 
 def _ipc_producer(q, ready, frames, fps, nbytes, slots):
@@ -188,76 +203,115 @@ def phase_ipc(frames, fps, nbytes, warmup):
     return [summary("torch-ipc get", get), summary("torch-ipc get + clone", clone)]
 
 
+def run_phase(a, kind, who):
+    """One producer and the subscribers `who` ("rust", "python", "both", or
+    "python-spin": Python alone spinning --spin seconds instead of parking)
+    of delivery `kind` ("pull" or "push"); returns (rows, frame_bytes)."""
+    d = tempfile.mkdtemp(prefix="vrb")
+    sock = os.path.join(d, "cam.sock")
+    ex = a.examples
+    total = a.frames + a.warmup
+    n_subs = 2 if who == "both" else 1
+    prod = subprocess.Popen(
+        [f"{ex}/producer", "--socket", sock, "--backend", a.backend, "--format", "nv12", "--width", str(a.width),
+         "--height", str(a.height), "--slots", "16", "--fps", str(a.fps), "--frames", str(total),
+         "--wait-subscribers", str(n_subs), "--json", "--report-ms", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready = json.loads(prod.stdout.readline())
+    suffix = {"both": "with the other", "python-spin": "alone, spin"}.get(who, "alone")
+    subs = []
+    if who in ("rust", "both"):
+        name = f"rust-{kind}"
+        subs.append((f"{name} {suffix}", subprocess.Popen(
+            [f"{ex}/consumer", "--socket", sock, "--name", name, "--json", "--report-ms", "0",
+             "--timeout-ms", "20000"] + (["--push"] if kind == "push" else []),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    if who in ("python", "both", "python-spin"):
+        name = f"python-{kind}"
+        subs.append((f"{name} {suffix}", subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--role", name, "--socket", sock,
+             "--frames", str(total), "--warmup", str(a.warmup)] + (["--verify"] if a.verify else [])
+            + (["--spin", str(a.spin)] if who == "python-spin" else []),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    rows = []
+    for row, p in subs:
+        out, err = p.communicate(timeout=600)
+        lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+        if p.returncode != 0 or not lines:
+            print(f"{row} failed ({p.returncode}): {err[-2000:]}", file=sys.stderr)
+            rows.append(dict(name=row, error=err[-500:]))
+            continue
+        r = lines[-1]
+        if row.startswith("rust"):
+            r = dict(n=r["delivered"], p50_us=r["p50_us"], p99_us=r["p99_us"], max_us=r["max_us"],
+                     delivered=r["delivered"], torn=r["torn"], overruns=r["overruns"])
+        r["name"] = row
+        rows.append(r)
+    prod.communicate(timeout=60)
+    return rows, ready["frame_bytes"]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--examples", required=False, help="dir with the Rust producer and consumer examples")
-    ap.add_argument("--frames", type=int, default=3000)
+    ap.add_argument("--frames", type=int, default=2000)
     ap.add_argument("--fps", type=float, default=200)
     ap.add_argument("--width", type=int, default=1920)
     ap.add_argument("--height", type=int, default=1080)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--backend", choices=["cuda", "host"], default="cuda",
                     help="host: the CPU machine (numpy, no torch IPC phase)")
+    ap.add_argument("--phases", default="rust,python,both,python-spin",
+                    help="which of rust,python,both,python-spin to run for each delivery kind")
+    ap.add_argument("--spin", type=float, default=0.01,
+                    help="python-spin phase: seconds next() spins before parking (longer than a frame period)")
     ap.add_argument("--out", default=".")
-    ap.add_argument("--role", choices=["py-pull", "py-push"])
+    ap.add_argument("--role", choices=["python-pull", "python-push"])
     ap.add_argument("--socket")
     ap.add_argument("--verify", action="store_true", help="also check every Python frame on the GPU")
     a = ap.parse_args()
     if a.role:
-        return role_python(a.socket, a.role == "py-push", a.frames, a.warmup, a.verify)
+        return role_python(a.role, a.socket, a.role == "python-push", a.frames, a.warmup, a.verify,
+                           a.spin if "--spin" in sys.argv else None)
 
     results = []
     nbytes = 0
-    # One phase per delivery kind: the producer, the Rust subscriber and the
-    # Python subscriber at once (fewer GPU processes time-slicing the GPU).
-    for rust_name, rust_extra, py_role in (("rust-pull", [], "py-pull"), ("rust-push", ["--push"], "py-push")):
-        d = tempfile.mkdtemp(prefix="vrb")
-        sock = os.path.join(d, "cam.sock")
-        ex = a.examples
-        prod = subprocess.Popen(
-            [f"{ex}/producer", "--socket", sock, "--backend", a.backend, "--format", "nv12", "--width", str(a.width),
-             "--height", str(a.height), "--slots", "16", "--fps", str(a.fps), "--frames", str(a.frames + a.warmup),
-             "--wait-subscribers", "2", "--json", "--report-ms", "0"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        ready = json.loads(prod.stdout.readline())
-        nbytes = ready["frame_bytes"]
-        subs = [(rust_name, subprocess.Popen(
-            [f"{ex}/consumer", "--socket", sock, "--name", rust_name, "--json", "--report-ms", "0",
-             "--timeout-ms", "20000"] + rust_extra,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))]
-        subs.append((py_role, subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--role", py_role, "--socket", sock,
-             "--frames", str(a.frames + a.warmup), "--warmup", str(a.warmup)] + (["--verify"] if a.verify else []),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
-        for name, p in subs:
-            out, err = p.communicate(timeout=600)
-            lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-            if p.returncode != 0 or not lines:
-                print(f"{name} failed ({p.returncode}): {err[-2000:]}", file=sys.stderr)
-                results.append(dict(name=name, error=err[-500:]))
-                continue
-            r = lines[-1]
-            if name.startswith("rust"):
-                r = dict(name=name, n=r["delivered"], p50_us=r["p50_us"], p99_us=r["p99_us"], max_us=r["max_us"],
-                         delivered=r["delivered"], torn=r["torn"], overruns=r["overruns"])
-            results.append(r)
-        prod.communicate(timeout=60)
+    for kind in ("pull", "push"):
+        for who in a.phases.split(","):
+            rows, nbytes = run_phase(a, kind, who)
+            results += rows
     if a.backend == "cuda":
         results += phase_ipc(a.frames + a.warmup, a.fps, nbytes, a.warmup)
         import torch
         gpu, tv = torch.cuda.get_device_name(0), torch.__version__
     else:
         gpu, tv = None, None
+    by = {r["name"]: r for r in results}
+    added = {}
+    for kind in ("pull", "push"):
+        for suffix in ("alone", "with the other"):
+            r, p = by.get(f"rust-{kind} {suffix}"), by.get(f"python-{kind} {suffix}")
+            if r and p and "p50_us" in r and "p50_us" in p:
+                added[f"{kind} {suffix}"] = dict(in_hand=round(p["p50_us"] - r["p50_us"], 1),
+                                                 next_only=round(p["next_p50_us"] - r["p50_us"], 1))
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=gpu, backend=a.backend,
-                cpus=os.cpu_count(), torch=tv, python=sys.version.split()[0], frames=a.frames, fps=a.fps,
-                geometry=f"nv12 {a.width}x{a.height}", frame_bytes=nbytes, command=" ".join(sys.argv))
+                cpus=os.cpu_count(), load=os.getloadavg()[0], torch=tv, python=sys.version.split()[0],
+                frames=a.frames, fps=a.fps, geometry=f"nv12 {a.width}x{a.height}", frame_bytes=nbytes,
+                command=" ".join(sys.argv))
     print(json.dumps(meta))
-    print(f"{'subscriber':<24}{'n':>7}{'p50 us':>10}{'p99 us':>10}{'max us':>10}  torn  from_dlpack p50 us")
+    print(f"{'subscriber':<28}{'n':>6}{'p50 us':>9}{'p99 us':>9}{'max us':>9}{'next p50':>10}  torn  zero-copy")
     for r in results:
-        print(f"{r['name']:<24}{r.get('n', 0):>7}{r.get('p50_us', float('nan')):>10}{r.get('p99_us', float('nan')):>10}"
-              f"{r.get('max_us') or float('nan'):>10}  {r.get('torn', '-')}  {r.get('from_dlpack_p50_us', '')}")
+        print(f"{r['name']:<28}{r.get('n', 0):>6}{r.get('p50_us', float('nan')):>9}{r.get('p99_us', float('nan')):>9}"
+              f"{r.get('max_us') or float('nan'):>9}{r.get('next_p50_us') or '':>10}  {r.get('torn', '-')}"
+              f"  {r.get('zero_copy', '')}")
+    print("Python p50 stages, us (wake, copy, check, gil, ret, y, uv); warm-loop from_dlpack / export / from capsule:")
+    for r in results:
+        if "stages_p50_us" in r:
+            print(f"  {r['name']:<26}{r['stages_p50_us']}  warm {r.get('warm_from_dlpack_us')} / "
+                  f"{r.get('warm_export_us')} / {r.get('warm_from_capsule_us')}")
+    print("Python minus Rust, p50 us (goal: <= 10 in hand):", json.dumps(added))
     with open(os.path.join(a.out, "python_latency.json"), "w") as fh:
-        json.dump(dict(meta=meta, results=results), fh, indent=1)
+        json.dump(dict(meta=meta, results=results, python_minus_rust_p50_us=added), fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,11 @@ DLPack tensors.
             y = torch.from_dlpack(frame.plane(0))   # CUDA tensor on a CUDA ring
 
 Every ``Frame`` owns its memory (a buffer of the subscriber's pool, on the
-ring's GPU or on the host): tensors made from it keep it alive, and no later
-``next()`` writes into it. Cost: one copy per frame, the one the Rust
-subscriber makes too (device to device on a CUDA ring).
+ring's GPU or on the host, or the push buffer the publisher filled): tensors
+made from it keep it alive, and no later ``next()`` writes into it. Cost: a
+pull frame is one copy, the one the Rust subscriber makes too (device to
+device on a CUDA ring); a push frame is no copy, or one when a push frame
+handed out before is still alive.
 """
 
 import os
@@ -47,6 +49,13 @@ class Frame:
     """CLOCK_MONOTONIC ns when the publisher committed the frame."""
     skipped: int
     pushed: bool
+    zero_copy: bool
+    """True: the frame is the push buffer the publisher filled, lent as it
+    is (no copy in this process); False: a buffer of the subscriber's pool."""
+    timing: tuple[int, int, int, int]
+    """CLOCK_MONOTONIC ns of ``next()``'s steps: (woke, copied, checked,
+    returned): the wait ended; the copy was complete (``woke`` when
+    zero-copy); the copy was proven whole; the GIL was held again."""
     meta: bytes
     format: str
     width: int
@@ -93,15 +102,23 @@ class Subscriber:
     def __init__(self, path: Union[str, "os.PathLike[str]"], *, name: Optional[str] = None,
                  mode: Optional[Mode] = None, lossless: bool = False, push: bool = False,
                  reconnect: bool = False, timeout: float = 5.0, connect_timeout: float = 5.0,
-                 max_held: int = 16) -> None: ...
+                 max_held: int = 16, spin: Optional[float] = None) -> None:
+        """``spin``: seconds ``next()`` spins before parking the thread
+        (default 50 us); longer costs CPU and saves the wake-up."""
     def next(self, timeout: float = 5.0) -> Frame:
         """Raises Timeout, ProducerGone, Evicted, FramesHeld."""
     def __iter__(self) -> Iterator[Frame]: ...
     def __next__(self) -> Frame: ...
-    def borrow(self, timeout: float = 5.0) -> BorrowedFrame: ...
+    def borrow(self, timeout: float = 5.0) -> BorrowedFrame:
+        """A push subscriber lends its newest pushed buffer, without holding
+        it (``intact`` says whether the publisher left it alone)."""
     def stats(self) -> dict[str, int]:
-        """delivered, dropped, overruns, last_seq, reconnects, pushed, held."""
-    def close(self) -> None: ...
+        """delivered, dropped, overruns, last_seq, reconnects, pushed, held,
+        zero_copy (push frames handed out without a copy), allocated (frame
+        buffers the pool ever allocated; reused, not made per frame)."""
+    def close(self) -> None:
+        """A zero-copy push frame still alive keeps the connection (and its
+        buffer held) until it and its tensors are gone."""
     def __enter__(self) -> "Subscriber": ...
     def __exit__(self, *args: Any) -> bool: ...
 

@@ -269,6 +269,62 @@ fn a_held_push_frame_is_never_overwritten() {
 }
 
 #[test]
+fn a_push_borrow_reads_the_newest_buffer_in_place_and_leaves_the_held_one_alone() {
+    let path = sock("push-borrow");
+    let mut p = Publisher::create(&path, host(Format::Gray8, 256, 64).slots(2)).unwrap();
+    let mut s = Subscriber::connect(&path, SubscriberOptions::default().push(true)).unwrap();
+    let publish = |p: &mut Publisher| {
+        let mut slot = p.loan(Duration::from_millis(10)).unwrap();
+        let seq = slot.seq();
+        testpattern::fill(slot.bytes_mut().unwrap(), seq);
+        slot.publish(FrameMeta::pts(seq as i64)).unwrap();
+    };
+    let t = std::time::Instant::now();
+    while !s.push_active() {
+        assert!(t.elapsed() < Duration::from_secs(5), "push buffers never attached");
+        publish(&mut p);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    publish(&mut p);
+    let f = s.next(Duration::from_secs(1)).unwrap();
+    assert!(f.pushed());
+    let (held_seq, held_addr, len) = (f.seq(), f.addr(), f.len() as usize);
+    let mut whole = 0;
+    for _ in 0..20 {
+        publish(&mut p);
+        let newest = p.next_seq() - 1;
+        let b = s.borrow(Duration::from_secs(1)).unwrap();
+        assert!(b.pushed());
+        assert_eq!((b.seq(), b.pts()), (newest, newest as i64));
+        assert_ne!(b.addr(), held_addr, "the borrow reads another buffer than the held one");
+        let mut copy = vec![0u8; len];
+        b.copy_to(&mut copy).unwrap();
+        b.release().unwrap();
+        testpattern::verify(&copy, newest).unwrap();
+        whole += 1;
+    }
+    // SAFETY: the held push buffer stays mapped while the subscriber lives.
+    let held = unsafe { std::slice::from_raw_parts(held_addr as *const u8, len) };
+    testpattern::verify(held, held_seq).unwrap();
+    // The publisher rewrites a borrowed (not held) buffer two frames on,
+    // and the release says so.
+    publish(&mut p);
+    let b = s.borrow(Duration::from_secs(1)).unwrap();
+    let seq = b.seq();
+    publish(&mut p);
+    publish(&mut p);
+    assert!(matches!(b.release(), Err(Error::Overrun { seq: s2 }) if s2 == seq));
+    testpattern::verify(held, held_seq).unwrap();
+    let st = s.stats();
+    assert_eq!(st.pushed, 1 + whole);
+    assert_eq!(st.overruns, 1);
+    // `next` moves the hold to the newest frame as before.
+    let g = s.next(Duration::from_secs(1)).unwrap();
+    assert_eq!(g.seq(), p.next_seq() - 1);
+    testpattern::verify(g.host_bytes().unwrap(), g.seq()).unwrap();
+}
+
+#[test]
 fn subscribers_connect_while_the_producer_publishes_flat_out() {
     let path = sock("flat-out");
     let mut p = Publisher::create(&path, host(Format::Gray8, 64, 64).slots(8)).unwrap();

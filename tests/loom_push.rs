@@ -115,3 +115,65 @@ fn a_publisher_that_ignores_the_hold_is_caught() {
         publisher.join().unwrap();
     });
 }
+
+/// A reader that reads in place without a hold (a push borrow): a read that
+/// `still_complete` accepts is whole, while the publisher keeps writing.
+#[test]
+fn a_push_read_without_a_hold_is_whole_when_still_complete_says_so() {
+    model(|| {
+        let t = Arc::new(Target {
+            entry: SubEntry::default(),
+            client: ClientLine::default(),
+            buffers: (0..PUSH_BUFFERS).map(|_| Default::default()).collect(),
+        });
+        let p = Arc::clone(&t);
+        let publisher = thread::spawn(move || {
+            let mut newest = None;
+            for seq in 1..=4 {
+                publish(&p, &mut newest, seq);
+            }
+        });
+        // The publisher goes first: a peek before any publish finds
+        // nothing, and loom's search would not branch from there.
+        thread::yield_now();
+        if let Some((k, seq)) = push::peek_newest(&t.entry, 0) {
+            let words: Vec<u64> = t.buffers[k].iter().map(|w| w.load(Ordering::Relaxed)).collect();
+            if push::still_complete(&t.entry, k, seq) {
+                for (i, w) in words.iter().enumerate() {
+                    assert_eq!(*w, seq * 16 + i as u64, "buffer {k} torn");
+                }
+            }
+        }
+        publisher.join().unwrap();
+    });
+}
+
+/// The model can fail: a reader that trusts a peeked buffer without the
+/// `still_complete` check is caught reading a torn one.
+#[test]
+#[should_panic(expected = "torn")]
+fn a_push_read_without_the_check_is_caught_torn() {
+    model(|| {
+        let t = Arc::new(Target {
+            entry: SubEntry::default(),
+            client: ClientLine::default(),
+            buffers: (0..PUSH_BUFFERS).map(|_| Default::default()).collect(),
+        });
+        let p = Arc::clone(&t);
+        let publisher = thread::spawn(move || {
+            let mut newest = None;
+            for seq in 1..=4 {
+                publish(&p, &mut newest, seq);
+            }
+        });
+        // The publisher goes first: a peek before any publish finds
+        // nothing, and loom's search would not branch from there.
+        thread::yield_now();
+        if let Some((k, seq)) = push::peek_newest(&t.entry, 0) {
+            for (i, w) in t.buffers[k].iter().enumerate() {
+                assert_eq!(w.load(Ordering::Relaxed), seq * 16 + i as u64, "buffer {k} torn");
+            }
+        }
+        publisher.join().unwrap();
+    });
+}

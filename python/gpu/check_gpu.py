@@ -6,6 +6,12 @@ and checks it on the GPU against the self-checking test pattern
 (src/testpattern.rs): seq words, every body word, the checksum. Prints one
 JSON line with the counts. Exit status 1 if any frame was torn or wrong.
 
+Each frame and tensor is dropped right after its check is *queued* (no
+synchronisation), so push frames are zero-copy (the pushed buffer itself)
+and the check kernels may still be reading a buffer when the next `next()`
+lets the publisher have it back: the frame stays whole only because the
+subscriber waits for the consumer stream's work first.
+
     python3 check_gpu.py --socket /tmp/cam.sock --mode pull --frames 10000
 """
 
@@ -70,6 +76,7 @@ def main():
     torn = None
     delivered = 0
     planes_checked = 0
+    zero_copy = 0
     t0 = time.monotonic()
     end = "frames"
     while delivered < a.frames:
@@ -96,13 +103,17 @@ def main():
             assert y.data_ptr() == t.data_ptr() and uv.data_ptr() == t.data_ptr() + p1.offset
             assert torch.equal(y[:, :8].reshape(-1)[:8], t[:8])
             planes_checked += 1
+            del y, uv
         delivered += 1
+        zero_copy += f.zero_copy
+        del t, f  # the check kernels may still be queued
     torch.cuda.synchronize()
     secs = time.monotonic() - t0
     s = sub.stats()
     out = dict(
         event="final", role="python-" + a.mode, delivered=delivered, torn=int(torn.item()) if torn is not None else 0,
-        dropped=s["dropped"], overruns=s["overruns"], pushed=s["pushed"], last_seq=s["last_seq"],
+        dropped=s["dropped"], overruns=s["overruns"], pushed=s["pushed"], zero_copy=zero_copy,
+        allocated=s["allocated"], last_seq=s["last_seq"],
         planes_checked=planes_checked, seconds=round(secs, 3), fps=round(delivered / secs, 1) if secs else 0,
         end=end, device=str(dev), gpu=torch.cuda.get_device_name(0),
     )

@@ -7,6 +7,16 @@
 //! buffer while any clone lives: `next()` always copies into a buffer taken
 //! from the pool's free list (or a fresh allocation), and a buffer goes back
 //! to the free list only when its last `Arc` drops.
+//!
+//! On the GPU, a tensor's last Python reference can go while work reading
+//! it is still queued on the consumer's stream (`del t` right after
+//! launching a kernel on it). Each export notes the consumer's stream (the
+//! DLPack `stream` argument, [`Consumers`]); when the memory's last
+//! reference goes, an event is recorded on each noted stream ([`Cuda::fence`]),
+//! and whoever writes the memory next waits for those events first: our
+//! copy stream (GPU-side, [`Cuda::wait_on_stream`]) before reusing a pool
+//! buffer, the host ([`Cuda::sync_events`]) before a push buffer is let go
+//! to the publisher or memory is freed.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -44,6 +54,36 @@ fn check(call: &'static str, r: cu::CUresult) -> Result<()> {
             code,
             name: vc::error_name(code).to_string(),
         })
+    }
+}
+
+/// A CUDA event recorded on a consumer's stream when the memory it read lost
+/// its last Python reference: it completes when all the work queued on that
+/// stream by then is done.
+#[derive(Debug)]
+pub struct Event(cu::CUevent);
+
+// SAFETY: a driver handle; the driver lets any thread use it (every use here
+// has the owning context current).
+unsafe impl Send for Event {}
+
+/// The consumer streams exported tensors were promised to be used on (raw
+/// `CUstream` values: 1 is the legacy default stream, 2 the per-thread one).
+#[derive(Debug, Default)]
+pub struct Consumers(Mutex<Vec<usize>>);
+
+impl Consumers {
+    /// Notes `stream` (once).
+    pub fn note(&self, stream: usize) {
+        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !v.contains(&stream) {
+            v.push(stream);
+        }
+    }
+
+    /// The noted streams, forgotten here.
+    pub fn take(&self) -> Vec<usize> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
@@ -225,6 +265,101 @@ impl Cuda {
         })
     }
 
+    /// An event on each of `streams` (see [`Consumers`]), recorded after the
+    /// work queued there so far. When one cannot be recorded (a stream of
+    /// another context, say), waits for the whole context instead, so the
+    /// memory is idle either way; returns the events that were recorded.
+    pub fn fence(&self, streams: &[usize]) -> Vec<Event> {
+        let mut events = Vec::with_capacity(streams.len());
+        let r = self.with(|_| {
+            for &s in streams {
+                let mut ev: cu::CUevent = std::ptr::null_mut();
+                let flags = cu::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32;
+                // SAFETY: an out-parameter the driver fills; our context is current.
+                check("cuEventCreate", unsafe { cu::cuEventCreate(&mut ev, flags) })?;
+                let ev = Event(ev);
+                // SAFETY: `ev` is our live event; `s` is the handle the
+                // consumer gave (or a sentinel the driver defines); a bad
+                // handle is an error the driver reports.
+                check("cuEventRecord", unsafe { cu::cuEventRecord(ev.0, s as cu::CUstream) })?;
+                events.push(ev);
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            eprintln!("vramring: ordering a consumer stream before reuse failed ({e}); waiting for the GPU instead");
+            self.sync_events(std::mem::take(&mut events));
+            if let Err(e) = self.with(|_| {
+                // SAFETY: no arguments; our context is current.
+                check("cuCtxSynchronize", unsafe { cu::cuCtxSynchronize() })
+            }) {
+                eprintln!("vramring: cuCtxSynchronize failed: {e}");
+            }
+        }
+        events
+    }
+
+    /// Makes our stream wait (on the GPU, not here) for `events`, then
+    /// frees them; copies we enqueue after this run after the consumers'
+    /// work. Falls back to [`Cuda::sync_events`] on an error.
+    pub fn wait_on_stream(&self, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        let stream = self.stream.as_raw();
+        let r = self.with(|_| {
+            for ev in &events {
+                // SAFETY: our live stream and a live event of this context.
+                check("cuStreamWaitEvent", unsafe { cu::cuStreamWaitEvent(stream, ev.0, 0) })?;
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            eprintln!("vramring: {e}; waiting for the consumer's stream on the host instead");
+            self.sync_events(events);
+            return;
+        }
+        self.destroy_events(events);
+    }
+
+    /// Waits here until every one of `events` completed, then frees them.
+    pub fn sync_events(&self, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        let r = self.with(|_| {
+            for ev in &events {
+                // SAFETY: a live event of this context.
+                check("cuEventSynchronize", unsafe { cu::cuEventSynchronize(ev.0) })?;
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            eprintln!("vramring: {e}; waiting for the whole GPU context instead");
+            if let Err(e) = self.with(|_| {
+                // SAFETY: no arguments; our context is current.
+                check("cuCtxSynchronize", unsafe { cu::cuCtxSynchronize() })
+            }) {
+                eprintln!("vramring: cuCtxSynchronize failed: {e}");
+            }
+        }
+        self.destroy_events(events);
+    }
+
+    fn destroy_events(&self, events: Vec<Event>) {
+        let r = self.with(|_| {
+            for ev in events {
+                // SAFETY: our event, used no more here; the driver frees it
+                // once any wait on it enqueued before has passed.
+                check("cuEventDestroy", unsafe { cu::cuEventDestroy_v2(ev.0) })?;
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            eprintln!("vramring: freeing a CUDA event failed: {e}");
+        }
+    }
+
     /// Waits for our stream.
     ///
     /// # Errors
@@ -268,8 +403,11 @@ pub struct BufPool {
     pub cuda: Option<Arc<Cuda>>,
     /// Bytes of each buffer.
     pub bytes: u64,
-    free: Mutex<Vec<Mem>>,
+    /// Free buffers, each with the events its last consumers' work must
+    /// pass before it is written again.
+    free: Mutex<Vec<(Mem, Vec<Event>)>>,
     live: AtomicUsize,
+    allocated: AtomicUsize,
     keep: usize,
 }
 
@@ -278,6 +416,8 @@ pub struct BufPool {
 pub struct Buf {
     mem: Option<Mem>,
     pool: Arc<BufPool>,
+    /// Streams of the tensors exported from it.
+    pub consumers: Consumers,
 }
 
 impl BufPool {
@@ -288,6 +428,7 @@ impl BufPool {
             bytes,
             free: Mutex::new(Vec::new()),
             live: AtomicUsize::new(0),
+            allocated: AtomicUsize::new(0),
             keep,
         })
     }
@@ -299,44 +440,76 @@ impl BufPool {
         self.live.load(Ordering::Relaxed)
     }
 
-    /// A buffer nobody else references: from the free list, or new.
+    /// Buffers this pool allocated so far (not per frame: they are reused).
+    pub fn allocated(&self) -> usize {
+        // Relaxed: see `live`.
+        self.allocated.load(Ordering::Relaxed)
+    }
+
+    /// Orders our copy stream after the consumers' work on every free
+    /// buffer (a GPU-side wait, enqueued now so that `take` finds nothing to
+    /// do on the frame's path). Host pools: nothing.
+    pub fn settle(&self) {
+        let Some(c) = &self.cuda else { return };
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, events) in free.iter_mut() {
+            c.wait_on_stream(std::mem::take(events));
+        }
+    }
+
+    /// A buffer nobody else references: from the free list, or new. Copies
+    /// into it enqueued on the pool's stream run after the work its last
+    /// consumers queued on it.
     ///
     /// # Errors
     /// Allocation errors.
     pub fn take(self: &Arc<Self>) -> Result<Buf> {
         let reused = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let mem = match reused {
-            Some(m) => m,
-            None => match &self.cuda {
-                Some(c) => Mem::Cuda(c.alloc(self.bytes)?),
-                None => Mem::Host(vec![0u64; (self.bytes as usize).div_ceil(8)]),
-            },
+            Some((m, events)) => {
+                if let Some(c) = &self.cuda {
+                    c.wait_on_stream(events);
+                }
+                m
+            }
+            None => {
+                let m = match &self.cuda {
+                    Some(c) => Mem::Cuda(c.alloc(self.bytes)?),
+                    None => Mem::Host(vec![0u64; (self.bytes as usize).div_ceil(8)]),
+                };
+                // Relaxed: see `live`.
+                self.allocated.fetch_add(1, Ordering::Relaxed);
+                m
+            }
         };
         // Relaxed: see `live`.
         self.live.fetch_add(1, Ordering::Relaxed);
         Ok(Buf {
             mem: Some(mem),
             pool: Arc::clone(self),
+            consumers: Consumers::default(),
         })
     }
 
-    fn release(&self, mem: Mem) {
+    fn release(&self, mem: Mem, events: Vec<Event>) {
         // Relaxed: see `live`.
         self.live.fetch_sub(1, Ordering::Relaxed);
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         if free.len() < self.keep {
-            free.push(mem);
+            free.push((mem, events));
             return;
         }
         drop(free);
-        self.destroy(mem);
+        self.destroy(mem, events);
     }
 
-    fn destroy(&self, mem: Mem) {
+    fn destroy(&self, mem: Mem, events: Vec<Event>) {
         if let (Mem::Cuda(p), Some(c)) = (mem, &self.cuda) {
+            c.sync_events(events);
             // SAFETY: a buffer of this pool, from `c.alloc`; nobody holds it
-            // (its Buf is gone, or it sat on the free list), and copies into
-            // it were synchronised before the Frame was handed out.
+            // (its Buf is gone, or it sat on the free list), copies into it
+            // were synchronised before the Frame was handed out, and its
+            // consumers' work is done (the events above).
             if let Err(e) = unsafe { c.free(p) } {
                 eprintln!("vramring: freeing a frame buffer failed: {e}");
             }
@@ -347,8 +520,8 @@ impl BufPool {
 impl Drop for BufPool {
     fn drop(&mut self) {
         let free = std::mem::take(self.free.get_mut().unwrap_or_else(|p| p.into_inner()));
-        for m in free {
-            self.destroy(m);
+        for (m, events) in free {
+            self.destroy(m, events);
         }
     }
 }
@@ -407,7 +580,12 @@ fn bytemuck_bytes(v: &mut [u64]) -> &mut [u8] {
 impl Drop for Buf {
     fn drop(&mut self) {
         if let Some(m) = self.mem.take() {
-            self.pool.release(m);
+            let streams = self.consumers.take();
+            let events = match &self.pool.cuda {
+                Some(c) if !streams.is_empty() => c.fence(&streams),
+                _ => Vec::new(),
+            };
+            self.pool.release(m, events);
         }
     }
 }

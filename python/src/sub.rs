@@ -7,16 +7,25 @@
 //! through the host), and releases the borrow, which proves the copy was not
 //! torn; a torn copy is dropped and the next frame read. That is the one
 //! copy the Rust subscriber makes too, only into a buffer the `Frame` owns.
-//! A push subscriber lets the publisher copy into its push buffers and then
-//! copies that buffer into a pool buffer (one device-to-device copy in this
-//! process; the Rust push subscriber makes none).
+//!
+//! A push subscriber lets the publisher copy into its push buffers and, when
+//! no frame it lent before is still alive, hands the buffer the publisher
+//! filled to Python as it is: no copy and no GPU work in this process, as
+//! in the Rust push subscriber. The subscriber holds that buffer (push-hold
+//! protocol), so the publisher does not write it, until the next `next()`
+//! finds the frame and all its tensors gone ([`Lent`]). While a lent frame
+//! is still alive, `next()` keeps its hold where it is and reads the newest
+//! pushed buffer in place instead (`Subscriber::borrow`), copies it into a
+//! pool buffer and proves the copy whole, as a pull subscriber does.
+//! With `reconnect`, every push frame takes that second way (a reconnect
+//! replaces the push buffers, which a lent frame could not survive).
 //!
 //! A pool buffer is reused only after the `Frame` and every tensor made from
 //! it are gone, so no later `next()` writes memory a live tensor views. At
-//! most `max_held` buffers are out at once; past that `next()` raises
-//! `FramesHeld` instead of allocating without bound.
+//! most `max_held` buffers (lent ones included) are out at once; past that
+//! `next()` raises `FramesHeld` instead of allocating without bound.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dlpark::ffi::DLDevice;
@@ -24,10 +33,11 @@ use pyo3::exceptions::{PyStopIteration, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use vramring::layout::{RingInfo, BACKEND_CUDA};
+use vramring::time::monotonic_ns;
 use vramring::{Borrow, Error, Geometry, Mode, Subscriber, SubscriberOptions};
 
 use crate::errors::{self, FramesHeld, IntoPy};
-use crate::mem::{Buf, BufPool, Cuda, Excl};
+use crate::mem::{Buf, BufPool, Consumers, Cuda, Event, Excl};
 use crate::view::{self, Keep, View};
 
 /// One plane of a frame: where it starts, its pitch, bytes per row, rows.
@@ -83,6 +93,9 @@ pub struct Frame {
     keep: Arc<Keep>,
     base: u64,
     dev: DLDevice,
+    zero_copy: bool,
+    /// `CLOCK_MONOTONIC` ns: woke, copied, checked, returned (see `timing`).
+    timing: [u64; 4],
 }
 
 #[pymethods]
@@ -117,6 +130,23 @@ impl Frame {
     #[getter]
     fn pushed(&self) -> bool {
         self.pushed
+    }
+    /// Whether the frame is the push buffer the publisher filled, lent
+    /// as it is (no copy in this process); `False` for a frame in a buffer
+    /// of the subscriber's pool.
+    #[getter]
+    fn zero_copy(&self) -> bool {
+        self.zero_copy
+    }
+    /// Where `next()` spent its time, as `CLOCK_MONOTONIC` ns (compare with
+    /// `commit_ns`): `(woke, copied, checked, returned)`: the wait ended
+    /// and the frame was found; its copy into the frame's buffer was
+    /// complete (`woke` for a zero-copy frame); the copy was proven whole;
+    /// the GIL was held again and the frame about to be returned.
+    #[getter]
+    fn timing(&self) -> (u64, u64, u64, u64) {
+        let [a, b, c, d] = self.timing;
+        (a, b, c, d)
     }
     /// The user metadata (up to 64 bytes) the publisher attached.
     #[getter]
@@ -198,21 +228,25 @@ struct Sink {
 }
 
 impl Sink {
+    /// The CUDA context of ring `info` (`None` for a host ring).
+    fn cuda_for(&mut self, info: &RingInfo) -> vramring::Result<Option<Arc<Cuda>>> {
+        if info.backend != BACKEND_CUDA {
+            return Ok(None);
+        }
+        match &self.cuda {
+            Some((c, uuid)) if *uuid == info.device_uuid => Ok(Some(Arc::clone(c))),
+            _ => {
+                let c = Cuda::for_uuid(&info.device_uuid)?;
+                self.cuda = Some((Arc::clone(&c), info.device_uuid));
+                Ok(Some(c))
+            }
+        }
+    }
+
     /// A buffer for a frame of ring `info`; a new pool when the ring changed
     /// (a reconnect to a publisher with another geometry or device).
     fn buf_for(&mut self, info: &RingInfo) -> vramring::Result<Buf> {
-        let cuda = if info.backend == BACKEND_CUDA {
-            match &self.cuda {
-                Some((c, uuid)) if *uuid == info.device_uuid => Some(Arc::clone(c)),
-                _ => {
-                    let c = Cuda::for_uuid(&info.device_uuid)?;
-                    self.cuda = Some((Arc::clone(&c), info.device_uuid));
-                    Some(c)
-                }
-            }
-        } else {
-            None
-        };
+        let cuda = self.cuda_for(info)?;
         let bytes = info.geometry.frame_bytes;
         let fits = self.pool.as_ref().is_some_and(|p| {
             p.bytes == bytes
@@ -229,6 +263,69 @@ impl Sink {
     }
 }
 
+/// A push buffer lent to Python as a frame. The subscriber keeps one `Arc`
+/// of the newest one it lent; the frame's [`Keep`] holds another, which
+/// every tensor made from the frame keeps alive. While the subscriber's is
+/// not the only one, the subscriber never calls `Subscriber::next` (which
+/// would move its hold off the buffer), and closing or dropping it parks
+/// the Rust subscriber here instead: it (its hold, its mapping of the
+/// buffer) goes when the last tensor does.
+pub struct Lent {
+    parked: Mutex<Option<Box<Subscriber>>>,
+    /// The buffer's GPU (`None` on the host).
+    cuda: Option<Arc<Cuda>>,
+    /// Streams of the tensors exported from the frame.
+    pub consumers: Consumers,
+    /// Recorded on those streams when the frame's last reference went; the
+    /// hold moves off the buffer only after they completed.
+    events: Mutex<Vec<Event>>,
+}
+
+impl Lent {
+    fn new(cuda: Option<Arc<Cuda>>) -> Arc<Lent> {
+        Arc::new(Lent {
+            parked: Mutex::new(None),
+            cuda,
+            consumers: Consumers::default(),
+            events: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The frame and its tensors are gone: fences their consumers' streams.
+    pub fn frame_gone(&self) {
+        let streams = self.consumers.take();
+        if let (Some(c), false) = (&self.cuda, streams.is_empty()) {
+            let evs = c.fence(&streams);
+            self.events.lock().unwrap_or_else(|p| p.into_inner()).extend(evs);
+        }
+    }
+
+    /// Waits until the consumers' work on the buffer is done (before the
+    /// hold moves off it, or the buffer is unmapped).
+    fn settle(&self) {
+        let evs = std::mem::take(&mut *self.events.lock().unwrap_or_else(|p| p.into_inner()));
+        if let Some(c) = &self.cuda {
+            c.sync_events(evs);
+        }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        // Before a parked subscriber (dropped after this) unmaps the buffer.
+        self.settle();
+    }
+}
+
+/// The memory a read produced.
+enum Held {
+    /// A buffer of the subscriber's pool, holding a copy.
+    Buf(Buf),
+    /// The push buffer at `addr` (host pointer or device address), held by
+    /// the subscriber; `cuda` is its GPU's context, `None` on the host.
+    Lent { addr: u64, cuda: Option<Arc<Cuda>> },
+}
+
 /// What a read produced, before it becomes a Python `Frame`.
 struct Got {
     seq: u64,
@@ -239,13 +336,26 @@ struct Got {
     pushed: bool,
     user: Vec<u8>,
     geometry: Geometry,
-    buf: Buf,
+    mem: Held,
+    /// woke, copied, checked (`CLOCK_MONOTONIC` ns).
+    timing: [u64; 3],
 }
 
 impl Got {
-    fn into_frame(self) -> Frame {
-        let dev = view::device(self.buf.pool().cuda.as_ref().map(|c| c.ordinal));
-        let base = self.buf.addr();
+    /// The Python frame; `lent` makes the token a lent push buffer gets.
+    fn into_frame(self, lent: impl FnOnce(Option<Arc<Cuda>>) -> Arc<Lent>) -> Frame {
+        let (keep, base, dev, zero_copy) = match self.mem {
+            Held::Buf(buf) => {
+                let dev = view::device(buf.pool().cuda.as_ref().map(|c| c.ordinal));
+                let base = buf.addr();
+                (Keep::Buf(Arc::new(buf)), base, dev, false)
+            }
+            Held::Lent { addr, cuda } => {
+                let dev = view::device(cuda.as_ref().map(|c| c.ordinal));
+                (Keep::Lent(lent(cuda)), addr, dev, true)
+            }
+        };
+        let [woke, copied, checked] = self.timing;
         Frame {
             seq: self.seq,
             pts: self.pts,
@@ -255,20 +365,28 @@ impl Got {
             pushed: self.pushed,
             user: self.user,
             geometry: self.geometry,
-            keep: Arc::new(Keep::Buf(Arc::new(self.buf))),
+            keep: Arc::new(keep),
             base,
             dev,
+            zero_copy,
+            timing: [woke, copied, checked, monotonic_ns()],
         }
     }
 }
 
 fn timeout_of(secs: f64) -> PyResult<Duration> {
+    seconds("timeout", secs)
+}
+
+/// `secs` as a duration; a `ValueError` naming `what` when it is not one.
+fn seconds(what: &str, secs: f64) -> PyResult<Duration> {
     if !secs.is_finite() || secs < 0.0 {
         return Err(PyValueError::new_err(format!(
-            "timeout must be a finite number of seconds >= 0, got {secs}"
+            "{what} must be a finite number of seconds >= 0, got {secs}"
         )));
     }
-    Ok(Duration::from_secs_f64(secs))
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| PyValueError::new_err(format!("{what} of {secs} seconds is too long")))
 }
 
 /// Copies what `src` (host pointer or device address of ring `info`) holds
@@ -291,9 +409,10 @@ unsafe fn copy_into(buf: &mut Buf, src: u64, len: u64) -> vramring::Result<()> {
     unsafe { cuda.copy_dtod(buf.addr(), src, len) }
 }
 
-/// Reads one frame (see the module docs): pull by borrow + copy + release,
-/// push by next + copy.
-fn read(sub: &mut Subscriber, sink: &mut Sink, push: bool, timeout: Duration) -> vramring::Result<Got> {
+/// Reads one frame (see the module docs): with `lend` (a push subscriber
+/// with no lent frame alive), the pushed buffer itself; otherwise borrow in
+/// place + copy into a pool buffer + release, which proves the copy whole.
+fn read(sub: &mut Subscriber, sink: &mut Sink, lend: bool, timeout: Duration) -> vramring::Result<Got> {
     let deadline = Instant::now() + timeout;
     let timed_out = |e: Error| match e {
         Error::Timeout(_, what) => Error::Timeout(timeout, what),
@@ -301,21 +420,32 @@ fn read(sub: &mut Subscriber, sink: &mut Sink, push: bool, timeout: Duration) ->
     };
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        if push {
+        if lend {
             let f = sub.next(left).map_err(timed_out)?;
+            let woke = monotonic_ns();
             let info = *f.info();
-            let mut buf = sink.buf_for(&info)?;
             let len = info.geometry.frame_bytes;
-            match f.host_bytes() {
-                Some(h) if h.len() as u64 >= len => {
-                    let dst = buf.host_mut().ok_or(Error::Closed)?;
-                    dst[..len as usize].copy_from_slice(&h[..len as usize]);
+            let (mem, done) = if f.pushed() {
+                // The subscriber holds this buffer until its next `next()`,
+                // which the caller makes only once the frame is gone.
+                let cuda = sink.cuda_for(&info)?;
+                let addr = f.addr();
+                (Held::Lent { addr, cuda }, woke)
+            } else {
+                // A frame in the subscriber's own buffer, which its next
+                // read overwrites: copy it.
+                let mut buf = sink.buf_for(&info)?;
+                match f.host_bytes() {
+                    Some(h) if h.len() as u64 >= len => {
+                        let dst = buf.host_mut().ok_or(Error::Closed)?;
+                        dst[..len as usize].copy_from_slice(&h[..len as usize]);
+                    }
+                    // SAFETY: the subscriber's buffer holds `len` bytes in
+                    // the primary context and stays untouched while `f` lives.
+                    _ => unsafe { copy_into(&mut buf, f.addr(), len) }?,
                 }
-                // SAFETY: the frame's buffer (push buffer or the
-                // subscriber's copy) holds `len` bytes in the primary
-                // context and stays untouched while `f` lives.
-                _ => unsafe { copy_into(&mut buf, f.addr(), len) }?,
-            }
+                (Held::Buf(buf), monotonic_ns())
+            };
             return Ok(Got {
                 seq: f.seq(),
                 pts: f.pts(),
@@ -325,34 +455,42 @@ fn read(sub: &mut Subscriber, sink: &mut Sink, push: bool, timeout: Duration) ->
                 pushed: f.pushed(),
                 user: f.user(),
                 geometry: info.geometry,
-                buf,
+                mem,
+                timing: [woke, done, done],
             });
         }
         let b: Borrow<'_> = sub.borrow(left).map_err(timed_out)?;
+        let woke = monotonic_ns();
         let info = *b.info();
         let mut buf = sink.buf_for(&info)?;
         let len = info.geometry.frame_bytes;
         if let Some(dst) = buf.host_mut() {
             b.copy_to(dst)?;
         } else {
-            // SAFETY: the borrowed slot is `len` bytes of the imported pool,
-            // mapped in the primary context until the subscriber closes;
-            // bytes may change under the copy, which `release` detects.
+            // SAFETY: the borrowed slot (or push buffer) is `len` bytes of
+            // memory mapped in the primary context until the subscriber
+            // closes; bytes may change under the copy, which `release`
+            // detects.
             unsafe { copy_into(&mut buf, b.addr(), len) }?;
         }
-        let got = Got {
+        let copied = monotonic_ns();
+        let mut got = Got {
             seq: b.seq(),
             pts: b.pts(),
             flags: b.flags(),
             commit_ns: b.commit_ns(),
             skipped: b.skipped(),
-            pushed: false,
+            pushed: b.pushed(),
             user: b.user(),
             geometry: info.geometry,
-            buf,
+            mem: Held::Buf(buf),
+            timing: [woke, copied, 0],
         };
         match b.release() {
-            Ok(()) => return Ok(got),
+            Ok(()) => {
+                got.timing[2] = monotonic_ns();
+                return Ok(got);
+            }
             // Torn: the frame is lost (counted as an overrun); read the next.
             Err(Error::Overrun { .. }) if Instant::now() < deadline => continue,
             Err(Error::Overrun { .. }) => return Err(Error::Timeout(timeout, "the next frame")),
@@ -369,10 +507,27 @@ pub struct PySubscriber {
     borrow: Excl<Option<Borrow<'static>>>,
     sub: Excl<Option<Box<Subscriber>>>,
     sink: Sink,
+    /// The newest push buffer lent to Python (see [`Lent`]).
+    lent: Option<Arc<Lent>>,
+    /// Frames handed out zero-copy.
+    lent_count: u64,
     push: bool,
     reconnect: bool,
     iter_timeout: Duration,
     path: String,
+}
+
+impl Drop for PySubscriber {
+    fn drop(&mut self) {
+        self.end_borrow();
+        // A lent frame outlives us: it keeps the Rust subscriber (its hold
+        // and its mapping of the buffer); otherwise it closes here.
+        if let Some(s) = self.sub.get_mut().take() {
+            if let Some(s) = self.park(s) {
+                drop(s);
+            }
+        }
+    }
 }
 
 impl PySubscriber {
@@ -392,15 +547,45 @@ impl PySubscriber {
         self.borrow.get_mut().take().map(|b| b.release().is_ok())
     }
 
+    /// Whether a frame lent by push (or a tensor made from it) is alive.
+    fn lent_alive(&mut self) -> bool {
+        // `get_mut` is `Some` only when ours is the last `Arc`; its check
+        // is an Acquire, after every other owner's Release drop, so their
+        // reads of the buffer happen before we let the hold go.
+        self.lent.as_mut().is_some_and(|l| Arc::get_mut(l).is_none())
+    }
+
+    /// Hands the Rust subscriber `s` to the lent frame still alive, if any
+    /// (it closes when that frame and its tensors are gone); gives it back
+    /// when there is none.
+    fn park(&mut self, s: Box<Subscriber>) -> Option<Box<Subscriber>> {
+        if !self.lent_alive() {
+            return Some(s);
+        }
+        let l = self.lent.take()?;
+        *l.parked.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
+        None
+    }
+
+    /// Frame buffers alive now: the pool's and a lent push buffer.
+    fn held(&mut self) -> usize {
+        self.sink.pool.as_ref().map_or(0, |p| p.live()) + usize::from(self.lent_alive())
+    }
+
     fn next_frame(&mut self, py: Python<'_>, timeout: Duration) -> PyResult<Frame> {
-        let held = self.sink.pool.as_ref().map_or(0, |p| p.live());
+        let held = self.held();
         if held >= self.sink.keep {
             return Err(FramesHeld::new_err(format!(
                 "{held} frames (or tensors made from them) are still alive, the subscriber's max_held; \
                  drop some (del frame, tensor) or raise max_held"
             )));
         }
-        let push = self.push;
+        // Lend the pushed buffer only when no frame lent before is alive:
+        // `Subscriber::next` moves the hold off that buffer.
+        let lend = self.push && !self.reconnect && !self.lent_alive();
+        // `Subscriber::next` is about to move the hold off the buffer lent
+        // last (its frame is gone): the consumers' work on it must be done.
+        let settle = if lend { self.lent.take() } else { None };
         let mut sink = std::mem::take(&mut self.sink);
         let sub = match self.sub() {
             Ok(s) => s,
@@ -409,9 +594,25 @@ impl PySubscriber {
                 return Err(e);
             }
         };
-        let got = py.detach(|| read(sub, &mut sink, push, timeout));
+        let got = py.detach(|| {
+            if let Some(l) = &settle {
+                l.settle();
+            }
+            if let Some(p) = &sink.pool {
+                p.settle();
+            }
+            read(sub, &mut sink, lend, timeout)
+        });
         self.sink = sink;
-        Ok(got.py_err()?.into_frame())
+        let got = got.py_err()?;
+        let lent = &mut self.lent;
+        let count = &mut self.lent_count;
+        Ok(got.into_frame(|cuda| {
+            let l = Lent::new(cuda);
+            *lent = Some(Arc::clone(&l));
+            *count += 1;
+            l
+        }))
     }
 }
 
@@ -426,9 +627,11 @@ impl PySubscriber {
     /// (latest only). `reconnect`: follow the publisher across restarts.
     /// `timeout`: seconds `for frame in sub` waits for each frame.
     /// `max_held`: frames (and tensors made from them) alive at once.
+    /// `spin`: seconds `next()` spins before it parks the thread (default
+    /// 50 µs, as in Rust); longer costs CPU and saves the wake-up.
     #[new]
     #[pyo3(signature = (path, *, name=None, mode=None, lossless=false, push=false, reconnect=false,
-                        timeout=5.0, connect_timeout=5.0, max_held=16))]
+                        timeout=5.0, connect_timeout=5.0, max_held=16, spin=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -441,6 +644,7 @@ impl PySubscriber {
         timeout: f64,
         connect_timeout: f64,
         max_held: usize,
+        spin: Option<f64>,
     ) -> PyResult<Self> {
         let mode = match mode.as_deref() {
             None => {
@@ -481,6 +685,9 @@ impl PySubscriber {
             opts = opts.name(n);
         }
         opts.connect_timeout = timeout_of(connect_timeout)?;
+        if let Some(s) = spin {
+            opts.spin = seconds("spin", s)?;
+        }
         let shown = path.display().to_string();
         let sub = py.detach(|| Subscriber::connect(&path, opts)).py_err()?;
         Ok(PySubscriber {
@@ -490,6 +697,8 @@ impl PySubscriber {
                 keep: max_held,
                 ..Sink::default()
             },
+            lent: None,
+            lent_count: 0,
             push,
             reconnect,
             iter_timeout,
@@ -530,7 +739,8 @@ impl PySubscriber {
     /// Lends the next frame in place, without a copy. Use as a context
     /// manager: `with sub.borrow(1.0) as b: ...`; after the block
     /// `b.intact` says whether the publisher left the slot alone meanwhile.
-    /// The subscriber cannot be used until the borrow is released.
+    /// The subscriber cannot be used until the borrow is released. A push
+    /// subscriber lends its newest pushed buffer without holding it.
     #[pyo3(signature = (timeout=5.0))]
     fn borrow(slf: Bound<'_, Self>, timeout: f64) -> PyResult<BorrowedFrame> {
         let py = slf.py();
@@ -562,10 +772,13 @@ impl PySubscriber {
         })
     }
 
-    /// Counters: delivered, dropped, overruns, last_seq, reconnects, pushed,
-    /// and held (frame buffers alive now).
+    /// Counters: delivered, dropped, overruns, last_seq, reconnects, pushed;
+    /// held (frame buffers alive now), zero_copy (push frames handed out
+    /// without a copy) and allocated (frame buffers the pool ever
+    /// allocated: they are reused, not made per frame).
     fn stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let held = self.sink.pool.as_ref().map_or(0, |p| p.live());
+        let held = self.held();
+        let allocated = self.sink.pool.as_ref().map_or(0, |p| p.allocated());
         let s = self.sub()?.stats();
         let d = PyDict::new(py);
         d.set_item("delivered", s.delivered)?;
@@ -575,6 +788,8 @@ impl PySubscriber {
         d.set_item("reconnects", s.reconnects)?;
         d.set_item("pushed", s.pushed)?;
         d.set_item("held", held)?;
+        d.set_item("zero_copy", self.lent_count)?;
+        d.set_item("allocated", allocated)?;
         Ok(d)
     }
 
@@ -620,10 +835,13 @@ impl PySubscriber {
     }
 
     /// Says goodbye to the publisher and releases the ring's memory. Frames
-    /// already returned stay valid. Idempotent.
+    /// already returned stay valid: a zero-copy push frame still alive
+    /// keeps the connection and its buffer until it and its tensors are
+    /// gone. Idempotent.
     fn close(&mut self, py: Python<'_>) -> PyResult<()> {
         self.end_borrow();
-        if let Some(mut s) = self.sub.get_mut().take() {
+        let parked = self.sub.get_mut().take().map(|s| self.park(s));
+        if let Some(Some(mut s)) = parked {
             let r = py.detach(|| s.close());
             drop(s);
             r.py_err()?;

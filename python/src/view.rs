@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned};
 use dlpark::metadata::Dynamic;
-use dlpark::python::{export_dlpack, DlpackExporter, ExportRequest};
+use dlpark::python::{export_dlpack, CudaStreamRequest, DlpackExporter, ExportRequest};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
@@ -22,10 +22,46 @@ use crate::mem::Buf;
 pub enum Keep {
     /// A frame's own buffer.
     Buf(Arc<Buf>),
+    /// A push buffer lent as it is (the subscriber keeps holding it while
+    /// this lives).
+    Lent(Arc<crate::sub::Lent>),
     /// A loaned publisher slot: the publisher object (kept alive, so its
     /// mapping is) and its count of live slot views (`close()` refuses while
     /// it is not zero).
     Slot(LoanKeep),
+}
+
+impl Keep {
+    /// Notes the stream a consumer of a CUDA export will use (the DLPack
+    /// `stream` argument): when the memory's last reference goes, its next
+    /// writer waits for the work queued there (see `mem`). `-1` (the
+    /// consumer orders its own work) notes nothing; an omitted stream is
+    /// the legacy default stream, as DLPack says.
+    fn note_consumer(&self, req: CudaStreamRequest) {
+        let stream = match req {
+            CudaStreamRequest::NoSync => return,
+            CudaStreamRequest::Omitted | CudaStreamRequest::LegacyDefault => 1,
+            CudaStreamRequest::PerThreadDefault => 2,
+            CudaStreamRequest::Pointer(p) => p,
+        };
+        match self {
+            Keep::Buf(b) => b.consumers.note(stream),
+            Keep::Lent(l) => l.consumers.note(stream),
+            // The publisher's own slot: its publish orders the writer.
+            Keep::Slot(_) => {}
+        }
+    }
+}
+
+impl Drop for Keep {
+    fn drop(&mut self) {
+        // The frame's last reference is gone; a lent push buffer's token
+        // lives on in the subscriber, which must learn when the consumers'
+        // work on it is done. (A pool buffer does this in its own drop.)
+        if let Keep::Lent(l) = self {
+            l.frame_gone();
+        }
+    }
 }
 
 /// See [`Keep::Slot`].
@@ -153,10 +189,12 @@ impl DlpackExporter for View {
     }
     fn prepare_export(&self, _py: Python<'_>, request: &ExportRequest<'_>) -> PyResult<()> {
         if self.device.device_type == DLDeviceType::CUDA {
-            // The bytes were complete (stream synchronised) before the frame
-            // was handed out, so any consumer stream may read them at once;
-            // the argument is still checked so a malformed one is an error.
-            request.cuda_stream()?;
+            // The bytes were complete (stream synchronised, or pushed and
+            // held) before the frame was handed out, so any consumer stream
+            // may read them at once: no wait. The stream is noted so that
+            // the memory is not written again before the work the consumer
+            // queues on it is done.
+            self.keep.note_consumer(request.cuda_stream()?);
         }
         Ok(())
     }

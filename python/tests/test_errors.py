@@ -47,6 +47,8 @@ def test_a_second_publisher_on_a_live_socket_is_address_in_use(sock):
         (dict(mode="sequential", push=True), "push"),
         (dict(timeout=-1.0), "timeout"),
         (dict(max_held=0), "max_held"),
+        (dict(spin=float("nan")), "spin must be"),
+        (dict(spin=1e30), "spin of .* seconds is too long"),
     ],
 )
 def test_bad_subscriber_arguments_are_value_errors(sock, kwargs, match):

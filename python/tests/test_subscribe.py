@@ -162,3 +162,133 @@ def test_a_killed_producer_is_reported_as_producer_gone(producer, sock):
         # And on every later call.
         with pytest.raises(vramring.ProducerGone):
             sub.next(0.1)
+
+
+def test_frame_buffers_are_reused_not_allocated_per_frame(producer, sock):
+    producer(frames=0, fps=1000, wait_subscribers=1)
+    with vramring.Subscriber(sock) as sub:
+        for _ in range(200):
+            f = sub.next(5.0)
+            y = np.from_dlpack(f.plane(0))
+            check_pattern(np.from_dlpack(f), f.seq)
+            del y, f
+        s = sub.stats()
+    assert s["delivered"] == 200
+    assert s["allocated"] == 1, f"one buffer serves every frame dropped before the next, got {s['allocated']}"
+
+
+def test_timing_says_when_each_step_of_next_ended(producer, sock):
+    producer(frames=0, fps=500, wait_subscribers=1)
+    with vramring.Subscriber(sock) as sub:
+        for _ in range(20):
+            f = sub.next(5.0)
+            now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            woke, copied, checked, returned = f.timing
+            assert f.commit_ns <= woke <= copied <= checked <= returned <= now, (f.commit_ns, f.timing, now)
+            assert not f.zero_copy
+
+
+def _wait_push_active(sub):
+    t0 = time.monotonic()
+    while not sub.push_active:
+        assert time.monotonic() - t0 < 5.0, "push never became active"
+        time.sleep(0.005)
+
+
+def test_push_frames_are_the_pushed_buffers_themselves_when_the_last_one_is_gone(producer, sock):
+    producer(frames=0, fps=500, wait_subscribers=1)
+    with vramring.Subscriber(sock, push=True) as sub:
+        _wait_push_active(sub)
+        n = 0
+        for _ in range(100):
+            f = sub.next(5.0)
+            check_pattern(np.from_dlpack(f), f.seq)
+            assert f.pushed and f.zero_copy, "nothing else alive: the pushed buffer itself"
+            woke, copied, checked, _ = f.timing
+            assert woke == copied == checked, "no copy, no check"
+            n += 1
+            del f
+        s = sub.stats()
+    assert s["zero_copy"] == n
+    assert s["allocated"] == 0, "a zero-copy push subscriber allocates no frame buffer"
+
+
+def test_a_live_push_frame_is_never_written_while_later_frames_arrive(producer, sock):
+    """Lifetime: a zero-copy push frame keeps its buffer held; frames read
+    while it lives are copies, and it never changes."""
+    producer(frames=0, fps=1000, slots=4, wait_subscribers=1)
+    with vramring.Subscriber(sock, push=True, max_held=4) as sub:
+        _wait_push_active(sub)
+        f = sub.next(5.0)
+        assert f.zero_copy
+        seq, y, whole = f.seq, np.from_dlpack(f.plane(0)), np.from_dlpack(f)
+        y0 = y.copy()
+        del f  # only the arrays hold the lent buffer now
+        gc.collect()
+        later = []
+        for _ in range(300):  # the publisher keeps pushing into the other buffers
+            g = sub.next(5.0)
+            check_pattern(np.from_dlpack(g), g.seq)
+            assert g.seq > seq and g.pushed and not g.zero_copy
+            later.append(g.seq)
+            del g
+        assert later == sorted(later)
+        assert np.array_equal(y, y0)
+        check_pattern(whole, seq)
+        assert sub.stats()["held"] == 1
+        del y, whole
+        gc.collect()
+        g = sub.next(5.0)
+        assert g.zero_copy, "the lent frame is gone: zero-copy again"
+        check_pattern(np.from_dlpack(g), g.seq)
+
+
+def test_closing_or_dropping_a_push_subscriber_keeps_a_live_zero_copy_frame_whole(producer, sock):
+    producer(frames=0, fps=1000, slots=4, wait_subscribers=2)
+    kept = []
+    subs = [vramring.Subscriber(sock, push=True, name=f"py-push-{i}") for i in range(2)]
+    for sub in subs:
+        _wait_push_active(sub)
+        f = sub.next(5.0)
+        assert f.zero_copy
+        kept.append((f.seq, np.from_dlpack(f)))
+        del f
+    subs[0].close()
+    with pytest.raises(vramring.Closed):
+        subs[0].next(0.1)
+    del subs  # the second one is dropped without close()
+    gc.collect()
+    time.sleep(0.3)  # the publisher keeps publishing meanwhile
+    for seq, whole in kept:
+        check_pattern(whole, seq)
+    del kept, whole
+    gc.collect()  # the parked subscribers close now
+
+
+def test_a_push_subscriber_borrows_its_newest_pushed_buffer_in_place(producer, sock):
+    producer(frames=0, fps=200, wait_subscribers=1)
+    with vramring.Subscriber(sock, push=True) as sub:
+        _wait_push_active(sub)
+        intact = 0
+        for _ in range(20):
+            with sub.borrow(5.0) as b:
+                data, seq = b.tobytes(), b.seq
+            if b.intact:
+                check_pattern(np.frombuffer(data, np.uint8), seq)
+                intact += 1
+        assert intact >= 15
+        assert sub.stats()["pushed"] >= intact
+
+
+def test_spin_makes_next_busy_wait_and_every_frame_still_arrives(producer, sock):
+    producer(frames=0, fps=100, wait_subscribers=1)
+    cpu = {}
+    for spin in (0.05, None):
+        with vramring.Subscriber(sock, mode="sequential", spin=spin) as sub:
+            sub.next(5.0)
+            t0, c0 = time.monotonic(), time.thread_time()
+            seqs = [sub.next(5.0).seq for _ in range(30)]  # ~0.3 s of waiting
+            cpu[spin] = (time.thread_time() - c0) / (time.monotonic() - t0)
+        assert seqs == list(range(seqs[0], seqs[0] + 30))
+    # Spinning 50 ms covers the 10 ms between frames: the thread never parks.
+    assert cpu[0.05] > 0.3 > cpu[None], cpu

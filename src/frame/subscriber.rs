@@ -255,11 +255,18 @@ impl Frame<'_> {
 
 /// A frame read in place (zero copy). Call [`Borrow::release`] to learn
 /// whether it stayed intact while you read it.
+///
+/// A pull subscriber reads the ring's slot; a push subscriber reads its
+/// newest pushed buffer without holding it (the buffer it holds, if any,
+/// stays held), so the publisher may rewrite it meanwhile, which `release`
+/// then reports.
 pub struct Borrow<'s> {
     sub: &'s mut Subscriber,
     snap: SlotSnapshot,
     skipped: u64,
     released: bool,
+    /// The push buffer read in place, or `None` for the ring's slot.
+    push: Option<usize>,
 }
 
 impl std::fmt::Debug for Borrow<'_> {
@@ -303,9 +310,17 @@ impl Borrow<'_> {
         &self.sub.info
     }
     /// Address of the slot in this process's mapping (host pointer or
-    /// `CUdeviceptr`), read-only unless write access was granted.
+    /// `CUdeviceptr`), read-only unless write access was granted; for a push
+    /// subscriber, of the push buffer holding the frame.
     pub fn addr(&self) -> u64 {
-        self.sub.slot_addr(self.snap.seq)
+        match self.push {
+            Some(k) => self.sub.pool.push_addr(k),
+            None => self.sub.slot_addr(self.snap.seq),
+        }
+    }
+    /// Whether the frame is read from a push buffer.
+    pub fn pushed(&self) -> bool {
+        self.push.is_some()
     }
     /// Bytes of the frame.
     pub fn len(&self) -> u64 {
@@ -333,9 +348,11 @@ impl Borrow<'_> {
             return Err(Error::TooLarge { len, max: dst.len() });
         }
         // SAFETY: the slot lies inside the mapped pool (validated geometry:
-        // slot_count * slot_stride <= pool_bytes == mapped bytes); `dst`
-        // holds `len` bytes and is private memory, so no overlap. Bytes may
-        // change under the copy; `release` detects that.
+        // slot_count * slot_stride <= pool_bytes == mapped bytes), or push
+        // buffer `k < PUSH_BUFFERS` inside our push mapping (each buffer
+        // holds frame_bytes rounded up); `dst` holds `len` bytes and is
+        // private memory, so no overlap. Bytes may change under the copy;
+        // `release` detects that.
         unsafe { std::ptr::copy_nonoverlapping(self.addr() as *const u8, dst.as_mut_ptr(), len) };
         Ok(())
     }
@@ -345,14 +362,14 @@ impl Borrow<'_> {
     /// [`Error::Overrun`] when the producer began overwriting the slot.
     pub fn release(mut self) -> Result<()> {
         self.released = true;
-        self.sub.finish_borrow(&self.snap)
+        self.sub.finish_borrow(&self.snap, self.push)
     }
 }
 
 impl Drop for Borrow<'_> {
     fn drop(&mut self) {
         if !self.released {
-            let _ = self.sub.finish_borrow(&self.snap);
+            let _ = self.sub.finish_borrow(&self.snap, self.push);
         }
     }
 }
@@ -597,6 +614,45 @@ impl Subscriber {
         }
     }
 
+    /// Push delivery, reading in place: the newest pushed frame newer than
+    /// `last` and its buffer, without taking a hold (see
+    /// [`protocol::push::peek_newest`]).
+    fn peek_pushed(&self) -> Option<(SlotSnapshot, usize)> {
+        let entry = self.entry();
+        // SYNC: push-seq — Acquire, as in `take_pushed`.
+        if !self.opts.push || entry.push_count.load(Ordering::Acquire) as usize != PUSH_BUFFERS {
+            return None;
+        }
+        let (k, seq) = protocol::push::peek_newest(entry, self.last)?;
+        match SlotSnapshot::look(self.slot(seq), seq) {
+            Look::Ready(snap) if snap.still_valid(self.slot(seq)) => Some((snap, k)),
+            _ => None,
+        }
+    }
+
+    /// Push delivery found nothing pushed past `last` although the ring
+    /// moved on to `g`: those frames were not pushed to us (all buffers
+    /// held, or not mapped yet). A push subscriber has no pool to pull them
+    /// from: once its stream has started they are a counted gap; before, it
+    /// had not joined yet. `Err` ends the read (drained, or past the
+    /// deadline); `Ok` waits again.
+    fn nothing_pushed(&mut self, g: u64, deadline: Instant, timeout: Duration) -> Result<()> {
+        if g > self.last {
+            if self.push_started {
+                self.stats.dropped += g - self.last;
+            }
+            self.last = g;
+            self.publish_counters();
+        }
+        if self.lease.draining() {
+            return Err(self.drain_over());
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout(timeout, "the next frame"));
+        }
+        Ok(())
+    }
+
     fn header(&self) -> &RingHeader {
         self.control.at::<RingHeader>(0)
     }
@@ -792,24 +848,7 @@ impl Subscriber {
                 });
             }
             if self.opts.push {
-                // Nothing pushed past `last` although the ring moved on to
-                // `g`: those frames were not pushed to us (all buffers held,
-                // or not mapped yet). A push subscriber has no pool to pull
-                // them from: once its stream has started they are a counted
-                // gap; before, it had not joined yet.
-                if g > self.last {
-                    if self.push_started {
-                        self.stats.dropped += g - self.last;
-                    }
-                    self.last = g;
-                    self.publish_counters();
-                }
-                if self.lease.draining() {
-                    return Err(self.drain_over());
-                }
-                if Instant::now() >= deadline {
-                    return Err(Error::Timeout(timeout, "the next frame"));
-                }
+                self.nothing_pushed(g, deadline, timeout)?;
                 continue;
             }
             let Some((snap, skipped)) = self.next_snapshot(g) else {
@@ -848,20 +887,36 @@ impl Subscriber {
     /// Waits for the next frame and lends it in place, without a copy.
     /// Under the lossless policy the slot stays pinned until the borrow ends.
     ///
+    /// A push subscriber lends its newest pushed buffer without holding it:
+    /// the buffer held by the last [`Subscriber::next`] stays held (so a
+    /// frame of it that the caller still reads stays whole), and the
+    /// publisher may rewrite the lent one, which [`Borrow::release`] reports
+    /// as [`Error::Overrun`].
+    ///
     /// # Errors
     /// As [`Subscriber::next`].
     pub fn borrow(&mut self, timeout: Duration) -> Result<Borrow<'_>> {
-        if self.opts.push {
-            return Err(Error::WrongBackend {
-                what: "borrowing a frame in place",
-                backend: "push delivery (it never maps the pool; use next)",
-            });
-        }
         let deadline = Instant::now() + timeout;
         self.reconnect_if_gone(deadline, timeout)?;
         self.lease.ensure_or_drain()?;
         loop {
             let g = self.wait(deadline, timeout)?;
+            if self.opts.push {
+                if let Some((snap, k)) = self.peek_pushed() {
+                    let skipped = if self.push_started { snap.seq - self.last - 1 } else { 0 };
+                    self.push_started = true;
+                    self.stats.dropped += skipped;
+                    return Ok(Borrow {
+                        sub: self,
+                        snap,
+                        skipped,
+                        released: false,
+                        push: Some(k),
+                    });
+                }
+                self.nothing_pushed(g, deadline, timeout)?;
+                continue;
+            }
             if let Some((snap, skipped)) = self.next_snapshot(g) {
                 self.stats.dropped += skipped;
                 // Relaxed: informational.
@@ -871,6 +926,7 @@ impl Subscriber {
                     snap,
                     skipped,
                     released: false,
+                    push: None,
                 });
             }
             if self.lease.draining() {
@@ -925,8 +981,15 @@ impl Subscriber {
         }
     }
 
-    fn finish_borrow(&mut self, snap: &SlotSnapshot) -> Result<()> {
-        if snap.still_valid(self.slot(snap.seq)) {
+    fn finish_borrow(&mut self, snap: &SlotSnapshot, push: Option<usize>) -> Result<()> {
+        let whole = match push {
+            Some(k) => protocol::push::still_complete(self.entry(), k, snap.seq),
+            None => snap.still_valid(self.slot(snap.seq)),
+        };
+        if whole {
+            if push.is_some() {
+                self.stats.pushed += 1;
+            }
             self.deliver(snap, 0);
             Ok(())
         } else {

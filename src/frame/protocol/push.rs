@@ -22,6 +22,15 @@
 //! buffer the reader has just claimed and for the reader to miss that
 //! (Dekker). After the copy completed (stream synchronised), the publisher
 //! stores `push_seq[k] = seq` with Release, before `global_seq`.
+//!
+//! A reader may also read a buffer in place *without* holding it (a push
+//! subscriber's borrow, which leaves its hold where it is): it picks the
+//! newest complete buffer `k` (Acquire load of `push_seq[k] = s`), reads it
+//! (copies synchronised), issues an Acquire fence and reloads `push_seq[k]`:
+//! the read is whole only if it is still `s`. This is the seqlock of the
+//! ring's slots: the publisher marks `k` writing before its SeqCst fence and
+//! writes after it, so a read that saw any of those writes also sees the
+//! mark (or a later seq) on the reload.
 
 use crate::layout::{ClientLine, SubEntry, PUSH_BUFFERS, SEQ_WRITING};
 use crate::sync::atomic::{fence, Ordering};
@@ -47,6 +56,8 @@ pub fn claim_buffer_avoiding(entry: &SubEntry, client: &ClientLine, skip: u32, s
         entry.push_seq[k].store(seq | SEQ_WRITING, Ordering::Relaxed);
         // SYNC: push-hold — SeqCst fence between our mark and the load of
         // the reader's hold (mirror of the reader's fence).
+        // SYNC: push-peek — and between our mark and our writes into `k`,
+        // for a reader that reads `k` in place without a hold.
         fence(Ordering::SeqCst);
         let held = client.push_held.load(Ordering::Relaxed) as usize;
         // SYNC: push-hold — Acquire fence pairs with the reader's Release
@@ -107,6 +118,35 @@ pub fn take_newest(entry: &SubEntry, client: &ClientLine, after: u64) -> Option<
         crate::sync::spin_hint();
     }
     None
+}
+
+/// Reader, reading in place without a hold: the newest complete buffer
+/// whose frame is newer than `after`, as `(k, seq)`; `None` when there is
+/// none. The publisher may begin rewriting it at any time (it spares only
+/// the newest and the held buffer); [`still_complete`] after the read says
+/// whether it did.
+pub fn peek_newest(entry: &SubEntry, after: u64) -> Option<(usize, u64)> {
+    let mut best: Option<(usize, u64)> = None;
+    for k in 0..PUSH_BUFFERS {
+        // SYNC: push-seq — Acquire pairs with the publisher's Release.
+        let s = entry.push_seq[k].load(Ordering::Acquire);
+        if s & SEQ_WRITING == 0 && s > after && best.is_none_or(|(_, b)| s > b) {
+            best = Some((k, s));
+        }
+    }
+    best
+}
+
+/// Reader, after reading buffer `k` that [`peek_newest`] returned with
+/// `seq` (the read complete: copies synchronised): whether the publisher
+/// left the buffer alone meanwhile, so the read is whole.
+pub fn still_complete(entry: &SubEntry, k: usize, seq: u64) -> bool {
+    // SYNC: push-peek — Acquire fence: our reads of buffer `k` come before
+    // the reload; pairs with the publisher's SeqCst fence in `claim_buffer`
+    // (its WRITING mark before it, its writes after it).
+    fence(Ordering::Acquire);
+    // Relaxed: ordered by the fence above.
+    entry.push_seq[k % PUSH_BUFFERS].load(Ordering::Relaxed) == seq
 }
 
 /// Reader: lets go of whatever buffer it holds.
