@@ -27,7 +27,8 @@
 //! subscriber process's CPU time over the measured span ÷ that span.
 //!
 //! `cargo bench --bench wake -- [--quick] [--backend host|cuda] [--pull]
-//! [--out DIR]`; on a GPU machine, the staged binary:
+//! [--out DIR] [--frames N] [--cadences 2000,40000,0]` (intervals in µs, 0:
+//! the irregular one); on a GPU machine, the staged binary:
 //! `bash .device/run.sh bench wake --backend cuda --quick --out $OUT`.
 //! Host backend: a small (320×240 NV12) frame written by the CPU. CUDA
 //! backend: a 1080p NV12 frame copied into the slot on the producer's
@@ -41,7 +42,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use vramring::{BackendChoice, Format, FrameMeta, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions, WaitStrategy};
+use vramring::{
+    BackendChoice, Format, FrameMeta, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions, WaitStrategy,
+};
 
 #[path = "common/mod.rs"]
 #[allow(dead_code)]
@@ -437,6 +440,22 @@ fn vr_subscriber(c: &Case) -> R<()> {
         }
     }
     let dropped = s.stats().dropped - first_dropped.unwrap_or(s.stats().dropped);
+    if c.system == System::Cadence {
+        let st = s.cadence();
+        std::fs::write(
+            c.dir.join("cadence"),
+            format!(
+                "interval {} µs, margin {:.0} µs, tolerance {:.0} µs, windows {}, hits {}, misses {}",
+                st.interval_ns
+                    .map_or("none".into(), |i| format!("{:.1}", i as f64 / 1000.0)),
+                st.margin_ns as f64 / 1000.0,
+                st.tolerance_ns as f64 / 1000.0,
+                st.windows,
+                st.hits,
+                st.misses
+            ),
+        )?;
+    }
     write_result(c, &lat, delivered, dropped, cpu1 - cpu0, wall1 - wall0)
 }
 
@@ -500,6 +519,9 @@ fn run_case(c: &Case) -> R<(Vec<u64>, [u64; 4])> {
     }
     let lat = read_samples(&c.dir.join("lat"))?;
     let st = read_samples(&c.dir.join("stats"))?;
+    if let Ok(d) = std::fs::read_to_string(c.dir.join("cadence")) {
+        eprintln!("wake:   cadence wait at the end: {d}");
+    }
     let st: [u64; 4] = st.as_slice().try_into().map_err(|_| "stats")?;
     let _ = std::fs::remove_dir_all(&c.dir);
     Ok((lat, st))
@@ -567,7 +589,15 @@ fn main() -> R<()> {
     let push = !args.iter().any(|a| a == "--pull");
     let out = opt("--out").map(PathBuf::from);
     let (frames, rounds, warmup) = if quick { (300, 1, 30) } else { (1500, 3, 30) };
-    let cadences: [u64; 3] = [2_000, 40_000, 0];
+    let frames = match opt("--frames") {
+        Some(n) => n.parse()?,
+        None => frames,
+    };
+    // `--cadences 2000,40000,0`: intervals in µs, 0 for the irregular one.
+    let cadences: Vec<u64> = match opt("--cadences") {
+        Some(list) => list.split(',').map(str::parse).collect::<Result<_, _>>()?,
+        None => vec![2_000, 40_000, 0],
+    };
     let dir = std::env::temp_dir().join(format!("vramring-wake-{}", std::process::id()));
     let frame = if cuda {
         "1080p NV12, CUDA backend"

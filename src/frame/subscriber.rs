@@ -673,6 +673,13 @@ impl Subscriber {
         self.stats
     }
 
+    /// What the cadence wait ([`WaitStrategy::Cadence`]) knows of the
+    /// publisher's cadence: the locked interval, the spin window's margin
+    /// and tolerance, windows planned, hit and missed.
+    pub fn cadence(&self) -> crate::ring::cadence::CadenceState {
+        self.cadence.state()
+    }
+
     /// A read-only snapshot of the ring this subscriber is attached to:
     /// producer state and counters, slot descriptors and the subscriber
     /// table (this subscriber's own entry marked `is_self`). See

@@ -226,6 +226,12 @@ impl PacketSubscriber {
         self.reader.stats()
     }
 
+    /// What the cadence wait ([`WaitStrategy::Cadence`]) knows of the
+    /// writer's cadence (as [`crate::Subscriber::cadence`]).
+    pub fn cadence(&self) -> crate::ring::cadence::CadenceState {
+        self.cadence.state()
+    }
+
     /// A read-only snapshot of the packet ring this subscriber is attached
     /// to: producer state, positions, codec parameters, the newest records
     /// and the subscriber table (this subscriber's own entry marked

@@ -154,6 +154,10 @@ pub fn wait_with(
                 if g > after {
                     return WaitOutcome::Advanced(g);
                 }
+                // Yield, not only a pause: on a busy machine the publisher
+                // may be waiting for this very CPU to make the frame.
+                #[cfg(not(loom))]
+                std::thread::yield_now();
                 crate::sync::spin_hint();
             }
             continue;
