@@ -432,9 +432,8 @@ impl Cadence {
                 n += 1;
             }
         }
-        if n > 0 {
-            self.interval = (sum / n) as u64;
-        }
+        // The mean of values that fit in a u64 fits in a u64.
+        self.interval = sum.checked_div(n).map_or(0, |m| m as u64);
     }
 }
 
