@@ -42,8 +42,9 @@ pub struct SubscriberOptions {
     /// [`WaitStrategy::Spin`] busy-polls (one core). Cadence falls back to
     /// Park (with `spin`) whenever the source is irregular or paused.
     pub wait: WaitStrategy,
-    /// How long to spin before parking on the futex ([`WaitStrategy::Park`],
-    /// and [`WaitStrategy::Cadence`] while it has no steady cadence).
+    /// How long to spin before parking on the futex, for
+    /// [`WaitStrategy::Park`] and [`WaitStrategy::Cadence`] (whose window
+    /// comes on top of it): a very long spin busy-polls.
     pub spin: Duration,
     /// Longest single futex sleep; bounds how late a dead publisher is noticed.
     pub park_slice: Duration,

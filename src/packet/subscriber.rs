@@ -36,11 +36,12 @@ pub struct PacketSubscriberOptions {
     /// learns the writer's packet interval from the records' commit times
     /// and wakes just before each packet is due, spinning only then;
     /// [`WaitStrategy::Park`] spins for `spin`, then parks on the futex;
-    /// [`WaitStrategy::Spin`] busy-polls. Cadence falls back to Park (with
-    /// `spin`) whenever packets come irregularly or pause.
+    /// [`WaitStrategy::Spin`] busy-polls. Cadence waits as Park does
+    /// whenever packets come irregularly or pause.
     pub wait: WaitStrategy,
-    /// How long a blocking read spins before it parks on the futex
-    /// ([`WaitStrategy::Park`], and Cadence while it has no steady cadence).
+    /// How long a blocking read spins before it parks on the futex, for
+    /// [`WaitStrategy::Park`] and [`WaitStrategy::Cadence`] (whose window
+    /// comes on top of it): a very long spin busy-polls.
     pub spin: Duration,
     /// Longest single park; between parks the publisher's liveness is
     /// checked.

@@ -446,19 +446,14 @@ pub struct CadencePlan<'a> {
 
 impl<'a> CadencePlan<'a> {
     /// Plans a wait now. Returns the plan and the spin before parking to
-    /// pass to the wait: `fallback_spin` when unlocked, none when a window
-    /// is planned (the window is the spin).
-    pub fn new(cadence: &'a mut Cadence, fallback_spin: Duration) -> (Self, Duration) {
+    /// pass to the wait: `spin`, always (a window comes on top of it, so a
+    /// caller that asked for a long spin still busy-polls).
+    pub fn new(cadence: &'a mut Cadence, spin: Duration) -> (Self, Duration) {
         let (now, now_ns) = (Instant::now(), crate::time::monotonic_ns());
         let window = cadence.plan(now_ns).map(|w| SpinWindow {
             from: now + Duration::from_nanos(w.from_ns.saturating_sub(now_ns)),
             until: now + Duration::from_nanos(w.until_ns.saturating_sub(now_ns)),
         });
-        let spin = if window.is_some() {
-            Duration::ZERO
-        } else {
-            fallback_spin
-        };
         (CadencePlan { cadence, window }, spin)
     }
 
