@@ -170,7 +170,7 @@ pub struct CadenceState {
     pub tolerance_ns: u64,
     /// Windows planned so far.
     pub windows: u64,
-    /// Frames that came inside their window (caught by spinning).
+    /// Frames caught spinning inside their window.
     pub hits: u64,
     /// Windows that ended without their frame, or frames that came before
     /// their window opened.
@@ -337,12 +337,12 @@ impl Cadence {
     }
 
     /// The wait planned by the last [`Cadence::plan`] ended at `now_ns`;
-    /// `advanced` when the seq moved.
-    pub fn waited(&mut self, advanced: bool, now_ns: u64) {
+    /// `advanced` when the seq moved, `spun` when its window's spin began.
+    pub fn waited(&mut self, advanced: bool, spun: bool, now_ns: u64) {
         let Some(w) = self.pending.take() else {
             return;
         };
-        if advanced && now_ns >= w.from_ns && now_ns <= w.until_ns {
+        if advanced && spun && now_ns <= w.until_ns {
             self.caught_ns = Some(now_ns);
             self.hits += 1;
             self.missed_in_row = 0;
@@ -351,9 +351,10 @@ impl Cadence {
             // at all before the deadline).
             self.miss();
         }
-        // Advanced before the window opened (an early frame, woken through
-        // the doorbell: its timestamp teaches `early`), or stopped inside
-        // it (a short timeout, a socket message): no miss.
+        // Advanced before the window's spin (an early frame, or a late
+        // timer, woken through the doorbell: its timestamp teaches
+        // `early`), or stopped inside it (a short timeout, a socket
+        // message): no miss.
     }
 
     fn miss(&mut self) {
@@ -440,6 +441,8 @@ impl Cadence {
 /// [`Cadence`] as the hook of one [`super::wait::wait_with`] call.
 pub struct CadencePlan<'a> {
     cadence: &'a mut Cadence,
+    /// The window's spin began.
+    spun: bool,
     /// The window, converted to `Instant`s at plan time.
     window: Option<SpinWindow>,
 }
@@ -454,12 +457,19 @@ impl<'a> CadencePlan<'a> {
             from: now + Duration::from_nanos(w.from_ns.saturating_sub(now_ns)),
             until: now + Duration::from_nanos(w.until_ns.saturating_sub(now_ns)),
         });
-        (CadencePlan { cadence, window }, spin)
+        (
+            CadencePlan {
+                cadence,
+                spun: false,
+                window,
+            },
+            spin,
+        )
     }
 
     /// Reports how the wait ended (`advanced`: the seq moved).
     pub fn finish(self, advanced: bool) {
-        self.cadence.waited(advanced, crate::time::monotonic_ns());
+        self.cadence.waited(advanced, self.spun, crate::time::monotonic_ns());
     }
 }
 
@@ -470,6 +480,9 @@ impl WaitPlan for CadencePlan<'_> {
     fn timer_woke(&mut self, late: Duration) {
         self.cadence
             .timer_woke(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX));
+    }
+    fn window_opened(&mut self) {
+        self.spun = true;
     }
 }
 
@@ -637,7 +650,7 @@ mod tests {
         for k in 0..MAX_MISSES {
             let w = c.plan(last + US).expect("still locked");
             // The wait timed out past the window with no frame.
-            c.waited(false, w.until_ns + 1);
+            c.waited(false, true, w.until_ns + 1);
             assert_eq!(c.state().misses, u64::from(k) + 1);
         }
         assert_eq!(c.state().interval_ns, None);
@@ -649,13 +662,13 @@ mod tests {
         let mut c = Cadence::new();
         let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
         let w = c.plan(last + US).expect("window");
-        c.waited(true, w.expected_ns + 3 * US);
+        c.waited(true, true, w.expected_ns + 3 * US);
         c.observe(21, w.expected_ns, w.expected_ns + 3 * US);
         let st = c.state();
         assert_eq!((st.hits, st.misses), (1, 0));
         // A frame that came early (before the window) is neither.
         let w = c.plan(w.expected_ns + 5 * US).expect("window");
-        c.waited(true, w.from_ns - MS);
+        c.waited(true, false, w.from_ns - MS);
         assert_eq!(c.state().misses, 0);
         assert_eq!(c.state().hits, 1);
     }

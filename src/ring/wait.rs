@@ -85,6 +85,8 @@ pub trait WaitPlan {
     fn timer_woke(&mut self, late: Duration) {
         let _ = late;
     }
+    /// The window's spin begins.
+    fn window_opened(&mut self) {}
 }
 
 /// No plan: [`wait_with`] is then exactly [`wait_on`].
@@ -149,6 +151,7 @@ pub fn wait_with(
         }
         if let Some(w) = window.filter(|w| now >= w.from) {
             window = None;
+            plan.window_opened();
             while Instant::now() < w.until.min(deadline) {
                 let g = load();
                 if g > after {
