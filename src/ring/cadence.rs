@@ -318,8 +318,19 @@ impl Cadence {
             // next frame's timestamps say whether the cadence still holds.
             return None;
         }
+        let margin = self.margin();
+        let typical = self.overshoot.quantile(0.5).unwrap_or(DEFAULT_OVERSHOOT_NS);
+        if typical.saturating_add(SLACK_NS) > margin {
+            // The budget cannot cover even a typical timer wake (a fast
+            // cadence, or a busy machine): the timer would fire after the
+            // frame, so park instead. The assumed overshoot enters the
+            // samples, so that after a burst of late timers a window is
+            // tried again.
+            self.overshoot.push(DEFAULT_OVERSHOOT_NS);
+            return None;
+        }
         let w = Window {
-            from_ns: expected.saturating_sub(self.margin()).max(now_ns),
+            from_ns: expected.saturating_sub(margin).max(now_ns),
             expected_ns: expected,
             until_ns: until,
         };
@@ -635,6 +646,32 @@ mod tests {
     }
 
     #[test]
+    fn no_window_when_the_budget_cannot_cover_a_typical_timer_wake() {
+        let mut c = Cadence::new();
+        // 2 ms: a 50 µs window, against timers that wake 60 µs late.
+        let last = feed(&mut c, 1, 40, 1_000 * MS, 2 * MS, |_| 0);
+        for _ in 0..SAMPLES {
+            c.timer_woke(60 * US);
+        }
+        assert_eq!(c.plan(last + US), None);
+        // At 25 fps the same timers fit in the window.
+        let mut c = Cadence::new();
+        let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
+        for _ in 0..SAMPLES {
+            c.timer_woke(60 * US);
+        }
+        assert!(c.plan(last + US).is_some());
+        // After a burst of very late timers, windows come back once the
+        // refusals have aged the burst out.
+        for _ in 0..SAMPLES {
+            c.timer_woke(5 * MS);
+        }
+        assert_eq!(c.plan(last + US), None);
+        let back = (0..2 * SAMPLES).any(|_| c.plan(last + US).is_some());
+        assert!(back, "{:?}", c.state());
+    }
+
+    #[test]
     fn a_paused_stream_gets_no_window() {
         let mut c = Cadence::new();
         let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
@@ -699,6 +736,9 @@ mod tests {
     fn the_window_respects_the_budget_at_2ms_too() {
         let mut c = Cadence::new();
         let last = feed(&mut c, 1, 40, 1_000 * MS, 2 * MS, |_| 0);
+        for _ in 0..SAMPLES {
+            c.timer_woke(5 * US);
+        }
         let w = c.plan(last + US).expect("window");
         // 1.5 % of 2 ms is below the floor: the floor applies.
         assert!(w.until_ns - w.from_ns <= MARGIN_MIN_NS + TOLERANCE_MIN_NS, "{w:?}");
