@@ -129,3 +129,48 @@ fn a_paused_stream_costs_the_default_wait_no_cpu() {
     assert!(cpu < Duration::from_millis(150), "{cpu:?} of CPU while paused");
     h.join().unwrap();
 }
+
+#[test]
+fn the_packet_subscribers_default_wait_locks_onto_a_steady_writer() {
+    use vramring::packet::{
+        PacketMeta, PacketPublisher, PacketPublisherConfig, PacketRingConfig, PacketSubscriber,
+        PacketSubscriberOptions, PACKET_KEY,
+    };
+    let path = sock("packets");
+    let cfg = PacketPublisherConfig::new(PacketRingConfig::new(1 << 16, 64, 4096));
+    let mut p = PacketPublisher::create(&path, cfg).expect("packet publisher");
+    let h = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        let start = Instant::now();
+        for k in 0..50u32 {
+            let at = start + Duration::from_millis(40 * u64::from(k));
+            if let Some(d) = at.checked_duration_since(Instant::now()) {
+                std::thread::sleep(d);
+            }
+            let meta = PacketMeta {
+                pts: i64::from(k),
+                dts: i64::from(k),
+                flags: PACKET_KEY,
+                codec: 0,
+            };
+            p.write(&[k as u8; 200], meta).expect("write");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        drop(p);
+    });
+    let mut s = PacketSubscriber::connect(&path, PacketSubscriberOptions::new()).unwrap();
+    let mut buf = Vec::new();
+    let mut got = 0;
+    loop {
+        match s.next_copy(&mut buf, Duration::from_secs(5)) {
+            Ok(_) => got += 1,
+            Err(Error::ProducerGone { .. }) => break,
+            Err(e) => panic!("next_copy: {e}"),
+        }
+    }
+    h.join().unwrap();
+    let st = s.cadence();
+    assert!(got >= 45, "{got} packets");
+    assert!(st.windows >= 10, "{st:?}");
+    assert!(st.hits >= 5, "{st:?}");
+}

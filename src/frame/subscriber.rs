@@ -814,7 +814,7 @@ impl Subscriber {
     }
 
     fn deliver(&mut self, snap: &SlotSnapshot, skipped: u64) {
-        self.cadence.observe(snap.seq, snap.commit_ns, monotonic_ns());
+        self.cadence.observe_deferred(snap.seq, snap.commit_ns, monotonic_ns());
         self.stats.dropped += skipped;
         self.stats.delivered += 1;
         self.stats.last_seq = snap.seq;

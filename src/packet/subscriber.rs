@@ -261,7 +261,8 @@ impl PacketSubscriber {
     pub fn try_next_copy(&mut self, buf: &mut Vec<u8>) -> Result<Option<Packet>> {
         self.lease.ensure_or_drain()?;
         if let Some(p) = self.reader.try_next_copy(buf)? {
-            self.cadence.observe(p.seq, p.commit_ns, crate::time::monotonic_ns());
+            self.cadence
+                .observe_deferred(p.seq, p.commit_ns, crate::time::monotonic_ns());
             return Ok(Some(p));
         }
         if !self.idle_check()? {
@@ -336,7 +337,7 @@ impl PacketSubscriber {
         let b = self.reader.try_borrow()?;
         if let Some(b) = &b {
             self.cadence
-                .observe(b.seq(), b.commit_ns(), crate::time::monotonic_ns());
+                .observe_deferred(b.seq(), b.commit_ns(), crate::time::monotonic_ns());
         }
         Ok(b)
     }
@@ -367,7 +368,7 @@ impl PacketSubscriber {
             .try_borrow()?
             .ok_or_else(|| Error::LayoutMismatch("packet ring: a committed record went back to an older seq".into()))?;
         self.cadence
-            .observe(b.seq(), b.commit_ns(), crate::time::monotonic_ns());
+            .observe_deferred(b.seq(), b.commit_ns(), crate::time::monotonic_ns());
         Ok(b)
     }
 

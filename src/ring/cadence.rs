@@ -201,6 +201,8 @@ pub struct Cadence {
     caught_ns: Option<u64>,
     /// Windows missed in a row.
     missed_in_row: u32,
+    /// An observation not yet learnt from ([`Cadence::observe_deferred`]).
+    deferred: Option<(u64, u64, u64)>,
     windows: u64,
     hits: u64,
     misses: u64,
@@ -228,6 +230,7 @@ impl Cadence {
             pending: None,
             caught_ns: None,
             missed_in_row: 0,
+            deferred: None,
             windows: 0,
             hits: 0,
             misses: 0,
@@ -299,10 +302,22 @@ impl Cadence {
         self.pending = None;
     }
 
+    /// As [`Cadence::observe`], but the work is done at the next
+    /// [`Cadence::plan`] (or the next deferred observation): the subscriber
+    /// hands the frame over first and learns from it while it waits.
+    pub fn observe_deferred(&mut self, seq: u64, commit_ns: u64, now_ns: u64) {
+        if let Some((s, c, n)) = self.deferred.replace((seq, commit_ns, now_ns)) {
+            self.observe(s, c, n);
+        }
+    }
+
     /// Plans the next wait at `now_ns`: the window to spin in, or `None`
     /// to wait as [`WaitStrategy::Park`] does (unlocked, or the frame is
     /// overdue already).
     pub fn plan(&mut self, now_ns: u64) -> Option<Window> {
+        if let Some((s, c, n)) = self.deferred.take() {
+            self.observe(s, c, n);
+        }
         self.pending = None;
         self.caught_ns = None;
         let (_, last_commit) = self.last?;
@@ -669,6 +684,19 @@ mod tests {
         assert_eq!(c.plan(last + US), None);
         let back = (0..2 * SAMPLES).any(|_| c.plan(last + US).is_some());
         assert!(back, "{:?}", c.state());
+    }
+
+    #[test]
+    fn deferred_observations_are_learnt_by_the_next_plan() {
+        let mut c = Cadence::new();
+        let mut t = 1_000 * MS;
+        for seq in 1..=20 {
+            c.observe_deferred(seq, t, t + 10 * US);
+            t += 40 * MS;
+        }
+        // 19 of 20 learnt so far; the next plan learns the 20th first.
+        let w = c.plan(t - 40 * MS + 20 * US).expect("window");
+        assert_eq!(w.expected_ns, t);
     }
 
     #[test]
