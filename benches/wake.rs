@@ -269,6 +269,7 @@ fn write_result(c: &Case, lat: &[u64], delivered: u64, dropped: u64, cpu_ns: u64
 
 fn futex_waker(c: &Case) -> R<()> {
     let ctl = Ctl::open(&c.shm())?;
+    // SYNC: bench-ready — Acquire pairs with the subscriber's Release.
     while ctl.ready().load(Ordering::Acquire) == 0 {
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -278,13 +279,16 @@ fn futex_waker(c: &Case) -> R<()> {
         sleep_until_ns(start + pacer.next());
         let t0 = now_ns();
         ctl.t0().store(t0, Ordering::Relaxed);
-        // Release: the waiter that sees `k` sees its t0.
+        // SYNC: bench-seq — Release: the waiter that sees `k` sees its t0.
         ctl.seq().store(k, Ordering::Release);
+        // SYNC: bench-futex — Release, paired with the waiter's Acquire.
         ctl.futex().store(k as u32, Ordering::Release);
         let _ = rustix::thread::futex::wake(ctl.futex(), rustix::thread::futex::Flags::empty(), 1);
     }
     std::thread::sleep(Duration::from_millis(20));
+    // SYNC: bench-done — Release, paired with the waiter's Acquire.
     ctl.done().store(1, Ordering::Release);
+    // SYNC: bench-futex — Release (a last change of the word wakes it).
     ctl.futex().store(u32::MAX, Ordering::Release);
     let _ = rustix::thread::futex::wake(ctl.futex(), rustix::thread::futex::Flags::empty(), 1);
     Ok(())
@@ -292,11 +296,16 @@ fn futex_waker(c: &Case) -> R<()> {
 
 fn futex_waiter(c: &Case) -> R<()> {
     let ctl = Ctl::open(&c.shm())?;
+    // SYNC: bench-ready — Release, paired with the producer's Acquire.
     ctl.ready().store(1, Ordering::Release);
     let (mut last, mut lat, mut dropped, mut delivered) = (0u64, Vec::new(), 0u64, 0u64);
     let (mut cpu0, mut wall0, mut cpu1, mut wall1) = (0, 0, 0, 0);
+    // SYNC: bench-done — Acquire pairs with the waker's Release.
     while ctl.done().load(Ordering::Acquire) == 0 {
+        // SYNC: bench-futex — Acquire pairs with the waker's Release; the
+        // word is loaded before the seq, so a wake after it is not missed.
         let word = ctl.futex().load(Ordering::Acquire);
+        // SYNC: bench-seq — Acquire pairs with the waker's Release.
         let seq = ctl.seq().load(Ordering::Acquire);
         if seq > last {
             let t1 = now_ns();
@@ -358,7 +367,9 @@ fn vr_producer(c: &Case) -> R<()> {
     let cfg = RingConfig::new(Format::Nv12, w, h).slots(SLOTS).backend(backend);
     let mut p = Publisher::create(c.sock(), cfg)?;
     let ctl = Ctl::open(&c.shm())?;
+    // SYNC: bench-up — Release, paired with the orchestrator's Acquire.
     ctl.up().store(1, Ordering::Release);
+    // SYNC: bench-ready — Acquire pairs with the subscriber's Release.
     while ctl.ready().load(Ordering::Acquire) == 0 {
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -413,6 +424,7 @@ fn vr_subscriber(c: &Case) -> R<()> {
             Err(_) => std::thread::sleep(Duration::from_millis(2)),
         }
     };
+    // SYNC: bench-ready — Release, paired with the producer's Acquire.
     ctl.ready().store(1, Ordering::Release);
     let mut lat = Vec::with_capacity(c.frames as usize);
     let (mut cpu0, mut wall0, mut cpu1, mut wall1) = (0, 0, 0, 0);
@@ -500,6 +512,7 @@ fn run_case(c: &Case) -> R<(Vec<u64>, [u64; 4])> {
     let mut producer = spawn_role("producer", c)?;
     if c.system != System::Futex {
         let give_up = Instant::now() + Duration::from_secs(60);
+        // SYNC: bench-up — Acquire pairs with the producer's Release.
         while ctl.up().load(Ordering::Acquire) == 0 {
             if let Some(st) = producer.try_wait()? {
                 return Err(format!("producer exited early: {st}").into());
