@@ -412,7 +412,7 @@ impl Cadence {
         let step = seq - last_seq;
         if step > MAX_SEQ_STEP {
             // A gap too wide to read an interval across (a pause, a slow
-            // reader): the phase is lost, the interval may hold.
+            // reader): learn the interval again from here.
             self.intervals.clear();
             self.interval = 0;
             return;
