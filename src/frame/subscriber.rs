@@ -13,7 +13,9 @@ use crate::layout::{
     ClientLine, RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, BACKEND_CUDA, BACKEND_HOST, PUSH_BUFFERS,
 };
 use crate::memory::{BackendKind, ImportedPool, OwnBuffer};
+use crate::ring::cadence::{Cadence, CadencePlan, WaitStrategy};
 use crate::ring::lease::{self, Lease};
+use crate::ring::{wait_with, Bell, NoPlan};
 use crate::shm::{Region, SEALS_READ_ONLY};
 use crate::socket::msg::{self, Hello, Msg, Welcome};
 use crate::socket::transport;
@@ -33,7 +35,16 @@ pub struct SubscriberOptions {
     pub name: String,
     /// How long to wait for the publisher's Welcome.
     pub connect_timeout: Duration,
-    /// How long to spin before parking on the futex.
+    /// How to wait for the next frame: [`WaitStrategy::Cadence`] (the
+    /// default) learns the publisher's frame interval and wakes just
+    /// before each frame is due, spinning only then;
+    /// [`WaitStrategy::Park`] spins for `spin`, then parks on the futex;
+    /// [`WaitStrategy::Spin`] busy-polls (one core). Cadence falls back to
+    /// Park (with `spin`) whenever the source is irregular or paused.
+    pub wait: WaitStrategy,
+    /// How long to spin before parking on the futex, for
+    /// [`WaitStrategy::Park`] and [`WaitStrategy::Cadence`] (whose window
+    /// comes on top of it): a very long spin busy-polls.
     pub spin: Duration,
     /// Longest single futex sleep; bounds how late a dead publisher is noticed.
     pub park_slice: Duration,
@@ -59,6 +70,7 @@ impl Default for SubscriberOptions {
             write: false,
             name: format!("sub-{}", std::process::id()),
             connect_timeout: Duration::from_secs(5),
+            wait: WaitStrategy::Cadence,
             spin: Duration::from_micros(50),
             park_slice: Duration::from_millis(20),
             backends: vec![BackendKind::Host, BackendKind::Cuda],
@@ -110,9 +122,14 @@ impl SubscriberOptions {
         self.reconnect = yes;
         self
     }
-    /// Sets the spin time before parking.
+    /// Sets the spin time before parking (see [`SubscriberOptions::spin`]).
     pub fn spin(mut self, d: Duration) -> Self {
         self.spin = d;
+        self
+    }
+    /// Sets how to wait for frames (see [`WaitStrategy`]).
+    pub fn wait(mut self, w: WaitStrategy) -> Self {
+        self.wait = w;
         self
     }
 }
@@ -402,6 +419,8 @@ pub struct Subscriber {
     /// buffers were mapped were never offered to it, as for a subscriber
     /// that joined later), so gaps are counted from then on.
     push_started: bool,
+    /// The publisher's cadence, for [`WaitStrategy::Cadence`].
+    cadence: Cadence,
 }
 
 impl std::fmt::Debug for Subscriber {
@@ -560,6 +579,7 @@ impl Subscriber {
             path,
             drained: false,
             push_started: false,
+            cadence: Cadence::new(),
         };
         // The service stored our cursor before it sent the Welcome
         // (sendmsg/recvmsg order it); nobody else writes it.
@@ -710,6 +730,13 @@ impl Subscriber {
         self.stats
     }
 
+    /// What the cadence wait ([`WaitStrategy::Cadence`]) knows of the
+    /// publisher's cadence: the locked interval, the spin window's margin
+    /// and tolerance, windows planned, hit and missed.
+    pub fn cadence(&self) -> crate::ring::cadence::CadenceState {
+        self.cadence.state()
+    }
+
     /// A read-only snapshot of the ring this subscriber is attached to:
     /// producer state and counters, slot descriptors and the subscriber
     /// table (this subscriber's own entry marked `is_self`). See
@@ -749,13 +776,47 @@ impl Subscriber {
         if self.lease.draining() {
             return self.drain_next();
         }
-        let (spin, slice) = (self.opts.spin, self.opts.park_slice);
+        let slice = self.opts.park_slice;
         let outcome = {
             let header = self.control.at::<RingHeader>(0);
+            let bell = Bell {
+                seq: &header.seq.global_seq,
+                producer: &header.producer,
+                pending: Some(&header.seq.pending_seq),
+            };
             let lease = &self.lease;
-            protocol::wait_for_seq(header, lease.client(), self.last, deadline, spin, slice, || {
-                lease.quiet()
-            })
+            let alive = || lease.quiet();
+            match self.opts.wait {
+                WaitStrategy::Cadence => {
+                    let (mut plan, spin) = CadencePlan::new(&mut self.cadence, self.opts.spin);
+                    let o = wait_with(bell, lease.client(), self.last, deadline, spin, slice, &mut plan, alive);
+                    plan.finish(matches!(o, WaitOutcome::Advanced(_)));
+                    o
+                }
+                WaitStrategy::Park => wait_with(
+                    bell,
+                    lease.client(),
+                    self.last,
+                    deadline,
+                    self.opts.spin,
+                    slice,
+                    &mut NoPlan,
+                    alive,
+                ),
+                WaitStrategy::Spin => {
+                    let spin = deadline.saturating_duration_since(Instant::now());
+                    wait_with(
+                        bell,
+                        lease.client(),
+                        self.last,
+                        deadline,
+                        spin,
+                        slice,
+                        &mut NoPlan,
+                        alive,
+                    )
+                }
+            }
         };
         match outcome {
             WaitOutcome::Advanced(g) => Ok(g),
@@ -810,6 +871,7 @@ impl Subscriber {
     }
 
     fn deliver(&mut self, snap: &SlotSnapshot, skipped: u64) {
+        self.cadence.observe_deferred(snap.seq, snap.commit_ns, monotonic_ns());
         self.stats.dropped += skipped;
         self.stats.delivered += 1;
         self.stats.last_seq = snap.seq;

@@ -92,6 +92,7 @@ mod writer;
 #[cfg(test)]
 mod tests;
 
+pub use crate::ring::WaitStrategy;
 pub use layout::{
     PacketHeader, PacketRecord, PacketRingInfo, PACKET_DISCONTINUITY, PACKET_KEY, PACKET_MAGIC, PARAMS_BYTES,
 };

@@ -483,6 +483,11 @@ impl PacketBorrow<'_> {
         self.snap.flags & PACKET_KEY != 0
     }
 
+    /// `CLOCK_MONOTONIC` ns when the writer committed it.
+    pub fn commit_ns(&self) -> u64 {
+        self.snap.commit_ns
+    }
+
     /// First byte of the packet in this process's read-only mapping; the
     /// packet is contiguous, [`PacketBorrow::len`] bytes. The bytes may
     /// change under the caller (read them with raw-pointer reads, never

@@ -10,8 +10,9 @@ use super::layout::PacketHeader;
 use super::{Packet, PacketBorrow, PacketReader, PacketReaderStats, PacketRingInfo};
 use crate::error::{Error, Result};
 use crate::layout::SubsHeader;
+use crate::ring::cadence::{Cadence, CadencePlan, WaitStrategy};
 use crate::ring::lease::{self, Lease};
-use crate::ring::{wait_on, Bell, WaitOutcome};
+use crate::ring::{wait_with, Bell, NoPlan, WaitOutcome};
 
 use crate::shm::Region;
 use crate::socket::msg::{self, Hello, Welcome};
@@ -31,7 +32,16 @@ pub struct PacketSubscriberOptions {
     pub name: String,
     /// How long the handshake may take.
     pub connect_timeout: Duration,
-    /// How long a blocking read spins before it parks on the futex.
+    /// How blocking reads wait: [`WaitStrategy::Cadence`] (the default)
+    /// learns the writer's packet interval from the records' commit times
+    /// and wakes just before each packet is due, spinning only then;
+    /// [`WaitStrategy::Park`] spins for `spin`, then parks on the futex;
+    /// [`WaitStrategy::Spin`] busy-polls. Cadence waits as Park does
+    /// whenever packets come irregularly or pause.
+    pub wait: WaitStrategy,
+    /// How long a blocking read spins before it parks on the futex, for
+    /// [`WaitStrategy::Park`] and [`WaitStrategy::Cadence`] (whose window
+    /// comes on top of it): a very long spin busy-polls.
     pub spin: Duration,
     /// Longest single park; between parks the publisher's liveness is
     /// checked.
@@ -44,6 +54,7 @@ impl Default for PacketSubscriberOptions {
             lossless: false,
             name: format!("packets-{}", std::process::id()),
             connect_timeout: Duration::from_secs(5),
+            wait: WaitStrategy::Cadence,
             spin: Duration::from_micros(50),
             park_slice: Duration::from_millis(20),
         }
@@ -51,7 +62,8 @@ impl Default for PacketSubscriberOptions {
 }
 
 impl PacketSubscriberOptions {
-    /// The defaults: not lossless, 50 µs spin, 20 ms park slices.
+    /// The defaults: not lossless, cadence-aware wait (50 µs spin before
+    /// parking when there is no steady cadence), 20 ms park slices.
     pub fn new() -> Self {
         Self::default()
     }
@@ -68,6 +80,11 @@ impl PacketSubscriberOptions {
     /// Sets the spin budget before parking (`Duration::ZERO`: park at once).
     pub fn spin(mut self, d: Duration) -> Self {
         self.spin = d;
+        self
+    }
+    /// Sets how blocking reads wait (see [`WaitStrategy`]).
+    pub fn wait(mut self, w: WaitStrategy) -> Self {
+        self.wait = w;
         self
     }
     /// Sets the handshake timeout.
@@ -106,6 +123,8 @@ pub struct PacketSubscriber {
     /// When the non-blocking calls last looked at the socket
     /// (`CLOCK_MONOTONIC_COARSE` ns: cheap enough for a busy-poll loop).
     last_check_ns: u64,
+    /// The writer's cadence, for [`WaitStrategy::Cadence`].
+    cadence: Cadence,
 }
 
 impl std::fmt::Debug for PacketSubscriber {
@@ -194,6 +213,7 @@ impl PacketSubscriber {
             opts,
             path,
             last_check_ns: crate::time::coarse_monotonic_ns(),
+            cadence: Cadence::new(),
         })
     }
 
@@ -205,6 +225,12 @@ impl PacketSubscriber {
     /// Counters.
     pub fn stats(&self) -> PacketReaderStats {
         self.reader.stats()
+    }
+
+    /// What the cadence wait ([`WaitStrategy::Cadence`]) knows of the
+    /// writer's cadence (as [`crate::Subscriber::cadence`]).
+    pub fn cadence(&self) -> crate::ring::cadence::CadenceState {
+        self.cadence.state()
     }
 
     /// A read-only snapshot of the packet ring this subscriber is attached
@@ -235,6 +261,8 @@ impl PacketSubscriber {
     pub fn try_next_copy(&mut self, buf: &mut Vec<u8>) -> Result<Option<Packet>> {
         self.lease.ensure_or_drain()?;
         if let Some(p) = self.reader.try_next_copy(buf)? {
+            self.cadence
+                .observe_deferred(p.seq, p.commit_ns, crate::time::monotonic_ns());
             return Ok(Some(p));
         }
         if !self.idle_check()? {
@@ -306,7 +334,12 @@ impl PacketSubscriber {
                 return Err(self.gone());
             }
         }
-        self.reader.try_borrow()
+        let b = self.reader.try_borrow()?;
+        if let Some(b) = &b {
+            self.cadence
+                .observe_deferred(b.seq(), b.commit_ns(), crate::time::monotonic_ns());
+        }
+        Ok(b)
     }
 
     /// Borrows the next packet in place, waiting up to `timeout`.
@@ -330,9 +363,13 @@ impl PacketSubscriber {
         }
         // `has_next` found the packet committed; only a writer that moved a
         // record's seq backwards makes it vanish now.
-        self.reader
+        let b = self
+            .reader
             .try_borrow()?
-            .ok_or_else(|| Error::LayoutMismatch("packet ring: a committed record went back to an older seq".into()))
+            .ok_or_else(|| Error::LayoutMismatch("packet ring: a committed record went back to an older seq".into()))?;
+        self.cadence
+            .observe_deferred(b.seq(), b.commit_ns(), crate::time::monotonic_ns());
+        Ok(b)
     }
 
     /// Version of the current codec parameters (0: never set).
@@ -360,15 +397,31 @@ impl PacketSubscriber {
                 pending: None,
             };
             let lease = &self.lease;
-            wait_on(
-                bell,
-                lease.client(),
-                self.reader.done_through(),
-                deadline,
-                self.opts.spin,
-                self.opts.park_slice,
-                || lease.quiet(),
-            )
+            let after = self.reader.done_through();
+            let slice = self.opts.park_slice;
+            let alive = || lease.quiet();
+            match self.opts.wait {
+                WaitStrategy::Cadence => {
+                    let (mut plan, spin) = CadencePlan::new(&mut self.cadence, self.opts.spin);
+                    let o = wait_with(bell, lease.client(), after, deadline, spin, slice, &mut plan, alive);
+                    plan.finish(matches!(o, WaitOutcome::Advanced(_)));
+                    o
+                }
+                WaitStrategy::Park => wait_with(
+                    bell,
+                    lease.client(),
+                    after,
+                    deadline,
+                    self.opts.spin,
+                    slice,
+                    &mut NoPlan,
+                    alive,
+                ),
+                WaitStrategy::Spin => {
+                    let spin = deadline.saturating_duration_since(Instant::now());
+                    wait_with(bell, lease.client(), after, deadline, spin, slice, &mut NoPlan, alive)
+                }
+            }
         };
         match outcome {
             WaitOutcome::Advanced(_) => Ok(()),

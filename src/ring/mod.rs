@@ -10,6 +10,8 @@
 //!   eviction past the lease.
 //! * [`wait`]: publishing a seq and waking parked subscribers; a
 //!   subscriber's spin-then-park wait.
+//! * [`cadence`]: the default wait's timing: learn the publisher's frame
+//!   interval, park until just before the next frame, spin only then.
 //! * `lease`: the subscriber's half: the handshake, liveness,
 //!   `ProducerGone` after the drain, eviction.
 //!
@@ -24,16 +26,20 @@ use crate::error::{Error, Result};
 use crate::layout::{DEFAULT_MAX_SUBSCRIBERS, MAX_SUBSCRIBERS_LIMIT};
 use crate::socket::transport::AccessPolicy;
 
+pub mod cadence;
 pub(crate) mod lease;
 pub(crate) mod lossless;
 pub(crate) mod serve;
 pub(crate) mod table;
 pub mod wait;
 
+pub use cadence::WaitStrategy;
 #[cfg(loom)]
 #[doc(hidden)]
 pub use table::loom_api as loom_table;
-pub use wait::{publish_seq, ring_doorbell, wait_on, wake_if_parked, Bell, WaitOutcome};
+pub use wait::{
+    publish_seq, ring_doorbell, wait_on, wait_with, wake_if_parked, Bell, NoPlan, SpinWindow, WaitOutcome, WaitPlan,
+};
 
 /// What a reader finds when it looks for seq `want` in a slot or record
 /// (the first of its two seqlock loads), for both ring kinds.

@@ -10,6 +10,10 @@
 //!   one is set it increments that subscriber's doorbell (Release) and
 //!   wakes it. The two fences make it impossible for both sides to miss
 //!   each other (Dekker); every wait is also bounded by a timeout slice.
+//! * **plan** ([`wait_with`]): a [`WaitPlan`] may add one spin window to
+//!   a wait: the park's timeout then also ends at the window's start, the
+//!   waiter spins through it and parks again as usual if nothing came
+//!   (`ring::cadence` plans it from the publisher's cadence).
 //! * Each doorbell lives in a region only its subscriber and the publisher
 //!   map, so no subscriber can wake (or keep awake) another.
 //! * **in flight** (frame rings on CUDA, stream-order commits): the GPU
@@ -78,6 +82,57 @@ pub fn wait_on(
     deadline: Instant,
     spin: Duration,
     slice: Duration,
+    alive: impl FnMut() -> bool,
+) -> WaitOutcome {
+    wait_with(bell, client, after, deadline, spin, slice, &mut NoPlan, alive)
+}
+
+/// A spin window inside a park: park (on the doorbell, as usual) until
+/// `from`, then spin until the seq moves or `until`, then park as usual.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpinWindow {
+    /// Stop parking and start spinning here.
+    pub from: Instant,
+    /// Stop spinning here.
+    pub until: Instant,
+}
+
+/// A timing hint for one wait ([`wait_with`]); `ring::cadence` implements
+/// it from the publisher's cadence.
+pub trait WaitPlan {
+    /// The window to spin in, asked once per wait; `None`: none.
+    fn window(&mut self) -> Option<SpinWindow>;
+    /// The park whose timeout ended at the window's `from` returned `late`
+    /// after it with nothing to read (the timer's overshoot).
+    fn timer_woke(&mut self, late: Duration) {
+        let _ = late;
+    }
+    /// The window's spin begins.
+    fn window_opened(&mut self) {}
+}
+
+/// No plan: [`wait_with`] is then exactly [`wait_on`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoPlan;
+
+impl WaitPlan for NoPlan {
+    fn window(&mut self) -> Option<SpinWindow> {
+        None
+    }
+}
+
+/// [`wait_on`] with a [`WaitPlan`]: while parked, the park's timeout also
+/// ends at the plan's window, which is then spun through. Parking, the
+/// deadline, `slice` and `alive()` work as in [`wait_on`] throughout.
+#[allow(clippy::too_many_arguments)]
+pub fn wait_with(
+    bell: Bell<'_>,
+    client: &ClientLine,
+    after: u64,
+    deadline: Instant,
+    spin: Duration,
+    slice: Duration,
+    plan: &mut impl WaitPlan,
     mut alive: impl FnMut() -> bool,
 ) -> WaitOutcome {
     let load = || {
@@ -106,6 +161,7 @@ pub fn wait_on(
         }
         crate::sync::spin_hint();
     }
+    let mut window = plan.window();
     loop {
         if closed() {
             // A frame may have been committed just before the close.
@@ -120,6 +176,22 @@ pub fn wait_on(
         if now >= deadline {
             return WaitOutcome::TimedOut;
         }
+        if let Some(w) = window.filter(|w| now >= w.from) {
+            window = None;
+            plan.window_opened();
+            while Instant::now() < w.until.min(deadline) {
+                let g = load();
+                if g > after {
+                    return WaitOutcome::Advanced(g);
+                }
+                // Yield, not only a pause: on a busy machine the publisher
+                // may be waiting for this very CPU to make the frame.
+                #[cfg(not(loom))]
+                std::thread::yield_now();
+                crate::sync::spin_hint();
+            }
+            continue;
+        }
         // Relaxed store + SeqCst fence: SYNC: park — the fence orders the
         // flag before the doorbell and global_seq loads (mirror of the
         // publisher's fence between its global_seq store and its flag loads).
@@ -132,7 +204,9 @@ pub fn wait_on(
             client.parked.store(0, Ordering::Relaxed);
             return WaitOutcome::Advanced(g);
         }
-        let mut limit = (deadline - now).min(slice);
+        // A planned window ends the park early (`from > now` here).
+        let timer = window.map(|w| w.from);
+        let mut limit = (deadline - now).min(timer.map_or(slice, |from| slice.min(from - now)));
         if let Some(pending) = bell.pending {
             // SYNC: pending — Relaxed, ordered by the SeqCst fence above
             // (mirror of the publisher's fence between its `pending_seq`
@@ -171,6 +245,9 @@ pub fn wait_on(
         let g = load();
         if g > after {
             return WaitOutcome::Advanced(g);
+        }
+        if let Some(late) = timer.and_then(|from| Instant::now().checked_duration_since(from)) {
+            plan.timer_woke(late);
         }
         if !alive() {
             return WaitOutcome::Stopped;
@@ -354,5 +431,189 @@ mod tests {
         assert_eq!(outcome, WaitOutcome::TimedOut);
         let used = cpu() - c;
         assert!(used < Duration::from_millis(100), "spun {used:?} of a 200 ms wait");
+    }
+
+    use crate::layout::ProducerLine;
+    use std::sync::atomic::AtomicU64;
+
+    /// The words of one ring and one subscriber, zeroed, in this process.
+    struct Words {
+        seq: AtomicU64,
+        producer: Box<ProducerLine>,
+        client: Box<ClientLine>,
+    }
+
+    fn words() -> Words {
+        // SAFETY: both are `repr(C)` structs of atomic integers only, for
+        // which all-zero bits are a valid value (a fresh memfd's contents).
+        let (producer, client) = unsafe {
+            (
+                Box::new(std::mem::MaybeUninit::<ProducerLine>::zeroed().assume_init()),
+                Box::new(std::mem::MaybeUninit::<ClientLine>::zeroed().assume_init()),
+            )
+        };
+        Words {
+            seq: AtomicU64::new(0),
+            producer,
+            client,
+        }
+    }
+
+    /// A fixed window, counting the timer reports.
+    struct Fixed(Option<SpinWindow>, u32);
+    impl WaitPlan for Fixed {
+        fn window(&mut self) -> Option<SpinWindow> {
+            self.0
+        }
+        fn timer_woke(&mut self, _late: Duration) {
+            self.1 += 1;
+        }
+    }
+
+    #[test]
+    fn a_frame_before_the_window_wakes_the_planned_wait_through_the_doorbell() {
+        let w = words();
+        let start = Instant::now();
+        let mut plan = Fixed(
+            Some(SpinWindow {
+                from: start + Duration::from_secs(20),
+                until: start + Duration::from_secs(21),
+            }),
+            0,
+        );
+        let out = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(30));
+                publish_seq(&w.seq, 1);
+                wake_if_parked(&w.client);
+            });
+            let bell = Bell {
+                seq: &w.seq,
+                producer: &w.producer,
+                pending: None,
+            };
+            let deadline = start + Duration::from_secs(30);
+            wait_with(
+                bell,
+                &w.client,
+                0,
+                deadline,
+                Duration::ZERO,
+                Duration::from_secs(30),
+                &mut plan,
+                || true,
+            )
+        });
+        assert_eq!(out, WaitOutcome::Advanced(1));
+        // Loose: the doorbell, not the window 20 s away, ended the wait.
+        assert!(start.elapsed() < Duration::from_secs(10), "{:?}", start.elapsed());
+        assert_eq!(plan.1, 0, "no timer woke it");
+    }
+
+    #[test]
+    fn the_window_catches_a_frame_without_a_doorbell() {
+        let w = words();
+        let start = Instant::now();
+        let mut plan = Fixed(
+            Some(SpinWindow {
+                from: start + Duration::from_millis(10),
+                until: start + Duration::from_secs(20),
+            }),
+            0,
+        );
+        let out = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(50));
+                // The seq moves but nobody rings: only a spinning waiter sees it.
+                publish_seq(&w.seq, 7);
+            });
+            let bell = Bell {
+                seq: &w.seq,
+                producer: &w.producer,
+                pending: None,
+            };
+            let deadline = start + Duration::from_secs(30);
+            wait_with(
+                bell,
+                &w.client,
+                0,
+                deadline,
+                Duration::ZERO,
+                Duration::from_secs(30),
+                &mut plan,
+                || true,
+            )
+        });
+        assert_eq!(out, WaitOutcome::Advanced(7));
+        assert!(start.elapsed() < Duration::from_secs(10), "{:?}", start.elapsed());
+        assert_eq!(plan.1, 1, "the park's timer ended at the window");
+    }
+
+    #[test]
+    fn a_planned_wait_with_no_frame_ends_at_its_deadline() {
+        let w = words();
+        let start = Instant::now();
+        let mut plan = Fixed(
+            Some(SpinWindow {
+                from: start + Duration::from_millis(5),
+                until: start + Duration::from_millis(15),
+            }),
+            0,
+        );
+        let bell = Bell {
+            seq: &w.seq,
+            producer: &w.producer,
+            pending: None,
+        };
+        let deadline = start + Duration::from_millis(60);
+        let out = wait_with(
+            bell,
+            &w.client,
+            0,
+            deadline,
+            Duration::ZERO,
+            Duration::from_millis(20),
+            &mut plan,
+            || true,
+        );
+        assert_eq!(out, WaitOutcome::TimedOut);
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(60) && took < Duration::from_secs(5),
+            "{took:?}"
+        );
+        // It leaves no park flag set behind it.
+        assert_eq!(w.client.parked.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_planned_wait_notices_a_closed_publisher() {
+        let w = words();
+        let start = Instant::now();
+        let mut plan = Fixed(
+            Some(SpinWindow {
+                from: start + Duration::from_secs(20),
+                until: start + Duration::from_secs(21),
+            }),
+            0,
+        );
+        w.producer.state.store(PRODUCER_CLOSED, Ordering::Release);
+        let bell = Bell {
+            seq: &w.seq,
+            producer: &w.producer,
+            pending: None,
+        };
+        let out = wait_with(
+            bell,
+            &w.client,
+            0,
+            start + Duration::from_secs(30),
+            Duration::ZERO,
+            Duration::from_millis(20),
+            &mut plan,
+            || true,
+        );
+        assert_eq!(out, WaitOutcome::ProducerClosed);
+        assert!(start.elapsed() < Duration::from_secs(10));
     }
 }

@@ -1,0 +1,727 @@
+//! Wakeup cost at camera rates: how soon a subscriber holds a frame after
+//! its publish, and how much CPU it spends waiting, for each way of
+//! waiting, against the raw futex floor measured in the same run.
+//!
+//! Rows, each a real producer process and a real subscriber process (the
+//! bench re-runs itself with `--role`), interleaved round by round:
+//!
+//! * `futex floor`: no vramring. The waker stores `CLOCK_MONOTONIC` and a
+//!   seq in a file both processes map `MAP_SHARED` (a shared futex, keyed
+//!   by the page, as vramring's memfd doorbells are), then `FUTEX_WAKE`s; the waiter is always parked on the
+//!   futex word (`FUTEX_WAIT`, no spin) and reads the time when it returns.
+//! * `vramring park`: `WaitStrategy::Park`, spin 50 µs then park (the wait
+//!   before the cadence wait became the default).
+//! * `vramring cadence`: `WaitStrategy::Cadence`, the default.
+//! * `vramring spin`: `WaitStrategy::Spin`, busy-polling (one core).
+//!
+//! at three cadences: one frame every 2 ms, every 40 ms (25 fps), and at
+//! uniformly random intervals of 1–60 ms (the same seeded sequence for
+//! every row). The producer sleeps to each frame's due time
+//! (`clock_nanosleep`, absolute), as a decoder fed by a camera does, then
+//! writes the frame and publishes it.
+//!
+//! Latency: from the producer's clock read just before `publish` (CUDA:
+//! after enqueueing the frame's write on its stream, before
+//! `publish_cuda`'s stream synchronisation) to the subscriber holding the
+//! frame (`next()` returned; push delivery by default). Subscriber CPU: the
+//! subscriber process's CPU time over the measured span ÷ that span.
+//!
+//! `cargo bench --bench wake -- [--quick] [--backend host|cuda] [--pull]
+//! [--out DIR] [--frames N] [--cadences 2000,40000,0]` (intervals in µs, 0:
+//! the irregular one); on a GPU machine, the staged binary:
+//! `bash .device/run.sh bench wake --backend cuda --quick --out $OUT`.
+//! Host backend: a small (320×240 NV12) frame written by the CPU. CUDA
+//! backend: a 1080p NV12 frame copied into the slot on the producer's
+//! stream, committed with `SlotMut::publish_cuda`. `--out DIR` receives
+//! `wake.md` (the table) and `wake.jsonl` (one JSON object per row).
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use vramring::{
+    BackendChoice, Format, FrameMeta, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions, WaitStrategy,
+};
+
+#[path = "common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+use common::R;
+
+const SLOTS: u32 = 8;
+/// Seed of the irregular cadence (xorshift64).
+const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+fn now_ns() -> u64 {
+    vramring::time::monotonic_ns()
+}
+
+fn process_cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum System {
+    Futex,
+    Park,
+    Cadence,
+    Spin,
+}
+
+const SYSTEMS: [System; 4] = [System::Futex, System::Park, System::Cadence, System::Spin];
+
+impl System {
+    fn key(self) -> &'static str {
+        match self {
+            System::Futex => "futex",
+            System::Park => "park",
+            System::Cadence => "cadence",
+            System::Spin => "spin",
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            System::Futex => "futex floor (raw FUTEX_WAIT/WAKE)",
+            System::Park => "vramring park (spin 50 µs, then futex)",
+            System::Cadence => "**vramring cadence (default)**",
+            System::Spin => "vramring spin (busy-poll)",
+        }
+    }
+    fn from_key(k: &str) -> Option<System> {
+        SYSTEMS.into_iter().find(|s| s.key() == k)
+    }
+}
+
+/// When frame `k` is due, in ns after the start: a fixed interval, or
+/// (`interval_us == 0`) the sum of `k` uniformly random 1–60 ms intervals.
+struct Pacer {
+    interval_ns: u64,
+    x: u64,
+    due: u64,
+}
+
+impl Pacer {
+    fn new(interval_us: u64) -> Pacer {
+        Pacer {
+            interval_ns: interval_us * 1000,
+            x: SEED,
+            due: 0,
+        }
+    }
+    /// The offset of the next frame.
+    fn next(&mut self) -> u64 {
+        let step = if self.interval_ns > 0 {
+            self.interval_ns
+        } else {
+            self.x ^= self.x << 13;
+            self.x ^= self.x >> 7;
+            self.x ^= self.x << 17;
+            1_000_000 + self.x % 59_000_001
+        };
+        self.due += step;
+        self.due
+    }
+}
+
+fn sleep_until_ns(t: u64) {
+    let ts = rustix::time::Timespec {
+        tv_sec: (t / 1_000_000_000) as _,
+        tv_nsec: (t % 1_000_000_000) as _,
+    };
+    // EINTR: just late; the loop's clock read follows.
+    let _ = rustix::thread::clock_nanosleep_absolute(rustix::thread::ClockId::Monotonic, &ts);
+}
+
+/// One row, passed to both roles on their command line.
+#[derive(Clone, Debug)]
+struct Case {
+    system: System,
+    cuda: bool,
+    push: bool,
+    interval_us: u64,
+    warmup: u64,
+    frames: u64,
+    dir: PathBuf,
+}
+
+impl Case {
+    fn args(&self) -> Vec<String> {
+        vec![
+            self.system.key().into(),
+            u8::from(self.cuda).to_string(),
+            u8::from(self.push).to_string(),
+            self.interval_us.to_string(),
+            self.warmup.to_string(),
+            self.frames.to_string(),
+            self.dir.display().to_string(),
+        ]
+    }
+    fn parse(a: &[String]) -> R<Case> {
+        if a.len() < 7 {
+            return Err("role arguments".into());
+        }
+        Ok(Case {
+            system: System::from_key(&a[0]).ok_or("system")?,
+            cuda: a[1] == "1",
+            push: a[2] == "1",
+            interval_us: a[3].parse()?,
+            warmup: a[4].parse()?,
+            frames: a[5].parse()?,
+            dir: PathBuf::from(&a[6]),
+        })
+    }
+    fn sock(&self) -> PathBuf {
+        self.dir.join("ring.sock")
+    }
+    fn shm(&self) -> PathBuf {
+        self.dir.join("ctl")
+    }
+    fn size(&self) -> (u32, u32) {
+        if self.cuda {
+            (1920, 1080)
+        } else {
+            (320, 240)
+        }
+    }
+}
+
+/// A 4 KiB control block shared by the two processes of a row:
+/// `[0]` futex word (u32), `[1]` seq, `[2]` t0 of the seq, `[3]` the
+/// subscriber is ready, `[4]` the producer is done, `[5]` the socket is up.
+/// A file in the row's directory, mapped `MAP_SHARED` by both.
+struct Ctl {
+    map: memmap2::MmapRaw,
+}
+
+impl Ctl {
+    fn create(path: &Path) -> R<Ctl> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
+        f.set_len(4096)?;
+        Self::open(path)
+    }
+    fn open(path: &Path) -> R<Ctl> {
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+        let map = memmap2::MmapOptions::new().len(4096).map_raw(&f)?;
+        Ok(Ctl { map })
+    }
+    fn word(&self, k: usize) -> &AtomicU64 {
+        assert!(k < 512);
+        // SAFETY: in bounds of the 4 KiB mapping, 8-byte aligned (the
+        // mapping is page aligned); it lives as long as `self`; AtomicU64
+        // is valid for any bits.
+        unsafe { &*(self.map.as_ptr().add(k * 8) as *const AtomicU64) }
+    }
+    fn futex(&self) -> &AtomicU32 {
+        // SAFETY: the first 4 bytes of the mapping, 4-byte aligned; valid
+        // for any bits; word 0 is used only through this view.
+        unsafe { &*(self.map.as_ptr() as *const AtomicU32) }
+    }
+    fn seq(&self) -> &AtomicU64 {
+        self.word(1)
+    }
+    fn t0(&self) -> &AtomicU64 {
+        self.word(2)
+    }
+    fn ready(&self) -> &AtomicU64 {
+        self.word(3)
+    }
+    fn done(&self) -> &AtomicU64 {
+        self.word(4)
+    }
+    fn up(&self) -> &AtomicU64 {
+        self.word(5)
+    }
+}
+
+fn write_samples(path: &Path, samples: &[u64]) -> R<()> {
+    let mut f = File::create(path)?;
+    for s in samples {
+        f.write_all(&s.to_le_bytes())?;
+    }
+    Ok(())
+}
+
+fn read_samples(path: &Path) -> R<Vec<u64>> {
+    let mut b = Vec::new();
+    File::open(path)?.read_to_end(&mut b)?;
+    Ok(b.chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect())
+}
+
+/// What a subscriber role reports: latencies, then `[delivered, dropped,
+/// cpu_ns, wall_ns]`.
+fn write_result(c: &Case, lat: &[u64], delivered: u64, dropped: u64, cpu_ns: u64, wall_ns: u64) -> R<()> {
+    write_samples(&c.dir.join("lat"), lat)?;
+    write_samples(&c.dir.join("stats"), &[delivered, dropped, cpu_ns, wall_ns])
+}
+
+// ------------------------------------------------------------ futex floor
+
+fn futex_waker(c: &Case) -> R<()> {
+    let ctl = Ctl::open(&c.shm())?;
+    // SYNC: bench-ready — Acquire pairs with the subscriber's Release.
+    while ctl.ready().load(Ordering::Acquire) == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut pacer = Pacer::new(c.interval_us);
+    let start = now_ns();
+    for k in 1..=c.warmup + c.frames {
+        sleep_until_ns(start + pacer.next());
+        let t0 = now_ns();
+        ctl.t0().store(t0, Ordering::Relaxed);
+        // SYNC: bench-seq — Release: the waiter that sees `k` sees its t0.
+        ctl.seq().store(k, Ordering::Release);
+        // SYNC: bench-futex — Release, paired with the waiter's Acquire.
+        ctl.futex().store(k as u32, Ordering::Release);
+        let _ = rustix::thread::futex::wake(ctl.futex(), rustix::thread::futex::Flags::empty(), 1);
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    // SYNC: bench-done — Release, paired with the waiter's Acquire.
+    ctl.done().store(1, Ordering::Release);
+    // SYNC: bench-futex — Release (a last change of the word wakes it).
+    ctl.futex().store(u32::MAX, Ordering::Release);
+    let _ = rustix::thread::futex::wake(ctl.futex(), rustix::thread::futex::Flags::empty(), 1);
+    Ok(())
+}
+
+fn futex_waiter(c: &Case) -> R<()> {
+    let ctl = Ctl::open(&c.shm())?;
+    // SYNC: bench-ready — Release, paired with the producer's Acquire.
+    ctl.ready().store(1, Ordering::Release);
+    let (mut last, mut lat, mut dropped, mut delivered) = (0u64, Vec::new(), 0u64, 0u64);
+    let (mut cpu0, mut wall0, mut cpu1, mut wall1) = (0, 0, 0, 0);
+    // SYNC: bench-done — Acquire pairs with the waker's Release.
+    while ctl.done().load(Ordering::Acquire) == 0 {
+        // SYNC: bench-futex — Acquire pairs with the waker's Release; the
+        // word is loaded before the seq, so a wake after it is not missed.
+        let word = ctl.futex().load(Ordering::Acquire);
+        // SYNC: bench-seq — Acquire pairs with the waker's Release.
+        let seq = ctl.seq().load(Ordering::Acquire);
+        if seq > last {
+            let t1 = now_ns();
+            let t0 = ctl.t0().load(Ordering::Relaxed);
+            if seq > c.warmup {
+                if lat.is_empty() {
+                    (cpu0, wall0) = (process_cpu_ns(), t1);
+                }
+                lat.push(t1.saturating_sub(t0));
+                delivered += 1;
+                dropped += seq - last - 1;
+                (cpu1, wall1) = (process_cpu_ns(), now_ns());
+            }
+            last = seq;
+            continue;
+        }
+        let ts = rustix::time::Timespec { tv_sec: 1, tv_nsec: 0 };
+        let _ = rustix::thread::futex::wait(ctl.futex(), rustix::thread::futex::Flags::empty(), word, Some(&ts));
+    }
+    write_result(c, &lat, delivered, dropped, cpu1 - cpu0, wall1 - wall0)
+}
+
+// ------------------------------------------------------------ vramring
+
+/// The CUDA side of the producer: a stream and a source frame.
+struct Gpu {
+    stream: cudarc::driver::sys::CUstream,
+    src: cudarc::driver::sys::CUdeviceptr,
+}
+
+impl Gpu {
+    fn init(bytes: usize) -> R<Gpu> {
+        use cudarc::driver::sys;
+        common::make_primary_current()?;
+        let mut stream = std::ptr::null_mut();
+        let mut src = 0;
+        // SAFETY: valid out-pointers; the primary context is current.
+        unsafe {
+            common::ck(
+                "cuStreamCreate",
+                sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
+            )?;
+            common::ck("cuMemAlloc", sys::cuMemAlloc_v2(&mut src, bytes))?;
+            common::ck("cuMemsetD8", sys::cuMemsetD8_v2(src, 0x5a, bytes))?;
+        }
+        Ok(Gpu { stream, src })
+    }
+}
+
+fn vr_producer(c: &Case) -> R<()> {
+    let (w, h) = c.size();
+    let bytes = vramring::Geometry::new(Format::Nv12, w, h)?.frame_bytes as usize;
+    let gpu = if c.cuda { Some(Gpu::init(bytes)?) } else { None };
+    let backend = if c.cuda {
+        BackendChoice::Cuda(0)
+    } else {
+        BackendChoice::Host
+    };
+    let cfg = RingConfig::new(Format::Nv12, w, h).slots(SLOTS).backend(backend);
+    let mut p = Publisher::create(c.sock(), cfg)?;
+    let ctl = Ctl::open(&c.shm())?;
+    // SYNC: bench-up — Release, paired with the orchestrator's Acquire.
+    ctl.up().store(1, Ordering::Release);
+    // SYNC: bench-ready — Acquire pairs with the subscriber's Release.
+    while ctl.ready().load(Ordering::Acquire) == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut pacer = Pacer::new(c.interval_us);
+    let start = now_ns();
+    for k in 0..c.warmup + c.frames {
+        sleep_until_ns(start + pacer.next());
+        let mut slot = p.loan(Duration::from_secs(1))?;
+        match &gpu {
+            Some(g) => {
+                // SAFETY: the slot is a `bytes`-long part of the pool in the
+                // primary context, which is current; `src` holds `bytes`.
+                unsafe {
+                    common::ck(
+                        "cuMemcpyDtoDAsync",
+                        cudarc::driver::sys::cuMemcpyDtoDAsync_v2(slot.addr(), g.src, bytes, g.stream),
+                    )?;
+                }
+            }
+            None => slot.plane_mut(0)?.fill(k as u8),
+        }
+        let t0 = now_ns();
+        let meta = FrameMeta::pts(k as i64).with_user(&t0.to_le_bytes())?;
+        match &gpu {
+            // SAFETY: our live stream in the ring's context.
+            Some(g) => unsafe { slot.publish_cuda(meta, g.stream)? },
+            None => slot.publish(meta)?,
+        };
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    p.close()?;
+    Ok(())
+}
+
+fn vr_subscriber(c: &Case) -> R<()> {
+    let wait = match c.system {
+        System::Park => WaitStrategy::Park,
+        System::Cadence => WaitStrategy::Cadence,
+        _ => WaitStrategy::Spin,
+    };
+    let opts = SubscriberOptions::default()
+        .mode(Mode::Latest)
+        .push(c.push)
+        .name(format!("wake-{}", c.system.key()))
+        .wait(wait);
+    let ctl = Ctl::open(&c.shm())?;
+    let give_up = Instant::now() + Duration::from_secs(30);
+    let mut s = loop {
+        match Subscriber::connect(c.sock(), opts.clone()) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() > give_up => return Err(format!("connect: {e}").into()),
+            Err(_) => std::thread::sleep(Duration::from_millis(2)),
+        }
+    };
+    // SYNC: bench-ready — Release, paired with the producer's Acquire.
+    ctl.ready().store(1, Ordering::Release);
+    let mut lat = Vec::with_capacity(c.frames as usize);
+    let (mut cpu0, mut wall0, mut cpu1, mut wall1) = (0, 0, 0, 0);
+    let (mut delivered, mut first_dropped) = (0u64, None);
+    loop {
+        match s.next(Duration::from_secs(2)) {
+            Ok(f) => {
+                let t1 = now_ns();
+                let t0 = u64::from_le_bytes(f.user().get(..8).ok_or("user meta")?.try_into()?);
+                if f.pts() as u64 >= c.warmup {
+                    if lat.is_empty() {
+                        (cpu0, wall0) = (process_cpu_ns(), t1);
+                    }
+                    lat.push(t1.saturating_sub(t0));
+                    delivered += 1;
+                    (cpu1, wall1) = (process_cpu_ns(), now_ns());
+                }
+            }
+            Err(vramring::Error::ProducerGone { .. }) => break,
+            Err(e) => return Err(e.into()),
+        }
+        if first_dropped.is_none() && !lat.is_empty() {
+            // Gaps counted from the first measured frame on.
+            first_dropped = Some(s.stats().dropped);
+        }
+    }
+    let dropped = s.stats().dropped - first_dropped.unwrap_or(s.stats().dropped);
+    if c.system == System::Cadence {
+        let st = s.cadence();
+        std::fs::write(
+            c.dir.join("cadence"),
+            format!(
+                "interval {} µs, margin {:.0} µs, tolerance {:.0} µs, windows {}, hits {}, misses {}",
+                st.interval_ns
+                    .map_or("none".into(), |i| format!("{:.1}", i as f64 / 1000.0)),
+                st.margin_ns as f64 / 1000.0,
+                st.tolerance_ns as f64 / 1000.0,
+                st.windows,
+                st.hits,
+                st.misses
+            ),
+        )?;
+    }
+    write_result(c, &lat, delivered, dropped, cpu1 - cpu0, wall1 - wall0)
+}
+
+// ------------------------------------------------------------ orchestration
+
+fn role_main(args: &[String]) -> R<()> {
+    let role = args.first().ok_or("role")?.as_str();
+    let c = Case::parse(&args[1..])?;
+    match (role, c.system) {
+        ("producer", System::Futex) => futex_waker(&c),
+        ("subscriber", System::Futex) => futex_waiter(&c),
+        ("producer", _) => vr_producer(&c),
+        ("subscriber", _) => vr_subscriber(&c),
+        _ => Err("unknown role".into()),
+    }
+}
+
+fn spawn_role(role: &str, c: &Case) -> R<Child> {
+    Ok(Command::new(std::env::current_exe()?)
+        .arg("--role")
+        .arg(role)
+        .args(c.args())
+        .stdin(Stdio::null())
+        .spawn()?)
+}
+
+/// One row's outcome (several rounds merged).
+#[derive(Default)]
+struct Row {
+    lat: Vec<u64>,
+    delivered: u64,
+    dropped: u64,
+    cpu_ns: u64,
+    wall_ns: u64,
+    failed: Option<String>,
+}
+
+fn run_case(c: &Case) -> R<(Vec<u64>, [u64; 4])> {
+    let _ = std::fs::remove_dir_all(&c.dir);
+    std::fs::create_dir_all(&c.dir)?;
+    let ctl = Ctl::create(&c.shm())?;
+    let mut producer = spawn_role("producer", c)?;
+    if c.system != System::Futex {
+        let give_up = Instant::now() + Duration::from_secs(60);
+        // SYNC: bench-up — Acquire pairs with the producer's Release.
+        while ctl.up().load(Ordering::Acquire) == 0 {
+            if let Some(st) = producer.try_wait()? {
+                return Err(format!("producer exited early: {st}").into());
+            }
+            if Instant::now() > give_up {
+                let _ = producer.kill();
+                return Err("producer did not start".into());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let mut sub = spawn_role("subscriber", c)?;
+    let pst = producer.wait()?;
+    let sst = sub.wait()?;
+    if !pst.success() || !sst.success() {
+        return Err(format!("producer {pst}, subscriber {sst}").into());
+    }
+    let lat = read_samples(&c.dir.join("lat"))?;
+    let st = read_samples(&c.dir.join("stats"))?;
+    if let Ok(d) = std::fs::read_to_string(c.dir.join("cadence")) {
+        eprintln!("wake:   cadence wait at the end: {d}");
+    }
+    let st: [u64; 4] = st.as_slice().try_into().map_err(|_| "stats")?;
+    let _ = std::fs::remove_dir_all(&c.dir);
+    Ok((lat, st))
+}
+
+fn pct(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let k = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[k] as f64 / 1000.0
+}
+
+/// A JSON number, or `null` for NaN (a row without samples).
+fn num(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.3}")
+    } else {
+        "null".into()
+    }
+}
+
+fn cadence_name(interval_us: u64) -> String {
+    match interval_us {
+        0 => "irregular 1–60 ms".into(),
+        40_000 => "40 ms (25 fps)".into(),
+        us => format!("{} ms", us as f64 / 1000.0),
+    }
+}
+
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .unwrap_or("")
+        .trim()
+        .to_owned();
+    format!("{cores} CPUs ({cpu}), Linux {}", kernel.trim())
+}
+
+fn main() -> R<()> {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    if let Some(i) = args.iter().position(|a| a == "--role") {
+        return role_main(&args[i + 1..]);
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let opt = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let cuda = match opt("--backend").as_deref() {
+        None | Some("host") => false,
+        Some("cuda") => true,
+        Some(other) => return Err(format!("--backend {other}: host or cuda").into()),
+    };
+    if cuda && !vramring::memory::cuda::cuda_usable() {
+        return Err("wake bench: --backend cuda but no usable CUDA GPU here".into());
+    }
+    let push = !args.iter().any(|a| a == "--pull");
+    let out = opt("--out").map(PathBuf::from);
+    let (frames, rounds, warmup) = if quick { (300, 1, 30) } else { (1500, 3, 30) };
+    let frames = match opt("--frames") {
+        Some(n) => n.parse()?,
+        None => frames,
+    };
+    // `--cadences 2000,40000,0`: intervals in µs, 0 for the irregular one.
+    let cadences: Vec<u64> = match opt("--cadences") {
+        Some(list) => list.split(',').map(str::parse).collect::<Result<_, _>>()?,
+        None => vec![2_000, 40_000, 0],
+    };
+    let dir = std::env::temp_dir().join(format!("vramring-wake-{}", std::process::id()));
+    let frame = if cuda {
+        "1080p NV12, CUDA backend"
+    } else {
+        "320×240 NV12, host backend"
+    };
+    let delivery = if push { "push" } else { "pull" };
+    let mut rows: Vec<Vec<Row>> = cadences
+        .iter()
+        .map(|_| SYSTEMS.iter().map(|_| Row::default()).collect())
+        .collect();
+    // Interleaved: every round runs every row once.
+    for round in 0..rounds {
+        for (ci, &interval_us) in cadences.iter().enumerate() {
+            for (si, &system) in SYSTEMS.iter().enumerate() {
+                let row = &mut rows[ci][si];
+                if row.failed.is_some() {
+                    continue;
+                }
+                let case = Case {
+                    system,
+                    cuda,
+                    push,
+                    interval_us,
+                    warmup,
+                    frames: frames / rounds,
+                    dir: dir.join(format!("{round}-{ci}-{}", system.key())),
+                };
+                eprintln!(
+                    "wake: round {}/{rounds}, {}, {}",
+                    round + 1,
+                    cadence_name(interval_us),
+                    system.key()
+                );
+                match run_case(&case) {
+                    Ok((lat, [delivered, dropped, cpu, wall])) => {
+                        row.lat.extend(lat);
+                        row.delivered += delivered;
+                        row.dropped += dropped;
+                        row.cpu_ns += cpu;
+                        row.wall_ns += wall;
+                    }
+                    Err(e) => row.failed = Some(e.to_string()),
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut md = format!(
+        "Wake latency, publish → subscriber holds the frame (µs), {frame}, {delivery} delivery, {frames} frames per row after {warmup} warm-up, {rounds} interleaved round(s); {}\n\n",
+        machine()
+    );
+    md.push_str("| cadence | wait | p50 | p99 | max | frames | dropped | subscriber CPU (% of a core) | p50 / floor | p99 / floor |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut jsonl = String::new();
+    for (ci, &interval_us) in cadences.iter().enumerate() {
+        let floor = {
+            let mut l = rows[ci][0].lat.clone();
+            l.sort_unstable();
+            (pct(&l, 0.5), pct(&l, 0.99))
+        };
+        for (si, system) in SYSTEMS.iter().enumerate() {
+            let row = &mut rows[ci][si];
+            if let Some(e) = &row.failed {
+                md.push_str(&format!(
+                    "| {} | {} | failed: {e} |\n",
+                    cadence_name(interval_us),
+                    system.name()
+                ));
+                jsonl.push_str(&format!(
+                    "{{\"cadence_us\":{interval_us},\"wait\":\"{}\",\"failed\":{:?}}}\n",
+                    system.key(),
+                    e
+                ));
+                continue;
+            }
+            row.lat.sort_unstable();
+            let (p50, p99, max) = (pct(&row.lat, 0.5), pct(&row.lat, 0.99), pct(&row.lat, 1.0));
+            let cpu = if row.wall_ns > 0 {
+                100.0 * row.cpu_ns as f64 / row.wall_ns as f64
+            } else {
+                f64::NAN
+            };
+            md.push_str(&format!(
+                "| {} | {} | {p50:.1} | {p99:.1} | {max:.1} | {} | {} | {cpu:.2} | {:.2}× | {:.2}× |\n",
+                cadence_name(interval_us),
+                system.name(),
+                row.delivered,
+                row.dropped,
+                p50 / floor.0,
+                p99 / floor.1,
+            ));
+            jsonl.push_str(&format!(
+                "{{\"bench\":\"wake\",\"backend\":\"{}\",\"delivery\":\"{delivery}\",\"cadence_us\":{interval_us},\"wait\":\"{}\",\"p50_us\":{},\"p99_us\":{},\"max_us\":{},\"frames\":{},\"dropped\":{},\"cpu_pct\":{},\"floor_p50_us\":{},\"floor_p99_us\":{}}}\n",
+                if cuda { "cuda" } else { "host" },
+                system.key(),
+                num(p50),
+                num(p99),
+                num(max),
+                row.delivered,
+                row.dropped,
+                num(cpu),
+                num(floor.0),
+                num(floor.1),
+            ));
+        }
+    }
+    println!("{md}");
+    if let Some(out) = out {
+        std::fs::create_dir_all(&out)?;
+        std::fs::write(out.join("wake.md"), &md)?;
+        std::fs::write(out.join("wake.jsonl"), &jsonl)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,774 @@
+//! Cadence-aware waiting: a subscriber learns the publisher's frame
+//! interval from the commit timestamps it reads, parks on its doorbell
+//! until just before the next frame is due, and spins only then.
+//!
+//! Why: a parked waiter on a sleeping vCPU pays tens to hundreds of µs to
+//! be woken (the idle state's exit, not the ring). A camera publishes at a
+//! steady cadence, so the wake can be moved ahead of the frame: the
+//! subscriber sets a timer (the park's own timeout) for `expected − margin`
+//! and is already awake and spinning when the frame lands.
+//!
+//! * [`Cadence`] is the estimator and the timing policy, pure arithmetic
+//!   over nanosecond timestamps (unit-tested with synthetic ones). It is
+//!   fed the `(seq, commit_ns)` of every delivered frame or packet
+//!   (`commit_ns` is the publisher's `CLOCK_MONOTONIC`, the same clock as
+//!   ours on one kernel), the timer overshoot of each early wake, and when
+//!   each frame was seen.
+//! * It locks when the last intervals agree (their spread is a small part
+//!   of their median) and plans a spin window `[expected − margin,
+//!   expected + tolerance]`. The margin covers the measured timer overshoot
+//!   and how early frames come; the tolerance how late they come; both are
+//!   high percentiles over a sliding window, bounded, and together capped
+//!   at a CPU budget (a share of the interval).
+//! * Anything irregular unlocks it: a seq that goes backwards or jumps, a
+//!   timestamp in the future, zero, backwards or out of range (a hostile or
+//!   restarted publisher), intervals that disagree, or frames that miss
+//!   their window a few times in a row. Unlocked, or when the next frame is
+//!   already overdue (a paused stream), the wait is today's spin-then-park:
+//!   no CPU is spent on a stream that does not come.
+//!
+//! [`CadencePlan`] adapts it to [`super::wait::WaitPlan`], the hook of
+//! [`super::wait::wait_with`]; the window never outlives the caller's
+//! deadline, and parking in it is the ordinary doorbell park, so an early
+//! frame, a closed or dead publisher and an eviction are noticed as
+//! before.
+
+use std::time::{Duration, Instant};
+
+use super::wait::{SpinWindow, WaitPlan};
+
+/// How a subscriber waits for the next frame or packet.
+///
+/// Every strategy is bounded by the call's timeout and notices a closed
+/// publisher; the parking ones also check the publisher's socket between
+/// park slices (`park_slice`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WaitStrategy {
+    /// The default. Learns the publisher's cadence from commit timestamps;
+    /// once it is steady, parks on the futex until just before the next
+    /// frame is due (an early frame still wakes it), spins through the
+    /// window in which the frame is expected, and falls back to
+    /// [`WaitStrategy::Park`] when the frame does not come or the source
+    /// is irregular. At camera rates it receives a frame within tens of µs
+    /// of its commit while spending a few hundred µs of CPU per frame.
+    #[default]
+    Cadence,
+    /// Spin for `spin` (default 50 µs), then park on the futex until a
+    /// frame comes. Cheapest in CPU; every frame that comes while parked
+    /// pays the kernel's wakeup (tens of µs to ms on an idle vCPU).
+    Park,
+    /// Busy-poll for the whole timeout: lowest latency, one core at 100 %.
+    /// A publisher that closes is noticed at the timeout, not before.
+    Spin,
+}
+
+/// Intervals kept to estimate the cadence.
+const INTERVALS: usize = 32;
+/// Intervals needed before the estimate is trusted.
+const MIN_INTERVALS: usize = 8;
+/// Samples kept for each error distribution (overshoot, early, late, seen).
+const SAMPLES: usize = 64;
+/// Shortest interval followed (2 kHz); faster sources are spun for by the
+/// plain strategy's spin anyway.
+const MIN_INTERVAL_NS: u64 = 500_000;
+/// Longest interval followed (1 fps); slower sources park.
+const MAX_INTERVAL_NS: u64 = 1_000_000_000;
+/// A delivered frame may skip at most this many seqs and still yield an
+/// interval (a Latest reader skips some); a larger jump resets.
+const MAX_SEQ_STEP: u64 = 4;
+/// A commit time later than our own clock by more than this is nonsense.
+const FUTURE_SLOP_NS: u64 = 1_000_000;
+/// Windows missed in a row before the lock is dropped.
+const MAX_MISSES: u32 = 3;
+/// Bounds of the margin before the expected frame.
+const MARGIN_MIN_NS: u64 = 30_000;
+const MARGIN_MAX_NS: u64 = 2_000_000;
+/// Bounds of the tolerance after it.
+const TOLERANCE_MIN_NS: u64 = 20_000;
+const TOLERANCE_MAX_NS: u64 = 1_000_000;
+/// Assumed timer overshoot before one is measured.
+const DEFAULT_OVERSHOOT_NS: u64 = 100_000;
+/// Added to both ends for what the percentiles do not see.
+const SLACK_NS: u64 = 15_000;
+/// Default CPU budget: the spin window's share of the interval, in parts
+/// per ten thousand (150 = 1.5 %).
+const DEFAULT_BUDGET_BP: u64 = 150;
+
+/// A fixed ring of the newest `N` samples.
+#[derive(Debug, Clone)]
+struct Samples<const N: usize> {
+    v: [u64; N],
+    len: usize,
+    next: usize,
+}
+
+impl<const N: usize> Samples<N> {
+    const fn new() -> Self {
+        Samples {
+            v: [0; N],
+            len: 0,
+            next: 0,
+        }
+    }
+    fn push(&mut self, x: u64) {
+        self.v[self.next] = x;
+        self.next = (self.next + 1) % N;
+        self.len = (self.len + 1).min(N);
+    }
+    fn clear(&mut self) {
+        self.len = 0;
+        self.next = 0;
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    /// The `p` quantile (0.0..=1.0, nearest rank), or `None` when empty.
+    fn quantile(&self, p: f64) -> Option<u64> {
+        if self.len == 0 {
+            return None;
+        }
+        let mut s = [0u64; N];
+        s[..self.len].copy_from_slice(&self.v[..self.len]);
+        let s = &mut s[..self.len];
+        s.sort_unstable();
+        let k = ((self.len - 1) as f64 * p.clamp(0.0, 1.0)).round() as usize;
+        s.get(k).copied()
+    }
+    fn values(&self) -> &[u64] {
+        &self.v[..self.len]
+    }
+    /// The `p` quantile of `|x − center|`.
+    fn spread(&self, center: u64, p: f64) -> Option<u64> {
+        let mut d = Samples::<N>::new();
+        for &x in &self.v[..self.len] {
+            d.push(x.abs_diff(center));
+        }
+        d.quantile(p)
+    }
+}
+
+/// The window planned for one wait, in `CLOCK_MONOTONIC` ns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Park until here, then spin.
+    pub from_ns: u64,
+    /// When the frame is expected.
+    pub expected_ns: u64,
+    /// Stop spinning here and park as usual.
+    pub until_ns: u64,
+}
+
+/// What the estimator knows about the stream now (for tests, logs and
+/// benches).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CadenceState {
+    /// The locked interval in ns, `None` while unlocked.
+    pub interval_ns: Option<u64>,
+    /// The current margin before the expected commit, ns.
+    pub margin_ns: u64,
+    /// The current tolerance after it, ns.
+    pub tolerance_ns: u64,
+    /// Windows planned so far.
+    pub windows: u64,
+    /// Frames caught spinning inside their window.
+    pub hits: u64,
+    /// Windows that ended without their frame, or frames that came before
+    /// their window opened.
+    pub misses: u64,
+}
+
+/// The cadence estimator and timing policy (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Cadence {
+    /// Share of the interval the spin window may take, in basis points.
+    budget_bp: u64,
+    /// Newest `(seq, commit_ns)` observed.
+    last: Option<(u64, u64)>,
+    intervals: Samples<INTERVALS>,
+    /// Locked interval (0: unlocked).
+    interval: u64,
+    /// How much earlier than expected frames were committed.
+    early: Samples<SAMPLES>,
+    /// How much later than expected frames were committed.
+    late: Samples<SAMPLES>,
+    /// How late the park's timer woke us after the window's start.
+    overshoot: Samples<SAMPLES>,
+    /// From a frame's commit to the moment a spinning wait saw it.
+    seen: Samples<SAMPLES>,
+    /// The window of the wait in progress and whether it has been judged.
+    pending: Option<Window>,
+    /// When the last wait that ended in its window saw the seq move.
+    caught_ns: Option<u64>,
+    /// Windows missed in a row.
+    missed_in_row: u32,
+    /// An observation not yet learnt from ([`Cadence::observe_deferred`]).
+    deferred: Option<(u64, u64, u64)>,
+    windows: u64,
+    hits: u64,
+    misses: u64,
+}
+
+impl Default for Cadence {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Cadence {
+    /// An unlocked estimator with the default CPU budget (1.5 % of the
+    /// interval spent spinning, at most).
+    pub const fn new() -> Self {
+        Cadence {
+            budget_bp: DEFAULT_BUDGET_BP,
+            last: None,
+            intervals: Samples::new(),
+            interval: 0,
+            early: Samples::new(),
+            late: Samples::new(),
+            overshoot: Samples::new(),
+            seen: Samples::new(),
+            pending: None,
+            caught_ns: None,
+            missed_in_row: 0,
+            deferred: None,
+            windows: 0,
+            hits: 0,
+            misses: 0,
+        }
+    }
+
+    /// The estimator's view now.
+    pub fn state(&self) -> CadenceState {
+        CadenceState {
+            interval_ns: (self.interval != 0).then_some(self.interval),
+            margin_ns: self.margin(),
+            tolerance_ns: self.tolerance(),
+            windows: self.windows,
+            hits: self.hits,
+            misses: self.misses,
+        }
+    }
+
+    /// The most the window may span: the budget's share of the interval.
+    fn cap(&self) -> u64 {
+        (self.interval.saturating_mul(self.budget_bp) / 10_000).max(MARGIN_MIN_NS + TOLERANCE_MIN_NS)
+    }
+
+    /// The margin before and the tolerance after the expected frame: what
+    /// the measurements ask for, each bounded, scaled down together to the
+    /// CPU budget.
+    fn bounds(&self) -> (u64, u64) {
+        let over = self.overshoot.quantile(0.99).unwrap_or(DEFAULT_OVERSHOOT_NS);
+        let early = self.early.quantile(0.99).unwrap_or(0);
+        let margin = over
+            .saturating_add(early)
+            .saturating_add(SLACK_NS)
+            .clamp(MARGIN_MIN_NS, MARGIN_MAX_NS);
+        let late = self.late.quantile(0.99).unwrap_or(0);
+        let seen_spread = match (self.seen.quantile(0.99), self.seen.quantile(0.1)) {
+            (Some(hi), Some(lo)) => hi.saturating_sub(lo),
+            _ => 0,
+        };
+        let tolerance = late
+            .saturating_add(seen_spread)
+            .saturating_add(SLACK_NS)
+            .clamp(TOLERANCE_MIN_NS, TOLERANCE_MAX_NS);
+        let cap = self.cap();
+        if margin + tolerance <= cap {
+            return (margin, tolerance);
+        }
+        // Both are at most a few ms: no overflow in u128.
+        let m = (u128::from(margin) * u128::from(cap) / u128::from(margin + tolerance)) as u64;
+        let m = m.clamp(MARGIN_MIN_NS, cap - TOLERANCE_MIN_NS);
+        (m, cap - m)
+    }
+
+    fn margin(&self) -> u64 {
+        self.bounds().0
+    }
+
+    fn tolerance(&self) -> u64 {
+        self.bounds().1
+    }
+
+    /// Forgets the cadence (not the measured overshoot, which is the
+    /// machine's, not the stream's).
+    fn unlock(&mut self) {
+        self.intervals.clear();
+        self.interval = 0;
+        self.early.clear();
+        self.late.clear();
+        self.missed_in_row = 0;
+        self.pending = None;
+    }
+
+    /// As [`Cadence::observe`], but the work is done at the next
+    /// [`Cadence::plan`] (or the next deferred observation): the subscriber
+    /// hands the frame over first and learns from it while it waits.
+    pub fn observe_deferred(&mut self, seq: u64, commit_ns: u64, now_ns: u64) {
+        if let Some((s, c, n)) = self.deferred.replace((seq, commit_ns, now_ns)) {
+            self.observe(s, c, n);
+        }
+    }
+
+    /// Plans the next wait at `now_ns`: the window to spin in, or `None`
+    /// to wait as [`WaitStrategy::Park`] does (unlocked, or the frame is
+    /// overdue already).
+    pub fn plan(&mut self, now_ns: u64) -> Option<Window> {
+        if let Some((s, c, n)) = self.deferred.take() {
+            self.observe(s, c, n);
+        }
+        self.pending = None;
+        self.caught_ns = None;
+        let (_, last_commit) = self.last?;
+        if self.interval == 0 {
+            return None;
+        }
+        let seen = self.seen.quantile(0.1).unwrap_or(0);
+        let expected = last_commit.checked_add(self.interval)?.checked_add(seen)?;
+        let tolerance = self.tolerance();
+        let until = expected.checked_add(tolerance)?;
+        if now_ns >= until {
+            // Overdue: the stream paused or the reader is behind. Park; the
+            // next frame's timestamps say whether the cadence still holds.
+            return None;
+        }
+        let margin = self.margin();
+        let typical = self.overshoot.quantile(0.5).unwrap_or(DEFAULT_OVERSHOOT_NS);
+        if typical.saturating_add(SLACK_NS) > margin {
+            // The budget cannot cover even a typical timer wake (a fast
+            // cadence, or a busy machine): the timer would fire after the
+            // frame, so park instead. The assumed overshoot enters the
+            // samples, so that after a burst of late timers a window is
+            // tried again.
+            self.overshoot.push(DEFAULT_OVERSHOOT_NS);
+            return None;
+        }
+        let w = Window {
+            from_ns: expected.saturating_sub(margin).max(now_ns),
+            expected_ns: expected,
+            until_ns: until,
+        };
+        self.windows += 1;
+        self.pending = Some(w);
+        Some(w)
+    }
+
+    /// The park meant to end at the window's start returned `late_ns`
+    /// after it.
+    pub fn timer_woke(&mut self, late_ns: u64) {
+        // Bounded so one descheduled moment cannot inflate the margin
+        // past its cap for a whole window of samples.
+        self.overshoot.push(late_ns.min(MARGIN_MAX_NS));
+    }
+
+    /// The wait planned by the last [`Cadence::plan`] ended at `now_ns`;
+    /// `advanced` when the seq moved, `spun` when its window's spin began.
+    pub fn waited(&mut self, advanced: bool, spun: bool, now_ns: u64) {
+        let Some(w) = self.pending.take() else {
+            return;
+        };
+        if advanced && spun && now_ns <= w.until_ns {
+            self.caught_ns = Some(now_ns);
+            self.hits += 1;
+            self.missed_in_row = 0;
+        } else if now_ns > w.until_ns {
+            // The window ended without the frame (it came later, or not
+            // at all before the deadline).
+            self.miss();
+        }
+        // Advanced before the window's spin (an early frame, or a late
+        // timer, woken through the doorbell: its timestamp teaches
+        // `early`), or stopped inside it (a short timeout, a socket
+        // message): no miss.
+    }
+
+    fn miss(&mut self) {
+        self.misses += 1;
+        self.missed_in_row += 1;
+        if self.missed_in_row >= MAX_MISSES {
+            self.unlock();
+        }
+    }
+
+    /// A frame or packet `seq` committed at `commit_ns` (the publisher's
+    /// clock, untrusted) was delivered at `now_ns`. Never panics; nonsense
+    /// unlocks.
+    pub fn observe(&mut self, seq: u64, commit_ns: u64, now_ns: u64) {
+        let caught = self.caught_ns.take();
+        if commit_ns == 0 || commit_ns > now_ns.saturating_add(FUTURE_SLOP_NS) {
+            self.unlock();
+            self.last = None;
+            return;
+        }
+        let Some((last_seq, last_commit)) = self.last.replace((seq, commit_ns)) else {
+            return;
+        };
+        if seq <= last_seq || commit_ns <= last_commit {
+            // Backwards: a restarted or lying publisher.
+            self.unlock();
+            return;
+        }
+        let step = seq - last_seq;
+        if step > MAX_SEQ_STEP {
+            // A gap too wide to read an interval across (a pause, a slow
+            // reader): learn the interval again from here.
+            self.intervals.clear();
+            self.interval = 0;
+            return;
+        }
+        let delta = (commit_ns - last_commit) / step;
+        if !(MIN_INTERVAL_NS..=MAX_INTERVAL_NS).contains(&delta) {
+            self.unlock();
+            return;
+        }
+        if self.interval != 0 {
+            let expected = last_commit.saturating_add(self.interval.saturating_mul(step));
+            if commit_ns >= expected {
+                self.late.push(commit_ns - expected);
+            } else {
+                self.early.push(expected - commit_ns);
+            }
+            if let Some(c) = caught {
+                self.seen.push(c.saturating_sub(commit_ns).min(TOLERANCE_MAX_NS));
+            }
+        }
+        self.intervals.push(delta);
+        self.relock();
+    }
+
+    /// Locks when the intervals agree (90 % of them within an eighth of
+    /// their median), on the mean of those that do: the mean follows the
+    /// publisher's grid where the median would pick one side of its jitter.
+    fn relock(&mut self) {
+        self.interval = 0;
+        if self.intervals.len() < MIN_INTERVALS {
+            return;
+        }
+        let Some(median) = self.intervals.quantile(0.5) else {
+            return;
+        };
+        let near = median / 8;
+        if self.intervals.spread(median, 0.9).unwrap_or(u64::MAX) > near {
+            return;
+        }
+        let (mut sum, mut n) = (0u128, 0u128);
+        for &d in self.intervals.values() {
+            if d.abs_diff(median) <= near {
+                sum += u128::from(d);
+                n += 1;
+            }
+        }
+        // The mean of values that fit in a u64 fits in a u64.
+        self.interval = sum.checked_div(n).map_or(0, |m| m as u64);
+    }
+}
+
+/// [`Cadence`] as the hook of one [`super::wait::wait_with`] call.
+pub struct CadencePlan<'a> {
+    cadence: &'a mut Cadence,
+    /// The window's spin began.
+    spun: bool,
+    /// The window, converted to `Instant`s at plan time.
+    window: Option<SpinWindow>,
+}
+
+impl<'a> CadencePlan<'a> {
+    /// Plans a wait now. Returns the plan and the spin before parking to
+    /// pass to the wait: `spin`, always (a window comes on top of it, so a
+    /// caller that asked for a long spin still busy-polls).
+    pub fn new(cadence: &'a mut Cadence, spin: Duration) -> (Self, Duration) {
+        let (now, now_ns) = (Instant::now(), crate::time::monotonic_ns());
+        let window = cadence.plan(now_ns).map(|w| SpinWindow {
+            from: now + Duration::from_nanos(w.from_ns.saturating_sub(now_ns)),
+            until: now + Duration::from_nanos(w.until_ns.saturating_sub(now_ns)),
+        });
+        (
+            CadencePlan {
+                cadence,
+                spun: false,
+                window,
+            },
+            spin,
+        )
+    }
+
+    /// Reports how the wait ended (`advanced`: the seq moved).
+    pub fn finish(self, advanced: bool) {
+        self.cadence.waited(advanced, self.spun, crate::time::monotonic_ns());
+    }
+}
+
+impl WaitPlan for CadencePlan<'_> {
+    fn window(&mut self) -> Option<SpinWindow> {
+        self.window
+    }
+    fn timer_woke(&mut self, late: Duration) {
+        self.cadence
+            .timer_woke(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX));
+    }
+    fn window_opened(&mut self) {
+        self.spun = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+    const US: u64 = 1_000;
+
+    /// Feeds frames `first..first + n` at `interval` (+ `jitter(k)`) from
+    /// `t0`, each delivered 10 µs after its commit.
+    fn feed(c: &mut Cadence, first: u64, n: u64, t0: u64, interval: u64, jitter: impl Fn(u64) -> i64) -> u64 {
+        let mut t = t0;
+        for k in 0..n {
+            t = (t0 as i64 + (k * interval) as i64 + jitter(k)) as u64;
+            c.observe(first + k, t, t + 10 * US);
+        }
+        t
+    }
+
+    #[test]
+    fn locks_onto_a_steady_25fps_cadence() {
+        let mut c = Cadence::new();
+        let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
+        assert_eq!(c.state().interval_ns, Some(40 * MS));
+        let w = c.plan(last + 10 * US).expect("a window");
+        assert_eq!(w.expected_ns, last + 40 * MS);
+        assert!(w.from_ns < w.expected_ns && w.expected_ns < w.until_ns);
+        // Within the CPU budget: 1.5 % of 40 ms.
+        assert!(w.until_ns - w.from_ns <= 600 * US, "{w:?}");
+        assert!(w.expected_ns - w.from_ns >= MARGIN_MIN_NS);
+    }
+
+    #[test]
+    fn does_not_lock_before_enough_intervals() {
+        let mut c = Cadence::new();
+        let last = feed(&mut c, 1, MIN_INTERVALS as u64, MS, 40 * MS, |_| 0);
+        assert_eq!(c.state().interval_ns, None);
+        assert_eq!(c.plan(last + US), None);
+        c.observe(MIN_INTERVALS as u64 + 1, last + 40 * MS, last + 40 * MS);
+        assert_eq!(c.state().interval_ns, Some(40 * MS));
+    }
+
+    #[test]
+    fn small_jitter_keeps_the_lock_and_widens_the_window() {
+        let mut c = Cadence::new();
+        // ±200 µs of jitter around a 40 ms grid.
+        let jit = |k: u64| if k % 2 == 0 { 200_000 } else { -200_000 };
+        let last = feed(&mut c, 1, 40, 1_000 * MS, 40 * MS, jit);
+        let st = c.state();
+        let iv = st.interval_ns.expect("locked");
+        assert!(iv.abs_diff(40 * MS) <= 400 * US, "{iv}");
+        // The spread of arrivals is learned: the window covers the early
+        // side up to the budget.
+        assert!(st.margin_ns > 200 * US, "{st:?}");
+        assert!(c.plan(last + US).is_some());
+    }
+
+    #[test]
+    fn one_outlier_interval_does_not_break_the_lock() {
+        let mut c = Cadence::new();
+        let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
+        // One frame 15 ms late, then back on the grid.
+        c.observe(21, last + 55 * MS, last + 55 * MS);
+        c.observe(22, last + 80 * MS, last + 80 * MS);
+        assert_eq!(c.state().interval_ns, Some(40 * MS));
+    }
+
+    #[test]
+    fn irregular_intervals_do_not_lock() {
+        let mut c = Cadence::new();
+        // A deterministic pseudo-random 1–60 ms source.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut t = 1_000 * MS;
+        for seq in 1..200 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            t += MS + x % (59 * MS);
+            c.observe(seq, t, t + 5 * US);
+            assert_eq!(c.state().interval_ns, None, "locked at seq {seq}");
+            assert_eq!(c.plan(t + US), None);
+        }
+    }
+
+    #[test]
+    fn a_cadence_change_relocks_on_the_new_interval() {
+        let mut c = Cadence::new();
+        let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
+        let last = feed(&mut c, 21, 40, last + 33_333_333, 33_333_333, |_| 0);
+        let iv = c.state().interval_ns.expect("relocked");
+        assert!(iv.abs_diff(33_333_333) < 2, "{iv}");
+        assert!(c.plan(last + US).is_some());
+    }
+
+    #[test]
+    fn hostile_timestamps_unlock_and_never_panic() {
+        let mut c = Cadence::new();
+        let now = 5_000 * MS;
+        for bad in [0, u64::MAX, now + 2 * FUTURE_SLOP_NS] {
+            let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
+            assert!(c.state().interval_ns.is_some());
+            c.observe(21, bad, now);
+            assert_eq!(c.state().interval_ns, None, "commit_ns {bad} kept the lock");
+            assert_eq!(c.plan(now), None);
+            let _ = last;
+        }
+        // Backwards in time, backwards in seq, absurd seqs.
+        let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
+        c.observe(21, last - MS, last + MS);
+        assert_eq!(c.state().interval_ns, None);
+        let last = feed(&mut c, 100, 20, 3_000 * MS, 40 * MS, |_| 0);
+        c.observe(50, last + 40 * MS, last + 40 * MS);
+        assert_eq!(c.state().interval_ns, None);
+        c.observe(u64::MAX, u64::MAX - 1, u64::MAX);
+        c.observe(0, 1, 2);
+        let _ = c.plan(u64::MAX);
+        let _ = c.plan(0);
+    }
+
+    #[test]
+    fn an_interval_out_of_range_unlocks() {
+        let mut c = Cadence::new();
+        let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
+        // 100 µs later: faster than any followed cadence.
+        c.observe(21, last + 100 * US, last + 200 * US);
+        assert_eq!(c.state().interval_ns, None);
+        // Too slow to follow never locks.
+        let mut c = Cadence::new();
+        feed(&mut c, 1, 20, 1_000 * MS, 2_000 * MS, |_| 0);
+        assert_eq!(c.state().interval_ns, None);
+    }
+
+    #[test]
+    fn a_seq_gap_resets_the_estimate() {
+        let mut c = Cadence::new();
+        let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
+        c.observe(
+            20 + MAX_SEQ_STEP + 1,
+            last + 40 * MS * (MAX_SEQ_STEP + 1),
+            last + 200 * MS + US,
+        );
+        assert_eq!(c.state().interval_ns, None);
+        // Skipping a few frames (a Latest reader) keeps it.
+        let mut c = Cadence::new();
+        let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
+        c.observe(22, last + 80 * MS, last + 80 * MS);
+        assert_eq!(c.state().interval_ns, Some(40 * MS));
+    }
+
+    #[test]
+    fn no_window_when_the_budget_cannot_cover_a_typical_timer_wake() {
+        let mut c = Cadence::new();
+        // 2 ms: a 50 µs window, against timers that wake 60 µs late.
+        let last = feed(&mut c, 1, 40, 1_000 * MS, 2 * MS, |_| 0);
+        for _ in 0..SAMPLES {
+            c.timer_woke(60 * US);
+        }
+        assert_eq!(c.plan(last + US), None);
+        // At 25 fps the same timers fit in the window.
+        let mut c = Cadence::new();
+        let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
+        for _ in 0..SAMPLES {
+            c.timer_woke(60 * US);
+        }
+        assert!(c.plan(last + US).is_some());
+        // After a burst of very late timers, windows come back once the
+        // refusals have aged the burst out.
+        for _ in 0..SAMPLES {
+            c.timer_woke(5 * MS);
+        }
+        assert_eq!(c.plan(last + US), None);
+        let back = (0..2 * SAMPLES).any(|_| c.plan(last + US).is_some());
+        assert!(back, "{:?}", c.state());
+    }
+
+    #[test]
+    fn deferred_observations_are_learnt_by_the_next_plan() {
+        let mut c = Cadence::new();
+        let mut t = 1_000 * MS;
+        for seq in 1..=20 {
+            c.observe_deferred(seq, t, t + 10 * US);
+            t += 40 * MS;
+        }
+        // 19 of 20 learnt so far; the next plan learns the 20th first.
+        let w = c.plan(t - 40 * MS + 20 * US).expect("window");
+        assert_eq!(w.expected_ns, t);
+    }
+
+    #[test]
+    fn a_paused_stream_gets_no_window() {
+        let mut c = Cadence::new();
+        let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
+        assert!(c.plan(last + US).is_some());
+        // Long after the expected frame: park, no spinning.
+        assert_eq!(c.plan(last + 500 * MS), None);
+    }
+
+    #[test]
+    fn missed_windows_in_a_row_drop_the_lock() {
+        let mut c = Cadence::new();
+        let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
+        for k in 0..MAX_MISSES {
+            let w = c.plan(last + US).expect("still locked");
+            // The wait timed out past the window with no frame.
+            c.waited(false, true, w.until_ns + 1);
+            assert_eq!(c.state().misses, u64::from(k) + 1);
+        }
+        assert_eq!(c.state().interval_ns, None);
+        assert_eq!(c.plan(last + US), None);
+    }
+
+    #[test]
+    fn a_frame_caught_in_the_window_counts_as_a_hit() {
+        let mut c = Cadence::new();
+        let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
+        let w = c.plan(last + US).expect("window");
+        c.waited(true, true, w.expected_ns + 3 * US);
+        c.observe(21, w.expected_ns, w.expected_ns + 3 * US);
+        let st = c.state();
+        assert_eq!((st.hits, st.misses), (1, 0));
+        // A frame that came early (before the window) is neither.
+        let w = c.plan(w.expected_ns + 5 * US).expect("window");
+        c.waited(true, false, w.from_ns - MS);
+        assert_eq!(c.state().misses, 0);
+        assert_eq!(c.state().hits, 1);
+    }
+
+    #[test]
+    fn timer_overshoot_widens_the_margin_within_its_bounds() {
+        let mut c = Cadence::new();
+        feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
+        for _ in 0..SAMPLES {
+            c.timer_woke(10 * US);
+        }
+        let small = c.state().margin_ns;
+        assert_eq!(small, MARGIN_MIN_NS.max(10 * US + SLACK_NS));
+        for _ in 0..SAMPLES {
+            c.timer_woke(300 * US);
+        }
+        let big = c.state().margin_ns;
+        assert!(big >= 300 * US, "{big}");
+        // A huge overshoot is capped by the CPU budget (1.5 % of 40 ms).
+        for _ in 0..SAMPLES {
+            c.timer_woke(u64::MAX);
+        }
+        let st = c.state();
+        assert!(st.margin_ns + st.tolerance_ns <= 600 * US, "{st:?}");
+    }
+
+    #[test]
+    fn the_window_respects_the_budget_at_2ms_too() {
+        let mut c = Cadence::new();
+        let last = feed(&mut c, 1, 40, 1_000 * MS, 2 * MS, |_| 0);
+        for _ in 0..SAMPLES {
+            c.timer_woke(5 * US);
+        }
+        let w = c.plan(last + US).expect("window");
+        // 1.5 % of 2 ms is below the floor: the floor applies.
+        assert!(w.until_ns - w.from_ns <= MARGIN_MIN_NS + TOLERANCE_MIN_NS, "{w:?}");
+    }
+}
