@@ -2,7 +2,7 @@
 //! `publish_cuda` only enqueues (the GPU stores the seqs), with subscribers
 //! of every mode as separate processes, every frame checked on the GPU
 //! after its copy: 0 torn over more than 100 000 1080p frames checked
-//! (150 000 published at 4 000 fps; overwrite policy:
+//! (200 000 published at 4 000 fps; overwrite policy:
 //! latest and sequential pull, two push subscribers, a latest pull reader in
 //! its own PID, IPC and mount namespaces), and a lossless run in which the
 //! lossless reader gets every frame in order. Needs a CUDA GPU and root.
@@ -94,7 +94,7 @@ fn stream_order_commits_deliver_frames_untorn_to_every_mode_over_100000_checks()
     let free_before = common::gpu_free_bytes(&d);
     let dir = TempDir::new("gpu-commit");
     let socket = dir.join("cam.sock").display().to_string();
-    let frames = 150_000u64;
+    let frames = 200_000u64;
     let n = frames.to_string();
     let p = producer(
         &socket,
