@@ -27,8 +27,8 @@
 //! subscriber process's CPU time over the measured span ÷ that span.
 //!
 //! `cargo bench --bench wake -- [--quick] [--backend host|cuda] [--pull]
-//! [--out DIR] [--frames N] [--cadences 2000,40000,0]` (intervals in µs, 0:
-//! the irregular one); on a GPU machine, the staged binary:
+//! [--out DIR] [--frames N] [--cadences 2000,40000,0] [--waits
+//! futex,park,cadence,spin]` (intervals in µs, 0: the irregular one); on a GPU machine, the staged binary:
 //! `bash .device/run.sh bench wake --backend cuda --quick --out $OUT`.
 //! Host backend: a small (320×240 NV12) frame written by the CPU. CUDA
 //! backend: a 1080p NV12 frame copied into the slot on the producer's
@@ -611,6 +611,15 @@ fn main() -> R<()> {
         Some(list) => list.split(',').map(str::parse).collect::<Result<_, _>>()?,
         None => vec![2_000, 40_000, 0],
     };
+    // `--waits futex,park,cadence,spin`: the rows to run (the floor row is
+    // the ratios' reference).
+    let waits: Vec<System> = match opt("--waits") {
+        Some(list) => list
+            .split(',')
+            .map(|k| System::from_key(k).ok_or_else(|| format!("--waits: unknown {k}")))
+            .collect::<Result<_, _>>()?,
+        None => SYSTEMS.to_vec(),
+    };
     let dir = std::env::temp_dir().join(format!("vramring-wake-{}", std::process::id()));
     let frame = if cuda {
         "1080p NV12, CUDA backend"
@@ -627,6 +636,9 @@ fn main() -> R<()> {
         for (ci, &interval_us) in cadences.iter().enumerate() {
             for (si, &system) in SYSTEMS.iter().enumerate() {
                 let row = &mut rows[ci][si];
+                if !waits.contains(&system) {
+                    row.failed = Some("not run (--waits)".into());
+                }
                 if row.failed.is_some() {
                     continue;
                 }
@@ -693,14 +705,21 @@ fn main() -> R<()> {
             } else {
                 f64::NAN
             };
+            let ratio = |x: f64, f: f64| {
+                if f.is_finite() {
+                    format!("{:.2}×", x / f)
+                } else {
+                    "–".into()
+                }
+            };
             md.push_str(&format!(
-                "| {} | {} | {p50:.1} | {p99:.1} | {max:.1} | {} | {} | {cpu:.2} | {:.2}× | {:.2}× |\n",
+                "| {} | {} | {p50:.1} | {p99:.1} | {max:.1} | {} | {} | {cpu:.2} | {} | {} |\n",
                 cadence_name(interval_us),
                 system.name(),
                 row.delivered,
                 row.dropped,
-                p50 / floor.0,
-                p99 / floor.1,
+                ratio(p50, floor.0),
+                ratio(p99, floor.1),
             ));
             jsonl.push_str(&format!(
                 "{{\"bench\":\"wake\",\"backend\":\"{}\",\"delivery\":\"{delivery}\",\"cadence_us\":{interval_us},\"wait\":\"{}\",\"p50_us\":{},\"p99_us\":{},\"max_us\":{},\"frames\":{},\"dropped\":{},\"cpu_pct\":{},\"floor_p50_us\":{},\"floor_p99_us\":{}}}\n",
