@@ -310,6 +310,7 @@ def main():
             print(f"  {r['name']:<26}{r['stages_p50_us']}  warm {r.get('warm_from_dlpack_us')} / "
                   f"{r.get('warm_export_us')} / {r.get('warm_from_capsule_us')}")
     print("Python minus Rust, p50 us (goal: <= 10 in hand):", json.dumps(added))
+    os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "python_latency.json"), "w") as fh:
         json.dump(dict(meta=meta, results=results, python_minus_rust_p50_us=added), fh, indent=1)
 
