@@ -13,9 +13,9 @@ use crate::layout::{
     ClientLine, RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, BACKEND_CUDA, BACKEND_HOST, PUSH_BUFFERS,
 };
 use crate::memory::{BackendKind, ImportedPool, OwnBuffer};
-use crate::ring::cadence::{Cadence, CadencePlan, WaitStrategy};
+use crate::ring::cadence::{wait_by, Cadence, WaitStrategy};
 use crate::ring::lease::{self, Lease};
-use crate::ring::{wait_with, Bell, NoPlan};
+use crate::ring::Bell;
 use crate::shm::{Region, SEALS_READ_ONLY};
 use crate::socket::msg::{self, Hello, Msg, Welcome};
 use crate::socket::transport;
@@ -786,37 +786,17 @@ impl Subscriber {
             };
             let lease = &self.lease;
             let alive = || lease.quiet();
-            match self.opts.wait {
-                WaitStrategy::Cadence => {
-                    let (mut plan, spin) = CadencePlan::new(&mut self.cadence, self.opts.spin);
-                    let o = wait_with(bell, lease.client(), self.last, deadline, spin, slice, &mut plan, alive);
-                    plan.finish(matches!(o, WaitOutcome::Advanced(_)));
-                    o
-                }
-                WaitStrategy::Park => wait_with(
-                    bell,
-                    lease.client(),
-                    self.last,
-                    deadline,
-                    self.opts.spin,
-                    slice,
-                    &mut NoPlan,
-                    alive,
-                ),
-                WaitStrategy::Spin => {
-                    let spin = deadline.saturating_duration_since(Instant::now());
-                    wait_with(
-                        bell,
-                        lease.client(),
-                        self.last,
-                        deadline,
-                        spin,
-                        slice,
-                        &mut NoPlan,
-                        alive,
-                    )
-                }
-            }
+            wait_by(
+                self.opts.wait,
+                &mut self.cadence,
+                bell,
+                lease.client(),
+                self.last,
+                deadline,
+                self.opts.spin,
+                slice,
+                alive,
+            )
         };
         match outcome {
             WaitOutcome::Advanced(g) => Ok(g),

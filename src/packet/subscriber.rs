@@ -10,9 +10,9 @@ use super::layout::PacketHeader;
 use super::{Packet, PacketBorrow, PacketReader, PacketReaderStats, PacketRingInfo};
 use crate::error::{Error, Result};
 use crate::layout::SubsHeader;
-use crate::ring::cadence::{Cadence, CadencePlan, WaitStrategy};
+use crate::ring::cadence::{wait_by, Cadence, WaitStrategy};
 use crate::ring::lease::{self, Lease};
-use crate::ring::{wait_with, Bell, NoPlan, WaitOutcome};
+use crate::ring::{Bell, WaitOutcome};
 
 use crate::shm::Region;
 use crate::socket::msg::{self, Hello, Welcome};
@@ -400,28 +400,17 @@ impl PacketSubscriber {
             let after = self.reader.done_through();
             let slice = self.opts.park_slice;
             let alive = || lease.quiet();
-            match self.opts.wait {
-                WaitStrategy::Cadence => {
-                    let (mut plan, spin) = CadencePlan::new(&mut self.cadence, self.opts.spin);
-                    let o = wait_with(bell, lease.client(), after, deadline, spin, slice, &mut plan, alive);
-                    plan.finish(matches!(o, WaitOutcome::Advanced(_)));
-                    o
-                }
-                WaitStrategy::Park => wait_with(
-                    bell,
-                    lease.client(),
-                    after,
-                    deadline,
-                    self.opts.spin,
-                    slice,
-                    &mut NoPlan,
-                    alive,
-                ),
-                WaitStrategy::Spin => {
-                    let spin = deadline.saturating_duration_since(Instant::now());
-                    wait_with(bell, lease.client(), after, deadline, spin, slice, &mut NoPlan, alive)
-                }
-            }
+            wait_by(
+                self.opts.wait,
+                &mut self.cadence,
+                bell,
+                lease.client(),
+                after,
+                deadline,
+                self.opts.spin,
+                slice,
+                alive,
+            )
         };
         match outcome {
             WaitOutcome::Advanced(_) => Ok(()),

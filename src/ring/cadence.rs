@@ -35,7 +35,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::wait::{SpinWindow, WaitPlan};
+use super::wait::{wait_with, Bell, NoPlan, SpinWindow, WaitOutcome, WaitPlan};
+use crate::layout::ClientLine;
 
 /// How a subscriber waits for the next frame or packet.
 ///
@@ -461,6 +462,38 @@ impl Cadence {
         }
         // The mean of values that fit in a u64 fits in a u64.
         self.interval = sum.checked_div(n).map_or(0, |m| m as u64);
+    }
+}
+
+/// One wait of a subscriber (either ring kind) by its `strategy`: the
+/// cadence plan ([`WaitStrategy::Cadence`], learning into `cadence`), a
+/// spin of `spin` then park ([`WaitStrategy::Park`]), or a spin up to the
+/// deadline ([`WaitStrategy::Spin`]); otherwise as
+/// [`super::wait::wait_with`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn wait_by(
+    strategy: WaitStrategy,
+    cadence: &mut Cadence,
+    bell: Bell<'_>,
+    client: &ClientLine,
+    after: u64,
+    deadline: Instant,
+    spin: Duration,
+    slice: Duration,
+    alive: impl FnMut() -> bool,
+) -> WaitOutcome {
+    match strategy {
+        WaitStrategy::Cadence => {
+            let (mut plan, spin) = CadencePlan::new(cadence, spin);
+            let o = wait_with(bell, client, after, deadline, spin, slice, &mut plan, alive);
+            plan.finish(matches!(o, WaitOutcome::Advanced(_)));
+            o
+        }
+        WaitStrategy::Park => wait_with(bell, client, after, deadline, spin, slice, &mut NoPlan, alive),
+        WaitStrategy::Spin => {
+            let spin = deadline.saturating_duration_since(Instant::now());
+            wait_with(bell, client, after, deadline, spin, slice, &mut NoPlan, alive)
+        }
     }
 }
 
