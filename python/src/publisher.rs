@@ -4,8 +4,9 @@
 //! stream (`__dlpack__(stream=ours)`, so the producer orders its pending
 //! work before it) and copied into the slot on that stream with
 //! `cuMemcpy2DAsync` (device to device, or host to device for a host array
-//! on a CUDA ring); the publisher synchronises the stream before the
-//! commit. A host array on a host ring is a `memcpy`. Accepted layouts: a
+//! on a CUDA ring); the commit is enqueued behind the copy on that stream
+//! (stream-order commit), and the stream is synchronised before `publish`
+//! returns, so the tensor may be reused at once. A host array on a host ring is a `memcpy`. Accepted layouts: a
 //! C-contiguous tensor of exactly `nbytes` (the slot image, pitch padding
 //! included) or of the packed size (planes back to back, rows without
 //! padding), whatever its dtype and shape.
@@ -338,8 +339,8 @@ impl PyPublisher {
                     if linear {
                         // SAFETY: slot and tensor each hold `frame_bytes`
                         // bytes; the tensor stays alive (`imported`) and the
-                        // slot is ours until the commit below, which
-                        // synchronises the stream first.
+                        // slot is ours until the commit below, after which
+                        // the stream is synchronised before we let go.
                         unsafe { c.copy_2d(dst_side, g.frame_bytes, src_side, g.frame_bytes, g.frame_bytes, 1) }?;
                     } else {
                         let mut at = 0u64;
@@ -361,7 +362,12 @@ impl PyPublisher {
                     }
                     if ring_cuda {
                         // SAFETY: our stream, in the ring's (primary) context.
-                        unsafe { slot.publish_cuda(meta, c.raw_stream()) }
+                        let seq = unsafe { slot.publish_cuda(meta, c.raw_stream()) }?;
+                        // The commit is only enqueued (stream-order commit):
+                        // the copy still reads the caller's tensor, which
+                        // may be freed or reused once this returns.
+                        c.sync()?;
+                        Ok(seq)
                     } else {
                         c.sync()?;
                         slot.publish(meta)
@@ -550,7 +556,8 @@ impl Loan {
     }
     /// Commits the frame; returns its seq. `stream`: the CUDA stream you
     /// wrote on (int, or `torch.cuda.Stream`); `None` is the legacy default
-    /// stream (torch's default). The publisher synchronises it first.
+    /// stream (torch's default). The commit is enqueued behind your work on
+    /// that stream; this returns without waiting for it.
     #[pyo3(signature = (*, pts=None, meta=b"".as_slice(), flags=0, stream=None))]
     fn publish(
         &mut self,
