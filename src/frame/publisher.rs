@@ -939,30 +939,28 @@ impl Publisher {
             self.wait_committed(seq - 1, Duration::from_secs(5))?;
         }
         self.sync_targets();
-        let sh = Arc::clone(&self.shared);
+        let sh = &self.shared;
         let g = sh.info.geometry;
         let table = &sh.table;
         let header = sh.header();
         // SYNC: global-seq — Acquire: what the GPU has committed; a buffer
         // whose frame is newer is still being copied into.
         let committed = header.seq.global_seq.load(Ordering::Acquire);
-        for t in self.targets.iter_mut().filter(|t| !t.dead) {
+        let mut writes = Vec::new();
+        let mut claimed = Vec::new();
+        for (n, t) in self.targets.iter().enumerate().filter(|(_, t)| !t.dead) {
             let mut skip = t.newest.map_or(0, |k| 1u32 << k);
             for (k, &e) in t.enqueued.iter().enumerate() {
                 if e > committed {
                     skip |= 1 << k;
                 }
             }
-            t.pending = table
+            let k = table
                 .with_client(t.index, t.generation, |e, c| {
                     protocol::push::claim_buffer_avoiding(e, c, skip, seq)
                 })
                 .flatten();
-        }
-        let mut writes = Vec::new();
-        let mut claimed = Vec::new();
-        for (n, t) in self.targets.iter().enumerate() {
-            let (Some(k), Some(e)) = (t.pending, table.entry(t.index)) else {
+            let (Some(k), Some(e)) = (k, table.entry(t.index)) else {
                 continue;
             };
             writes.push(crate::memory::PushWrite {
@@ -970,7 +968,7 @@ impl Publisher {
                 dst_offset: k as u64 * t.stride,
                 push_seq: &e.push_seq[k],
             });
-            claimed.push(n);
+            claimed.push((n, k));
         }
         let slot = &sh.slots()[index];
         protocol::stage_meta(slot, &meta.to_commit());
@@ -995,9 +993,6 @@ impl Publisher {
             // SYNC: global-seq — Acquire, as above.
             let landed = header.seq.global_seq.load(Ordering::Acquire);
             header.seq.pending_seq.store(landed, Ordering::Relaxed);
-            for t in &mut self.targets {
-                t.pending = None;
-            }
             return Err(e);
         }
         if wake {
@@ -1015,12 +1010,10 @@ impl Publisher {
             crate::sync::atomic::fence(Ordering::SeqCst);
             table.wake_parked();
         }
-        for n in claimed {
+        for (n, k) in claimed {
             let t = &mut self.targets[n];
-            if let Some(k) = t.pending.take() {
-                t.enqueued[k] = seq;
-                t.newest = Some(k);
-            }
+            t.enqueued[k] = seq;
+            t.newest = Some(k);
         }
         self.last_stream = Some(stream as usize);
         self.next_seq = seq + 1;
