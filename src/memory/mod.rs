@@ -190,16 +190,6 @@ pub trait ExportedPool: Send {
             backend: self.kind().name(),
         })
     }
-    /// Enqueues `f` on `completion`'s stream: it runs on a driver thread
-    /// after the work before it (host backend: now). `f` must not call CUDA.
-    ///
-    /// # Errors
-    /// The driver's error; `f` is then dropped without running.
-    fn enqueue_host_fn(&mut self, completion: WriteCompletion, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
-        let _ = completion;
-        f();
-        Ok(())
-    }
     /// Releases everything. Retryable after an error; idempotent after success.
     fn close(&mut self) -> Result<()>;
 }

@@ -283,38 +283,6 @@ impl CommitKernel {
     }
 }
 
-/// A host function enqueued by [`launch_host_closure`].
-pub(crate) type Closure = Box<dyn FnOnce() + Send + 'static>;
-
-unsafe extern "C" fn run_closure(data: *mut c_void) {
-    // SAFETY: `data` is the `Box<Closure>` leaked by `launch_host_closure`,
-    // handed to the driver once and called once.
-    let f = unsafe { Box::from_raw(data.cast::<Closure>()) };
-    // A panic must not unwind into the driver's thread.
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
-        tracing::error!("a vramring host function panicked on the CUDA driver's thread");
-    }
-}
-
-/// Enqueues `f` on `stream`: it runs on a driver thread once the work
-/// before it has completed. On error `f` is dropped, never run.
-///
-/// # Safety
-/// `stream` is a live stream of the current context; `f` calls no CUDA.
-pub(crate) unsafe fn launch_host_closure<D: Driver>(d: &D, stream: CuStream, f: Closure) -> DResult<()> {
-    let data = Box::into_raw(Box::new(f)).cast::<c_void>();
-    // SAFETY: `run_closure` takes back exactly this box; the stream is live
-    // and `f` calls no CUDA (this function's contract).
-    match unsafe { d.launch_host_func(stream, run_closure, data) } {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            // SAFETY: the driver did not take `data`: it is ours again.
-            drop(unsafe { Box::from_raw(data.cast::<Closure>()) });
-            Err(e)
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

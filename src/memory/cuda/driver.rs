@@ -75,10 +75,6 @@ handle!(
     cudarc::driver::sys::CUfunction
 );
 
-/// A host function the driver calls on its own thread once the work before
-/// it on a stream has completed (`CUhostFn`). It must not call CUDA.
-pub type HostFn = unsafe extern "C" fn(*mut c_void);
-
 /// A physical allocation handle (`CUmemGenericAllocationHandle`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MemHandle(pub u64);
@@ -379,14 +375,6 @@ pub trait Driver: Send + Sync + 'static {
     /// # Safety
     /// `ptr` lies in memory registered with [`Driver::mem_host_register`].
     unsafe fn mem_host_device_pointer(&self, ptr: *mut c_void) -> DResult<DevicePtr>;
-    /// `cuLaunchHostFunc`: `f(data)` runs on a driver thread once the work
-    /// enqueued on `stream` before it has completed.
-    ///
-    /// # Safety
-    /// The trait's safety contract, and: `f` never calls CUDA and may run
-    /// on another thread; `data` stays valid until `f` has run (on success)
-    /// and is the caller's again on error.
-    unsafe fn launch_host_func(&self, stream: CuStream, f: HostFn, data: *mut c_void) -> DResult<()>;
     /// `cuLaunchKernel` with no shared memory and no `extra`.
     ///
     /// # Safety

@@ -29,7 +29,7 @@ use std::thread::ThreadId;
 use super::commit::{CommitDesc, COMMIT_KERNEL};
 use super::driver::{
     attr, code, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver, DriverError,
-    HostFn, MemHandle,
+    MemHandle,
 };
 use super::pattern;
 use crate::shm::Region;
@@ -1168,16 +1168,6 @@ impl Driver for FakeDriver {
                 },
             )
         })
-    }
-
-    unsafe fn launch_host_func(&self, _stream: CuStream, f: HostFn, data: *mut c_void) -> DResult<()> {
-        // The fake's streams are synchronous: the function runs now, on
-        // this thread, with the driver's state unlocked (it must not call
-        // the driver, but it may take locks of its own).
-        drop(self.enter("cuLaunchHostFunc")?);
-        // SAFETY: `data` is valid until `f` has run (trait contract).
-        unsafe { f(data) };
-        Ok(())
     }
 
     fn module_load_data(&self, image: &CStr) -> DResult<CuModule> {

@@ -50,7 +50,7 @@ pub use commit::MAX_FANOUT;
 pub use context::ContextGuard;
 pub use driver::{
     attr, code, error_name, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver,
-    DriverError, HostFn, MemHandle,
+    DriverError, MemHandle,
 };
 #[cfg(feature = "testing")]
 pub use fake::{CallRecord, FakeDevice, FakeDriver, Leaks};

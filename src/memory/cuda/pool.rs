@@ -4,7 +4,7 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use super::commit::{launch_host_closure, CommitDesc, CommitKernel, MAX_FANOUT};
+use super::commit::{CommitDesc, CommitKernel, MAX_FANOUT};
 use super::context::with_context;
 use super::driver::{attr, Access, CuContext, CuDevice, CuStream, DevicePtr, Driver};
 use super::mapping::VmmMapping;
@@ -475,19 +475,6 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
             }
             Ok(())
         };
-        // SAFETY: `ctx` is retained while the pool is open.
-        unsafe { with_context(&*self.driver, ctx, body) }
-    }
-
-    fn enqueue_host_fn(&mut self, completion: WriteCompletion, f: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
-        let ctx = self.context()?;
-        let stream = match completion {
-            WriteCompletion::CudaStream(s) => CuStream::from_raw(s),
-            WriteCompletion::Host => CuStream::from_raw(std::ptr::null_mut()),
-        };
-        // SAFETY: the stream is the writer's live stream (or the legacy
-        // default stream) and `f` calls no CUDA (the trait's contract).
-        let body = |d: &D| -> Result<()> { Ok(unsafe { launch_host_closure(d, stream, f) }?) };
         // SAFETY: `ctx` is retained while the pool is open.
         unsafe { with_context(&*self.driver, ctx, body) }
     }

@@ -16,7 +16,7 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::sys;
 
 use super::driver::{
-    code, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver, DriverError, HostFn,
+    code, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver, DriverError,
     MemHandle,
 };
 use crate::error::{Error, Result};
@@ -110,7 +110,6 @@ struct Table {
     mem_host_register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> u32,
     mem_host_unregister: unsafe extern "C" fn(*mut c_void) -> u32,
     mem_host_get_device_pointer: unsafe extern "C" fn(*mut u64, *mut c_void, c_uint) -> u32,
-    launch_host_func: unsafe extern "C" fn(Strm, Option<HostFn>, *mut c_void) -> u32,
     module_load_data: unsafe extern "C" fn(*mut sys::CUmodule, *const c_void) -> u32,
     module_unload: unsafe extern "C" fn(sys::CUmodule) -> u32,
     module_get_function: unsafe extern "C" fn(*mut sys::CUfunction, sys::CUmodule, *const std::ffi::c_char) -> u32,
@@ -219,7 +218,6 @@ impl RealDriver {
             mem_host_register: sym!("cuMemHostRegister_v2"),
             mem_host_unregister: sym!("cuMemHostUnregister"),
             mem_host_get_device_pointer: sym!("cuMemHostGetDevicePointer_v2"),
-            launch_host_func: sym!("cuLaunchHostFunc"),
             module_load_data: sym!("cuModuleLoadData"),
             module_unload: sym!("cuModuleUnload"),
             module_get_function: sym!("cuModuleGetFunction"),
@@ -535,14 +533,6 @@ impl Driver for RealDriver {
             (self.t.mem_host_get_device_pointer)(&mut d, ptr, 0)
         })?;
         Ok(d)
-    }
-
-    unsafe fn launch_host_func(&self, stream: CuStream, f: HostFn, data: *mut c_void) -> DResult<()> {
-        // SAFETY: the stream is live, `f` calls no CUDA and `data` outlives
-        // its call (trait contract).
-        DriverError::check("cuLaunchHostFunc", unsafe {
-            (self.t.launch_host_func)(stream.as_raw(), Some(f), data)
-        })
     }
 
     fn module_load_data(&self, image: &CStr) -> DResult<CuModule> {
