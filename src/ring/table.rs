@@ -321,7 +321,7 @@ impl Table {
 
     /// Producer, after its `pending_seq` store and `SeqCst` fence: whether
     /// any active subscriber has `parked` set (the commit it is enqueuing
-    /// then needs a wake behind it).
+    /// then needs a ring once it has landed).
     pub(crate) fn any_parked(&self) -> bool {
         self.entries().iter().enumerate().any(|(k, e)| {
             // Relaxed: as in `wake_parked`.

@@ -60,8 +60,8 @@ pub struct Bell<'a> {
 
 /// How long a subscriber spins on a commit it saw in flight before it parks
 /// anyway (a GPU that takes longer is far off its normal few microseconds;
-/// the park slice then bounds the wait, and the commit's enqueued wake or
-/// the next one ends it).
+/// the park slice then bounds the wait, and the publisher's ring after
+/// the commit, or the next one, ends it).
 const IN_FLIGHT_SPIN: Duration = Duration::from_millis(2);
 /// The first and longest nap between looks at a commit still in flight
 /// after [`IN_FLIGHT_SPIN`] (doubling in between).

@@ -85,7 +85,7 @@ pub fn publish_global(header: &RingHeader, seq: u64) {
 /// Stream-order commit, on the CPU before the GPU commit is enqueued: the
 /// commit of `seq` is in flight from now on. Stores `pending_seq`, then the
 /// `SeqCst` fence after which the caller reads the `parked` flags to decide
-/// whom the enqueued wake must ring.
+/// whether to wait for the commit and ring parked subscribers.
 pub fn announce_pending(header: &RingHeader, seq: u64) {
     // Relaxed: own counter, single writer (the publisher).
     header.producer.published.store(seq, Ordering::Relaxed);
