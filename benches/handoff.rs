@@ -15,6 +15,7 @@ use std::time::Instant;
 use cudarc::driver::sys;
 
 #[path = "common/mod.rs"]
+#[allow(dead_code)]
 mod common;
 use common::{ck, make_primary_current, R};
 

@@ -32,8 +32,6 @@
 //! for the whole run, default 570 s): a hung process is killed, never waited
 //! for.
 
-use std::fs::File;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,7 +46,7 @@ mod common;
 #[path = "common/procs.rs"]
 #[allow(dead_code)]
 mod procs;
-use common::{ck, make_primary_current, R};
+use common::{ck, make_primary_current, read_samples, write_samples, R};
 use procs::{Children, MpsChoice, MpsDaemon};
 
 fn now_ns() -> u64 {
@@ -270,22 +268,6 @@ impl Case {
 }
 
 const SLOTS: usize = 8;
-
-fn write_samples(path: &Path, samples: &[u64]) -> R<()> {
-    let mut f = File::create(path)?;
-    for s in samples {
-        f.write_all(&s.to_le_bytes())?;
-    }
-    Ok(())
-}
-
-fn read_samples(path: &Path) -> R<Vec<u64>> {
-    let mut b = Vec::new();
-    File::open(path)?.read_to_end(&mut b)?;
-    Ok(b.chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-        .collect())
-}
 
 fn pace(start: Instant, k: u64, interval_us: u64) {
     if interval_us == 0 {

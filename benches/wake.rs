@@ -35,8 +35,6 @@
 //! stream, committed with `SlotMut::publish_cuda`. `--out DIR` receives
 //! `wake.md` (the table) and `wake.jsonl` (one JSON object per row).
 
-use std::fs::File;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -49,7 +47,7 @@ use vramring::{
 #[path = "common/mod.rs"]
 #[allow(dead_code)]
 mod common;
-use common::R;
+use common::{read_samples, write_samples, R};
 
 const SLOTS: u32 = 8;
 /// Seed of the irregular cadence (xorshift64).
@@ -240,22 +238,6 @@ impl Ctl {
     fn up(&self) -> &AtomicU64 {
         self.word(5)
     }
-}
-
-fn write_samples(path: &Path, samples: &[u64]) -> R<()> {
-    let mut f = File::create(path)?;
-    for s in samples {
-        f.write_all(&s.to_le_bytes())?;
-    }
-    Ok(())
-}
-
-fn read_samples(path: &Path) -> R<Vec<u64>> {
-    let mut b = Vec::new();
-    File::open(path)?.read_to_end(&mut b)?;
-    Ok(b.chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-        .collect())
 }
 
 /// What a subscriber role reports: latencies, then `[delivered, dropped,

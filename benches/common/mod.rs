@@ -29,3 +29,24 @@ pub fn make_primary_current() -> R<()> {
     }
     Ok(())
 }
+
+/// Writes `samples` to `path` as little-endian u64s (a role process's
+/// results, read back by the orchestrator with [`read_samples`]).
+pub fn write_samples(path: &std::path::Path, samples: &[u64]) -> R<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path)?;
+    for s in samples {
+        f.write_all(&s.to_le_bytes())?;
+    }
+    Ok(())
+}
+
+/// The u64s [`write_samples`] wrote to `path`.
+pub fn read_samples(path: &std::path::Path) -> R<Vec<u64>> {
+    use std::io::Read;
+    let mut b = Vec::new();
+    std::fs::File::open(path)?.read_to_end(&mut b)?;
+    Ok(b.chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect())
+}
