@@ -39,7 +39,9 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 use vramring::BackendChoice;
-use vramring::{CommitMode, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions};
+use vramring::{
+    CommitMode, Format, FrameMeta, Mode, Policy, Publisher, PullStart, RingConfig, Subscriber, SubscriberOptions,
+};
 
 #[path = "common/mod.rs"]
 mod common;
@@ -168,6 +170,10 @@ enum System {
     /// Push delivery with protocol 2's CPU commit (`CommitMode::Synchronous`).
     VramringPushSync,
     VramringFutex,
+    /// Pull with the copy queued on the GPU behind the commit (ADR 0010).
+    VramringPullQueued,
+    /// Pull with the copy started after the commit landed (protocol 3's way).
+    VramringPullAfter,
     HostRt,
     LegacyIpc,
 }
@@ -179,6 +185,8 @@ impl System {
             System::VramringPush => "vramring push",
             System::VramringPushSync => "vramring push, CPU commit (v2)",
             System::VramringFutex => "vramring push, futex wait",
+            System::VramringPullQueued => "vramring pull, copy queued on the GPU",
+            System::VramringPullAfter => "vramring pull, copy after the commit (v3)",
             System::HostRt => "host round trip",
             System::LegacyIpc => "legacy CUDA IPC",
         }
@@ -190,6 +198,8 @@ impl System {
             System::VramringPush => "push",
             System::VramringPushSync => "push CPU commit",
             System::VramringFutex => "push futex wait",
+            System::VramringPullQueued => "pull queued",
+            System::VramringPullAfter => "pull after commit",
             System::HostRt => "host rt",
             System::LegacyIpc => "legacy IPC",
         }
@@ -200,6 +210,8 @@ impl System {
             System::VramringPush => "vrp",
             System::VramringPushSync => "vrps",
             System::VramringFutex => "vrf",
+            System::VramringPullQueued => "vrq",
+            System::VramringPullAfter => "vra",
             System::HostRt => "host",
             System::LegacyIpc => "ipc",
         }
@@ -210,11 +222,17 @@ impl System {
             System::VramringPush,
             System::VramringPushSync,
             System::VramringFutex,
+            System::VramringPullQueued,
+            System::VramringPullAfter,
             System::HostRt,
             System::LegacyIpc,
         ]
         .into_iter()
         .find(|s| s.key() == k)
+    }
+    /// A vramring case (its producer is a vramring publisher).
+    fn is_vramring(self) -> bool {
+        !matches!(self, System::HostRt | System::LegacyIpc)
     }
 }
 
@@ -354,11 +372,17 @@ fn vr_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
         System::VramringPush | System::VramringPushSync | System::VramringFutex
     );
     let mode = if push { Mode::Latest } else { Mode::Sequential };
+    let pull_start = match c.system {
+        System::VramringPullQueued => PullStart::Queued,
+        System::VramringPullAfter => PullStart::AfterCommit,
+        _ => PullStart::Auto,
+    };
     let opts = SubscriberOptions::default()
         .mode(mode)
         .push(push)
         .name(format!("bench-{id}"))
-        .spin(spin);
+        .spin(spin)
+        .pull_start(pull_start);
     let give_up = Instant::now() + Duration::from_secs(30);
     let mut first_err = None;
     let mut s = loop {
@@ -392,7 +416,7 @@ fn vr_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
     write_samples(&c.dir.join(format!("sub-{id}")), &lat)?;
     std::fs::write(
         c.dir.join(format!("sub-{id}.stats")),
-        format!("{} {} {}", st.delivered, st.dropped, st.overruns),
+        format!("{} {} {} {}", st.delivered, st.dropped, st.overruns, st.queued),
     )?;
     Ok(())
 }
@@ -708,6 +732,8 @@ struct Outcome {
     delivered: u64,
     dropped: u64,
     overruns: u64,
+    /// Frames pulled by a copy queued on the GPU (vramring pull only).
+    queued: u64,
 }
 
 fn spawn_role(children: &mut Children, role: &str, c: &Case, extra: &[String], mps: Option<&MpsDaemon>) -> R<()> {
@@ -743,10 +769,7 @@ fn run_case(c: &Case, mps: Option<&MpsDaemon>, deadline: Instant) -> R<Outcome> 
     let mut children = Children::default();
     let result = (|| -> R<()> {
         spawn_role(&mut children, "producer", c, &shm_arg, mps)?;
-        if matches!(
-            c.system,
-            System::Vramring | System::VramringPush | System::VramringPushSync | System::VramringFutex
-        ) {
+        if c.system.is_vramring() {
             while ctl.global().load(Ordering::Acquire) == 0 {
                 let (running, failed) = children.poll()?;
                 if running == 0 || !failed.is_empty() {
@@ -772,7 +795,7 @@ fn run_case(c: &Case, mps: Option<&MpsDaemon>, deadline: Instant) -> R<Outcome> 
         return Err(format!("{} {}x{} x{}: {e}", c.system.name(), c.width, c.height, c.subs).into());
     }
     let mut lat = Vec::new();
-    let (mut delivered, mut dropped, mut overruns) = (0, 0, 0);
+    let (mut delivered, mut dropped, mut overruns, mut queued) = (0, 0, 0, 0);
     for id in 0..c.subs {
         lat.extend(read_samples(&c.dir.join(format!("sub-{id}")))?);
         let st = std::fs::read_to_string(c.dir.join(format!("sub-{id}.stats")))?;
@@ -780,6 +803,7 @@ fn run_case(c: &Case, mps: Option<&MpsDaemon>, deadline: Instant) -> R<Outcome> 
         delivered += v.first().copied().unwrap_or(0);
         dropped += v.get(1).copied().unwrap_or(0);
         overruns += v.get(2).copied().unwrap_or(0);
+        queued += v.get(3).copied().unwrap_or(0);
     }
     lat.sort_unstable();
     let mut pub_cpu = read_samples(&c.dir.join("pub-cpu"))?;
@@ -799,6 +823,7 @@ fn run_case(c: &Case, mps: Option<&MpsDaemon>, deadline: Instant) -> R<Outcome> 
         delivered,
         dropped,
         overruns,
+        queued,
     })
 }
 
@@ -807,19 +832,15 @@ fn role_main(args: &[String]) -> R<()> {
     let c = Case::parse(&args[1..9])?;
     let shm = PathBuf::from(&args[9]);
     match (role, c.system) {
-        ("producer", System::Vramring | System::VramringPush | System::VramringPushSync | System::VramringFutex) => {
-            vr_producer(&c, &shm)
-        }
+        ("producer", s) if s.is_vramring() => vr_producer(&c, &shm),
         ("producer", System::HostRt) => host_producer(&c, &shm),
         ("producer", System::LegacyIpc) => ipc_producer(&c, &shm),
         ("subscriber", sys_) => {
             let id: usize = args[10].parse()?;
             match sys_ {
-                System::Vramring | System::VramringPush | System::VramringPushSync | System::VramringFutex => {
-                    vr_subscriber(&c, id, &shm)
-                }
                 System::HostRt => host_subscriber(&c, id, &shm),
                 System::LegacyIpc => ipc_subscriber(&c, id, &shm),
+                _ => vr_subscriber(&c, id, &shm),
             }
         }
         _ => Err("unknown role".into()),
@@ -853,10 +874,12 @@ fn mps_label(with_mps: bool) -> &'static str {
     }
 }
 
-const LATENCY_SYSTEMS: [System; 6] = [
+const LATENCY_SYSTEMS: [System; 8] = [
     System::VramringPush,
     System::VramringPushSync,
     System::Vramring,
+    System::VramringPullQueued,
+    System::VramringPullAfter,
     System::VramringFutex,
     System::HostRt,
     System::LegacyIpc,
@@ -902,19 +925,24 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
                             let (cpu, wall) = (pct(&o.pub_cpu, 0.5), pct(&o.pub_wall, 0.5));
                             res.p50.insert((with_mps, label, n, system.key()), p50);
                             res.jsonl.push_str(&format!(
-                                "{{\"bench\":\"latency\",\"mps\":\"{tag}\",\"frame\":\"{label}\",\"subs\":{n},\"mode\":\"{}\",\"system\":\"{}\",\"samples\":{},\"p50_us\":{p50:.1},\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"delivered\":{},\"dropped\":{},\"overruns\":{},\"pub_cpu_p50_us\":{cpu:.1},\"pub_wall_p50_us\":{wall:.1}}}\n",
+                                "{{\"bench\":\"latency\",\"mps\":\"{tag}\",\"frame\":\"{label}\",\"subs\":{n},\"mode\":\"{}\",\"system\":\"{}\",\"samples\":{},\"p50_us\":{p50:.1},\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"delivered\":{},\"dropped\":{},\"overruns\":{},\"queued\":{},\"pub_cpu_p50_us\":{cpu:.1},\"pub_wall_p50_us\":{wall:.1}}}\n",
                                 system.mode(),
                                 system.name(),
                                 o.lat.len(),
                                 o.delivered,
                                 o.dropped,
-                                o.overruns
+                                o.overruns,
+                                o.queued
                             ).replace("NaN", "null"));
+                            let delivered = if o.queued > 0 {
+                                format!("{} ({} queued)", o.delivered, o.queued)
+                            } else {
+                                o.delivered.to_string()
+                            };
                             format!(
-                                "| {tag} | {label} | {n} | {} | {} | {p50:.1} | {p99:.1} | {max:.1} | {} | {} | {} | {cpu:.1} | {wall:.1} |\n",
+                                "| {tag} | {label} | {n} | {} | {} | {p50:.1} | {p99:.1} | {max:.1} | {delivered} | {} | {} | {cpu:.1} | {wall:.1} |\n",
                                 system.mode(),
                                 system.name(),
-                                o.delivered,
                                 o.dropped,
                                 o.overruns,
                             )

@@ -4,8 +4,10 @@
 //! after its copy: 0 torn over more than 100 000 1080p frames checked
 //! (200 000 published at 4 000 fps; overwrite policy:
 //! latest and sequential pull, two push subscribers, a latest pull reader in
-//! its own PID, IPC and mount namespaces), and a lossless run in which the
-//! lossless reader gets every frame in order. Needs a CUDA GPU and root.
+//! its own PID, IPC and mount namespaces, and latest and sequential readers
+//! whose copies are queued on the GPU behind the commit, ADR 0010), and a
+//! lossless run in which the lossless readers (one of them queued) get
+//! every frame in order. Needs a CUDA GPU and root.
 
 mod common;
 
@@ -106,7 +108,7 @@ fn stream_order_commits_deliver_frames_untorn_to_every_mode_over_100000_checks()
             "--slots",
             "8",
             "--wait-subscribers",
-            "5",
+            "7",
         ],
     );
     std::thread::sleep(Duration::from_millis(500));
@@ -120,6 +122,18 @@ fn stream_order_commits_deliver_frames_untorn_to_every_mode_over_100000_checks()
         consumer(&socket, "push-a", &["--mode", "latest", "--push"], &[]),
         consumer(&socket, "push-b", &["--mode", "latest", "--push"], &[]),
         consumer(&socket, "namespaced", &["--mode", "latest"], &wrapper),
+        consumer(
+            &socket,
+            "queued-latest",
+            &["--mode", "latest", "--pull-start", "queued"],
+            &[],
+        ),
+        consumer(
+            &socket,
+            "queued-sequential",
+            &["--mode", "sequential", "--pull-start", "queued"],
+            &[],
+        ),
     ];
     let t = Instant::now();
     let lines = finish(p, frames, subs);
@@ -130,6 +144,10 @@ fn stream_order_commits_deliver_frames_untorn_to_every_mode_over_100000_checks()
     for (name, j) in &lines {
         if name == "sequential" {
             assert_eq!(j.u64("last_seq"), Some(frames), "{name}: {j:?}");
+        }
+        if name.starts_with("queued") {
+            // Queued copies (ADR 0010) did the pulling, and were checked.
+            assert!(j.u64("queued").unwrap_or(0) > 0, "{name}: {j:?}");
         }
         if name.starts_with("push") {
             // Each pushed frame arrives without an overrun: the GPU wrote
@@ -167,7 +185,7 @@ fn a_lossless_reader_gets_every_stream_committed_frame_in_order() {
             "--height",
             "360",
             "--wait-subscribers",
-            "3",
+            "4",
         ],
     );
     std::thread::sleep(Duration::from_millis(500));
@@ -175,10 +193,18 @@ fn a_lossless_reader_gets_every_stream_committed_frame_in_order() {
         consumer(&socket, "lossless", &["--mode", "sequential", "--lossless"], &[]),
         consumer(&socket, "push", &["--mode", "latest", "--push"], &[]),
         consumer(&socket, "latest", &["--mode", "latest"], &[]),
+        consumer(
+            &socket,
+            "lossless-queued",
+            &["--mode", "sequential", "--lossless", "--pull-start", "queued"],
+            &[],
+        ),
     ];
     let lines = finish(p, frames, subs);
-    let (_, j) = lines.iter().find(|(n, _)| n == "lossless").expect("lossless line");
-    assert_eq!(j.u64("delivered"), Some(frames), "lossless: {j:?}");
-    assert_eq!(j.u64("dropped"), Some(0), "lossless: {j:?}");
-    assert_eq!(j.u64("last_seq"), Some(frames), "lossless: {j:?}");
+    for name in ["lossless", "lossless-queued"] {
+        let (_, j) = lines.iter().find(|(n, _)| n == name).expect("lossless line");
+        assert_eq!(j.u64("delivered"), Some(frames), "{name}: {j:?}");
+        assert_eq!(j.u64("dropped"), Some(0), "{name}: {j:?}");
+        assert_eq!(j.u64("last_seq"), Some(frames), "{name}: {j:?}");
+    }
 }

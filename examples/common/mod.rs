@@ -18,7 +18,7 @@ use vramring::testpattern::{self, PatternError};
 use vramring::time::monotonic_ns;
 use vramring::BackendChoice;
 use vramring::{
-    BackendKind, Error as RingError, Format, Frame, FrameMeta, Mode, Policy, Publisher, RingConfig, SlotMut,
+    BackendKind, Error as RingError, Format, Frame, FrameMeta, Mode, Policy, Publisher, PullStart, RingConfig, SlotMut,
     Subscriber, SubscriberOptions,
 };
 
@@ -89,6 +89,17 @@ pub enum ModeArg {
     Latest,
     /// Every frame in order; gaps counted.
     Sequential,
+}
+
+/// When a CUDA pull copy starts, as typed on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PullStartArg {
+    /// Queued on the GPU under MPS, after the commit otherwise.
+    Auto,
+    /// Queued on the GPU behind the commit, as soon as it is announced.
+    Queued,
+    /// After the commit has landed.
+    AfterCommit,
 }
 
 /// Arguments of the producer.
@@ -177,6 +188,10 @@ pub struct ConsumerArgs {
     /// Print one JSON object per line instead of text.
     #[arg(long)]
     pub json: bool,
+    /// When a pull copy of a CUDA frame starts: auto (queued on the GPU
+    /// under MPS), queued, or after-commit.
+    #[arg(long, value_enum, default_value_t = PullStartArg::Auto)]
+    pub pull_start: PullStartArg,
 }
 
 // ---------------------------------------------------------------------------
@@ -663,6 +678,8 @@ pub struct ConsumerReport {
     /// Times the publisher went away (with `--reconnect`, the consumer then
     /// followed it to the next instance).
     pub producer_gone: u64,
+    /// Frames pulled by a copy queued on the GPU behind the commit.
+    pub queued: u64,
 }
 
 impl ConsumerReport {
@@ -693,6 +710,7 @@ impl ConsumerReport {
             .f64("max_us", us(self.latency.max()))
             .str("end", self.end)
             .u64("producer_gone", self.producer_gone)
+            .u64("queued", self.queued)
             .finish()
     }
 }
@@ -763,7 +781,12 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
         .mode(mode)
         .lossless(args.lossless)
         .push(args.push)
-        .reconnect(args.reconnect);
+        .reconnect(args.reconnect)
+        .pull_start(match args.pull_start {
+            PullStartArg::Auto => PullStart::Auto,
+            PullStartArg::Queued => PullStart::Queued,
+            PullStartArg::AfterCommit => PullStart::AfterCommit,
+        });
     let mut sub = connect_with_retry(args, opts)?;
     let gpu = match sub.backend() {
         BackendKind::Cuda => Some(GpuTestPattern::for_uuid(sub.info().device_uuid)?),
@@ -878,6 +901,7 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
     let stats = sub.stats();
     report.dropped = stats.dropped;
     report.overruns = stats.overruns;
+    report.queued = stats.queued;
     report.seconds = first_at.map_or(0.0, |f| (last_at - f).as_secs_f64());
     if let Err(e) = sub.close() {
         eprintln!("{}: close: {e}", args.name);

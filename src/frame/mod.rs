@@ -15,4 +15,4 @@ pub mod publisher;
 pub mod subscriber;
 
 pub use publisher::{BackendChoice, CommitMode, FrameMeta, Policy, Publisher, PullAccess, RingConfig, SlotMut};
-pub use subscriber::{Borrow, Frame, Mode, Subscriber, SubscriberOptions, SubscriberStats};
+pub use subscriber::{Borrow, Frame, Mode, PullStart, Subscriber, SubscriberOptions, SubscriberStats};

@@ -22,6 +22,15 @@ use crate::socket::transport;
 use crate::sync::atomic::Ordering;
 use crate::time::monotonic_ns;
 
+/// A queued copy is polled in a spin this long (its commit normally lands
+/// within microseconds), then with naps doubling between these bounds.
+const QUEUED_SPIN: Duration = Duration::from_millis(2);
+const QUEUED_NAP_MIN: Duration = Duration::from_micros(50);
+const QUEUED_NAP_MAX: Duration = Duration::from_millis(5);
+/// Past the deadline, a copy whose commit has landed is still waited for
+/// this long (it finishes within microseconds) rather than abandoned.
+const QUEUED_LANDED_GRACE: Duration = Duration::from_secs(1);
+
 /// How to subscribe.
 #[derive(Debug, Clone)]
 pub struct SubscriberOptions {
@@ -60,6 +69,31 @@ pub struct SubscriberOptions {
     /// later calls reconnect (within their timeout) and continue with the
     /// new instance's frames.
     pub reconnect: bool,
+    /// When a pull subscriber's copy of a CUDA frame starts (see
+    /// [`PullStart`]; default [`PullStart::Auto`]).
+    pub pull_start: PullStart,
+}
+
+/// When a pull subscriber on a CUDA ring starts copying a frame (ADR 0010).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PullStart {
+    /// [`PullStart::Queued`] when the GPU is shared through MPS (the
+    /// device says so), [`PullStart::AfterCommit`] otherwise: without
+    /// MPS a copy waiting on the GPU keeps a context of its own ready to
+    /// run beside the publisher's, which costs the GPU a context switch
+    /// per frame anyway.
+    #[default]
+    Auto,
+    /// As soon as the publisher has announced the frame (its commit is
+    /// enqueued on the GPU but may not have run): the copy is enqueued
+    /// behind a GPU wait on the ring's `global_seq` and starts the moment
+    /// the commit lands, with no CPU wake in between; the frame is then
+    /// validated as always. Falls back to `AfterCommit` where the device
+    /// cannot wait on read-only host memory.
+    Queued,
+    /// After the commit has landed and this process has seen it (the v3
+    /// behaviour).
+    AfterCommit,
 }
 
 impl Default for SubscriberOptions {
@@ -76,6 +110,7 @@ impl Default for SubscriberOptions {
             backends: vec![BackendKind::Host, BackendKind::Cuda],
             push: false,
             reconnect: false,
+            pull_start: PullStart::Auto,
         }
     }
 }
@@ -132,6 +167,11 @@ impl SubscriberOptions {
         self.wait = w;
         self
     }
+    /// Sets when a pull copy of a CUDA frame starts (see [`PullStart`]).
+    pub fn pull_start(mut self, p: PullStart) -> Self {
+        self.pull_start = p;
+        self
+    }
 }
 
 /// Counters of a subscriber.
@@ -149,6 +189,13 @@ pub struct SubscriberStats {
     pub reconnects: u64,
     /// Frames received by push delivery (no GPU work in this process).
     pub pushed: u64,
+    /// Frames pulled by a copy queued on the GPU before their commit
+    /// landed ([`PullStart::Queued`]).
+    pub queued: u64,
+    /// Queued copies given up on because the commit they waited for did
+    /// not land within the call's timeout (a publisher that died with the
+    /// frame in flight, or a GPU that was busy far longer than usual).
+    pub abandoned: u64,
 }
 
 /// A frame copied into the subscriber's own buffer. Valid until the next
@@ -421,6 +468,8 @@ pub struct Subscriber {
     push_started: bool,
     /// The publisher's cadence, for [`WaitStrategy::Cadence`].
     cadence: Cadence,
+    /// Pull copies are queued on the GPU behind the commit ([`PullStart`]).
+    queued: bool,
 }
 
 impl std::fmt::Debug for Subscriber {
@@ -580,7 +629,16 @@ impl Subscriber {
             drained: false,
             push_started: false,
             cadence: Cadence::new(),
+            queued: false,
         };
+        if !push && sub.opts.pull_start != PullStart::AfterCommit {
+            let header = sub.header();
+            let word = std::ptr::from_ref(&header.seq.global_seq) as u64 - sub.control.as_ptr() as u64;
+            let only_mps = sub.opts.pull_start == PullStart::Auto;
+            sub.queued = sub
+                .pool
+                .enable_gate(control_fd.as_fd(), sub.control.len() as u64, word, only_mps)?;
+        }
         // The service stored our cursor before it sent the Welcome
         // (sendmsg/recvmsg order it); nobody else writes it.
         let last = if sub.opts.lossless {
@@ -717,6 +775,12 @@ impl Subscriber {
         self.info.epoch
     }
 
+    /// Whether pull copies are queued on the GPU behind the commit
+    /// ([`PullStart::Queued`], or [`PullStart::Auto`] under MPS).
+    pub fn pull_queued(&self) -> bool {
+        self.queued
+    }
+
     /// Whether the publisher has mapped this subscriber's push buffers, so
     /// frames now arrive by push delivery. Mapping happens at the
     /// publisher's next publish after the handshake.
@@ -772,17 +836,30 @@ impl Subscriber {
         self.lease.end(Error::ProducerGone { epoch: self.info.epoch })
     }
 
-    fn wait(&mut self, deadline: Instant, timeout: Duration) -> Result<u64> {
+    /// Waits until `global_seq` passes `last` (or, with `announced` on a
+    /// queued-pull subscriber, until `pending_seq` does: a commit has been
+    /// enqueued) and returns it.
+    fn wait(&mut self, deadline: Instant, timeout: Duration, announced: bool) -> Result<u64> {
         if self.lease.draining() {
             return self.drain_next();
         }
         let slice = self.opts.park_slice;
         let outcome = {
             let header = self.control.at::<RingHeader>(0);
-            let bell = Bell {
-                seq: &header.seq.global_seq,
-                producer: &header.producer,
-                pending: Some(&header.seq.pending_seq),
+            // A queued pull starts at the announcement: it waits for
+            // `pending_seq`, and the GPU waits for the commit.
+            let bell = if self.queued && announced {
+                Bell {
+                    seq: &header.seq.pending_seq,
+                    producer: &header.producer,
+                    pending: None,
+                }
+            } else {
+                Bell {
+                    seq: &header.seq.global_seq,
+                    producer: &header.producer,
+                    pending: Some(&header.seq.pending_seq),
+                }
             };
             let lease = &self.lease;
             let alive = || lease.quiet();
@@ -876,7 +953,27 @@ impl Subscriber {
         self.reconnect_if_gone(deadline, timeout)?;
         self.lease.ensure_or_drain()?;
         loop {
-            let g = self.wait(deadline, timeout)?;
+            let mut g = self.wait(deadline, timeout, true)?;
+            if self.queued {
+                // `g` is the announced seq; what has landed is `global_seq`.
+                // SYNC: global-seq — Acquire pairs with the commit's store.
+                let landed = self.header().seq.global_seq.load(Ordering::Acquire);
+                let window = protocol::safe_window(self.info.slot_count, self.opts.lossless);
+                if let Some(pick) = protocol::pick(self.opts.mode, self.last, g, window).filter(|p| p.seq > landed) {
+                    match self.queued_copy(pick, deadline, timeout)? {
+                        Some(snap) => {
+                            return Ok(Frame {
+                                sub: self,
+                                snap,
+                                skipped: pick.skipped,
+                                push: None,
+                            })
+                        }
+                        None => continue,
+                    }
+                }
+                g = landed;
+            }
             if let Some((snap, k)) = self.take_pushed() {
                 let skipped = if self.push_started { snap.seq - self.last - 1 } else { 0 };
                 self.push_started = true;
@@ -926,6 +1023,80 @@ impl Subscriber {
         }
     }
 
+    /// Queued pull of `pick`, whose commit is announced but has not landed:
+    /// enqueues a GPU wait on `global_seq` and the copy behind it, polls
+    /// for the copy, then validates the frame as every pull does. `None`
+    /// when the frame was overwritten (counted) or the wait was given up
+    /// (the caller's loop then reports the timeout or the publisher's end).
+    fn queued_copy(
+        &mut self,
+        pick: protocol::Pick,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<Option<SlotSnapshot>> {
+        // Relaxed: informational.
+        self.client().reading_seq.store(pick.seq, Ordering::Relaxed);
+        let offset = (pick.seq & self.info.mask()) * self.info.geometry.slot_stride;
+        self.pool
+            .copy_out_gated(pick.seq, offset, self.info.geometry.frame_bytes)?;
+        let started = Instant::now();
+        let mut nap = QUEUED_NAP_MIN;
+        loop {
+            if self.pool.poll_complete()? {
+                break;
+            }
+            let now = Instant::now();
+            // SYNC: global-seq — Acquire: the commit has landed, so the GPU's
+            // wait is released and the copy finishes within microseconds.
+            let landed = self.header().seq.global_seq.load(Ordering::Acquire) >= pick.seq;
+            let expired = now >= deadline && !(landed && now < deadline + QUEUED_LANDED_GRACE);
+            let gone = now >= started + QUEUED_SPIN && !self.lease.quiet() && {
+                let checked = self.lease.check_or_drain();
+                checked.is_err() || self.lease.draining()
+            };
+            if expired || gone {
+                // The commit may never land (a publisher that died with the
+                // frame in flight): set the copy aside with what it uses.
+                self.pool.abandon_copies()?;
+                self.stats.abandoned += 1;
+                self.client().reading_seq.store(0, Ordering::Relaxed);
+                self.lease.ensure_or_drain()?;
+                if expired && !self.lease.draining() {
+                    return Err(Error::Timeout(timeout, "the next frame"));
+                }
+                return Ok(None);
+            }
+            if now < started + QUEUED_SPIN {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(
+                    nap.min(deadline.saturating_duration_since(now))
+                        .max(Duration::from_micros(1)),
+                );
+                nap = (nap * 2).min(QUEUED_NAP_MAX);
+            }
+        }
+        let slot = self.slot(pick.seq);
+        let whole = match SlotSnapshot::look(slot, pick.seq) {
+            Look::Ready(snap) if snap.still_valid(slot) => Some(snap),
+            // The GPU saw the commit, so the slot cannot still be older;
+            // validate again on the next pass rather than trust it.
+            Look::NotYet => return Ok(None),
+            _ => None,
+        };
+        let Some(snap) = whole else {
+            // Overwritten before or during the copy: lost, in either mode.
+            self.stats.overruns += 1;
+            self.stats.dropped += pick.skipped + 1;
+            self.last = pick.seq;
+            self.publish_counters();
+            return Ok(None);
+        };
+        self.stats.queued += 1;
+        self.deliver(&snap, pick.skipped);
+        Ok(Some(snap))
+    }
+
     /// Waits for the next frame and lends it in place, without a copy.
     /// Under the lossless policy the slot stays pinned until the borrow ends.
     ///
@@ -942,7 +1113,7 @@ impl Subscriber {
         self.reconnect_if_gone(deadline, timeout)?;
         self.lease.ensure_or_drain()?;
         loop {
-            let g = self.wait(deadline, timeout)?;
+            let g = self.wait(deadline, timeout, false)?;
             if self.opts.push {
                 if let Some((snap, k)) = self.peek_pushed() {
                     let skipped = if self.push_started { snap.seq - self.last - 1 } else { 0 };

@@ -12,7 +12,7 @@
 //! Backends: [`host`] (memfd; "copy" is `memcpy`) and [`cuda`] (CUDA VMM,
 //! exported as a POSIX file descriptor).
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 use crate::error::Result;
 
@@ -219,6 +219,62 @@ pub trait ImportedPool: Send {
     fn copy_out(&mut self, src_offset: u64, len: u64) -> Result<()>;
     /// Waits until every copy enqueued so far has completed.
     fn complete(&mut self) -> Result<()>;
+    /// Queued pull (ADR 0010): maps the ring's control region `control`
+    /// (`control_bytes` long) again, read-only, and registers it so that
+    /// copies can wait on the GPU for the 64-bit word at `word_offset`
+    /// (`global_seq`). `Ok(false)` when this backend or device cannot (host
+    /// rings; no read-only host registration or 64-bit stream memory
+    /// operations; a push-only import), or when `only_mps` and the device
+    /// is not shared through MPS.
+    ///
+    /// # Errors
+    /// [`crate::Error::Closed`]; a word outside the region.
+    fn enable_gate(
+        &mut self,
+        _control: BorrowedFd<'_>,
+        _control_bytes: u64,
+        _word_offset: u64,
+        _only_mps: bool,
+    ) -> Result<bool> {
+        Ok(false)
+    }
+    /// Whether [`ImportedPool::enable_gate`] succeeded.
+    fn gate_supported(&self) -> bool {
+        false
+    }
+    /// As [`ImportedPool::copy_out`], but the copy waits on the GPU until
+    /// the gate word is at least `seq`: it is enqueued before the commit of
+    /// frame `seq` has landed and starts the moment it does, with no CPU in
+    /// between. Never wait for it with [`ImportedPool::complete`] (a commit
+    /// that never lands would block for good): poll
+    /// [`ImportedPool::poll_complete`], and give up with
+    /// [`ImportedPool::abandon_copies`].
+    ///
+    /// # Errors
+    /// [`crate::Error::WrongBackend`] without a gate; as `copy_out`.
+    fn copy_out_gated(&mut self, _seq: u64, _src_offset: u64, _len: u64) -> Result<()> {
+        Err(crate::Error::WrongBackend {
+            what: "a copy queued behind a GPU wait",
+            backend: self.kind().name(),
+        })
+    }
+    /// Whether every copy enqueued so far has completed, without waiting.
+    ///
+    /// # Errors
+    /// [`crate::Error::Closed`]; the backend's error.
+    fn poll_complete(&mut self) -> Result<bool> {
+        self.complete().map(|()| true)
+    }
+    /// Gives up on the copies enqueued so far (a gate that has not opened
+    /// and may never): later copies go to a fresh stream and buffer, and
+    /// the abandoned ones keep what they use until they complete, or, if
+    /// they never do, until the process exits.
+    ///
+    /// # Errors
+    /// [`crate::Error::Closed`]; the backend's error.
+    fn abandon_copies(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Address of the subscriber's own buffer (host pointer or `CUdeviceptr`).
     fn dest_addr(&self) -> u64;
     /// The subscriber's own buffer, when it is host memory.

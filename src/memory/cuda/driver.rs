@@ -102,6 +102,8 @@ pub mod code {
     pub const INVALID_HANDLE: u32 = 400;
     /// `CUDA_ERROR_NOT_FOUND`.
     pub const NOT_FOUND: u32 = 500;
+    /// `CUDA_ERROR_NOT_READY`.
+    pub const NOT_READY: u32 = 600;
     /// `CUDA_ERROR_ILLEGAL_ADDRESS`.
     pub const ILLEGAL_ADDRESS: u32 = 700;
     /// `CUDA_ERROR_NOT_PERMITTED`.
@@ -120,6 +122,13 @@ pub mod attr {
     pub const VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: u32 = 102;
     /// `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED`.
     pub const HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: u32 = 103;
+    /// `CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED`.
+    pub const READ_ONLY_HOST_REGISTER_SUPPORTED: u32 = 113;
+    /// `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS` (CUDA 12 numbering).
+    pub const CAN_USE_64_BIT_STREAM_MEM_OPS: u32 = 122;
+    /// `CU_DEVICE_ATTRIBUTE_MPS_ENABLED` (CUDA 12.4+): contexts made on this
+    /// device are shared through an MPS server.
+    pub const MPS_ENABLED: u32 = 133;
 }
 
 /// Access a mapping grants to one device (`CUmemAccess_flags`).
@@ -363,6 +372,30 @@ pub trait Driver: Send + Sync + 'static {
     /// `ptr..ptr+bytes` is mapped host memory of this process that stays
     /// mapped until [`Driver::mem_host_unregister`].
     unsafe fn mem_host_register(&self, ptr: *mut c_void, bytes: u64) -> DResult<()>;
+    /// `cuMemHostRegister_v2` with `CU_MEMHOSTREGISTER_DEVICEMAP |
+    /// CU_MEMHOSTREGISTER_READ_ONLY`: as [`Driver::mem_host_register`], for
+    /// memory this process may only read (a read-only mapping); the device
+    /// may only read it either.
+    ///
+    /// # Safety
+    /// As [`Driver::mem_host_register`].
+    unsafe fn mem_host_register_read_only(&self, ptr: *const c_void, bytes: u64) -> DResult<()>;
+    /// `cuStreamWaitValue64_v2(stream, addr, value, CU_STREAM_WAIT_VALUE_GEQ)`:
+    /// work enqueued on `stream` after this waits on the GPU until the
+    /// 64-bit word at `addr` is at least `value` (unsigned). Nothing bounds
+    /// the wait: a value that never comes blocks the stream for good.
+    ///
+    /// # Safety
+    /// The trait's safety contract; `addr` is device-visible memory (here:
+    /// registered host memory) that stays registered and mapped while the
+    /// wait may still be pending.
+    unsafe fn stream_wait_value_geq(&self, stream: CuStream, addr: DevicePtr, value: u64) -> DResult<()>;
+    /// `cuStreamQuery`: `true` when every operation enqueued on `stream`
+    /// has completed, `false` while some is pending (`CUDA_ERROR_NOT_READY`).
+    ///
+    /// # Safety
+    /// See the trait's safety contract.
+    unsafe fn stream_query(&self, stream: CuStream) -> DResult<bool>;
     /// `cuMemHostUnregister`.
     ///
     /// # Safety

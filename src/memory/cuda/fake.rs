@@ -51,6 +51,11 @@ pub struct FakeDevice {
     pub integrated: bool,
     /// Allocation granularity.
     pub granularity: u64,
+    /// `CU_DEVICE_ATTRIBUTE_MPS_ENABLED`.
+    pub mps: bool,
+    /// `CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED` and
+    /// `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`.
+    pub stream_waits: bool,
 }
 
 impl FakeDevice {
@@ -64,6 +69,8 @@ impl FakeDevice {
             posix_fd: true,
             integrated: false,
             granularity: 2 << 20,
+            mps: false,
+            stream_waits: true,
         }
     }
 }
@@ -161,9 +168,25 @@ struct State {
     functions: BTreeMap<u64, (u64, String)>,
     /// Registered host memory: fake device address -> (host address, bytes, owner).
     host_regs: BTreeMap<u64, (usize, u64, Option<CuContext>)>,
+    /// Registered host memory the device may only read (device addresses).
+    read_only_regs: Vec<u64>,
+    /// Streams blocked on a `cuStreamWaitValue64`, with what they wait for
+    /// and the copies enqueued behind the wait.
+    blocked: HashMap<u64, Blocked>,
+}
+
+/// A stream waiting on the GPU for a word to reach a value.
+struct Blocked {
+    addr: DevicePtr,
+    value: u64,
+    /// `(dst, src, bytes)` of each copy enqueued behind the wait.
+    copies: Vec<(DevicePtr, DevicePtr, u64)>,
 }
 
 const PRIMARY_BASE: u64 = 0xC0_0000;
+/// The error the fake returns where a real driver would block for good
+/// (synchronising a stream whose wait can never be met).
+pub const FAKE_WOULD_HANG: u32 = 0xFA4E;
 const FOREIGN_BASE: u64 = 0xF0_0000;
 const VA_BASE: u64 = 0x7000_0000_0000;
 const ALLOC_BASE: u64 = 0x6000_0000_0000;
@@ -247,7 +270,7 @@ impl State {
             }
         }
         if let Some((&start, &(host, len, _))) = self.host_regs.range(..=ptr).next_back() {
-            if end <= start + len {
+            if end <= start + len && !(write && self.read_only_regs.contains(&start)) {
                 return Ok((host as *mut u8).wrapping_add((ptr - start) as usize));
             }
         }
@@ -365,6 +388,15 @@ impl FakeDriver {
         self.lock().log.iter().filter(|r| r.owner.is_some()).cloned().collect()
     }
 
+    /// Streams blocked on a `cuStreamWaitValue64` whose value has not come.
+    pub fn blocked_streams(&self) -> usize {
+        let mut st = self.lock();
+        let ids: Vec<u64> = st.blocked.keys().copied().collect();
+        ids.into_iter()
+            .filter(|&id| Self::advance(&mut st, id).unwrap_or(true))
+            .count()
+    }
+
     /// Everything still alive.
     pub fn leaks(&self) -> Leaks {
         let st = self.lock();
@@ -424,6 +456,34 @@ impl FakeDriver {
             code: code::OUT_OF_MEMORY,
         })?;
         Ok(Backing { region, fd })
+    }
+
+    /// Runs a blocked stream's work if its word has reached the value;
+    /// `true` while it is still blocked.
+    fn advance(st: &mut State, stream: u64) -> DResult<bool> {
+        const CALL: &str = "cuStreamWaitValue64_v2";
+        let Some(b) = st.blocked.get(&stream) else {
+            return Ok(false);
+        };
+        let (addr, value) = (b.addr, b.value);
+        let p = st.resolve(CALL, addr, 8, false)?;
+        // SAFETY: `p` is 8 readable bytes of registered memory (resolved);
+        // the publisher stores this word atomically.
+        let now = unsafe { (*p.cast::<crate::sync::atomic::AtomicU64>()).load(std::sync::atomic::Ordering::Acquire) };
+        if now < value {
+            return Ok(true);
+        }
+        let Some(b) = st.blocked.remove(&stream) else {
+            return Ok(false);
+        };
+        for (dst, src, bytes) in b.copies {
+            let s = st.resolve(CALL, src, bytes, false)?;
+            let d = st.resolve(CALL, dst, bytes, true)?;
+            // SAFETY: both ranges resolved to live host memory held by the
+            // locked state; `copy` allows overlap.
+            unsafe { std::ptr::copy(s, d, bytes as usize) };
+        }
+        Ok(false)
     }
 
     fn read_u32(st: &mut State, call: &'static str, ptr: DevicePtr) -> DResult<u32> {
@@ -584,6 +644,8 @@ impl Driver for FakeDriver {
             attr::INTEGRATED => i32::from(d.integrated),
             attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED => i32::from(d.vmm),
             attr::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED => i32::from(d.posix_fd),
+            attr::MPS_ENABLED => i32::from(d.mps),
+            attr::READ_ONLY_HOST_REGISTER_SUPPORTED | attr::CAN_USE_64_BIT_STREAM_MEM_OPS => i32::from(d.stream_waits),
             _ => {
                 return Err(DriverError {
                     call: "cuDeviceGetAttribute",
@@ -1038,6 +1100,17 @@ impl Driver for FakeDriver {
     unsafe fn stream_synchronize(&self, stream: CuStream) -> DResult<()> {
         const CALL: &str = "cuStreamSynchronize";
         let (mut st, rec) = self.enter(CALL)?;
+        if Self::advance(&mut st, stream.to_bits())? {
+            // A real driver would block here for good: the word never comes.
+            return Err(Self::fail_rec(
+                &mut st,
+                rec,
+                DriverError {
+                    call: CALL,
+                    code: FAKE_WOULD_HANG,
+                },
+            ));
+        }
         // The null stream and foreign streams (the user's) are accepted.
         if stream.to_bits() >= 0x5000_0000
             && stream.to_bits() < 0x6000_0000
@@ -1055,9 +1128,13 @@ impl Driver for FakeDriver {
         Ok(())
     }
 
-    unsafe fn memcpy_dtod_async(&self, dst: DevicePtr, src: DevicePtr, bytes: u64, _stream: CuStream) -> DResult<()> {
+    unsafe fn memcpy_dtod_async(&self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: CuStream) -> DResult<()> {
         const CALL: &str = "cuMemcpyDtoDAsync_v2";
         let (mut st, rec) = self.enter(CALL)?;
+        if let Some(b) = st.blocked.get_mut(&stream.to_bits()) {
+            b.copies.push((dst, src, bytes));
+            return Ok(());
+        }
         let s = st
             .resolve(CALL, src, bytes, false)
             .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
@@ -1126,6 +1203,69 @@ impl Driver for FakeDriver {
         Ok(())
     }
 
+    unsafe fn mem_host_register_read_only(&self, ptr: *const c_void, bytes: u64) -> DResult<()> {
+        // SAFETY: forwarded contract; the fake only records the range.
+        unsafe { self.mem_host_register(ptr.cast_mut(), bytes) }?;
+        let mut st = self.lock();
+        let dev = st
+            .host_regs
+            .iter()
+            .find(|(_, &(h, _, _))| h == ptr as usize)
+            .map(|(&d, _)| d);
+        if let Some(d) = dev {
+            st.read_only_regs.push(d);
+        }
+        Ok(())
+    }
+
+    unsafe fn stream_wait_value_geq(&self, stream: CuStream, addr: DevicePtr, value: u64) -> DResult<()> {
+        const CALL: &str = "cuStreamWaitValue64_v2";
+        let (mut st, rec) = self.enter(CALL)?;
+        let id = stream.to_bits();
+        if !st.streams.contains_key(&id) {
+            let e = DriverError {
+                call: CALL,
+                code: code::INVALID_HANDLE,
+            };
+            return Err(Self::fail_rec(&mut st, rec, e));
+        }
+        // The word must be device-visible now, as the real driver requires.
+        st.resolve(CALL, addr, 8, false)
+            .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        if st.blocked.contains_key(&id) {
+            // A second wait behind a pending one: not something the crate does.
+            let e = DriverError {
+                call: CALL,
+                code: code::NOT_SUPPORTED,
+            };
+            return Err(Self::fail_rec(&mut st, rec, e));
+        }
+        st.blocked.insert(
+            id,
+            Blocked {
+                addr,
+                value,
+                copies: Vec::new(),
+            },
+        );
+        Self::advance(&mut st, id)?;
+        Ok(())
+    }
+
+    unsafe fn stream_query(&self, stream: CuStream) -> DResult<bool> {
+        const CALL: &str = "cuStreamQuery";
+        let (mut st, rec) = self.enter(CALL)?;
+        let id = stream.to_bits();
+        if !st.streams.contains_key(&id) {
+            let e = DriverError {
+                call: CALL,
+                code: code::INVALID_HANDLE,
+            };
+            return Err(Self::fail_rec(&mut st, rec, e));
+        }
+        Ok(!Self::advance(&mut st, id)?)
+    }
+
     unsafe fn mem_host_unregister(&self, ptr: *mut c_void) -> DResult<()> {
         const CALL: &str = "cuMemHostUnregister";
         let (mut st, rec) = self.enter(CALL)?;
@@ -1144,7 +1284,17 @@ impl Driver for FakeDriver {
                 },
             ));
         };
+        if st.blocked.values().any(|b| (dev..dev + (1 << 40)).contains(&b.addr)) {
+            // The GPU would read unmapped memory: a fault that kills the
+            // context (and, under MPS, its neighbours).
+            let e = DriverError {
+                call: CALL,
+                code: code::ILLEGAL_ADDRESS,
+            };
+            return Err(Self::fail_rec(&mut st, rec, e));
+        }
         st.host_regs.remove(&dev);
+        st.read_only_regs.retain(|&d| d != dev);
         Self::release_owner(&mut st, rec, owner);
         Ok(())
     }

@@ -1,16 +1,17 @@
 //! [`CudaImport`]: a subscriber's mapping of the publisher's pool, with its
 //! own stream and its own device buffer that frames are copied into.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use super::context::with_context;
-use super::driver::{Access, CuContext, CuDevice, CuStream, DevicePtr, Driver};
+use super::driver::{attr, Access, CuContext, CuDevice, CuStream, DevicePtr, Driver};
 use super::mapping::VmmMapping;
 use super::real::RealDriver;
 use super::{find_device_by_uuid, format_uuid, round_up};
 use crate::error::{Error, Result};
 use crate::memory::{check_range, BackendKind, ImportedPool, OwnBuffer};
+use crate::shm::Region;
 
 /// The subscriber's own buffer grows in steps of this many bytes.
 const DEST_STEP: u64 = 2 << 20;
@@ -39,6 +40,22 @@ pub struct CudaImport<D: Driver = RealDriver> {
     /// Push delivery: this subscriber's own buffers, exported to the publisher.
     push: VmmMapping,
     push_stride: u64,
+    /// Queued pull (ADR 0010): the ring's control region, mapped again
+    /// read-only by this import and registered for the device, and the
+    /// device address of its `global_seq` word, which copies wait on.
+    gate: Option<Gate>,
+    /// Copies given up on behind a gate that had not opened: each one's
+    /// stream and the buffer it writes. See [`ImportedPool::abandon_copies`].
+    stuck: Vec<(CuStream, Option<DevicePtr>)>,
+}
+
+/// The word a queued copy waits for, in this import's own registered
+/// mapping of the publisher's control region.
+#[derive(Debug)]
+struct Gate {
+    region: Region,
+    registered: bool,
+    word: DevicePtr,
 }
 
 impl<D: Driver> std::fmt::Debug for CudaImport<D> {
@@ -117,6 +134,8 @@ impl<D: Driver> CudaImport<D> {
             ready: false,
             push: VmmMapping::default(),
             push_stride: 0,
+            gate: None,
+            stuck: Vec::new(),
         };
         match imp.build(fd) {
             Ok(()) => Ok(imp),
@@ -180,6 +199,12 @@ impl<D: Driver> CudaImport<D> {
         &self.driver
     }
 
+    /// Device address of the word queued copies wait on (ADR 0010), once
+    /// [`ImportedPool::enable_gate`] succeeded.
+    pub fn gate_word(&self) -> Option<DevicePtr> {
+        self.gate.as_ref().map(|g| g.word)
+    }
+
     /// Bytes the subscriber's own buffer holds now.
     pub fn dest_capacity(&self) -> u64 {
         self.dest_cap
@@ -201,7 +226,56 @@ impl<D: Driver> CudaImport<D> {
         self.ready = false;
         let Some(ctx) = self.ctx else { return Ok(()) };
         let d = Arc::clone(&self.driver);
-        if self.stream.is_some() || self.push.is_live() || self.mem.is_live() || self.dest.is_some() {
+        self.reap_stuck()?;
+        if !self.stuck.is_empty() {
+            // A queued copy still waits for a commit that never landed (its
+            // publisher died with the frame in flight). Its wait reads the
+            // registered control region and its copy reads the pool and
+            // writes its buffer, whenever the word comes; releasing any of
+            // them, or the context (whose destruction waits for the
+            // stream), could fault or hang. So they stay, until this
+            // process exits (ADR 0010): the copy stream and our own buffer
+            // go as usual.
+            tracing::warn!(
+                stuck = self.stuck.len(),
+                "a queued copy waits for a commit that never landed; its pool mapping, control-region registration and CUDA context stay until this process exits"
+            );
+            let body = |d: &D| -> Result<_> {
+                if let Some(s) = self.stream {
+                    // SAFETY: our live stream, not one of the stuck ones.
+                    unsafe { d.stream_synchronize(s) }?;
+                    // SAFETY: our live stream, now idle.
+                    unsafe { d.stream_destroy(s) }?;
+                    self.stream = None;
+                }
+                if let Some(p) = self.dest {
+                    // SAFETY: our buffer; its stream is gone.
+                    unsafe { d.mem_free(p) }?;
+                    self.dest = None;
+                    self.dest_cap = 0;
+                }
+                if self.push.is_live() {
+                    // Not read by the stuck copy.
+                    self.push.release(d)?;
+                }
+                Ok(())
+            };
+            // SAFETY: `ctx` stays retained (it is leaked below).
+            unsafe { with_context(&*d, ctx, body) }?;
+            // Dropping the record releases nothing: the pool stays mapped.
+            self.mem = VmmMapping::default();
+            // The registration stays, and so must the pages it pins.
+            std::mem::forget(self.gate.take());
+            self.stuck.clear();
+            self.ctx = None;
+            return Ok(());
+        }
+        if self.stream.is_some()
+            || self.push.is_live()
+            || self.mem.is_live()
+            || self.dest.is_some()
+            || self.gate.is_some()
+        {
             let body = |d: &D| -> Result<_> {
                 if let Some(s) = self.stream {
                     // SAFETY: our live stream.
@@ -215,6 +289,16 @@ impl<D: Driver> CudaImport<D> {
                     // our mapping goes, the memory lives on until the
                     // publisher drops its import too.
                     self.push.release(d)?;
+                }
+                if let Some(g) = &mut self.gate {
+                    if g.registered {
+                        // SAFETY: registered by `enable_gate`; no wait on it
+                        // is pending (the stream is gone, nothing is stuck).
+                        unsafe { d.mem_host_unregister(g.region.as_ptr().cast()) }?;
+                        g.registered = false;
+                    }
+                    // Unmapped when dropped.
+                    self.gate = None;
                 }
                 // Unmap, free the range, release the imported handle: no
                 // copy reads the pool any more (the stream is gone).
@@ -234,6 +318,100 @@ impl<D: Driver> CudaImport<D> {
         d.primary_ctx_release(self.device)?;
         self.ctx = None;
         Ok(())
+    }
+
+    /// Enqueues a copy of `len` bytes at `src_offset` into our own buffer
+    /// (grown as needed) on our stream; with `gate`, behind a GPU wait
+    /// until the control region's `global_seq` is at least that seq.
+    fn enqueue_copy(&mut self, src_offset: u64, len: u64, gate: Option<u64>) -> Result<()> {
+        let ctx = self.open_ctx()?;
+        let (va, Some(stream)) = (self.mem.addr(), self.stream) else {
+            return Err(Error::Closed);
+        };
+        if va == 0 {
+            return Err(Error::Closed);
+        }
+        check_range("pool", src_offset, len, self.bytes)?;
+        let word = match gate {
+            Some(seq) => Some((
+                self.gate
+                    .as_ref()
+                    .ok_or(Error::WrongBackend {
+                        what: "a queued copy without a gate",
+                        backend: "cuda",
+                    })?
+                    .word,
+                seq,
+            )),
+            None => None,
+        };
+        self.reap_stuck()?;
+        let d = Arc::clone(&self.driver);
+        let body = |d: &D| -> Result<_> {
+            if self.dest_cap < len {
+                if let Some(old) = self.dest {
+                    // SAFETY: our stream; wait for copies into the old buffer.
+                    unsafe { d.stream_synchronize(stream) }?;
+                    // SAFETY: our buffer, idle now.
+                    unsafe { d.mem_free(old) }?;
+                    self.dest = None;
+                    self.dest_cap = 0;
+                }
+                let cap = round_up(len.max(1), DEST_STEP).ok_or(Error::TooLarge {
+                    len: len as usize,
+                    max: usize::MAX,
+                })?;
+                self.dest = Some(d.mem_alloc(cap)?);
+                self.dest_cap = cap;
+            }
+            let dest = self.dest.ok_or(Error::Closed)?;
+            if let Some((word, seq)) = word {
+                // SAFETY: our live stream; `word` lies in our registered
+                // mapping of the control region, which stays registered
+                // while a wait may be pending (`close` and
+                // `abandon_copies`).
+                unsafe { d.stream_wait_value_geq(stream, word, seq) }?;
+            }
+            // SAFETY: the source lies inside our mapping (checked above),
+            // the destination inside our buffer of `dest_cap >= len`
+            // bytes; both stay alive until `close`, which synchronises
+            // the stream first (or keeps them, for a stuck copy).
+            unsafe { d.memcpy_dtod_async(dest, va + src_offset, len, stream) }?;
+            Ok(())
+        };
+        // SAFETY: `ctx` is retained while the import is open (checked above).
+        unsafe { with_context(&*d, ctx, body) }
+    }
+
+    /// Releases the abandoned copies that have completed since (their word
+    /// came after all: a live publisher that was only slow).
+    fn reap_stuck(&mut self) -> Result<()> {
+        let Some(ctx) = self.ctx else { return Ok(()) };
+        if self.stuck.is_empty() {
+            return Ok(());
+        }
+        let d = Arc::clone(&self.driver);
+        let body = |d: &D| -> Result<()> {
+            let mut k = 0;
+            while k < self.stuck.len() {
+                let (s, buf) = self.stuck[k];
+                // SAFETY: a stream of ours, set aside but not destroyed.
+                if unsafe { d.stream_query(s) }? {
+                    // SAFETY: idle now; nothing else uses it.
+                    unsafe { d.stream_destroy(s) }?;
+                    if let Some(p) = buf {
+                        // SAFETY: the buffer only that stream wrote.
+                        unsafe { d.mem_free(p) }?;
+                    }
+                    self.stuck.swap_remove(k);
+                } else {
+                    k += 1;
+                }
+            }
+            Ok(())
+        };
+        // SAFETY: `ctx` is retained while set (checked above).
+        unsafe { with_context(&*d, ctx, body) }
     }
 }
 
@@ -259,42 +437,113 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
     }
 
     fn copy_out(&mut self, src_offset: u64, len: u64) -> Result<()> {
+        self.enqueue_copy(src_offset, len, None)
+    }
+
+    fn gate_supported(&self) -> bool {
+        self.gate.is_some()
+    }
+
+    fn enable_gate(
+        &mut self,
+        control: BorrowedFd<'_>,
+        control_bytes: u64,
+        word_offset: u64,
+        only_mps: bool,
+    ) -> Result<bool> {
         let ctx = self.open_ctx()?;
-        let (va, Some(stream)) = (self.mem.addr(), self.stream) else {
-            return Err(Error::Closed);
-        };
-        if va == 0 {
-            return Err(Error::Closed);
+        if self.gate.is_some() {
+            return Ok(true);
         }
-        check_range("pool", src_offset, len, self.bytes)?;
+        if !self.mem.is_live() {
+            return Ok(false);
+        }
         let d = Arc::clone(&self.driver);
-        let body = |d: &D| -> Result<_> {
-            if self.dest_cap < len {
-                if let Some(old) = self.dest {
-                    // SAFETY: our stream; wait for copies into the old buffer.
-                    unsafe { d.stream_synchronize(stream) }?;
-                    // SAFETY: our buffer, idle now.
-                    unsafe { d.mem_free(old) }?;
-                    self.dest = None;
-                    self.dest_cap = 0;
-                }
-                let cap = round_up(len.max(1), DEST_STEP).ok_or(Error::TooLarge {
-                    len: len as usize,
-                    max: usize::MAX,
-                })?;
-                self.dest = Some(d.mem_alloc(cap)?);
-                self.dest_cap = cap;
-            }
-            let dest = self.dest.ok_or(Error::Closed)?;
-            // SAFETY: the source lies inside our mapping (checked above),
-            // the destination inside our buffer of `dest_cap >= len`
-            // bytes; both stay alive until `close`, which synchronises
-            // the stream first.
-            unsafe { d.memcpy_dtod_async(dest, va + src_offset, len, stream) }?;
+        let dev = self.device;
+        let able = |a: u32| d.device_attribute(a, dev).map(|v| v == 1).unwrap_or(false);
+        if (only_mps && !able(attr::MPS_ENABLED))
+            || !able(attr::READ_ONLY_HOST_REGISTER_SUPPORTED)
+            || !able(attr::CAN_USE_64_BIT_STREAM_MEM_OPS)
+        {
+            return Ok(false);
+        }
+        check_range("control region", word_offset, 8, control_bytes)?;
+        if word_offset % 8 != 0 {
+            return Err(Error::LayoutMismatch(format!(
+                "gate word at {word_offset} is not 8-byte aligned"
+            )));
+        }
+        let region = Region::map(control, control_bytes, false)?;
+        let mut gate = Gate {
+            region,
+            registered: false,
+            word: 0,
+        };
+        let body = |d: &D| -> Result<()> {
+            let base = gate.region.as_ptr();
+            // SAFETY: `gate.region` is our own read-only mapping of
+            // `control_bytes` bytes; it stays mapped until it is
+            // unregistered (`close`) or, if a wait on it is stuck, forever.
+            unsafe { d.mem_host_register_read_only(base.cast_const().cast(), control_bytes) }?;
+            gate.registered = true;
+            // SAFETY: `base` was registered just above.
+            let dev_base = unsafe { d.mem_host_device_pointer(base.cast()) }?;
+            gate.word = dev_base + word_offset;
             Ok(())
         };
-        // SAFETY: `ctx` is retained while the import is open (checked above).
-        unsafe { with_context(&*d, ctx, body) }
+        // SAFETY: `ctx` is retained while open (checked above).
+        let made = unsafe { with_context(&*d, ctx, body) };
+        match made {
+            Ok(()) => {
+                self.gate = Some(gate);
+                Ok(true)
+            }
+            Err(e) => {
+                if gate.registered {
+                    let undo = |d: &D| -> Result<()> {
+                        // SAFETY: registered above; nothing waits on it.
+                        Ok(unsafe { d.mem_host_unregister(gate.region.as_ptr().cast()) }?)
+                    };
+                    // SAFETY: as above.
+                    if let Err(ue) = unsafe { with_context(&*d, ctx, undo) } {
+                        tracing::warn!(error = %ue, "unregistering the control region after a failed gate setup");
+                        // Keep the pages mapped: the registration may still pin them.
+                        std::mem::forget(gate);
+                    }
+                }
+                tracing::debug!(error = %e, "queued pull unavailable; copies start after the commit");
+                Ok(false)
+            }
+        }
+    }
+
+    fn copy_out_gated(&mut self, seq: u64, src_offset: u64, len: u64) -> Result<()> {
+        self.enqueue_copy(src_offset, len, Some(seq))
+    }
+
+    fn poll_complete(&mut self) -> Result<bool> {
+        let ctx = self.open_ctx()?;
+        let stream = self.stream.ok_or(Error::Closed)?;
+        let body = |d: &D| -> Result<bool> {
+            // SAFETY: our stream, live while open (checked above).
+            Ok(unsafe { d.stream_query(stream) }?)
+        };
+        // SAFETY: `ctx` is retained while open (checked above).
+        unsafe { with_context(&*self.driver, ctx, body) }
+    }
+
+    fn abandon_copies(&mut self) -> Result<()> {
+        let ctx = self.open_ctx()?;
+        let old = self.stream.ok_or(Error::Closed)?;
+        let body = |d: &D| -> Result<CuStream> { Ok(d.stream_create_non_blocking()?) };
+        // SAFETY: `ctx` is retained while open (checked above).
+        let fresh = unsafe { with_context(&*self.driver, ctx, body) }?;
+        // The old stream and the buffer its copy writes are set aside: the
+        // copy may still run, whenever its word comes.
+        self.stuck.push((old, self.dest.take()));
+        self.dest_cap = 0;
+        self.stream = Some(fresh);
+        Ok(())
     }
 
     fn complete(&mut self) -> Result<()> {

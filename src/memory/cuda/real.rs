@@ -66,6 +66,10 @@ const LOCATION_TYPE_DEVICE: c_uint = 1;
 const GRANULARITY_MINIMUM: c_uint = 0;
 /// `CU_MEMHOSTREGISTER_DEVICEMAP`.
 const HOST_REGISTER_DEVICEMAP: c_uint = 2;
+/// `CU_MEMHOSTREGISTER_READ_ONLY`.
+const HOST_REGISTER_READ_ONLY: c_uint = 8;
+/// `CU_STREAM_WAIT_VALUE_GEQ`.
+const STREAM_WAIT_VALUE_GEQ: c_uint = 0;
 /// `CU_STREAM_NON_BLOCKING`.
 const STREAM_NON_BLOCKING: c_uint = 1;
 
@@ -103,6 +107,8 @@ struct Table {
     stream_create: unsafe extern "C" fn(*mut Strm, c_uint) -> u32,
     stream_destroy: unsafe extern "C" fn(Strm) -> u32,
     stream_synchronize: unsafe extern "C" fn(Strm) -> u32,
+    stream_query: unsafe extern "C" fn(Strm) -> u32,
+    stream_wait_value64: unsafe extern "C" fn(Strm, u64, u64, c_uint) -> u32,
     memcpy_dtod_async: unsafe extern "C" fn(u64, u64, usize, Strm) -> u32,
     memcpy_dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> u32,
     memset_d8: unsafe extern "C" fn(u64, u8, usize) -> u32,
@@ -211,6 +217,8 @@ impl RealDriver {
             stream_create: sym!("cuStreamCreate"),
             stream_destroy: sym!("cuStreamDestroy_v2"),
             stream_synchronize: sym!("cuStreamSynchronize"),
+            stream_query: sym!("cuStreamQuery"),
+            stream_wait_value64: sym!("cuStreamWaitValue64_v2"),
             memcpy_dtod_async: sym!("cuMemcpyDtoDAsync_v2"),
             memcpy_dtoh: sym!("cuMemcpyDtoH_v2"),
             memset_d8: sym!("cuMemsetD8_v2"),
@@ -518,6 +526,32 @@ impl Driver for RealDriver {
         DriverError::check("cuMemHostRegister_v2", unsafe {
             (self.t.mem_host_register)(ptr, n, HOST_REGISTER_DEVICEMAP)
         })
+    }
+
+    unsafe fn mem_host_register_read_only(&self, ptr: *const c_void, bytes: u64) -> DResult<()> {
+        let n = to_usize(bytes, "cuMemHostRegister_v2")?;
+        // SAFETY: the range is mapped host memory that stays mapped until
+        // it is unregistered (trait contract); READ_ONLY makes the driver
+        // pin it without asking for write access.
+        DriverError::check("cuMemHostRegister_v2", unsafe {
+            (self.t.mem_host_register)(ptr.cast_mut(), n, HOST_REGISTER_DEVICEMAP | HOST_REGISTER_READ_ONLY)
+        })
+    }
+
+    unsafe fn stream_wait_value_geq(&self, stream: CuStream, addr: DevicePtr, value: u64) -> DResult<()> {
+        // SAFETY: a live stream and device-visible memory that outlives the
+        // wait (trait contract).
+        DriverError::check("cuStreamWaitValue64_v2", unsafe {
+            (self.t.stream_wait_value64)(stream.as_raw(), addr, value, STREAM_WAIT_VALUE_GEQ)
+        })
+    }
+
+    unsafe fn stream_query(&self, stream: CuStream) -> DResult<bool> {
+        // SAFETY: a live stream (trait contract).
+        match unsafe { (self.t.stream_query)(stream.as_raw()) } {
+            code::NOT_READY => Ok(false),
+            c => DriverError::check("cuStreamQuery", c).map(|()| true),
+        }
     }
 
     unsafe fn mem_host_unregister(&self, ptr: *mut c_void) -> DResult<()> {

@@ -1,0 +1,248 @@
+//! Queued pull (ADR 0010) on the fake driver (no GPU needed): a copy
+//! enqueued behind a GPU wait on the control region's `global_seq` does not
+//! run before the word reaches the frame's seq and runs as soon as it does;
+//! the control region is registered read-only, in the import's own
+//! mapping; a wait that never opens is set aside with the buffer it writes,
+//! so later copies are unaffected; a set-aside copy that completes is
+//! released, and one that never does keeps what it reads (instead of
+//! unregistering memory the GPU still waits on) while everything else is
+//! released; a failure at any driver call of the gate's setup leaves
+//! nothing registered. The GPU proof is `tests/gpu_commit.rs`.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use vramring::memory::cuda::{CudaImport, CudaPool, DeviceSelector, Driver, FakeDevice, FakeDriver};
+use vramring::memory::{ExportedPool, ImportedPool};
+
+const GPU: [u8; 16] = *b"fake-gpu-0123456";
+const MIB: u64 = 1 << 20;
+const FRAME: u64 = MIB;
+/// Where `global_seq` sits in the stand-in control region.
+const WORD: u64 = 64;
+
+/// A memfd standing in for the ring's control region, with the
+/// publisher's writable mapping of it.
+struct Control {
+    fd: OwnedFd,
+    map: memmap2::MmapMut,
+}
+
+impl Control {
+    fn new() -> Control {
+        let fd = rustix::fs::memfd_create("control", rustix::fs::MemfdFlags::CLOEXEC).expect("memfd");
+        rustix::fs::ftruncate(&fd, 4096).expect("ftruncate");
+        let file = std::fs::File::from(fd.try_clone().expect("dup"));
+        // SAFETY: a fresh memfd of 4096 bytes that only this test maps.
+        let map = unsafe { memmap2::MmapMut::map_mut(&file) }.expect("mmap");
+        Control { fd, map }
+    }
+    fn global(&self) -> &AtomicU64 {
+        // SAFETY: 8-byte aligned inside the page-aligned mapping, only ever
+        // accessed atomically.
+        unsafe { &*(self.map.as_ptr().add(WORD as usize) as *const AtomicU64) }
+    }
+}
+
+fn subscriber_process(dev: FakeDevice) -> Arc<FakeDriver> {
+    FakeDriver::new(vec![dev])
+}
+
+/// The publisher's pool, two frames written: slot 0 of 0x11, slot 1 of 0x22.
+fn pool(d: &Arc<FakeDriver>) -> CudaPool<FakeDriver> {
+    let pool = CudaPool::create(Arc::clone(d), DeviceSelector::Uuid(GPU), 4 * MIB).unwrap();
+    // SAFETY: the pool's own read-write mapping, 4 MiB.
+    unsafe {
+        d.memset_d8(pool.base_addr(), 0x11, FRAME).unwrap();
+        d.memset_d8(pool.base_addr() + FRAME, 0x22, FRAME).unwrap();
+    }
+    pool
+}
+
+fn import(d: &Arc<FakeDriver>, pool: &mut CudaPool<FakeDriver>) -> CudaImport<FakeDriver> {
+    CudaImport::import(Arc::clone(d), pool.export_fd().unwrap(), pool.pool_bytes(), GPU, false).unwrap()
+}
+
+fn dest_bytes(d: &FakeDriver, imp: &CudaImport<FakeDriver>) -> Vec<u8> {
+    let mut host = vec![0u8; FRAME as usize];
+    // SAFETY: the import's own buffer holds at least FRAME bytes.
+    unsafe { d.memcpy_dtoh(&mut host, imp.dest_addr()) }.unwrap();
+    host
+}
+
+#[test]
+fn a_queued_copy_waits_for_the_commit_and_runs_when_it_lands() {
+    let pubd = FakeDriver::with_one_gpu(GPU);
+    let subd = subscriber_process(FakeDevice::discrete(GPU));
+    let ctl = Control::new();
+    let mut pool = pool(&pubd);
+    let mut imp = import(&subd, &mut pool);
+    assert!(imp.enable_gate(ctl.fd.as_fd(), 4096, WORD, false).unwrap());
+    assert!(imp.gate_supported());
+    ctl.global().store(4, Ordering::Release);
+    // Frame 5 (slot 1) is announced but not committed.
+    imp.copy_out_gated(5, FRAME, FRAME).unwrap();
+    assert!(!imp.poll_complete().unwrap(), "the copy ran before its commit landed");
+    assert_eq!(subd.blocked_streams(), 1);
+    ctl.global().store(5, Ordering::Release);
+    assert!(imp.poll_complete().unwrap(), "the copy did not run once the commit landed");
+    assert!(dest_bytes(&subd, &imp).iter().all(|&b| b == 0x22), "wrong bytes copied");
+    // A gate already open does not hold the copy at all.
+    imp.copy_out_gated(5, 0, FRAME).unwrap();
+    assert!(imp.poll_complete().unwrap());
+    assert!(dest_bytes(&subd, &imp).iter().all(|&b| b == 0x11));
+    // The wait was on our own read-only registration of the control region.
+    let log = subd.log();
+    assert_eq!(log.iter().filter(|r| r.call == "cuMemHostRegister_v2").count(), 1);
+    assert_eq!(log.iter().filter(|r| r.call == "cuStreamWaitValue64_v2").count(), 2);
+    imp.close().unwrap();
+    pool.close().unwrap();
+    assert!(subd.leaks().is_empty(), "leaked {:?}", subd.leaks());
+}
+
+#[test]
+fn the_gate_is_refused_where_the_device_cannot_wait_or_mps_is_required_but_absent() {
+    let pubd = FakeDriver::with_one_gpu(GPU);
+    let ctl = Control::new();
+    let mut pool = pool(&pubd);
+    // No MPS: `Auto` (only_mps) does not queue.
+    let subd = subscriber_process(FakeDevice::discrete(GPU));
+    let mut imp = import(&subd, &mut pool);
+    assert!(!imp.enable_gate(ctl.fd.as_fd(), 4096, WORD, true).unwrap());
+    assert!(imp.copy_out_gated(1, 0, FRAME).is_err(), "a queued copy without a gate");
+    imp.close().unwrap();
+    assert!(subd.leaks().is_empty());
+    // MPS: `Auto` queues.
+    let mut mps = FakeDevice::discrete(GPU);
+    mps.mps = true;
+    let subd = subscriber_process(mps);
+    let mut imp = import(&subd, &mut pool);
+    assert!(imp.enable_gate(ctl.fd.as_fd(), 4096, WORD, true).unwrap());
+    imp.close().unwrap();
+    assert!(subd.leaks().is_empty());
+    // A device without read-only registration or stream memory operations.
+    let mut old = FakeDevice::discrete(GPU);
+    old.stream_waits = false;
+    let subd = subscriber_process(old);
+    let mut imp = import(&subd, &mut pool);
+    assert!(!imp.enable_gate(ctl.fd.as_fd(), 4096, WORD, false).unwrap());
+    // A word outside the region is a layout error, not a silent fallback.
+    let subd2 = subscriber_process(FakeDevice::discrete(GPU));
+    let mut imp2 = import(&subd2, &mut pool);
+    assert!(imp2.enable_gate(ctl.fd.as_fd(), 4096, 4096, false).is_err());
+    imp.close().unwrap();
+    imp2.close().unwrap();
+    pool.close().unwrap();
+}
+
+#[test]
+fn the_gate_cannot_write_the_control_region() {
+    let pubd = FakeDriver::with_one_gpu(GPU);
+    let subd = subscriber_process(FakeDevice::discrete(GPU));
+    let ctl = Control::new();
+    let mut pool = pool(&pubd);
+    let mut imp = import(&subd, &mut pool);
+    assert!(imp.enable_gate(ctl.fd.as_fd(), 4096, WORD, false).unwrap());
+    let word = imp.gate_word().expect("the gate's word");
+    // SAFETY: a deliberately bad write, which the fake driver refuses (the
+    // registration is read-only for the device).
+    let wrote = unsafe { subd.memset_d8(word, 0xFF, 8) };
+    assert!(wrote.is_err(), "the control region is writable through the gate");
+    // Reading it is what the wait does.
+    let mut host = [0u8; 8];
+    // SAFETY: 8 bytes of registered memory.
+    unsafe { subd.memcpy_dtoh(&mut host, word) }.unwrap();
+    assert_eq!(ctl.global().load(Ordering::Acquire), 0);
+    imp.close().unwrap();
+    pool.close().unwrap();
+}
+
+#[test]
+fn an_abandoned_copy_keeps_its_buffer_and_later_copies_use_fresh_ones() {
+    let pubd = FakeDriver::with_one_gpu(GPU);
+    let subd = subscriber_process(FakeDevice::discrete(GPU));
+    let ctl = Control::new();
+    let mut pool = pool(&pubd);
+    let mut imp = import(&subd, &mut pool);
+    assert!(imp.enable_gate(ctl.fd.as_fd(), 4096, WORD, false).unwrap());
+    ctl.global().store(1, Ordering::Release);
+    imp.copy_out_gated(2, FRAME, FRAME).unwrap();
+    let stuck_dest = imp.dest_addr();
+    imp.abandon_copies().unwrap();
+    // The next frame goes to a fresh stream and buffer, not behind the wait.
+    imp.copy_out(0, FRAME).unwrap();
+    imp.complete().unwrap();
+    assert_ne!(imp.dest_addr(), stuck_dest, "a later copy shares the abandoned copy's buffer");
+    assert!(dest_bytes(&subd, &imp).iter().all(|&b| b == 0x11));
+    // The abandoned copy's commit lands after all (a slow, live publisher):
+    // it runs into its own buffer, which the next copy releases.
+    ctl.global().store(2, Ordering::Release);
+    imp.copy_out(0, FRAME).unwrap();
+    imp.complete().unwrap();
+    assert!(dest_bytes(&subd, &imp).iter().all(|&b| b == 0x11), "the late copy wrote our buffer");
+    assert_eq!(subd.blocked_streams(), 0);
+    imp.close().unwrap();
+    pool.close().unwrap();
+    assert!(subd.leaks().is_empty(), "leaked {:?}", subd.leaks());
+}
+
+#[test]
+fn a_copy_whose_commit_never_lands_keeps_what_it_reads_at_close_and_nothing_else() {
+    let pubd = FakeDriver::with_one_gpu(GPU);
+    let subd = subscriber_process(FakeDevice::discrete(GPU));
+    let ctl = Control::new();
+    let mut pool = pool(&pubd);
+    let mut imp = import(&subd, &mut pool);
+    assert!(imp.enable_gate(ctl.fd.as_fd(), 4096, WORD, false).unwrap());
+    imp.copy_out_gated(9, 0, FRAME).unwrap();
+    imp.abandon_copies().unwrap();
+    imp.copy_out(FRAME, FRAME).unwrap();
+    imp.complete().unwrap();
+    // The publisher "died": global_seq never reaches 9. Close must neither
+    // unregister the word the GPU waits on (the fake fails that as a
+    // fault) nor block on the stream.
+    imp.close().unwrap();
+    let leaks = subd.leaks();
+    assert_eq!(leaks.host_registrations.len(), 1, "the waited-on registration was dropped: {leaks:?}");
+    assert_eq!(leaks.mappings.len(), 1, "the pool the stuck copy reads was unmapped: {leaks:?}");
+    assert_eq!(leaks.streams.len(), 1, "only the stuck stream may stay: {leaks:?}");
+    assert_eq!(leaks.allocations.len(), 1, "only the stuck copy's buffer may stay: {leaks:?}");
+    assert!(
+        !subd.log().iter().any(|r| r.call == "cuMemHostUnregister"),
+        "unregistered memory a pending wait reads"
+    );
+    assert_eq!(subd.blocked_streams(), 1);
+    // Closing again is a no-op.
+    imp.close().unwrap();
+    pool.close().unwrap();
+}
+
+#[test]
+fn a_gate_setup_that_fails_at_any_call_registers_nothing() {
+    let pubd = FakeDriver::with_one_gpu(GPU);
+    let ctl = Control::new();
+    let mut pool = pool(&pubd);
+    let probe = subscriber_process(FakeDevice::discrete(GPU));
+    let mut imp = import(&probe, &mut pool);
+    let before = probe.calls();
+    assert!(imp.enable_gate(ctl.fd.as_fd(), 4096, WORD, false).unwrap());
+    let calls = probe.calls() - before;
+    imp.close().unwrap();
+    assert!(calls >= 4, "gate setup made only {calls} driver calls");
+    for n in 1..=calls {
+        let subd = subscriber_process(FakeDevice::discrete(GPU));
+        let mut imp = import(&subd, &mut pool);
+        subd.fail_at(subd.calls() + n);
+        let on = imp.enable_gate(ctl.fd.as_fd(), 4096, WORD, false);
+        if let Ok(true) = on {
+            // Only a failure the setup recovers from may leave it enabled:
+            // a context pop, which is retried once.
+            let failed: Vec<_> = subd.log().into_iter().filter(|r| r.failed).map(|r| r.call).collect();
+            assert_eq!(failed, ["cuCtxPopCurrent_v2"], "gate enabled although call {n} failed");
+        }
+        imp.close().unwrap();
+        assert!(subd.leaks().is_empty(), "failing call {n}: leaked {:?}", subd.leaks());
+    }
+    pool.close().unwrap();
+}
