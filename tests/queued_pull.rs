@@ -86,7 +86,10 @@ fn a_queued_copy_waits_for_the_commit_and_runs_when_it_lands() {
     assert!(!imp.poll_complete().unwrap(), "the copy ran before its commit landed");
     assert_eq!(subd.blocked_streams(), 1);
     ctl.global().store(5, Ordering::Release);
-    assert!(imp.poll_complete().unwrap(), "the copy did not run once the commit landed");
+    assert!(
+        imp.poll_complete().unwrap(),
+        "the copy did not run once the commit landed"
+    );
     assert!(dest_bytes(&subd, &imp).iter().all(|&b| b == 0x22), "wrong bytes copied");
     // A gate already open does not hold the copy at all.
     imp.copy_out_gated(5, 0, FRAME).unwrap();
@@ -173,14 +176,21 @@ fn an_abandoned_copy_keeps_its_buffer_and_later_copies_use_fresh_ones() {
     // The next frame goes to a fresh stream and buffer, not behind the wait.
     imp.copy_out(0, FRAME).unwrap();
     imp.complete().unwrap();
-    assert_ne!(imp.dest_addr(), stuck_dest, "a later copy shares the abandoned copy's buffer");
+    assert_ne!(
+        imp.dest_addr(),
+        stuck_dest,
+        "a later copy shares the abandoned copy's buffer"
+    );
     assert!(dest_bytes(&subd, &imp).iter().all(|&b| b == 0x11));
     // The abandoned copy's commit lands after all (a slow, live publisher):
     // it runs into its own buffer, which the next copy releases.
     ctl.global().store(2, Ordering::Release);
     imp.copy_out(0, FRAME).unwrap();
     imp.complete().unwrap();
-    assert!(dest_bytes(&subd, &imp).iter().all(|&b| b == 0x11), "the late copy wrote our buffer");
+    assert!(
+        dest_bytes(&subd, &imp).iter().all(|&b| b == 0x11),
+        "the late copy wrote our buffer"
+    );
     assert_eq!(subd.blocked_streams(), 0);
     imp.close().unwrap();
     pool.close().unwrap();
@@ -204,10 +214,22 @@ fn a_copy_whose_commit_never_lands_keeps_what_it_reads_at_close_and_nothing_else
     // fault) nor block on the stream.
     imp.close().unwrap();
     let leaks = subd.leaks();
-    assert_eq!(leaks.host_registrations.len(), 1, "the waited-on registration was dropped: {leaks:?}");
-    assert_eq!(leaks.mappings.len(), 1, "the pool the stuck copy reads was unmapped: {leaks:?}");
+    assert_eq!(
+        leaks.host_registrations.len(),
+        1,
+        "the waited-on registration was dropped: {leaks:?}"
+    );
+    assert_eq!(
+        leaks.mappings.len(),
+        1,
+        "the pool the stuck copy reads was unmapped: {leaks:?}"
+    );
     assert_eq!(leaks.streams.len(), 1, "only the stuck stream may stay: {leaks:?}");
-    assert_eq!(leaks.allocations.len(), 1, "only the stuck copy's buffer may stay: {leaks:?}");
+    assert_eq!(
+        leaks.allocations.len(),
+        1,
+        "only the stuck copy's buffer may stay: {leaks:?}"
+    );
     assert!(
         !subd.log().iter().any(|r| r.call == "cuMemHostUnregister"),
         "unregistered memory a pending wait reads"

@@ -1042,13 +1042,16 @@ impl Subscriber {
         let started = Instant::now();
         let mut nap = QUEUED_NAP_MIN;
         loop {
-            if self.pool.poll_complete()? {
+            // SYNC: global-seq — Acquire: the commit has landed, so the GPU's
+            // wait is released and the copy finishes within microseconds.
+            // Until then only this load is polled: a driver call per spin
+            // (`cuStreamQuery`) would contend with every other thread of
+            // the process on the context's lock.
+            let landed = self.header().seq.global_seq.load(Ordering::Acquire) >= pick.seq;
+            if landed && self.pool.poll_complete()? {
                 break;
             }
             let now = Instant::now();
-            // SYNC: global-seq — Acquire: the commit has landed, so the GPU's
-            // wait is released and the copy finishes within microseconds.
-            let landed = self.header().seq.global_seq.load(Ordering::Acquire) >= pick.seq;
             let expired = now >= deadline && !(landed && now < deadline + QUEUED_LANDED_GRACE);
             let gone = now >= started + QUEUED_SPIN && !self.lease.quiet() && {
                 let checked = self.lease.check_or_drain();

@@ -2,9 +2,11 @@
 //! one launch, enqueued behind the frame's writes on the writer's stream.
 //!
 //! One launch of `vramring_commit` reads the slot once and writes it into up
-//! to [`MAX_FANOUT`] push targets (16-byte vectors, grid-stride). Every
-//! thread fences its stores (`membar.gl`); each block then counts itself
-//! done on a counter word; the last block to finish (the classic
+//! to [`MAX_FANOUT`] push targets (16-byte vectors, grid-stride). Each
+//! block synchronises (`bar.sync`), then its thread 0 fences at device
+//! scope (`membar.gl`, cumulative over the block's stores it synchronised
+//! with, as cooperative groups' grid sync does) and counts the block done
+//! on a counter word; the last block to finish (the classic
 //! threadfence-reduction pattern) issues a system-scope fence
 //! (`membar.sys`) and stores the frame's seq into each target's `push_seq`
 //! word and into the slot's seq word, then fences again and stores
@@ -170,10 +172,10 @@ COMMIT_LOOP:
     add.u64 %rd30, %rd30, %rd32;
     bra COMMIT_LOOP;
 COMMIT_COPIED:
-    membar.gl;
     bar.sync 0;
     setp.ne.u32 %p9, %r3, 0;
     @%p9 bra COMMIT_DONE;
+    membar.gl;
     and.b64 %rd36, %rd4, 63;
     shl.b64 %rd36, %rd36, 2;
     add.u64 %rd37, %rd5, %rd36;

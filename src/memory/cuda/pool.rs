@@ -435,7 +435,10 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
         // of the crate's formats makes one) is copied by the copy engine
         // first and the kernel only commits.
         let by_kernel = c.len % 16 == 0 && src % 16 == 0 && dsts.iter().all(|(a, _)| a % 16 == 0);
-        let vecs = if by_kernel { c.len / 16 } else { 0 };
+        // With no push target there is nothing to copy: one block only
+        // stores the seqs (it would otherwise read the whole slot for
+        // nothing).
+        let vecs = if by_kernel && !dsts.is_empty() { c.len / 16 } else { 0 };
         let chunks: Vec<&[(DevicePtr, DevicePtr)]> = if dsts.is_empty() {
             vec![&[]]
         } else {
