@@ -71,37 +71,61 @@ fn dest_bytes(d: &FakeDriver, imp: &CudaImport<FakeDriver>) -> Vec<u8> {
     host
 }
 
-#[test]
-fn a_queued_copy_waits_for_the_commit_and_runs_when_it_lands() {
+/// A publisher's pool and a subscriber's import of it with the gate on.
+struct Gated {
+    /// Kept alive for the pool's sake.
+    _pubd: Arc<FakeDriver>,
+    subd: Arc<FakeDriver>,
+    ctl: Control,
+    pool: CudaPool<FakeDriver>,
+    imp: CudaImport<FakeDriver>,
+}
+
+fn gated() -> Gated {
     let pubd = FakeDriver::with_one_gpu(GPU);
     let subd = subscriber_process(FakeDevice::discrete(GPU));
     let ctl = Control::new();
     let mut pool = pool(&pubd);
     let mut imp = import(&subd, &mut pool);
     assert!(imp.enable_gate(ctl.fd.as_fd(), 4096, WORD, false).unwrap());
-    assert!(imp.gate_supported());
-    ctl.global().store(4, Ordering::Release);
+    Gated {
+        _pubd: pubd,
+        subd,
+        ctl,
+        pool,
+        imp,
+    }
+}
+
+#[test]
+fn a_queued_copy_waits_for_the_commit_and_runs_when_it_lands() {
+    let mut g = gated();
+    assert!(g.imp.gate_supported());
+    g.ctl.global().store(4, Ordering::Release);
     // Frame 5 (slot 1) is announced but not committed.
-    imp.copy_out_gated(5, FRAME, FRAME).unwrap();
-    assert!(!imp.poll_complete().unwrap(), "the copy ran before its commit landed");
-    assert_eq!(subd.blocked_streams(), 1);
-    ctl.global().store(5, Ordering::Release);
+    g.imp.copy_out_gated(5, FRAME, FRAME).unwrap();
+    assert!(!g.imp.poll_complete().unwrap(), "the copy ran before its commit landed");
+    assert_eq!(g.subd.blocked_streams(), 1);
+    g.ctl.global().store(5, Ordering::Release);
     assert!(
-        imp.poll_complete().unwrap(),
+        g.imp.poll_complete().unwrap(),
         "the copy did not run once the commit landed"
     );
-    assert!(dest_bytes(&subd, &imp).iter().all(|&b| b == 0x22), "wrong bytes copied");
+    assert!(
+        dest_bytes(&g.subd, &g.imp).iter().all(|&b| b == 0x22),
+        "wrong bytes copied"
+    );
     // A gate already open does not hold the copy at all.
-    imp.copy_out_gated(5, 0, FRAME).unwrap();
-    assert!(imp.poll_complete().unwrap());
-    assert!(dest_bytes(&subd, &imp).iter().all(|&b| b == 0x11));
+    g.imp.copy_out_gated(5, 0, FRAME).unwrap();
+    assert!(g.imp.poll_complete().unwrap());
+    assert!(dest_bytes(&g.subd, &g.imp).iter().all(|&b| b == 0x11));
     // The wait was on our own read-only registration of the control region.
-    let log = subd.log();
+    let log = g.subd.log();
     assert_eq!(log.iter().filter(|r| r.call == "cuMemHostRegister_v2").count(), 1);
     assert_eq!(log.iter().filter(|r| r.call == "cuStreamWaitValue64_v2").count(), 2);
-    imp.close().unwrap();
-    pool.close().unwrap();
-    assert!(subd.leaks().is_empty(), "leaked {:?}", subd.leaks());
+    g.imp.close().unwrap();
+    g.pool.close().unwrap();
+    assert!(g.subd.leaks().is_empty(), "leaked {:?}", g.subd.leaks());
 }
 
 #[test]
@@ -141,79 +165,64 @@ fn the_gate_is_refused_where_the_device_cannot_wait_or_mps_is_required_but_absen
 
 #[test]
 fn the_gate_cannot_write_the_control_region() {
-    let pubd = FakeDriver::with_one_gpu(GPU);
-    let subd = subscriber_process(FakeDevice::discrete(GPU));
-    let ctl = Control::new();
-    let mut pool = pool(&pubd);
-    let mut imp = import(&subd, &mut pool);
-    assert!(imp.enable_gate(ctl.fd.as_fd(), 4096, WORD, false).unwrap());
-    let word = imp.gate_word().expect("the gate's word");
+    let mut g = gated();
+    let word = g.imp.gate_word().expect("the gate's word");
     // SAFETY: a deliberately bad write, which the fake driver refuses (the
     // registration is read-only for the device).
-    let wrote = unsafe { subd.memset_d8(word, 0xFF, 8) };
+    let wrote = unsafe { g.subd.memset_d8(word, 0xFF, 8) };
     assert!(wrote.is_err(), "the control region is writable through the gate");
     // Reading it is what the wait does.
     let mut host = [0u8; 8];
     // SAFETY: 8 bytes of registered memory.
-    unsafe { subd.memcpy_dtoh(&mut host, word) }.unwrap();
-    assert_eq!(ctl.global().load(Ordering::Acquire), 0);
-    imp.close().unwrap();
-    pool.close().unwrap();
+    unsafe { g.subd.memcpy_dtoh(&mut host, word) }.unwrap();
+    assert_eq!(g.ctl.global().load(Ordering::Acquire), 0);
+    g.imp.close().unwrap();
+    g.pool.close().unwrap();
 }
 
 #[test]
 fn an_abandoned_copy_keeps_its_buffer_and_later_copies_use_fresh_ones() {
-    let pubd = FakeDriver::with_one_gpu(GPU);
-    let subd = subscriber_process(FakeDevice::discrete(GPU));
-    let ctl = Control::new();
-    let mut pool = pool(&pubd);
-    let mut imp = import(&subd, &mut pool);
-    assert!(imp.enable_gate(ctl.fd.as_fd(), 4096, WORD, false).unwrap());
-    ctl.global().store(1, Ordering::Release);
-    imp.copy_out_gated(2, FRAME, FRAME).unwrap();
-    let stuck_dest = imp.dest_addr();
-    imp.abandon_copies().unwrap();
+    let mut g = gated();
+    g.ctl.global().store(1, Ordering::Release);
+    g.imp.copy_out_gated(2, FRAME, FRAME).unwrap();
+    let stuck_dest = g.imp.dest_addr();
+    g.imp.abandon_copies().unwrap();
     // The next frame goes to a fresh stream and buffer, not behind the wait.
-    imp.copy_out(0, FRAME).unwrap();
-    imp.complete().unwrap();
+    g.imp.copy_out(0, FRAME).unwrap();
+    g.imp.complete().unwrap();
     assert_ne!(
-        imp.dest_addr(),
+        g.imp.dest_addr(),
         stuck_dest,
         "a later copy shares the abandoned copy's buffer"
     );
-    assert!(dest_bytes(&subd, &imp).iter().all(|&b| b == 0x11));
+    assert!(dest_bytes(&g.subd, &g.imp).iter().all(|&b| b == 0x11));
     // The abandoned copy's commit lands after all (a slow, live publisher):
     // it runs into its own buffer, which the next copy releases.
-    ctl.global().store(2, Ordering::Release);
-    imp.copy_out(0, FRAME).unwrap();
-    imp.complete().unwrap();
+    g.ctl.global().store(2, Ordering::Release);
+    g.imp.copy_out(0, FRAME).unwrap();
+    g.imp.complete().unwrap();
     assert!(
-        dest_bytes(&subd, &imp).iter().all(|&b| b == 0x11),
+        dest_bytes(&g.subd, &g.imp).iter().all(|&b| b == 0x11),
         "the late copy wrote our buffer"
     );
-    assert_eq!(subd.blocked_streams(), 0);
-    imp.close().unwrap();
-    pool.close().unwrap();
-    assert!(subd.leaks().is_empty(), "leaked {:?}", subd.leaks());
+    assert_eq!(g.subd.blocked_streams(), 0);
+    g.imp.close().unwrap();
+    g.pool.close().unwrap();
+    assert!(g.subd.leaks().is_empty(), "leaked {:?}", g.subd.leaks());
 }
 
 #[test]
 fn a_copy_whose_commit_never_lands_keeps_what_it_reads_at_close_and_nothing_else() {
-    let pubd = FakeDriver::with_one_gpu(GPU);
-    let subd = subscriber_process(FakeDevice::discrete(GPU));
-    let ctl = Control::new();
-    let mut pool = pool(&pubd);
-    let mut imp = import(&subd, &mut pool);
-    assert!(imp.enable_gate(ctl.fd.as_fd(), 4096, WORD, false).unwrap());
-    imp.copy_out_gated(9, 0, FRAME).unwrap();
-    imp.abandon_copies().unwrap();
-    imp.copy_out(FRAME, FRAME).unwrap();
-    imp.complete().unwrap();
+    let mut g = gated();
+    g.imp.copy_out_gated(9, 0, FRAME).unwrap();
+    g.imp.abandon_copies().unwrap();
+    g.imp.copy_out(FRAME, FRAME).unwrap();
+    g.imp.complete().unwrap();
     // The publisher "died": global_seq never reaches 9. Close must neither
     // unregister the word the GPU waits on (the fake fails that as a
     // fault) nor block on the stream.
-    imp.close().unwrap();
-    let leaks = subd.leaks();
+    g.imp.close().unwrap();
+    let leaks = g.subd.leaks();
     assert_eq!(
         leaks.host_registrations.len(),
         1,
@@ -222,7 +231,7 @@ fn a_copy_whose_commit_never_lands_keeps_what_it_reads_at_close_and_nothing_else
     assert_eq!(
         leaks.mappings.len(),
         1,
-        "the pool the stuck copy reads was unmapped: {leaks:?}"
+        "the g.pool the stuck copy reads was unmapped: {leaks:?}"
     );
     assert_eq!(leaks.streams.len(), 1, "only the stuck stream may stay: {leaks:?}");
     assert_eq!(
@@ -231,13 +240,13 @@ fn a_copy_whose_commit_never_lands_keeps_what_it_reads_at_close_and_nothing_else
         "only the stuck copy's buffer may stay: {leaks:?}"
     );
     assert!(
-        !subd.log().iter().any(|r| r.call == "cuMemHostUnregister"),
+        !g.subd.log().iter().any(|r| r.call == "cuMemHostUnregister"),
         "unregistered memory a pending wait reads"
     );
-    assert_eq!(subd.blocked_streams(), 1);
+    assert_eq!(g.subd.blocked_streams(), 1);
     // Closing again is a no-op.
-    imp.close().unwrap();
-    pool.close().unwrap();
+    g.imp.close().unwrap();
+    g.pool.close().unwrap();
 }
 
 #[test]

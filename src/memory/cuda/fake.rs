@@ -458,6 +458,19 @@ impl FakeDriver {
         Ok(Backing { region, fd })
     }
 
+    /// `CUDA_ERROR_INVALID_HANDLE` (logged as a failure) unless `id` is a
+    /// live stream of this driver.
+    fn known_stream(st: &mut State, rec: usize, call: &'static str, id: u64) -> DResult<()> {
+        if st.streams.contains_key(&id) {
+            return Ok(());
+        }
+        let e = DriverError {
+            call,
+            code: code::INVALID_HANDLE,
+        };
+        Err(Self::fail_rec(st, rec, e))
+    }
+
     /// Runs a blocked stream's work if its word has reached the value;
     /// `true` while it is still blocked.
     fn advance(st: &mut State, stream: u64) -> DResult<bool> {
@@ -1222,13 +1235,7 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuStreamWaitValue64_v2";
         let (mut st, rec) = self.enter(CALL)?;
         let id = stream.to_bits();
-        if !st.streams.contains_key(&id) {
-            let e = DriverError {
-                call: CALL,
-                code: code::INVALID_HANDLE,
-            };
-            return Err(Self::fail_rec(&mut st, rec, e));
-        }
+        Self::known_stream(&mut st, rec, CALL, id)?;
         // The word must be device-visible now, as the real driver requires.
         st.resolve(CALL, addr, 8, false)
             .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
@@ -1256,13 +1263,7 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuStreamQuery";
         let (mut st, rec) = self.enter(CALL)?;
         let id = stream.to_bits();
-        if !st.streams.contains_key(&id) {
-            let e = DriverError {
-                call: CALL,
-                code: code::INVALID_HANDLE,
-            };
-            return Err(Self::fail_rec(&mut st, rec, e));
-        }
+        Self::known_stream(&mut st, rec, CALL, id)?;
         Ok(!Self::advance(&mut st, id)?)
     }
 
