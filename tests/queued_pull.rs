@@ -277,3 +277,23 @@ fn a_gate_setup_that_fails_at_any_call_registers_nothing() {
     }
     pool.close().unwrap();
 }
+
+#[test]
+fn a_queued_copy_that_fails_to_enqueue_leaves_no_wait_for_close_to_block_on() {
+    let mut g = gated();
+    // The wait is enqueued, then the copy behind it fails.
+    g.subd.fail_nth("cuMemcpyDtoDAsync_v2", 1);
+    assert!(g.imp.copy_out_gated(3, 0, FRAME).is_err());
+    // The stream with the dangling wait was set aside: later copies work,
+    // and close never synchronises it (the fake fails a sync that a real
+    // driver would block on for good).
+    g.imp.copy_out(FRAME, FRAME).unwrap();
+    g.imp.complete().unwrap();
+    assert!(dest_bytes(&g.subd, &g.imp).iter().all(|&b| b == 0x22));
+    // The commit lands: the set-aside stream completes and is released.
+    g.ctl.global().store(3, Ordering::Release);
+    g.imp.close().unwrap();
+    g.pool.close().unwrap();
+    assert!(g.subd.leaks().is_empty(), "leaked {:?}", g.subd.leaks());
+    assert!(!g.subd.log().iter().any(|r| r.call == "cuStreamSynchronize" && r.failed));
+}

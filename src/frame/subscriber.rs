@@ -1048,8 +1048,18 @@ impl Subscriber {
             // (`cuStreamQuery`) would contend with every other thread of
             // the process on the context's lock.
             let landed = self.header().seq.global_seq.load(Ordering::Acquire) >= pick.seq;
-            if landed && self.pool.poll_complete()? {
-                break;
+            if landed {
+                match self.pool.poll_complete() {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(e) => {
+                        // Never leave the wait on the stream `close` syncs.
+                        if let Err(ae) = self.pool.abandon_copies() {
+                            tracing::warn!(error = %ae, "setting aside a queued copy after a failed query");
+                        }
+                        return Err(e);
+                    }
+                }
             }
             let now = Instant::now();
             let expired = now >= deadline && !(landed && now < deadline + QUEUED_LANDED_GRACE);

@@ -380,7 +380,15 @@ impl<D: Driver> CudaImport<D> {
             Ok(())
         };
         // SAFETY: `ctx` is retained while the import is open (checked above).
-        unsafe { with_context(&*d, ctx, body) }
+        let done = unsafe { with_context(&*d, ctx, body) };
+        if done.is_err() && word.is_some() {
+            // A wait may be enqueued with nothing behind it: never let
+            // `close` synchronise a stream that may block for good.
+            if let Err(ae) = ImportedPool::abandon_copies(self) {
+                tracing::warn!(error = %ae, "setting aside a stream after a failed queued copy");
+            }
+        }
+        done
     }
 
     /// Releases the abandoned copies that have completed since (their word
