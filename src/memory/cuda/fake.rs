@@ -351,6 +351,11 @@ impl FakeDriver {
         st.log[rec].owner = Some(owner);
     }
 
+    /// [`FakeDriver::fail_rec`] of a new error `code` from `call`.
+    fn fail_code(st: &mut State, rec: usize, call: &'static str, code: u32) -> DriverError {
+        Self::fail_rec(st, rec, DriverError { call, code })
+    }
+
     fn fail_rec(st: &mut State, rec: usize, e: DriverError) -> DriverError {
         st.log[rec].failed = true;
         e
@@ -464,11 +469,7 @@ impl FakeDriver {
         if st.streams.contains_key(&id) {
             return Ok(());
         }
-        let e = DriverError {
-            call,
-            code: code::INVALID_HANDLE,
-        };
-        Err(Self::fail_rec(st, rec, e))
+        Err(Self::fail_code(st, rec, call, code::INVALID_HANDLE))
     }
 
     /// Runs a blocked stream's work if its word has reached the value;
@@ -684,14 +685,7 @@ impl Driver for FakeDriver {
                 *n -= 1;
                 Ok(())
             }
-            _ => Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_CONTEXT,
-                },
-            )),
+            _ => Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_CONTEXT)),
         }
     }
 
@@ -774,34 +768,13 @@ impl Driver for FakeDriver {
         let d = st.dev(CALL, dev)?.clone();
         let used = st.used.get(&dev).copied().unwrap_or(0);
         if !d.vmm || !d.posix_fd {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::NOT_SUPPORTED,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::NOT_SUPPORTED));
         }
         if bytes == 0 || bytes % d.granularity != 0 {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_VALUE,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_VALUE));
         }
         if used + bytes > d.free {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::OUT_OF_MEMORY,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::OUT_OF_MEMORY));
         }
         let backing = Self::new_backing(bytes).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         *st.used.entry(dev).or_insert(0) += bytes;
@@ -821,27 +794,11 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuMemExportToShareableHandle";
         let (mut st, rec) = self.enter(CALL)?;
         let Some(h) = st.handles.get(&handle.0) else {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_HANDLE,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_HANDLE));
         };
         // The caller owns the new descriptor, as with the real driver.
         let fd = h.backing.fd.try_clone();
-        fd.map_err(|_| {
-            Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::UNKNOWN,
-                },
-            )
-        })
+        fd.map_err(|_| Self::fail_code(&mut st, rec, CALL, code::UNKNOWN))
     }
 
     fn mem_import_fd(&self, fd: BorrowedFd<'_>) -> DResult<MemHandle> {
@@ -895,25 +852,11 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuMemAddressFree";
         let (mut st, rec) = self.enter(CALL)?;
         let Some(&(len, owner)) = st.reservations.get(&ptr) else {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_VALUE,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_VALUE));
         };
         Self::release_owner(&mut st, rec, owner);
         if len != bytes || st.mappings.range(ptr..ptr + len).next().is_some() {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_VALUE,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_VALUE));
         }
         st.reservations.remove(&ptr);
         Ok(())
@@ -942,14 +885,7 @@ impl Driver for FakeDriver {
                 );
                 Ok(())
             }
-            _ => Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_VALUE,
-                },
-            )),
+            _ => Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_VALUE)),
         }
     }
 
@@ -957,26 +893,12 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuMemUnmap";
         let (mut st, rec) = self.enter(CALL)?;
         let Some(m) = st.mappings.get(&ptr) else {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_VALUE,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_VALUE));
         };
         let (len, owner) = (m.len, m.owner);
         Self::release_owner(&mut st, rec, owner);
         if len != bytes {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_VALUE,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_VALUE));
         }
         st.mappings.remove(&ptr);
         Ok(())
@@ -986,28 +908,14 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuMemSetAccess";
         let (mut st, rec) = self.enter(CALL)?;
         if st.dev(CALL, dev).is_err() {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_DEVICE,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_DEVICE));
         }
         match st.mappings.get_mut(&ptr) {
             Some(m) if m.len == bytes => {
                 m.access = Some(access);
                 Ok(())
             }
-            _ => Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_VALUE,
-                },
-            )),
+            _ => Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_VALUE)),
         }
     }
 
@@ -1015,14 +923,7 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuMemRelease";
         let (mut st, rec) = self.enter(CALL)?;
         let Some(h) = st.handles.remove(&handle.0) else {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_HANDLE,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_HANDLE));
         };
         Self::release_owner(&mut st, rec, h.owner);
         // Memory made here stops counting as used once its handle is
@@ -1041,14 +942,7 @@ impl Driver for FakeDriver {
         let (mut st, rec) = self.enter(CALL)?;
         let owner = st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         let Ok(n) = usize::try_from(bytes) else {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::OUT_OF_MEMORY,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::OUT_OF_MEMORY));
         };
         let start = st
             .allocs
@@ -1071,14 +965,7 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuMemFree_v2";
         let (mut st, rec) = self.enter(CALL)?;
         let Some(a) = st.allocs.remove(&ptr) else {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_VALUE,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_VALUE));
         };
         Self::release_owner(&mut st, rec, a.owner);
         Ok(())
@@ -1097,14 +984,7 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuStreamDestroy_v2";
         let (mut st, rec) = self.enter(CALL)?;
         let Some(owner) = st.streams.remove(&stream.to_bits()) else {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_HANDLE,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_HANDLE));
         };
         Self::release_owner(&mut st, rec, owner);
         Ok(())
@@ -1115,28 +995,14 @@ impl Driver for FakeDriver {
         let (mut st, rec) = self.enter(CALL)?;
         if Self::advance(&mut st, stream.to_bits())? {
             // A real driver would block here for good: the word never comes.
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: FAKE_WOULD_HANG,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, FAKE_WOULD_HANG));
         }
         // The null stream and foreign streams (the user's) are accepted.
         if stream.to_bits() >= 0x5000_0000
             && stream.to_bits() < 0x6000_0000
             && !st.streams.contains_key(&stream.to_bits())
         {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_HANDLE,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_HANDLE));
         }
         Ok(())
     }
@@ -1202,14 +1068,7 @@ impl Driver for FakeDriver {
             .values()
             .any(|&(h, len, _)| host < h + len as usize && h < host + bytes as usize);
         if ptr.is_null() || bytes == 0 || overlaps {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_VALUE,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_VALUE));
         }
         let dev = HOST_REG_BASE + (st.id() << 40);
         st.host_regs.insert(dev, (host, bytes, Some(owner)));
@@ -1241,11 +1100,7 @@ impl Driver for FakeDriver {
             .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         if st.blocked.contains_key(&id) {
             // A second wait behind a pending one: not something the crate does.
-            let e = DriverError {
-                call: CALL,
-                code: code::NOT_SUPPORTED,
-            };
-            return Err(Self::fail_rec(&mut st, rec, e));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::NOT_SUPPORTED));
         }
         st.blocked.insert(
             id,
@@ -1276,23 +1131,12 @@ impl Driver for FakeDriver {
             .find(|(_, &(h, _, _))| h == ptr as usize)
             .map(|(&d, &(_, _, o))| (d, o));
         let Some((dev, owner)) = found else {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_VALUE,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_VALUE));
         };
         if st.blocked.values().any(|b| (dev..dev + (1 << 40)).contains(&b.addr)) {
             // The GPU would read unmapped memory: a fault that kills the
             // context (and, under MPS, its neighbours).
-            let e = DriverError {
-                call: CALL,
-                code: code::ILLEGAL_ADDRESS,
-            };
-            return Err(Self::fail_rec(&mut st, rec, e));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::ILLEGAL_ADDRESS));
         }
         st.host_regs.remove(&dev);
         st.read_only_regs.retain(|&d| d != dev);
@@ -1309,16 +1153,7 @@ impl Driver for FakeDriver {
             .iter()
             .find(|(_, &(h, len, _))| (h..h + len as usize).contains(&p))
             .map(|(&d, &(h, _, _))| d + (p - h) as u64);
-        found.ok_or_else(|| {
-            Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_VALUE,
-                },
-            )
-        })
+        found.ok_or_else(|| Self::fail_code(&mut st, rec, CALL, code::INVALID_VALUE))
     }
 
     fn module_load_data(&self, image: &CStr) -> DResult<CuModule> {
@@ -1326,14 +1161,7 @@ impl Driver for FakeDriver {
         let (mut st, rec) = self.enter(CALL)?;
         let owner = st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
         if !image.to_bytes().windows(8).any(|w| w == b".version") {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_IMAGE,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_IMAGE));
         }
         let id = 0x4000_0000 + st.id();
         st.modules.insert(id, Some(owner));
@@ -1344,14 +1172,7 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuModuleUnload";
         let (mut st, rec) = self.enter(CALL)?;
         let Some(owner) = st.modules.remove(&module.to_bits()) else {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_HANDLE,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_HANDLE));
         };
         Self::release_owner(&mut st, rec, owner);
         st.functions.retain(|_, (m, _)| *m != module.to_bits());
@@ -1363,24 +1184,10 @@ impl Driver for FakeDriver {
         let (mut st, rec) = self.enter(CALL)?;
         let name = name.to_string_lossy().into_owned();
         if !st.modules.contains_key(&module.to_bits()) {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_HANDLE,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_HANDLE));
         }
         if name != pattern::FILL_KERNEL && name != pattern::VERIFY_KERNEL && name != COMMIT_KERNEL {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::NOT_FOUND,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::NOT_FOUND));
         }
         let id = 0x3000_0000 + st.id();
         st.functions.insert(id, (module.to_bits(), name));
@@ -1398,14 +1205,7 @@ impl Driver for FakeDriver {
         const CALL: &str = "cuLaunchKernel";
         let (mut st, rec) = self.enter(CALL)?;
         let Some((_, name)) = st.functions.get(&f.to_bits()).cloned() else {
-            return Err(Self::fail_rec(
-                &mut st,
-                rec,
-                DriverError {
-                    call: CALL,
-                    code: code::INVALID_HANDLE,
-                },
-            ));
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_HANDLE));
         };
         // SAFETY: the caller passes the kernel's parameters (trait contract).
         unsafe { Self::emulate(&mut st, &name, params) }.map_err(|e| Self::fail_rec(&mut st, rec, e))
