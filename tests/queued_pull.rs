@@ -297,3 +297,21 @@ fn a_queued_copy_that_fails_to_enqueue_leaves_no_wait_for_close_to_block_on() {
     assert!(g.subd.leaks().is_empty(), "leaked {:?}", g.subd.leaks());
     assert!(!g.subd.log().iter().any(|r| r.call == "cuStreamSynchronize" && r.failed));
 }
+
+#[test]
+fn a_wait_set_aside_without_a_fresh_stream_is_still_never_synchronised() {
+    let mut g = gated();
+    g.imp.copy_out_gated(4, 0, FRAME).unwrap();
+    // The import made its stream with the first `cuStreamCreate`; the
+    // replacement fails.
+    g.subd.fail_nth("cuStreamCreate", 2);
+    assert!(g.imp.abandon_copies().is_err());
+    // No stream to copy on now: an error, not a copy behind the wait.
+    assert!(g.imp.copy_out(0, FRAME).is_err());
+    // The commit never lands; close keeps what the stuck copy touches and
+    // does not block on it.
+    g.imp.close().unwrap();
+    assert_eq!(g.subd.blocked_streams(), 1);
+    assert!(!g.subd.log().iter().any(|r| r.call == "cuStreamSynchronize" && r.failed));
+    g.pool.close().unwrap();
+}

@@ -481,7 +481,13 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
                 "gate word at {word_offset} is not 8-byte aligned"
             )));
         }
-        let region = Region::map(control, control_bytes, false)?;
+        let region = match Region::map(control, control_bytes, false) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(error = %e, "queued pull unavailable: mapping the control region again failed");
+                return Ok(false);
+            }
+        };
         let mut gate = Gate {
             region,
             registered: false,
@@ -542,14 +548,15 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
 
     fn abandon_copies(&mut self) -> Result<()> {
         let ctx = self.open_ctx()?;
-        let old = self.stream.ok_or(Error::Closed)?;
+        let old = self.stream.take().ok_or(Error::Closed)?;
+        // The old stream and the buffer its copy writes are set aside first
+        // (the copy may still run, whenever its word comes), so that even
+        // if no fresh stream can be made, nothing ever synchronises it.
+        self.stuck.push((old, self.dest.take()));
+        self.dest_cap = 0;
         let body = |d: &D| -> Result<CuStream> { Ok(d.stream_create_non_blocking()?) };
         // SAFETY: `ctx` is retained while open (checked above).
         let fresh = unsafe { with_context(&*self.driver, ctx, body) }?;
-        // The old stream and the buffer its copy writes are set aside: the
-        // copy may still run, whenever its word comes.
-        self.stuck.push((old, self.dest.take()));
-        self.dest_cap = 0;
         self.stream = Some(fresh);
         Ok(())
     }
