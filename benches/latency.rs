@@ -18,7 +18,10 @@
 //! (`CLOCK_MONOTONIC`, comparable across processes).
 //!
 //! Run on a GPU machine: `cargo bench --bench latency -- [--quick]
-//! [--mps [off|on|both]] [--timeout-s S] [--out FILE]` (or the staged binary:
+//! [--mps [off|on|both]] [--systems K,K..] [--subs N,N..] [--no-rate]
+//! [--timeout-s S] [--out FILE]` (`--systems` and `--subs` run only those
+//! rows, e.g. `--systems vr,vrq,vra,ipc --subs 1,4` for the pull rows
+//! against legacy IPC, to spend less GPU time; or the staged binary:
 //! `bash .device/run.sh bench latency --quick --mps both`). Every subscriber
 //! busy-polls in the headline rows (as the peers do); the "push futex wait"
 //! row uses the default spin-then-park wait.
@@ -850,7 +853,10 @@ fn role_main(args: &[String]) -> R<()> {
 /// What a run measures: sizes, subscriber counts, frames.
 struct Plan {
     sizes: &'static [(u32, u32, &'static str)],
-    sub_counts: &'static [usize],
+    sub_counts: Vec<usize>,
+    /// The latency rows to run, in order (all of [`LATENCY_SYSTEMS`] unless
+    /// `--systems` narrows them; the rate table keeps only these too).
+    systems: Vec<System>,
     frames: u64,
     throughput: bool,
     throughput_sizes: &'static [(u32, u32, &'static str)],
@@ -900,8 +906,8 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
         "\n### MPS {tag}\n\n| MPS | frame | subs | mode | system | p50 | p99 | max | delivered | dropped | overruns | producer CPU/publish p50 (µs) | producer wall/publish p50 (µs) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for &(w, h, label) in plan.sizes {
-        for &n in plan.sub_counts {
-            for system in LATENCY_SYSTEMS {
+        for &n in &plan.sub_counts {
+            for &system in &plan.systems {
                 let case = Case {
                     system,
                     width: w,
@@ -971,7 +977,10 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
             System::Vramring,
             System::HostRt,
             System::LegacyIpc,
-        ] {
+        ]
+        .into_iter()
+        .filter(|s| plan.systems.contains(s))
+        {
             let case = Case {
                 system,
                 width: w,
@@ -1027,7 +1036,7 @@ fn ratio_tables(plan: &Plan, passes: &[bool], res: &Results) -> String {
             "\nMPS {tag}: legacy CUDA IPC p50 ÷ each vramring mode's p50 (> 1 means that vramring mode is faster; the goal under MPS: every vramring mode ≥ 1.00×):\n\n| MPS | frame | subs | push | pull | push futex wait | every vramring mode at or below legacy IPC |\n|---|---|---|---|---|---|---|\n"
         ));
         for &(_, _, label) in plan.sizes {
-            for &n in plan.sub_counts {
+            for &n in &plan.sub_counts {
                 let ipc = get(m, label, n, "ipc");
                 let r: Vec<f64> = ["vrp", "vr", "vrf"].iter().map(|k| ipc / get(m, label, n, k)).collect();
                 let verdict = if r.iter().any(|x| x.is_nan()) {
@@ -1047,7 +1056,7 @@ fn ratio_tables(plan: &Plan, passes: &[bool], res: &Results) -> String {
             "\nMPS {tag}: other p50 ÷ vramring push p50 (> 1 means vramring push is faster):\n\n| MPS | frame | subs | host rt | legacy IPC | pull | push futex wait |\n|---|---|---|---|---|---|---|\n"
         ));
         for &(_, _, label) in plan.sizes {
-            for &n in plan.sub_counts {
+            for &n in &plan.sub_counts {
                 let vr = get(m, label, n, "vrp");
                 out.push_str(&format!(
                     "| {tag} | {label} | {n} | {:.2}× | {:.2}× | {:.2}× | {:.2}× |\n",
@@ -1062,7 +1071,7 @@ fn ratio_tables(plan: &Plan, passes: &[bool], res: &Results) -> String {
     if passes.len() == 2 {
         out.push_str("\np50 with MPS ÷ p50 without (< 1 means MPS made it faster):\n\n| frame | subs | push | pull | push futex wait | host rt | legacy IPC |\n|---|---|---|---|---|---|---|\n");
         for &(_, _, label) in plan.sizes {
-            for &n in plan.sub_counts {
+            for &n in &plan.sub_counts {
                 let r = |k| get(true, label, n, k) / get(false, label, n, k);
                 out.push_str(&format!(
                     "| {label} | {n} | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× |\n",
@@ -1079,8 +1088,10 @@ fn ratio_tables(plan: &Plan, passes: &[bool], res: &Results) -> String {
 }
 
 fn usage() -> &'static str {
-    "latency bench: [--quick] [--throughput-only] [--mps [off|on|both]] [--timeout-s S] [--out FILE]\n\
+    "latency bench: [--quick] [--throughput-only] [--no-rate] [--systems K,K..] [--subs N,N..] [--mps [off|on|both]] [--timeout-s S] [--out FILE]\n\
      --quick: 1080p at 1, 4 and 8 subscribers, 300 measured frames each (and the rate at 1080p)\n\
+     --systems: only these rows (keys vrp push, vrps push CPU commit, vr pull, vrq pull queued, vra pull after commit, vrf push futex wait, host, ipc)\n\
+     --subs: only these subscriber counts (default 1,4,8); --no-rate: skip the maximum-rate table\n\
      --mps: run under a private MPS control daemon (on), or without then with it (both); the daemon is always quit\n\
      --out FILE: the Markdown report; the rows as JSON lines go to FILE with the extension .jsonl"
 }
@@ -1101,21 +1112,45 @@ fn main() -> R<()> {
         Some(v) => v.parse().map_err(|_| format!("--timeout-s takes seconds, not {v:?}"))?,
         None => 570,
     };
+    let throughput_only = args.iter().any(|a| a == "--throughput-only");
+    let systems = match value_of("--systems") {
+        Some(list) => list
+            .split(',')
+            .map(|k| {
+                System::from_key(k).ok_or_else(|| {
+                    let keys: Vec<&str> = LATENCY_SYSTEMS.iter().map(|s| s.key()).collect();
+                    format!("--systems: unknown system {k:?}; the keys are {}", keys.join(","))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        None => LATENCY_SYSTEMS.to_vec(),
+    };
+    let sub_counts = match value_of("--subs") {
+        _ if throughput_only => Vec::new(),
+        Some(list) => list
+            .split(',')
+            .map(|n| match n.parse::<usize>() {
+                Ok(n) if (1..=64).contains(&n) => Ok(n),
+                _ => Err(format!("--subs takes subscriber counts from 1 to 64, not {n:?}")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        None => vec![1, 4, 8],
+    };
     if !vramring::memory::cuda::cuda_usable() {
         eprintln!("latency bench: no usable CUDA GPU here; nothing measured (run it on a GPU machine)");
         return Ok(());
     }
     procs::install_stop_handler();
     let quick = args.iter().any(|a| a == "--quick");
-    let throughput_only = args.iter().any(|a| a == "--throughput-only");
     let out = value_of("--out").map(PathBuf::from);
     const SIZES: &[(u32, u32, &str)] = &[(1920, 1080, "1080p"), (3840, 2160, "4K")];
     const HD: &[(u32, u32, &str)] = &[(1920, 1080, "1080p")];
     let plan = Plan {
         sizes: if quick { HD } else { SIZES },
-        sub_counts: if throughput_only { &[] } else { &[1, 4, 8] },
+        sub_counts,
+        systems,
         frames: if quick { 300 } else { 2000 },
-        throughput: true,
+        throughput: !args.iter().any(|a| a == "--no-rate"),
         throughput_sizes: if quick { HD } else { SIZES },
         throughput_frames: if quick { 2000 } else { 5000 },
         dir: std::env::temp_dir().join(format!("vramring-bench-{}", std::process::id())),
