@@ -1168,36 +1168,13 @@ fn main() -> R<()> {
         if procs::stop_requested() {
             break;
         }
-        let mut daemon = if with_mps {
-            match MpsDaemon::start() {
-                Ok(d) => Some(d),
-                Err(e) => {
-                    let line = format!("\n### MPS on\n\nnot run: the MPS control daemon did not start: {e}\n");
-                    eprint!("{line}");
-                    report.push_str(&line);
-                    mps_failed = true;
-                    continue;
-                }
-            }
-        } else {
-            None
+        let Ok(mut daemon) = procs::start_pass(with_mps, &mut report) else {
+            mps_failed = true;
+            continue;
         };
         report.push_str(&run_pass(&plan, daemon.as_ref(), &mut res));
         if let Some(d) = daemon.as_mut() {
-            let clients = d.clients_seen();
-            let line = format!(
-                "\nMPS control daemon: {clients} client connections logged{}\n",
-                if clients == 0 {
-                    " — **the processes did NOT run under MPS**"
-                } else {
-                    ""
-                }
-            );
-            eprint!("{line}");
-            report.push_str(&line);
-            if let Err(e) = d.quit() {
-                report.push_str(&format!("MPS daemon shutdown: {e}\n"));
-            }
+            d.finish_pass(&mut report);
         }
     }
     report.push_str(&ratio_tables(&plan, mps_choice.passes(), &res));

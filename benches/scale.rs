@@ -1273,19 +1273,9 @@ fn real_main() -> R<()> {
         if procs::stop_requested() {
             break;
         }
-        let mut daemon = if with_mps {
-            match MpsDaemon::start() {
-                Ok(d) => Some(d),
-                Err(e) => {
-                    let line = format!("\n### MPS on\n\nnot run: the MPS control daemon did not start: {e}\n");
-                    eprint!("{line}");
-                    md.push_str(&line);
-                    failures += 1;
-                    continue;
-                }
-            }
-        } else {
-            None
+        let Ok(mut daemon) = procs::start_pass(with_mps, &mut md) else {
+            failures += 1;
+            continue;
         };
         for &shape in shapes {
             if procs::stop_requested() || Instant::now() > deadline {
@@ -1306,18 +1296,7 @@ fn real_main() -> R<()> {
             js.push_str(&j);
         }
         if let Some(d) = daemon.as_mut() {
-            let clients = d.clients_seen();
-            md.push_str(&format!(
-                "\nMPS control daemon: {clients} client connections logged{}\n",
-                if clients == 0 {
-                    " — **the processes did NOT run under MPS**"
-                } else {
-                    ""
-                }
-            ));
-            if let Err(e) = d.quit() {
-                md.push_str(&format!("MPS daemon shutdown: {e}\n"));
-            }
+            d.finish_pass(&mut md);
         }
     }
     let _ = std::fs::remove_dir_all(&root);

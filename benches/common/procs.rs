@@ -274,6 +274,24 @@ pub struct MpsDaemon {
     running: bool,
 }
 
+/// Starts the daemon a pass needs: `Ok(None)` for a pass without MPS,
+/// `Err(())` when the daemon did not start (the "not run" line is then in
+/// `report` and on stderr).
+pub fn start_pass(with_mps: bool, report: &mut String) -> Result<Option<MpsDaemon>, ()> {
+    if !with_mps {
+        return Ok(None);
+    }
+    match MpsDaemon::start() {
+        Ok(d) => Ok(Some(d)),
+        Err(e) => {
+            let line = format!("\n### MPS on\n\nnot run: the MPS control daemon did not start: {e}\n");
+            eprint!("{line}");
+            report.push_str(&line);
+            Err(())
+        }
+    }
+}
+
 impl MpsDaemon {
     /// Starts `nvidia-cuda-mps-control -d` with its pipe and log directories
     /// in a fresh directory under `/tmp`, and waits for its control socket.
@@ -404,6 +422,26 @@ impl MpsDaemon {
     ///
     /// # Errors
     /// What went wrong; the daemon's processes have been signalled anyway.
+    /// Ends a pass: reports (in `report` and on stderr) how many clients
+    /// the daemon logged, flagging none as a pass that did not run under
+    /// MPS, then quits the daemon.
+    pub fn finish_pass(&mut self, report: &mut String) {
+        let clients = self.clients_seen();
+        let line = format!(
+            "\nMPS control daemon: {clients} client connections logged{}\n",
+            if clients == 0 {
+                " — **the processes did NOT run under MPS**"
+            } else {
+                ""
+            }
+        );
+        eprint!("{line}");
+        report.push_str(&line);
+        if let Err(e) = self.quit() {
+            report.push_str(&format!("MPS daemon shutdown: {e}\n"));
+        }
+    }
+
     pub fn quit(&mut self) -> Result<(), String> {
         if !self.running {
             // Never started (or already quit): only the directories are left.
