@@ -822,8 +822,7 @@ impl Subscriber {
     fn drain_next(&mut self) -> Result<u64> {
         // SYNC: global-seq — Acquire pairs with the publisher's Release.
         let g = self.header().seq.global_seq.load(Ordering::Acquire);
-        let window = protocol::safe_window(self.info.slot_count, self.opts.lossless);
-        if protocol::pick(self.opts.mode, self.last, g, window).is_some() {
+        if self.pick(g).is_some() {
             return Ok(g);
         }
         Err(self.drain_over())
@@ -899,11 +898,17 @@ impl Subscriber {
         }
     }
 
+    /// The seq to read next (per the mode and the safe window) when the
+    /// newest is `g`; `None` when nothing is new.
+    fn pick(&self, g: u64) -> Option<protocol::Pick> {
+        let window = protocol::safe_window(self.info.slot_count, self.opts.lossless);
+        protocol::pick(self.opts.mode, self.last, g, window)
+    }
+
     /// Picks the next frame and its snapshot, counting gaps; `None` when a
     /// retry is needed.
     fn next_snapshot(&mut self, g: u64) -> Option<(SlotSnapshot, u64)> {
-        let window = protocol::safe_window(self.info.slot_count, self.opts.lossless);
-        let pick = protocol::pick(self.opts.mode, self.last, g, window)?;
+        let pick = self.pick(g)?;
         match SlotSnapshot::look(self.slot(pick.seq), pick.seq) {
             Look::Ready(snap) => Some((snap, pick.skipped)),
             Look::Overwritten => {
@@ -958,8 +963,7 @@ impl Subscriber {
                 // `g` is the announced seq; what has landed is `global_seq`.
                 // SYNC: global-seq — Acquire pairs with the commit's store.
                 let landed = self.header().seq.global_seq.load(Ordering::Acquire);
-                let window = protocol::safe_window(self.info.slot_count, self.opts.lossless);
-                if let Some(pick) = protocol::pick(self.opts.mode, self.last, g, window).filter(|p| p.seq > landed) {
+                if let Some(pick) = self.pick(g).filter(|p| p.seq > landed) {
                     match self.queued_copy(pick, deadline, timeout)? {
                         Some(snap) => {
                             return Ok(Frame {

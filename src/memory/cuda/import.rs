@@ -54,7 +54,6 @@ pub struct CudaImport<D: Driver = RealDriver> {
 #[derive(Debug)]
 struct Gate {
     region: Region,
-    registered: bool,
     word: DevicePtr,
 }
 
@@ -290,13 +289,10 @@ impl<D: Driver> CudaImport<D> {
                     // publisher drops its import too.
                     self.push.release(d)?;
                 }
-                if let Some(g) = &mut self.gate {
-                    if g.registered {
-                        // SAFETY: registered by `enable_gate`; no wait on it
-                        // is pending (the stream is gone, nothing is stuck).
-                        unsafe { d.mem_host_unregister(g.region.as_ptr().cast()) }?;
-                        g.registered = false;
-                    }
+                if let Some(g) = &self.gate {
+                    // SAFETY: registered by `enable_gate`; no wait on it is
+                    // pending (the stream is gone, nothing is stuck).
+                    unsafe { d.mem_host_unregister(g.region.as_ptr().cast()) }?;
                     // Unmapped when dropped.
                     self.gate = None;
                 }
@@ -488,18 +484,15 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
                 return Ok(false);
             }
         };
-        let mut gate = Gate {
-            region,
-            registered: false,
-            word: 0,
-        };
+        let mut gate = Gate { region, word: 0 };
+        let mut registered = false;
         let body = |d: &D| -> Result<()> {
             let base = gate.region.as_ptr();
             // SAFETY: `gate.region` is our own read-only mapping of
             // `control_bytes` bytes; it stays mapped until it is
             // unregistered (`close`) or, if a wait on it is stuck, forever.
             unsafe { d.mem_host_register_read_only(base.cast_const().cast(), control_bytes) }?;
-            gate.registered = true;
+            registered = true;
             // SAFETY: `base` was registered just above.
             let dev_base = unsafe { d.mem_host_device_pointer(base.cast()) }?;
             gate.word = dev_base + word_offset;
@@ -513,7 +506,7 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
                 Ok(true)
             }
             Err(e) => {
-                if gate.registered {
+                if registered {
                     let undo = |d: &D| -> Result<()> {
                         // SAFETY: registered above; nothing waits on it.
                         Ok(unsafe { d.mem_host_unregister(gate.region.as_ptr().cast()) }?)
