@@ -8,6 +8,13 @@ time the publisher committed it. For Python, "in hand" is after `next()`
 **and** `torch.from_dlpack` of both NV12 planes (the issue's measure);
 "next" is right after `next()` returned (what the Rust figure measures).
 
+Neither subscriber checks its frames unless --verify is given (then both
+do, on the GPU): a check kernel in the subscriber's own CUDA context makes
+the GPU switch back to the producer's context for the next frame, which
+delays that frame's commit by the switch (~140 us without MPS) and would
+be charged to whichever side checks. Correctness is proven by
+python/gpu/check_gpu.py and the Rust GPU tests.
+
 Phases, each with a fresh Rust `producer` (same geometry and rate), for pull
 and then push delivery:
   * the Rust subscriber alone, then the Python subscriber alone: the
@@ -25,7 +32,12 @@ clone": what a vramring pull Frame gives you).
 Every Python row also itemises its p50 from `Frame.timing`: wake (commit to
 the end of the wait), copy, check (proving the copy whole), gil (to holding
 the GIL again), ret (to Python having the Frame), y and uv (each
-`torch.from_dlpack`). After the timed frames it times, on the last frame in
+`torch.from_dlpack`). With --split the Y plane's `torch.from_dlpack` is done
+step by step as torch does it: y_plane (`frame.plane(0)`), y_device
+(`__dlpack_device__`), y_stream (`torch.cuda.current_stream`, which torch
+calls for every CUDA producer), y_export (`__dlpack__`), y_import
+(`torch._C._from_dlpack`): which of the steps are vramring's and which
+torch's. After the timed frames it times, on the last frame in
 a tight loop, `torch.from_dlpack(plane)`, `plane.__dlpack__(stream=...)`
 alone and `torch.from_dlpack(capsule)`: torch's own cost when warm.
 
@@ -66,21 +78,30 @@ def summary(name, lat_ns, **extra):
                 max_us=round(max(u), 1) if u else None, **extra)
 
 
-def role_python(name, sock, push, frames, warmup, verify, spin):
+def role_python(name, sock, push, frames, warmup, verify, spin, split):
     import vramring
-    sub = vramring.Subscriber(sock, push=push, name=name, connect_timeout=20, spin=spin)
-    cuda = sub.backend == "cuda"
-    if cuda:
+    # torch (or numpy) is imported before connecting: importing torch takes
+    # seconds, and frames published meanwhile would be missed.
+    try:
         import torch
         from_dlpack = torch.from_dlpack
-    else:
+    except ImportError:
+        torch = None
+    sub = vramring.Subscriber(sock, push=push, name=name, connect_timeout=20, spin=spin)
+    cuda = sub.backend == "cuda"
+    if not cuda:
         import numpy as np
         from_dlpack = np.from_dlpack
+    split = split and cuda
     GpuPattern = None
     if verify and cuda:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "gpu"))
         from check_gpu import GpuPattern
     keys = ("hand", "next", "wake", "copy", "check", "gil", "ret", "y", "uv")
+    if split:
+        # `torch.from_dlpack(plane)` for the Y plane done step by step, as
+        # torch.utils.dlpack.from_dlpack does it: which step is slow cold.
+        keys += ("y_plane", "y_device", "y_stream", "y_export", "y_import")
     t = {k: [] for k in keys}
     torn, pat, n, zero_copy, warm = None, None, 0, 0, {}
     while n < frames:
@@ -89,7 +110,19 @@ def role_python(name, sock, push, frames, warmup, verify, spin):
         except vramring.ProducerGone:
             break
         t_next = time.clock_gettime_ns(CLOCK)
-        y = from_dlpack(f.plane(0))
+        if split:
+            v = f.plane(0)
+            s1 = time.clock_gettime_ns(CLOCK)
+            dev = v.__dlpack_device__()
+            s2 = time.clock_gettime_ns(CLOCK)
+            cs = torch.cuda.current_stream(f"cuda:{dev[1]}").cuda_stream
+            s3 = time.clock_gettime_ns(CLOCK)
+            cap = v.__dlpack__(stream=1 if cs == 0 else cs, max_version=(1, 0))
+            s4 = time.clock_gettime_ns(CLOCK)
+            y = torch._C._from_dlpack(cap)
+            del v, cap
+        else:
+            y = from_dlpack(f.plane(0))
         t_y = time.clock_gettime_ns(CLOCK)
         uv = from_dlpack(f.plane(1))
         now = time.clock_gettime_ns(CLOCK)
@@ -101,6 +134,10 @@ def role_python(name, sock, push, frames, warmup, verify, spin):
                          ("check", checked - copied), ("gil", returned - checked), ("ret", t_next - returned),
                          ("y", t_y - t_next), ("uv", now - t_y)):
                 t[k].append(v)
+            if split:
+                for k, v in (("y_plane", s1 - t_next), ("y_device", s2 - s1), ("y_stream", s3 - s2),
+                             ("y_export", s4 - s3), ("y_import", t_y - s4)):
+                    t[k].append(v)
             zero_copy += f.zero_copy
         if GpuPattern is not None:
             whole = torch.from_dlpack(f)
@@ -224,14 +261,16 @@ def run_phase(a, kind, who):
         name = f"rust-{kind}"
         subs.append((f"{name} {suffix}", subprocess.Popen(
             [f"{ex}/consumer", "--socket", sock, "--name", name, "--json", "--report-ms", "0",
-             "--timeout-ms", "20000"] + (["--push"] if kind == "push" else []),
+             "--timeout-ms", "20000"] + (["--push"] if kind == "push" else [])
+            + ([] if a.verify else ["--no-verify"]),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     if who in ("python", "both", "python-spin"):
         name = f"python-{kind}"
         subs.append((f"{name} {suffix}", subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--role", name, "--socket", sock,
              "--frames", str(total), "--warmup", str(a.warmup)] + (["--verify"] if a.verify else [])
-            + (["--spin", str(a.spin)] if who == "python-spin" else []),
+            + (["--spin", str(a.spin)] if who == "python-spin" else [])
+            + (["--split"] if a.split else []),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     rows = []
     for row, p in subs:
@@ -261,6 +300,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--backend", choices=["cuda", "host"], default="cuda",
                     help="host: the CPU machine (numpy, no torch IPC phase)")
+    ap.add_argument("--kinds", default="pull,push", help="which of pull,push to run")
+    ap.add_argument("--no-ipc", action="store_true", help="skip the torch CUDA IPC phase")
     ap.add_argument("--phases", default="rust,python,both,python-spin",
                     help="which of rust,python,both,python-spin to run for each delivery kind")
     ap.add_argument("--spin", type=float, default=0.01,
@@ -268,20 +309,24 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--role", choices=["python-pull", "python-push"])
     ap.add_argument("--socket")
-    ap.add_argument("--verify", action="store_true", help="also check every Python frame on the GPU")
+    ap.add_argument("--verify", action="store_true",
+                    help="also check every frame on the GPU, in the Rust and the Python subscriber")
+    ap.add_argument("--split", action="store_true",
+                    help="time torch.from_dlpack of the Y plane step by step (device, stream, export, import)")
     a = ap.parse_args()
     if a.role:
         return role_python(a.role, a.socket, a.role == "python-push", a.frames, a.warmup, a.verify,
-                           a.spin if "--spin" in sys.argv else None)
+                           a.spin if "--spin" in sys.argv else None, a.split)
 
     results = []
     nbytes = 0
-    for kind in ("pull", "push"):
+    for kind in a.kinds.split(","):
         for who in a.phases.split(","):
             rows, nbytes = run_phase(a, kind, who)
             results += rows
     if a.backend == "cuda":
-        results += phase_ipc(a.frames + a.warmup, a.fps, nbytes, a.warmup)
+        if not a.no_ipc:
+            results += phase_ipc(a.frames + a.warmup, a.fps, nbytes, a.warmup)
         import torch
         gpu, tv = torch.cuda.get_device_name(0), torch.__version__
     else:
