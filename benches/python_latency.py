@@ -78,7 +78,7 @@ def summary(name, lat_ns, **extra):
                 max_us=round(max(u), 1) if u else None, **extra)
 
 
-def role_python(name, sock, push, frames, warmup, verify, spin, split):
+def role_python(name, sock, push, frames, warmup, verify, spin, split, capsule):
     import vramring
     # torch (or numpy) is imported before connecting: importing torch takes
     # seconds, and frames published meanwhile would be missed.
@@ -87,12 +87,22 @@ def role_python(name, sock, push, frames, warmup, verify, spin, split):
         from_dlpack = torch.from_dlpack
     except ImportError:
         torch = None
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
     sub = vramring.Subscriber(sock, push=push, name=name, connect_timeout=20, spin=spin)
     cuda = sub.backend == "cuda"
     if not cuda:
-        import numpy as np
         from_dlpack = np.from_dlpack
     split = split and cuda
+    capsule = capsule and cuda
+    if capsule:
+        # The consumer's stream, looked up once (a detector's loop knows its
+        # stream): torch.from_dlpack of a capsule skips torch's per-call
+        # `current_stream` lookup.
+        cs = torch.cuda.current_stream().cuda_stream
+        stream = 1 if cs == 0 else cs
     GpuPattern = None
     if verify and cuda:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "gpu"))
@@ -121,10 +131,12 @@ def role_python(name, sock, push, frames, warmup, verify, spin, split):
             s4 = time.clock_gettime_ns(CLOCK)
             y = torch._C._from_dlpack(cap)
             del v, cap
+        elif capsule:
+            y = from_dlpack(f.plane(0).__dlpack__(stream=stream))
         else:
             y = from_dlpack(f.plane(0))
         t_y = time.clock_gettime_ns(CLOCK)
-        uv = from_dlpack(f.plane(1))
+        uv = from_dlpack(f.plane(1).__dlpack__(stream=stream)) if capsule else from_dlpack(f.plane(1))
         now = time.clock_gettime_ns(CLOCK)
         n += 1
         if n > warmup:
@@ -242,7 +254,8 @@ def phase_ipc(frames, fps, nbytes, warmup):
 
 def run_phase(a, kind, who):
     """One producer and the subscribers `who` ("rust", "python", "both", or
-    "python-spin": Python alone spinning --spin seconds instead of parking)
+    "python-spin": Python alone spinning --spin seconds instead of parking,
+    "python-capsule": Python alone, `torch.from_dlpack(plane.__dlpack__(stream=s))`)
     of delivery `kind` ("pull" or "push"); returns (rows, frame_bytes)."""
     d = tempfile.mkdtemp(prefix="vrb")
     sock = os.path.join(d, "cam.sock")
@@ -255,7 +268,8 @@ def run_phase(a, kind, who):
          "--wait-subscribers", str(n_subs), "--json", "--report-ms", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ready = json.loads(prod.stdout.readline())
-    suffix = {"both": "with the other", "python-spin": "alone, spin"}.get(who, "alone")
+    suffix = {"both": "with the other", "python-spin": "alone, spin",
+              "python-capsule": "alone, capsule"}.get(who, "alone")
     subs = []
     if who in ("rust", "both"):
         name = f"rust-{kind}"
@@ -264,13 +278,13 @@ def run_phase(a, kind, who):
              "--timeout-ms", "20000"] + (["--push"] if kind == "push" else [])
             + ([] if a.verify else ["--no-verify"]),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
-    if who in ("python", "both", "python-spin"):
+    if who in ("python", "both", "python-spin", "python-capsule"):
         name = f"python-{kind}"
         subs.append((f"{name} {suffix}", subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--role", name, "--socket", sock,
              "--frames", str(total), "--warmup", str(a.warmup)] + (["--verify"] if a.verify else [])
             + (["--spin", str(a.spin)] if who == "python-spin" else [])
-            + (["--split"] if a.split else []),
+            + (["--split"] if a.split else []) + (["--capsule"] if who == "python-capsule" else []),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     rows = []
     for row, p in subs:
@@ -303,7 +317,7 @@ def main():
     ap.add_argument("--kinds", default="pull,push", help="which of pull,push to run")
     ap.add_argument("--no-ipc", action="store_true", help="skip the torch CUDA IPC phase")
     ap.add_argument("--phases", default="rust,python,both,python-spin",
-                    help="which of rust,python,both,python-spin to run for each delivery kind")
+                    help="which of rust,python,both,python-spin,python-capsule to run for each delivery kind")
     ap.add_argument("--spin", type=float, default=0.01,
                     help="python-spin phase: seconds next() spins before parking (longer than a frame period)")
     ap.add_argument("--out", default=".")
@@ -311,12 +325,13 @@ def main():
     ap.add_argument("--socket")
     ap.add_argument("--verify", action="store_true",
                     help="also check every frame on the GPU, in the Rust and the Python subscriber")
+    ap.add_argument("--capsule", action="store_true", help=argparse.SUPPRESS)  # set for python-capsule roles
     ap.add_argument("--split", action="store_true",
                     help="time torch.from_dlpack of the Y plane step by step (device, stream, export, import)")
     a = ap.parse_args()
     if a.role:
         return role_python(a.role, a.socket, a.role == "python-push", a.frames, a.warmup, a.verify,
-                           a.spin if "--spin" in sys.argv else None, a.split)
+                           a.spin if "--spin" in sys.argv else None, a.split, a.capsule)
 
     results = []
     nbytes = 0
@@ -334,8 +349,8 @@ def main():
     by = {r["name"]: r for r in results}
     added = {}
     for kind in ("pull", "push"):
-        for suffix in ("alone", "with the other"):
-            r, p = by.get(f"rust-{kind} {suffix}"), by.get(f"python-{kind} {suffix}")
+        for suffix, rs in (("alone", "alone"), ("with the other", "with the other"), ("alone, capsule", "alone")):
+            r, p = by.get(f"rust-{kind} {rs}"), by.get(f"python-{kind} {suffix}")
             if r and p and "p50_us" in r and "p50_us" in p:
                 added[f"{kind} {suffix}"] = dict(in_hand=round(p["p50_us"] - r["p50_us"], 1),
                                                  next_only=round(p["next_p50_us"] - r["p50_us"], 1))
