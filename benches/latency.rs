@@ -11,6 +11,13 @@
 //!   needs a shared PID namespace: the producer copies into an IPC slot and
 //!   records an IPC event without blocking; each subscriber makes its stream
 //!   wait on the event and copies the slot into its own buffer.
+//!   Two experiments, run only when `--systems` names them: `ipcwd` and
+//!   `ipcwh`, legacy IPC whose subscribers make their stream wait with
+//!   `cuStreamWaitValue64` on a word the producer's stream writes each
+//!   frame's seq into (`cuStreamWriteValue64`): a device-memory word shared
+//!   by IPC, or a word of host shared memory registered with the driver
+//!   (where vramring's queued pull waits). They measure what the GPU-side
+//!   wait itself costs, apart from the rest of vramring's path.
 //!
 //! Latency is "publish → subscriber holds its copy": from the moment the
 //! producer has enqueued the frame's write and starts publishing, to the
@@ -179,6 +186,13 @@ enum System {
     VramringPullAfter,
     HostRt,
     LegacyIpc,
+    /// Legacy IPC whose subscribers wait with `cuStreamWaitValue64` on a
+    /// device-memory word the producer's stream writes (an experiment:
+    /// what a GPU-side wait costs on device memory).
+    LegacyIpcWaitDev,
+    /// The same on a word in host shared memory registered with the
+    /// driver (where vramring's queued pull waits today).
+    LegacyIpcWaitHost,
 }
 
 impl System {
@@ -192,6 +206,8 @@ impl System {
             System::VramringPullAfter => "vramring pull, copy after the commit (v3)",
             System::HostRt => "host round trip",
             System::LegacyIpc => "legacy CUDA IPC",
+            System::LegacyIpcWaitDev => "legacy CUDA IPC, stream wait on a device word",
+            System::LegacyIpcWaitHost => "legacy CUDA IPC, stream wait on a host word",
         }
     }
     /// The short label of the mode in the tables.
@@ -205,6 +221,8 @@ impl System {
             System::VramringPullAfter => "pull after commit",
             System::HostRt => "host rt",
             System::LegacyIpc => "legacy IPC",
+            System::LegacyIpcWaitDev => "IPC wait dev word",
+            System::LegacyIpcWaitHost => "IPC wait host word",
         }
     }
     fn key(self) -> &'static str {
@@ -217,6 +235,8 @@ impl System {
             System::VramringPullAfter => "vra",
             System::HostRt => "host",
             System::LegacyIpc => "ipc",
+            System::LegacyIpcWaitDev => "ipcwd",
+            System::LegacyIpcWaitHost => "ipcwh",
         }
     }
     fn from_key(k: &str) -> Option<System> {
@@ -229,13 +249,18 @@ impl System {
             System::VramringPullAfter,
             System::HostRt,
             System::LegacyIpc,
+            System::LegacyIpcWaitDev,
+            System::LegacyIpcWaitHost,
         ]
         .into_iter()
         .find(|s| s.key() == k)
     }
     /// A vramring case (its producer is a vramring publisher).
     fn is_vramring(self) -> bool {
-        !matches!(self, System::HostRt | System::LegacyIpc)
+        !matches!(
+            self,
+            System::HostRt | System::LegacyIpc | System::LegacyIpcWaitDev | System::LegacyIpcWaitHost
+        )
     }
 }
 
@@ -484,7 +509,7 @@ fn host_producer(c: &Case, shm_path: &Path) -> R<()> {
 /// safe frame (as vramring's Sequential reader does), `copy` slot `s` into
 /// the subscriber's own buffer and complete it, validate after the copy,
 /// and record latency and counts.
-fn peer_loop(c: &Case, id: usize, shm: &BenchShm, mut copy: impl FnMut(usize) -> R<()>) -> R<()> {
+fn peer_loop(c: &Case, id: usize, shm: &BenchShm, mut copy: impl FnMut(usize, u64) -> R<()>) -> R<()> {
     let mut last = 0u64;
     let mut lat = Vec::new();
     let (mut delivered, mut dropped, mut overruns) = (0u64, 0u64, 0u64);
@@ -506,7 +531,7 @@ fn peer_loop(c: &Case, id: usize, shm: &BenchShm, mut copy: impl FnMut(usize) ->
             continue;
         }
         let t0 = shm.slot_t0(s).load(Ordering::Relaxed);
-        copy(s)?;
+        copy(s, want)?;
         std::sync::atomic::fence(Ordering::Acquire);
         let t1 = now_ns();
         last = want;
@@ -541,7 +566,7 @@ fn host_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
     };
     let dst = gpu.alloc(bytes)?;
     shm.ready().fetch_add(1, Ordering::AcqRel);
-    peer_loop(c, id, &shm, |s| {
+    peer_loop(c, id, &shm, |s, _| {
         // SAFETY: slot in the pinned mapping; `dst` holds `bytes`.
         unsafe {
             ck(
@@ -565,6 +590,33 @@ fn unhex(s: &str) -> R<Vec<u8>> {
         .step_by(2)
         .map(|i| Ok(u8::from_str_radix(&s[i..i + 2], 16)?))
         .collect()
+}
+
+/// The word of the `ipcwh` experiment: word 64 of the control block.
+const GATE_WORD: usize = 64;
+
+/// `ipcwh`: registers the control block's page with the driver (read-only
+/// for a subscriber) and returns the device address of [`GATE_WORD`].
+fn register_host_gate(shm: &BenchShm, read_only: bool) -> R<sys::CUdeviceptr> {
+    let base = shm.map.as_mut_ptr() as *mut std::ffi::c_void;
+    let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP
+        | if read_only {
+            sys::CU_MEMHOSTREGISTER_READ_ONLY
+        } else {
+            0
+        };
+    let mut d = 0;
+    // SAFETY: the first 4 KiB of our live shared mapping (page aligned),
+    // registered once per process and kept for its lifetime.
+    unsafe {
+        ck("cuMemHostRegister", sys::cuMemHostRegister_v2(base, 4096, flags))?;
+        let word = (base as *mut u8).add(GATE_WORD * 8) as *mut std::ffi::c_void;
+        ck(
+            "cuMemHostGetDevicePointer",
+            sys::cuMemHostGetDevicePointer_v2(&mut d, word, 0),
+        )?;
+    }
+    Ok(d)
 }
 
 fn ipc_producer(c: &Case, shm_path: &Path) -> R<()> {
@@ -601,6 +653,31 @@ fn ipc_producer(c: &Case, shm_path: &Path) -> R<()> {
         events.push(ev);
     }
     std::fs::write(c.dir.join("ipc-handles"), handles)?;
+    // The experiments' gate: a word the producer's stream sets to each
+    // frame's seq (`cuStreamWriteValue64`, which orders the frame's copy
+    // before it) instead of recording the slot's IPC event.
+    let gate = match c.system {
+        System::LegacyIpcWaitDev => {
+            let p = gpu.alloc(256)?;
+            let mut mh = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
+            // SAFETY: a live allocation of ours; a valid out-pointer.
+            let mh = unsafe {
+                ck("cuMemsetD8", sys::cuMemsetD8_v2(p, 0, 256))?;
+                ck("cuIpcGetMemHandle", sys::cuIpcGetMemHandle(mh.as_mut_ptr(), p))?;
+                mh.assume_init()
+            };
+            // SAFETY: the handle is a plain 64-byte array.
+            let mb = unsafe { std::slice::from_raw_parts(mh.reserved.as_ptr() as *const u8, 64) };
+            std::fs::write(c.dir.join("ipc-gate"), hex(mb))?;
+            Some(p)
+        }
+        System::LegacyIpcWaitHost => {
+            shm.word(GATE_WORD).store(0, Ordering::Relaxed);
+            Some(register_host_gate(&shm, false)?)
+        }
+        _ => None,
+    };
+    gpu.sync()?;
     shm.word(2).store(1, Ordering::Release); // handles written
     while shm.ready().load(Ordering::Acquire) < c.subs as u64 {
         std::thread::sleep(Duration::from_millis(1));
@@ -625,8 +702,18 @@ fn ipc_producer(c: &Case, shm_path: &Path) -> R<()> {
             )?
         };
         let (c0, t0) = (thread_cpu_ns(), now_ns());
-        // SAFETY: live event and stream.
-        unsafe { ck("cuEventRecord", sys::cuEventRecord(events[s], gpu.stream))? };
+        match gate {
+            // SAFETY: the gate word is live device (or registered host)
+            // memory of this context; our live stream.
+            Some(g) => unsafe {
+                ck(
+                    "cuStreamWriteValue64",
+                    sys::cuStreamWriteValue64_v2(gpu.stream, g, seq, 0),
+                )?
+            },
+            // SAFETY: live event and stream.
+            None => unsafe { ck("cuEventRecord", sys::cuEventRecord(events[s], gpu.stream))? },
+        }
         shm.slot_t0(s).store(t0, Ordering::Relaxed);
         shm.slot_seq(s).store(seq, Ordering::Release);
         shm.global().store(seq, Ordering::Release);
@@ -684,12 +771,46 @@ fn ipc_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
         ptrs.push(p);
         evs.push(ev);
     }
+    let gate = match c.system {
+        System::LegacyIpcWaitDev => {
+            let m = unhex(std::fs::read_to_string(c.dir.join("ipc-gate"))?.trim())?;
+            let mut mh = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
+            let mut p = 0;
+            // SAFETY: the handle is a 64-byte plain array; out-pointer valid.
+            unsafe {
+                std::ptr::copy_nonoverlapping(m.as_ptr(), mh.as_mut_ptr() as *mut u8, 64);
+                ck(
+                    "cuIpcOpenMemHandle",
+                    sys::cuIpcOpenMemHandle_v2(
+                        &mut p,
+                        mh.assume_init(),
+                        sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+                    ),
+                )?;
+            }
+            Some(p)
+        }
+        System::LegacyIpcWaitHost => Some(register_host_gate(&shm, true)?),
+        _ => None,
+    };
     let dst = gpu.alloc(bytes)?;
     shm.ready().fetch_add(1, Ordering::AcqRel);
-    peer_loop(c, id, &shm, |s| {
-        // SAFETY: imported IPC allocation/event and our own stream/buffer.
+    peer_loop(c, id, &shm, |s, seq| {
+        // SAFETY: imported IPC allocation/event (or gate word) and our own
+        // stream/buffer.
         unsafe {
-            ck("cuStreamWaitEvent", sys::cuStreamWaitEvent(gpu.stream, evs[s], 0))?;
+            match gate {
+                Some(g) => ck(
+                    "cuStreamWaitValue64",
+                    sys::cuStreamWaitValue64_v2(
+                        gpu.stream,
+                        g,
+                        seq,
+                        sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+                    ),
+                )?,
+                None => ck("cuStreamWaitEvent", sys::cuStreamWaitEvent(gpu.stream, evs[s], 0))?,
+            }
             ck(
                 "cuMemcpyDtoDAsync",
                 sys::cuMemcpyDtoDAsync_v2(dst, ptrs[s], bytes, gpu.stream),
@@ -837,12 +958,16 @@ fn role_main(args: &[String]) -> R<()> {
     match (role, c.system) {
         ("producer", s) if s.is_vramring() => vr_producer(&c, &shm),
         ("producer", System::HostRt) => host_producer(&c, &shm),
-        ("producer", System::LegacyIpc) => ipc_producer(&c, &shm),
+        ("producer", System::LegacyIpc | System::LegacyIpcWaitDev | System::LegacyIpcWaitHost) => {
+            ipc_producer(&c, &shm)
+        }
         ("subscriber", sys_) => {
             let id: usize = args[10].parse()?;
             match sys_ {
                 System::HostRt => host_subscriber(&c, id, &shm),
-                System::LegacyIpc => ipc_subscriber(&c, id, &shm),
+                System::LegacyIpc | System::LegacyIpcWaitDev | System::LegacyIpcWaitHost => {
+                    ipc_subscriber(&c, id, &shm)
+                }
                 _ => vr_subscriber(&c, id, &shm),
             }
         }
@@ -1090,7 +1215,7 @@ fn ratio_tables(plan: &Plan, passes: &[bool], res: &Results) -> String {
 fn usage() -> &'static str {
     "latency bench: [--quick] [--throughput-only] [--no-rate] [--systems K,K..] [--subs N,N..] [--mps [off|on|both]] [--timeout-s S] [--out FILE]\n\
      --quick: 1080p at 1, 4 and 8 subscribers, 300 measured frames each (and the rate at 1080p)\n\
-     --systems: only these rows (keys vrp push, vrps push CPU commit, vr pull, vrq pull queued, vra pull after commit, vrf push futex wait, host, ipc)\n\
+     --systems: only these rows (keys vrp push, vrps push CPU commit, vr pull, vrq pull queued, vra pull after commit, vrf push futex wait, host, ipc; experiments, not run by default: ipcwd, ipcwh legacy IPC with a stream wait on a device / host word)\n\
      --subs: only these subscriber counts (default 1,4,8); --no-rate: skip the maximum-rate table\n\
      --mps: run under a private MPS control daemon (on), or without then with it (both); the daemon is always quit\n\
      --out FILE: the Markdown report; the rows as JSON lines go to FILE with the extension .jsonl"
@@ -1119,7 +1244,10 @@ fn main() -> R<()> {
             .map(|k| {
                 System::from_key(k).ok_or_else(|| {
                     let keys: Vec<&str> = LATENCY_SYSTEMS.iter().map(|s| s.key()).collect();
-                    format!("--systems: unknown system {k:?}; the keys are {}", keys.join(","))
+                    format!(
+                        "--systems: unknown system {k:?}; the keys are {} (and the experiments ipcwd, ipcwh)",
+                        keys.join(",")
+                    )
                 })
             })
             .collect::<Result<Vec<_>, _>>()?,
