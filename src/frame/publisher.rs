@@ -973,7 +973,6 @@ impl Publisher {
         let slot = &sh.slots()[index];
         protocol::stage_meta(slot, &meta.to_commit());
         protocol::announce_pending(header, seq);
-        let wake = table.any_parked();
         let commit = crate::memory::StreamCommit {
             seq,
             src_offset: index as u64 * g.slot_stride,
@@ -995,7 +994,10 @@ impl Publisher {
             header.seq.pending_seq.store(landed, Ordering::Relaxed);
             return Err(e);
         }
-        if wake {
+        // After the launch, so the GPU starts the commit as early as it can;
+        // still after `announce_pending`'s SeqCst fence, which is what
+        // orders these `parked` loads after the `pending_seq` store.
+        if table.any_parked() {
             // Someone is parked: ring it once the GPU has committed. The
             // wait is on the CPU, for `global_seq` in host memory, and only
             // while a subscriber sleeps on the futex (a host function on

@@ -38,7 +38,7 @@ use crate::layout::{
     self, ClientLine, SubEntry, SubsHeader, CLIENT_BYTES, SUBF_LOSSLESS, SUB_ACTIVE, SUB_EVICTED, SUB_FREE,
 };
 use crate::shm::{Region, SEALS_FIXED_SIZE, SEALS_READ_ONLY};
-use crate::sync::atomic::Ordering;
+use crate::sync::atomic::{AtomicUsize, Ordering};
 use crate::sync::Mutex;
 use crate::time::monotonic_ns;
 
@@ -91,6 +91,12 @@ pub(crate) struct Table {
     /// Read-only reopen of the sealed table memfd, sent in every Welcome.
     send_fd: OwnedFd,
     clients: Box<[Mutex<Option<Client>>]>,
+    /// One past the highest index ever assigned (process-private). Entries
+    /// are taken lowest-free-first, so the producer's per-frame scans
+    /// ([`Table::any_parked`], [`Table::wake_parked`], [`Table::holder`])
+    /// read as many entries as subscribers ever connected at once, not the
+    /// whole table (64 entries, 64 cache lines, by default).
+    high_water: AtomicUsize,
 }
 
 impl Table {
@@ -112,6 +118,7 @@ impl Table {
             region,
             send_fd,
             clients,
+            high_water: AtomicUsize::new(0),
         })
     }
 
@@ -123,6 +130,19 @@ impl Table {
     /// Bytes of the table memfd.
     pub(crate) fn bytes(&self) -> u64 {
         self.region.len() as u64
+    }
+
+    /// The entries an active subscriber may hold: those below the high
+    /// water mark.
+    fn used(&self) -> &[SubEntry] {
+        let all = self.entries();
+        // SYNC: sub-state — Relaxed: `assign` raises the mark before its
+        // Release store of ACTIVE and its SeqCst fence, and every scan that
+        // must not miss a new entry runs after the producer's SeqCst fence,
+        // so the fences' order gives the mark as they give the state (see
+        // `assign`).
+        let n = self.high_water.load(Ordering::Relaxed);
+        &all[..n.min(all.len())]
     }
 
     /// Every entry.
@@ -192,6 +212,9 @@ impl Table {
         // Relaxed: the region is not shared yet; the Welcome's sendmsg
         // publishes it.
         line.released_seq.store(first, Ordering::Relaxed);
+        // SYNC: sub-state — raised before the Release store of ACTIVE below
+        // and the SeqCst fence after it (see `used`).
+        self.high_water.fetch_max(index + 1, Ordering::Relaxed);
         let e = &self.entries()[index];
         // Relaxed: all published by the Release store of `state` below.
         let generation = e.generation.load(Ordering::Relaxed).wrapping_add(1);
@@ -323,7 +346,7 @@ impl Table {
     /// any active subscriber has `parked` set (the commit it is enqueuing
     /// then needs a ring once it has landed).
     pub(crate) fn any_parked(&self) -> bool {
-        self.entries().iter().enumerate().any(|(k, e)| {
+        self.used().iter().enumerate().any(|(k, e)| {
             // Relaxed: as in `wake_parked`.
             e.state.load(Ordering::Relaxed) == SUB_ACTIVE
                 && self
@@ -337,7 +360,7 @@ impl Table {
     /// Producer, after its seq store and `SeqCst` fence: rings the doorbell
     /// of every subscriber whose `parked` is set.
     pub(crate) fn wake_parked(&self) {
-        for (k, e) in self.entries().iter().enumerate() {
+        for (k, e) in self.used().iter().enumerate() {
             // Relaxed: a FREE entry has no region to ring; ACTIVE is
             // re-checked under the lock (the region lives as long as it).
             if e.state.load(Ordering::Relaxed) != SUB_ACTIVE {
@@ -354,7 +377,7 @@ impl Table {
     /// capped at `newest` (nothing beyond what was published can be
     /// released) and never moves the publisher's view back.
     pub(crate) fn holder(&self, newest: u64, blocks: impl Fn(u64) -> bool) -> Option<Blocker> {
-        for (k, e) in self.entries().iter().enumerate() {
+        for (k, e) in self.used().iter().enumerate() {
             // SYNC: sub-state — Acquire pairs with the Release in `assign`.
             if e.state.load(Ordering::Acquire) != SUB_ACTIVE || e.flags.load(Ordering::Relaxed) & SUBF_LOSSLESS == 0 {
                 continue;
@@ -383,7 +406,7 @@ impl Table {
     /// advances the publisher's view of a lossless cursor as
     /// [`Table::holder`] does (clamped to `newest`, never back).
     pub(crate) fn mirror_counters(&self, newest: u64) {
-        for (k, e) in self.entries().iter().enumerate() {
+        for (k, e) in self.used().iter().enumerate() {
             // Relaxed: informational.
             if e.state.load(Ordering::Relaxed) != SUB_ACTIVE {
                 continue;
@@ -599,5 +622,39 @@ pub mod loom_api {
         fn as_fd(&self) -> BorrowedFd<'_> {
             self.client_fd.as_fd()
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// The producer's scans stop at the high water mark, which never moves
+    /// down: a subscriber above entries freed since is still found.
+    #[test]
+    fn scans_reach_an_active_entry_above_freed_ones() {
+        let t = Table::create("vramring-test-table", 8, 1).expect("table");
+        let assigned: Vec<Assigned> = (0..3)
+            .map(|_| {
+                t.assign(SUBF_LOSSLESS, "s", &|| 0, 0)
+                    .expect("client region")
+                    .expect("free entry")
+            })
+            .collect();
+        assert_eq!(assigned[2].index, 2, "entries are taken lowest-free-first");
+        assert_eq!(t.used().len(), 3, "only entries ever assigned are scanned");
+        t.free(0);
+        t.free(1);
+        assert_eq!(t.used().len(), 3, "the mark does not move down");
+        assert!(!t.any_parked());
+        t.with_client(2, assigned[2].generation, |_, c| c.parked.store(1, Ordering::Relaxed))
+            .expect("entry 2 is live");
+        assert!(t.any_parked(), "a parked subscriber above freed entries is seen");
+        let b = t.holder(5, |_| true).expect("entry 2 holds the writer");
+        assert_eq!(b.index, 2);
+        // A newcomer reuses the lowest free entry: the mark stays.
+        let again = t.assign(0, "s", &|| 0, 0).expect("region").expect("free entry");
+        assert_eq!(again.index, 0);
+        assert_eq!(t.used().len(), 3);
     }
 }
