@@ -608,6 +608,28 @@ fn unhex(s: &str) -> R<Vec<u8>> {
         .collect()
 }
 
+/// Maps the allocation whose 64-byte IPC memory handle is `handle`.
+fn open_ipc_mem(handle: &[u8]) -> R<sys::CUdeviceptr> {
+    if handle.len() != 64 {
+        return Err(format!("an IPC memory handle is 64 bytes, not {}", handle.len()).into());
+    }
+    let mut mh = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
+    let mut p = 0;
+    // SAFETY: 64 bytes into the 64-byte plain handle; a valid out-pointer.
+    unsafe {
+        std::ptr::copy_nonoverlapping(handle.as_ptr(), mh.as_mut_ptr() as *mut u8, 64);
+        ck(
+            "cuIpcOpenMemHandle",
+            sys::cuIpcOpenMemHandle_v2(
+                &mut p,
+                mh.assume_init(),
+                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+            ),
+        )?;
+    }
+    Ok(p)
+}
+
 /// The word of the `ipcwh` experiment: word 64 of the control block.
 const GATE_WORD: usize = 64;
 
@@ -764,21 +786,12 @@ fn ipc_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
     for line in text.lines() {
         let mut it = line.split(' ');
         let (m, e) = (unhex(it.next().ok_or("handle")?)?, unhex(it.next().ok_or("handle")?)?);
-        let mut mh = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
+        let p = open_ipc_mem(&m)?;
         let mut eh = std::mem::MaybeUninit::<sys::CUipcEventHandle>::zeroed();
-        let (mut p, mut ev) = (0, std::ptr::null_mut());
-        // SAFETY: the handles are 64-byte plain arrays; out-pointers valid.
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: the handle is a 64-byte plain array; out-pointer valid.
         unsafe {
-            std::ptr::copy_nonoverlapping(m.as_ptr(), mh.as_mut_ptr() as *mut u8, 64);
             std::ptr::copy_nonoverlapping(e.as_ptr(), eh.as_mut_ptr() as *mut u8, 64);
-            ck(
-                "cuIpcOpenMemHandle",
-                sys::cuIpcOpenMemHandle_v2(
-                    &mut p,
-                    mh.assume_init(),
-                    sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
-                ),
-            )?;
             ck(
                 "cuIpcOpenEventHandle",
                 sys::cuIpcOpenEventHandle(&mut ev, eh.assume_init()),
@@ -788,24 +801,9 @@ fn ipc_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
         evs.push(ev);
     }
     let gate = match c.system {
-        System::LegacyIpcWaitDev => {
-            let m = unhex(std::fs::read_to_string(c.dir.join("ipc-gate"))?.trim())?;
-            let mut mh = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
-            let mut p = 0;
-            // SAFETY: the handle is a 64-byte plain array; out-pointer valid.
-            unsafe {
-                std::ptr::copy_nonoverlapping(m.as_ptr(), mh.as_mut_ptr() as *mut u8, 64);
-                ck(
-                    "cuIpcOpenMemHandle",
-                    sys::cuIpcOpenMemHandle_v2(
-                        &mut p,
-                        mh.assume_init(),
-                        sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
-                    ),
-                )?;
-            }
-            Some(p)
-        }
+        System::LegacyIpcWaitDev => Some(open_ipc_mem(&unhex(
+            std::fs::read_to_string(c.dir.join("ipc-gate"))?.trim(),
+        )?)?),
         System::LegacyIpcWaitHost => Some(register_host_gate(&shm, true)?),
         _ => None,
     };
