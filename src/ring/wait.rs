@@ -329,6 +329,15 @@ mod tests {
         (ring, client)
     }
 
+    /// A frame ring's doorbell words, `pending_seq` included.
+    fn ring_bell(h: &RingHeader) -> Bell<'_> {
+        Bell {
+            seq: &h.seq.global_seq,
+            producer: &h.producer,
+            pending: Some(&h.seq.pending_seq),
+        }
+    }
+
     /// The publisher's GPU stores `global_seq` and rings nobody: the
     /// subscriber saw the commit in flight (`pending_seq`) and must not be
     /// parked when it lands.
@@ -338,11 +347,7 @@ mod tests {
         let h = ring.at::<RingHeader>(0);
         h.seq.pending_seq.store(1, Ordering::Relaxed);
         let line = client.at::<ClientLine>(0);
-        let bell = Bell {
-            seq: &h.seq.global_seq,
-            producer: &h.producer,
-            pending: Some(&h.seq.pending_seq),
-        };
+        let bell = ring_bell(h);
         let t = Instant::now();
         let outcome = std::thread::scope(|s| {
             s.spawn(|| {
@@ -376,11 +381,7 @@ mod tests {
         let (ring, client) = regions();
         let h = ring.at::<RingHeader>(0);
         let line = client.at::<ClientLine>(0);
-        let bell = Bell {
-            seq: &h.seq.global_seq,
-            producer: &h.producer,
-            pending: Some(&h.seq.pending_seq),
-        };
+        let bell = ring_bell(h);
         let slice = Duration::from_millis(300);
         let t = Instant::now();
         let outcome = std::thread::scope(|s| {
@@ -409,11 +410,7 @@ mod tests {
         let h = ring.at::<RingHeader>(0);
         h.seq.pending_seq.store(1, Ordering::Relaxed);
         let line = client.at::<ClientLine>(0);
-        let bell = Bell {
-            seq: &h.seq.global_seq,
-            producer: &h.producer,
-            pending: Some(&h.seq.pending_seq),
-        };
+        let bell = ring_bell(h);
         let cpu = || {
             let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
             Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
@@ -459,6 +456,36 @@ mod tests {
         }
     }
 
+    impl Words {
+        fn bell(&self) -> Bell<'_> {
+            Bell {
+                seq: &self.seq,
+                producer: &self.producer,
+                pending: None,
+            }
+        }
+
+        /// [`wait_with`] for any seq after 0, no spin, park slices of
+        /// `slice`, following `plan`.
+        fn wait_planned(&self, deadline: Instant, slice: Duration, plan: &mut Fixed) -> WaitOutcome {
+            wait_with(
+                self.bell(),
+                &self.client,
+                0,
+                deadline,
+                Duration::ZERO,
+                slice,
+                plan,
+                || true,
+            )
+        }
+    }
+
+    /// A plan whose one window is `from..until`.
+    fn window(from: Instant, until: Instant) -> Fixed {
+        Fixed(Some(SpinWindow { from, until }), 0)
+    }
+
     /// A fixed window, counting the timer reports.
     struct Fixed(Option<SpinWindow>, u32);
     impl WaitPlan for Fixed {
@@ -474,35 +501,14 @@ mod tests {
     fn a_frame_before_the_window_wakes_the_planned_wait_through_the_doorbell() {
         let w = words();
         let start = Instant::now();
-        let mut plan = Fixed(
-            Some(SpinWindow {
-                from: start + Duration::from_secs(20),
-                until: start + Duration::from_secs(21),
-            }),
-            0,
-        );
+        let mut plan = window(start + Duration::from_secs(20), start + Duration::from_secs(21));
         let out = std::thread::scope(|s| {
             s.spawn(|| {
                 std::thread::sleep(Duration::from_millis(30));
                 publish_seq(&w.seq, 1);
                 wake_if_parked(&w.client);
             });
-            let bell = Bell {
-                seq: &w.seq,
-                producer: &w.producer,
-                pending: None,
-            };
-            let deadline = start + Duration::from_secs(30);
-            wait_with(
-                bell,
-                &w.client,
-                0,
-                deadline,
-                Duration::ZERO,
-                Duration::from_secs(30),
-                &mut plan,
-                || true,
-            )
+            w.wait_planned(start + Duration::from_secs(30), Duration::from_secs(30), &mut plan)
         });
         assert_eq!(out, WaitOutcome::Advanced(1));
         // Loose: the doorbell, not the window 20 s away, ended the wait.
@@ -514,35 +520,14 @@ mod tests {
     fn the_window_catches_a_frame_without_a_doorbell() {
         let w = words();
         let start = Instant::now();
-        let mut plan = Fixed(
-            Some(SpinWindow {
-                from: start + Duration::from_millis(10),
-                until: start + Duration::from_secs(20),
-            }),
-            0,
-        );
+        let mut plan = window(start + Duration::from_millis(10), start + Duration::from_secs(20));
         let out = std::thread::scope(|s| {
             s.spawn(|| {
                 std::thread::sleep(Duration::from_millis(50));
                 // The seq moves but nobody rings: only a spinning waiter sees it.
                 publish_seq(&w.seq, 7);
             });
-            let bell = Bell {
-                seq: &w.seq,
-                producer: &w.producer,
-                pending: None,
-            };
-            let deadline = start + Duration::from_secs(30);
-            wait_with(
-                bell,
-                &w.client,
-                0,
-                deadline,
-                Duration::ZERO,
-                Duration::from_secs(30),
-                &mut plan,
-                || true,
-            )
+            w.wait_planned(start + Duration::from_secs(30), Duration::from_secs(30), &mut plan)
         });
         assert_eq!(out, WaitOutcome::Advanced(7));
         assert!(start.elapsed() < Duration::from_secs(10), "{:?}", start.elapsed());
@@ -553,29 +538,8 @@ mod tests {
     fn a_planned_wait_with_no_frame_ends_at_its_deadline() {
         let w = words();
         let start = Instant::now();
-        let mut plan = Fixed(
-            Some(SpinWindow {
-                from: start + Duration::from_millis(5),
-                until: start + Duration::from_millis(15),
-            }),
-            0,
-        );
-        let bell = Bell {
-            seq: &w.seq,
-            producer: &w.producer,
-            pending: None,
-        };
-        let deadline = start + Duration::from_millis(60);
-        let out = wait_with(
-            bell,
-            &w.client,
-            0,
-            deadline,
-            Duration::ZERO,
-            Duration::from_millis(20),
-            &mut plan,
-            || true,
-        );
+        let mut plan = window(start + Duration::from_millis(5), start + Duration::from_millis(15));
+        let out = w.wait_planned(start + Duration::from_millis(60), Duration::from_millis(20), &mut plan);
         assert_eq!(out, WaitOutcome::TimedOut);
         let took = start.elapsed();
         assert!(
@@ -590,29 +554,9 @@ mod tests {
     fn a_planned_wait_notices_a_closed_publisher() {
         let w = words();
         let start = Instant::now();
-        let mut plan = Fixed(
-            Some(SpinWindow {
-                from: start + Duration::from_secs(20),
-                until: start + Duration::from_secs(21),
-            }),
-            0,
-        );
+        let mut plan = window(start + Duration::from_secs(20), start + Duration::from_secs(21));
         w.producer.state.store(PRODUCER_CLOSED, Ordering::Release);
-        let bell = Bell {
-            seq: &w.seq,
-            producer: &w.producer,
-            pending: None,
-        };
-        let out = wait_with(
-            bell,
-            &w.client,
-            0,
-            start + Duration::from_secs(30),
-            Duration::ZERO,
-            Duration::from_millis(20),
-            &mut plan,
-            || true,
-        );
+        let out = w.wait_planned(start + Duration::from_secs(30), Duration::from_millis(20), &mut plan);
         assert_eq!(out, WaitOutcome::ProducerClosed);
         assert!(start.elapsed() < Duration::from_secs(10));
     }
