@@ -12,7 +12,6 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// The MPS control program, found on `PATH`.
@@ -22,35 +21,11 @@ pub const MPS_VARS: [&str; 2] = ["CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECT
 
 // ---------------------------------------------------------------- stop flag
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_stop_signal(_signal: libc::c_int) {
-    // Relaxed: a flag polled by the orchestrator's wait loops; nothing else
-    // is published with it.
-    STOP.store(true, Ordering::Relaxed);
-}
-
-/// Makes SIGINT and SIGTERM set the stop flag instead of killing the
-/// orchestrator, so its wait loops return, its children are killed and
-/// reaped, and the MPS daemon is quit (by `Drop`) before it exits.
-pub fn install_stop_handler() {
-    for signal in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is
-        // async-signal-safe; `signal` is a valid, catchable signal number.
-        unsafe {
-            libc::signal(
-                signal,
-                on_stop_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
-            )
-        };
-    }
-}
-
-/// Whether SIGINT or SIGTERM arrived.
-pub fn stop_requested() -> bool {
-    // Relaxed: see `on_stop_signal`.
-    STOP.load(Ordering::Relaxed)
-}
+#[path = "../../examples/common/stop.rs"]
+mod stop;
+// Not every program that includes this module calls both.
+#[allow(unused_imports)]
+pub use stop::{install_stop_handler, stop_requested};
 
 /// Makes the calling (child) process die with SIGKILL when its parent dies,
 /// so a killed orchestrator never leaves GPU processes behind. `parent` is

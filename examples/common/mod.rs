@@ -9,7 +9,6 @@ use std::error::Error;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use vramring::ServeOptions;
 
@@ -41,33 +40,10 @@ pub fn exit_with(result: AnyResult<()>) -> std::process::ExitCode {
 // Stop flag
 // ---------------------------------------------------------------------------
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_stop_signal(_signal: libc::c_int) {
-    // Relaxed: a flag polled by the main loop; nothing else is published.
-    STOP.store(true, Ordering::Relaxed);
-}
-
-/// Makes SIGINT (Ctrl-C) and SIGTERM set the stop flag instead of killing
-/// the process, so the loops below end cleanly and print their summary.
-pub fn install_stop_handler() {
-    for signal in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is
-        // async-signal-safe; `signal` is a valid, catchable signal number.
-        unsafe {
-            libc::signal(
-                signal,
-                on_stop_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
-            )
-        };
-    }
-}
-
-/// Whether SIGINT or SIGTERM arrived.
-pub fn stop_requested() -> bool {
-    // Relaxed: see `on_stop_signal`.
-    STOP.load(Ordering::Relaxed)
-}
+mod stop;
+// Not every program that includes this module calls both.
+#[allow(unused_imports)]
+pub use stop::{install_stop_handler, stop_requested};
 
 // ---------------------------------------------------------------------------
 // Command-line arguments
