@@ -82,17 +82,34 @@ pub fn planes_of(g: &Geometry) -> Vec<Plane> {
 /// tensor made from it.
 #[pyclass(module = "vramring", frozen)]
 pub struct Frame {
+    /// Sequence number (1 for the publisher's first frame).
+    #[pyo3(get)]
     seq: u64,
+    /// Presentation timestamp (the publisher's units).
+    #[pyo3(get)]
     pts: i64,
+    /// `FRAME_*` flags.
+    #[pyo3(get)]
     flags: u32,
+    /// `CLOCK_MONOTONIC` ns when the publisher committed the frame
+    /// (`time.clock_gettime_ns(time.CLOCK_MONOTONIC)` on the same host).
+    #[pyo3(get)]
     commit_ns: u64,
+    /// Frames skipped between the previous frame delivered and this one.
+    #[pyo3(get)]
     skipped: u64,
+    /// Whether the frame came by push delivery.
+    #[pyo3(get)]
     pushed: bool,
     user: Vec<u8>,
     geometry: Geometry,
     keep: Arc<Keep>,
     base: u64,
     dev: DLDevice,
+    /// Whether the frame is the push buffer the publisher filled, lent
+    /// as it is (no copy in this process); `False` for a frame in a buffer
+    /// of the subscriber's pool.
+    #[pyo3(get)]
     zero_copy: bool,
     /// `CLOCK_MONOTONIC` ns: woke, copied, checked, returned (see `timing`).
     timing: [u64; 4],
@@ -100,44 +117,6 @@ pub struct Frame {
 
 #[pymethods]
 impl Frame {
-    /// Sequence number (1 for the publisher's first frame).
-    #[getter]
-    fn seq(&self) -> u64 {
-        self.seq
-    }
-    /// Presentation timestamp (the publisher's units).
-    #[getter]
-    fn pts(&self) -> i64 {
-        self.pts
-    }
-    /// `FRAME_*` flags.
-    #[getter]
-    fn flags(&self) -> u32 {
-        self.flags
-    }
-    /// `CLOCK_MONOTONIC` ns when the publisher committed the frame
-    /// (`time.clock_gettime_ns(time.CLOCK_MONOTONIC)` on the same host).
-    #[getter]
-    fn commit_ns(&self) -> u64 {
-        self.commit_ns
-    }
-    /// Frames skipped between the previous frame delivered and this one.
-    #[getter]
-    fn skipped(&self) -> u64 {
-        self.skipped
-    }
-    /// Whether the frame came by push delivery.
-    #[getter]
-    fn pushed(&self) -> bool {
-        self.pushed
-    }
-    /// Whether the frame is the push buffer the publisher filled, lent
-    /// as it is (no copy in this process); `False` for a frame in a buffer
-    /// of the subscriber's pool.
-    #[getter]
-    fn zero_copy(&self) -> bool {
-        self.zero_copy
-    }
     /// Where `next()` spent its time, as `CLOCK_MONOTONIC` ns (compare with
     /// `commit_ns`): `(woke, copied, checked, returned)`: the wait ended
     /// and the frame was found; its copy into the frame's buffer was
@@ -870,9 +849,17 @@ impl PySubscriber {
 #[pyclass(module = "vramring")]
 pub struct BorrowedFrame {
     owner: Py<PySubscriber>,
+    /// Sequence number.
+    #[pyo3(get)]
     seq: u64,
+    /// Presentation timestamp.
+    #[pyo3(get)]
     pts: i64,
+    /// Flags.
+    #[pyo3(get)]
     flags: u32,
+    /// `CLOCK_MONOTONIC` ns of the commit.
+    #[pyo3(get)]
     commit_ns: u64,
     user: Vec<u8>,
     geometry: Geometry,
@@ -883,26 +870,6 @@ pub struct BorrowedFrame {
 
 #[pymethods]
 impl BorrowedFrame {
-    /// Sequence number.
-    #[getter]
-    fn seq(&self) -> u64 {
-        self.seq
-    }
-    /// Presentation timestamp.
-    #[getter]
-    fn pts(&self) -> i64 {
-        self.pts
-    }
-    /// Flags.
-    #[getter]
-    fn flags(&self) -> u32 {
-        self.flags
-    }
-    /// `CLOCK_MONOTONIC` ns of the commit.
-    #[getter]
-    fn commit_ns(&self) -> u64 {
-        self.commit_ns
-    }
     /// User metadata.
     #[getter]
     fn meta<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {

@@ -112,8 +112,13 @@ def test_reconnect_follows_the_next_publisher_instance(sock):
         def later():
             time.sleep(0.2)
             b.publish(pattern_frame(1, b.nbytes))
-        threading.Thread(target=later).start()
+        t = threading.Thread(target=later)
+        t.start()
         f = sub.next(3.0)
+        # `publish` may still be finishing on the other thread once the
+        # frame is readable: leaving the block closes `b`, which needs it
+        # (a Publisher is used from one thread at a time).
+        t.join()
         assert f.width == 128 and f.seq == 1 and sub.epoch != first
         check_pattern(np.from_dlpack(f), 1)
         assert sub.stats()["reconnects"] == 1
