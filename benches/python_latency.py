@@ -22,8 +22,15 @@ and then push delivery:
   * both at once, as a reference: without MPS the GPU time-slices between
     the two subscribers' contexts, so in pull mode whichever copies second
     waits for the other's context switch (~140 us, docs/PERF.md), which
-    says nothing about Python.
-Then torch IPC: a producer process fills a ring of 16 preallocated CUDA
+    says nothing about Python;
+  * python-spin: the Python subscriber alone, spinning (`spin=`) instead of
+    parking between frames;
+  * python-capsule: the Python subscriber alone, importing each plane as
+    `torch.from_dlpack(frame.plane(k).__dlpack__(stream=s))` with its stream
+    looked up once, which skips torch's per-call `current_stream` lookup.
+`--phases` picks among rust, python, both, python-spin, python-capsule;
+`--kinds` among pull and push.
+Then torch IPC (unless --no-ipc): a producer process fills a ring of 16 preallocated CUDA
 tensors (device copy + synchronize, then timestamp) and puts them on a
 `torch.multiprocessing` queue; the consumer takes each one ("get") and, as a
 second figure, clones it into memory of its own and synchronizes ("get +
