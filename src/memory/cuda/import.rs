@@ -226,48 +226,19 @@ impl<D: Driver> CudaImport<D> {
         let Some(ctx) = self.ctx else { return Ok(()) };
         let d = Arc::clone(&self.driver);
         self.reap_stuck()?;
-        if !self.stuck.is_empty() {
-            // A queued copy still waits for a commit that never landed (its
-            // publisher died with the frame in flight). Its wait reads the
-            // registered control region and its copy reads the pool and
-            // writes its buffer, whenever the word comes; releasing any of
-            // them, or the context (whose destruction waits for the
-            // stream), could fault or hang. So they stay, until this
-            // process exits (ADR 0010): the copy stream and our own buffer
-            // go as usual.
+        // A queued copy that still waits for a commit that never landed (its
+        // publisher died with the frame in flight) reads the registered
+        // control region and the pool and writes its buffer, whenever the
+        // word comes; releasing any of them, or the context (whose
+        // destruction waits for the stream), could fault or hang. So they
+        // stay, until this process exits (ADR 0010); our copy stream, our
+        // own buffer and the push buffers go as usual.
+        let stuck = !self.stuck.is_empty();
+        if stuck {
             tracing::warn!(
                 stuck = self.stuck.len(),
                 "a queued copy waits for a commit that never landed; its pool mapping, control-region registration and CUDA context stay until this process exits"
             );
-            let body = |d: &D| -> Result<_> {
-                if let Some(s) = self.stream {
-                    // SAFETY: our live stream, not one of the stuck ones.
-                    unsafe { d.stream_synchronize(s) }?;
-                    // SAFETY: our live stream, now idle.
-                    unsafe { d.stream_destroy(s) }?;
-                    self.stream = None;
-                }
-                if let Some(p) = self.dest {
-                    // SAFETY: our buffer; its stream is gone.
-                    unsafe { d.mem_free(p) }?;
-                    self.dest = None;
-                    self.dest_cap = 0;
-                }
-                if self.push.is_live() {
-                    // Not read by the stuck copy.
-                    self.push.release(d)?;
-                }
-                Ok(())
-            };
-            // SAFETY: `ctx` stays retained (it is leaked below).
-            unsafe { with_context(&*d, ctx, body) }?;
-            // Dropping the record releases nothing: the pool stays mapped.
-            self.mem = VmmMapping::default();
-            // The registration stays, and so must the pages it pins.
-            std::mem::forget(self.gate.take());
-            self.stuck.clear();
-            self.ctx = None;
-            return Ok(());
         }
         if self.stream.is_some()
             || self.push.is_live()
@@ -277,7 +248,7 @@ impl<D: Driver> CudaImport<D> {
         {
             let body = |d: &D| -> Result<_> {
                 if let Some(s) = self.stream {
-                    // SAFETY: our live stream.
+                    // SAFETY: our live stream (never one of the stuck ones).
                     unsafe { d.stream_synchronize(s) }?;
                     // SAFETY: our live stream, now idle.
                     unsafe { d.stream_destroy(s) }?;
@@ -286,30 +257,44 @@ impl<D: Driver> CudaImport<D> {
                 if self.push.is_live() {
                     // The publisher writes these buffers from its context;
                     // our mapping goes, the memory lives on until the
-                    // publisher drops its import too.
+                    // publisher drops its import too. No stuck copy reads
+                    // them.
                     self.push.release(d)?;
                 }
-                if let Some(g) = &self.gate {
-                    // SAFETY: registered by `enable_gate`; no wait on it is
-                    // pending (the stream is gone, nothing is stuck).
-                    unsafe { d.mem_host_unregister(g.region.as_ptr().cast()) }?;
-                    // Unmapped when dropped.
-                    self.gate = None;
+                if !stuck {
+                    if let Some(g) = &self.gate {
+                        // SAFETY: registered by `enable_gate`; no wait on it
+                        // is pending (the stream is gone, nothing is stuck).
+                        unsafe { d.mem_host_unregister(g.region.as_ptr().cast()) }?;
+                        // Unmapped when dropped.
+                        self.gate = None;
+                    }
+                    // Unmap, free the range, release the imported handle: no
+                    // copy reads the pool any more (the stream is gone).
+                    self.mem.release(d)?;
                 }
-                // Unmap, free the range, release the imported handle: no
-                // copy reads the pool any more (the stream is gone).
-                self.mem.release(d)?;
                 if let Some(p) = self.dest {
                     // SAFETY: our `cuMemAlloc` buffer; no copy writes it
-                    // any more (the stream is gone).
+                    // any more (its stream is gone; a stuck copy writes the
+                    // buffer set aside with it).
                     unsafe { d.mem_free(p) }?;
                     self.dest = None;
                     self.dest_cap = 0;
                 }
                 Ok(())
             };
-            // SAFETY: `ctx` stays retained until the last phase below.
+            // SAFETY: `ctx` stays retained until the last phase below (or
+            // for good, with a stuck copy).
             unsafe { with_context(&*d, ctx, body) }?;
+        }
+        if stuck {
+            // Dropping the record releases nothing: the pool stays mapped.
+            self.mem = VmmMapping::default();
+            // The registration stays, and so must the pages it pins.
+            std::mem::forget(self.gate.take());
+            self.stuck.clear();
+            self.ctx = None;
+            return Ok(());
         }
         d.primary_ctx_release(self.device)?;
         self.ctx = None;
