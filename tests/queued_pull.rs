@@ -100,7 +100,7 @@ fn gated() -> Gated {
 #[test]
 fn a_queued_copy_waits_for_the_commit_and_runs_when_it_lands() {
     let mut g = gated();
-    assert!(g.imp.gate_supported());
+    assert!(g.imp.gate_enabled());
     g.ctl.global().store(4, Ordering::Release);
     // Frame 5 (slot 1) is announced but not committed.
     g.imp.copy_out_gated(5, FRAME, FRAME).unwrap();

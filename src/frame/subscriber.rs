@@ -468,8 +468,6 @@ pub struct Subscriber {
     push_started: bool,
     /// The publisher's cadence, for [`WaitStrategy::Cadence`].
     cadence: Cadence,
-    /// Pull copies are queued on the GPU behind the commit ([`PullStart`]).
-    queued: bool,
 }
 
 impl std::fmt::Debug for Subscriber {
@@ -629,14 +627,12 @@ impl Subscriber {
             drained: false,
             push_started: false,
             cadence: Cadence::new(),
-            queued: false,
         };
         if !push && sub.opts.pull_start != PullStart::AfterCommit {
             let header = sub.header();
             let word = std::ptr::from_ref(&header.seq.global_seq) as u64 - sub.control.as_ptr() as u64;
             let only_mps = sub.opts.pull_start == PullStart::Auto;
-            sub.queued = sub
-                .pool
+            sub.pool
                 .enable_gate(control_fd.as_fd(), sub.control.len() as u64, word, only_mps)?;
         }
         // The service stored our cursor before it sent the Welcome
@@ -778,7 +774,7 @@ impl Subscriber {
     /// Whether pull copies are queued on the GPU behind the commit
     /// ([`PullStart::Queued`], or [`PullStart::Auto`] under MPS).
     pub fn pull_queued(&self) -> bool {
-        self.queued
+        self.pool.gate_enabled()
     }
 
     /// Whether the publisher has mapped this subscriber's push buffers, so
@@ -847,7 +843,7 @@ impl Subscriber {
             let header = self.control.at::<RingHeader>(0);
             // A queued pull starts at the announcement: it waits for
             // `pending_seq`, and the GPU waits for the commit.
-            let bell = if self.queued && announced {
+            let bell = if announced && self.pull_queued() {
                 Bell {
                     seq: &header.seq.pending_seq,
                     producer: &header.producer,
@@ -959,7 +955,7 @@ impl Subscriber {
         self.lease.ensure_or_drain()?;
         loop {
             let mut g = self.wait(deadline, timeout, true)?;
-            if self.queued {
+            if self.pull_queued() {
                 // `g` is the announced seq; what has landed is `global_seq`.
                 // SYNC: global-seq — Acquire pairs with the commit's store.
                 let landed = self.header().seq.global_seq.load(Ordering::Acquire);

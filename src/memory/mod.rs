@@ -239,7 +239,7 @@ pub trait ImportedPool: Send {
         Ok(false)
     }
     /// Whether [`ImportedPool::enable_gate`] succeeded.
-    fn gate_supported(&self) -> bool {
+    fn gate_enabled(&self) -> bool {
         false
     }
     /// As [`ImportedPool::copy_out`], but the copy waits on the GPU until

@@ -429,7 +429,7 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
         self.enqueue_copy(src_offset, len, None)
     }
 
-    fn gate_supported(&self) -> bool {
+    fn gate_enabled(&self) -> bool {
         self.gate.is_some()
     }
 
