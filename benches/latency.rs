@@ -608,6 +608,20 @@ fn unhex(s: &str) -> R<Vec<u8>> {
         .collect()
 }
 
+/// The IPC memory handle of our allocation `p`, in hex (see [`open_ipc_mem`]).
+fn ipc_mem_handle_hex(p: sys::CUdeviceptr) -> R<String> {
+    let mut mh = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
+    // SAFETY: `p` is a live cuMemAlloc allocation; a valid out-pointer.
+    let mh = unsafe {
+        ck("cuIpcGetMemHandle", sys::cuIpcGetMemHandle(mh.as_mut_ptr(), p))?;
+        mh.assume_init()
+    };
+    // SAFETY: the handle is a plain 64-byte array.
+    Ok(hex(unsafe {
+        std::slice::from_raw_parts(mh.reserved.as_ptr() as *const u8, 64)
+    }))
+}
+
 /// Maps the allocation whose 64-byte IPC memory handle is `handle`.
 fn open_ipc_mem(handle: &[u8]) -> R<sys::CUdeviceptr> {
     if handle.len() != 64 {
@@ -668,25 +682,18 @@ fn ipc_producer(c: &Case, shm_path: &Path) -> R<()> {
     for _ in 0..SLOTS {
         let p = gpu.alloc(bytes)?;
         let mut ev = std::ptr::null_mut();
-        let mut mh = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
         let mut eh = std::mem::MaybeUninit::<sys::CUipcEventHandle>::zeroed();
         let flags =
             sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32 | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: valid out-pointers; `p` is a live cuMemAlloc allocation.
-        let (mh, eh) = unsafe {
+        // SAFETY: valid out-pointers.
+        let eh = unsafe {
             ck("cuEventCreate", sys::cuEventCreate(&mut ev, flags))?;
-            ck("cuIpcGetMemHandle", sys::cuIpcGetMemHandle(mh.as_mut_ptr(), p))?;
             ck("cuIpcGetEventHandle", sys::cuIpcGetEventHandle(eh.as_mut_ptr(), ev))?;
-            (mh.assume_init(), eh.assume_init())
+            eh.assume_init()
         };
-        // SAFETY: the handles are plain 64-byte arrays.
-        let (mb, eb) = unsafe {
-            (
-                std::slice::from_raw_parts(mh.reserved.as_ptr() as *const u8, 64),
-                std::slice::from_raw_parts(eh.reserved.as_ptr() as *const u8, 64),
-            )
-        };
-        handles.push_str(&format!("{} {}\n", hex(mb), hex(eb)));
+        // SAFETY: the handle is a plain 64-byte array.
+        let eb = unsafe { std::slice::from_raw_parts(eh.reserved.as_ptr() as *const u8, 64) };
+        handles.push_str(&format!("{} {}\n", ipc_mem_handle_hex(p)?, hex(eb)));
         slots.push(p);
         events.push(ev);
     }
@@ -697,16 +704,9 @@ fn ipc_producer(c: &Case, shm_path: &Path) -> R<()> {
     let gate = match c.system {
         System::LegacyIpcWaitDev => {
             let p = gpu.alloc(256)?;
-            let mut mh = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
-            // SAFETY: a live allocation of ours; a valid out-pointer.
-            let mh = unsafe {
-                ck("cuMemsetD8", sys::cuMemsetD8_v2(p, 0, 256))?;
-                ck("cuIpcGetMemHandle", sys::cuIpcGetMemHandle(mh.as_mut_ptr(), p))?;
-                mh.assume_init()
-            };
-            // SAFETY: the handle is a plain 64-byte array.
-            let mb = unsafe { std::slice::from_raw_parts(mh.reserved.as_ptr() as *const u8, 64) };
-            std::fs::write(c.dir.join("ipc-gate"), hex(mb))?;
+            // SAFETY: a live allocation of ours, 256 bytes.
+            unsafe { ck("cuMemsetD8", sys::cuMemsetD8_v2(p, 0, 256))? };
+            std::fs::write(c.dir.join("ipc-gate"), ipc_mem_handle_hex(p)?)?;
             Some(p)
         }
         System::LegacyIpcWaitHost => {
