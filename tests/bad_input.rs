@@ -138,8 +138,10 @@ fn run_attack(socket: &Path, attack: &Attack) -> Result<(), String> {
     }
     match transport::recv(fd, Duration::from_secs(2)) {
         Ok(Some(answer)) => match Msg::decode(&answer.bytes) {
-            // A pull Welcome: control, table, client region, pool.
-            Ok(Msg::Welcome(_)) if answer.fds.len() == 4 => {
+            // A pull Welcome: control, table, client region, pool; a push
+            // Welcome has no pool (a mutated Hello may ask for push, and
+            // flag bits the publisher does not know are ignored).
+            Ok(Msg::Welcome(w)) if answer.fds.len() == if w.granted & msg::HELLO_PUSH != 0 { 3 } else { 4 } => {
                 if let Attack::AfterWelcome { then, .. } = attack {
                     send(then, &[]);
                 }
@@ -183,6 +185,15 @@ fn a_publisher_under_random_socket_input_keeps_serving_a_real_subscriber() {
     let attacker = {
         let socket = socket.clone();
         std::thread::spawn(move || {
+            // Found by the runner below: a Hello whose flags became PUSH plus
+            // bits nobody knows is a valid push Hello, answered without a
+            // pool; its lease must end like any other.
+            let push_hello = Attack::MutatedHello {
+                edits: vec![(16, 232)],
+                cut: None,
+                extra: Vec::new(),
+            };
+            run_attack(&socket, &push_hello)?;
             let mut runner = TestRunner::new(Config {
                 cases: 1000,
                 failure_persistence: None,
