@@ -1,7 +1,7 @@
 /*
  * vramring.h: the shared-memory layout and socket messages of vramring.
  *
- * Layout version 3 (VR_LAYOUT_VERSION), packet-ring layout version 1
+ * Layout version 4 (VR_LAYOUT_VERSION), packet-ring layout version 1
  * (VR_PACKET_LAYOUT_VERSION), socket protocol version 3
  * (VR_PROTOCOL_VERSION). proto/PROTOCOL.md is the prose reference; this
  * header is the byte-exact one. tests/c_layout.rs compiles a program against
@@ -72,7 +72,7 @@
 /* Magic of the subscriber table: the bytes "VRSUBTAB" read as a LE u64. */
 #define VR_SUBS_MAGIC UINT64_C(0x4241544255535256)
 /* Version of the shared layout; also the control region's ready word. */
-#define VR_LAYOUT_VERSION 3u
+#define VR_LAYOUT_VERSION 4u
 
 #define VR_MIN_SLOTS 2u                  /* slot_count is a power of two in */
 #define VR_MAX_SLOTS 1024u               /* VR_MIN_SLOTS..=VR_MAX_SLOTS      */
@@ -91,6 +91,15 @@
 /* vr_ring_info.backend */
 #define VR_BACKEND_HOST 1u  /* memfd pool, mmap it                          */
 #define VR_BACKEND_CUDA 2u  /* CUDA VMM allocation, POSIX file descriptor   */
+
+/* vr_ring_info.ring_flags (version 4; unknown bits: refuse the ring) */
+/* The pool ends with a gate line (CUDA only): the publisher stores every
+ * committed seq into the u64 at pool offset slot_count * slot_stride, in
+ * device memory, no earlier than global_seq (PROTOCOL.md 8.5, 10.1). A
+ * queued pull waits on it with cuStreamWaitValue64 (ADR 0011). */
+#define VR_RING_GATE 1u
+#define VR_RING_FLAGS_KNOWN 1u
+#define VR_GATE_BYTES 64u  /* bytes of the gate line; pool_bytes holds them */
 
 /* vr_ring_info.policy */
 #define VR_POLICY_OVERWRITE 0u /* the producer never waits                  */
@@ -209,7 +218,7 @@ typedef struct vr_ring_info {
     uint64_t pool_bytes;            /* 216 bytes of the pool allocation          */
     uint64_t device_uuid[2];        /* 224 GPU UUID bytes 0..7, 8..15 (LE); 0 host */
     uint32_t max_subscribers;       /* 240 entries in the subscriber table       */
-    uint32_t reserved0;             /* 244 zero                                  */
+    uint32_t ring_flags;            /* 244 VR_RING_* (v4; zero before)           */
     uint64_t created_realtime_ns;   /* 248 CLOCK_REALTIME at creation            */
 } vr_ring_info;
 

@@ -31,7 +31,7 @@ pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"VRAMRING");
 /// Magic of the subscriber table: the bytes `VRSUBTAB`.
 pub const SUBS_MAGIC: u64 = u64::from_le_bytes(*b"VRSUBTAB");
 /// Version of this shared layout. Any change to a struct below bumps it.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// Fewest slots a ring may have.
 pub const MIN_SLOTS: u32 = 2;
@@ -100,6 +100,18 @@ pub const SUBF_WRITE: u32 = 4;
 /// the subscriber's own buffers).
 pub const SUBF_PUSH: u32 = 8;
 
+/// `SharedRingInfo.ring_flags`: the pool ends with a gate line (CUDA, layout
+/// version 4, ADR 0011): the publisher stores every committed seq into the
+/// 64-bit word at pool offset `slot_count * slot_stride`, in device memory,
+/// after the frame's bytes and no earlier than `global_seq`. A queued pull
+/// makes its stream wait on that word instead of on `global_seq` in host
+/// memory.
+pub const RING_GATE: u32 = 1;
+/// Every `RING_*` flag this build knows.
+pub const RING_FLAGS_KNOWN: u32 = RING_GATE;
+/// Bytes of the gate line at the end of a pool that has one.
+pub const GATE_BYTES: u64 = 64;
+
 /// `SlotDesc.flags`: user flag, the frame is a keyframe / scene start.
 pub const FRAME_KEY: u32 = 1;
 /// `SlotDesc.flags`: user flag, a discontinuity precedes this frame.
@@ -157,8 +169,9 @@ pub struct SharedRingInfo {
     pub device_uuid: [AtomicU64; 2],
     /// Entries in the subscriber table.
     pub max_subscribers: AtomicU32,
-    /// Reserved, zero.
-    pub reserved0: AtomicU32,
+    /// `RING_*` flags (version 4; reserved, zero, before). Unknown bits
+    /// make a reader refuse the ring.
+    pub ring_flags: AtomicU32,
     /// `CLOCK_REALTIME` at creation, ns.
     pub created_realtime_ns: AtomicU64,
 }
@@ -377,6 +390,7 @@ const _: () = {
     assert!(offset_of!(SharedRingInfo, plane_row_bytes) == 168);
     assert!(offset_of!(SharedRingInfo, frame_bytes) == 200);
     assert!(offset_of!(SharedRingInfo, device_uuid) == 224);
+    assert!(offset_of!(SharedRingInfo, ring_flags) == 244);
     assert!(offset_of!(SharedRingInfo, created_realtime_ns) == 248);
     assert!(size_of::<ProducerLine>() == 128);
     assert!(size_of::<SeqLine>() == 128);
@@ -436,12 +450,23 @@ pub struct RingInfo {
     pub max_subscribers: u32,
     /// Bytes of the control region.
     pub control_bytes: u64,
+    /// `RING_*` flags.
+    pub flags: u32,
 }
 
 impl RingInfo {
     /// `slot_count - 1`, the mask for slot indices.
     pub const fn mask(&self) -> u64 {
         self.slot_count as u64 - 1
+    }
+
+    /// Pool offset of the gate word ([`RING_GATE`]), when the pool has one.
+    pub const fn gate_offset(&self) -> Option<u64> {
+        if self.flags & RING_GATE != 0 {
+            Some(self.slot_count as u64 * self.geometry.slot_stride)
+        } else {
+            None
+        }
     }
 
     /// Writes every immutable field into `h`, then the ready word (Release).
@@ -484,6 +509,7 @@ impl RingInfo {
             Ordering::Relaxed,
         );
         i.max_subscribers.store(self.max_subscribers, Ordering::Relaxed);
+        i.ring_flags.store(self.flags, Ordering::Relaxed);
         i.created_realtime_ns.store(created_realtime_ns, Ordering::Relaxed);
         // SYNC: ring-ready — Release: every field above is visible to an
         // opener that Acquire-loads a non-zero version.
@@ -597,12 +623,22 @@ impl RingInfo {
             *slot = p;
         }
         let pool_bytes = ld64(&i.pool_bytes);
+        let flags = ld32(&i.ring_flags);
+        if flags & !RING_FLAGS_KNOWN != 0 {
+            return bad(format!("unknown ring flags {flags:#x}"));
+        }
+        if flags & RING_GATE != 0 && backend != BACKEND_CUDA {
+            return bad("a gate line on a pool that is not CUDA memory".into());
+        }
+        let gate = if flags & RING_GATE != 0 { GATE_BYTES } else { 0 };
         if (slot_count as u64)
             .checked_mul(slot_stride)
+            .and_then(|slots| slots.checked_add(gate))
             .is_none_or(|need| need > pool_bytes)
         {
             return bad(format!(
-                "pool of {pool_bytes} bytes cannot hold {slot_count} slots of {slot_stride}"
+                "pool of {pool_bytes} bytes cannot hold {slot_count} slots of {slot_stride}{}",
+                if gate > 0 { " and the gate line" } else { "" }
             ));
         }
         let mut device_uuid = [0u8; 16];
@@ -624,6 +660,7 @@ impl RingInfo {
             device_uuid,
             max_subscribers,
             control_bytes: control,
+            flags,
         })
     }
 }

@@ -628,7 +628,17 @@ fn a_control_region_with_a_wrong_field_is_a_layout_mismatch() {
         }),
         ("layout version 1", |r| put32(&mut r.control, info!(layout_version), 1)),
         ("layout version 2", |r| put32(&mut r.control, info!(layout_version), 2)),
-        ("layout version 4", |r| put32(&mut r.control, info!(layout_version), 4)),
+        ("layout version 3", |r| put32(&mut r.control, info!(layout_version), 3)),
+        ("layout version 5", |r| put32(&mut r.control, info!(layout_version), 5)),
+        ("unknown ring flags", |r| put32(&mut r.control, info!(ring_flags), 2)),
+        ("a gate line on a host pool", |r| {
+            put32(&mut r.control, info!(ring_flags), layout::RING_GATE)
+        }),
+        ("a CUDA pool with no room for its gate line", |r| {
+            // The pool holds the slots exactly; the gate needs 64 more bytes.
+            put32(&mut r.control, info!(backend), layout::BACKEND_CUDA);
+            put32(&mut r.control, info!(ring_flags), layout::RING_GATE)
+        }),
         ("layout version 0 (not ready)", |r| {
             put32(&mut r.control, info!(layout_version), 0)
         }),

@@ -120,7 +120,7 @@ fn shared_layout(c: &mut Checks) {
         magic, layout_version, header_bytes, control_bytes, epoch, slot_count, slot_desc_bytes,
         slots_offset, backend, format, width, height, plane_count, policy, plane_offset,
         plane_pitch, plane_rows, plane_row_bytes, frame_bytes, slot_stride, pool_bytes,
-        device_uuid, max_subscribers, reserved0, created_realtime_ns,
+        device_uuid, max_subscribers, ring_flags, created_realtime_ns,
     ]);
     shared_struct!(c, "vr_producer_line", ProducerLine, pad: true, [
         state, reserved0, heartbeat_ns, published, evictions, connects, disconnects,
@@ -258,13 +258,16 @@ fn constants(c: &mut Checks) {
     c.constant("VR_RING_MAGIC", layout::RING_MAGIC);
     c.constant("VR_SUBS_MAGIC", layout::SUBS_MAGIC);
     c.constant("VR_LAYOUT_VERSION", layout::LAYOUT_VERSION);
-    // Protocol v3 (issue 15: stream-order commits, `pending_seq`) in both
-    // languages: a stale header or a crate that moved on without the header
-    // fails here.
-    assert_eq!(layout::LAYOUT_VERSION, 3, "the Rust layout is version 3");
+    // Layout v4 (issue 15: the pool's gate line, ADR 0011) and socket
+    // protocol v3 (stream-order commits, `pending_seq`) in both languages:
+    // a stale header or a crate that moved on without the header fails here.
+    assert_eq!(layout::LAYOUT_VERSION, 4, "the Rust layout is version 4");
     assert_eq!(msg::PROTOCOL_VERSION, 3, "the Rust socket protocol is version 3");
-    c.push("VR_LAYOUT_VERSION is 3", "VR_LAYOUT_VERSION == 3u", 1u32);
+    c.push("VR_LAYOUT_VERSION is 4", "VR_LAYOUT_VERSION == 4u", 1u32);
     c.push("VR_PROTOCOL_VERSION is 3", "VR_PROTOCOL_VERSION == 3u", 1u32);
+    c.constant("VR_RING_GATE", layout::RING_GATE);
+    c.constant("VR_RING_FLAGS_KNOWN", layout::RING_FLAGS_KNOWN);
+    c.constant("VR_GATE_BYTES", layout::GATE_BYTES);
     c.constant("VR_MIN_SLOTS", layout::MIN_SLOTS);
     c.constant("VR_MAX_SLOTS", layout::MAX_SLOTS);
     c.constant("VR_DEFAULT_MAX_SUBSCRIBERS", layout::DEFAULT_MAX_SUBSCRIBERS);

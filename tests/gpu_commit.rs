@@ -142,6 +142,8 @@ fn stream_order_commits_deliver_frames_untorn_to_every_mode_over_100000_checks()
         if name.starts_with("queued") {
             // Queued copies (ADR 0010) did the pulling, and were checked.
             assert!(j.u64("queued").unwrap_or(0) > 0, "{name}: {j:?}");
+            // ... waiting on the pool's gate word in device memory (ADR 0011).
+            assert_eq!(j.get("gate"), Some("pool"), "{name}: {j:?}");
         }
         if name.starts_with("push") {
             // Each pushed frame arrives without an overrun: the GPU wrote
@@ -201,4 +203,6 @@ fn a_lossless_reader_gets_every_stream_committed_frame_in_order() {
         assert_eq!(j.u64("dropped"), Some(0), "{name}: {j:?}");
         assert_eq!(j.u64("last_seq"), Some(frames), "{name}: {j:?}");
     }
+    let (_, j) = lines.iter().find(|(n, _)| n == "lossless-queued").expect("line");
+    assert_eq!(j.get("gate"), Some("pool"), "lossless-queued: {j:?}");
 }

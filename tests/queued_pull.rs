@@ -7,7 +7,10 @@
 //! released, and one that never does keeps what it reads (instead of
 //! unregistering memory the GPU still waits on) while everything else is
 //! released; a failure at any driver call of the gate's setup leaves
-//! nothing registered. The GPU proof is `tests/gpu_commit.rs`.
+//! nothing registered. On a ring with a gate line (ADR 0011) the copy waits
+//! on the gate word in the import's own read-only mapping of the pool
+//! instead, which the publisher opens, and nothing is registered. The GPU
+//! proof is `tests/gpu_commit.rs`.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -314,4 +317,88 @@ fn a_wait_set_aside_without_a_fresh_stream_is_still_never_synchronised() {
     assert_eq!(g.subd.blocked_streams(), 1);
     assert!(!g.subd.log().iter().any(|r| r.call == "cuStreamSynchronize" && r.failed));
     g.pool.close().unwrap();
+}
+
+/// Pool offset of the gate line (ADR 0011) in these tests' 4 MiB pool,
+/// past the two frames.
+const GATE: u64 = 3 * MIB;
+
+#[test]
+fn a_queued_copy_waits_on_the_pools_gate_word_and_the_publisher_opens_it() {
+    let pubd = FakeDriver::with_one_gpu(GPU);
+    let subd = subscriber_process(FakeDevice::discrete(GPU));
+    let mut pool = pool(&pubd);
+    // SAFETY: a deliberately stale gate line, which enabling must clear.
+    unsafe { pubd.memset_d8(pool.base_addr() + GATE, 0xFF, 64) }.unwrap();
+    assert!(pool.enable_gate_line(GATE).unwrap(), "the fake device keeps a gate");
+    let mut imp = import(&subd, &mut pool);
+    assert!(imp.enable_pool_gate(GATE, false).unwrap());
+    assert!(imp.gate_enabled());
+    assert_eq!(
+        imp.gate_word(),
+        Some(imp.base_addr() + GATE),
+        "the wait is not on the import's own mapping of the pool"
+    );
+    // Frame 5 (slot 1) is announced; the gate still reads 0.
+    imp.copy_out_gated(5, FRAME, FRAME).unwrap();
+    assert!(!imp.poll_complete().unwrap(), "the copy ran before the gate opened");
+    // Frame 4's CPU commit opens the gate only as far as 4.
+    pool.write_gate(GATE, 4, vramring::memory::WriteCompletion::Host)
+        .unwrap();
+    assert!(!imp.poll_complete().unwrap(), "the copy ran for an older frame's gate");
+    pool.write_gate(GATE, 5, vramring::memory::WriteCompletion::Host)
+        .unwrap();
+    assert!(
+        imp.poll_complete().unwrap(),
+        "the copy did not run once the gate opened"
+    );
+    assert!(dest_bytes(&subd, &imp).iter().all(|&b| b == 0x22), "wrong bytes copied");
+    // The subscriber reaches the gate only through its read-only import:
+    // it cannot open other subscribers' waits with its own writes.
+    let word = imp.gate_word().expect("the gate's word");
+    // SAFETY: a deliberately bad write, which the read-only mapping refuses.
+    assert!(unsafe { subd.memset_d8(word, 0xFF, 8) }.is_err());
+    // No host memory was registered for it.
+    assert_eq!(
+        subd.log().iter().filter(|r| r.call == "cuMemHostRegister_v2").count(),
+        0
+    );
+    imp.close().unwrap();
+    pool.close().unwrap();
+    assert!(subd.leaks().is_empty(), "leaked {:?}", subd.leaks());
+    assert!(pubd.leaks().is_empty(), "leaked {:?}", pubd.leaks());
+}
+
+#[test]
+fn the_pool_gate_is_refused_where_the_device_cannot_wait_and_checked_against_the_pool() {
+    // A publisher whose device has no 64-bit stream memory operations keeps
+    // no gate (and says so in the ring's flags).
+    let mut old = FakeDevice::discrete(GPU);
+    old.stream_waits = false;
+    let oldd = FakeDriver::new(vec![old]);
+    let mut p = pool(&oldd);
+    assert!(!p.enable_gate_line(GATE).unwrap());
+    assert!(p.enable_gate_line(4 * MIB - 8).is_err(), "a gate line past the pool");
+    p.close().unwrap();
+
+    let pubd = FakeDriver::with_one_gpu(GPU);
+    let mut pool = pool(&pubd);
+    assert!(pool.enable_gate_line(GATE).unwrap());
+    // No MPS: `Auto` (only_mps) does not queue.
+    let subd = subscriber_process(FakeDevice::discrete(GPU));
+    let mut imp = import(&subd, &mut pool);
+    assert!(!imp.enable_pool_gate(GATE, true).unwrap());
+    // A gate word outside the pool, or misaligned, is a layout error.
+    assert!(imp.enable_pool_gate(4 * MIB - 4, false).is_err());
+    assert!(imp.enable_pool_gate(GATE + 4, false).is_err());
+    assert!(!imp.gate_enabled());
+    imp.close().unwrap();
+    // A subscriber device without stream waits.
+    let mut old = FakeDevice::discrete(GPU);
+    old.stream_waits = false;
+    let subd = subscriber_process(old);
+    let mut imp = import(&subd, &mut pool);
+    assert!(!imp.enable_pool_gate(GATE, false).unwrap());
+    imp.close().unwrap();
+    pool.close().unwrap();
 }

@@ -20,6 +20,8 @@ const MIB: u64 = 1 << 20;
 const TARGETS: usize = MAX_FANOUT + 2;
 const STRIDE: u64 = 2 * MIB;
 const FRAME: u64 = MIB;
+/// Pool offset of the gate word (ADR 0011), past the frame.
+const GATE: u64 = 4 * MIB;
 
 fn publisher_process() -> Arc<FakeDriver> {
     FakeDriver::with_one_gpu(GPU)
@@ -93,6 +95,12 @@ fn commit_round(pubd: &Arc<FakeDriver>, subd: &Arc<FakeDriver>) -> vramring::Res
     // outlives the pool's close (which unregisters it).
     let registered = unsafe { pool.register_commit_memory(words.map.as_ptr() as *mut u8, words.map.len()) }?;
     assert!(registered, "the CUDA pool commits in stream order");
+    // The gate line (ADR 0011), past the frame: zeroed, then stored by
+    // the commit.
+    assert!(
+        pool.enable_gate_line(GATE)?,
+        "the fake device has 64-bit stream memory operations"
+    );
     // SAFETY: the pool's first MiB, its own read-write mapping.
     unsafe { pubd.memset_d8(pool.base_addr(), 0x5A, FRAME) }?;
     let writes: Vec<PushWrite<'_>> = ids
@@ -111,12 +119,17 @@ fn commit_round(pubd: &Arc<FakeDriver>, subd: &Arc<FakeDriver>) -> vramring::Res
         targets: &writes,
         slot_seq: words.word(1),
         global_seq: words.word(2),
+        gate: Some(GATE),
     };
     // SAFETY: every word lies in `words`, registered above.
     unsafe { pool.enqueue_commit(&commit, WriteCompletion::CudaStream(std::ptr::null_mut())) }?;
     pool.complete_writes(WriteCompletion::Host)?;
     assert_eq!(words.word(2).load(Ordering::Acquire), 7, "global_seq");
     assert_eq!(words.word(1).load(Ordering::Acquire), 7, "slot seq");
+    let mut gate = [0u8; 8];
+    // SAFETY: the gate word lies in the pool's own mapping.
+    unsafe { pubd.memcpy_dtoh(&mut gate, pool.base_addr() + GATE) }?;
+    assert_eq!(u64::from_le_bytes(gate), 7, "the gate word in the pool");
     for (j, imp) in imports.iter().enumerate() {
         assert_eq!(words.word(10 + j).load(Ordering::Acquire), 7, "push seq of target {j}");
         let mut host = vec![0u8; FRAME as usize];
@@ -199,6 +212,7 @@ fn a_failed_kernel_launch_stores_no_seq() {
         targets: &w,
         slot_seq: words.word(1),
         global_seq: words.word(2),
+        gate: None,
     };
     pubd.fail_nth("cuLaunchKernel", 1);
     // SAFETY: the words lie in `words`, registered above.

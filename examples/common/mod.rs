@@ -656,6 +656,10 @@ pub struct ConsumerReport {
     pub producer_gone: u64,
     /// Frames pulled by a copy queued on the GPU behind the commit.
     pub queued: u64,
+    /// What queued copies wait on: `pool` (the gate word in device memory,
+    /// ADR 0011), `host` (`global_seq` in host memory, ADR 0010) or `none`
+    /// (copies start after the commit).
+    pub gate: &'static str,
 }
 
 impl ConsumerReport {
@@ -687,6 +691,7 @@ impl ConsumerReport {
             .str("end", self.end)
             .u64("producer_gone", self.producer_gone)
             .u64("queued", self.queued)
+            .str("gate", self.gate)
             .finish()
     }
 }
@@ -878,6 +883,11 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
     report.dropped = stats.dropped;
     report.overruns = stats.overruns;
     report.queued = stats.queued;
+    report.gate = match (sub.pull_queued(), sub.info().gate_offset()) {
+        (false, _) => "none",
+        (true, Some(_)) => "pool",
+        (true, None) => "host",
+    };
     report.seconds = first_at.map_or(0.0, |f| (last_at - f).as_secs_f64());
     if let Err(e) = sub.close() {
         eprintln!("{}: close: {e}", args.name);

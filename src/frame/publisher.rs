@@ -567,9 +567,19 @@ impl Publisher {
         // Bind first: a second publisher at a live path fails before it
         // allocates anything.
         let listener = Listener::bind(&path, cfg.serve.socket_mode)?;
-        let pool_bytes = geometry
+        let slots_bytes = geometry
             .slot_stride
             .checked_mul(u64::from(cfg.slots))
+            .ok_or_else(|| Error::Config("ring size overflows".into()))?;
+        // A CUDA pool ends with the gate line (ADR 0011); the allocation's
+        // rounding to its granularity usually absorbs it.
+        let gate_bytes = if matches!(cfg.backend, BackendChoice::Host) {
+            0
+        } else {
+            layout::GATE_BYTES
+        };
+        let pool_bytes = slots_bytes
+            .checked_add(gate_bytes)
             .ok_or_else(|| Error::Config("ring size overflows".into()))?;
         let mut pool = create_pool(cfg.backend, pool_bytes, cfg.allow_write)?;
         match Self::build(listener, &mut pool, &path, cfg, geometry) {
@@ -606,6 +616,8 @@ impl Publisher {
         geometry: Geometry,
     ) -> Result<(Arc<Shared>, ExitWorker)> {
         let epoch = crate::ring::random_epoch();
+        let gate_offset = geometry.slot_stride * u64::from(cfg.slots);
+        let gate = gate_offset + layout::GATE_BYTES <= pool.pool_bytes() && pool.enable_gate_line(gate_offset)?;
         let info = RingInfo {
             epoch,
             slot_count: cfg.slots,
@@ -620,6 +632,7 @@ impl Publisher {
             device_uuid: pool.device_uuid(),
             max_subscribers: cfg.serve.max_subscribers,
             control_bytes: layout::control_bytes(cfg.slots),
+            flags: if gate { layout::RING_GATE } else { 0 },
         };
         let (control, control_fd) = Region::create("vramring-control", info.control_bytes)?;
         info.write_to(control.at::<RingHeader>(0), realtime_ns());
@@ -914,6 +927,14 @@ impl Publisher {
             }
         }
         protocol::publish_global(sh.header(), seq);
+        if let Some(off) = sh.info.gate_offset() {
+            // Queued copies wait on the GPU for this word (ADR 0011); the
+            // frame is committed in host memory already, so a failure here
+            // only delays them (their deadline), it does not fail the publish.
+            if let Err(e) = self.pool.write_gate(off, seq, completion) {
+                tracing::warn!(error = %e, seq, "storing the gate word failed; queued pull copies wait for the next frame");
+            }
+        }
         table.wake_parked();
         self.next_seq = seq + 1;
         Ok(())
@@ -980,6 +1001,7 @@ impl Publisher {
             targets: &writes,
             slot_seq: &slot.seq,
             global_seq: &header.seq.global_seq,
+            gate: sh.info.gate_offset(),
         };
         let completion = WriteCompletion::CudaStream(stream);
         // SAFETY: every word of `commit` lies in the control region or the

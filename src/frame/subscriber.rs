@@ -86,10 +86,12 @@ pub enum PullStart {
     Auto,
     /// As soon as the publisher has announced the frame (its commit is
     /// enqueued on the GPU but may not have run): the copy is enqueued
-    /// behind a GPU wait on the ring's `global_seq` and starts the moment
-    /// the commit lands, with no CPU wake in between; the frame is then
-    /// validated as always. Falls back to `AfterCommit` where the device
-    /// cannot wait on read-only host memory.
+    /// behind a GPU wait on the pool's gate word (device memory, ADR 0011;
+    /// on a ring without a gate line, on `global_seq` in host memory) and
+    /// starts the moment the commit lands, with no CPU wake in between;
+    /// the frame is then validated as always. Falls back to `AfterCommit`
+    /// where the device cannot wait on memory (no 64-bit stream memory
+    /// operations; for the host word, no read-only host registration).
     Queued,
     /// After the commit has landed and this process has seen it (the v3
     /// behaviour).
@@ -629,11 +631,19 @@ impl Subscriber {
             cadence: Cadence::new(),
         };
         if !push && sub.opts.pull_start != PullStart::AfterCommit {
-            let header = sub.header();
-            let word = std::ptr::from_ref(&header.seq.global_seq) as u64 - sub.control.as_ptr() as u64;
             let only_mps = sub.opts.pull_start == PullStart::Auto;
-            sub.pool
-                .enable_gate(control_fd.as_fd(), sub.control.len() as u64, word, only_mps)?;
+            // The pool's gate word in device memory (ADR 0011) where the
+            // ring keeps one; `global_seq` in host memory (ADR 0010) else.
+            let on_pool = match sub.info.gate_offset() {
+                Some(off) => sub.pool.enable_pool_gate(off, only_mps)?,
+                None => false,
+            };
+            if !on_pool && sub.info.gate_offset().is_none() {
+                let header = sub.header();
+                let word = std::ptr::from_ref(&header.seq.global_seq) as u64 - sub.control.as_ptr() as u64;
+                sub.pool
+                    .enable_gate(control_fd.as_fd(), sub.control.len() as u64, word, only_mps)?;
+            }
         }
         // The service stored our cursor before it sent the Welcome
         // (sendmsg/recvmsg order it); nobody else writes it.

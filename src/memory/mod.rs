@@ -64,6 +64,9 @@ pub struct StreamCommit<'a> {
     pub slot_seq: &'a crate::sync::atomic::AtomicU64,
     /// The ring's `global_seq`.
     pub global_seq: &'a crate::sync::atomic::AtomicU64,
+    /// Pool offset of the gate word (`RING_GATE`), stored after
+    /// `global_seq`; `None` when the pool has no gate line.
+    pub gate: Option<u64>,
 }
 
 /// One push target of a [`StreamCommit`].
@@ -190,6 +193,33 @@ pub trait ExportedPool: Send {
             backend: self.kind().name(),
         })
     }
+    /// The gate line (ADR 0011): zeroes the [`crate::layout::GATE_BYTES`]
+    /// at pool offset `offset` and returns `true` when this pool can keep a
+    /// gate word there (CUDA, with 64-bit stream memory operations, which
+    /// [`ExportedPool::write_gate`] needs); `Ok(false)` otherwise (host
+    /// memory: nothing waits on the GPU).
+    ///
+    /// # Errors
+    /// The offset outside the pool; the driver's error.
+    fn enable_gate_line(&mut self, offset: u64) -> Result<bool> {
+        let _ = offset;
+        Ok(false)
+    }
+    /// A CPU commit (PROTOCOL.md §10 step 7): after `global_seq = seq`,
+    /// enqueues the store of `seq` into the gate word at pool offset
+    /// `offset` on `completion`'s stream (a stream-order commit's kernel
+    /// stores it itself).
+    ///
+    /// # Errors
+    /// [`crate::Error::WrongBackend`] where the backend has no gate; the
+    /// driver's error.
+    fn write_gate(&mut self, offset: u64, seq: u64, completion: WriteCompletion) -> Result<()> {
+        let _ = (offset, seq, completion);
+        Err(crate::Error::WrongBackend {
+            what: "a gate word",
+            backend: self.kind().name(),
+        })
+    }
     /// Releases everything. Retryable after an error; idempotent after success.
     fn close(&mut self) -> Result<()>;
 }
@@ -238,7 +268,18 @@ pub trait ImportedPool: Send {
     ) -> Result<bool> {
         Ok(false)
     }
-    /// Whether [`ImportedPool::enable_gate`] succeeded.
+    /// Queued pull on a ring with a gate line (ADR 0011): copies wait on
+    /// the GPU for the 64-bit gate word at pool offset `offset`, in this
+    /// import's own mapping of the pool (device memory: no host
+    /// registration). `Ok(false)` as [`ImportedPool::enable_gate`].
+    ///
+    /// # Errors
+    /// [`crate::Error::Closed`]; a word outside the pool or misaligned.
+    fn enable_pool_gate(&mut self, _offset: u64, _only_mps: bool) -> Result<bool> {
+        Ok(false)
+    }
+    /// Whether [`ImportedPool::enable_gate`] or
+    /// [`ImportedPool::enable_pool_gate`] succeeded.
     fn gate_enabled(&self) -> bool {
         false
     }

@@ -8,7 +8,9 @@
 //! with, as cooperative groups' grid sync does) and counts the block done
 //! on a counter word; the last block to finish (the classic
 //! threadfence-reduction pattern) issues a system-scope fence
-//! (`membar.sys`) and stores the frame's seq into each target's `push_seq`
+//! (`membar.sys`), stores the frame's seq into the pool's gate word when
+//! the ring has one (device memory, ADR 0011: queued pull copies wait on
+//! it, and may start from here on), then into each target's `push_seq`
 //! word and into the slot's seq word, then fences again and stores
 //! `global_seq`. Those words live in the publisher's host shared memory,
 //! registered with `cuMemHostRegister` and reached through its device
@@ -58,7 +60,8 @@ pub(crate) struct CommitDesc {
     pub(crate) slot_seq: DevicePtr,
     /// Device address of `global_seq` (registered host memory), or 0.
     pub(crate) global_seq: DevicePtr,
-    pub(crate) reserved: u64,
+    /// Device address of the pool's gate word (device memory), or 0.
+    pub(crate) gate: DevicePtr,
     /// Device addresses of the targets' buffers.
     pub(crate) dst: [DevicePtr; MAX_FANOUT],
     /// Device addresses of the targets' `push_seq` words (registered host memory).
@@ -70,7 +73,8 @@ const _: () = assert!(std::mem::offset_of!(CommitDesc, dst) == 64);
 const _: () = assert!(std::mem::offset_of!(CommitDesc, push_seq) == 128);
 
 /// The PTX. Register map: %rd1 src, %rd2 vecs, %rd3 count, %rd4 seq,
-/// %rd5 counters, %rd6 slot seq word, %rd7 global seq word, %rd10-17 dst,
+/// %rd5 counters, %rd6 slot seq word, %rd7 global seq word, %rd8 gate word,
+/// %rd10-17 dst,
 /// %rd20-27 push seq words; %p0-7 "target j exists".
 const PTX: &CStr = c"
 //
@@ -95,6 +99,7 @@ const PTX: &CStr = c"
     ld.param.u64 %rd5, [p_desc+32];
     ld.param.u64 %rd6, [p_desc+40];
     ld.param.u64 %rd7, [p_desc+48];
+    ld.param.u64 %rd8, [p_desc+56];
     ld.param.u64 %rd10, [p_desc+64];
     ld.param.u64 %rd11, [p_desc+72];
     ld.param.u64 %rd12, [p_desc+80];
@@ -115,6 +120,7 @@ const PTX: &CStr = c"
     cvta.to.global.u64 %rd5, %rd5;
     cvta.to.global.u64 %rd6, %rd6;
     cvta.to.global.u64 %rd7, %rd7;
+    cvta.to.global.u64 %rd8, %rd8;
     cvta.to.global.u64 %rd10, %rd10;
     cvta.to.global.u64 %rd11, %rd11;
     cvta.to.global.u64 %rd12, %rd12;
@@ -185,6 +191,8 @@ COMMIT_COPIED:
     @%p10 bra COMMIT_DONE;
     st.global.u32 [%rd37], 0;
     membar.sys;
+    setp.ne.u64 %p13, %rd8, 0;
+    @%p13 st.volatile.global.u64 [%rd8], %rd4;
     @%p0 st.volatile.global.u64 [%rd20], %rd4;
     @%p1 st.volatile.global.u64 [%rd21], %rd4;
     @%p2 st.volatile.global.u64 [%rd22], %rd4;
@@ -301,10 +309,12 @@ mod tests {
         assert_eq!(at(&d.counter), 32);
         assert_eq!(at(&d.slot_seq), 40);
         assert_eq!(at(&d.global_seq), 48);
+        assert_eq!(at(&d.gate), 56);
         assert_eq!(at(&d.dst[7]), 120);
         assert_eq!(at(&d.push_seq[0]), 128);
         assert_eq!(at(&d.push_seq[7]), 184);
         let ptx = PTX.to_str().unwrap();
+        assert!(ptx.contains("[p_desc+56]"), "the gate word is not read");
         for (k, off) in (64..192).step_by(8).enumerate() {
             assert!(
                 ptx.contains(&format!("[p_desc+{off}]")),

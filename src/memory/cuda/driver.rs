@@ -390,6 +390,15 @@ pub trait Driver: Send + Sync + 'static {
     /// registered host memory) that stays registered and mapped while the
     /// wait may still be pending.
     unsafe fn stream_wait_value_geq(&self, stream: CuStream, addr: DevicePtr, value: u64) -> DResult<()>;
+    /// `cuStreamWriteValue64_v2(stream, addr, value, CU_STREAM_WRITE_VALUE_DEFAULT)`:
+    /// once every earlier operation on `stream` has completed, the GPU
+    /// stores `value` into the 64-bit word at `addr` (behind a memory
+    /// barrier, as the default flag gives).
+    ///
+    /// # Safety
+    /// The trait's safety contract; `addr` is 8 writable bytes of device
+    /// memory of this context that stay mapped until the write has run.
+    unsafe fn stream_write_value64(&self, stream: CuStream, addr: DevicePtr, value: u64) -> DResult<()>;
     /// `cuStreamQuery`: `true` when every operation enqueued on `stream`
     /// has completed, `false` while some is pending (`CUDA_ERROR_NOT_READY`).
     ///

@@ -515,8 +515,8 @@ impl FakeDriver {
         Ok(())
     }
 
-    /// The commit kernel on the host: every copy, then the seq words, as
-    /// the PTX's last block stores them.
+    /// The commit kernel on the host: every copy, then the gate word and the
+    /// seq words, as the PTX's last block stores them.
     fn emulate_commit(st: &mut State, d: &CommitDesc) -> DResult<()> {
         const CALL: &str = "cuLaunchKernel";
         let len = d.vecs.checked_mul(16).ok_or(DriverError {
@@ -538,6 +538,9 @@ impl FakeDriver {
                 // by the locked state; `copy` allows overlap.
                 unsafe { std::ptr::copy(src, dp, len as usize) };
             }
+        }
+        if d.gate != 0 {
+            Self::write_u64(st, CALL, d.gate, d.seq)?;
         }
         for &w in &d.push_seq[..count] {
             Self::write_u64(st, CALL, w, d.seq)?;
@@ -1112,6 +1115,17 @@ impl Driver for FakeDriver {
         );
         Self::advance(&mut st, id)?;
         Ok(())
+    }
+
+    unsafe fn stream_write_value64(&self, stream: CuStream, addr: DevicePtr, value: u64) -> DResult<()> {
+        const CALL: &str = "cuStreamWriteValue64_v2";
+        let (mut st, rec) = self.enter(CALL)?;
+        if st.blocked.contains_key(&stream.to_bits()) {
+            // Behind a pending wait: not something the publisher does.
+            return Err(Self::fail_code(&mut st, rec, CALL, code::NOT_SUPPORTED));
+        }
+        // The publisher's streams run their work at once here.
+        Self::write_u64(&mut st, CALL, addr, value).map_err(|e| Self::fail_rec(&mut st, rec, e))
     }
 
     unsafe fn stream_query(&self, stream: CuStream) -> DResult<bool> {

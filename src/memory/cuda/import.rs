@@ -40,20 +40,22 @@ pub struct CudaImport<D: Driver = RealDriver> {
     /// Push delivery: this subscriber's own buffers, exported to the publisher.
     push: VmmMapping,
     push_stride: u64,
-    /// Queued pull (ADR 0010): the ring's control region, mapped again
-    /// read-only by this import and registered for the device, and the
-    /// device address of its `global_seq` word, which copies wait on.
+    /// Queued pull: the word copies wait on. ADR 0011: the gate word at
+    /// the end of the pool, in device memory; or, where the ring has none,
+    /// ADR 0010: `global_seq` in the ring's control region, mapped again
+    /// read-only by this import and registered for the device.
     gate: Option<Gate>,
     /// Copies given up on behind a gate that had not opened: each one's
     /// stream and the buffer it writes. See [`ImportedPool::abandon_copies`].
     stuck: Vec<(CuStream, Option<DevicePtr>)>,
 }
 
-/// The word a queued copy waits for, in this import's own registered
-/// mapping of the publisher's control region.
+/// The word a queued copy waits for: in this import's mapping of the pool
+/// (`region` is `None`), or in its own registered mapping of the
+/// publisher's control region.
 #[derive(Debug)]
 struct Gate {
-    region: Region,
+    region: Option<Region>,
     word: DevicePtr,
 }
 
@@ -199,6 +201,20 @@ impl<D: Driver> CudaImport<D> {
     }
 
     /// Device address of the word queued copies wait on (ADR 0010), once
+    /// Whether device attribute `a` reads 1.
+    fn able(&self, a: u32) -> bool {
+        self.driver
+            .device_attribute(a, self.device)
+            .map(|v| v == 1)
+            .unwrap_or(false)
+    }
+
+    /// Whether copies may wait on the GPU here: 64-bit stream memory
+    /// operations, and MPS when `only_mps`.
+    fn can_wait(&self, only_mps: bool) -> bool {
+        (!only_mps || self.able(attr::MPS_ENABLED)) && self.able(attr::CAN_USE_64_BIT_STREAM_MEM_OPS)
+    }
+
     /// [`ImportedPool::enable_gate`] succeeded.
     pub fn gate_word(&self) -> Option<DevicePtr> {
         self.gate.as_ref().map(|g| g.word)
@@ -262,13 +278,13 @@ impl<D: Driver> CudaImport<D> {
                     self.push.release(d)?;
                 }
                 if !stuck {
-                    if let Some(g) = &self.gate {
+                    if let Some(r) = self.gate.as_ref().and_then(|g| g.region.as_ref()) {
                         // SAFETY: registered by `enable_gate`; no wait on it
                         // is pending (the stream is gone, nothing is stuck).
-                        unsafe { d.mem_host_unregister(g.region.as_ptr().cast()) }?;
-                        // Unmapped when dropped.
-                        self.gate = None;
+                        unsafe { d.mem_host_unregister(r.as_ptr().cast()) }?;
                     }
+                    // Unmapped when dropped (a pool gate goes with the pool).
+                    self.gate = None;
                     // Unmap, free the range, release the imported handle: no
                     // copy reads the pool any more (the stream is gone).
                     self.mem.release(d)?;
@@ -448,12 +464,7 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
             return Ok(false);
         }
         let d = Arc::clone(&self.driver);
-        let dev = self.device;
-        let able = |a: u32| d.device_attribute(a, dev).map(|v| v == 1).unwrap_or(false);
-        if (only_mps && !able(attr::MPS_ENABLED))
-            || !able(attr::READ_ONLY_HOST_REGISTER_SUPPORTED)
-            || !able(attr::CAN_USE_64_BIT_STREAM_MEM_OPS)
-        {
+        if !self.can_wait(only_mps) || !self.able(attr::READ_ONLY_HOST_REGISTER_SUPPORTED) {
             return Ok(false);
         }
         check_range("control region", word_offset, 8, control_bytes)?;
@@ -469,12 +480,15 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
                 return Ok(false);
             }
         };
-        let mut gate = Gate { region, word: 0 };
+        let base = region.as_ptr();
+        let mut gate = Gate {
+            region: Some(region),
+            word: 0,
+        };
         let mut registered = false;
         let body = |d: &D| -> Result<()> {
-            let base = gate.region.as_ptr();
-            // SAFETY: `gate.region` is our own read-only mapping of
-            // `control_bytes` bytes; it stays mapped until it is
+            // SAFETY: `base` starts our own read-only mapping of
+            // `control_bytes` bytes (`gate.region`); it stays mapped until it is
             // unregistered (`close`) or, if a wait on it is stuck, forever.
             unsafe { d.mem_host_register_read_only(base.cast_const().cast(), control_bytes) }?;
             registered = true;
@@ -494,7 +508,7 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
                 if registered {
                     let undo = |d: &D| -> Result<()> {
                         // SAFETY: registered above; nothing waits on it.
-                        Ok(unsafe { d.mem_host_unregister(gate.region.as_ptr().cast()) }?)
+                        Ok(unsafe { d.mem_host_unregister(base.cast()) }?)
                     };
                     // SAFETY: as above.
                     if let Err(ue) = unsafe { with_context(&*d, ctx, undo) } {
@@ -507,6 +521,27 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
                 Ok(false)
             }
         }
+    }
+
+    fn enable_pool_gate(&mut self, offset: u64, only_mps: bool) -> Result<bool> {
+        self.open_ctx()?;
+        if self.gate.is_some() {
+            return Ok(true);
+        }
+        if !self.mem.is_live() || !self.can_wait(only_mps) {
+            return Ok(false);
+        }
+        check_range("pool", offset, 8, self.bytes)?;
+        if offset % 8 != 0 {
+            return Err(Error::LayoutMismatch(format!(
+                "gate word at pool offset {offset} is not 8-byte aligned"
+            )));
+        }
+        self.gate = Some(Gate {
+            region: None,
+            word: self.mem.addr() + offset,
+        });
+        Ok(true)
     }
 
     fn copy_out_gated(&mut self, seq: u64, src_offset: u64, len: u64) -> Result<()> {

@@ -11,6 +11,7 @@ use super::mapping::VmmMapping;
 use super::real::RealDriver;
 use super::{device_free_bytes, format_uuid, resolve_device, round_up, DeviceSelector};
 use crate::error::{Error, IoContext, Result};
+use crate::layout::GATE_BYTES;
 use crate::memory::{check_range, BackendKind, ExportedPool, StreamCommit, WriteCompletion};
 
 /// The publisher's pool: one `cuMemCreate` of the whole pool (rounded up to
@@ -404,6 +405,47 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
         Ok(true)
     }
 
+    fn enable_gate_line(&mut self, offset: u64) -> Result<bool> {
+        let ctx = self.context()?;
+        check_range("pool", offset, GATE_BYTES, self.bytes)?;
+        if offset % 8 != 0 {
+            return Err(Error::Config(format!(
+                "gate line at pool offset {offset} is not 8-byte aligned"
+            )));
+        }
+        let (d, dev) = (Arc::clone(&self.driver), self.device);
+        if d.device_attribute(attr::CAN_USE_64_BIT_STREAM_MEM_OPS, dev)? != 1 {
+            return Ok(false);
+        }
+        let at = self.device_ptr() + offset;
+        let body = |d: &D| -> Result<()> {
+            // SAFETY: `GATE_BYTES` at `at` lie in the pool's live mapping
+            // (checked above); nothing reads them yet.
+            Ok(unsafe { d.memset_d8(at, 0, GATE_BYTES) }?)
+        };
+        // SAFETY: `ctx` is retained while the pool is open (checked above).
+        unsafe { with_context(&*self.driver, ctx, body) }?;
+        Ok(true)
+    }
+
+    fn write_gate(&mut self, offset: u64, seq: u64, completion: WriteCompletion) -> Result<()> {
+        let ctx = self.context()?;
+        check_range("pool", offset, 8, self.bytes)?;
+        let at = self.device_ptr() + offset;
+        let stream = match completion {
+            WriteCompletion::CudaStream(s) => CuStream::from_raw(s),
+            WriteCompletion::Host => CuStream::from_raw(std::ptr::null_mut()),
+        };
+        let body = |d: &D| -> Result<()> {
+            // SAFETY: 8 bytes at `at` lie in the pool's live mapping (checked
+            // above), which `close` unmaps only after synchronising; the
+            // stream is the caller's live stream or the legacy default one.
+            Ok(unsafe { d.stream_write_value64(stream, at, seq) }?)
+        };
+        // SAFETY: `ctx` is retained while the pool is open (checked above).
+        unsafe { with_context(&*self.driver, ctx, body) }
+    }
+
     unsafe fn enqueue_commit(&mut self, c: &StreamCommit<'_>, completion: WriteCompletion) -> Result<()> {
         let ctx = self.context()?;
         let kernel = self.commit.as_ref().ok_or(Error::WrongBackend {
@@ -431,6 +473,13 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
             dsts.push((m.addr() + t.dst_offset, word(t.push_seq)?));
         }
         let (slot_seq, global_seq) = (word(c.slot_seq)?, word(c.global_seq)?);
+        let gate = match c.gate {
+            Some(off) => {
+                check_range("pool", off, 8, self.bytes)?;
+                self.device_ptr() + off
+            }
+            None => 0,
+        };
         // The kernel moves 16-byte vectors; a frame of another size (none
         // of the crate's formats makes one) is copied by the copy engine
         // first and the kernel only commits.
@@ -468,6 +517,7 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
                 if i == last {
                     desc.slot_seq = slot_seq;
                     desc.global_seq = global_seq;
+                    desc.gate = gate;
                 }
                 // SAFETY: source and targets were range-checked against
                 // live mappings of this context and are 16-byte aligned

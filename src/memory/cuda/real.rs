@@ -70,6 +70,8 @@ const HOST_REGISTER_DEVICEMAP: c_uint = 2;
 const HOST_REGISTER_READ_ONLY: c_uint = 8;
 /// `CU_STREAM_WAIT_VALUE_GEQ`.
 const STREAM_WAIT_VALUE_GEQ: c_uint = 0;
+/// `CU_STREAM_WRITE_VALUE_DEFAULT`.
+const STREAM_WRITE_VALUE_DEFAULT: c_uint = 0;
 /// `CU_STREAM_NON_BLOCKING`.
 const STREAM_NON_BLOCKING: c_uint = 1;
 
@@ -109,6 +111,7 @@ struct Table {
     stream_synchronize: unsafe extern "C" fn(Strm) -> u32,
     stream_query: unsafe extern "C" fn(Strm) -> u32,
     stream_wait_value64: unsafe extern "C" fn(Strm, u64, u64, c_uint) -> u32,
+    stream_write_value64: unsafe extern "C" fn(Strm, u64, u64, c_uint) -> u32,
     memcpy_dtod_async: unsafe extern "C" fn(u64, u64, usize, Strm) -> u32,
     memcpy_dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> u32,
     memset_d8: unsafe extern "C" fn(u64, u8, usize) -> u32,
@@ -219,6 +222,7 @@ impl RealDriver {
             stream_synchronize: sym!("cuStreamSynchronize"),
             stream_query: sym!("cuStreamQuery"),
             stream_wait_value64: sym!("cuStreamWaitValue64_v2"),
+            stream_write_value64: sym!("cuStreamWriteValue64_v2"),
             memcpy_dtod_async: sym!("cuMemcpyDtoDAsync_v2"),
             memcpy_dtoh: sym!("cuMemcpyDtoH_v2"),
             memset_d8: sym!("cuMemsetD8_v2"),
@@ -543,6 +547,14 @@ impl Driver for RealDriver {
         // wait (trait contract).
         DriverError::check("cuStreamWaitValue64_v2", unsafe {
             (self.t.stream_wait_value64)(stream.as_raw(), addr, value, STREAM_WAIT_VALUE_GEQ)
+        })
+    }
+
+    unsafe fn stream_write_value64(&self, stream: CuStream, addr: DevicePtr, value: u64) -> DResult<()> {
+        // SAFETY: a live stream and device memory of this context that
+        // outlives the write (trait contract).
+        DriverError::check("cuStreamWriteValue64_v2", unsafe {
+            (self.t.stream_write_value64)(stream.as_raw(), addr, value, STREAM_WRITE_VALUE_DEFAULT)
         })
     }
 
