@@ -291,6 +291,8 @@ fn inspect_shows_geometry_slots_and_a_real_subscriber_in_the_table() {
     assert_eq!(v["protocol_version"], vramring::socket::PROTOCOL_VERSION);
     assert_eq!(v["policy"], "overwrite");
     assert_eq!(v["frame_bytes"], g.frame_bytes);
+    // A host ring has no gate line (ADR 0011: CUDA pools only).
+    assert!(v["gate_offset"].is_null(), "{v}");
     let planes = v["planes"].as_array().unwrap();
     assert_eq!(planes.len(), 2);
     for (k, p) in planes.iter().enumerate() {

@@ -114,6 +114,7 @@ pub fn full_json(st: &RingStatus) -> Value {
             m.insert("frame_bytes".into(), json!(g.frame_bytes));
             m.insert("slot_stride".into(), json!(g.slot_stride));
             m.insert("pool_bytes".into(), json!(f.info.pool_bytes));
+            m.insert("gate_offset".into(), json!(f.info.gate_offset()));
             m.insert("control_bytes".into(), json!(f.info.control_bytes));
             m.insert("created_realtime_ns".into(), json!(f.created_realtime_ns));
             m.insert("global_seq".into(), json!(f.global_seq));
@@ -265,10 +266,14 @@ pub fn full_text(st: &RingStatus) -> Vec<String> {
                 ));
             }
             o.push(format!(
-                "backend    {}{}, pool {}",
+                "backend    {}{}, pool {}{}",
                 f.backend_name(),
                 f.gpu_uuid().map(|u| format!(" {u}")).unwrap_or_default(),
-                bytes(f.info.pool_bytes)
+                bytes(f.info.pool_bytes),
+                f.info
+                    .gate_offset()
+                    .map(|g| format!(", gate word at {g}"))
+                    .unwrap_or_default()
             ));
             o.push(format!("policy     {}", f.policy_name()));
             o.push(format!("global_seq {}", f.global_seq));
