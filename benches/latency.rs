@@ -122,6 +122,73 @@ impl Gpu {
     }
 }
 
+/// An empty kernel with the commit kernel's parameter (192 bytes by
+/// value): what one launch costs the producer's CPU, the floor under
+/// vramring's stream-order publish (which is one such launch plus the
+/// protocol's own work).
+const FLOOR_PTX: &std::ffi::CStr = c"
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry vramring_floor(.param .align 8 .b8 p_desc[192])
+{
+    ret;
+}
+";
+
+/// Launches [`FLOOR_PTX`]'s kernel `n` times on `gpu`'s stream, paced as
+/// the frames are, and returns the producer thread's CPU time per launch
+/// (ns), read with the same clock pair as the publish column.
+fn launch_floor(gpu: &Gpu, interval_us: u64, n: u64) -> R<Vec<u64>> {
+    let mut module = std::ptr::null_mut();
+    let mut f = std::ptr::null_mut();
+    // SAFETY: a NUL-terminated PTX image and valid out-pointers; the
+    // primary context is current.
+    unsafe {
+        ck(
+            "cuModuleLoadData",
+            sys::cuModuleLoadData(&mut module, FLOOR_PTX.as_ptr().cast()),
+        )?;
+        ck(
+            "cuModuleGetFunction",
+            sys::cuModuleGetFunction(&mut f, module, c"vramring_floor".as_ptr()),
+        )?;
+    }
+    let mut desc = [0u64; 24];
+    let mut cpu = Vec::with_capacity(n as usize);
+    let start = Instant::now();
+    for k in 0..n {
+        pace(start, k, interval_us);
+        let mut params = [desc.as_mut_ptr().cast::<std::ffi::c_void>()];
+        let c0 = thread_cpu_ns();
+        // SAFETY: the kernel takes one 192-byte parameter, which `desc` is;
+        // our live stream in the current context.
+        unsafe {
+            ck(
+                "cuLaunchKernel",
+                sys::cuLaunchKernel(
+                    f,
+                    1,
+                    1,
+                    1,
+                    256,
+                    1,
+                    1,
+                    0,
+                    gpu.stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                ),
+            )?;
+        }
+        cpu.push(thread_cpu_ns() - c0);
+    }
+    gpu.sync()?;
+    // SAFETY: loaded above; its launches completed (synchronised).
+    unsafe { ck("cuModuleUnload", sys::cuModuleUnload(module))? };
+    Ok(cpu)
+}
+
 /// A tiny seqlock-style control block in a `/dev/shm` file, shared by the
 /// peers' processes (they share an IPC namespace by construction: legacy
 /// IPC needs it anyway). Layout: `[global_seq][ready_subs]` then per slot
@@ -364,6 +431,10 @@ fn vr_producer(c: &Case, shm_path: &Path) -> R<()> {
     while ready.ready().load(Ordering::Acquire) < c.subs as u64 {
         std::thread::sleep(Duration::from_millis(1));
     }
+    // The floor under the publish column, paced as the frames are, while
+    // the subscribers wait (their first frame comes after it).
+    let floor = launch_floor(&gpu, c.interval_us.max(1000), 300)?;
+    write_samples(&c.dir.join("launch-cpu"), &floor)?;
     let mut cpu = Vec::new();
     let mut wall = Vec::new();
     let start = Instant::now();
@@ -867,6 +938,8 @@ struct Outcome {
     span_s: f64,
     pub_cpu: Vec<u64>,
     pub_wall: Vec<u64>,
+    /// vramring producers: CPU per empty kernel launch, same pace.
+    launch_cpu: Vec<u64>,
     delivered: u64,
     dropped: u64,
     overruns: u64,
@@ -948,6 +1021,8 @@ fn run_case(c: &Case, mps: Option<&MpsDaemon>, deadline: Instant) -> R<Outcome> 
     let mut pub_wall = read_samples(&c.dir.join("pub-wall"))?;
     pub_cpu.sort_unstable();
     pub_wall.sort_unstable();
+    let mut launch_cpu = read_samples(&c.dir.join("launch-cpu")).unwrap_or_default();
+    launch_cpu.sort_unstable();
     let span = read_samples(&c.dir.join("pub-span"))?;
     let span_s = match span.as_slice() {
         [a, b] => b.saturating_sub(*a) as f64 / 1e9,
@@ -958,6 +1033,7 @@ fn run_case(c: &Case, mps: Option<&MpsDaemon>, deadline: Instant) -> R<Outcome> 
         span_s,
         pub_cpu,
         pub_wall,
+        launch_cpu,
         delivered,
         dropped,
         overruns,
@@ -1042,7 +1118,7 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
     let with_mps = mps.is_some();
     let tag = mps_label(with_mps);
     let mut report = format!(
-        "\n### MPS {tag}\n\n| MPS | frame | subs | mode | system | p50 | p99 | max | delivered | dropped | overruns | producer CPU/publish p50 (µs) | producer wall/publish p50 (µs) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "\n### MPS {tag}\n\n| MPS | frame | subs | mode | system | p50 | p99 | max | delivered | dropped | overruns | producer CPU/publish p50 (µs) | producer wall/publish p50 (µs) | kernel launch CPU p50 (µs), same pace |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for &(w, h, label) in plan.sizes {
         for &n in &plan.sub_counts {
@@ -1068,9 +1144,10 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
                         Ok(o) => {
                             let (p50, p99, max) = (pct(&o.lat, 0.5), pct(&o.lat, 0.99), pct(&o.lat, 1.0));
                             let (cpu, wall) = (pct(&o.pub_cpu, 0.5), pct(&o.pub_wall, 0.5));
+                            let launch = pct(&o.launch_cpu, 0.5);
                             res.p50.insert((with_mps, label, n, system.key()), p50);
                             res.jsonl.push_str(&format!(
-                                "{{\"bench\":\"latency\",\"mps\":\"{tag}\",\"frame\":\"{label}\",\"subs\":{n},\"mode\":\"{}\",\"system\":\"{}\",\"samples\":{},\"p50_us\":{p50:.1},\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"delivered\":{},\"dropped\":{},\"overruns\":{},\"queued\":{},\"pub_cpu_p50_us\":{cpu:.1},\"pub_wall_p50_us\":{wall:.1}}}\n",
+                                "{{\"bench\":\"latency\",\"mps\":\"{tag}\",\"frame\":\"{label}\",\"subs\":{n},\"mode\":\"{}\",\"system\":\"{}\",\"samples\":{},\"p50_us\":{p50:.1},\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"delivered\":{},\"dropped\":{},\"overruns\":{},\"queued\":{},\"pub_cpu_p50_us\":{cpu:.1},\"pub_wall_p50_us\":{wall:.1},\"launch_cpu_p50_us\":{launch:.1}}}\n",
                                 system.mode(),
                                 system.name(),
                                 o.lat.len(),
@@ -1085,11 +1162,12 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
                                 o.delivered.to_string()
                             };
                             format!(
-                                "| {tag} | {label} | {n} | {} | {} | {p50:.1} | {p99:.1} | {max:.1} | {delivered} | {} | {} | {cpu:.1} | {wall:.1} |\n",
+                                "| {tag} | {label} | {n} | {} | {} | {p50:.1} | {p99:.1} | {max:.1} | {delivered} | {} | {} | {cpu:.1} | {wall:.1} | {} |\n",
                                 system.mode(),
                                 system.name(),
                                 o.dropped,
                                 o.overruns,
+                                if o.launch_cpu.is_empty() { "—".to_string() } else { format!("{launch:.1}") },
                             )
                         }
                         Err(e) => format!(
@@ -1107,7 +1185,9 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
     report.push_str(&format!(
         "\nProducer CPU/publish is read between two `CLOCK_THREAD_CPUTIME_ID` reads around the publish call; \
          two back-to-back reads take {:.2} µs here (wall time, median of 10 000, warm), and the column includes about one \
-         read's worth of it (the end of the first, the start of the second).\n",
+         read's worth of it (the end of the first, the start of the second). The kernel launch column is the floor under a \
+         stream-order publish, measured by each vramring producer before its frames with the same clock pair and pace: \
+         300 launches of an empty kernel taking the commit kernel's 192-byte parameter, on the producer's stream.\n",
         clock_pair_us()
     ));
     if !plan.throughput {

@@ -13,6 +13,14 @@
 //!   before the cadence wait became the default).
 //! * `vramring cadence`: `WaitStrategy::Cadence`, the default.
 //! * `vramring spin`: `WaitStrategy::Spin`, busy-polling (one core).
+//! * `GPU floor` (CUDA backend only): no vramring. The producer does the
+//!   GPU work a push delivery does, on its own stream: the frame's copy into
+//!   a "slot", then (after its clock read) a copy of the slot into a
+//!   second buffer (the push copy) and `cuStreamWriteValue64` of the seq
+//!   into host memory registered for the device (the commit); the waiter
+//!   busy-polls that word. What any GPU hand-off with a copy costs at this
+//!   cadence on this machine, with the GPU idle between frames; the spin
+//!   row's distance to it is vramring's own.
 //!
 //! at three cadences: one frame every 2 ms, every 40 ms (25 fps), and at
 //! uniformly random intervals of 1–60 ms (the same seeded sequence for
@@ -28,7 +36,8 @@
 //!
 //! `cargo bench --bench wake -- [--quick] [--backend host|cuda] [--pull]
 //! [--out DIR] [--frames N] [--cadences 2000,40000,0] [--waits
-//! futex,park,cadence,spin]` (intervals in µs, 0: the irregular one); on a GPU machine, the staged binary:
+//! futex,park,cadence,spin,gpu]` (intervals in µs, 0: the irregular one; `gpu`, the GPU floor,
+//! runs with the CUDA backend only); on a GPU machine, the staged binary:
 //! `bash .device/run.sh bench wake --backend cuda --quick --out $OUT`.
 //! Host backend: a small (320×240 NV12) frame written by the CPU. CUDA
 //! backend: a 1080p NV12 frame copied into the slot on the producer's
@@ -68,9 +77,10 @@ enum System {
     Park,
     Cadence,
     Spin,
+    GpuFloor,
 }
 
-const SYSTEMS: [System; 4] = [System::Futex, System::Park, System::Cadence, System::Spin];
+const SYSTEMS: [System; 5] = [System::Futex, System::Park, System::Cadence, System::Spin, System::GpuFloor];
 
 impl System {
     fn key(self) -> &'static str {
@@ -79,6 +89,7 @@ impl System {
             System::Park => "park",
             System::Cadence => "cadence",
             System::Spin => "spin",
+            System::GpuFloor => "gpu",
         }
     }
     fn name(self) -> &'static str {
@@ -87,6 +98,7 @@ impl System {
             System::Park => "vramring park (spin 50 µs, then futex)",
             System::Cadence => "**vramring cadence (default)**",
             System::Spin => "vramring spin (busy-poll)",
+            System::GpuFloor => "GPU floor (copy + stream write to host memory, busy-poll)",
         }
     }
     fn from_key(k: &str) -> Option<System> {
@@ -175,8 +187,17 @@ impl Case {
     fn sock(&self) -> PathBuf {
         self.dir.join("ring.sock")
     }
+    /// The row's control block: in `/dev/shm` where there is one (the GPU
+    /// floor registers it with the driver, which pins shmem pages but not
+    /// those of an ordinary file), else in the row's directory.
     fn shm(&self) -> PathBuf {
-        self.dir.join("ctl")
+        let shm = Path::new("/dev/shm");
+        if shm.is_dir() {
+            let name = self.dir.to_string_lossy().replace('/', "-");
+            shm.join(format!("vramring-wake{name}"))
+        } else {
+            self.dir.join("ctl")
+        }
     }
     fn size(&self) -> (u32, u32) {
         if self.cuda {
@@ -238,7 +259,20 @@ impl Ctl {
     fn up(&self) -> &AtomicU64 {
         self.word(5)
     }
+    /// GPU floor: the seq the producer's stream wrote last.
+    fn gpu_seq(&self) -> &AtomicU64 {
+        self.word(GPU_SEQ_WORD)
+    }
+    /// GPU floor: the producer's t0 of seq `k` (a ring of 256).
+    fn t0_of(&self, k: u64) -> &AtomicU64 {
+        self.word(T0_WORDS + (k % 256) as usize)
+    }
 }
+
+/// GPU floor: word the producer's stream writes the seq into.
+const GPU_SEQ_WORD: usize = 8;
+/// GPU floor: first of 256 words holding each seq's t0.
+const T0_WORDS: usize = 64;
 
 /// What a subscriber role reports: latencies, then `[delivered, dropped,
 /// cpu_ns, wall_ns]`.
@@ -306,6 +340,104 @@ fn futex_waiter(c: &Case) -> R<()> {
         }
         let ts = rustix::time::Timespec { tv_sec: 1, tv_nsec: 0 };
         let _ = rustix::thread::futex::wait(ctl.futex(), rustix::thread::futex::Flags::empty(), word, Some(&ts));
+    }
+    write_result(c, &lat, delivered, dropped, cpu1 - cpu0, wall1 - wall0)
+}
+
+// ------------------------------------------------------------ GPU floor
+
+fn gpu_waker(c: &Case) -> R<()> {
+    use cudarc::driver::sys;
+    let (w, h) = c.size();
+    let bytes = vramring::Geometry::new(Format::Nv12, w, h)?.frame_bytes as usize;
+    let g = Gpu::init(bytes)?;
+    let ctl = Ctl::open(&c.shm())?;
+    let (mut slot, mut push, mut dev) = (0, 0, 0);
+    let base = ctl.map.as_mut_ptr();
+    // SAFETY: valid out-pointers; the primary context is current; `base`
+    // is this process's 4 KiB shared mapping of the control block, which
+    // lives until the end of this function (unregistered before).
+    unsafe {
+        common::ck("cuMemAlloc", sys::cuMemAlloc_v2(&mut slot, bytes))?;
+        common::ck("cuMemAlloc", sys::cuMemAlloc_v2(&mut push, bytes))?;
+        common::ck(
+            "cuMemHostRegister",
+            sys::cuMemHostRegister_v2(base.cast(), 4096, sys::CU_MEMHOSTREGISTER_DEVICEMAP),
+        )?;
+        common::ck(
+            "cuMemHostGetDevicePointer",
+            sys::cuMemHostGetDevicePointer_v2(&mut dev, base.cast(), 0),
+        )?;
+    }
+    let seq_word = dev + 8 * GPU_SEQ_WORD as u64;
+    // SYNC: bench-up — Release, paired with the orchestrator's Acquire.
+    ctl.up().store(1, Ordering::Release);
+    // SYNC: bench-ready — Acquire pairs with the subscriber's Release.
+    while ctl.ready().load(Ordering::Acquire) == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut pacer = Pacer::new(c.interval_us);
+    let start = now_ns();
+    for k in 1..=c.warmup + c.frames {
+        sleep_until_ns(start + pacer.next());
+        // SAFETY: our own buffers of `bytes` and stream; `seq_word` is
+        // registered device-visible host memory, live until unregistered
+        // after the stream is synchronised below.
+        unsafe {
+            common::ck(
+                "cuMemcpyDtoDAsync",
+                sys::cuMemcpyDtoDAsync_v2(slot, g.src, bytes, g.stream),
+            )?;
+            let t0 = now_ns();
+            // Relaxed: the store happens before the driver call that
+            // enqueues the GPU's write of `k`, which the waiter polls.
+            ctl.t0_of(k).store(t0, Ordering::Relaxed);
+            common::ck("cuMemcpyDtoDAsync", sys::cuMemcpyDtoDAsync_v2(push, slot, bytes, g.stream))?;
+            common::ck(
+                "cuStreamWriteValue64",
+                sys::cuStreamWriteValue64_v2(g.stream, seq_word, k, 0),
+            )?;
+        }
+    }
+    // SAFETY: our stream; then nothing pending uses the registration.
+    unsafe {
+        common::ck("cuStreamSynchronize", sys::cuStreamSynchronize(g.stream))?;
+        common::ck("cuMemHostUnregister", sys::cuMemHostUnregister(base.cast()))?;
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    // SYNC: bench-done — Release, paired with the waiter's Acquire.
+    ctl.done().store(1, Ordering::Release);
+    Ok(())
+}
+
+fn gpu_waiter(c: &Case) -> R<()> {
+    let ctl = Ctl::open(&c.shm())?;
+    // SYNC: bench-ready — Release, paired with the producer's Acquire.
+    ctl.ready().store(1, Ordering::Release);
+    let (mut last, mut lat, mut dropped, mut delivered) = (0u64, Vec::new(), 0u64, 0u64);
+    let (mut cpu0, mut wall0, mut cpu1, mut wall1) = (0, 0, 0, 0);
+    // SYNC: bench-done — Acquire pairs with the waker's Release.
+    while ctl.done().load(Ordering::Acquire) == 0 {
+        // Acquire: the GPU's write of the seq follows the producer's t0
+        // store (see the waker).
+        let seq = ctl.gpu_seq().load(Ordering::Acquire);
+        if seq <= last {
+            std::hint::spin_loop();
+            continue;
+        }
+        let t1 = now_ns();
+        let t0 = ctl.t0_of(seq).load(Ordering::Relaxed);
+        if seq > c.warmup {
+            if lat.is_empty() {
+                (cpu0, wall0) = (process_cpu_ns(), t1);
+            } else {
+                dropped += seq - last - 1;
+            }
+            lat.push(t1.saturating_sub(t0));
+            delivered += 1;
+            (cpu1, wall1) = (process_cpu_ns(), now_ns());
+        }
+        last = seq;
     }
     write_result(c, &lat, delivered, dropped, cpu1 - cpu0, wall1 - wall0)
 }
@@ -461,6 +593,8 @@ fn role_main(args: &[String]) -> R<()> {
     match (role, c.system) {
         ("producer", System::Futex) => futex_waker(&c),
         ("subscriber", System::Futex) => futex_waiter(&c),
+        ("producer", System::GpuFloor) => gpu_waker(&c),
+        ("subscriber", System::GpuFloor) => gpu_waiter(&c),
         ("producer", _) => vr_producer(&c),
         ("subscriber", _) => vr_subscriber(&c),
         _ => Err("unknown role".into()),
@@ -519,6 +653,7 @@ fn run_case(c: &Case) -> R<(Vec<u64>, [u64; 4])> {
     }
     let st: [u64; 4] = st.as_slice().try_into().map_err(|_| "stats")?;
     let _ = std::fs::remove_dir_all(&c.dir);
+    let _ = std::fs::remove_file(c.shm());
     Ok((lat, st))
 }
 
@@ -620,6 +755,9 @@ fn main() -> R<()> {
                 let row = &mut rows[ci][si];
                 if !waits.contains(&system) {
                     row.failed = Some("not run (--waits)".into());
+                }
+                if system == System::GpuFloor && !cuda {
+                    row.failed = Some("not run (CUDA backend only)".into());
                 }
                 if row.failed.is_some() {
                     continue;
