@@ -26,7 +26,11 @@
 //!
 //! Run on a GPU machine: `cargo bench --bench latency -- [--quick]
 //! [--mps [off|on|both]] [--systems K,K..] [--subs N,N..] [--no-rate]
-//! [--timeout-s S] [--out FILE]` (`--systems` and `--subs` run only those
+//! [--rounds R] [--timeout-s S] [--out FILE]` (`--rounds R` runs every
+//! latency case R times, the cases interleaved round by round, and pools
+//! the samples: the table gives the pooled percentiles and each round's
+//! p50, so a difference between rows can be told from the spread between
+//! runs of one row; `--systems` and `--subs` run only those
 //! rows, e.g. `--systems vr,vrq,vra,ipc --subs 1,4` for the pull rows
 //! against legacy IPC, to spend less GPU time; or the staged binary:
 //! `bash .device/run.sh bench latency --quick --mps both`). Every subscriber
@@ -947,6 +951,29 @@ struct Outcome {
     queued: u64,
 }
 
+impl Outcome {
+    /// Pools `o`'s samples and counts into `self`; sorted afterwards.
+    fn merge(&mut self, o: Outcome) {
+        self.lat.extend(o.lat);
+        self.span_s += o.span_s;
+        self.pub_cpu.extend(o.pub_cpu);
+        self.pub_wall.extend(o.pub_wall);
+        self.launch_cpu.extend(o.launch_cpu);
+        self.delivered += o.delivered;
+        self.dropped += o.dropped;
+        self.overruns += o.overruns;
+        self.queued += o.queued;
+        for v in [
+            &mut self.lat,
+            &mut self.pub_cpu,
+            &mut self.pub_wall,
+            &mut self.launch_cpu,
+        ] {
+            v.sort_unstable();
+        }
+    }
+}
+
 fn spawn_role(children: &mut Children, role: &str, c: &Case, extra: &[String], mps: Option<&MpsDaemon>) -> R<()> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
@@ -1073,6 +1100,8 @@ struct Plan {
     /// `--systems` narrows them; the rate table keeps only these too).
     systems: Vec<System>,
     frames: u64,
+    /// Interleaved rounds: every case once per round, samples pooled.
+    rounds: usize,
     throughput: bool,
     throughput_sizes: &'static [(u32, u32, &'static str)],
     throughput_frames: u64,
@@ -1113,74 +1142,129 @@ fn case_deadline(c: &Case, plan: &Plan) -> Instant {
     (Instant::now() + Duration::from_secs(60) + paced).min(plan.deadline)
 }
 
+/// One latency case over the rounds of a pass.
+struct CaseRuns {
+    size: (u32, u32, &'static str),
+    n: usize,
+    system: System,
+    /// Every round's samples, pooled.
+    pooled: Option<Outcome>,
+    /// Each round's p50 (µs).
+    p50s: Vec<f64>,
+    /// Why the case stopped being run.
+    failed: Option<String>,
+}
+
 /// One pass (with or without MPS): the latency table, then the maximum rate.
 fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
     let with_mps = mps.is_some();
     let tag = mps_label(with_mps);
     let mut report = format!(
-        "\n### MPS {tag}\n\n| MPS | frame | subs | mode | system | p50 | p99 | max | delivered | dropped | overruns | producer CPU/publish p50 (µs) | producer wall/publish p50 (µs) | kernel launch CPU p50 (µs), same pace |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "\n### MPS {tag}\n\n| MPS | frame | subs | mode | system | p50 | p50 by round | p99 | max | delivered | dropped | overruns | producer CPU/publish p50 (µs) | producer wall/publish p50 (µs) | kernel launch CPU p50 (µs), same pace |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
+    // Every case once per round, rounds interleaved; outcomes pooled.
+    let mut cases: Vec<CaseRuns> = Vec::new();
     for &(w, h, label) in plan.sizes {
         for &n in &plan.sub_counts {
             for &system in &plan.systems {
-                let case = Case {
+                cases.push(CaseRuns {
+                    size: (w, h, label),
+                    n,
                     system,
-                    width: w,
-                    height: h,
-                    subs: n,
-                    frames: plan.frames,
-                    warmup: 200,
-                    interval_us: 2000,
-                    dir: plan.dir.join(format!("{tag}-{}-{label}-{n}", system.key())),
-                };
-                let line = if procs::stop_requested() || Instant::now() > plan.deadline {
-                    format!(
-                        "| {tag} | {label} | {n} | {} | {} | skipped: out of time or stopped |\n",
-                        system.mode(),
-                        system.name()
-                    )
-                } else {
-                    match run_case(&case, mps, case_deadline(&case, plan)) {
-                        Ok(o) => {
-                            let (p50, p99, max) = (pct(&o.lat, 0.5), pct(&o.lat, 0.99), pct(&o.lat, 1.0));
-                            let (cpu, wall) = (pct(&o.pub_cpu, 0.5), pct(&o.pub_wall, 0.5));
-                            let launch = pct(&o.launch_cpu, 0.5);
-                            res.p50.insert((with_mps, label, n, system.key()), p50);
-                            res.jsonl.push_str(&format!(
-                                "{{\"bench\":\"latency\",\"mps\":\"{tag}\",\"frame\":\"{label}\",\"subs\":{n},\"mode\":\"{}\",\"system\":\"{}\",\"samples\":{},\"p50_us\":{p50:.1},\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"delivered\":{},\"dropped\":{},\"overruns\":{},\"queued\":{},\"pub_cpu_p50_us\":{cpu:.1},\"pub_wall_p50_us\":{wall:.1},\"launch_cpu_p50_us\":{launch:.1}}}\n",
-                                system.mode(),
-                                system.name(),
-                                o.lat.len(),
-                                o.delivered,
-                                o.dropped,
-                                o.overruns,
-                                o.queued
-                            ).replace("NaN", "null"));
-                            let delivered = if o.queued > 0 {
-                                format!("{} ({} queued)", o.delivered, o.queued)
-                            } else {
-                                o.delivered.to_string()
-                            };
-                            format!(
-                                "| {tag} | {label} | {n} | {} | {} | {p50:.1} | {p99:.1} | {max:.1} | {delivered} | {} | {} | {cpu:.1} | {wall:.1} | {} |\n",
-                                system.mode(),
-                                system.name(),
-                                o.dropped,
-                                o.overruns,
-                                if o.launch_cpu.is_empty() { "—".to_string() } else { format!("{launch:.1}") },
-                            )
-                        }
-                        Err(e) => format!(
-                            "| {tag} | {label} | {n} | {} | {} | failed: {e} |\n",
-                            system.mode(),
-                            system.name()
-                        ),
-                    }
-                };
-                eprint!("{line}");
-                report.push_str(&line);
+                    pooled: None,
+                    p50s: Vec::new(),
+                    failed: None,
+                });
             }
         }
+    }
+    'rounds: for round in 0..plan.rounds {
+        for c in cases.iter_mut() {
+            let ((w, h, label), n, system) = (c.size, c.n, c.system);
+            let (pooled, p50s, failed) = (&mut c.pooled, &mut c.p50s, &mut c.failed);
+            if failed.is_some() {
+                continue;
+            }
+            if procs::stop_requested() || Instant::now() > plan.deadline {
+                // What the rounds so far measured stands; a case never run
+                // says it was skipped.
+                break 'rounds;
+            }
+            let case = Case {
+                system,
+                width: w,
+                height: h,
+                subs: n,
+                frames: plan.frames,
+                warmup: 200,
+                interval_us: 2000,
+                dir: plan.dir.join(format!("{tag}-{}-{label}-{n}-r{round}", system.key())),
+            };
+            if plan.rounds > 1 {
+                eprintln!(
+                    "latency: round {}/{}, {label}, {n} subs, {}",
+                    round + 1,
+                    plan.rounds,
+                    system.key()
+                );
+            }
+            match run_case(&case, mps, case_deadline(&case, plan)) {
+                Ok(o) => {
+                    p50s.push(pct(&o.lat, 0.5));
+                    match pooled {
+                        Some(p) => p.merge(o),
+                        None => *pooled = Some(o),
+                    }
+                }
+                Err(e) => *failed = Some(format!("failed: {e}")),
+            }
+        }
+    }
+    for c in cases {
+        let ((_, _, label), n, system, p50s) = (c.size, c.n, c.system, c.p50s);
+        let line = match (c.pooled, c.failed) {
+            (Some(o), None) => {
+                let (p50, p99, max) = (pct(&o.lat, 0.5), pct(&o.lat, 0.99), pct(&o.lat, 1.0));
+                let (cpu, wall) = (pct(&o.pub_cpu, 0.5), pct(&o.pub_wall, 0.5));
+                let launch = pct(&o.launch_cpu, 0.5);
+                res.p50.insert((with_mps, label, n, system.key()), p50);
+                let rounds: Vec<String> = p50s.iter().map(|p| format!("{p:.1}")).collect();
+                res.jsonl.push_str(&format!(
+                    "{{\"bench\":\"latency\",\"mps\":\"{tag}\",\"frame\":\"{label}\",\"subs\":{n},\"mode\":\"{}\",\"system\":\"{}\",\"samples\":{},\"rounds\":{},\"p50_us\":{p50:.1},\"p50_by_round_us\":[{}],\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"delivered\":{},\"dropped\":{},\"overruns\":{},\"queued\":{},\"pub_cpu_p50_us\":{cpu:.1},\"pub_wall_p50_us\":{wall:.1},\"launch_cpu_p50_us\":{launch:.1}}}\n",
+                    system.mode(),
+                    system.name(),
+                    o.lat.len(),
+                    p50s.len(),
+                    rounds.join(","),
+                    o.delivered,
+                    o.dropped,
+                    o.overruns,
+                    o.queued
+                ).replace("NaN", "null"));
+                let delivered = if o.queued > 0 {
+                    format!("{} ({} queued)", o.delivered, o.queued)
+                } else {
+                    o.delivered.to_string()
+                };
+                format!(
+                    "| {tag} | {label} | {n} | {} | {} | {p50:.1} | {} | {p99:.1} | {max:.1} | {delivered} | {} | {} | {cpu:.1} | {wall:.1} | {} |\n",
+                    system.mode(),
+                    system.name(),
+                    rounds.join(" / "),
+                    o.dropped,
+                    o.overruns,
+                    if o.launch_cpu.is_empty() { "—".to_string() } else { format!("{launch:.1}") },
+                )
+            }
+            (_, why) => format!(
+                "| {tag} | {label} | {n} | {} | {} | {} |\n",
+                system.mode(),
+                system.name(),
+                why.unwrap_or_else(|| "skipped: out of time or stopped".into())
+            ),
+        };
+        eprint!("{line}");
+        report.push_str(&line);
     }
     report.push_str(&format!(
         "\nProducer CPU/publish is read between two `CLOCK_THREAD_CPUTIME_ID` reads around the publish call; \
@@ -1313,7 +1397,7 @@ fn ratio_tables(plan: &Plan, passes: &[bool], res: &Results) -> String {
 }
 
 fn usage() -> &'static str {
-    "latency bench: [--quick] [--throughput-only] [--no-rate] [--systems K,K..] [--subs N,N..] [--mps [off|on|both]] [--timeout-s S] [--out FILE]\n\
+    "latency bench: [--quick] [--throughput-only] [--no-rate] [--systems K,K..] [--subs N,N..] [--mps [off|on|both]] [--rounds R] [--timeout-s S] [--out FILE]\n\
      --quick: 1080p at 1, 4 and 8 subscribers, 300 measured frames each (and the rate at 1080p)\n\
      --systems: only these rows (keys vrp push, vrps push CPU commit, vr pull, vrq pull queued, vra pull after commit, vrf push futex wait, host, ipc; experiments, not run by default: ipcwd, ipcwh legacy IPC with a stream wait on a device / host word)\n\
      --subs: only these subscriber counts (default 1,4,8); --no-rate: skip the maximum-rate table\n\
@@ -1373,11 +1457,20 @@ fn main() -> R<()> {
     let out = value_of("--out").map(PathBuf::from);
     const SIZES: &[(u32, u32, &str)] = &[(1920, 1080, "1080p"), (3840, 2160, "4K")];
     const HD: &[(u32, u32, &str)] = &[(1920, 1080, "1080p")];
+    // `--rounds R`: every latency case R times, interleaved, samples pooled.
+    let rounds: usize = match args.iter().position(|a| a == "--rounds") {
+        Some(k) => args.get(k + 1).ok_or("--rounds N")?.parse()?,
+        None => 1,
+    };
+    if rounds == 0 {
+        return Err("--rounds: at least 1".into());
+    }
     let plan = Plan {
         sizes: if quick { HD } else { SIZES },
         sub_counts,
         systems,
         frames: if quick { 300 } else { 2000 },
+        rounds,
         throughput: !args.iter().any(|a| a == "--no-rate"),
         throughput_sizes: if quick { HD } else { SIZES },
         throughput_frames: if quick { 2000 } else { 5000 },

@@ -80,7 +80,13 @@ enum System {
     GpuFloor,
 }
 
-const SYSTEMS: [System; 5] = [System::Futex, System::Park, System::Cadence, System::Spin, System::GpuFloor];
+const SYSTEMS: [System; 5] = [
+    System::Futex,
+    System::Park,
+    System::Cadence,
+    System::Spin,
+    System::GpuFloor,
+];
 
 impl System {
     fn key(self) -> &'static str {
@@ -392,7 +398,10 @@ fn gpu_waker(c: &Case) -> R<()> {
             // Relaxed: the store happens before the driver call that
             // enqueues the GPU's write of `k`, which the waiter polls.
             ctl.t0_of(k).store(t0, Ordering::Relaxed);
-            common::ck("cuMemcpyDtoDAsync", sys::cuMemcpyDtoDAsync_v2(push, slot, bytes, g.stream))?;
+            common::ck(
+                "cuMemcpyDtoDAsync",
+                sys::cuMemcpyDtoDAsync_v2(push, slot, bytes, g.stream),
+            )?;
             common::ck(
                 "cuStreamWriteValue64",
                 sys::cuStreamWriteValue64_v2(g.stream, seq_word, k, 0),

@@ -843,7 +843,9 @@ impl Subscriber {
 
     /// Waits until `global_seq` passes `last` (or, with `announced` on a
     /// queued-pull subscriber, until `pending_seq` does: a commit has been
-    /// enqueued) and returns it.
+    /// enqueued; with `announced` on a push subscriber whose buffers are
+    /// attached, until `global_seq` or one of its `push_seq` words does,
+    /// which may be ahead of `global_seq`) and returns it.
     fn wait(&mut self, deadline: Instant, timeout: Duration, announced: bool) -> Result<u64> {
         if self.lease.draining() {
             return self.drain_next();
@@ -858,12 +860,17 @@ impl Subscriber {
                     seq: &header.seq.pending_seq,
                     producer: &header.producer,
                     pending: None,
+                    push: None,
                 }
             } else {
+                let entry = self.lease.entry();
+                // SYNC: push-seq — Acquire, as in `take_pushed`.
+                let attached = entry.push_count.load(Ordering::Acquire) as usize == PUSH_BUFFERS;
                 Bell {
                     seq: &header.seq.global_seq,
                     producer: &header.producer,
                     pending: Some(&header.seq.pending_seq),
+                    push: (announced && self.opts.push && attached).then_some(&entry.push_seq),
                 }
             };
             let lease = &self.lease;
@@ -997,7 +1004,12 @@ impl Subscriber {
                 });
             }
             if self.opts.push {
-                self.nothing_pushed(g, deadline, timeout)?;
+                // `g` may be a pushed frame's seq whose commit has not
+                // stored the slot's seq yet (the wait saw its push word
+                // first): only what `global_seq` says was committed is a gap.
+                // SYNC: global-seq — Acquire pairs with the commit's store.
+                let landed = self.header().seq.global_seq.load(Ordering::Acquire);
+                self.nothing_pushed(g.min(landed), deadline, timeout)?;
                 continue;
             }
             let Some((snap, skipped)) = self.next_snapshot(g) else {

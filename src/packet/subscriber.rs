@@ -395,6 +395,7 @@ impl PacketSubscriber {
                 seq: &h.seq.write_seq,
                 producer: &h.producer,
                 pending: None,
+                push: None,
             };
             let lease = &self.lease;
             let after = self.reader.done_through();

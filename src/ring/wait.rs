@@ -28,7 +28,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::layout::{ClientLine, ProducerLine, PRODUCER_CLOSED};
+use crate::layout::{ClientLine, ProducerLine, PRODUCER_CLOSED, PUSH_BUFFERS, SEQ_WRITING};
 use crate::sync::atomic::{fence, AtomicU64, Ordering};
 
 /// Why [`wait_on`] returned.
@@ -56,6 +56,12 @@ pub struct Bell<'a> {
     /// The newest seq whose commit is enqueued (`pending_seq` of a frame
     /// ring); `None` when commits are never in flight (packet rings).
     pub pending: Option<&'a AtomicU64>,
+    /// A push subscriber's `push_seq` words (its table entry): a frame
+    /// pushed to it ends the wait as soon as its word says so, before the
+    /// commit stores `global_seq` (behind one more system fence on the
+    /// GPU). The seq returned is then the pushed frame's, which may be
+    /// ahead of `global_seq`. `None`: `seq` alone.
+    pub push: Option<&'a [AtomicU64; PUSH_BUFFERS]>,
 }
 
 /// How long a subscriber spins on a commit it saw in flight before it parks
@@ -138,7 +144,16 @@ pub fn wait_with(
     let load = || {
         // SYNC: global-seq / packet-write-seq — Acquire pairs with the
         // publisher's Release store.
-        bell.seq.load(Ordering::Acquire)
+        let g = bell.seq.load(Ordering::Acquire);
+        bell.push.map_or(g, |words| {
+            words
+                .iter()
+                // SYNC: push-seq — Acquire pairs with the publisher's (or
+                // the commit kernel's) store after the copy.
+                .map(|w| w.load(Ordering::Acquire))
+                .filter(|s| s & SEQ_WRITING == 0)
+                .fold(g, u64::max)
+        })
     };
     let closed = || {
         // SYNC: producer-state — Acquire pairs with the publisher's Release on close.
@@ -335,6 +350,7 @@ mod tests {
             seq: &h.seq.global_seq,
             producer: &h.producer,
             pending: Some(&h.seq.pending_seq),
+            push: None,
         }
     }
 
@@ -462,6 +478,7 @@ mod tests {
                 seq: &self.seq,
                 producer: &self.producer,
                 pending: None,
+                push: None,
             }
         }
 
@@ -479,6 +496,36 @@ mod tests {
                 || true,
             )
         }
+    }
+
+    #[test]
+    fn a_pushed_frame_ends_the_wait_before_global_seq_moves_but_one_being_written_does_not() {
+        let w = words();
+        let push = [AtomicU64::new(3), AtomicU64::new(0), AtomicU64::new(0)];
+        let wait = |w: &Words, after: u64, ms: u64| {
+            wait_on(
+                Bell {
+                    push: Some(&push),
+                    ..w.bell()
+                },
+                &w.client,
+                after,
+                Instant::now() + Duration::from_millis(ms),
+                Duration::from_micros(100),
+                Duration::from_millis(5),
+                || true,
+            )
+        };
+        w.seq.store(3, Ordering::Release);
+        // Buffer 1 is being written for frame 4: not a frame yet.
+        push[1].store(4 | SEQ_WRITING, Ordering::Release);
+        assert_eq!(wait(&w, 3, 30), WaitOutcome::TimedOut);
+        // Its copy is done: the wait ends at 4, global_seq still 3.
+        push[1].store(4, Ordering::Release);
+        assert_eq!(wait(&w, 3, 1000), WaitOutcome::Advanced(4));
+        // global_seq ahead of every push word still counts.
+        w.seq.store(9, Ordering::Release);
+        assert_eq!(wait(&w, 4, 1000), WaitOutcome::Advanced(9));
     }
 
     /// A plan whose one window is `from..until`.

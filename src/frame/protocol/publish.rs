@@ -110,6 +110,7 @@ pub fn wait_for_seq(
         seq: &header.seq.global_seq,
         producer: &header.producer,
         pending: Some(&header.seq.pending_seq),
+        push: None,
     };
     wait_on(bell, client, after, deadline, spin, slice, alive)
 }

@@ -488,12 +488,8 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
         // stores the seqs (it would otherwise read the whole slot for
         // nothing).
         let vecs = if by_kernel && !dsts.is_empty() { c.len / 16 } else { 0 };
-        let chunks: Vec<&[(DevicePtr, DevicePtr)]> = if dsts.is_empty() {
-            vec![&[]]
-        } else {
-            dsts.chunks(MAX_FANOUT).collect()
-        };
-        let last = chunks.len() - 1;
+        // One launch per MAX_FANOUT targets, and one with none.
+        let launches = dsts.len().div_ceil(MAX_FANOUT).max(1);
         let body = |d: &D| -> Result<()> {
             if !by_kernel {
                 for &(dst, _) in &dsts {
@@ -502,7 +498,8 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
                     unsafe { d.memcpy_dtod_async(dst, src, c.len, stream) }?;
                 }
             }
-            for (i, chunk) in chunks.iter().enumerate() {
+            for i in 0..launches {
+                let chunk = &dsts[(i * MAX_FANOUT).min(dsts.len())..((i + 1) * MAX_FANOUT).min(dsts.len())];
                 let mut desc = CommitDesc {
                     src,
                     vecs,
@@ -514,7 +511,7 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
                     desc.dst[j] = dst;
                     desc.push_seq[j] = ps;
                 }
-                if i == last {
+                if i == launches - 1 {
                     desc.slot_seq = slot_seq;
                     desc.global_seq = global_seq;
                     desc.gate = gate;
