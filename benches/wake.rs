@@ -265,6 +265,18 @@ impl Ctl {
     fn up(&self) -> &AtomicU64 {
         self.word(5)
     }
+    /// A floor waiter's block, once it has told the producer it is ready.
+    fn waiter(c: &Case) -> R<Ctl> {
+        let ctl = Ctl::open(&c.shm())?;
+        // SYNC: bench-ready — Release, paired with the producer's Acquire.
+        ctl.ready().store(1, Ordering::Release);
+        Ok(ctl)
+    }
+    /// Whether the producer is still at it.
+    fn running(&self) -> bool {
+        // SYNC: bench-done — Acquire pairs with the producer's Release.
+        self.done().load(Ordering::Acquire) == 0
+    }
     /// GPU floor: the seq the producer's stream wrote last.
     fn gpu_seq(&self) -> &AtomicU64 {
         self.word(GPU_SEQ_WORD)
@@ -285,6 +297,47 @@ const T0_WORDS: usize = 64;
 fn write_result(c: &Case, lat: &[u64], delivered: u64, dropped: u64, cpu_ns: u64, wall_ns: u64) -> R<()> {
     write_samples(&c.dir.join("lat"), lat)?;
     write_samples(&c.dir.join("stats"), &[delivered, dropped, cpu_ns, wall_ns])
+}
+
+/// What a floor waiter counts: the measured frames' latencies, gaps, and
+/// its process CPU over the measured span.
+#[derive(Default)]
+struct Tally {
+    last: u64,
+    lat: Vec<u64>,
+    delivered: u64,
+    dropped: u64,
+    cpu0: u64,
+    wall0: u64,
+    cpu1: u64,
+    wall1: u64,
+}
+
+impl Tally {
+    /// Frame `seq`, published at `t0`, seen at `t1` (after `last`).
+    fn saw(&mut self, c: &Case, seq: u64, t0: u64, t1: u64) {
+        if seq > c.warmup {
+            if self.lat.is_empty() {
+                (self.cpu0, self.wall0) = (process_cpu_ns(), t1);
+            }
+            self.lat.push(t1.saturating_sub(t0));
+            self.delivered += 1;
+            self.dropped += seq - self.last - 1;
+            (self.cpu1, self.wall1) = (process_cpu_ns(), now_ns());
+        }
+        self.last = seq;
+    }
+
+    fn write(&self, c: &Case) -> R<()> {
+        write_result(
+            c,
+            &self.lat,
+            self.delivered,
+            self.dropped,
+            self.cpu1 - self.cpu0,
+            self.wall1 - self.wall0,
+        )
+    }
 }
 
 // ------------------------------------------------------------ futex floor
@@ -317,37 +370,23 @@ fn futex_waker(c: &Case) -> R<()> {
 }
 
 fn futex_waiter(c: &Case) -> R<()> {
-    let ctl = Ctl::open(&c.shm())?;
-    // SYNC: bench-ready — Release, paired with the producer's Acquire.
-    ctl.ready().store(1, Ordering::Release);
-    let (mut last, mut lat, mut dropped, mut delivered) = (0u64, Vec::new(), 0u64, 0u64);
-    let (mut cpu0, mut wall0, mut cpu1, mut wall1) = (0, 0, 0, 0);
-    // SYNC: bench-done — Acquire pairs with the waker's Release.
-    while ctl.done().load(Ordering::Acquire) == 0 {
+    let ctl = Ctl::waiter(c)?;
+    let mut tally = Tally::default();
+    while ctl.running() {
         // SYNC: bench-futex — Acquire pairs with the waker's Release; the
         // word is loaded before the seq, so a wake after it is not missed.
         let word = ctl.futex().load(Ordering::Acquire);
         // SYNC: bench-seq — Acquire pairs with the waker's Release.
         let seq = ctl.seq().load(Ordering::Acquire);
-        if seq > last {
+        if seq > tally.last {
             let t1 = now_ns();
-            let t0 = ctl.t0().load(Ordering::Relaxed);
-            if seq > c.warmup {
-                if lat.is_empty() {
-                    (cpu0, wall0) = (process_cpu_ns(), t1);
-                }
-                lat.push(t1.saturating_sub(t0));
-                delivered += 1;
-                dropped += seq - last - 1;
-                (cpu1, wall1) = (process_cpu_ns(), now_ns());
-            }
-            last = seq;
+            tally.saw(c, seq, ctl.t0().load(Ordering::Relaxed), t1);
             continue;
         }
         let ts = rustix::time::Timespec { tv_sec: 1, tv_nsec: 0 };
         let _ = rustix::thread::futex::wait(ctl.futex(), rustix::thread::futex::Flags::empty(), word, Some(&ts));
     }
-    write_result(c, &lat, delivered, dropped, cpu1 - cpu0, wall1 - wall0)
+    tally.write(c)
 }
 
 // ------------------------------------------------------------ GPU floor
@@ -420,35 +459,20 @@ fn gpu_waker(c: &Case) -> R<()> {
 }
 
 fn gpu_waiter(c: &Case) -> R<()> {
-    let ctl = Ctl::open(&c.shm())?;
-    // SYNC: bench-ready — Release, paired with the producer's Acquire.
-    ctl.ready().store(1, Ordering::Release);
-    let (mut last, mut lat, mut dropped, mut delivered) = (0u64, Vec::new(), 0u64, 0u64);
-    let (mut cpu0, mut wall0, mut cpu1, mut wall1) = (0, 0, 0, 0);
-    // SYNC: bench-done — Acquire pairs with the waker's Release.
-    while ctl.done().load(Ordering::Acquire) == 0 {
+    let ctl = Ctl::waiter(c)?;
+    let mut tally = Tally::default();
+    while ctl.running() {
         // Acquire: the GPU's write of the seq follows the producer's t0
         // store (see the waker).
         let seq = ctl.gpu_seq().load(Ordering::Acquire);
-        if seq <= last {
+        if seq <= tally.last {
             std::hint::spin_loop();
             continue;
         }
         let t1 = now_ns();
-        let t0 = ctl.t0_of(seq).load(Ordering::Relaxed);
-        if seq > c.warmup {
-            if lat.is_empty() {
-                (cpu0, wall0) = (process_cpu_ns(), t1);
-            } else {
-                dropped += seq - last - 1;
-            }
-            lat.push(t1.saturating_sub(t0));
-            delivered += 1;
-            (cpu1, wall1) = (process_cpu_ns(), now_ns());
-        }
-        last = seq;
+        tally.saw(c, seq, ctl.t0_of(seq).load(Ordering::Relaxed), t1);
     }
-    write_result(c, &lat, delivered, dropped, cpu1 - cpu0, wall1 - wall0)
+    tally.write(c)
 }
 
 // ------------------------------------------------------------ vramring
