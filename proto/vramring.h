@@ -95,7 +95,7 @@
 /* vr_ring_info.ring_flags (version 4; unknown bits: refuse the ring) */
 /* The pool ends with a gate line (CUDA only): the publisher stores every
  * committed seq into the u64 at pool offset slot_count * slot_stride, in
- * device memory, no earlier than global_seq (PROTOCOL.md 8.5, 10.1). A
+ * device memory, once the frame's bytes are complete (PROTOCOL.md 8.5, 10.1). A
  * queued pull waits on it with cuStreamWaitValue64 (ADR 0011). */
 #define VR_RING_GATE 1u
 #define VR_RING_FLAGS_KNOWN 1u

@@ -103,7 +103,8 @@ pub const SUBF_PUSH: u32 = 8;
 /// `SharedRingInfo.ring_flags`: the pool ends with a gate line (CUDA, layout
 /// version 4, ADR 0011): the publisher stores every committed seq into the
 /// 64-bit word at pool offset `slot_count * slot_stride`, in device memory,
-/// after the frame's bytes and no earlier than `global_seq`. A queued pull
+/// once the frame's bytes are complete (the commit kernel: before its host
+/// stores of the seqs; a CPU commit: after `global_seq`). A queued pull
 /// makes its stream wait on that word instead of on `global_seq` in host
 /// memory.
 pub const RING_GATE: u32 = 1;

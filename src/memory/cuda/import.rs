@@ -200,7 +200,6 @@ impl<D: Driver> CudaImport<D> {
         &self.driver
     }
 
-    /// Device address of the word queued copies wait on (ADR 0010), once
     /// Whether device attribute `a` reads 1.
     fn able(&self, a: u32) -> bool {
         self.driver
@@ -215,7 +214,9 @@ impl<D: Driver> CudaImport<D> {
         (!only_mps || self.able(attr::MPS_ENABLED)) && self.able(attr::CAN_USE_64_BIT_STREAM_MEM_OPS)
     }
 
-    /// [`ImportedPool::enable_gate`] succeeded.
+    /// Device address of the word queued copies wait on (ADR 0010 / 0011),
+    /// once [`ImportedPool::enable_gate`] or
+    /// [`ImportedPool::enable_pool_gate`] succeeded.
     pub fn gate_word(&self) -> Option<DevicePtr> {
         self.gate.as_ref().map(|g| g.word)
     }
