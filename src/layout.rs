@@ -113,6 +113,11 @@ pub const RING_FLAGS_KNOWN: u32 = RING_GATE;
 /// Bytes of the gate line at the end of a pool that has one.
 pub const GATE_BYTES: u64 = 64;
 
+/// Pool offset of the gate line: right after the last slot.
+pub const fn gate_line_offset(slot_count: u32, slot_stride: u64) -> u64 {
+    slot_count as u64 * slot_stride
+}
+
 /// `SlotDesc.flags`: user flag, the frame is a keyframe / scene start.
 pub const FRAME_KEY: u32 = 1;
 /// `SlotDesc.flags`: user flag, a discontinuity precedes this frame.
@@ -464,7 +469,7 @@ impl RingInfo {
     /// Pool offset of the gate word ([`RING_GATE`]), when the pool has one.
     pub const fn gate_offset(&self) -> Option<u64> {
         if self.flags & RING_GATE != 0 {
-            Some(self.slot_count as u64 * self.geometry.slot_stride)
+            Some(gate_line_offset(self.slot_count, self.geometry.slot_stride))
         } else {
             None
         }

@@ -616,7 +616,7 @@ impl Publisher {
         geometry: Geometry,
     ) -> Result<(Arc<Shared>, ExitWorker)> {
         let epoch = crate::ring::random_epoch();
-        let gate_offset = geometry.slot_stride * u64::from(cfg.slots);
+        let gate_offset = layout::gate_line_offset(cfg.slots, geometry.slot_stride);
         let gate = gate_offset + layout::GATE_BYTES <= pool.pool_bytes() && pool.enable_gate_line(gate_offset)?;
         let info = RingInfo {
             epoch,

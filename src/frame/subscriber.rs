@@ -634,16 +634,15 @@ impl Subscriber {
             let only_mps = sub.opts.pull_start == PullStart::Auto;
             // The pool's gate word in device memory (ADR 0011) where the
             // ring keeps one; `global_seq` in host memory (ADR 0010) else.
-            let on_pool = match sub.info.gate_offset() {
+            match sub.info.gate_offset() {
                 Some(off) => sub.pool.enable_pool_gate(off, only_mps)?,
-                None => false,
+                None => {
+                    let header = sub.header();
+                    let word = std::ptr::from_ref(&header.seq.global_seq) as u64 - sub.control.as_ptr() as u64;
+                    sub.pool
+                        .enable_gate(control_fd.as_fd(), sub.control.len() as u64, word, only_mps)?
+                }
             };
-            if !on_pool && sub.info.gate_offset().is_none() {
-                let header = sub.header();
-                let word = std::ptr::from_ref(&header.seq.global_seq) as u64 - sub.control.as_ptr() as u64;
-                sub.pool
-                    .enable_gate(control_fd.as_fd(), sub.control.len() as u64, word, only_mps)?;
-            }
         }
         // The service stored our cursor before it sent the Welcome
         // (sendmsg/recvmsg order it); nobody else writes it.

@@ -44,6 +44,15 @@ pub struct CudaPool<D: Driver = RealDriver> {
     host_regs: Vec<HostReg>,
 }
 
+/// The stream GPU work ordered after `completion`'s writes goes on: the
+/// writer's, or the legacy default stream for writes already complete.
+fn completion_stream(completion: WriteCompletion) -> CuStream {
+    match completion {
+        WriteCompletion::CudaStream(s) => CuStream::from_raw(s),
+        WriteCompletion::Host => CuStream::from_raw(std::ptr::null_mut()),
+    }
+}
+
 /// Host memory registered for the GPU's commit stores.
 #[derive(Debug, Clone, Copy)]
 struct HostReg {
@@ -342,10 +351,7 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
         check_range("push buffer", dst_offset, len, t.bytes())?;
         check_range("pool", src_offset, len, self.bytes)?;
         let (dst, src) = (t.addr() + dst_offset, self.device_ptr() + src_offset);
-        let stream = match completion {
-            WriteCompletion::CudaStream(s) => CuStream::from_raw(s),
-            WriteCompletion::Host => CuStream::from_raw(std::ptr::null_mut()),
-        };
+        let stream = completion_stream(completion);
         let body = |d: &D| -> Result<()> {
             // SAFETY: both ranges are inside live mappings of this context
             // (checked above); `stream` is the caller's live stream (or the
@@ -432,10 +438,7 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
         let ctx = self.context()?;
         check_range("pool", offset, 8, self.bytes)?;
         let at = self.device_ptr() + offset;
-        let stream = match completion {
-            WriteCompletion::CudaStream(s) => CuStream::from_raw(s),
-            WriteCompletion::Host => CuStream::from_raw(std::ptr::null_mut()),
-        };
+        let stream = completion_stream(completion);
         let body = |d: &D| -> Result<()> {
             // SAFETY: 8 bytes at `at` lie in the pool's live mapping (checked
             // above), which `close` unmaps only after synchronising; the
@@ -452,10 +455,7 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
             what: "a stream-order commit before commit memory was registered",
             backend: "cuda",
         })?;
-        let stream = match completion {
-            WriteCompletion::CudaStream(s) => CuStream::from_raw(s),
-            WriteCompletion::Host => CuStream::from_raw(std::ptr::null_mut()),
-        };
+        let stream = completion_stream(completion);
         let regs = &self.host_regs;
         let word = |w: &crate::sync::atomic::AtomicU64| -> Result<DevicePtr> {
             let a = w as *const _ as usize;
