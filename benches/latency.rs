@@ -436,9 +436,12 @@ fn vr_producer(c: &Case, shm_path: &Path) -> R<()> {
         std::thread::sleep(Duration::from_millis(1));
     }
     // The floor under the publish column, paced as the frames are, while
-    // the subscribers wait (their first frame comes after it).
-    let floor = launch_floor(&gpu, c.interval_us.max(1000), 300)?;
-    write_samples(&c.dir.join("launch-cpu"), &floor)?;
+    // the subscribers wait (their first frame comes after it). Paced cases
+    // only: the unpaced rate table has no such column.
+    if c.interval_us > 0 {
+        let floor = launch_floor(&gpu, c.interval_us, 300)?;
+        write_samples(&c.dir.join("launch-cpu"), &floor)?;
+    }
     let mut cpu = Vec::new();
     let mut wall = Vec::new();
     let start = Instant::now();
