@@ -576,7 +576,11 @@ fn vr_subscriber(c: &Case) -> R<()> {
     let mut lat = Vec::with_capacity(c.frames as usize);
     let (mut cpu0, mut wall0, mut cpu1, mut wall1) = (0, 0, 0, 0);
     let (mut delivered, mut first_dropped) = (0u64, None);
+    // Cadence row: each frame's latency by how its wait ended (caught in
+    // the window, came before it, came after a missed one, no window).
+    let mut by_class: [Vec<u64>; 4] = Default::default();
     loop {
+        let before = s.cadence();
         match s.next(Duration::from_secs(2)) {
             Ok(f) => {
                 let t1 = now_ns();
@@ -585,6 +589,17 @@ fn vr_subscriber(c: &Case) -> R<()> {
                     if lat.is_empty() {
                         (cpu0, wall0) = (process_cpu_ns(), t1);
                     }
+                    let after = s.cadence();
+                    let class = if after.hits > before.hits {
+                        0
+                    } else if after.early > before.early {
+                        1
+                    } else if after.misses > before.misses {
+                        2
+                    } else {
+                        3
+                    };
+                    by_class[class].push(t1.saturating_sub(t0));
                     lat.push(t1.saturating_sub(t0));
                     delivered += 1;
                     (cpu1, wall1) = (process_cpu_ns(), now_ns());
@@ -601,18 +616,38 @@ fn vr_subscriber(c: &Case) -> R<()> {
     let dropped = s.stats().dropped - first_dropped.unwrap_or(s.stats().dropped);
     if c.system == System::Cadence {
         let st = s.cadence();
+        let classes = ["caught in the window", "came before it", "came after it", "no window"]
+            .iter()
+            .zip(by_class.iter_mut())
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(name, v)| {
+                v.sort_unstable();
+                format!(
+                    "{name}: {} (p50 {:.1}, max {:.1} µs)",
+                    v.len(),
+                    pct(v, 0.5),
+                    pct(v, 1.0)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
         std::fs::write(
             c.dir.join("cadence"),
             format!(
-                "interval {} µs, margin {:.0} µs, tolerance {:.0} µs, windows {}, hits {}, misses {}",
+                "interval {} µs ({}), margin {:.0} µs, tolerance {:.0} µs, windows {}, hits {}, misses {}, early {}; p99 timer overshoot {:.0} µs, p99 commit error {:.0} µs early / {:.0} µs late",
                 st.interval_ns
                     .map_or("none".into(), |i| format!("{:.1}", i as f64 / 1000.0)),
+                if st.grid { "grid" } else { "last commit" },
                 st.margin_ns as f64 / 1000.0,
                 st.tolerance_ns as f64 / 1000.0,
                 st.windows,
                 st.hits,
-                st.misses
-            ),
+                st.misses,
+                st.early,
+                st.overshoot_ns as f64 / 1000.0,
+                st.early_ns as f64 / 1000.0,
+                st.late_ns as f64 / 1000.0
+            ) + "\nwake:   frames by how the wait ended: " + &classes,
         )?;
     }
     write_result(c, &lat, delivered, dropped, cpu1 - cpu0, wall1 - wall0)

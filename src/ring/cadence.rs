@@ -65,6 +65,9 @@ pub enum WaitStrategy {
 
 /// Intervals kept to estimate the cadence.
 const INTERVALS: usize = 32;
+/// Recent commits kept to place the publisher's grid. Few: the interval's
+/// own error is carried forward once per frame of age.
+const GRID: usize = 8;
 /// Intervals needed before the estimate is trusted.
 const MIN_INTERVALS: usize = 8;
 /// Samples kept for each error distribution (overshoot, early, late, seen).
@@ -97,21 +100,21 @@ const DEFAULT_BUDGET_BP: u64 = 150;
 
 /// A fixed ring of the newest `N` samples.
 #[derive(Debug, Clone)]
-struct Samples<const N: usize> {
-    v: [u64; N],
+struct Samples<const N: usize, T = u64> {
+    v: [T; N],
     len: usize,
     next: usize,
 }
 
-impl<const N: usize> Samples<N> {
-    const fn new() -> Self {
+impl<const N: usize, T: Copy> Samples<N, T> {
+    const fn filled(zero: T) -> Self {
         Samples {
-            v: [0; N],
+            v: [zero; N],
             len: 0,
             next: 0,
         }
     }
-    fn push(&mut self, x: u64) {
+    fn push(&mut self, x: T) {
         self.v[self.next] = x;
         self.next = (self.next + 1) % N;
         self.len = (self.len + 1).min(N);
@@ -122,6 +125,15 @@ impl<const N: usize> Samples<N> {
     }
     fn len(&self) -> usize {
         self.len
+    }
+    fn values(&self) -> &[T] {
+        &self.v[..self.len]
+    }
+}
+
+impl<const N: usize> Samples<N> {
+    const fn new() -> Self {
+        Samples::filled(0)
     }
     /// The `p` quantile (0.0..=1.0, nearest rank), or `None` when empty.
     fn quantile(&self, p: f64) -> Option<u64> {
@@ -135,9 +147,6 @@ impl<const N: usize> Samples<N> {
         let k = ((self.len - 1) as f64 * p.clamp(0.0, 1.0)).round() as usize;
         s.get(k).copied()
     }
-    fn values(&self) -> &[u64] {
-        &self.v[..self.len]
-    }
     /// The `p` quantile of `|x − center|`.
     fn spread(&self, center: u64, p: f64) -> Option<u64> {
         let mut d = Samples::<N>::new();
@@ -145,6 +154,43 @@ impl<const N: usize> Samples<N> {
             d.push(x.abs_diff(center));
         }
         d.quantile(p)
+    }
+}
+
+/// How far one way of predicting the next commit was off: how much earlier
+/// and how much later than predicted frames were committed.
+#[derive(Debug, Clone)]
+struct Errors {
+    early: Samples<SAMPLES>,
+    late: Samples<SAMPLES>,
+}
+
+impl Errors {
+    const fn new() -> Self {
+        Errors {
+            early: Samples::new(),
+            late: Samples::new(),
+        }
+    }
+    fn push(&mut self, expected: u64, commit_ns: u64) {
+        if commit_ns >= expected {
+            self.late.push(commit_ns - expected);
+        } else {
+            self.early.push(expected - commit_ns);
+        }
+    }
+    fn clear(&mut self) {
+        self.early.clear();
+        self.late.clear();
+    }
+    /// The window this prediction needs to catch 99 % of frames (its 99th
+    /// percentiles early and late, added), once it has been tried on
+    /// enough frames.
+    fn width(&self) -> Option<u64> {
+        (self.early.len() + self.late.len() >= MIN_INTERVALS).then(|| {
+            let q = |s: &Samples<SAMPLES>| s.quantile(0.99).unwrap_or(0);
+            q(&self.early).saturating_add(q(&self.late))
+        })
     }
 }
 
@@ -173,9 +219,23 @@ pub struct CadenceState {
     pub windows: u64,
     /// Frames caught spinning inside their window.
     pub hits: u64,
-    /// Windows that ended without their frame, or frames that came before
-    /// their window opened.
+    /// Windows that ended without their frame (it came later, or never).
     pub misses: u64,
+    /// Frames that came before their window's spin began (woken through
+    /// the doorbell, or by a timer that fired late).
+    pub early: u64,
+    /// The 99th percentile of the timer's overshoot (how late a park meant
+    /// to end at a window's start returned), ns; 0 before one is measured.
+    pub overshoot_ns: u64,
+    /// The 99th percentiles of how early and how late than predicted
+    /// frames were committed, by the prediction in use, ns.
+    pub early_ns: u64,
+    /// See `early_ns`.
+    pub late_ns: u64,
+    /// Whether the next commit is predicted from the publisher's grid (the
+    /// earliest of the recent commits carried forward) rather than from
+    /// its last commit: whichever has needed the narrower window lately.
+    pub grid: bool,
 }
 
 /// The cadence estimator and timing policy (see the module docs).
@@ -188,10 +248,18 @@ pub struct Cadence {
     intervals: Samples<INTERVALS>,
     /// Locked interval (0: unlocked).
     interval: u64,
-    /// How much earlier than expected frames were committed.
-    early: Samples<SAMPLES>,
-    /// How much later than expected frames were committed.
-    late: Samples<SAMPLES>,
+    /// The newest `(seq, commit_ns)` observed, to place the grid.
+    recent: Samples<GRID, (u64, u64)>,
+    /// The errors of predicting each commit as the last one plus the
+    /// interval (right for a source that sleeps an interval after each
+    /// frame: its lateness carries over).
+    by_last: Errors,
+    /// The errors of predicting it from the publisher's grid: the earliest
+    /// of the recent commits carried forward by the interval (right for a
+    /// source paced by a clock, a camera or an absolute timer: a late frame
+    /// does not make the next one late, and predicting from it would make
+    /// the next one look early).
+    by_grid: Errors,
     /// How late the park's timer woke us after the window's start.
     overshoot: Samples<SAMPLES>,
     /// From a frame's commit to the moment a spinning wait saw it.
@@ -207,6 +275,7 @@ pub struct Cadence {
     windows: u64,
     hits: u64,
     misses: u64,
+    early: u64,
 }
 
 impl Default for Cadence {
@@ -224,8 +293,9 @@ impl Cadence {
             last: None,
             intervals: Samples::new(),
             interval: 0,
-            early: Samples::new(),
-            late: Samples::new(),
+            recent: Samples::filled((0, 0)),
+            by_last: Errors::new(),
+            by_grid: Errors::new(),
             overshoot: Samples::new(),
             seen: Samples::new(),
             pending: None,
@@ -235,6 +305,7 @@ impl Cadence {
             windows: 0,
             hits: 0,
             misses: 0,
+            early: 0,
         }
     }
 
@@ -247,6 +318,54 @@ impl Cadence {
             windows: self.windows,
             hits: self.hits,
             misses: self.misses,
+            early: self.early,
+            overshoot_ns: self.overshoot.quantile(0.99).unwrap_or(0),
+            early_ns: self.errors().early.quantile(0.99).unwrap_or(0),
+            late_ns: self.errors().late.quantile(0.99).unwrap_or(0),
+            grid: self.grid_chosen(),
+        }
+    }
+
+    /// Whether the grid predicts better than the last commit: it has
+    /// needed a narrower window over the recent frames.
+    fn grid_chosen(&self) -> bool {
+        matches!((self.by_grid.width(), self.by_last.width()), (Some(g), Some(l)) if g < l)
+    }
+
+    /// The errors of the prediction in use.
+    fn errors(&self) -> &Errors {
+        if self.grid_chosen() {
+            &self.by_grid
+        } else {
+            &self.by_last
+        }
+    }
+
+    /// Where the publisher's grid puts the commit of `seq`: the earliest of
+    /// the recent commits, each carried forward by the interval. `None`
+    /// while unlocked or with no recent commit before `seq`.
+    fn grid_expect(&self, seq: u64) -> Option<u64> {
+        if self.interval == 0 {
+            return None;
+        }
+        self.recent
+            .values()
+            .iter()
+            .filter_map(|&(s, c)| {
+                let k = seq.checked_sub(s).filter(|&k| k > 0)?;
+                c.checked_add(self.interval.checked_mul(k)?)
+            })
+            .min()
+    }
+
+    /// The commit of `seq` predicted the way that has worked best lately.
+    fn expect(&self, seq: u64) -> Option<u64> {
+        let (last_seq, last_commit) = self.last?;
+        let by_last = last_commit.checked_add(self.interval.checked_mul(seq.checked_sub(last_seq)?)?)?;
+        if self.grid_chosen() {
+            self.grid_expect(seq)
+        } else {
+            Some(by_last)
         }
     }
 
@@ -260,12 +379,13 @@ impl Cadence {
     /// CPU budget.
     fn bounds(&self) -> (u64, u64) {
         let over = self.overshoot.quantile(0.99).unwrap_or(DEFAULT_OVERSHOOT_NS);
-        let early = self.early.quantile(0.99).unwrap_or(0);
+        let errors = self.errors();
+        let early = errors.early.quantile(0.99).unwrap_or(0);
         let margin = over
             .saturating_add(early)
             .saturating_add(SLACK_NS)
             .clamp(MARGIN_MIN_NS, MARGIN_MAX_NS);
-        let late = self.late.quantile(0.99).unwrap_or(0);
+        let late = errors.late.quantile(0.99).unwrap_or(0);
         let seen_spread = match (self.seen.quantile(0.99), self.seen.quantile(0.1)) {
             (Some(hi), Some(lo)) => hi.saturating_sub(lo),
             _ => 0,
@@ -297,8 +417,9 @@ impl Cadence {
     fn unlock(&mut self) {
         self.intervals.clear();
         self.interval = 0;
-        self.early.clear();
-        self.late.clear();
+        self.recent.clear();
+        self.by_last.clear();
+        self.by_grid.clear();
         self.missed_in_row = 0;
         self.pending = None;
     }
@@ -321,12 +442,12 @@ impl Cadence {
         }
         self.pending = None;
         self.caught_ns = None;
-        let (_, last_commit) = self.last?;
+        let (last_seq, _) = self.last?;
         if self.interval == 0 {
             return None;
         }
         let seen = self.seen.quantile(0.1).unwrap_or(0);
-        let expected = last_commit.checked_add(self.interval)?.checked_add(seen)?;
+        let expected = self.expect(last_seq.checked_add(1)?)?.checked_add(seen)?;
         let tolerance = self.tolerance();
         let until = expected.checked_add(tolerance)?;
         if now_ns >= until {
@@ -379,9 +500,12 @@ impl Cadence {
             self.miss();
         }
         // Advanced before the window's spin (an early frame, or a late
-        // timer, woken through the doorbell: its timestamp teaches
-        // `early`), or stopped inside it (a short timeout, a socket
+        // timer, woken through the doorbell: its timestamp teaches the
+        // early errors), or stopped inside it (a short timeout, a socket
         // message): no miss.
+        if advanced && !spun {
+            self.early += 1;
+        }
     }
 
     fn miss(&mut self) {
@@ -403,37 +527,40 @@ impl Cadence {
             return;
         }
         let Some((last_seq, last_commit)) = self.last.replace((seq, commit_ns)) else {
+            self.recent.push((seq, commit_ns));
             return;
         };
         if seq <= last_seq || commit_ns <= last_commit {
             // Backwards: a restarted or lying publisher.
             self.unlock();
+            self.recent.push((seq, commit_ns));
             return;
         }
         let step = seq - last_seq;
         if step > MAX_SEQ_STEP {
             // A gap too wide to read an interval across (a pause, a slow
-            // reader): learn the interval again from here.
+            // reader): learn the interval and the grid again from here.
             self.intervals.clear();
             self.interval = 0;
+            self.recent.clear();
+            self.recent.push((seq, commit_ns));
             return;
         }
         let delta = (commit_ns - last_commit) / step;
         if !(MIN_INTERVAL_NS..=MAX_INTERVAL_NS).contains(&delta) {
             self.unlock();
+            self.recent.push((seq, commit_ns));
             return;
         }
         if self.interval != 0 {
-            let expected = last_commit.saturating_add(self.interval.saturating_mul(step));
-            if commit_ns >= expected {
-                self.late.push(commit_ns - expected);
-            } else {
-                self.early.push(expected - commit_ns);
-            }
+            let by_last = last_commit.saturating_add(self.interval.saturating_mul(step));
+            self.by_last.push(by_last, commit_ns);
+            self.by_grid.push(self.grid_expect(seq).unwrap_or(by_last), commit_ns);
             if let Some(c) = caught {
                 self.seen.push(c.saturating_sub(commit_ns).min(TOLERANCE_MAX_NS));
             }
         }
+        self.recent.push((seq, commit_ns));
         self.intervals.push(delta);
         self.relock();
     }
@@ -576,6 +703,68 @@ mod tests {
         assert!(w.expected_ns - w.from_ns >= MARGIN_MIN_NS);
     }
 
+    /// A deterministic pseudo-random number in `0..n` for step `k`.
+    fn noise(k: u64, n: u64) -> u64 {
+        let mut x = k.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x2545_f491_4f6c_dd1d;
+        x ^= x >> 29;
+        x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x ^= x >> 32;
+        x % n
+    }
+
+    #[test]
+    fn a_clock_paced_source_is_predicted_from_its_grid() {
+        // A camera, or a producer sleeping to absolute due times: each
+        // frame is up to 40 µs late, every fifth 300 µs, never early.
+        let late = |k: u64| if k % 5 == 0 { 300 * US } else { noise(k, 40 * US) };
+        let mut c = Cadence::new();
+        let t0 = 1_000 * MS;
+        let mut t = 0;
+        for k in 0..=60 {
+            t = t0 + k * 40 * MS + late(k);
+            c.observe(k + 1, t, t + 10 * US);
+        }
+        assert_eq!(t, t0 + 60 * 40 * MS + 300 * US, "the last frame was a late one");
+        let st = c.state();
+        assert!(st.grid, "{st:?}");
+        // The next frame is expected near the grid (within the interval
+        // estimate's error carried over a few frames), not 300 µs after it
+        // as the late last frame would say; the window reaches past it by
+        // what the late frames need.
+        let w = c.plan(t + 20 * US).expect("a window");
+        let due = t0 + 61 * 40 * MS;
+        assert!(
+            w.expected_ns >= due && w.expected_ns < due + 100 * US,
+            "{w:?} against {due}"
+        );
+        assert!(w.until_ns >= due + 300 * US, "{w:?}");
+        // Predicted from the last commit, this source needs a window of
+        // ±300 µs; from the grid, 300 µs late and nearly nothing early.
+        assert!(
+            c.by_grid.width() < c.by_last.width(),
+            "{:?} {:?}",
+            c.by_grid.width(),
+            c.by_last.width()
+        );
+    }
+
+    #[test]
+    fn a_source_that_sleeps_after_each_frame_is_predicted_from_its_last_commit() {
+        // A producer that sleeps 40 ms after each frame: its lateness
+        // carries over, and the grid drifts away from the earliest commit.
+        let mut c = Cadence::new();
+        let mut t = 1_000 * MS;
+        for k in 0..=60 {
+            t += 40 * MS + noise(k, 300 * US);
+            c.observe(k + 1, t, t + 10 * US);
+        }
+        let st = c.state();
+        assert!(!st.grid, "{st:?}");
+        let w = c.plan(t + 20 * US).expect("a window");
+        let iv = st.interval_ns.expect("locked");
+        assert_eq!(w.expected_ns, t + iv);
+    }
+
     #[test]
     fn does_not_lock_before_enough_intervals() {
         let mut c = Cadence::new();
@@ -591,14 +780,20 @@ mod tests {
         let mut c = Cadence::new();
         // ±200 µs of jitter around a 40 ms grid.
         let jit = |k: u64| if k % 2 == 0 { 200_000 } else { -200_000 };
-        let last = feed(&mut c, 1, 40, 1_000 * MS, 40 * MS, jit);
+        // Long enough for the errors of the first locked frames, while the
+        // interval was still settling, to age out.
+        let last = feed(&mut c, 1, 100, 1_000 * MS, 40 * MS, jit);
         let st = c.state();
         let iv = st.interval_ns.expect("locked");
         assert!(iv.abs_diff(40 * MS) <= 400 * US, "{iv}");
-        // The spread of arrivals is learned: the window covers the early
-        // side up to the budget.
-        assert!(st.margin_ns > 200 * US, "{st:?}");
-        assert!(c.plan(last + US).is_some());
+        // The spread of arrivals is learned: the next frame (on the late
+        // side) and one on the early side both fall inside the window.
+        let w = c.plan(last + US).expect("a window");
+        let due = 1_000 * MS + 100 * 40 * MS;
+        assert!(
+            w.from_ns <= due - 200 * US && w.until_ns >= due + 200 * US,
+            "{w:?} {st:?}"
+        );
     }
 
     #[test]
@@ -769,6 +964,7 @@ mod tests {
         c.waited(true, false, w.from_ns - MS);
         assert_eq!(c.state().misses, 0);
         assert_eq!(c.state().hits, 1);
+        assert_eq!(c.state().early, 1, "counted as early");
     }
 
     #[test]

@@ -177,6 +177,8 @@ pub fn wait_with(
         crate::sync::spin_hint();
     }
     let mut window = plan.window();
+    // Restores the thread's timer slack when the wait returns.
+    let mut precise: Option<PreciseTimer> = None;
     loop {
         if closed() {
             // A frame may have been committed just before the close.
@@ -219,8 +221,12 @@ pub fn wait_with(
             client.parked.store(0, Ordering::Relaxed);
             return WaitOutcome::Advanced(g);
         }
-        // A planned window ends the park early (`from > now` here).
+        // A planned window ends the park early (`from > now` here), on a
+        // timer without the thread's default 50 µs slack.
         let timer = window.map(|w| w.from);
+        if timer.is_some() && precise.is_none() {
+            precise = Some(PreciseTimer::hold());
+        }
         let mut limit = (deadline - now).min(timer.map_or(slice, |from| slice.min(from - now)));
         if let Some(pending) = bell.pending {
             // SYNC: pending — Relaxed, ordered by the SeqCst fence above
@@ -266,6 +272,49 @@ pub fn wait_with(
         }
         if !alive() {
             return WaitOutcome::Stopped;
+        }
+    }
+}
+
+/// The calling thread's timer slack held at 1 ns for as long as this
+/// lives, then put back.
+///
+/// Linux lets a futex timeout fire up to the thread's timer slack late (50
+/// µs by default, `prctl(PR_SET_TIMERSLACK)`), so that timers can be
+/// batched. A park meant to end just before the frame is due would then
+/// wake up to 50 µs later than asked, on every frame. The window's margin
+/// absorbs that, but as spin: CPU spent on every frame, and budget not left
+/// for the tail the margin exists to cover. The slack is per thread; it is
+/// lowered only while a planned wait is parked on its timer and restored
+/// when the wait returns, so the caller's thread keeps its own setting.
+/// Where `prctl` fails (a seccomp profile that refuses it) nothing changes
+/// and the margin still absorbs the slack.
+struct PreciseTimer {
+    /// The slack to put back, when it was changed.
+    restore: Option<std::num::NonZeroU64>,
+}
+
+impl PreciseTimer {
+    fn hold() -> Self {
+        #[cfg(not(loom))]
+        {
+            let restore = rustix::thread::current_timer_slack()
+                .ok()
+                .and_then(std::num::NonZeroU64::new)
+                .filter(|&old| old.get() > 1)
+                .filter(|_| rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1)).is_ok());
+            PreciseTimer { restore }
+        }
+        #[cfg(loom)]
+        PreciseTimer { restore: None }
+    }
+}
+
+impl Drop for PreciseTimer {
+    fn drop(&mut self) {
+        #[cfg(not(loom))]
+        if let Some(old) = self.restore {
+            let _ = rustix::thread::set_current_timer_slack(Some(old));
         }
     }
 }
@@ -530,18 +579,43 @@ mod tests {
 
     /// A plan whose one window is `from..until`.
     fn window(from: Instant, until: Instant) -> Fixed {
-        Fixed(Some(SpinWindow { from, until }), 0)
+        Fixed(Some(SpinWindow { from, until }), 0, 0)
     }
 
-    /// A fixed window, counting the timer reports.
-    struct Fixed(Option<SpinWindow>, u32);
+    /// A fixed window, counting the timer reports and noting the thread's
+    /// timer slack at the last one (the park that just ended ran on it).
+    struct Fixed(Option<SpinWindow>, u32, u64);
     impl WaitPlan for Fixed {
         fn window(&mut self) -> Option<SpinWindow> {
             self.0
         }
         fn timer_woke(&mut self, _late: Duration) {
             self.1 += 1;
+            self.2 = rustix::thread::current_timer_slack().expect("PR_GET_TIMERSLACK");
         }
+    }
+
+    #[test]
+    fn the_window_timer_runs_without_slack_and_the_threads_own_is_put_back() {
+        let own = std::num::NonZeroU64::new(123_456);
+        rustix::thread::set_current_timer_slack(own).expect("PR_SET_TIMERSLACK");
+        let w = words();
+        let start = Instant::now();
+        let mut plan = window(start + Duration::from_millis(5), start + Duration::from_millis(10));
+        let out = w.wait_planned(start + Duration::from_millis(30), Duration::from_millis(20), &mut plan);
+        assert_eq!(out, WaitOutcome::TimedOut);
+        assert_eq!(plan.1, 1, "the park's timer ended at the window");
+        assert_eq!(plan.2, 1, "the park to the window ran on a 1 ns slack");
+        assert_eq!(rustix::thread::current_timer_slack().ok(), own.map(|n| n.get()));
+        // A wait with no window leaves the slack alone throughout.
+        let mut none = Fixed(None, 0, 0);
+        let out = w.wait_planned(
+            Instant::now() + Duration::from_millis(5),
+            Duration::from_millis(2),
+            &mut none,
+        );
+        assert_eq!(out, WaitOutcome::TimedOut);
+        assert_eq!(rustix::thread::current_timer_slack().ok(), own.map(|n| n.get()));
     }
 
     #[test]
