@@ -72,6 +72,9 @@ const GRID: usize = 8;
 const MIN_INTERVALS: usize = 8;
 /// Samples kept for each error distribution (overshoot, early, late, seen).
 const SAMPLES: usize = 64;
+/// The share of each of those distributions that the window covers (the
+/// margin and tolerance are their `COVER` quantiles).
+const COVER: f64 = 0.99;
 /// Shortest interval followed (2 kHz); faster sources are spun for by the
 /// plain strategy's spin anyway.
 const MIN_INTERVAL_NS: u64 = 500_000;
@@ -143,9 +146,11 @@ impl<const N: usize> Samples<N> {
         let mut s = [0u64; N];
         s[..self.len].copy_from_slice(&self.v[..self.len]);
         let s = &mut s[..self.len];
-        s.sort_unstable();
         let k = ((self.len - 1) as f64 * p.clamp(0.0, 1.0)).round() as usize;
-        s.get(k).copied()
+        if k >= s.len() {
+            return None;
+        }
+        Some(*s.select_nth_unstable(k).1)
     }
     /// The `p` quantile of `|x − center|`.
     fn spread(&self, center: u64, p: f64) -> Option<u64> {
@@ -188,7 +193,7 @@ impl Errors {
     /// enough frames.
     fn width(&self) -> Option<u64> {
         (self.early.len() + self.late.len() >= MIN_INTERVALS).then(|| {
-            let q = |s: &Samples<SAMPLES>| s.quantile(0.99).unwrap_or(0);
+            let q = |s: &Samples<SAMPLES>| s.quantile(COVER).unwrap_or(0);
             q(&self.early).saturating_add(q(&self.late))
         })
     }
@@ -262,7 +267,8 @@ pub struct Cadence {
     by_grid: Errors,
     /// How late the park's timer woke us after the window's start.
     overshoot: Samples<SAMPLES>,
-    /// From a frame's commit to the moment a spinning wait saw it.
+    /// From a frame's commit to the moment a spinning wait saw it, or, for
+    /// a frame that came after its window, to its delivery.
     seen: Samples<SAMPLES>,
     /// The window of the wait in progress and whether it has been judged.
     pending: Option<Window>,
@@ -319,9 +325,9 @@ impl Cadence {
             hits: self.hits,
             misses: self.misses,
             early: self.early,
-            overshoot_ns: self.overshoot.quantile(0.99).unwrap_or(0),
-            early_ns: self.errors().early.quantile(0.99).unwrap_or(0),
-            late_ns: self.errors().late.quantile(0.99).unwrap_or(0),
+            overshoot_ns: self.overshoot.quantile(COVER).unwrap_or(0),
+            early_ns: self.errors().early.quantile(COVER).unwrap_or(0),
+            late_ns: self.errors().late.quantile(COVER).unwrap_or(0),
             grid: self.grid_chosen(),
         }
     }
@@ -378,15 +384,15 @@ impl Cadence {
     /// the measurements ask for, each bounded, scaled down together to the
     /// CPU budget.
     fn bounds(&self) -> (u64, u64) {
-        let over = self.overshoot.quantile(0.99).unwrap_or(DEFAULT_OVERSHOOT_NS);
+        let over = self.overshoot.quantile(COVER).unwrap_or(DEFAULT_OVERSHOOT_NS);
         let errors = self.errors();
-        let early = errors.early.quantile(0.99).unwrap_or(0);
+        let early = errors.early.quantile(COVER).unwrap_or(0);
         let margin = over
             .saturating_add(early)
             .saturating_add(SLACK_NS)
             .clamp(MARGIN_MIN_NS, MARGIN_MAX_NS);
-        let late = errors.late.quantile(0.99).unwrap_or(0);
-        let seen_spread = match (self.seen.quantile(0.99), self.seen.quantile(0.1)) {
+        let late = errors.late.quantile(COVER).unwrap_or(0);
+        let seen_spread = match (self.seen.quantile(COVER), self.seen.quantile(0.1)) {
             (Some(hi), Some(lo)) => hi.saturating_sub(lo),
             _ => 0,
         };
@@ -448,14 +454,13 @@ impl Cadence {
         }
         let seen = self.seen.quantile(0.1).unwrap_or(0);
         let expected = self.expect(last_seq.checked_add(1)?)?.checked_add(seen)?;
-        let tolerance = self.tolerance();
+        let (margin, tolerance) = self.bounds();
         let until = expected.checked_add(tolerance)?;
         if now_ns >= until {
             // Overdue: the stream paused or the reader is behind. Park; the
             // next frame's timestamps say whether the cadence still holds.
             return None;
         }
-        let margin = self.margin();
         let typical = self.overshoot.quantile(0.5).unwrap_or(DEFAULT_OVERSHOOT_NS);
         if typical.saturating_add(SLACK_NS) > margin {
             // The budget cannot cover even a typical timer wake (a fast
@@ -498,6 +503,14 @@ impl Cadence {
             // The window ended without the frame (it came later, or not
             // at all before the deadline).
             self.miss();
+            if advanced {
+                // It came later: when it was delivered also teaches how
+                // long after its commit a frame shows up (an upper bound:
+                // the doorbell's wake is in it). Learning only from the
+                // frames a window caught, the window would never widen to
+                // the ones it misses.
+                self.caught_ns = Some(now_ns);
+            }
         }
         // Advanced before the window's spin (an early frame, or a late
         // timer, woken through the doorbell: its timestamp teaches the
@@ -505,6 +518,14 @@ impl Cadence {
         // message): no miss.
         if advanced && !spun {
             self.early += 1;
+            if let Some(late) = now_ns.checked_sub(w.from_ns) {
+                // Woken by the doorbell after the window should have opened:
+                // the park's timer had not fired yet, so it overshot by at
+                // least this much (learning only from the timers that fired
+                // before their frame, the margin would never grow to the
+                // ones that did not).
+                self.timer_woke(late);
+            }
         }
     }
 
@@ -965,6 +986,58 @@ mod tests {
         assert_eq!(c.state().misses, 0);
         assert_eq!(c.state().hits, 1);
         assert_eq!(c.state().early, 1, "counted as early");
+    }
+
+    #[test]
+    fn frames_that_come_after_the_window_widen_it() {
+        let mut c = Cadence::new();
+        // Frame `seq` shows up `delay` after its commit, and the waiter
+        // sees it then, in its window or after it. Returns whether it was
+        // caught in the window.
+        let frame = |c: &mut Cadence, seq: u64, delay: u64| {
+            let t = 1_000 * MS + seq * 40 * MS;
+            let before = c.state().hits;
+            if c.plan(t - 40 * MS + 20 * US).is_some() {
+                c.waited(true, true, t + delay);
+            }
+            c.observe(seq, t, t + delay);
+            c.state().hits > before
+        };
+        for seq in 1..=40 {
+            frame(&mut c, seq, 10 * US);
+        }
+        let narrow = c.state();
+        assert!(narrow.tolerance_ns < 100 * US, "{narrow:?}");
+        // A frame 200 µs after its commit misses the narrow window; the
+        // window learns from it, and the next such frame is caught.
+        assert!(!frame(&mut c, 41, 200 * US));
+        let st = c.state();
+        assert_eq!(st.misses, narrow.misses + 1, "{st:?}");
+        assert!(st.tolerance_ns >= 190 * US, "{st:?}");
+        assert!(frame(&mut c, 42, 200 * US), "{:?}", c.state());
+    }
+
+    #[test]
+    fn a_timer_that_had_not_fired_when_the_frame_came_widens_the_margin() {
+        let mut c = Cadence::new();
+        let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
+        for _ in 0..SAMPLES {
+            c.timer_woke(10 * US);
+        }
+        let margin = c.state().margin_ns;
+        // Twice (the 99th percentile of 64 samples is the second largest),
+        // the doorbell woke the waiter 250 µs after the window should have
+        // opened: its timer was at least that late.
+        for _ in 0..2 {
+            let w = c.plan(last + 20 * US).expect("a window");
+            c.waited(true, false, w.from_ns + 250 * US);
+        }
+        let st = c.state();
+        assert_eq!(st.early, 2);
+        assert!(
+            st.overshoot_ns >= 250 * US && st.margin_ns > margin,
+            "{st:?}, margin was {margin}"
+        );
     }
 
     #[test]
