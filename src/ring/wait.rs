@@ -290,7 +290,8 @@ pub fn wait_with(
 /// Where `prctl` fails (a seccomp profile that refuses it) nothing changes
 /// and the margin still absorbs the slack.
 struct PreciseTimer {
-    /// The slack to put back, when it was changed.
+    /// The slack to put back, when it was changed (loom models no timers).
+    #[cfg(not(loom))]
     restore: Option<std::num::NonZeroU64>,
 }
 
@@ -306,7 +307,7 @@ impl PreciseTimer {
             PreciseTimer { restore }
         }
         #[cfg(loom)]
-        PreciseTimer { restore: None }
+        PreciseTimer {}
     }
 }
 
