@@ -7,7 +7,9 @@
 //! its own PID, IPC and mount namespaces, and a latest reader whose copies
 //! are queued on the GPU behind the commit, ADR 0010), and a
 //! lossless run in which the lossless readers (one of them queued) get
-//! every frame in order. Needs a CUDA GPU and root.
+//! every frame in order; and a run with no push subscriber, whose commits
+//! are batched stream memory operations instead of the kernel (ADR 0013),
+//! with 0 torn over more than 100 000 checks. Needs a CUDA GPU and root.
 
 mod common;
 
@@ -205,4 +207,67 @@ fn a_lossless_reader_gets_every_stream_committed_frame_in_order() {
     }
     let (_, j) = lines.iter().find(|(n, _)| n == "lossless-queued").expect("line");
     assert_eq!(j.get("gate"), Some("pool"), "lossless-queued: {j:?}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn with_no_push_subscriber_the_batched_commit_delivers_frames_untorn_over_100000_checks() {
+    // No push target: every commit is the three batched stores (gate,
+    // slot seq, global_seq) of one `cuStreamBatchMemOp`, no kernel (ADR
+    // 0013). At a rate the pull readers keep up with, so that most frames
+    // are checked.
+    let dir = TempDir::new("gpu-commit-batched");
+    let socket = dir.join("cam.sock").display().to_string();
+    let frames = 24_000u64;
+    let n = frames.to_string();
+    let p = producer(
+        &socket,
+        &[
+            "--frames",
+            &n,
+            "--fps",
+            "800",
+            "--slots",
+            "8",
+            "--wait-subscribers",
+            "6",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let flags =
+        std::env::var("VRAMRING_TEST_UNSHARE").unwrap_or_else(|_| "--pid --ipc --mount --fork --mount-proc".into());
+    let mut wrapper = vec!["unshare"];
+    wrapper.extend(flags.split_whitespace());
+    let subs = vec![
+        consumer(&socket, "latest", &["--mode", "latest"], &[]),
+        consumer(&socket, "latest-b", &["--mode", "latest"], &[]),
+        consumer(&socket, "sequential", &["--mode", "sequential"], &[]),
+        consumer(&socket, "namespaced", &["--mode", "latest"], &wrapper),
+        consumer(
+            &socket,
+            "queued-latest",
+            &["--mode", "latest", "--pull-start", "queued"],
+            &[],
+        ),
+        consumer(
+            &socket,
+            "queued-sequential",
+            &["--mode", "sequential", "--pull-start", "queued"],
+            &[],
+        ),
+    ];
+    let lines = finish(p, frames, subs);
+    let checked: u64 = lines.iter().map(|(_, j)| j.u64("delivered").unwrap_or(0)).sum();
+    eprintln!("frames checked on the GPU across subscribers: {checked}");
+    assert!(checked >= 100_000, "only {checked} frames were checked");
+    for (name, j) in &lines {
+        if name.contains("sequential") {
+            assert_eq!(j.u64("last_seq"), Some(frames), "{name}: {j:?}");
+        }
+        if name.starts_with("queued") {
+            assert!(j.u64("queued").unwrap_or(0) > 0, "{name}: {j:?}");
+            // A gate line: the commit is the batched one.
+            assert_eq!(j.get("gate"), Some("pool"), "{name}: {j:?}");
+        }
+    }
 }

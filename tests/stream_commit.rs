@@ -238,3 +238,95 @@ fn a_failed_kernel_launch_stores_no_seq() {
     pool.close().unwrap();
     assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
 }
+
+/// A publisher pool with a gate line and no push target, commit memory
+/// registered; the caller commits into it.
+fn pull_only_pool(pubd: &Arc<FakeDriver>, words: &Words) -> CudaPool<FakeDriver> {
+    let mut pool = CudaPool::create(Arc::clone(pubd), DeviceSelector::Uuid(GPU), 8 * MIB).unwrap();
+    // SAFETY: `words` outlives the pool (the callers declare it first).
+    unsafe { pool.register_commit_memory(words.map.as_ptr() as *mut u8, 4096) }.unwrap();
+    assert!(pool.enable_gate_line(GATE).unwrap());
+    pool
+}
+
+fn pull_only_commit(words: &Words, seq: u64) -> StreamCommit<'_> {
+    StreamCommit {
+        seq,
+        src_offset: 0,
+        len: FRAME,
+        targets: &[],
+        slot_seq: words.word(1),
+        global_seq: words.word(2),
+        gate: Some(GATE),
+    }
+}
+
+fn gate_word(d: &FakeDriver, pool: &CudaPool<FakeDriver>) -> u64 {
+    let mut gate = [0u8; 8];
+    // SAFETY: the gate word lies in the pool's own mapping.
+    unsafe { d.memcpy_dtoh(&mut gate, pool.base_addr() + GATE) }.unwrap();
+    u64::from_le_bytes(gate)
+}
+
+#[test]
+fn a_commit_with_no_push_target_is_one_batched_memory_operation_and_no_launch() {
+    let pubd = publisher_process();
+    let words = Words::new();
+    let mut pool = pull_only_pool(&pubd, &words);
+    let before = pubd.log().len();
+    // SAFETY: the words lie in `words`, registered above.
+    unsafe {
+        pool.enqueue_commit(
+            &pull_only_commit(&words, 9),
+            WriteCompletion::CudaStream(std::ptr::null_mut()),
+        )
+    }
+    .unwrap();
+    pool.complete_writes(WriteCompletion::Host).unwrap();
+    let calls: Vec<&str> = pubd.log()[before..].iter().map(|r| r.call).collect();
+    assert_eq!(
+        calls.iter().filter(|&&c| c == "cuStreamBatchMemOp_v2").count(),
+        1,
+        "{calls:?}"
+    );
+    assert!(!calls.contains(&"cuLaunchKernel"), "{calls:?}");
+    assert_eq!(gate_word(&pubd, &pool), 9, "the gate word");
+    assert_eq!(words.word(1).load(Ordering::Acquire), 9, "slot seq");
+    assert_eq!(words.word(2).load(Ordering::Acquire), 9, "global_seq");
+    pool.close().unwrap();
+    assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
+}
+
+#[test]
+fn a_failed_batched_commit_stores_no_seq_and_a_word_outside_registered_memory_is_refused() {
+    let pubd = publisher_process();
+    let words = Words::new();
+    let mut pool = pull_only_pool(&pubd, &words);
+    pubd.fail_nth("cuStreamBatchMemOp_v2", 1);
+    // SAFETY: the words lie in `words`, registered above.
+    assert!(unsafe { pool.enqueue_commit(&pull_only_commit(&words, 4), WriteCompletion::Host) }.is_err());
+    assert_eq!(gate_word(&pubd, &pool), 0, "the gate was stored by a failed commit");
+    for k in [1, 2] {
+        assert_eq!(
+            words.word(k).load(Ordering::Acquire),
+            0,
+            "word {k} was stored by a failed commit"
+        );
+    }
+    let stray = AtomicU64::new(0);
+    let bad = StreamCommit {
+        global_seq: &stray,
+        ..pull_only_commit(&words, 5)
+    };
+    // SAFETY: refused before anything is enqueued (the word is checked first).
+    assert!(unsafe { pool.enqueue_commit(&bad, WriteCompletion::Host) }.is_err());
+    assert_eq!(stray.load(Ordering::Relaxed), 0);
+    assert_eq!(gate_word(&pubd, &pool), 0);
+    // The next commit goes through.
+    // SAFETY: as above.
+    unsafe { pool.enqueue_commit(&pull_only_commit(&words, 6), WriteCompletion::Host) }.unwrap();
+    pool.complete_writes(WriteCompletion::Host).unwrap();
+    assert_eq!(words.word(2).load(Ordering::Acquire), 6);
+    pool.close().unwrap();
+    assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
+}

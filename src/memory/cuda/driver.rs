@@ -399,6 +399,17 @@ pub trait Driver: Send + Sync + 'static {
     /// The trait's safety contract; `addr` is 8 writable bytes of device
     /// memory of this context that stay mapped until the write has run.
     unsafe fn stream_write_value64(&self, stream: CuStream, addr: DevicePtr, value: u64) -> DResult<()>;
+    /// `cuStreamBatchMemOp_v2` of `CU_STREAM_MEM_OP_WRITE_VALUE_64`
+    /// operations with the default flags: one operation on `stream` that,
+    /// once every earlier operation on it has completed, stores each
+    /// `(addr, value)` in the order given, each behind the same memory
+    /// barrier as [`Driver::stream_write_value64`]. At most 255 writes.
+    ///
+    /// # Safety
+    /// The trait's safety contract; each `addr` is 8 writable bytes of
+    /// device memory (or registered host memory) of this context that stay
+    /// mapped until the writes have run.
+    unsafe fn stream_write_values64(&self, stream: CuStream, writes: &[(DevicePtr, u64)]) -> DResult<()>;
     /// `cuStreamQuery`: `true` when every operation enqueued on `stream`
     /// has completed, `false` while some is pending (`CUDA_ERROR_NOT_READY`).
     ///

@@ -1128,6 +1128,24 @@ impl Driver for FakeDriver {
         Self::write_u64(&mut st, CALL, addr, value).map_err(|e| Self::fail_rec(&mut st, rec, e))
     }
 
+    unsafe fn stream_write_values64(&self, stream: CuStream, writes: &[(DevicePtr, u64)]) -> DResult<()> {
+        const CALL: &str = "cuStreamBatchMemOp_v2";
+        let (mut st, rec) = self.enter(CALL)?;
+        if st.blocked.contains_key(&stream.to_bits()) || writes.is_empty() || writes.len() > 255 {
+            return Err(Self::fail_code(&mut st, rec, CALL, code::NOT_SUPPORTED));
+        }
+        // Every address is checked before anything is stored: a batch the
+        // driver refuses stores nothing.
+        for &(addr, _) in writes {
+            st.resolve(CALL, addr, 8, true)
+                .map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        }
+        for &(addr, v) in writes {
+            Self::write_u64(&mut st, CALL, addr, v).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        }
+        Ok(())
+    }
+
     unsafe fn stream_query(&self, stream: CuStream) -> DResult<bool> {
         const CALL: &str = "cuStreamQuery";
         let (mut st, rec) = self.enter(CALL)?;

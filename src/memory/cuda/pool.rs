@@ -490,7 +490,21 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
         let vecs = if by_kernel && !dsts.is_empty() { c.len / 16 } else { 0 };
         // One launch per MAX_FANOUT targets, and one with none.
         let launches = dsts.len().div_ceil(MAX_FANOUT).max(1);
+        // With no push target and a gate line, nothing is copied: the
+        // commit is its three stores, in the kernel's order, as one batched
+        // stream memory operation instead of a launch (ADR 0013). A gate
+        // line exists only where 64-bit stream memory operations do (checked
+        // when it was enabled).
+        let stores_only = dsts.is_empty() && gate != 0;
         let body = |d: &D| -> Result<()> {
+            if stores_only {
+                let writes = [(gate, c.seq), (slot_seq, c.seq), (global_seq, c.seq)];
+                // SAFETY: the gate lies in the pool's live mapping (checked
+                // above) and the seq words in registered memory that stays
+                // mapped until `close`, which synchronises first; the stream
+                // is the writer's.
+                return Ok(unsafe { d.stream_write_values64(stream, &writes) }?);
+            }
             if !by_kernel {
                 for &(dst, _) in &dsts {
                     // SAFETY: both ranges were checked against live

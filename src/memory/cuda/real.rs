@@ -112,6 +112,7 @@ struct Table {
     stream_query: unsafe extern "C" fn(Strm) -> u32,
     stream_wait_value64: unsafe extern "C" fn(Strm, u64, u64, c_uint) -> u32,
     stream_write_value64: unsafe extern "C" fn(Strm, u64, u64, c_uint) -> u32,
+    stream_batch_mem_op: unsafe extern "C" fn(Strm, c_uint, *mut sys::CUstreamBatchMemOpParams, c_uint) -> u32,
     memcpy_dtod_async: unsafe extern "C" fn(u64, u64, usize, Strm) -> u32,
     memcpy_dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> u32,
     memset_d8: unsafe extern "C" fn(u64, u8, usize) -> u32,
@@ -223,6 +224,7 @@ impl RealDriver {
             stream_query: sym!("cuStreamQuery"),
             stream_wait_value64: sym!("cuStreamWaitValue64_v2"),
             stream_write_value64: sym!("cuStreamWriteValue64_v2"),
+            stream_batch_mem_op: sym!("cuStreamBatchMemOp_v2"),
             memcpy_dtod_async: sym!("cuMemcpyDtoDAsync_v2"),
             memcpy_dtoh: sym!("cuMemcpyDtoH_v2"),
             memset_d8: sym!("cuMemsetD8_v2"),
@@ -555,6 +557,37 @@ impl Driver for RealDriver {
         // outlives the write (trait contract).
         DriverError::check("cuStreamWriteValue64_v2", unsafe {
             (self.t.stream_write_value64)(stream.as_raw(), addr, value, STREAM_WRITE_VALUE_DEFAULT)
+        })
+    }
+
+    unsafe fn stream_write_values64(&self, stream: CuStream, writes: &[(DevicePtr, u64)]) -> DResult<()> {
+        let Ok(count) = c_uint::try_from(writes.len()) else {
+            return DriverError::check("cuStreamBatchMemOp_v2", code::INVALID_VALUE);
+        };
+        if count == 0 || count > 255 {
+            return DriverError::check("cuStreamBatchMemOp_v2", code::INVALID_VALUE);
+        }
+        let mut ops: Vec<sys::CUstreamBatchMemOpParams> = writes
+            .iter()
+            .map(|&(address, v)| sys::CUstreamBatchMemOpParams {
+                writeValue: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
+                    operation: sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_64,
+                    address,
+                    __bindgen_anon_1:
+                        sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
+                            value64: v,
+                        },
+                    flags: STREAM_WRITE_VALUE_DEFAULT,
+                    alias: 0,
+                },
+            })
+            .collect();
+        // SAFETY: a live stream and device-visible memory that outlives the
+        // writes (trait contract); `ops` holds `count` write operations
+        // (the union member the operation names is the one initialised)
+        // and lives across the call, which copies them.
+        DriverError::check("cuStreamBatchMemOp_v2", unsafe {
+            (self.t.stream_batch_mem_op)(stream.as_raw(), count, ops.as_mut_ptr(), 0)
         })
     }
 
