@@ -217,26 +217,37 @@ fn a_failed_kernel_launch_stores_no_seq() {
     pubd.fail_nth("cuLaunchKernel", 1);
     // SAFETY: the words lie in `words`, registered above.
     assert!(unsafe { pool.enqueue_commit(&commit, WriteCompletion::Host) }.is_err());
-    for k in [1, 2, 10] {
+    assert_not_stored(&words, &[1, 2, 10]);
+    a_stray_word_is_refused(&mut pool, commit);
+    pool.detach_target(id).unwrap();
+    imp.close().unwrap();
+    pool.close().unwrap();
+    assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
+}
+
+/// Asserts that a failed commit stored none of the words `ks`.
+fn assert_not_stored(words: &Words, ks: &[usize]) {
+    for &k in ks {
         assert_eq!(
             words.word(k).load(Ordering::Acquire),
             0,
             "word {k} was stored by a failed commit"
         );
     }
-    // A word outside registered memory is refused before anything is enqueued.
+}
+
+/// `commit` with its `global_seq` outside registered memory is refused
+/// before anything is enqueued, and the stray word is never stored.
+fn a_stray_word_is_refused(pool: &mut CudaPool<FakeDriver>, commit: StreamCommit<'_>) {
     let stray = AtomicU64::new(0);
     let bad = StreamCommit {
         global_seq: &stray,
         ..commit
     };
-    // SAFETY: refused before any launch (the word is checked first).
+    // SAFETY: refused before anything is enqueued (the word is checked
+    // first), so nothing ever writes the stray word.
     assert!(unsafe { pool.enqueue_commit(&bad, WriteCompletion::Host) }.is_err());
     assert_eq!(stray.load(Ordering::Relaxed), 0);
-    pool.detach_target(id).unwrap();
-    imp.close().unwrap();
-    pool.close().unwrap();
-    assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
 }
 
 /// A publisher pool with a gate line and no push target, commit memory
@@ -306,21 +317,8 @@ fn a_failed_batched_commit_stores_no_seq_and_a_word_outside_registered_memory_is
     // SAFETY: the words lie in `words`, registered above.
     assert!(unsafe { pool.enqueue_commit(&pull_only_commit(&words, 4), WriteCompletion::Host) }.is_err());
     assert_eq!(gate_word(&pubd, &pool), 0, "the gate was stored by a failed commit");
-    for k in [1, 2] {
-        assert_eq!(
-            words.word(k).load(Ordering::Acquire),
-            0,
-            "word {k} was stored by a failed commit"
-        );
-    }
-    let stray = AtomicU64::new(0);
-    let bad = StreamCommit {
-        global_seq: &stray,
-        ..pull_only_commit(&words, 5)
-    };
-    // SAFETY: refused before anything is enqueued (the word is checked first).
-    assert!(unsafe { pool.enqueue_commit(&bad, WriteCompletion::Host) }.is_err());
-    assert_eq!(stray.load(Ordering::Relaxed), 0);
+    assert_not_stored(&words, &[1, 2]);
+    a_stray_word_is_refused(&mut pool, pull_only_commit(&words, 5));
     assert_eq!(gate_word(&pubd, &pool), 0);
     // The next commit goes through.
     // SAFETY: as above.
