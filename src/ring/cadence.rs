@@ -207,8 +207,8 @@ impl Errors {
         self.early.clear();
         self.late.clear();
     }
-    /// The window this prediction needs to catch 99 % of frames (its 99th
-    /// percentiles early and late, added), once it has been tried on
+    /// The window this prediction needs (the covered quantile, `COVER`, of
+    /// its early and of its late errors, added), once it has been tried on
     /// enough frames.
     fn width(&self) -> Option<u64> {
         (self.early.len() + self.late.len() >= MIN_INTERVALS).then(|| {
@@ -248,11 +248,13 @@ pub struct CadenceState {
     /// Frames that came before their window's spin began (woken through
     /// the doorbell, or by a timer that fired late).
     pub early: u64,
-    /// The 99th percentile of the timer's overshoot (how late a park meant
-    /// to end at a window's start returned), ns; 0 before one is measured.
+    /// The timer overshoot the window covers (how late a park meant to
+    /// end at a window's start returned: the largest recent sample), ns; 0
+    /// before one is measured.
     pub overshoot_ns: u64,
-    /// The 99th percentiles of how early and how late than predicted
-    /// frames were committed, by the prediction in use, ns.
+    /// How early and how late than predicted the window covers frames
+    /// being committed (the largest recent errors of the prediction in
+    /// use), ns.
     pub early_ns: u64,
     /// See `early_ns`.
     pub late_ns: u64,

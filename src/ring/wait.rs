@@ -285,8 +285,8 @@ pub fn wait_with(
 /// wake up to 50 µs later than asked, on every frame. The window's margin
 /// absorbs that, but as spin: CPU spent on every frame, and budget not left
 /// for the tail the margin exists to cover. The slack is per thread; it is
-/// lowered only while a planned wait is parked on its timer and restored
-/// when the wait returns, so the caller's thread keeps its own setting.
+/// lowered from the first park of a wait that has a window until that wait
+/// returns, then restored, so the caller's thread keeps its own setting.
 /// Where `prctl` fails (a seccomp profile that refuses it) nothing changes
 /// and the margin still absorbs the slack.
 struct PreciseTimer {
