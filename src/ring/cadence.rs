@@ -286,6 +286,9 @@ pub struct Cadence {
     /// does not make the next one late, and predicting from it would make
     /// the next one look early).
     by_grid: Errors,
+    /// Whether `by_grid` has needed the narrower window lately (decided
+    /// when the errors change, read on every plan).
+    use_grid: bool,
     /// How late the park's timer woke us after the window's start.
     overshoot: Samples<SAMPLES>,
     /// From a frame's commit to the moment a spinning wait saw it, or, for
@@ -323,6 +326,7 @@ impl Cadence {
             recent: Samples::filled((0, 0)),
             by_last: Errors::new(),
             by_grid: Errors::new(),
+            use_grid: false,
             overshoot: Samples::new(),
             seen: Samples::new(),
             pending: None,
@@ -349,19 +353,20 @@ impl Cadence {
             overshoot_ns: self.overshoot.quantile(COVER).unwrap_or(0),
             early_ns: self.errors().early.quantile(COVER).unwrap_or(0),
             late_ns: self.errors().late.quantile(COVER).unwrap_or(0),
-            grid: self.grid_chosen(),
+            grid: self.use_grid,
         }
     }
 
-    /// Whether the grid predicts better than the last commit: it has
-    /// needed a narrower window over the recent frames.
-    fn grid_chosen(&self) -> bool {
-        matches!((self.by_grid.width(), self.by_last.width()), (Some(g), Some(l)) if g < l)
+    /// Decides again, after the errors changed, whether the grid predicts
+    /// better than the last commit: it has needed a narrower window over
+    /// the recent frames.
+    fn choose_prediction(&mut self) {
+        self.use_grid = matches!((self.by_grid.width(), self.by_last.width()), (Some(g), Some(l)) if g < l);
     }
 
     /// The errors of the prediction in use.
     fn errors(&self) -> &Errors {
-        if self.grid_chosen() {
+        if self.use_grid {
             &self.by_grid
         } else {
             &self.by_last
@@ -387,13 +392,11 @@ impl Cadence {
 
     /// The commit of `seq` predicted the way that has worked best lately.
     fn expect(&self, seq: u64) -> Option<u64> {
-        let (last_seq, last_commit) = self.last?;
-        let by_last = last_commit.checked_add(self.interval.checked_mul(seq.checked_sub(last_seq)?)?)?;
-        if self.grid_chosen() {
-            self.grid_expect(seq)
-        } else {
-            Some(by_last)
+        if self.use_grid {
+            return self.grid_expect(seq);
         }
+        let (last_seq, last_commit) = self.last?;
+        last_commit.checked_add(self.interval.checked_mul(seq.checked_sub(last_seq)?)?)
     }
 
     /// The most the window may span: the budget's share of the interval.
@@ -447,6 +450,7 @@ impl Cadence {
         self.recent.clear();
         self.by_last.clear();
         self.by_grid.clear();
+        self.use_grid = false;
         self.missed_in_row = 0;
         self.pending = None;
     }
@@ -598,6 +602,7 @@ impl Cadence {
             let by_last = last_commit.saturating_add(self.interval.saturating_mul(step));
             self.by_last.push(by_last, commit_ns);
             self.by_grid.push(self.grid_expect(seq).unwrap_or(by_last), commit_ns);
+            self.choose_prediction();
             if let Some(c) = caught {
                 self.seen.push(c.saturating_sub(commit_ns).min(TOLERANCE_MAX_NS));
             }
