@@ -21,6 +21,9 @@
 //!   busy-polls that word. What any GPU hand-off with a copy costs at this
 //!   cadence on this machine, with the GPU idle between frames; the spin
 //!   row's distance to it is vramring's own.
+//! * `GPU floor, the copy by a kernel` (`gpuk`, CUDA only): the same, but
+//!   the push copy is a grid-stride kernel of the commit kernel's shape
+//!   (the SMs copy, as vramring's commit does) instead of the copy engine.
 //!
 //! at three cadences: one frame every 2 ms, every 40 ms (25 fps), and at
 //! uniformly random intervals of 1–60 ms (the same seeded sequence for
@@ -33,11 +36,16 @@
 //! `publish_cuda`'s stream synchronisation) to the subscriber holding the
 //! frame (`next()` returned; push delivery by default). Subscriber CPU: the
 //! subscriber process's CPU time over the measured span ÷ that span.
+//! Submit (vramring and GPU rows): from the same clock read to the
+//! producer's call returning (`publish_cuda`, or the floor's last driver
+//! call), per frame; "after submit" is each delivered frame's latency less
+//! its own submit: the GPU's work and the wake, without the producer's CPU.
 //!
 //! `cargo bench --bench wake -- [--quick] [--backend host|cuda] [--pull]
-//! [--out DIR] [--frames N] [--cadences 2000,40000,0] [--waits
-//! futex,park,cadence,spin,gpu]` (intervals in µs, 0: the irregular one; `gpu`, the GPU floor,
-//! runs with the CUDA backend only); on a GPU machine, the staged binary:
+//! [--push-copy kernel,ce] [--out DIR] [--frames N] [--cadences 2000,40000,0] [--waits
+//! futex,park,cadence,spin,gpu,gpuk]` (intervals in µs, 0: the irregular one; the GPU floors
+//! `gpu` and `gpuk` run with the CUDA backend only; `--push-copy kernel,ce` runs
+//! each vramring row with each `PushCopy`, interleaved); on a GPU machine, the staged binary:
 //! `bash .device/run.sh bench wake --backend cuda --quick --out $OUT`.
 //! Host backend: a small (320×240 NV12) frame written by the CPU. CUDA
 //! backend: a 1080p NV12 frame copied into the slot on the producer's
@@ -50,7 +58,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use vramring::{
-    BackendChoice, Format, FrameMeta, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions, WaitStrategy,
+    BackendChoice, Format, FrameMeta, Mode, Publisher, PushCopy, RingConfig, Subscriber, SubscriberOptions,
+    WaitStrategy,
 };
 
 #[path = "common/mod.rs"]
@@ -78,14 +87,16 @@ enum System {
     Cadence,
     Spin,
     GpuFloor,
+    GpuKernel,
 }
 
-const SYSTEMS: [System; 5] = [
+const SYSTEMS: [System; 6] = [
     System::Futex,
     System::Park,
     System::Cadence,
     System::Spin,
     System::GpuFloor,
+    System::GpuKernel,
 ];
 
 impl System {
@@ -96,6 +107,7 @@ impl System {
             System::Cadence => "cadence",
             System::Spin => "spin",
             System::GpuFloor => "gpu",
+            System::GpuKernel => "gpuk",
         }
     }
     fn name(self) -> &'static str {
@@ -105,10 +117,14 @@ impl System {
             System::Cadence => "**vramring cadence (default)**",
             System::Spin => "vramring spin (busy-poll)",
             System::GpuFloor => "GPU floor (copy + stream write to host memory, busy-poll)",
+            System::GpuKernel => "GPU floor, the copy by a kernel (busy-poll)",
         }
     }
     fn from_key(k: &str) -> Option<System> {
         SYSTEMS.into_iter().find(|s| s.key() == k)
+    }
+    fn is_gpu_floor(self) -> bool {
+        matches!(self, System::GpuFloor | System::GpuKernel)
     }
 }
 
@@ -158,6 +174,8 @@ struct Case {
     system: System,
     cuda: bool,
     push: bool,
+    /// vramring rows: push copies by the copy engine (`PushCopy::CopyEngine`).
+    copy_engine: bool,
     interval_us: u64,
     warmup: u64,
     frames: u64,
@@ -170,6 +188,7 @@ impl Case {
             self.system.key().into(),
             u8::from(self.cuda).to_string(),
             u8::from(self.push).to_string(),
+            u8::from(self.copy_engine).to_string(),
             self.interval_us.to_string(),
             self.warmup.to_string(),
             self.frames.to_string(),
@@ -177,17 +196,18 @@ impl Case {
         ]
     }
     fn parse(a: &[String]) -> R<Case> {
-        if a.len() < 7 {
+        if a.len() < 8 {
             return Err("role arguments".into());
         }
         Ok(Case {
             system: System::from_key(&a[0]).ok_or("system")?,
             cuda: a[1] == "1",
             push: a[2] == "1",
-            interval_us: a[3].parse()?,
-            warmup: a[4].parse()?,
-            frames: a[5].parse()?,
-            dir: PathBuf::from(&a[6]),
+            copy_engine: a[3] == "1",
+            interval_us: a[4].parse()?,
+            warmup: a[5].parse()?,
+            frames: a[6].parse()?,
+            dir: PathBuf::from(&a[7]),
         })
     }
     fn sock(&self) -> PathBuf {
@@ -292,10 +312,32 @@ const GPU_SEQ_WORD: usize = 8;
 /// GPU floor: first of 256 words holding each seq's t0.
 const T0_WORDS: usize = 64;
 
-/// What a subscriber role reports: latencies, then `[delivered, dropped,
-/// cpu_ns, wall_ns]`.
-fn write_result(c: &Case, lat: &[u64], delivered: u64, dropped: u64, cpu_ns: u64, wall_ns: u64) -> R<()> {
+/// What a producer reports: for each seq (the index), how long after its
+/// t0 the producer's thread had enqueued the frame's GPU work (`publish_cuda`
+/// returned, or the floor's last driver call did). Joined with the
+/// subscriber's per-frame seqs, it splits each latency into the
+/// producer's submit and what follows it (the GPU's work and the wake).
+struct Submit(Vec<u64>);
+
+impl Submit {
+    fn new(c: &Case) -> Submit {
+        Submit(vec![0; (c.warmup + c.frames + 1) as usize])
+    }
+    fn record(&mut self, seq: u64, ns: u64) {
+        if let Some(w) = self.0.get_mut(seq as usize) {
+            *w = ns;
+        }
+    }
+    fn write(&self, c: &Case) -> R<()> {
+        write_samples(&c.dir.join("submit"), &self.0)
+    }
+}
+
+/// What a subscriber role reports: latencies, the seq of each, then
+/// `[delivered, dropped, cpu_ns, wall_ns]`.
+fn write_result(c: &Case, lat: &[u64], seqs: &[u64], delivered: u64, dropped: u64, cpu_ns: u64, wall_ns: u64) -> R<()> {
     write_samples(&c.dir.join("lat"), lat)?;
+    write_samples(&c.dir.join("seqs"), seqs)?;
     write_samples(&c.dir.join("stats"), &[delivered, dropped, cpu_ns, wall_ns])
 }
 
@@ -305,6 +347,7 @@ fn write_result(c: &Case, lat: &[u64], delivered: u64, dropped: u64, cpu_ns: u64
 struct Tally {
     last: u64,
     lat: Vec<u64>,
+    seqs: Vec<u64>,
     delivered: u64,
     dropped: u64,
     cpu0: u64,
@@ -321,6 +364,7 @@ impl Tally {
                 (self.cpu0, self.wall0) = (process_cpu_ns(), t1);
             }
             self.lat.push(t1.saturating_sub(t0));
+            self.seqs.push(seq);
             self.delivered += 1;
             self.dropped += seq - self.last - 1;
             (self.cpu1, self.wall1) = (process_cpu_ns(), now_ns());
@@ -332,6 +376,7 @@ impl Tally {
         write_result(
             c,
             &self.lat,
+            &self.seqs,
             self.delivered,
             self.dropped,
             self.cpu1 - self.cpu0,
@@ -391,11 +436,125 @@ fn futex_waiter(c: &Case) -> R<()> {
 
 // ------------------------------------------------------------ GPU floor
 
+/// A grid-stride copy of 16-byte vectors (`dst`, `src`, count), launched
+/// with the commit kernel's shape (256 threads, a block per 256 vectors):
+/// the `gpuk` floor's push copy done by the SMs, as vramring's commit
+/// kernel does it, instead of by the copy engine.
+const COPY_PTX: &std::ffi::CStr = c"
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry wake_copy(.param .u64 p_dst, .param .u64 p_src, .param .u64 p_vecs)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<10>;
+    .reg .b64 %rd<12>;
+    ld.param.u64 %rd1, [p_dst];
+    ld.param.u64 %rd2, [p_src];
+    ld.param.u64 %rd3, [p_vecs];
+    cvta.to.global.u64 %rd1, %rd1;
+    cvta.to.global.u64 %rd2, %rd2;
+    mov.u32 %r1, %ctaid.x;
+    mov.u32 %r2, %ntid.x;
+    mov.u32 %r3, %tid.x;
+    mov.u32 %r4, %nctaid.x;
+    mul.wide.u32 %rd4, %r1, %r2;
+    cvt.u64.u32 %rd5, %r3;
+    add.u64 %rd4, %rd4, %rd5;
+    mul.wide.u32 %rd6, %r4, %r2;
+COPY_LOOP:
+    setp.ge.u64 %p1, %rd4, %rd3;
+    @%p1 bra COPY_DONE;
+    shl.b64 %rd7, %rd4, 4;
+    add.u64 %rd8, %rd2, %rd7;
+    ld.global.v4.u32 {%r5, %r6, %r7, %r8}, [%rd8];
+    add.u64 %rd9, %rd1, %rd7;
+    st.global.v4.u32 [%rd9], {%r5, %r6, %r7, %r8};
+    add.u64 %rd4, %rd4, %rd6;
+    bra COPY_LOOP;
+COPY_DONE:
+    ret;
+}
+";
+
+/// The `gpuk` floor's copy kernel, loaded in the current context.
+struct CopyKernel {
+    module: cudarc::driver::sys::CUmodule,
+    function: cudarc::driver::sys::CUfunction,
+}
+
+impl CopyKernel {
+    fn load() -> R<CopyKernel> {
+        use cudarc::driver::sys;
+        let (mut module, mut function) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: a NUL-terminated PTX image and valid out-pointers; the
+        // primary context is current.
+        unsafe {
+            common::ck(
+                "cuModuleLoadData",
+                sys::cuModuleLoadData(&mut module, COPY_PTX.as_ptr().cast()),
+            )?;
+            common::ck(
+                "cuModuleGetFunction",
+                sys::cuModuleGetFunction(&mut function, module, c"wake_copy".as_ptr()),
+            )?;
+        }
+        Ok(CopyKernel { module, function })
+    }
+
+    /// Enqueues the copy of `bytes` (a multiple of 16) from `src` to `dst`.
+    ///
+    /// # Safety
+    /// Both are live, 16-byte aligned device allocations of `bytes` in the
+    /// current context; `stream` is live there.
+    unsafe fn launch(&self, dst: u64, src: u64, bytes: usize, stream: cudarc::driver::sys::CUstream) -> R<()> {
+        let (mut dst, mut src, mut vecs) = (dst, src, (bytes / 16) as u64);
+        let blocks = vecs.div_ceil(256).clamp(1, 2048) as u32;
+        let mut params = [
+            (&mut dst as *mut u64).cast::<std::ffi::c_void>(),
+            (&mut src as *mut u64).cast(),
+            (&mut vecs as *mut u64).cast(),
+        ];
+        // SAFETY: three u64 parameters, as the PTX declares; the addresses
+        // are valid (this function's contract).
+        unsafe {
+            common::ck(
+                "cuLaunchKernel",
+                cudarc::driver::sys::cuLaunchKernel(
+                    self.function,
+                    blocks,
+                    1,
+                    1,
+                    256,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                ),
+            )
+        }
+    }
+}
+
+impl Drop for CopyKernel {
+    fn drop(&mut self) {
+        // SAFETY: loaded by `load`; the waker synchronised its stream.
+        unsafe { cudarc::driver::sys::cuModuleUnload(self.module) };
+    }
+}
+
 fn gpu_waker(c: &Case) -> R<()> {
     use cudarc::driver::sys;
     let (w, h) = c.size();
     let bytes = vramring::Geometry::new(Format::Nv12, w, h)?.frame_bytes as usize;
     let g = Gpu::init(bytes)?;
+    let kernel = match c.system {
+        System::GpuKernel if bytes % 16 == 0 => Some(CopyKernel::load()?),
+        System::GpuKernel => return Err("the kernel copy needs a frame of whole 16-byte vectors".into()),
+        _ => None,
+    };
     let ctl = Ctl::open(&c.shm())?;
     let (mut slot, mut push, mut dev) = (0, 0, 0);
     let base = ctl.map.as_mut_ptr();
@@ -422,6 +581,7 @@ fn gpu_waker(c: &Case) -> R<()> {
         std::thread::sleep(Duration::from_millis(1));
     }
     let mut pacer = Pacer::new(c.interval_us);
+    let mut submit = Submit::new(c);
     let start = now_ns();
     for k in 1..=c.warmup + c.frames {
         sleep_until_ns(start + pacer.next());
@@ -437,14 +597,18 @@ fn gpu_waker(c: &Case) -> R<()> {
             // Relaxed: the store happens before the driver call that
             // enqueues the GPU's write of `k`, which the waiter polls.
             ctl.t0_of(k).store(t0, Ordering::Relaxed);
-            common::ck(
-                "cuMemcpyDtoDAsync",
-                sys::cuMemcpyDtoDAsync_v2(push, slot, bytes, g.stream),
-            )?;
+            match &kernel {
+                Some(kernel) => kernel.launch(push, slot, bytes, g.stream)?,
+                None => common::ck(
+                    "cuMemcpyDtoDAsync",
+                    sys::cuMemcpyDtoDAsync_v2(push, slot, bytes, g.stream),
+                )?,
+            }
             common::ck(
                 "cuStreamWriteValue64",
                 sys::cuStreamWriteValue64_v2(g.stream, seq_word, k, 0),
             )?;
+            submit.record(k, now_ns() - t0);
         }
     }
     // SAFETY: our stream; then nothing pending uses the registration.
@@ -452,6 +616,8 @@ fn gpu_waker(c: &Case) -> R<()> {
         common::ck("cuStreamSynchronize", sys::cuStreamSynchronize(g.stream))?;
         common::ck("cuMemHostUnregister", sys::cuMemHostUnregister(base.cast()))?;
     }
+    drop(kernel);
+    submit.write(c)?;
     std::thread::sleep(Duration::from_millis(20));
     // SYNC: bench-done — Release, paired with the waiter's Acquire.
     ctl.done().store(1, Ordering::Release);
@@ -511,7 +677,15 @@ fn vr_producer(c: &Case) -> R<()> {
     } else {
         BackendChoice::Host
     };
-    let cfg = RingConfig::new(Format::Nv12, w, h).slots(SLOTS).backend(backend);
+    let push_copy = if c.copy_engine {
+        PushCopy::CopyEngine
+    } else {
+        PushCopy::Kernel
+    };
+    let cfg = RingConfig::new(Format::Nv12, w, h)
+        .slots(SLOTS)
+        .backend(backend)
+        .push_copy(push_copy);
     let mut p = Publisher::create(c.sock(), cfg)?;
     let ctl = Ctl::open(&c.shm())?;
     // SYNC: bench-up — Release, paired with the orchestrator's Acquire.
@@ -521,6 +695,7 @@ fn vr_producer(c: &Case) -> R<()> {
         std::thread::sleep(Duration::from_millis(1));
     }
     let mut pacer = Pacer::new(c.interval_us);
+    let mut submit = Submit::new(c);
     let start = now_ns();
     for k in 0..c.warmup + c.frames {
         sleep_until_ns(start + pacer.next());
@@ -545,7 +720,9 @@ fn vr_producer(c: &Case) -> R<()> {
             Some(g) => unsafe { slot.publish_cuda(meta, g.stream)? },
             None => slot.publish(meta)?,
         };
+        submit.record(k, now_ns() - t0);
     }
+    submit.write(c)?;
     std::thread::sleep(Duration::from_millis(20));
     p.close()?;
     Ok(())
@@ -574,6 +751,7 @@ fn vr_subscriber(c: &Case) -> R<()> {
     // SYNC: bench-ready — Release, paired with the producer's Acquire.
     ctl.ready().store(1, Ordering::Release);
     let mut lat = Vec::with_capacity(c.frames as usize);
+    let mut seqs = Vec::with_capacity(c.frames as usize);
     let (mut cpu0, mut wall0, mut cpu1, mut wall1) = (0, 0, 0, 0);
     let (mut delivered, mut first_dropped) = (0u64, None);
     // Cadence row: each frame's latency by how its wait ended (caught in
@@ -588,7 +766,8 @@ fn vr_subscriber(c: &Case) -> R<()> {
             Ok(f) => {
                 let t1 = now_ns();
                 let t0 = u64::from_le_bytes(f.user().get(..8).ok_or("user meta")?.try_into()?);
-                if f.pts() as u64 >= c.warmup {
+                let seq = f.pts() as u64;
+                if seq >= c.warmup {
                     if lat.is_empty() {
                         (cpu0, wall0) = (process_cpu_ns(), t1);
                     }
@@ -606,6 +785,7 @@ fn vr_subscriber(c: &Case) -> R<()> {
                         by_class[class].push(t1.saturating_sub(t0));
                     }
                     lat.push(t1.saturating_sub(t0));
+                    seqs.push(seq);
                     delivered += 1;
                     (cpu1, wall1) = (process_cpu_ns(), now_ns());
                 }
@@ -655,7 +835,7 @@ fn vr_subscriber(c: &Case) -> R<()> {
             ) + "\nwake:   frames by how the wait ended: " + &classes,
         )?;
     }
-    write_result(c, &lat, delivered, dropped, cpu1 - cpu0, wall1 - wall0)
+    write_result(c, &lat, &seqs, delivered, dropped, cpu1 - cpu0, wall1 - wall0)
 }
 
 // ------------------------------------------------------------ orchestration
@@ -666,8 +846,8 @@ fn role_main(args: &[String]) -> R<()> {
     match (role, c.system) {
         ("producer", System::Futex) => futex_waker(&c),
         ("subscriber", System::Futex) => futex_waiter(&c),
-        ("producer", System::GpuFloor) => gpu_waker(&c),
-        ("subscriber", System::GpuFloor) => gpu_waiter(&c),
+        ("producer", System::GpuFloor | System::GpuKernel) => gpu_waker(&c),
+        ("subscriber", System::GpuFloor | System::GpuKernel) => gpu_waiter(&c),
         ("producer", _) => vr_producer(&c),
         ("subscriber", _) => vr_subscriber(&c),
         _ => Err("unknown role".into()),
@@ -687,6 +867,10 @@ fn spawn_role(role: &str, c: &Case) -> R<Child> {
 #[derive(Default)]
 struct Row {
     lat: Vec<u64>,
+    /// GPU rows: each delivered frame's submit time, and its latency less
+    /// that (see [`Submit`]).
+    submit: Vec<u64>,
+    after: Vec<u64>,
     delivered: u64,
     dropped: u64,
     cpu_ns: u64,
@@ -694,7 +878,17 @@ struct Row {
     failed: Option<String>,
 }
 
-fn run_case(c: &Case) -> R<(Vec<u64>, [u64; 4])> {
+/// One case's outcome: latencies, `[delivered, dropped, cpu_ns, wall_ns]`,
+/// and (where the producer reported them) each delivered frame's submit
+/// time and its latency after the submit.
+struct Outcome {
+    lat: Vec<u64>,
+    stats: [u64; 4],
+    submit: Vec<u64>,
+    after: Vec<u64>,
+}
+
+fn run_case(c: &Case) -> R<Outcome> {
     let _ = std::fs::remove_dir_all(&c.dir);
     std::fs::create_dir_all(&c.dir)?;
     let ctl = Ctl::create(&c.shm())?;
@@ -724,10 +918,25 @@ fn run_case(c: &Case) -> R<(Vec<u64>, [u64; 4])> {
     if let Ok(d) = std::fs::read_to_string(c.dir.join("cadence")) {
         eprintln!("wake:   cadence wait at the end: {d}");
     }
-    let st: [u64; 4] = st.as_slice().try_into().map_err(|_| "stats")?;
+    let stats: [u64; 4] = st.as_slice().try_into().map_err(|_| "stats")?;
+    let (mut submit, mut after) = (Vec::new(), Vec::new());
+    if let (Ok(by_seq), Ok(seqs)) = (read_samples(&c.dir.join("submit")), read_samples(&c.dir.join("seqs"))) {
+        for (&l, &seq) in lat.iter().zip(&seqs) {
+            let s = *by_seq
+                .get(seq as usize)
+                .ok_or("a delivered seq the producer did not publish")?;
+            submit.push(s);
+            after.push(l.saturating_sub(s));
+        }
+    }
     let _ = std::fs::remove_dir_all(&c.dir);
     let _ = std::fs::remove_file(c.shm());
-    Ok((lat, st))
+    Ok(Outcome {
+        lat,
+        stats,
+        submit,
+        after,
+    })
 }
 
 fn pct(sorted: &[u64], p: f64) -> f64 {
@@ -810,6 +1019,36 @@ fn main() -> R<()> {
             .collect::<Result<_, _>>()?,
         None => SYSTEMS.to_vec(),
     };
+    // `--push-copy kernel,ce`: who does vramring's push copies (CUDA); each
+    // vramring row runs once per value, the floors once.
+    let copies: Vec<bool> = match opt("--push-copy") {
+        Some(list) => list
+            .split(',')
+            .map(|k| match k {
+                "kernel" => Ok(false),
+                "ce" => Ok(true),
+                other => Err(format!("--push-copy: kernel or ce, not {other}")),
+            })
+            .collect::<Result<_, _>>()?,
+        None => vec![false],
+    };
+    // The rows, in table order: each system, once per push copy where it
+    // is a vramring row (the futex floor first: the ratios' reference).
+    let variants: Vec<(System, bool)> = SYSTEMS
+        .iter()
+        .flat_map(|&s| {
+            let vramring = !matches!(s, System::Futex) && !s.is_gpu_floor();
+            let each: Vec<bool> = if vramring { copies.clone() } else { vec![false] };
+            each.into_iter().map(move |ce| (s, ce))
+        })
+        .collect();
+    let label = |(system, ce): (System, bool)| {
+        if ce {
+            format!("{} [copy engine]", system.name())
+        } else {
+            system.name().to_owned()
+        }
+    };
     let dir = std::env::temp_dir().join(format!("vramring-wake-{}", std::process::id()));
     let frame = if cuda {
         "1080p NV12, CUDA backend"
@@ -819,17 +1058,17 @@ fn main() -> R<()> {
     let delivery = if push { "push" } else { "pull" };
     let mut rows: Vec<Vec<Row>> = cadences
         .iter()
-        .map(|_| SYSTEMS.iter().map(|_| Row::default()).collect())
+        .map(|_| variants.iter().map(|_| Row::default()).collect())
         .collect();
     // Interleaved: every round runs every row once.
     for round in 0..rounds {
         for (ci, &interval_us) in cadences.iter().enumerate() {
-            for (si, &system) in SYSTEMS.iter().enumerate() {
+            for (si, &(system, copy_engine)) in variants.iter().enumerate() {
                 let row = &mut rows[ci][si];
                 if !waits.contains(&system) {
                     row.failed = Some("not run (--waits)".into());
                 }
-                if system == System::GpuFloor && !cuda {
+                if system.is_gpu_floor() && !cuda {
                     row.failed = Some("not run (CUDA backend only)".into());
                 }
                 if row.failed.is_some() {
@@ -839,20 +1078,29 @@ fn main() -> R<()> {
                     system,
                     cuda,
                     push,
+                    copy_engine,
                     interval_us,
                     warmup,
                     frames: frames / rounds,
-                    dir: dir.join(format!("{round}-{ci}-{}", system.key())),
+                    dir: dir.join(format!("{round}-{ci}-{}-{}", system.key(), u8::from(copy_engine))),
                 };
                 eprintln!(
-                    "wake: round {}/{rounds}, {}, {}",
+                    "wake: round {}/{rounds}, {}, {}{}",
                     round + 1,
                     cadence_name(interval_us),
-                    system.key()
+                    system.key(),
+                    if copy_engine { " (copy engine)" } else { "" }
                 );
                 match run_case(&case) {
-                    Ok((lat, [delivered, dropped, cpu, wall])) => {
+                    Ok(Outcome {
+                        lat,
+                        stats: [delivered, dropped, cpu, wall],
+                        submit,
+                        after,
+                    }) => {
                         row.lat.extend(lat);
+                        row.submit.extend(submit);
+                        row.after.extend(after);
                         row.delivered += delivered;
                         row.dropped += dropped;
                         row.cpu_ns += cpu;
@@ -868,7 +1116,7 @@ fn main() -> R<()> {
         "Wake latency, publish → subscriber holds the frame (µs), {frame}, {delivery} delivery, {frames} frames per row after {warmup} warm-up, {rounds} interleaved round(s); {}\n\n",
         machine()
     );
-    md.push_str("| cadence | wait | p50 | p99 | max | frames | dropped | subscriber CPU (% of a core) | p50 / floor | p99 / floor |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| cadence | wait | p50 | p99 | max | frames | dropped | subscriber CPU (% of a core) | p50 / floor | p99 / floor | submit p50 / p99 | after submit p50 / p99 |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let mut jsonl = String::new();
     for (ci, &interval_us) in cadences.iter().enumerate() {
         let floor = {
@@ -876,23 +1124,34 @@ fn main() -> R<()> {
             l.sort_unstable();
             (pct(&l, 0.5), pct(&l, 0.99))
         };
-        for (si, system) in SYSTEMS.iter().enumerate() {
+        for (si, &(system, copy_engine)) in variants.iter().enumerate() {
             let row = &mut rows[ci][si];
             if let Some(e) = &row.failed {
                 md.push_str(&format!(
                     "| {} | {} | failed: {e} |\n",
                     cadence_name(interval_us),
-                    system.name()
+                    label((system, copy_engine))
                 ));
                 jsonl.push_str(&format!(
-                    "{{\"cadence_us\":{interval_us},\"wait\":\"{}\",\"failed\":{:?}}}\n",
+                    "{{\"cadence_us\":{interval_us},\"wait\":\"{}\",\"copy_engine\":{copy_engine},\"failed\":{:?}}}\n",
                     system.key(),
                     e
                 ));
                 continue;
             }
             row.lat.sort_unstable();
+            row.submit.sort_unstable();
+            row.after.sort_unstable();
             let (p50, p99, max) = (pct(&row.lat, 0.5), pct(&row.lat, 0.99), pct(&row.lat, 1.0));
+            let (s50, s99) = (pct(&row.submit, 0.5), pct(&row.submit, 0.99));
+            let (a50, a99) = (pct(&row.after, 0.5), pct(&row.after, 0.99));
+            let pair = |a: f64, b: f64| {
+                if a.is_finite() {
+                    format!("{a:.1} / {b:.1}")
+                } else {
+                    "–".into()
+                }
+            };
             let cpu = if row.wall_ns > 0 {
                 100.0 * row.cpu_ns as f64 / row.wall_ns as f64
             } else {
@@ -906,16 +1165,18 @@ fn main() -> R<()> {
                 }
             };
             md.push_str(&format!(
-                "| {} | {} | {p50:.1} | {p99:.1} | {max:.1} | {} | {} | {cpu:.2} | {} | {} |\n",
+                "| {} | {} | {p50:.1} | {p99:.1} | {max:.1} | {} | {} | {cpu:.2} | {} | {} | {} | {} |\n",
                 cadence_name(interval_us),
-                system.name(),
+                label((system, copy_engine)),
                 row.delivered,
                 row.dropped,
                 ratio(p50, floor.0),
                 ratio(p99, floor.1),
+                pair(s50, s99),
+                pair(a50, a99),
             ));
             jsonl.push_str(&format!(
-                "{{\"bench\":\"wake\",\"backend\":\"{}\",\"delivery\":\"{delivery}\",\"cadence_us\":{interval_us},\"wait\":\"{}\",\"p50_us\":{},\"p99_us\":{},\"max_us\":{},\"frames\":{},\"dropped\":{},\"cpu_pct\":{},\"floor_p50_us\":{},\"floor_p99_us\":{}}}\n",
+                "{{\"bench\":\"wake\",\"backend\":\"{}\",\"delivery\":\"{delivery}\",\"cadence_us\":{interval_us},\"wait\":\"{}\",\"copy_engine\":{copy_engine},\"p50_us\":{},\"p99_us\":{},\"max_us\":{},\"frames\":{},\"dropped\":{},\"cpu_pct\":{},\"floor_p50_us\":{},\"floor_p99_us\":{},\"submit_p50_us\":{},\"submit_p99_us\":{},\"after_submit_p50_us\":{},\"after_submit_p99_us\":{}}}\n",
                 if cuda { "cuda" } else { "host" },
                 system.key(),
                 num(p50),
@@ -926,6 +1187,10 @@ fn main() -> R<()> {
                 num(cpu),
                 num(floor.0),
                 num(floor.1),
+                num(s50),
+                num(s99),
+                num(a50),
+                num(a99),
             ));
         }
     }
