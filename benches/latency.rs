@@ -17,9 +17,7 @@
 //!   frame's seq into (`cuStreamWriteValue64`): a device-memory word shared
 //!   by IPC, or a word of host shared memory registered with the driver
 //!   (where vramring's queued pull waits). They measure what the GPU-side
-//!   wait itself costs, apart from the rest of vramring's path. And
-//!   `vrpce`: vramring push with `PushCopy::CopyEngine` (ADR 0014), a copy
-//!   per subscriber by the copy engine instead of the commit kernel.
+//!   wait itself costs, apart from the rest of vramring's path.
 //!
 //! Latency is "publish → subscriber holds its copy": from the moment the
 //! producer has enqueued the frame's write and starts publishing, to the
@@ -56,8 +54,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys;
 use vramring::BackendChoice;
 use vramring::{
-    CommitMode, Format, FrameMeta, Mode, Policy, Publisher, PullStart, PushCopy, RingConfig, Subscriber,
-    SubscriberOptions,
+    CommitMode, Format, FrameMeta, Mode, Policy, Publisher, PullStart, RingConfig, Subscriber, SubscriberOptions,
 };
 
 #[path = "common/mod.rs"]
@@ -269,9 +266,6 @@ enum System {
     VramringPush,
     /// Push delivery with protocol 2's CPU commit (`CommitMode::Synchronous`).
     VramringPushSync,
-    /// Push delivery with the copies by the copy engine
-    /// (`PushCopy::CopyEngine`, ADR 0014).
-    VramringPushCe,
     VramringFutex,
     /// Pull with the copy queued on the GPU behind the commit (ADR 0010).
     VramringPullQueued,
@@ -294,7 +288,6 @@ impl System {
             System::Vramring => "vramring pull",
             System::VramringPush => "vramring push",
             System::VramringPushSync => "vramring push, CPU commit (v2)",
-            System::VramringPushCe => "vramring push, copy engine",
             System::VramringFutex => "vramring push, futex wait",
             System::VramringPullQueued => "vramring pull, copy queued on the GPU",
             System::VramringPullAfter => "vramring pull, copy after the commit (v3)",
@@ -310,7 +303,6 @@ impl System {
             System::Vramring => "pull",
             System::VramringPush => "push",
             System::VramringPushSync => "push CPU commit",
-            System::VramringPushCe => "push copy engine",
             System::VramringFutex => "push futex wait",
             System::VramringPullQueued => "pull queued",
             System::VramringPullAfter => "pull after commit",
@@ -325,7 +317,6 @@ impl System {
             System::Vramring => "vr",
             System::VramringPush => "vrp",
             System::VramringPushSync => "vrps",
-            System::VramringPushCe => "vrpce",
             System::VramringFutex => "vrf",
             System::VramringPullQueued => "vrq",
             System::VramringPullAfter => "vra",
@@ -340,7 +331,6 @@ impl System {
             System::Vramring,
             System::VramringPush,
             System::VramringPushSync,
-            System::VramringPushCe,
             System::VramringFutex,
             System::VramringPullQueued,
             System::VramringPullAfter,
@@ -436,11 +426,6 @@ fn vr_producer(c: &Case, shm_path: &Path) -> R<()> {
             CommitMode::Synchronous
         } else {
             CommitMode::Stream
-        })
-        .push_copy(if c.system == System::VramringPushCe {
-            PushCopy::CopyEngine
-        } else {
-            PushCopy::Kernel
         });
     let mut p = Publisher::create(c.sock(), cfg)?;
     let ready = BenchShm::open(shm_path, 1, 0)?;
@@ -506,7 +491,7 @@ fn vr_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
     };
     let push = matches!(
         c.system,
-        System::VramringPush | System::VramringPushSync | System::VramringPushCe | System::VramringFutex
+        System::VramringPush | System::VramringPushSync | System::VramringFutex
     );
     let mode = if push { Mode::Latest } else { Mode::Sequential };
     let pull_start = match c.system {
@@ -1417,7 +1402,7 @@ fn ratio_tables(plan: &Plan, passes: &[bool], res: &Results) -> String {
 fn usage() -> &'static str {
     "latency bench: [--quick] [--throughput-only] [--no-rate] [--systems K,K..] [--subs N,N..] [--mps [off|on|both]] [--rounds R] [--timeout-s S] [--out FILE]\n\
      --quick: 1080p at 1, 4 and 8 subscribers, 300 measured frames each (and the rate at 1080p)\n\
-     --systems: only these rows (keys vrp push, vrps push CPU commit, vrpce push by the copy engine (not run by default), vr pull, vrq pull queued, vra pull after commit, vrf push futex wait, host, ipc; experiments, not run by default: ipcwd, ipcwh legacy IPC with a stream wait on a device / host word)\n\
+     --systems: only these rows (keys vrp push, vrps push CPU commit, vr pull, vrq pull queued, vra pull after commit, vrf push futex wait, host, ipc; experiments, not run by default: ipcwd, ipcwh legacy IPC with a stream wait on a device / host word)\n\
      --subs: only these subscriber counts (default 1,4,8); --no-rate: skip the maximum-rate table\n\
      --mps: run under a private MPS control daemon (on), or without then with it (both); the daemon is always quit\n\
      --out FILE: the Markdown report; the rows as JSON lines go to FILE with the extension .jsonl"
@@ -1447,7 +1432,7 @@ fn main() -> R<()> {
                 System::from_key(k).ok_or_else(|| {
                     let keys: Vec<&str> = LATENCY_SYSTEMS.iter().map(|s| s.key()).collect();
                     format!(
-                        "--systems: unknown system {k:?}; the keys are {} (and the experiments vrpce, ipcwd, ipcwh)",
+                        "--systems: unknown system {k:?}; the keys are {} (and the experiments ipcwd, ipcwh)",
                         keys.join(",")
                     )
                 })

@@ -40,12 +40,17 @@
 //! producer's call returning (`publish_cuda`, or the floor's last driver
 //! call), per frame; "after submit" is each delivered frame's latency less
 //! its own submit: the GPU's work and the wake, without the producer's CPU.
+//! The GPU floors also give each frame's latency less the time to their
+//! copy's call returning: what follows the copy's enqueue, as "after
+//! submit" is for vramring, whose commit launch is its last call (the
+//! floors' last call, the stream write, hides part of their GPU work).
+//! `--producer-spin`: every producer spins to each frame's due time
+//! instead of sleeping, as a thread that is never idle between frames.
 //!
 //! `cargo bench --bench wake -- [--quick] [--backend host|cuda] [--pull]
-//! [--push-copy kernel,ce] [--out DIR] [--frames N] [--cadences 2000,40000,0] [--waits
+//! [--producer-spin] [--out DIR] [--frames N] [--cadences 2000,40000,0] [--waits
 //! futex,park,cadence,spin,gpu,gpuk]` (intervals in µs, 0: the irregular one; the GPU floors
-//! `gpu` and `gpuk` run with the CUDA backend only; `--push-copy kernel,ce` runs
-//! each vramring row with each `PushCopy`, interleaved); on a GPU machine, the staged binary:
+//! `gpu` and `gpuk` run with the CUDA backend only); on a GPU machine, the staged binary:
 //! `bash .device/run.sh bench wake --backend cuda --quick --out $OUT`.
 //! Host backend: a small (320×240 NV12) frame written by the CPU. CUDA
 //! backend: a 1080p NV12 frame copied into the slot on the producer's
@@ -58,8 +63,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use vramring::{
-    BackendChoice, Format, FrameMeta, Mode, Publisher, PushCopy, RingConfig, Subscriber, SubscriberOptions,
-    WaitStrategy,
+    BackendChoice, Format, FrameMeta, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions, WaitStrategy,
 };
 
 #[path = "common/mod.rs"]
@@ -159,6 +163,18 @@ impl Pacer {
     }
 }
 
+/// Waits until `t` (ns, monotonic): asleep, or (`--producer-spin`)
+/// spinning, as a producer thread that is never idle between frames.
+fn wait_until_ns(c: &Case, t: u64) {
+    if c.producer_spin {
+        while now_ns() < t {
+            std::hint::spin_loop();
+        }
+    } else {
+        sleep_until_ns(t);
+    }
+}
+
 fn sleep_until_ns(t: u64) {
     let ts = rustix::time::Timespec {
         tv_sec: (t / 1_000_000_000) as _,
@@ -174,8 +190,8 @@ struct Case {
     system: System,
     cuda: bool,
     push: bool,
-    /// vramring rows: push copies by the copy engine (`PushCopy::CopyEngine`).
-    copy_engine: bool,
+    /// The producer waits for each frame's due time spinning, not asleep.
+    producer_spin: bool,
     interval_us: u64,
     warmup: u64,
     frames: u64,
@@ -188,7 +204,7 @@ impl Case {
             self.system.key().into(),
             u8::from(self.cuda).to_string(),
             u8::from(self.push).to_string(),
-            u8::from(self.copy_engine).to_string(),
+            u8::from(self.producer_spin).to_string(),
             self.interval_us.to_string(),
             self.warmup.to_string(),
             self.frames.to_string(),
@@ -203,7 +219,7 @@ impl Case {
             system: System::from_key(&a[0]).ok_or("system")?,
             cuda: a[1] == "1",
             push: a[2] == "1",
-            copy_engine: a[3] == "1",
+            producer_spin: a[3] == "1",
             interval_us: a[4].parse()?,
             warmup: a[5].parse()?,
             frames: a[6].parse()?,
@@ -328,8 +344,8 @@ impl Submit {
             *w = ns;
         }
     }
-    fn write(&self, c: &Case) -> R<()> {
-        write_samples(&c.dir.join("submit"), &self.0)
+    fn write(&self, c: &Case, name: &str) -> R<()> {
+        write_samples(&c.dir.join(name), &self.0)
     }
 }
 
@@ -396,7 +412,7 @@ fn futex_waker(c: &Case) -> R<()> {
     let mut pacer = Pacer::new(c.interval_us);
     let start = now_ns();
     for k in 1..=c.warmup + c.frames {
-        sleep_until_ns(start + pacer.next());
+        wait_until_ns(c, start + pacer.next());
         let t0 = now_ns();
         ctl.t0().store(t0, Ordering::Relaxed);
         // SYNC: bench-seq — Release: the waiter that sees `k` sees its t0.
@@ -581,10 +597,10 @@ fn gpu_waker(c: &Case) -> R<()> {
         std::thread::sleep(Duration::from_millis(1));
     }
     let mut pacer = Pacer::new(c.interval_us);
-    let mut submit = Submit::new(c);
+    let (mut submit, mut copied) = (Submit::new(c), Submit::new(c));
     let start = now_ns();
     for k in 1..=c.warmup + c.frames {
-        sleep_until_ns(start + pacer.next());
+        wait_until_ns(c, start + pacer.next());
         // SAFETY: our own buffers of `bytes` and stream; `seq_word` is
         // registered device-visible host memory, live until unregistered
         // after the stream is synchronised below.
@@ -604,6 +620,7 @@ fn gpu_waker(c: &Case) -> R<()> {
                     sys::cuMemcpyDtoDAsync_v2(push, slot, bytes, g.stream),
                 )?,
             }
+            copied.record(k, now_ns() - t0);
             common::ck(
                 "cuStreamWriteValue64",
                 sys::cuStreamWriteValue64_v2(g.stream, seq_word, k, 0),
@@ -617,7 +634,8 @@ fn gpu_waker(c: &Case) -> R<()> {
         common::ck("cuMemHostUnregister", sys::cuMemHostUnregister(base.cast()))?;
     }
     drop(kernel);
-    submit.write(c)?;
+    submit.write(c, "submit")?;
+    copied.write(c, "copied")?;
     std::thread::sleep(Duration::from_millis(20));
     // SYNC: bench-done — Release, paired with the waiter's Acquire.
     ctl.done().store(1, Ordering::Release);
@@ -677,15 +695,7 @@ fn vr_producer(c: &Case) -> R<()> {
     } else {
         BackendChoice::Host
     };
-    let push_copy = if c.copy_engine {
-        PushCopy::CopyEngine
-    } else {
-        PushCopy::Kernel
-    };
-    let cfg = RingConfig::new(Format::Nv12, w, h)
-        .slots(SLOTS)
-        .backend(backend)
-        .push_copy(push_copy);
+    let cfg = RingConfig::new(Format::Nv12, w, h).slots(SLOTS).backend(backend);
     let mut p = Publisher::create(c.sock(), cfg)?;
     let ctl = Ctl::open(&c.shm())?;
     // SYNC: bench-up — Release, paired with the orchestrator's Acquire.
@@ -698,7 +708,7 @@ fn vr_producer(c: &Case) -> R<()> {
     let mut submit = Submit::new(c);
     let start = now_ns();
     for k in 0..c.warmup + c.frames {
-        sleep_until_ns(start + pacer.next());
+        wait_until_ns(c, start + pacer.next());
         let mut slot = p.loan(Duration::from_secs(1))?;
         match &gpu {
             Some(g) => {
@@ -722,7 +732,7 @@ fn vr_producer(c: &Case) -> R<()> {
         };
         submit.record(k, now_ns() - t0);
     }
-    submit.write(c)?;
+    submit.write(c, "submit")?;
     std::thread::sleep(Duration::from_millis(20));
     p.close()?;
     Ok(())
@@ -871,6 +881,9 @@ struct Row {
     /// that (see [`Submit`]).
     submit: Vec<u64>,
     after: Vec<u64>,
+    /// GPU floors: each frame's latency less the time to its copy's call
+    /// returning (the GPU's copy, the stream write and the wake).
+    after_copy: Vec<u64>,
     delivered: u64,
     dropped: u64,
     cpu_ns: u64,
@@ -886,6 +899,7 @@ struct Outcome {
     stats: [u64; 4],
     submit: Vec<u64>,
     after: Vec<u64>,
+    after_copy: Vec<u64>,
 }
 
 fn run_case(c: &Case) -> R<Outcome> {
@@ -919,15 +933,28 @@ fn run_case(c: &Case) -> R<Outcome> {
         eprintln!("wake:   cadence wait at the end: {d}");
     }
     let stats: [u64; 4] = st.as_slice().try_into().map_err(|_| "stats")?;
-    let (mut submit, mut after) = (Vec::new(), Vec::new());
-    if let (Ok(by_seq), Ok(seqs)) = (read_samples(&c.dir.join("submit")), read_samples(&c.dir.join("seqs"))) {
-        for (&l, &seq) in lat.iter().zip(&seqs) {
-            let s = *by_seq
-                .get(seq as usize)
-                .ok_or("a delivered seq the producer did not publish")?;
-            submit.push(s);
-            after.push(l.saturating_sub(s));
-        }
+    let (mut submit, mut after, mut after_copy) = (Vec::new(), Vec::new(), Vec::new());
+    let seqs = read_samples(&c.dir.join("seqs")).unwrap_or_default();
+    // Each delivered frame's producer-side time from `name`, indexed by seq.
+    let joined = |name: &str| -> R<Vec<u64>> {
+        let Ok(by_seq) = read_samples(&c.dir.join(name)) else {
+            return Ok(Vec::new());
+        };
+        seqs.iter()
+            .map(|&seq| {
+                by_seq
+                    .get(seq as usize)
+                    .copied()
+                    .ok_or_else(|| "a delivered seq the producer did not publish".into())
+            })
+            .collect()
+    };
+    for (&l, s) in lat.iter().zip(joined("submit")?) {
+        submit.push(s);
+        after.push(l.saturating_sub(s));
+    }
+    for (&l, s) in lat.iter().zip(joined("copied")?) {
+        after_copy.push(l.saturating_sub(s));
     }
     let _ = std::fs::remove_dir_all(&c.dir);
     let _ = std::fs::remove_file(c.shm());
@@ -936,6 +963,7 @@ fn run_case(c: &Case) -> R<Outcome> {
         stats,
         submit,
         after,
+        after_copy,
     })
 }
 
@@ -1019,36 +1047,7 @@ fn main() -> R<()> {
             .collect::<Result<_, _>>()?,
         None => SYSTEMS.to_vec(),
     };
-    // `--push-copy kernel,ce`: who does vramring's push copies (CUDA); each
-    // vramring row runs once per value, the floors once.
-    let copies: Vec<bool> = match opt("--push-copy") {
-        Some(list) => list
-            .split(',')
-            .map(|k| match k {
-                "kernel" => Ok(false),
-                "ce" => Ok(true),
-                other => Err(format!("--push-copy: kernel or ce, not {other}")),
-            })
-            .collect::<Result<_, _>>()?,
-        None => vec![false],
-    };
-    // The rows, in table order: each system, once per push copy where it
-    // is a vramring row (the futex floor first: the ratios' reference).
-    let variants: Vec<(System, bool)> = SYSTEMS
-        .iter()
-        .flat_map(|&s| {
-            let vramring = !matches!(s, System::Futex) && !s.is_gpu_floor();
-            let each: Vec<bool> = if vramring { copies.clone() } else { vec![false] };
-            each.into_iter().map(move |ce| (s, ce))
-        })
-        .collect();
-    let label = |(system, ce): (System, bool)| {
-        if ce {
-            format!("{} [copy engine]", system.name())
-        } else {
-            system.name().to_owned()
-        }
-    };
+    let producer_spin = args.iter().any(|a| a == "--producer-spin");
     let dir = std::env::temp_dir().join(format!("vramring-wake-{}", std::process::id()));
     let frame = if cuda {
         "1080p NV12, CUDA backend"
@@ -1058,12 +1057,12 @@ fn main() -> R<()> {
     let delivery = if push { "push" } else { "pull" };
     let mut rows: Vec<Vec<Row>> = cadences
         .iter()
-        .map(|_| variants.iter().map(|_| Row::default()).collect())
+        .map(|_| SYSTEMS.iter().map(|_| Row::default()).collect())
         .collect();
     // Interleaved: every round runs every row once.
     for round in 0..rounds {
         for (ci, &interval_us) in cadences.iter().enumerate() {
-            for (si, &(system, copy_engine)) in variants.iter().enumerate() {
+            for (si, &system) in SYSTEMS.iter().enumerate() {
                 let row = &mut rows[ci][si];
                 if !waits.contains(&system) {
                     row.failed = Some("not run (--waits)".into());
@@ -1078,18 +1077,17 @@ fn main() -> R<()> {
                     system,
                     cuda,
                     push,
-                    copy_engine,
+                    producer_spin,
                     interval_us,
                     warmup,
                     frames: frames / rounds,
-                    dir: dir.join(format!("{round}-{ci}-{}-{}", system.key(), u8::from(copy_engine))),
+                    dir: dir.join(format!("{round}-{ci}-{}", system.key())),
                 };
                 eprintln!(
-                    "wake: round {}/{rounds}, {}, {}{}",
+                    "wake: round {}/{rounds}, {}, {}",
                     round + 1,
                     cadence_name(interval_us),
-                    system.key(),
-                    if copy_engine { " (copy engine)" } else { "" }
+                    system.key()
                 );
                 match run_case(&case) {
                     Ok(Outcome {
@@ -1097,10 +1095,12 @@ fn main() -> R<()> {
                         stats: [delivered, dropped, cpu, wall],
                         submit,
                         after,
+                        after_copy,
                     }) => {
                         row.lat.extend(lat);
                         row.submit.extend(submit);
                         row.after.extend(after);
+                        row.after_copy.extend(after_copy);
                         row.delivered += delivered;
                         row.dropped += dropped;
                         row.cpu_ns += cpu;
@@ -1113,10 +1113,11 @@ fn main() -> R<()> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     let mut md = format!(
-        "Wake latency, publish → subscriber holds the frame (µs), {frame}, {delivery} delivery, {frames} frames per row after {warmup} warm-up, {rounds} interleaved round(s); {}\n\n",
+        "Wake latency, publish → subscriber holds the frame (µs), {frame}, {delivery} delivery, {frames} frames per row after {warmup} warm-up, {rounds} interleaved round(s), producers {} between frames; {}\n\n",
+        if producer_spin { "spinning" } else { "asleep" },
         machine()
     );
-    md.push_str("| cadence | wait | p50 | p99 | max | frames | dropped | subscriber CPU (% of a core) | p50 / floor | p99 / floor | submit p50 / p99 | after submit p50 / p99 |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| cadence | wait | p50 | p99 | max | frames | dropped | subscriber CPU (% of a core) | p50 / floor | p99 / floor | submit p50 / p99 | after submit p50 / p99 | floors: after the copy's call p50 / p99 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let mut jsonl = String::new();
     for (ci, &interval_us) in cadences.iter().enumerate() {
         let floor = {
@@ -1124,16 +1125,16 @@ fn main() -> R<()> {
             l.sort_unstable();
             (pct(&l, 0.5), pct(&l, 0.99))
         };
-        for (si, &(system, copy_engine)) in variants.iter().enumerate() {
+        for (si, system) in SYSTEMS.iter().enumerate() {
             let row = &mut rows[ci][si];
             if let Some(e) = &row.failed {
                 md.push_str(&format!(
                     "| {} | {} | failed: {e} |\n",
                     cadence_name(interval_us),
-                    label((system, copy_engine))
+                    system.name()
                 ));
                 jsonl.push_str(&format!(
-                    "{{\"cadence_us\":{interval_us},\"wait\":\"{}\",\"copy_engine\":{copy_engine},\"failed\":{:?}}}\n",
+                    "{{\"cadence_us\":{interval_us},\"wait\":\"{}\",\"failed\":{:?}}}\n",
                     system.key(),
                     e
                 ));
@@ -1142,9 +1143,11 @@ fn main() -> R<()> {
             row.lat.sort_unstable();
             row.submit.sort_unstable();
             row.after.sort_unstable();
+            row.after_copy.sort_unstable();
             let (p50, p99, max) = (pct(&row.lat, 0.5), pct(&row.lat, 0.99), pct(&row.lat, 1.0));
             let (s50, s99) = (pct(&row.submit, 0.5), pct(&row.submit, 0.99));
             let (a50, a99) = (pct(&row.after, 0.5), pct(&row.after, 0.99));
+            let (c50, c99) = (pct(&row.after_copy, 0.5), pct(&row.after_copy, 0.99));
             let pair = |a: f64, b: f64| {
                 if a.is_finite() {
                     format!("{a:.1} / {b:.1}")
@@ -1165,18 +1168,19 @@ fn main() -> R<()> {
                 }
             };
             md.push_str(&format!(
-                "| {} | {} | {p50:.1} | {p99:.1} | {max:.1} | {} | {} | {cpu:.2} | {} | {} | {} | {} |\n",
+                "| {} | {} | {p50:.1} | {p99:.1} | {max:.1} | {} | {} | {cpu:.2} | {} | {} | {} | {} | {} |\n",
                 cadence_name(interval_us),
-                label((system, copy_engine)),
+                system.name(),
                 row.delivered,
                 row.dropped,
                 ratio(p50, floor.0),
                 ratio(p99, floor.1),
                 pair(s50, s99),
                 pair(a50, a99),
+                pair(c50, c99),
             ));
             jsonl.push_str(&format!(
-                "{{\"bench\":\"wake\",\"backend\":\"{}\",\"delivery\":\"{delivery}\",\"cadence_us\":{interval_us},\"wait\":\"{}\",\"copy_engine\":{copy_engine},\"p50_us\":{},\"p99_us\":{},\"max_us\":{},\"frames\":{},\"dropped\":{},\"cpu_pct\":{},\"floor_p50_us\":{},\"floor_p99_us\":{},\"submit_p50_us\":{},\"submit_p99_us\":{},\"after_submit_p50_us\":{},\"after_submit_p99_us\":{}}}\n",
+                "{{\"bench\":\"wake\",\"backend\":\"{}\",\"delivery\":\"{delivery}\",\"cadence_us\":{interval_us},\"wait\":\"{}\",\"producer_spin\":{producer_spin},\"p50_us\":{},\"p99_us\":{},\"max_us\":{},\"frames\":{},\"dropped\":{},\"cpu_pct\":{},\"floor_p50_us\":{},\"floor_p99_us\":{},\"submit_p50_us\":{},\"submit_p99_us\":{},\"after_submit_p50_us\":{},\"after_submit_p99_us\":{},\"after_copy_call_p50_us\":{},\"after_copy_call_p99_us\":{}}}\n",
                 if cuda { "cuda" } else { "host" },
                 system.key(),
                 num(p50),
@@ -1191,6 +1195,8 @@ fn main() -> R<()> {
                 num(s99),
                 num(a50),
                 num(a99),
+                num(c50),
+                num(c99),
             ));
         }
     }

@@ -108,8 +108,8 @@ pub mod time;
 pub use error::{Error, Result};
 pub use format::{Format, Geometry, Plane};
 pub use frame::{
-    BackendChoice, Borrow, CommitMode, Frame, FrameMeta, Mode, Policy, Publisher, PullAccess, PullStart, PushCopy,
-    RingConfig, SlotMut, Subscriber, SubscriberOptions, SubscriberStats,
+    BackendChoice, Borrow, CommitMode, Frame, FrameMeta, Mode, Policy, Publisher, PullAccess, PullStart, RingConfig,
+    SlotMut, Subscriber, SubscriberOptions, SubscriberStats,
 };
 pub use memory::{BackendKind, WriteCompletion};
 pub use ring::{PublisherStats, ServeConfig, ServeOptions, WaitStrategy};

@@ -77,10 +77,9 @@ impl Words {
 }
 
 /// A publisher pool with `TARGETS` push subscribers (each its own import in
-/// the subscriber's process); one frame of 0x5A committed as seq 7, the
-/// push copies by the kernel or (`copy_engine`) by the copy engine; every
+/// the subscriber's process); one frame of 0x5A committed as seq 7; every
 /// subscriber's buffer checked; everything closed.
-fn commit_round(pubd: &Arc<FakeDriver>, subd: &Arc<FakeDriver>, copy_engine: bool) -> vramring::Result<()> {
+fn commit_round(pubd: &Arc<FakeDriver>, subd: &Arc<FakeDriver>) -> vramring::Result<()> {
     let words = Words::new();
     let mut pool = CudaPool::create(Arc::clone(pubd), DeviceSelector::Uuid(GPU), 8 * MIB)?;
     let mut imports: Vec<CudaImport<FakeDriver>> = Vec::new();
@@ -121,7 +120,6 @@ fn commit_round(pubd: &Arc<FakeDriver>, subd: &Arc<FakeDriver>, copy_engine: boo
         slot_seq: words.word(1),
         global_seq: words.word(2),
         gate: Some(GATE),
-        copy_engine,
     };
     // SAFETY: every word lies in `words`, registered above.
     unsafe { pool.enqueue_commit(&commit, WriteCompletion::CudaStream(std::ptr::null_mut())) }?;
@@ -154,7 +152,7 @@ fn commit_round(pubd: &Arc<FakeDriver>, subd: &Arc<FakeDriver>, copy_engine: boo
 fn a_commit_copies_into_every_target_before_it_stores_the_seqs() {
     let (pubd, subd) = (publisher_process(), subscriber_process());
     let (fp, fs) = (foreign_current(&pubd), foreign_current(&subd));
-    commit_round(&pubd, &subd, false).unwrap();
+    commit_round(&pubd, &subd).unwrap();
     assert_clean(&pubd, fp, "publisher");
     assert_clean(&subd, fs, "subscriber");
     let launches = pubd.log().iter().filter(|r| r.call == "cuLaunchKernel").count();
@@ -168,106 +166,21 @@ fn a_commit_copies_into_every_target_before_it_stores_the_seqs() {
 }
 
 #[test]
-fn with_the_copy_engine_a_commit_is_a_copy_per_target_then_one_batch_of_stores_and_no_launch() {
-    let (pubd, subd) = (publisher_process(), subscriber_process());
-    let (fp, fs) = (foreign_current(&pubd), foreign_current(&subd));
-    commit_round(&pubd, &subd, true).unwrap();
-    assert_clean(&pubd, fp, "publisher");
-    assert_clean(&subd, fs, "subscriber");
-    let log = pubd.log();
-    let at = |call: &str| -> Vec<usize> {
-        log.iter()
-            .enumerate()
-            .filter(|(_, r)| r.call == call)
-            .map(|(i, _)| i)
-            .collect()
-    };
-    let (copies, batches) = (at("cuMemcpyDtoDAsync_v2"), at("cuStreamBatchMemOp_v2"));
-    assert_eq!(copies.len(), TARGETS, "one copy per target");
-    assert_eq!(batches.len(), 1, "one batch of stores");
-    assert!(
-        copies.iter().all(|&c| c < batches[0]),
-        "a copy was enqueued after the stores"
-    );
-    assert!(at("cuLaunchKernel").is_empty(), "the kernel was launched");
-}
-
-#[test]
 fn a_commit_that_fails_at_any_publisher_call_leaves_nothing_behind() {
-    for copy_engine in [false, true] {
-        let d = publisher_process();
-        let before = d.calls();
-        commit_round(&d, &subscriber_process(), copy_engine).unwrap();
-        let total = d.calls() - before;
-        let mut failures = 0;
-        for n in 1..=total {
-            let (pubd, subd) = (publisher_process(), subscriber_process());
-            let (fp, fs) = (foreign_current(&pubd), foreign_current(&subd));
-            pubd.fail_at(n);
-            failures += u64::from(commit_round(&pubd, &subd, copy_engine).is_err());
-            let how = if copy_engine { "copy engine" } else { "kernel" };
-            assert_clean(&pubd, fp, &format!("publisher ({how}) failing at call {n}"));
-            assert_clean(
-                &subd,
-                fs,
-                &format!("subscriber with a publisher ({how}) failing at call {n}"),
-            );
-        }
-        assert!(failures > total / 2, "only {failures} of {total} faults surfaced");
+    let d = publisher_process();
+    let before = d.calls();
+    commit_round(&d, &subscriber_process()).unwrap();
+    let total = d.calls() - before;
+    let mut failures = 0;
+    for n in 1..=total {
+        let (pubd, subd) = (publisher_process(), subscriber_process());
+        let (fp, fs) = (foreign_current(&pubd), foreign_current(&subd));
+        pubd.fail_at(n);
+        failures += u64::from(commit_round(&pubd, &subd).is_err());
+        assert_clean(&pubd, fp, &format!("publisher failing at call {n}"));
+        assert_clean(&subd, fs, &format!("subscriber with a publisher failing at call {n}"));
     }
-}
-
-#[test]
-fn a_copy_engine_commit_that_fails_midway_stores_no_seq_and_lets_its_copies_land() {
-    let (pubd, subd) = (publisher_process(), subscriber_process());
-    let words = Words::new();
-    let mut pool = pull_only_pool(&pubd, &words);
-    let mut imp = CudaImport::import(
-        Arc::clone(&subd),
-        pool.export_fd().unwrap(),
-        pool.pool_bytes(),
-        GPU,
-        false,
-    )
-    .unwrap();
-    let (fd, bytes) = imp.alloc_push(3, STRIDE).unwrap();
-    let id = pool.attach_target(&fd, bytes).unwrap();
-    let w: Vec<PushWrite<'_>> = (0..2)
-        .map(|j| PushWrite {
-            id,
-            dst_offset: j * STRIDE,
-            push_seq: words.word(10 + j as usize),
-        })
-        .collect();
-    let commit = |seq| StreamCommit {
-        targets: &w,
-        copy_engine: true,
-        ..pull_only_commit(&words, seq)
-    };
-    // The second copy fails, then (next commit) the batch of stores.
-    for (call, nth) in [("cuMemcpyDtoDAsync_v2", 2), ("cuStreamBatchMemOp_v2", 1)] {
-        pubd.fail_nth(call, nth);
-        let before = pubd.log().len();
-        // SAFETY: the words lie in `words`, registered with the pool.
-        assert!(unsafe { pool.enqueue_commit(&commit(3), WriteCompletion::CudaStream(std::ptr::null_mut())) }.is_err());
-        assert_not_stored(&words, &[1, 2, 10, 11]);
-        assert_eq!(gate_word(&pubd, &pool), 0, "the gate was stored by a failed commit");
-        assert!(
-            pubd.log()[before..].iter().any(|r| r.call == "cuStreamSynchronize"),
-            "a failed commit ({call}) returned with its copies in flight"
-        );
-    }
-    // SAFETY: as above.
-    unsafe { pool.enqueue_commit(&commit(4), WriteCompletion::Host) }.unwrap();
-    pool.complete_writes(WriteCompletion::Host).unwrap();
-    for k in [1, 2, 10, 11] {
-        assert_eq!(words.word(k).load(Ordering::Acquire), 4, "word {k}");
-    }
-    assert_eq!(gate_word(&pubd, &pool), 4);
-    pool.detach_target(id).unwrap();
-    imp.close().unwrap();
-    pool.close().unwrap();
-    assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
+    assert!(failures > total / 2, "only {failures} of {total} faults surfaced");
 }
 
 #[test]
@@ -300,7 +213,6 @@ fn a_failed_kernel_launch_stores_no_seq() {
         slot_seq: words.word(1),
         global_seq: words.word(2),
         gate: None,
-        copy_engine: false,
     };
     pubd.fail_nth("cuLaunchKernel", 1);
     // SAFETY: the words lie in `words`, registered above.
@@ -357,7 +269,6 @@ fn pull_only_commit(words: &Words, seq: u64) -> StreamCommit<'_> {
         slot_seq: words.word(1),
         global_seq: words.word(2),
         gate: Some(GATE),
-        copy_engine: false,
     }
 }
 

@@ -17,8 +17,8 @@ use vramring::testpattern::{self, PatternError};
 use vramring::time::monotonic_ns;
 use vramring::BackendChoice;
 use vramring::{
-    BackendKind, Error as RingError, Format, Frame, FrameMeta, Mode, Policy, Publisher, PullStart, PushCopy,
-    RingConfig, SlotMut, Subscriber, SubscriberOptions,
+    BackendKind, Error as RingError, Format, Frame, FrameMeta, Mode, Policy, Publisher, PullStart, RingConfig, SlotMut,
+    Subscriber, SubscriberOptions,
 };
 
 /// What every example's `main` returns.
@@ -56,15 +56,6 @@ pub enum PolicyArg {
     Overwrite,
     /// Wait for lossless readers.
     Lossless,
-}
-
-/// Who does a GPU ring's push copies, as typed on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PushCopyArg {
-    /// One commit kernel per frame copies into every push buffer.
-    Kernel,
-    /// The copy engine, one copy per push subscriber (ADR 0014).
-    CopyEngine,
 }
 
 /// The consumer's read mode, as typed on the command line.
@@ -123,9 +114,6 @@ pub struct ProducerArgs {
     /// Wait for this many subscribers before publishing the first frame.
     #[arg(long, default_value_t = 0)]
     pub wait_subscribers: u32,
-    /// Who copies frames into push subscribers' buffers on a GPU ring.
-    #[arg(long, value_enum, default_value_t = PushCopyArg::Kernel)]
-    pub push_copy: PushCopyArg,
     /// Print a status line this often (0: only the final summary).
     #[arg(long, default_value_t = 1000)]
     pub report_ms: u64,
@@ -501,10 +489,6 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
         .slots(args.slots)
         .policy(policy)
         .backend(backend)
-        .push_copy(match args.push_copy {
-            PushCopyArg::Kernel => PushCopy::Kernel,
-            PushCopyArg::CopyEngine => PushCopy::CopyEngine,
-        })
         .lossless_lease(Duration::from_millis(args.lossless_lease_ms));
     let mut publisher = Publisher::create(&args.socket, cfg)?;
     let frame_bytes = publisher.geometry().frame_bytes;

@@ -14,7 +14,5 @@ pub mod protocol;
 pub mod publisher;
 pub mod subscriber;
 
-pub use publisher::{
-    BackendChoice, CommitMode, FrameMeta, Policy, Publisher, PullAccess, PushCopy, RingConfig, SlotMut,
-};
+pub use publisher::{BackendChoice, CommitMode, FrameMeta, Policy, Publisher, PullAccess, RingConfig, SlotMut};
 pub use subscriber::{Borrow, Frame, Mode, PullStart, Subscriber, SubscriberOptions, SubscriberStats};

@@ -54,23 +54,6 @@ pub enum CommitMode {
     Synchronous,
 }
 
-/// Who copies a frame into push subscribers' buffers in a stream-order
-/// commit ([`CommitMode::Stream`], ADR 0014).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PushCopy {
-    /// One launch of the commit kernel reads the slot once, writes every
-    /// push buffer and stores the seqs: one driver call per frame,
-    /// whatever the number of push subscribers.
-    #[default]
-    Kernel,
-    /// The copy engine: one `cuMemcpyDtoDAsync` per push subscriber, then
-    /// the seqs as one batched stream memory operation. A driver call per
-    /// subscriber more on the publisher's CPU, but no kernel to start on an
-    /// idle GPU. Where the device has no 64-bit stream memory operations
-    /// the kernel is used.
-    CopyEngine,
-}
-
 /// Which memory the ring lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendChoice {
@@ -152,8 +135,6 @@ pub struct RingConfig {
     pub pull: PullAccess,
     /// How CUDA frames are committed.
     pub commit: CommitMode,
-    /// Who does a stream-order commit's push copies.
-    pub push_copy: PushCopy,
     /// The serving settings shared with the packet ring.
     pub serve: ServeConfig,
 }
@@ -178,7 +159,6 @@ impl RingConfig {
             allow_write: false,
             pull: PullAccess::Anyone,
             commit: CommitMode::Stream,
-            push_copy: PushCopy::Kernel,
             serve: ServeConfig::default(),
         }
     }
@@ -212,11 +192,6 @@ impl RingConfig {
     /// Sets how CUDA frames are committed.
     pub fn commit(mut self, m: CommitMode) -> Self {
         self.commit = m;
-        self
-    }
-    /// Sets who does a stream-order commit's push copies.
-    pub fn push_copy(mut self, p: PushCopy) -> Self {
-        self.push_copy = p;
         self
     }
 
@@ -1027,7 +1002,6 @@ impl Publisher {
             slot_seq: &slot.seq,
             global_seq: &header.seq.global_seq,
             gate: sh.info.gate_offset(),
-            copy_engine: sh.cfg.push_copy == PushCopy::CopyEngine,
         };
         let completion = WriteCompletion::CudaStream(stream);
         // SAFETY: every word of `commit` lies in the control region or the

@@ -67,11 +67,6 @@ pub struct StreamCommit<'a> {
     /// Pool offset of the gate word (`RING_GATE`), stored after
     /// `global_seq`; `None` when the pool has no gate line.
     pub gate: Option<u64>,
-    /// Push copies by the copy engine, one `cuMemcpyDtoDAsync` per target,
-    /// then the stores as one batched stream memory operation (ADR 0014),
-    /// where the pool has a gate line; otherwise, and when `false`, the
-    /// commit kernel copies and stores.
-    pub copy_engine: bool,
 }
 
 /// One push target of a [`StreamCommit`].

@@ -496,47 +496,14 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
         // line exists only where 64-bit stream memory operations do (checked
         // when it was enabled).
         let stores_only = dsts.is_empty() && gate != 0;
-        // With push targets, the copy engine may copy instead of the kernel
-        // (ADR 0014): one copy per target, then the same stores as the
-        // kernel's, in its order (gate, every push seq, slot seq,
-        // global_seq), as one batch; each write's default barrier orders
-        // the copies before it.
-        let by_copy_engine = c.copy_engine && !dsts.is_empty() && gate != 0;
         let body = |d: &D| -> Result<()> {
-            if stores_only || by_copy_engine {
-                let mut writes = Vec::with_capacity(dsts.len() + 3);
-                writes.push((gate, c.seq));
-                writes.extend(dsts.iter().map(|&(_, ps)| (ps, c.seq)));
-                writes.extend([(slot_seq, c.seq), (global_seq, c.seq)]);
-                let enqueued = (|| -> super::driver::DResult<()> {
-                    if by_copy_engine {
-                        for &(dst, _) in &dsts {
-                            // SAFETY: both ranges were checked against live
-                            // mappings of this context; the stream is the
-                            // writer's.
-                            unsafe { d.memcpy_dtod_async(dst, src, c.len, stream) }?;
-                        }
-                    }
-                    // SAFETY: the gate lies in the pool's live mapping
-                    // (checked above) and the seq words in registered
-                    // memory that stays mapped until `close`, which
-                    // synchronises first; the stream is the writer's.
-                    unsafe { d.stream_write_values64(stream, &writes) }
-                })();
-                if let Err(e) = enqueued {
-                    if by_copy_engine {
-                        // Copies already enqueued still run, into buffers
-                        // the failed commit does not record as in flight:
-                        // let them land before a later commit may claim
-                        // those buffers again.
-                        // SAFETY: the writer's live stream.
-                        if let Err(se) = unsafe { d.stream_synchronize(stream) } {
-                            tracing::warn!(error = %se, "waiting for a failed commit's copies");
-                        }
-                    }
-                    return Err(e.into());
-                }
-                return Ok(());
+            if stores_only {
+                let writes = [(gate, c.seq), (slot_seq, c.seq), (global_seq, c.seq)];
+                // SAFETY: the gate lies in the pool's live mapping (checked
+                // above) and the seq words in registered memory that stays
+                // mapped until `close`, which synchronises first; the stream
+                // is the writer's.
+                return Ok(unsafe { d.stream_write_values64(stream, &writes) }?);
             }
             if !by_kernel {
                 for &(dst, _) in &dsts {
