@@ -46,9 +46,12 @@
 //! floors' last call, the stream write, hides part of their GPU work).
 //! `--producer-spin`: every producer spins to each frame's due time
 //! instead of sleeping, as a thread that is never idle between frames.
+//! `--probe`: vramring producers timestamp the publish's stage marks
+//! (TRACE events of target `vramring::publish`) and print each stage's
+//! time after the clock read, per row.
 //!
 //! `cargo bench --bench wake -- [--quick] [--backend host|cuda] [--pull]
-//! [--producer-spin] [--out DIR] [--frames N] [--cadences 2000,40000,0] [--waits
+//! [--producer-spin] [--probe] [--out DIR] [--frames N] [--cadences 2000,40000,0] [--waits
 //! futex,park,cadence,spin,gpu,gpuk]` (intervals in µs, 0: the irregular one; the GPU floors
 //! `gpu` and `gpuk` run with the CUDA backend only); on a GPU machine, the staged binary:
 //! `bash .device/run.sh bench wake --backend cuda --quick --out $OUT`.
@@ -192,6 +195,8 @@ struct Case {
     push: bool,
     /// The producer waits for each frame's due time spinning, not asleep.
     producer_spin: bool,
+    /// vramring producers time the publish's stage marks (`--probe`).
+    probe: bool,
     interval_us: u64,
     warmup: u64,
     frames: u64,
@@ -205,6 +210,7 @@ impl Case {
             u8::from(self.cuda).to_string(),
             u8::from(self.push).to_string(),
             u8::from(self.producer_spin).to_string(),
+            u8::from(self.probe).to_string(),
             self.interval_us.to_string(),
             self.warmup.to_string(),
             self.frames.to_string(),
@@ -212,7 +218,7 @@ impl Case {
         ]
     }
     fn parse(a: &[String]) -> R<Case> {
-        if a.len() < 8 {
+        if a.len() < 9 {
             return Err("role arguments".into());
         }
         Ok(Case {
@@ -220,10 +226,11 @@ impl Case {
             cuda: a[1] == "1",
             push: a[2] == "1",
             producer_spin: a[3] == "1",
-            interval_us: a[4].parse()?,
-            warmup: a[5].parse()?,
-            frames: a[6].parse()?,
-            dir: PathBuf::from(&a[7]),
+            probe: a[4] == "1",
+            interval_us: a[5].parse()?,
+            warmup: a[6].parse()?,
+            frames: a[7].parse()?,
+            dir: PathBuf::from(&a[8]),
         })
     }
     fn sock(&self) -> PathBuf {
@@ -706,6 +713,7 @@ fn vr_producer(c: &Case) -> R<()> {
     }
     let mut pacer = Pacer::new(c.interval_us);
     let mut submit = Submit::new(c);
+    let mut stages = c.probe.then(probe::Stages::install);
     let start = now_ns();
     for k in 0..c.warmup + c.frames {
         wait_until_ns(c, start + pacer.next());
@@ -731,8 +739,14 @@ fn vr_producer(c: &Case) -> R<()> {
             None => slot.publish(meta)?,
         };
         submit.record(k, now_ns() - t0);
+        if let Some(stages) = &mut stages {
+            stages.frame(t0, k >= c.warmup);
+        }
     }
     submit.write(c, "submit")?;
+    if let Some(stages) = &stages {
+        std::fs::write(c.dir.join("probe"), stages.summary())?;
+    }
     std::thread::sleep(Duration::from_millis(20));
     p.close()?;
     Ok(())
@@ -932,6 +946,9 @@ fn run_case(c: &Case) -> R<Outcome> {
     if let Ok(d) = std::fs::read_to_string(c.dir.join("cadence")) {
         eprintln!("wake:   cadence wait at the end: {d}");
     }
+    if let Ok(d) = std::fs::read_to_string(c.dir.join("probe")) {
+        eprintln!("wake:   publish stages, µs after the producer's clock read, p50 / p99: {d}");
+    }
     let stats: [u64; 4] = st.as_slice().try_into().map_err(|_| "stats")?;
     let (mut submit, mut after, mut after_copy) = (Vec::new(), Vec::new(), Vec::new());
     let seqs = read_samples(&c.dir.join("seqs")).unwrap_or_default();
@@ -1048,6 +1065,7 @@ fn main() -> R<()> {
         None => SYSTEMS.to_vec(),
     };
     let producer_spin = args.iter().any(|a| a == "--producer-spin");
+    let probe = args.iter().any(|a| a == "--probe");
     let dir = std::env::temp_dir().join(format!("vramring-wake-{}", std::process::id()));
     let frame = if cuda {
         "1080p NV12, CUDA backend"
@@ -1078,6 +1096,7 @@ fn main() -> R<()> {
                     cuda,
                     push,
                     producer_spin,
+                    probe,
                     interval_us,
                     warmup,
                     frames: frames / rounds,
@@ -1207,4 +1226,104 @@ fn main() -> R<()> {
         std::fs::write(out.join("wake.jsonl"), &jsonl)?;
     }
     Ok(())
+}
+
+/// `--probe`: a tracing layer that timestamps the publish's stage marks
+/// (TRACE events of target `vramring::publish`) on the producer's thread.
+mod probe {
+    use std::cell::RefCell;
+    use std::collections::BTreeMap;
+
+    use tracing_subscriber::layer::SubscriberExt;
+
+    const TARGET: &str = "vramring::publish";
+
+    thread_local! {
+        /// This frame's marks: (callsite, time).
+        static MARKS: RefCell<Vec<(&'static str, u64)>> = const { RefCell::new(Vec::new()) };
+        /// Each callsite's message, seen once.
+        static NAMES: RefCell<BTreeMap<&'static str, String>> = const { RefCell::new(BTreeMap::new()) };
+    }
+
+    struct Layer;
+
+    struct Message(Option<String>);
+
+    impl tracing::field::Visit for Message {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" {
+                self.0 = Some(format!("{value:?}"));
+            }
+        }
+    }
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Layer {
+        fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            let t = super::now_ns();
+            let name = e.metadata().name();
+            MARKS.with(|m| m.borrow_mut().push((name, t)));
+            NAMES.with(|n| {
+                n.borrow_mut().entry(name).or_insert_with(|| {
+                    let mut m = Message(None);
+                    e.record(&mut m);
+                    m.0.unwrap_or_else(|| name.to_owned())
+                });
+            });
+        }
+    }
+
+    /// Each stage's times after the frames' clock reads, in the order the
+    /// stages first came.
+    pub(super) struct Stages {
+        order: Vec<&'static str>,
+        after_t0: BTreeMap<&'static str, Vec<u64>>,
+        _guard: tracing::subscriber::DefaultGuard,
+    }
+
+    impl Stages {
+        pub(super) fn install() -> Stages {
+            let filter = tracing_subscriber::filter::Targets::new().with_target(TARGET, tracing::Level::TRACE);
+            let subscriber = tracing_subscriber::registry().with(Layer.with_filter(filter));
+            Stages {
+                order: Vec::new(),
+                after_t0: BTreeMap::new(),
+                _guard: tracing::subscriber::set_default(subscriber),
+            }
+        }
+
+        /// Takes the marks of the frame whose clock read was `t0`, keeping
+        /// them when `measured`.
+        pub(super) fn frame(&mut self, t0: u64, measured: bool) {
+            let marks = MARKS.with(|m| std::mem::take(&mut *m.borrow_mut()));
+            if !measured {
+                return;
+            }
+            for (name, t) in marks {
+                if !self.order.contains(&name) {
+                    self.order.push(name);
+                }
+                self.after_t0.entry(name).or_default().push(t.saturating_sub(t0));
+            }
+        }
+
+        pub(super) fn summary(&self) -> String {
+            let names = NAMES.with(|n| n.borrow().clone());
+            self.order
+                .iter()
+                .map(|name| {
+                    let mut v = self.after_t0[name].clone();
+                    v.sort_unstable();
+                    format!(
+                        "{} {:.1} / {:.1}",
+                        names.get(name).map_or(*name, String::as_str),
+                        super::pct(&v, 0.5),
+                        super::pct(&v, 0.99)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        }
+    }
+
+    use tracing_subscriber::Layer as _;
 }

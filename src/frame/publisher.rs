@@ -959,7 +959,12 @@ impl Publisher {
         if self.last_stream.is_some_and(|s| s != stream as usize) {
             self.wait_committed(seq - 1, Duration::from_secs(5))?;
         }
+        // Stage marks at TRACE (target `vramring::publish`): where a
+        // publish spends its time, for a subscriber that timestamps them
+        // (the `wake` bench's `--probe`); a static level check otherwise.
+        tracing::trace!(target: "vramring::publish", "stream checked");
         self.sync_targets();
+        tracing::trace!(target: "vramring::publish", "push targets synced");
         let sh = &self.shared;
         let g = sh.info.geometry;
         let table = &sh.table;
@@ -991,9 +996,11 @@ impl Publisher {
             });
             claimed.push((n, k));
         }
+        tracing::trace!(target: "vramring::publish", "push buffers claimed");
         let slot = &sh.slots()[index];
         protocol::stage_meta(slot, &meta.to_commit());
         protocol::announce_pending(header, seq);
+        tracing::trace!(target: "vramring::publish", "commit announced");
         let commit = crate::memory::StreamCommit {
             seq,
             src_offset: index as u64 * g.slot_stride,
@@ -1016,6 +1023,7 @@ impl Publisher {
             header.seq.pending_seq.store(landed, Ordering::Relaxed);
             return Err(e);
         }
+        tracing::trace!(target: "vramring::publish", "commit enqueued");
         // After the launch, so the GPU starts the commit as early as it can;
         // still after `announce_pending`'s SeqCst fence, which is what
         // orders these `parked` loads after the `pending_seq` store.
@@ -1041,6 +1049,7 @@ impl Publisher {
         }
         self.last_stream = Some(stream as usize);
         self.next_seq = seq + 1;
+        tracing::trace!(target: "vramring::publish", "parked checked");
         Ok(())
     }
 

@@ -497,6 +497,7 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
         // when it was enabled).
         let stores_only = dsts.is_empty() && gate != 0;
         let body = |d: &D| -> Result<()> {
+            tracing::trace!(target: "vramring::publish", "context current");
             if stores_only {
                 let writes = [(gate, c.seq), (slot_seq, c.seq), (global_seq, c.seq)];
                 // SAFETY: the gate lies in the pool's live mapping (checked
@@ -537,6 +538,7 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
                 // first (this method's contract).
                 unsafe { kernel.launch(d, stream, desc) }?;
             }
+            tracing::trace!(target: "vramring::publish", "kernel launched");
             Ok(())
         };
         // SAFETY: `ctx` is retained while the pool is open.
