@@ -723,12 +723,6 @@ impl Publisher {
         if self.shared.cfg.policy == Policy::Lossless && seq > n {
             self.wait_lossless(seq - n, timeout)?;
         }
-        // New push subscribers are mapped, departed ones unmapped, here
-        // rather than in the publish: off the path from a finished frame to
-        // its subscribers (at camera rates, cold, it cost the publish about
-        // 3 µs). A subscriber that asks between this loan and its publish
-        // gets pushes from the next frame on.
-        self.sync_targets();
         protocol::invalidate(&self.shared.slots()[index], seq);
         Ok(SlotMut {
             publisher: self,
@@ -814,8 +808,8 @@ impl Publisher {
 
     /// Maps push buffers that subscribers sent, and unmaps those of
     /// subscribers that left. Runs on the producer thread, which owns the
-    /// pool, at each [`loan`](Self::loan). A subscriber whose buffers cannot
-    /// be mapped is evicted: it has no pool to fall back on.
+    /// pool. A subscriber whose buffers cannot be mapped is evicted: it has
+    /// no pool to fall back on.
     fn sync_targets(&mut self) {
         let mut requests = match self.shared.attach_requests.lock() {
             Ok(mut q) if !q.is_empty() => std::mem::take(&mut *q),
@@ -826,7 +820,7 @@ impl Publisher {
             // are still being committed on the GPU: let every enqueued
             // commit land before its `push_seq` words are cleared below.
             if let Err(e) = self.wait_committed(self.next_seq - 1, Duration::from_secs(1)) {
-                tracing::warn!(error = %e, "push buffers wait for the GPU's commits; retrying at the next loan");
+                tracing::warn!(error = %e, "push buffers wait for the GPU's commits; retrying at the next publish");
                 if let Ok(mut q) = self.shared.attach_requests.lock() {
                     q.append(&mut requests);
                 }
@@ -888,7 +882,7 @@ impl Publisher {
             match pool.detach_target(t.id) {
                 Ok(()) => false,
                 Err(e) => {
-                    tracing::warn!(error = %e, "unmapping a departed subscriber's push buffers failed; retrying at the next loan");
+                    tracing::warn!(error = %e, "unmapping a departed subscriber's push buffers failed; retrying at the next publish");
                     true
                 }
             }
@@ -899,6 +893,7 @@ impl Publisher {
         if let (true, WriteCompletion::CudaStream(stream)) = (self.stream_commit, completion) {
             return self.commit_in_stream(seq, index, meta, stream);
         }
+        self.sync_targets();
         let g = self.shared.info.geometry;
         let slot_offset = index as u64 * g.slot_stride;
         let table = &self.shared.table;
@@ -968,6 +963,8 @@ impl Publisher {
         // publish spends its time, for a subscriber that timestamps them
         // (the `wake` bench's `--probe`); a static level check otherwise.
         tracing::trace!(target: "vramring::publish", "stream checked");
+        self.sync_targets();
+        tracing::trace!(target: "vramring::publish", "push targets synced");
         let sh = &self.shared;
         let g = sh.info.geometry;
         let table = &sh.table;

@@ -62,7 +62,7 @@ pub struct SubscriberOptions {
     /// Push delivery (`Latest` mode only): the publisher copies each frame
     /// into buffers this subscriber owns, in the publisher's GPU context, so
     /// receiving a frame costs this process no GPU work. Until the publisher
-    /// has mapped the buffers (at its next loan), frames are pulled.
+    /// has mapped the buffers (at its next publish), frames are pulled.
     pub push: bool,
     /// Reconnect to the next publisher instance at the same path after the
     /// current one is gone. `next()` reports [`Error::ProducerGone`] once;
@@ -788,7 +788,7 @@ impl Subscriber {
 
     /// Whether the publisher has mapped this subscriber's push buffers, so
     /// frames now arrive by push delivery. Mapping happens at the
-    /// publisher's next loan after the handshake.
+    /// publisher's next publish after the handshake.
     pub fn push_active(&self) -> bool {
         // SYNC: push-seq — Acquire, as in `take_pushed`.
         self.opts.push && self.entry().push_count.load(Ordering::Acquire) as usize == PUSH_BUFFERS

@@ -275,7 +275,7 @@ impl Table {
         e.flags.store(0, Ordering::Relaxed);
         e.push_count.store(0, Ordering::Relaxed);
         // SYNC: sub-state — Release; the producer stops waiting for this
-        // entry and unmaps its push buffers at its next loan.
+        // entry and unmaps its push buffers at its next publish.
         e.state.store(SUB_FREE, Ordering::Release);
         drop(guard);
     }
