@@ -328,3 +328,38 @@ fn a_failed_batched_commit_stores_no_seq_and_a_word_outside_registered_memory_is
     pool.close().unwrap();
     assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
 }
+
+/// Records the messages of `vramring::publish` events.
+#[derive(Clone, Default)]
+struct Marks(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Marks {
+    fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "message" {
+                    self.0 = format!("{v:?}");
+                }
+            }
+        }
+        if e.metadata().target() == "vramring::publish" {
+            let mut m = Message(String::new());
+            e.record(&mut m);
+            self.0.lock().unwrap().push(m.0);
+        }
+    }
+}
+
+#[test]
+fn a_commit_marks_its_stages_for_a_tracing_subscriber() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let marks = Marks::default();
+    let subscriber = tracing_subscriber::registry().with(marks.clone());
+    let (pubd, subd) = (publisher_process(), subscriber_process());
+    tracing::subscriber::with_default(subscriber, || commit_round(&pubd, &subd)).unwrap();
+    let seen = marks.0.lock().unwrap().clone();
+    // The wake bench's `--probe` times these (PERF.md): the driver's part of
+    // the commit lies between them.
+    assert_eq!(seen, ["context current", "kernel launched"], "{seen:?}");
+}

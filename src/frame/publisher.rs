@@ -1225,6 +1225,13 @@ impl SlotMut<'_> {
     /// usual (stream order). With [`CommitMode::Synchronous`] it
     /// synchronises `stream`, then commits on the CPU.
     ///
+    /// A stream-order publish emits a TRACE event of target
+    /// `vramring::publish` at each of its stages (stream checked, push
+    /// targets synced, push buffers claimed, commit announced, context
+    /// current, kernel launched, commit enqueued, parked checked); a
+    /// `tracing` subscriber that timestamps them shows where a publish
+    /// spends its time (`benches/wake.rs --probe` does).
+    ///
     /// # Safety
     /// `stream` must be a valid `CUstream` of the ring's CUDA context (or
     /// null for the legacy default stream) that stays valid for this call
