@@ -1228,7 +1228,8 @@ impl SlotMut<'_> {
     /// A stream-order publish emits a TRACE event of target
     /// `vramring::publish` at each of its stages (stream checked, push
     /// targets synced, push buffers claimed, commit announced, context
-    /// current, kernel launched, commit enqueued, parked checked); a
+    /// current, kernel launched (with no push subscriber: stores enqueued),
+    /// commit enqueued, parked checked); a
     /// `tracing` subscriber that timestamps them shows where a publish
     /// spends its time (`benches/wake.rs --probe` does).
     ///

@@ -504,7 +504,9 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
                 // above) and the seq words in registered memory that stays
                 // mapped until `close`, which synchronises first; the stream
                 // is the writer's.
-                return Ok(unsafe { d.stream_write_values64(stream, &writes) }?);
+                unsafe { d.stream_write_values64(stream, &writes) }?;
+                tracing::trace!(target: "vramring::publish", "stores enqueued");
+                return Ok(());
             }
             if !by_kernel {
                 for &(dst, _) in &dsts {
