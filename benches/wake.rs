@@ -33,7 +33,7 @@
 //!
 //! Latency: from the producer's clock read just before `publish` (CUDA:
 //! after enqueueing the frame's write on its stream, before
-//! `publish_cuda`'s stream synchronisation) to the subscriber holding the
+//! `publish_cuda`) to the subscriber holding the
 //! frame (`next()` returned; push delivery by default). Subscriber CPU: the
 //! subscriber process's CPU time over the measured span ÷ that span.
 //! Submit (vramring and GPU rows): from the same clock read to the
