@@ -1235,6 +1235,7 @@ mod probe {
     use std::collections::BTreeMap;
 
     use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::Layer as _;
 
     const TARGET: &str = "vramring::publish";
 
@@ -1324,6 +1325,4 @@ mod probe {
                 .join("; ")
         }
     }
-
-    use tracing_subscriber::Layer as _;
 }

@@ -1226,12 +1226,12 @@ impl SlotMut<'_> {
     /// synchronises `stream`, then commits on the CPU.
     ///
     /// A stream-order publish emits a TRACE event of target
-    /// `vramring::publish` at each of its stages (stream checked, push
+    /// `vramring::publish` at each of its stages: stream checked, push
     /// targets synced, push buffers claimed, commit announced, context
     /// current, kernel launched (with no push subscriber: stores enqueued),
-    /// commit enqueued, parked checked); a
-    /// `tracing` subscriber that timestamps them shows where a publish
-    /// spends its time (`benches/wake.rs --probe` does).
+    /// commit enqueued, parked checked. A `tracing` subscriber that
+    /// timestamps them shows where a publish spends its time
+    /// (`benches/wake.rs --probe` does).
     ///
     /// # Safety
     /// `stream` must be a valid `CUstream` of the ring's CUDA context (or
