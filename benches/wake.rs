@@ -49,9 +49,15 @@
 //! `--probe`: vramring producers timestamp the publish's stage marks
 //! (TRACE events of target `vramring::publish`) and print each stage's
 //! time after the clock read, per row.
+//! `--busy-us 0,2000` (CUDA): every cadence once per value; with a value
+//! above 0 a second thread of each producer process launches a one-vector
+//! kernel on its own stream every that many µs, halfway between frames, as
+//! a decoder serving other cameras keeps launching work (is a publish at
+//! camera rates slow because the whole process and GPU idle, or because
+//! its own thread does?).
 //!
 //! `cargo bench --bench wake -- [--quick] [--backend host|cuda] [--pull]
-//! [--producer-spin] [--probe] [--out DIR] [--frames N] [--cadences 2000,40000,0] [--waits
+//! [--producer-spin] [--probe] [--busy-us 0,2000] [--out DIR] [--frames N] [--cadences 2000,40000,0] [--waits
 //! futex,park,cadence,spin,gpu,gpuk]` (intervals in µs, 0: the irregular one; the GPU floors
 //! `gpu` and `gpuk` run with the CUDA backend only); on a GPU machine, the staged binary:
 //! `bash .device/run.sh bench wake --backend cuda --quick --out $OUT`.
@@ -198,6 +204,10 @@ struct Case {
     /// vramring producers time the publish's stage marks (`--probe`).
     probe: bool,
     interval_us: u64,
+    /// CUDA producers: a second thread of the producer process enqueues a
+    /// one-vector kernel on its own stream every this many µs, half a
+    /// period out of phase with the frames (`--busy-us`; 0: none).
+    busy_us: u64,
     warmup: u64,
     frames: u64,
     dir: PathBuf,
@@ -212,13 +222,14 @@ impl Case {
             u8::from(self.producer_spin).to_string(),
             u8::from(self.probe).to_string(),
             self.interval_us.to_string(),
+            self.busy_us.to_string(),
             self.warmup.to_string(),
             self.frames.to_string(),
             self.dir.display().to_string(),
         ]
     }
     fn parse(a: &[String]) -> R<Case> {
-        if a.len() < 9 {
+        if a.len() < 10 {
             return Err("role arguments".into());
         }
         Ok(Case {
@@ -228,9 +239,10 @@ impl Case {
             producer_spin: a[3] == "1",
             probe: a[4] == "1",
             interval_us: a[5].parse()?,
-            warmup: a[6].parse()?,
-            frames: a[7].parse()?,
-            dir: PathBuf::from(&a[8]),
+            busy_us: a[6].parse()?,
+            warmup: a[7].parse()?,
+            frames: a[8].parse()?,
+            dir: PathBuf::from(&a[9]),
         })
     }
     fn sock(&self) -> PathBuf {
@@ -568,6 +580,87 @@ impl Drop for CopyKernel {
     }
 }
 
+/// `--busy-us`: the rest of a decoder process. A second thread of a CUDA
+/// producer, in the same (primary) context, enqueues a one-vector
+/// [`CopyKernel`] on its own stream every `busy_us`, at the midpoints
+/// between frames' due times (so at 25 fps with 2 ms the last one came
+/// 1 ms before each frame), as a decoder serving other cameras would keep
+/// launching work. The frames' own path is unchanged.
+struct Busy {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<u64, String>>>,
+}
+
+impl Busy {
+    /// Starts the thread when the case asks for it; `start` is the
+    /// producer's pacing origin (ns, monotonic).
+    fn start(c: &Case, start: u64) -> Option<Busy> {
+        if !c.cuda || c.busy_us == 0 {
+            return None;
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let period = c.busy_us * 1000;
+        let flag = stop.clone();
+        let thread =
+            std::thread::spawn(move || Self::run(&flag, start + period / 2, period).map_err(|e| e.to_string()));
+        Some(Busy {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    fn run(stop: &std::sync::atomic::AtomicBool, first: u64, period: u64) -> R<u64> {
+        use cudarc::driver::sys;
+        common::make_primary_current()?;
+        let kernel = CopyKernel::load()?;
+        let (mut stream, mut a, mut b) = (std::ptr::null_mut(), 0, 0);
+        // SAFETY: valid out-pointers; the primary context is current.
+        unsafe {
+            common::ck(
+                "cuStreamCreate",
+                sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
+            )?;
+            common::ck("cuMemAlloc", sys::cuMemAlloc_v2(&mut a, 16))?;
+            common::ck("cuMemAlloc", sys::cuMemAlloc_v2(&mut b, 16))?;
+        }
+        let mut launches = 0;
+        let mut due = first;
+        // Relaxed: a stop request; nothing else is published through it.
+        while !stop.load(Ordering::Relaxed) {
+            sleep_until_ns(due);
+            due += period;
+            // SAFETY: two live 16-byte allocations of this context (cuMemAlloc
+            // aligns them), our live stream.
+            unsafe { kernel.launch(b, a, 16, stream)? };
+            launches += 1;
+        }
+        // SAFETY: our stream and allocations; nothing uses them after.
+        unsafe {
+            common::ck("cuStreamSynchronize", sys::cuStreamSynchronize(stream))?;
+            common::ck("cuMemFree", sys::cuMemFree_v2(a))?;
+            common::ck("cuMemFree", sys::cuMemFree_v2(b))?;
+            common::ck("cuStreamDestroy", sys::cuStreamDestroy_v2(stream))?;
+        }
+        Ok(launches)
+    }
+
+    /// Stops the thread and reports how many kernels it launched.
+    fn finish(mut self) -> R<u64> {
+        // Relaxed: see `run`.
+        self.stop.store(true, Ordering::Relaxed);
+        let thread = self.thread.take().ok_or("busy thread already joined")?;
+        Ok(thread.join().map_err(|_| "busy thread panicked")??)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        // Relaxed: see `run`. An error path drops it unjoined: the thread
+        // ends at its next period.
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
 fn gpu_waker(c: &Case) -> R<()> {
     use cudarc::driver::sys;
     let (w, h) = c.size();
@@ -606,6 +699,7 @@ fn gpu_waker(c: &Case) -> R<()> {
     let mut pacer = Pacer::new(c.interval_us);
     let (mut submit, mut copied) = (Submit::new(c), Submit::new(c));
     let start = now_ns();
+    let busy = Busy::start(c, start);
     for k in 1..=c.warmup + c.frames {
         wait_until_ns(c, start + pacer.next());
         // SAFETY: our own buffers of `bytes` and stream; `seq_word` is
@@ -641,6 +735,9 @@ fn gpu_waker(c: &Case) -> R<()> {
         common::ck("cuMemHostUnregister", sys::cuMemHostUnregister(base.cast()))?;
     }
     drop(kernel);
+    if let Some(busy) = busy {
+        busy.finish()?;
+    }
     submit.write(c, "submit")?;
     copied.write(c, "copied")?;
     std::thread::sleep(Duration::from_millis(20));
@@ -715,6 +812,7 @@ fn vr_producer(c: &Case) -> R<()> {
     let mut submit = Submit::new(c);
     let mut stages = c.probe.then(probe::Stages::install);
     let start = now_ns();
+    let busy = Busy::start(c, start);
     for k in 0..c.warmup + c.frames {
         wait_until_ns(c, start + pacer.next());
         let mut slot = p.loan(Duration::from_secs(1))?;
@@ -742,6 +840,9 @@ fn vr_producer(c: &Case) -> R<()> {
         if let Some(stages) = &mut stages {
             stages.frame(t0, k >= c.warmup);
         }
+    }
+    if let Some(busy) = busy {
+        busy.finish()?;
     }
     submit.write(c, "submit")?;
     if let Some(stages) = &stages {
@@ -1009,6 +1110,18 @@ fn cadence_name(interval_us: u64) -> String {
     }
 }
 
+/// A row group's name: the cadence, and what else the producer process does.
+fn variant_name(interval_us: u64, busy_us: u64) -> String {
+    match busy_us {
+        0 => cadence_name(interval_us),
+        b => format!(
+            "{}, producer process busy every {} ms",
+            cadence_name(interval_us),
+            b as f64 / 1000.0
+        ),
+    }
+}
+
 fn machine() -> String {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
@@ -1064,6 +1177,20 @@ fn main() -> R<()> {
             .collect::<Result<_, _>>()?,
         None => SYSTEMS.to_vec(),
     };
+    // `--busy-us 0,2000`: each cadence once per value (CUDA producers; 0:
+    // the producer process does nothing else).
+    let busy: Vec<u64> = match opt("--busy-us") {
+        Some(list) => list.split(',').map(str::parse).collect::<Result<_, _>>()?,
+        None => vec![0],
+    };
+    if !cuda && busy.iter().any(|&b| b > 0) {
+        return Err("--busy-us needs --backend cuda".into());
+    }
+    // Rows by (cadence, busy), in that order.
+    let variants: Vec<(u64, u64)> = cadences
+        .iter()
+        .flat_map(|&i| busy.iter().map(move |&b| (i, b)))
+        .collect();
     let producer_spin = args.iter().any(|a| a == "--producer-spin");
     let probe = args.iter().any(|a| a == "--probe");
     let dir = std::env::temp_dir().join(format!("vramring-wake-{}", std::process::id()));
@@ -1073,13 +1200,13 @@ fn main() -> R<()> {
         "320×240 NV12, host backend"
     };
     let delivery = if push { "push" } else { "pull" };
-    let mut rows: Vec<Vec<Row>> = cadences
+    let mut rows: Vec<Vec<Row>> = variants
         .iter()
         .map(|_| SYSTEMS.iter().map(|_| Row::default()).collect())
         .collect();
     // Interleaved: every round runs every row once.
     for round in 0..rounds {
-        for (ci, &interval_us) in cadences.iter().enumerate() {
+        for (ci, &(interval_us, busy_us)) in variants.iter().enumerate() {
             for (si, &system) in SYSTEMS.iter().enumerate() {
                 let row = &mut rows[ci][si];
                 if !waits.contains(&system) {
@@ -1098,6 +1225,7 @@ fn main() -> R<()> {
                     producer_spin,
                     probe,
                     interval_us,
+                    busy_us,
                     warmup,
                     frames: frames / rounds,
                     dir: dir.join(format!("{round}-{ci}-{}", system.key())),
@@ -1105,7 +1233,7 @@ fn main() -> R<()> {
                 eprintln!(
                     "wake: round {}/{rounds}, {}, {}",
                     round + 1,
-                    cadence_name(interval_us),
+                    variant_name(interval_us, busy_us),
                     system.key()
                 );
                 match run_case(&case) {
@@ -1138,7 +1266,7 @@ fn main() -> R<()> {
     );
     md.push_str("| cadence | wait | p50 | p99 | max | frames | dropped | subscriber CPU (% of a core) | p50 / floor | p99 / floor | submit p50 / p99 | after submit p50 / p99 | floors: after the copy's call p50 / p99 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let mut jsonl = String::new();
-    for (ci, &interval_us) in cadences.iter().enumerate() {
+    for (ci, &(interval_us, busy_us)) in variants.iter().enumerate() {
         let floor = {
             let mut l = rows[ci][0].lat.clone();
             l.sort_unstable();
@@ -1149,11 +1277,11 @@ fn main() -> R<()> {
             if let Some(e) = &row.failed {
                 md.push_str(&format!(
                     "| {} | {} | failed: {e} |\n",
-                    cadence_name(interval_us),
+                    variant_name(interval_us, busy_us),
                     system.name()
                 ));
                 jsonl.push_str(&format!(
-                    "{{\"cadence_us\":{interval_us},\"wait\":\"{}\",\"failed\":{:?}}}\n",
+                    "{{\"cadence_us\":{interval_us},\"busy_us\":{busy_us},\"wait\":\"{}\",\"failed\":{:?}}}\n",
                     system.key(),
                     e
                 ));
@@ -1188,7 +1316,7 @@ fn main() -> R<()> {
             };
             md.push_str(&format!(
                 "| {} | {} | {p50:.1} | {p99:.1} | {max:.1} | {} | {} | {cpu:.2} | {} | {} | {} | {} | {} |\n",
-                cadence_name(interval_us),
+                variant_name(interval_us, busy_us),
                 system.name(),
                 row.delivered,
                 row.dropped,
@@ -1199,7 +1327,7 @@ fn main() -> R<()> {
                 pair(c50, c99),
             ));
             jsonl.push_str(&format!(
-                "{{\"bench\":\"wake\",\"backend\":\"{}\",\"delivery\":\"{delivery}\",\"cadence_us\":{interval_us},\"wait\":\"{}\",\"producer_spin\":{producer_spin},\"p50_us\":{},\"p99_us\":{},\"max_us\":{},\"frames\":{},\"dropped\":{},\"cpu_pct\":{},\"floor_p50_us\":{},\"floor_p99_us\":{},\"submit_p50_us\":{},\"submit_p99_us\":{},\"after_submit_p50_us\":{},\"after_submit_p99_us\":{},\"after_copy_call_p50_us\":{},\"after_copy_call_p99_us\":{}}}\n",
+                "{{\"bench\":\"wake\",\"backend\":\"{}\",\"delivery\":\"{delivery}\",\"cadence_us\":{interval_us},\"busy_us\":{busy_us},\"wait\":\"{}\",\"producer_spin\":{producer_spin},\"p50_us\":{},\"p99_us\":{},\"max_us\":{},\"frames\":{},\"dropped\":{},\"cpu_pct\":{},\"floor_p50_us\":{},\"floor_p99_us\":{},\"submit_p50_us\":{},\"submit_p99_us\":{},\"after_submit_p50_us\":{},\"after_submit_p99_us\":{},\"after_copy_call_p50_us\":{},\"after_copy_call_p99_us\":{}}}\n",
                 if cuda { "cuda" } else { "host" },
                 system.key(),
                 num(p50),
