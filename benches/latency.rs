@@ -538,7 +538,10 @@ fn vr_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
     write_samples(&c.dir.join(format!("sub-{id}")), &lat)?;
     std::fs::write(
         c.dir.join(format!("sub-{id}.stats")),
-        format!("{} {} {} {}", st.delivered, st.dropped, st.overruns, st.queued),
+        format!(
+            "{} {} {} {} {}",
+            st.delivered, st.dropped, st.overruns, st.queued, st.queued_at_loan
+        ),
     )?;
     Ok(())
 }
@@ -952,6 +955,8 @@ struct Outcome {
     overruns: u64,
     /// Frames pulled by a copy queued on the GPU (vramring pull only).
     queued: u64,
+    /// Of those, copies queued at the publisher's loan (ADR 0014).
+    at_loan: u64,
 }
 
 impl Outcome {
@@ -966,6 +971,7 @@ impl Outcome {
         self.dropped += o.dropped;
         self.overruns += o.overruns;
         self.queued += o.queued;
+        self.at_loan += o.at_loan;
         for v in [
             &mut self.lat,
             &mut self.pub_cpu,
@@ -1036,7 +1042,7 @@ fn run_case(c: &Case, mps: Option<&MpsDaemon>, deadline: Instant) -> R<Outcome> 
         return Err(format!("{} {}x{} x{}: {e}", c.system.name(), c.width, c.height, c.subs).into());
     }
     let mut lat = Vec::new();
-    let (mut delivered, mut dropped, mut overruns, mut queued) = (0, 0, 0, 0);
+    let (mut delivered, mut dropped, mut overruns, mut queued, mut at_loan) = (0, 0, 0, 0, 0);
     for id in 0..c.subs {
         lat.extend(read_samples(&c.dir.join(format!("sub-{id}")))?);
         let st = std::fs::read_to_string(c.dir.join(format!("sub-{id}.stats")))?;
@@ -1045,6 +1051,7 @@ fn run_case(c: &Case, mps: Option<&MpsDaemon>, deadline: Instant) -> R<Outcome> 
         dropped += v.get(1).copied().unwrap_or(0);
         overruns += v.get(2).copied().unwrap_or(0);
         queued += v.get(3).copied().unwrap_or(0);
+        at_loan += v.get(4).copied().unwrap_or(0);
     }
     lat.sort_unstable();
     let mut pub_cpu = read_samples(&c.dir.join("pub-cpu"))?;
@@ -1068,6 +1075,7 @@ fn run_case(c: &Case, mps: Option<&MpsDaemon>, deadline: Instant) -> R<Outcome> 
         dropped,
         overruns,
         queued,
+        at_loan,
     })
 }
 
@@ -1233,7 +1241,7 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
                 res.p50.insert((with_mps, label, n, system.key()), p50);
                 let rounds: Vec<String> = p50s.iter().map(|p| format!("{p:.1}")).collect();
                 res.jsonl.push_str(&format!(
-                    "{{\"bench\":\"latency\",\"mps\":\"{tag}\",\"frame\":\"{label}\",\"subs\":{n},\"mode\":\"{}\",\"system\":\"{}\",\"samples\":{},\"rounds\":{},\"p50_us\":{p50:.1},\"p50_by_round_us\":[{}],\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"delivered\":{},\"dropped\":{},\"overruns\":{},\"queued\":{},\"pub_cpu_p50_us\":{cpu:.1},\"pub_wall_p50_us\":{wall:.1},\"launch_cpu_p50_us\":{launch:.1}}}\n",
+                    "{{\"bench\":\"latency\",\"mps\":\"{tag}\",\"frame\":\"{label}\",\"subs\":{n},\"mode\":\"{}\",\"system\":\"{}\",\"samples\":{},\"rounds\":{},\"p50_us\":{p50:.1},\"p50_by_round_us\":[{}],\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"delivered\":{},\"dropped\":{},\"overruns\":{},\"queued\":{},\"queued_at_loan\":{},\"pub_cpu_p50_us\":{cpu:.1},\"pub_wall_p50_us\":{wall:.1},\"launch_cpu_p50_us\":{launch:.1}}}\n",
                     system.mode(),
                     system.name(),
                     o.lat.len(),
@@ -1242,10 +1250,11 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
                     o.delivered,
                     o.dropped,
                     o.overruns,
-                    o.queued
+                    o.queued,
+                    o.at_loan
                 ).replace("NaN", "null"));
                 let delivered = if o.queued > 0 {
-                    format!("{} ({} queued)", o.delivered, o.queued)
+                    format!("{} ({} queued, {} at the loan)", o.delivered, o.queued, o.at_loan)
                 } else {
                     o.delivered.to_string()
                 };

@@ -4,8 +4,9 @@
 //! after its copy: 0 torn over more than 100 000 1080p frames checked
 //! (240 000 published at 4 000 fps; overwrite policy:
 //! latest and sequential pull, two push subscribers, a latest pull reader in
-//! its own PID, IPC and mount namespaces, and a latest reader whose copies
-//! are queued on the GPU behind the commit, ADR 0010), and a
+//! its own PID, IPC and mount namespaces, a latest reader whose copies
+//! are queued on the GPU behind the commit, ADR 0010, and a busy-polling
+//! one that queues them as soon as the slot is loaned, ADR 0014), and a
 //! lossless run in which the lossless readers (one of them queued) get
 //! every frame in order; and a run with no push subscriber, whose commits
 //! are batched stream memory operations instead of the kernel (ADR 0013),
@@ -130,7 +131,7 @@ fn stream_order_commits_deliver_frames_untorn_to_every_mode_over_100000_checks()
             "--slots",
             "8",
             "--wait-subscribers",
-            "6",
+            "7",
         ],
     );
     std::thread::sleep(Duration::from_millis(500));
@@ -148,6 +149,14 @@ fn stream_order_commits_deliver_frames_untorn_to_every_mode_over_100000_checks()
             &["--mode", "latest", "--pull-start", "queued"],
             &[],
         ),
+        // Busy-polling, it sees slots loaned before their commits are
+        // announced, and queues its copies there (ADR 0014).
+        consumer(
+            &socket,
+            "queued-spin",
+            &["--mode", "latest", "--pull-start", "queued", "--wait", "spin"],
+            &[],
+        ),
     ];
     let t = Instant::now();
     let lines = finish(p, frames, subs);
@@ -162,6 +171,13 @@ fn stream_order_commits_deliver_frames_untorn_to_every_mode_over_100000_checks()
             assert!(j.u64("queued").unwrap_or(0) > 0, "{name}: {j:?}");
             // ... waiting on the pool's gate word in device memory (ADR 0011).
             assert_eq!(j.get("gate"), Some("pool"), "{name}: {j:?}");
+            // The publisher closed in order: nothing was set aside.
+            assert_eq!(j.u64("abandoned"), Some(0), "{name}: {j:?}");
+        }
+        if name == "queued-spin" {
+            // Copies queued at the publisher's loan (ADR 0014) delivered
+            // frames, checked like every other.
+            assert!(j.u64("queued_at_loan").unwrap_or(0) > 0, "{name}: {j:?}");
         }
         if name.starts_with("push") {
             // Each pushed frame arrives without an overrun: the GPU wrote

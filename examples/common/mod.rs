@@ -18,7 +18,7 @@ use vramring::time::monotonic_ns;
 use vramring::BackendChoice;
 use vramring::{
     BackendKind, Error as RingError, Format, Frame, FrameMeta, Mode, Policy, Publisher, PullStart, RingConfig, SlotMut,
-    Subscriber, SubscriberOptions,
+    Subscriber, SubscriberOptions, WaitStrategy,
 };
 
 /// What every example's `main` returns.
@@ -72,10 +72,23 @@ pub enum ModeArg {
 pub enum PullStartArg {
     /// Queued on the GPU under MPS, after the commit otherwise.
     Auto,
-    /// Queued on the GPU behind the commit, as soon as it is announced.
+    /// Queued on the GPU behind the commit, as soon as the slot is loaned
+    /// or the commit announced.
     Queued,
     /// After the commit has landed.
     AfterCommit,
+}
+
+/// How a consumer waits for the next frame, as typed on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WaitArg {
+    /// Learn the publisher's cadence and spin only when a frame is due
+    /// (the library's default).
+    Cadence,
+    /// Spin briefly, then park on the futex.
+    Park,
+    /// Busy-poll (one core).
+    Spin,
 }
 
 /// Arguments of the producer.
@@ -168,6 +181,9 @@ pub struct ConsumerArgs {
     /// under MPS), queued, or after-commit.
     #[arg(long, value_enum, default_value_t = PullStartArg::Auto)]
     pub pull_start: PullStartArg,
+    /// How to wait for each frame.
+    #[arg(long, value_enum, default_value_t = WaitArg::Cadence)]
+    pub wait: WaitArg,
 }
 
 // ---------------------------------------------------------------------------
@@ -656,6 +672,10 @@ pub struct ConsumerReport {
     pub producer_gone: u64,
     /// Frames pulled by a copy queued on the GPU behind the commit.
     pub queued: u64,
+    /// Of those, the copies queued at the publisher's loan (ADR 0014).
+    pub queued_at_loan: u64,
+    /// Queued copies set aside because their commit never landed.
+    pub abandoned: u64,
     /// What queued copies wait on: `pool` (the gate word in device memory,
     /// ADR 0011), `host` (`global_seq` in host memory, ADR 0010) or `none`
     /// (copies start after the commit).
@@ -691,6 +711,8 @@ impl ConsumerReport {
             .str("end", self.end)
             .u64("producer_gone", self.producer_gone)
             .u64("queued", self.queued)
+            .u64("queued_at_loan", self.queued_at_loan)
+            .u64("abandoned", self.abandoned)
             .str("gate", self.gate)
             .finish()
     }
@@ -767,6 +789,11 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
             PullStartArg::Auto => PullStart::Auto,
             PullStartArg::Queued => PullStart::Queued,
             PullStartArg::AfterCommit => PullStart::AfterCommit,
+        })
+        .wait(match args.wait {
+            WaitArg::Cadence => WaitStrategy::Cadence,
+            WaitArg::Park => WaitStrategy::Park,
+            WaitArg::Spin => WaitStrategy::Spin,
         });
     let mut sub = connect_with_retry(args, opts)?;
     let gpu = match sub.backend() {
@@ -892,6 +919,9 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
     if let Err(e) = sub.close() {
         eprintln!("{}: close: {e}", args.name);
     }
+    let stats = sub.stats();
+    report.queued_at_loan = stats.queued_at_loan;
+    report.abandoned = stats.abandoned;
     if args.json {
         emit(&report.to_json());
     } else {

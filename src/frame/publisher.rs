@@ -1065,7 +1065,17 @@ impl Publisher {
     /// The backend's release error; the pool stays reachable for a retry.
     pub fn close(&mut self) -> Result<()> {
         if !self.closed {
-            if self.stream_commit {
+            if let Some(off) = self.shared.info.gate_offset() {
+                // Queued pull copies wait on the gate; one queued at a loan
+                // that was never published (ADR 0014) would wait for good.
+                // Opening the gate for every seq lets them run (their frames
+                // fail validation, and the close follows) before the ring
+                // says closed, so none has to be set aside.
+                if let Err(e) = self.pool.write_gate(off, u64::MAX, WriteCompletion::Host) {
+                    tracing::warn!(error = %e, "opening the gate at close; copies queued at a loan are set aside");
+                }
+            }
+            if self.stream_commit || self.shared.info.gate_offset().is_some() {
                 // Commits still in flight land before the ring says closed
                 // (a subscriber drains what is committed, then sees the close).
                 if let Err(e) = self.pool.complete_writes(WriteCompletion::Host) {

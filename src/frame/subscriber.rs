@@ -28,8 +28,23 @@ const QUEUED_SPIN: Duration = Duration::from_millis(2);
 const QUEUED_NAP_MIN: Duration = Duration::from_micros(50);
 const QUEUED_NAP_MAX: Duration = Duration::from_millis(5);
 /// Past the deadline, a copy whose commit has landed is still waited for
-/// this long (it finishes within microseconds) rather than abandoned.
+/// this long (it finishes within microseconds) rather than left queued.
 const QUEUED_LANDED_GRACE: Duration = Duration::from_secs(1);
+/// At close, a copy still queued is given this long to finish (its commit
+/// normally follows the loan within microseconds, and a publisher that
+/// closed in order opened the gate for it) before it is set aside.
+const QUEUED_CLOSE_WAIT: Duration = Duration::from_millis(20);
+
+/// A copy queued on the GPU behind a commit (ADR 0010, 0014) whose frame
+/// is neither delivered nor given up yet.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    pick: protocol::Pick,
+    /// Queued at the publisher's loan, before the commit was announced.
+    at_loan: bool,
+    /// When it was queued: the spin budget counts from here, across calls.
+    queued: Instant,
+}
 
 /// How to subscribe.
 #[derive(Debug, Clone)]
@@ -194,9 +209,12 @@ pub struct SubscriberStats {
     /// Frames pulled by a copy queued on the GPU before their commit
     /// landed ([`PullStart::Queued`]).
     pub queued: u64,
-    /// Queued copies given up on because the commit they waited for did
-    /// not land within the call's timeout (a publisher that died with the
-    /// frame in flight, or a GPU that was busy far longer than usual).
+    /// Of `queued`, the copies queued as soon as the publisher loaned the
+    /// frame's slot, before it announced the commit (ADR 0014).
+    pub queued_at_loan: u64,
+    /// Queued copies given up on because the commit they waited for never
+    /// landed: the publisher was gone (died with the frame loaned or in
+    /// flight), or the subscriber closed with the copy still waiting.
     pub abandoned: u64,
 }
 
@@ -470,6 +488,10 @@ pub struct Subscriber {
     push_started: bool,
     /// The publisher's cadence, for [`WaitStrategy::Cadence`].
     cadence: Cadence,
+    /// A queued copy not finished yet. One whose commit had not come by
+    /// its call's deadline stays queued (never set aside while the
+    /// publisher lives) and the next call resumes it.
+    in_flight: Option<InFlight>,
 }
 
 impl std::fmt::Debug for Subscriber {
@@ -481,6 +503,16 @@ impl std::fmt::Debug for Subscriber {
             .field("last", &self.last)
             .finish()
     }
+}
+
+/// The descriptor of the slot that holds `seq` (a free function, so a
+/// caller may hold it beside a mutable borrow of another field).
+fn slot_of<'c>(control: &'c Region, info: &RingInfo, seq: u64) -> &'c SlotDesc {
+    let k = (seq & info.mask()) as usize;
+    control
+        .slice::<SlotDesc>(std::mem::size_of::<RingHeader>(), info.slot_count as usize)
+        .get(k)
+        .expect("masked index is below slot_count")
 }
 
 /// Imports the pool (pull delivery), or with no descriptor (push
@@ -629,6 +661,7 @@ impl Subscriber {
             drained: false,
             push_started: false,
             cadence: Cadence::new(),
+            in_flight: None,
         };
         if !push && sub.opts.pull_start != PullStart::AfterCommit {
             let only_mps = sub.opts.pull_start == PullStart::Auto;
@@ -741,11 +774,7 @@ impl Subscriber {
     }
 
     fn slot(&self, seq: u64) -> &SlotDesc {
-        let k = (seq & self.info.mask()) as usize;
-        self.control
-            .slice::<SlotDesc>(std::mem::size_of::<RingHeader>(), self.info.slot_count as usize)
-            .get(k)
-            .expect("masked index is below slot_count")
+        slot_of(&self.control, &self.info, seq)
     }
 
     fn entry(&self) -> &SubEntry {
@@ -852,14 +881,17 @@ impl Subscriber {
         let slice = self.opts.park_slice;
         let outcome = {
             let header = self.control.at::<RingHeader>(0);
-            // A queued pull starts at the announcement: it waits for
+            // A queued pull starts at the loan (ADR 0014): it waits for
+            // the next frame's slot to be loaned for it, or for
             // `pending_seq`, and the GPU waits for the commit.
             let bell = if announced && self.pull_queued() {
+                let next = self.last + 1;
                 Bell {
                     seq: &header.seq.pending_seq,
                     producer: &header.producer,
                     pending: None,
                     push: None,
+                    loaned: Some((&slot_of(&self.control, &self.info, next).seq, next)),
                 }
             } else {
                 let entry = self.lease.entry();
@@ -870,6 +902,7 @@ impl Subscriber {
                     producer: &header.producer,
                     pending: Some(&header.seq.pending_seq),
                     push: (announced && self.opts.push && attached).then_some(&entry.push_seq),
+                    loaned: None,
                 }
             };
             let lease = &self.lease;
@@ -970,9 +1003,25 @@ impl Subscriber {
         self.reconnect_if_gone(deadline, timeout)?;
         self.lease.ensure_or_drain()?;
         loop {
+            if let Some(f) = self.in_flight {
+                // A copy an earlier call queued, whose commit had not come
+                // by that call's deadline: it resumes first.
+                match self.finish_queued(f, deadline, timeout)? {
+                    Some(snap) => {
+                        return Ok(Frame {
+                            sub: self,
+                            snap,
+                            skipped: f.pick.skipped,
+                            push: None,
+                        })
+                    }
+                    None => continue,
+                }
+            }
             let mut g = self.wait(deadline, timeout, true)?;
             if self.pull_queued() {
-                // `g` is the announced seq; what has landed is `global_seq`.
+                // `g` is the loaned or announced seq; what has landed is
+                // `global_seq`.
                 // SYNC: global-seq — Acquire pairs with the commit's store.
                 let landed = self.header().seq.global_seq.load(Ordering::Acquire);
                 if let Some(pick) = self.pick(g).filter(|p| p.seq > landed) {
@@ -1044,11 +1093,10 @@ impl Subscriber {
         }
     }
 
-    /// Queued pull of `pick`, whose commit is announced but has not landed:
-    /// enqueues a GPU wait on `global_seq` and the copy behind it, polls
-    /// for the copy, then validates the frame as every pull does. `None`
-    /// when the frame was overwritten (counted) or the wait was given up
-    /// (the caller's loop then reports the timeout or the publisher's end).
+    /// Queued pull of `pick`, whose slot is loaned or whose commit is
+    /// announced, but which has not landed: enqueues a GPU wait on the
+    /// commit and the copy behind it, then finishes it as
+    /// [`Subscriber::finish_queued`] does.
     fn queued_copy(
         &mut self,
         pick: protocol::Pick,
@@ -1058,9 +1106,34 @@ impl Subscriber {
         // Relaxed: informational.
         self.client().reading_seq.store(pick.seq, Ordering::Relaxed);
         let offset = (pick.seq & self.info.mask()) * self.info.geometry.slot_stride;
+        // SYNC: pending — Relaxed: only says whether the copy starts at the
+        // loan (a counter); nothing is read on the strength of it.
+        let at_loan = self.header().seq.pending_seq.load(Ordering::Relaxed) < pick.seq;
         self.pool
             .copy_out_gated(pick.seq, offset, self.info.geometry.frame_bytes)?;
-        let started = Instant::now();
+        let f = InFlight {
+            pick,
+            at_loan,
+            queued: Instant::now(),
+        };
+        self.in_flight = Some(f);
+        self.finish_queued(f, deadline, timeout)
+    }
+
+    /// Polls the queued copy `f` until its commit has landed and the copy
+    /// is done, then validates the frame as every pull does. `None` when
+    /// the frame was overwritten (counted), already delivered, or the copy
+    /// was set aside because the publisher is gone (the caller's loop then
+    /// reports the publisher's end). At the deadline, a copy whose commit
+    /// has not come stays queued for the next call: [`Error::Timeout`].
+    fn finish_queued(&mut self, f: InFlight, deadline: Instant, timeout: Duration) -> Result<Option<SlotSnapshot>> {
+        let pick = f.pick;
+        if pick.seq <= self.last {
+            // Delivered meanwhile (a borrow): its commit has landed, so the
+            // copy has run or runs now, ahead of any later one on the stream.
+            self.in_flight = None;
+            return Ok(None);
+        }
         let mut nap = QUEUED_NAP_MIN;
         loop {
             // SYNC: global-seq — Acquire: the commit has landed, so the GPU's
@@ -1075,6 +1148,7 @@ impl Subscriber {
                     Ok(false) => {}
                     Err(e) => {
                         // Never leave the wait on the stream `close` syncs.
+                        self.in_flight = None;
                         if let Err(ae) = self.pool.abandon_copies() {
                             tracing::warn!(error = %ae, "setting aside a queued copy after a failed query");
                         }
@@ -1084,24 +1158,58 @@ impl Subscriber {
             }
             let now = Instant::now();
             let expired = now >= deadline && !(landed && now < deadline + QUEUED_LANDED_GRACE);
-            let gone = now >= started + QUEUED_SPIN && !self.lease.quiet() && {
+            let gone = now >= f.queued + QUEUED_SPIN && !self.lease.quiet() && {
                 let checked = self.lease.check_or_drain();
                 checked.is_err() || self.lease.draining()
             };
-            if expired || gone {
-                // The commit may never land (a publisher that died with the
-                // frame in flight): set the copy aside with what it uses.
-                self.pool.abandon_copies()?;
-                self.stats.abandoned += 1;
+            if gone {
+                self.in_flight = None;
                 self.client().reading_seq.store(0, Ordering::Relaxed);
-                self.lease.ensure_or_drain()?;
-                if expired && !self.lease.draining() {
-                    return Err(Error::Timeout(timeout, "the next frame"));
+                // A publisher that closed in order opened the gate for every
+                // queued copy before it said so: such a copy has run.
+                if !matches!(self.pool.poll_complete(), Ok(true)) {
+                    // One that died may never commit this frame: set the
+                    // copy aside with what it uses.
+                    self.pool.abandon_copies()?;
+                    self.stats.abandoned += 1;
                 }
+                self.lease.ensure_or_drain()?;
                 return Ok(None);
             }
-            if now < started + QUEUED_SPIN {
+            if expired {
+                // The publisher lives, and the commit has not come (a loan
+                // it has not published yet, or a GPU far behind): the copy
+                // stays queued and the next call resumes it.
+                return Err(Error::Timeout(timeout, "the next frame"));
+            }
+            // SYNC: pending — Relaxed: whether the commit was announced
+            // only picks how to wait for it.
+            let announced = self.header().seq.pending_seq.load(Ordering::Relaxed) >= pick.seq;
+            if now < f.queued + QUEUED_SPIN {
                 std::hint::spin_loop();
+            } else if !announced {
+                // Queued at a loan that is still not published: wait parked
+                // (the publisher rings parked subscribers once the commit
+                // has landed) rather than nap past it. Every outcome is
+                // looked at again above.
+                let header = self.control.at::<RingHeader>(0);
+                let bell = Bell {
+                    seq: &header.seq.global_seq,
+                    producer: &header.producer,
+                    pending: Some(&header.seq.pending_seq),
+                    push: None,
+                    loaned: None,
+                };
+                let lease = &self.lease;
+                crate::ring::wait_on(
+                    bell,
+                    lease.client(),
+                    pick.seq - 1,
+                    deadline,
+                    Duration::ZERO,
+                    self.opts.park_slice,
+                    || lease.quiet(),
+                );
             } else {
                 std::thread::sleep(
                     nap.min(deadline.saturating_duration_since(now))
@@ -1110,6 +1218,7 @@ impl Subscriber {
                 nap = (nap * 2).min(QUEUED_NAP_MAX);
             }
         }
+        self.in_flight = None;
         let slot = self.slot(pick.seq);
         let whole = match SlotSnapshot::look(slot, pick.seq) {
             Look::Ready(snap) if snap.still_valid(slot) => Some(snap),
@@ -1127,8 +1236,29 @@ impl Subscriber {
             return Ok(None);
         };
         self.stats.queued += 1;
+        if f.at_loan {
+            self.stats.queued_at_loan += 1;
+        }
         self.deliver(&snap, pick.skipped);
         Ok(Some(snap))
+    }
+
+    /// At close: lets a queued copy finish (bounded), or sets it aside, so
+    /// that closing never synchronises a stream whose wait may never open.
+    fn settle_in_flight(&mut self) -> Result<()> {
+        if self.in_flight.take().is_none() {
+            return Ok(());
+        }
+        let until = Instant::now() + QUEUED_CLOSE_WAIT;
+        loop {
+            match self.pool.poll_complete() {
+                Ok(true) => return Ok(()),
+                Ok(false) if Instant::now() < until => std::thread::sleep(Duration::from_micros(100)),
+                _ => break,
+            }
+        }
+        self.stats.abandoned += 1;
+        self.pool.abandon_copies()
     }
 
     /// Waits for the next frame and lends it in place, without a copy.
@@ -1256,6 +1386,7 @@ impl Subscriber {
     /// # Errors
     /// The backend's release error.
     pub fn close(&mut self) -> Result<()> {
+        self.settle_in_flight()?;
         protocol::push::release_hold(self.client());
         self.lease.bye();
         self.pool.close()

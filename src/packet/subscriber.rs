@@ -396,6 +396,7 @@ impl PacketSubscriber {
                 producer: &h.producer,
                 pending: None,
                 push: None,
+                loaned: None,
             };
             let lease = &self.lease;
             let after = self.reader.done_through();

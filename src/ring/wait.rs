@@ -62,6 +62,12 @@ pub struct Bell<'a> {
     /// GPU). The seq returned is then the pushed frame's, which may be
     /// ahead of `global_seq`. `None`: `seq` alone.
     pub push: Option<&'a [AtomicU64; PUSH_BUFFERS]>,
+    /// A queued-pull subscriber's next frame: its slot's seq word and its
+    /// seq `s`. The wait also ends, returning `s`, as soon as the publisher
+    /// has loaned the slot for `s` (the word reads `s | SEQ_WRITING`),
+    /// before the commit is announced: the subscriber then queues its copy
+    /// behind the commit on the GPU (ADR 0014). `None`: not watched.
+    pub loaned: Option<(&'a AtomicU64, u64)>,
 }
 
 /// How long a subscriber spins on a commit it saw in flight before it parks
@@ -145,7 +151,7 @@ pub fn wait_with(
         // SYNC: global-seq / packet-write-seq — Acquire pairs with the
         // publisher's Release store.
         let g = bell.seq.load(Ordering::Acquire);
-        bell.push.map_or(g, |words| {
+        let g = bell.push.map_or(g, |words| {
             words
                 .iter()
                 // SYNC: push-seq — Acquire pairs with the publisher's (or
@@ -153,6 +159,16 @@ pub fn wait_with(
                 .map(|w| w.load(Ordering::Acquire))
                 .filter(|s| s & SEQ_WRITING == 0)
                 .fold(g, u64::max)
+        });
+        bell.loaned.map_or(g, |(word, s)| {
+            // SYNC: invalidate — Relaxed: only says that slot `s` is being
+            // written; the copy this starts waits on the GPU for the
+            // commit and is validated after it (PROTOCOL.md §11).
+            if word.load(Ordering::Relaxed) == s | SEQ_WRITING {
+                g.max(s)
+            } else {
+                g
+            }
         })
     };
     let closed = || {
@@ -401,6 +417,7 @@ mod tests {
             producer: &h.producer,
             pending: Some(&h.seq.pending_seq),
             push: None,
+            loaned: None,
         }
     }
 
@@ -529,6 +546,7 @@ mod tests {
                 producer: &self.producer,
                 pending: None,
                 push: None,
+                loaned: None,
             }
         }
 
@@ -576,6 +594,49 @@ mod tests {
         // global_seq ahead of every push word still counts.
         w.seq.store(9, Ordering::Release);
         assert_eq!(wait(&w, 4, 1000), WaitOutcome::Advanced(9));
+    }
+
+    #[test]
+    fn a_loan_of_the_next_frames_slot_ends_a_queued_pull_wait_and_nothing_else_in_that_slot_does() {
+        let w = words();
+        let slot_seq = AtomicU64::new(0);
+        let wait = |w: &Words, after: u64, ms: u64| {
+            wait_on(
+                Bell {
+                    loaned: Some((&slot_seq, 5)),
+                    ..w.bell()
+                },
+                &w.client,
+                after,
+                Instant::now() + Duration::from_millis(ms),
+                Duration::from_micros(100),
+                Duration::from_millis(5),
+                || true,
+            )
+        };
+        w.seq.store(4, Ordering::Release);
+        // The slot still holds the frame of the last lap (5 - 4 slots).
+        slot_seq.store(1, Ordering::Relaxed);
+        assert_eq!(wait(&w, 4, 30), WaitOutcome::TimedOut);
+        // Loaned for another seq (a reader that fell a lap behind): not ours.
+        slot_seq.store(9 | SEQ_WRITING, Ordering::Relaxed);
+        assert_eq!(wait(&w, 4, 30), WaitOutcome::TimedOut);
+        // Loaned for 5: the wait ends at 5 while global_seq is still 4.
+        slot_seq.store(5 | SEQ_WRITING, Ordering::Relaxed);
+        assert_eq!(wait(&w, 4, 1000), WaitOutcome::Advanced(5));
+        // A loan seen while parked ends the wait at the next look (here
+        // the park slice), though nobody rings the doorbell for a loan.
+        slot_seq.store(1, Ordering::Relaxed);
+        let t = Instant::now();
+        let outcome = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                slot_seq.store(5 | SEQ_WRITING, Ordering::Relaxed);
+            });
+            wait(&w, 4, 2000)
+        });
+        assert_eq!(outcome, WaitOutcome::Advanced(5));
+        assert!(t.elapsed() < Duration::from_millis(1000), "{:?}", t.elapsed());
     }
 
     /// A plan whose one window is `from..until`.

@@ -111,6 +111,7 @@ pub fn wait_for_seq(
         producer: &header.producer,
         pending: Some(&header.seq.pending_seq),
         push: None,
+        loaned: None,
     };
     wait_on(bell, client, after, deadline, spin, slice, alive)
 }
