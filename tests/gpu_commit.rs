@@ -352,11 +352,11 @@ fn queued_readers_that_keep_up_queue_their_copies_at_the_loan() {
         assert_eq!(j.u64("abandoned"), Some(0), "{name}: {j:?}");
         assert_eq!(j.get("gate"), Some("pool"), "{name}: {j:?}");
         if name.ends_with("spin") {
-            // Kept up: every frame from its first one, nearly every copy
+            // Kept up: every frame from its first one (a latest reader may
+            // count frames it skipped before that one), nearly every copy
             // queued at the loan.
             let first = j.u64("first_seq").expect("first_seq");
             assert_eq!(delivered, frames - first + 1, "{name}: {j:?}");
-            assert_eq!(j.u64("dropped"), Some(0), "{name}: {j:?}");
             let at_loan = j.u64("queued_at_loan").unwrap_or(0);
             assert!(
                 at_loan * 10 >= delivered * 9,
