@@ -99,12 +99,15 @@ pub enum PullStart {
     /// per frame anyway.
     #[default]
     Auto,
-    /// As soon as the publisher has announced the frame (its commit is
-    /// enqueued on the GPU but may not have run): the copy is enqueued
-    /// behind a GPU wait on the pool's gate word (device memory, ADR 0011;
-    /// on a ring without a gate line, on `global_seq` in host memory) and
-    /// starts the moment the commit lands, with no CPU wake in between;
-    /// the frame is then validated as always. Falls back to `AfterCommit`
+    /// As soon as the publisher has loaned the next frame's slot (ADR
+    /// 0014; a waiter that is spinning sees it, one parked does not) or
+    /// announced the frame (its commit is enqueued on the GPU but may not
+    /// have run): the copy is enqueued behind a GPU wait on the pool's gate
+    /// word (device memory, ADR 0011; on a ring without a gate line, on
+    /// `global_seq` in host memory) and starts the moment the commit lands,
+    /// with no CPU wake in between; the frame is then validated as always.
+    /// A copy whose commit has not come by the call's deadline stays
+    /// queued, and the next call resumes it. Falls back to `AfterCommit`
     /// where the device cannot wait on memory (no 64-bit stream memory
     /// operations; for the host word, no read-only host registration).
     Queued,
