@@ -30,9 +30,10 @@ const QUEUED_NAP_MAX: Duration = Duration::from_millis(5);
 /// Past the deadline, a copy whose commit has landed is still waited for
 /// this long (it finishes within microseconds) rather than left queued.
 const QUEUED_LANDED_GRACE: Duration = Duration::from_secs(1);
-/// At close, a copy still queued is given this long to finish (its commit
-/// normally follows the loan within microseconds, and a publisher that
-/// closed in order opened the gate for it) before it is set aside.
+/// When the publisher is gone, or at close, a copy still queued is given
+/// this long to finish (its commit normally follows the loan within
+/// microseconds, and a publisher that closed in order opened the gate for
+/// it) before it is set aside.
 const QUEUED_CLOSE_WAIT: Duration = Duration::from_millis(20);
 
 /// A copy queued on the GPU behind a commit (ADR 0010, 0014) whose frame
@@ -1166,16 +1167,12 @@ impl Subscriber {
                 checked.is_err() || self.lease.draining()
             };
             if gone {
-                self.in_flight = None;
                 self.client().reading_seq.store(0, Ordering::Relaxed);
                 // A publisher that closed in order opened the gate for every
-                // queued copy before it said so: such a copy has run.
-                if !matches!(self.pool.poll_complete(), Ok(true)) {
-                    // One that died may never commit this frame: set the
-                    // copy aside with what it uses.
-                    self.pool.abandon_copies()?;
-                    self.stats.abandoned += 1;
-                }
+                // queued copy before it said so: such a copy runs within
+                // microseconds. One that died may never commit this frame:
+                // the copy is then set aside with what it uses.
+                self.settle_in_flight()?;
                 self.lease.ensure_or_drain()?;
                 return Ok(None);
             }
@@ -1195,17 +1192,9 @@ impl Subscriber {
                 // (the publisher rings parked subscribers once the commit
                 // has landed) rather than nap past it. Every outcome is
                 // looked at again above.
-                let header = self.control.at::<RingHeader>(0);
-                let bell = Bell {
-                    seq: &header.seq.global_seq,
-                    producer: &header.producer,
-                    pending: Some(&header.seq.pending_seq),
-                    push: None,
-                    loaned: None,
-                };
                 let lease = &self.lease;
-                crate::ring::wait_on(
-                    bell,
+                protocol::wait_for_seq(
+                    self.control.at::<RingHeader>(0),
                     lease.client(),
                     pick.seq - 1,
                     deadline,
@@ -1246,8 +1235,9 @@ impl Subscriber {
         Ok(Some(snap))
     }
 
-    /// At close: lets a queued copy finish (bounded), or sets it aside, so
-    /// that closing never synchronises a stream whose wait may never open.
+    /// When the publisher is gone, and at close: lets a queued copy finish
+    /// (for at most [`QUEUED_CLOSE_WAIT`]), or sets it aside, so that no
+    /// one ever synchronises a stream whose wait may never open.
     fn settle_in_flight(&mut self) -> Result<()> {
         if self.in_flight.take().is_none() {
             return Ok(());

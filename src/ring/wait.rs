@@ -550,6 +550,20 @@ mod tests {
             }
         }
 
+        /// [`wait_on`] `bell` for a seq after `after`, for at most `ms`:
+        /// a 100 µs spin, then park slices of 5 ms.
+        fn wait_briefly(&self, bell: Bell<'_>, after: u64, ms: u64) -> WaitOutcome {
+            wait_on(
+                bell,
+                &self.client,
+                after,
+                Instant::now() + Duration::from_millis(ms),
+                Duration::from_micros(100),
+                Duration::from_millis(5),
+                || true,
+            )
+        }
+
         /// [`wait_with`] for any seq after 0, no spin, park slices of
         /// `slice`, following `plan`.
         fn wait_planned(&self, deadline: Instant, slice: Duration, plan: &mut Fixed) -> WaitOutcome {
@@ -571,17 +585,13 @@ mod tests {
         let w = words();
         let push = [AtomicU64::new(3), AtomicU64::new(0), AtomicU64::new(0)];
         let wait = |w: &Words, after: u64, ms: u64| {
-            wait_on(
+            w.wait_briefly(
                 Bell {
                     push: Some(&push),
                     ..w.bell()
                 },
-                &w.client,
                 after,
-                Instant::now() + Duration::from_millis(ms),
-                Duration::from_micros(100),
-                Duration::from_millis(5),
-                || true,
+                ms,
             )
         };
         w.seq.store(3, Ordering::Release);
@@ -601,17 +611,13 @@ mod tests {
         let w = words();
         let slot_seq = AtomicU64::new(0);
         let wait = |w: &Words, after: u64, ms: u64| {
-            wait_on(
+            w.wait_briefly(
                 Bell {
                     loaned: Some((&slot_seq, 5)),
                     ..w.bell()
                 },
-                &w.client,
                 after,
-                Instant::now() + Duration::from_millis(ms),
-                Duration::from_micros(100),
-                Duration::from_millis(5),
-                || true,
+                ms,
             )
         };
         w.seq.store(4, Ordering::Release);
