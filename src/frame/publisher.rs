@@ -1065,21 +1065,30 @@ impl Publisher {
     /// The backend's release error; the pool stays reachable for a retry.
     pub fn close(&mut self) -> Result<()> {
         if !self.closed {
-            if let Some(off) = self.shared.info.gate_offset() {
+            let gate = self.shared.info.gate_offset();
+            let complete = |pool: &dyn ExportedPool| {
+                if let Err(e) = pool.complete_writes(WriteCompletion::Host) {
+                    tracing::warn!(error = %e, "waiting for the GPU's last commits at close");
+                }
+            };
+            if self.stream_commit || gate.is_some() {
+                // Commits still in flight land before the ring says closed
+                // (a subscriber drains what is committed, then sees the
+                // close), and before the gate opens below: a late commit's
+                // gate store must not land over it.
+                complete(&*self.pool);
+            }
+            if let Some(off) = gate {
                 // Queued pull copies wait on the gate; one queued at a loan
                 // that was never published (ADR 0014) would wait for good.
                 // Opening the gate for every seq lets them run (their frames
                 // fail validation, and the close follows) before the ring
                 // says closed, so none has to be set aside.
-                if let Err(e) = self.pool.write_gate(off, u64::MAX, WriteCompletion::Host) {
-                    tracing::warn!(error = %e, "opening the gate at close; copies queued at a loan are set aside");
-                }
-            }
-            if self.stream_commit || self.shared.info.gate_offset().is_some() {
-                // Commits still in flight land before the ring says closed
-                // (a subscriber drains what is committed, then sees the close).
-                if let Err(e) = self.pool.complete_writes(WriteCompletion::Host) {
-                    tracing::warn!(error = %e, "waiting for the GPU's last commits at close");
+                match self.pool.write_gate(off, u64::MAX, WriteCompletion::Host) {
+                    Ok(()) => complete(&*self.pool),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "opening the gate at close; copies queued at a loan are set aside")
+                    }
                 }
             }
             let header = self.shared.header();

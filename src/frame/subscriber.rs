@@ -101,7 +101,9 @@ pub enum PullStart {
     #[default]
     Auto,
     /// As soon as the publisher has loaned the next frame's slot (ADR
-    /// 0014; a waiter that is spinning sees it, one parked does not) or
+    /// 0014, on a ring with a gate line; a waiter that is spinning sees it
+    /// at once, a parked one only at its next look, usually after the
+    /// commit) or
     /// announced the frame (its commit is enqueued on the GPU but may not
     /// have run): the copy is enqueued behind a GPU wait on the pool's gate
     /// word (device memory, ADR 0011; on a ring without a gate line, on
@@ -493,8 +495,10 @@ pub struct Subscriber {
     /// The publisher's cadence, for [`WaitStrategy::Cadence`].
     cadence: Cadence,
     /// A queued copy not finished yet. One whose commit had not come by
-    /// its call's deadline stays queued (never set aside while the
-    /// publisher lives) and the next call resumes it.
+    /// its call's deadline stays queued and the next call resumes it; it is
+    /// set aside only when it cannot finish (the publisher gone, eviction,
+    /// a failed query, a commit whose gate never opened, or this
+    /// subscriber's close), after a bounded wait for it.
     in_flight: Option<InFlight>,
 }
 
@@ -889,13 +893,20 @@ impl Subscriber {
             // the next frame's slot to be loaned for it, or for
             // `pending_seq`, and the GPU waits for the commit.
             let bell = if announced && self.pull_queued() {
+                // Only where the commit opens a gate line, which a
+                // publisher closing in order opens for good: a copy queued
+                // at a loan it never publishes then still runs.
                 let next = self.last + 1;
+                let loaned = self
+                    .info
+                    .gate_offset()
+                    .map(|_| (&slot_of(&self.control, &self.info, next).seq, next));
                 Bell {
                     seq: &header.seq.pending_seq,
                     producer: &header.producer,
                     pending: None,
                     push: None,
-                    loaned: Some((&slot_of(&self.control, &self.info, next).seq, next)),
+                    loaned,
                 }
             } else {
                 let entry = self.lease.entry();
@@ -1009,13 +1020,21 @@ impl Subscriber {
         loop {
             if let Some(f) = self.in_flight {
                 // A copy an earlier call queued, whose commit had not come
-                // by that call's deadline: it resumes first.
+                // by that call's deadline: it resumes first, unless a latest
+                // reader now has a newer frame to read (then the copy, whose
+                // commit has landed, is let finish and dropped uncounted).
+                // SYNC: global-seq — Acquire pairs with the commit's store.
+                let landed = self.header().seq.global_seq.load(Ordering::Acquire);
+                if self.opts.mode == Mode::Latest && landed > f.pick.seq {
+                    self.settle_in_flight()?;
+                    continue;
+                }
                 match self.finish_queued(f, deadline, timeout)? {
-                    Some(snap) => {
+                    Some((snap, skipped)) => {
                         return Ok(Frame {
                             sub: self,
                             snap,
-                            skipped: f.pick.skipped,
+                            skipped,
                             push: None,
                         })
                     }
@@ -1030,11 +1049,11 @@ impl Subscriber {
                 let landed = self.header().seq.global_seq.load(Ordering::Acquire);
                 if let Some(pick) = self.pick(g).filter(|p| p.seq > landed) {
                     match self.queued_copy(pick, deadline, timeout)? {
-                        Some(snap) => {
+                        Some((snap, skipped)) => {
                             return Ok(Frame {
                                 sub: self,
                                 snap,
-                                skipped: pick.skipped,
+                                skipped,
                                 push: None,
                             })
                         }
@@ -1106,7 +1125,7 @@ impl Subscriber {
         pick: protocol::Pick,
         deadline: Instant,
         timeout: Duration,
-    ) -> Result<Option<SlotSnapshot>> {
+    ) -> Result<Option<(SlotSnapshot, u64)>> {
         // Relaxed: informational.
         self.client().reading_seq.store(pick.seq, Ordering::Relaxed);
         let offset = (pick.seq & self.info.mask()) * self.info.geometry.slot_stride;
@@ -1125,19 +1144,31 @@ impl Subscriber {
     }
 
     /// Polls the queued copy `f` until its commit has landed and the copy
-    /// is done, then validates the frame as every pull does. `None` when
-    /// the frame was overwritten (counted), already delivered, or the copy
-    /// was set aside because the publisher is gone (the caller's loop then
-    /// reports the publisher's end). At the deadline, a copy whose commit
-    /// has not come stays queued for the next call: [`Error::Timeout`].
-    fn finish_queued(&mut self, f: InFlight, deadline: Instant, timeout: Duration) -> Result<Option<SlotSnapshot>> {
-        let pick = f.pick;
-        if pick.seq <= self.last {
-            // Delivered meanwhile (a borrow): its commit has landed, so the
-            // copy has run or runs now, ahead of any later one on the stream.
-            self.in_flight = None;
+    /// is done, then validates the frame as every pull does, and returns it
+    /// with the frames skipped before it. `None` when the frame was
+    /// overwritten (counted), already delivered, or the copy was settled
+    /// because the publisher is gone (the caller's loop then reports the
+    /// publisher's end). At the deadline, a copy whose commit has not come
+    /// stays queued for the next call: [`Error::Timeout`].
+    fn finish_queued(
+        &mut self,
+        f: InFlight,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<Option<(SlotSnapshot, u64)>> {
+        if f.pick.seq <= self.last {
+            // Delivered meanwhile (a borrow). Its gate may still be on its
+            // way (a CPU commit stores it after `global_seq`): the copy is
+            // let finish, within a bound, before the stream is used again.
+            self.settle_in_flight()?;
             return Ok(None);
         }
+        // The gap before it, from what was delivered since it was queued
+        // (a borrow may have delivered frames in between).
+        let pick = protocol::Pick {
+            seq: f.pick.seq,
+            skipped: f.pick.seq - self.last - 1,
+        };
         let mut nap = QUEUED_NAP_MIN;
         loop {
             // SYNC: global-seq — Acquire: the commit has landed, so the GPU's
@@ -1163,8 +1194,14 @@ impl Subscriber {
             let now = Instant::now();
             let expired = now >= deadline && !(landed && now < deadline + QUEUED_LANDED_GRACE);
             let gone = now >= f.queued + QUEUED_SPIN && !self.lease.quiet() && {
-                let checked = self.lease.check_or_drain();
-                checked.is_err() || self.lease.draining()
+                if let Err(e) = self.lease.check_or_drain() {
+                    // Evicted, or the socket failed: the copy is settled
+                    // and the caller hears why.
+                    self.client().reading_seq.store(0, Ordering::Relaxed);
+                    self.settle_in_flight()?;
+                    return Err(e);
+                }
+                self.lease.draining()
             };
             if gone {
                 self.client().reading_seq.store(0, Ordering::Relaxed);
@@ -1177,9 +1214,15 @@ impl Subscriber {
                 return Ok(None);
             }
             if expired {
-                // The publisher lives, and the commit has not come (a loan
-                // it has not published yet, or a GPU far behind): the copy
-                // stays queued and the next call resumes it.
+                if landed {
+                    // Committed, yet the copy has not run a second after the
+                    // deadline (its gate store failed): set it aside; the
+                    // next call copies the frame after the commit.
+                    self.settle_in_flight()?;
+                }
+                // Otherwise the publisher lives, and the commit has not come
+                // (a loan it has not published yet, or a GPU far behind):
+                // the copy stays queued and the next call resumes it.
                 return Err(Error::Timeout(timeout, "the next frame"));
             }
             // SYNC: pending — Relaxed: whether the commit was announced
@@ -1232,7 +1275,7 @@ impl Subscriber {
             self.stats.queued_at_loan += 1;
         }
         self.deliver(&snap, pick.skipped);
-        Ok(Some(snap))
+        Ok(Some((snap, pick.skipped)))
     }
 
     /// When the publisher is gone, and at close: lets a queued copy finish

@@ -147,11 +147,12 @@ pub fn wait_with(
     plan: &mut impl WaitPlan,
     mut alive: impl FnMut() -> bool,
 ) -> WaitOutcome {
-    let load = || {
+    // What was committed (or pushed): the loan does not count here.
+    let committed = || {
         // SYNC: global-seq / packet-write-seq — Acquire pairs with the
         // publisher's Release store.
         let g = bell.seq.load(Ordering::Acquire);
-        let g = bell.push.map_or(g, |words| {
+        bell.push.map_or(g, |words| {
             words
                 .iter()
                 // SYNC: push-seq — Acquire pairs with the publisher's (or
@@ -159,21 +160,25 @@ pub fn wait_with(
                 .map(|w| w.load(Ordering::Acquire))
                 .filter(|s| s & SEQ_WRITING == 0)
                 .fold(g, u64::max)
-        });
-        bell.loaned.map_or(g, |(word, s)| {
-            // SYNC: invalidate — Relaxed: only says that slot `s` is being
-            // written; the copy this starts waits on the GPU for the
-            // commit and is validated after it (PROTOCOL.md §11).
-            if word.load(Ordering::Relaxed) == s | SEQ_WRITING {
-                g.max(s)
-            } else {
-                g
-            }
         })
     };
     let closed = || {
         // SYNC: producer-state — Acquire pairs with the publisher's Release on close.
         bell.producer.state.load(Ordering::Acquire) == PRODUCER_CLOSED
+    };
+    let load = || {
+        let g = committed();
+        bell.loaned.map_or(g, |(word, s)| {
+            // SYNC: invalidate — Relaxed: only says that slot `s` is being
+            // written; the copy this starts waits on the GPU for the
+            // commit and is validated after it (PROTOCOL.md §11). A loan
+            // left unpublished by a publisher that closed will never be.
+            if word.load(Ordering::Relaxed) == s | SEQ_WRITING && !closed() {
+                g.max(s)
+            } else {
+                g
+            }
+        })
     };
     let g = load();
     if g > after {
@@ -197,8 +202,9 @@ pub fn wait_with(
     let mut precise: Option<PreciseTimer> = None;
     loop {
         if closed() {
-            // A frame may have been committed just before the close.
-            let g = load();
+            // A frame may have been committed just before the close; a
+            // loan left unpublished at the close is not one.
+            let g = committed();
             return if g > after {
                 WaitOutcome::Advanced(g)
             } else {
@@ -643,6 +649,9 @@ mod tests {
         });
         assert_eq!(outcome, WaitOutcome::Advanced(5));
         assert!(t.elapsed() < Duration::from_millis(1000), "{:?}", t.elapsed());
+        // A loan left unpublished when the publisher closed is not a frame.
+        w.producer.state.store(PRODUCER_CLOSED, Ordering::Release);
+        assert_eq!(wait(&w, 4, 1000), WaitOutcome::ProducerClosed);
     }
 
     /// A plan whose one window is `from..until`.
