@@ -494,6 +494,25 @@ impl Served for Shared {
     }
 }
 
+/// Runs `f` on the epochs of the frame publishers open in this process.
+///
+/// A queued-pull subscriber of one of them does not queue its copy at the
+/// loan (ADR 0014): it shares the publisher's CUDA context (the device's
+/// primary one), so a `cuCtxSynchronize` of the publisher (a CPU commit,
+/// a departing push target, the close) would wait for that copy, and the
+/// copy waits for this publisher's next gate store.
+fn local_publishers<T>(f: impl FnOnce(&mut Vec<u64>) -> T) -> T {
+    static EPOCHS: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+    // A panic while the lock was held leaves a list that is still whole.
+    let mut epochs = EPOCHS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    f(&mut epochs)
+}
+
+/// Whether the frame publisher of `epoch` is open in this process.
+pub(crate) fn published_here(epoch: u64) -> bool {
+    local_publishers(|epochs| epochs.contains(&epoch))
+}
+
 /// The producer side of a ring.
 ///
 /// # Examples
@@ -597,6 +616,7 @@ impl Publisher {
                     closed: false,
                 };
                 p.enable_stream_commit();
+                local_publishers(|epochs| epochs.push(p.shared.info.epoch));
                 Ok(p)
             }
             Err(e) => {
@@ -1101,6 +1121,8 @@ impl Publisher {
                 tracing::debug!(?outcome, "socket service stopped");
             }
             self.closed = true;
+            let epoch = self.shared.info.epoch;
+            local_publishers(|epochs| epochs.retain(|&e| e != epoch));
         }
         self.pool.close()
     }

@@ -10,7 +10,8 @@ use super::protocol::{self, Look, SlotSnapshot, WaitOutcome};
 use crate::error::{Error, Result};
 use crate::format::Geometry;
 use crate::layout::{
-    ClientLine, RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, BACKEND_CUDA, BACKEND_HOST, PUSH_BUFFERS,
+    ClientLine, RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, BACKEND_CUDA, BACKEND_HOST, PRODUCER_CLOSED,
+    PUSH_BUFFERS,
 };
 use crate::memory::{BackendKind, ImportedPool, OwnBuffer};
 use crate::ring::cadence::{wait_by, Cadence, WaitStrategy};
@@ -500,6 +501,10 @@ pub struct Subscriber {
     /// a failed query, a commit whose gate never opened, or this
     /// subscriber's close), after a bounded wait for it.
     in_flight: Option<InFlight>,
+    /// Queued copies may start at the loan (ADR 0014): the ring has a gate
+    /// line and its publisher is not in this process (whose context a
+    /// publisher's `cuCtxSynchronize` would share with the copy).
+    loan_trigger: bool,
 }
 
 impl std::fmt::Debug for Subscriber {
@@ -670,7 +675,9 @@ impl Subscriber {
             push_started: false,
             cadence: Cadence::new(),
             in_flight: None,
+            loan_trigger: false,
         };
+        sub.loan_trigger = sub.info.gate_offset().is_some() && !super::publisher::published_here(sub.info.epoch);
         if !push && sub.opts.pull_start != PullStart::AfterCommit {
             let only_mps = sub.opts.pull_start == PullStart::Auto;
             // The pool's gate word in device memory (ADR 0011) where the
@@ -894,13 +901,13 @@ impl Subscriber {
             // `pending_seq`, and the GPU waits for the commit.
             let bell = if announced && self.pull_queued() {
                 // Only where the commit opens a gate line, which a
-                // publisher closing in order opens for good: a copy queued
-                // at a loan it never publishes then still runs.
+                // publisher closing in order opens for good (a copy queued
+                // at a loan it never publishes then still runs), and the
+                // publisher is in another process (`loan_trigger`).
                 let next = self.last + 1;
                 let loaned = self
-                    .info
-                    .gate_offset()
-                    .map(|_| (&slot_of(&self.control, &self.info, next).seq, next));
+                    .loan_trigger
+                    .then(|| (&slot_of(&self.control, &self.info, next).seq, next));
                 Bell {
                     seq: &header.seq.pending_seq,
                     producer: &header.producer,
@@ -1184,6 +1191,7 @@ impl Subscriber {
                     Err(e) => {
                         // Never leave the wait on the stream `close` syncs.
                         self.in_flight = None;
+                        self.stats.abandoned += 1;
                         if let Err(ae) = self.pool.abandon_copies() {
                             tracing::warn!(error = %ae, "setting aside a queued copy after a failed query");
                         }
@@ -1193,16 +1201,21 @@ impl Subscriber {
             }
             let now = Instant::now();
             let expired = now >= deadline && !(landed && now < deadline + QUEUED_LANDED_GRACE);
-            let gone = now >= f.queued + QUEUED_SPIN && !self.lease.quiet() && {
-                if let Err(e) = self.lease.check_or_drain() {
-                    // Evicted, or the socket failed: the copy is settled
-                    // and the caller hears why.
-                    self.client().reading_seq.store(0, Ordering::Relaxed);
-                    self.settle_in_flight()?;
-                    return Err(e);
-                }
-                self.lease.draining()
-            };
+            // SYNC: producer-state — Acquire pairs with the publisher's
+            // Release at close (after it opened the gate).
+            let closed = self.header().producer.state.load(Ordering::Acquire) == PRODUCER_CLOSED;
+            let gone = now >= f.queued + QUEUED_SPIN
+                && (closed
+                    || !self.lease.quiet() && {
+                        if let Err(e) = self.lease.check_or_drain() {
+                            // Evicted, or the socket failed: the copy is
+                            // settled and the caller hears why.
+                            self.client().reading_seq.store(0, Ordering::Relaxed);
+                            self.settle_in_flight()?;
+                            return Err(e);
+                        }
+                        self.lease.draining()
+                    });
             if gone {
                 self.client().reading_seq.store(0, Ordering::Relaxed);
                 // A publisher that closed in order opened the gate for every
