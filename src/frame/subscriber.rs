@@ -31,8 +31,8 @@ const QUEUED_NAP_MAX: Duration = Duration::from_millis(5);
 /// Past the deadline, a copy whose commit has landed is still waited for
 /// this long (it finishes within microseconds) rather than left queued.
 const QUEUED_LANDED_GRACE: Duration = Duration::from_secs(1);
-/// When the publisher is gone, or at close, a copy still queued is given
-/// this long to finish (its commit normally follows the loan within
+/// Wherever a queued copy is given up, it is first given this long to
+/// finish (its commit normally follows the loan within
 /// microseconds, and a publisher that closed in order opened the gate for
 /// it) before it is set aside.
 const QUEUED_CLOSE_WAIT: Duration = Duration::from_millis(20);
@@ -1291,9 +1291,10 @@ impl Subscriber {
         Ok(Some((snap, pick.skipped)))
     }
 
-    /// When the publisher is gone, and at close: lets a queued copy finish
-    /// (for at most [`QUEUED_CLOSE_WAIT`]), or sets it aside, so that no
-    /// one ever synchronises a stream whose wait may never open.
+    /// Wherever a queued copy is given up (its frame delivered or passed
+    /// over, the publisher gone, an error, this subscriber's close): lets
+    /// it finish (for at most [`QUEUED_CLOSE_WAIT`]), or sets it aside, so
+    /// that no one ever synchronises a stream whose wait may never open.
     fn settle_in_flight(&mut self) -> Result<()> {
         if self.in_flight.take().is_none() {
             return Ok(());
