@@ -690,8 +690,24 @@ struct SubStats {
     bad_meta: u64,
     pushed: u64,
     overruns: u64,
+    /// Pulled frames whose copy was queued on the GPU, and of those, queued
+    /// at the loan (ADR 0010, ADR 0014); over the whole run.
+    queued: u64,
+    queued_at_loan: u64,
+    /// Frames of the window that took more than [`SLOW_NS`].
+    slow: u64,
+    /// The default wait's cadence counters at the end (see
+    /// `vramring::ring::cadence::CadenceState`): frames caught in their
+    /// spin window, windows that ended without their frame (it was then
+    /// woken through the doorbell), frames that came before the window.
+    cadence_hits: u64,
+    cadence_misses: u64,
+    cadence_early: u64,
     error: Option<String>,
 }
+
+/// A frame slower than this counts as slow (the goal's p99 bound).
+const SLOW_NS: u64 = 100_000;
 
 /// The GPU pattern checker of this process, made by the first thread that
 /// needs it and shared (its result buffer is one, so checks take turns).
@@ -797,6 +813,9 @@ fn sub_loop(
         if (warm..warm + measured).contains(&i) {
             st.latency.push(t1.saturating_sub(t0));
             st.received += 1;
+            if t1.saturating_sub(t0) > SLOW_NS {
+                st.slow += 1;
+            }
             // Frames skipped before the window's first frame are not the window's.
             if i > warm {
                 st.skipped += frame.skipped().min(i - warm);
@@ -814,7 +833,14 @@ fn sub_loop(
             }
         }
     }
-    st.overruns = sub.stats().overruns;
+    let stats = sub.stats();
+    st.overruns = stats.overruns;
+    st.queued = stats.queued;
+    st.queued_at_loan = stats.queued_at_loan;
+    let cad = sub.cadence();
+    st.cadence_hits = cad.hits;
+    st.cadence_misses = cad.misses;
+    st.cadence_early = cad.early;
     sub.close()?;
     Ok(())
 }
@@ -899,6 +925,12 @@ fn subscriber_main(p: &Params, dir: &Path, index: usize) -> R<()> {
                 .set("bad_meta", st.bad_meta)
                 .set("pushed", st.pushed)
                 .set("overruns", st.overruns)
+                .set("queued", st.queued)
+                .set("queued_at_loan", st.queued_at_loan)
+                .set("slow", st.slow)
+                .set("cadence_hits", st.cadence_hits)
+                .set("cadence_misses", st.cadence_misses)
+                .set("cadence_early", st.cadence_early)
                 .set("error", st.error.as_deref().unwrap_or("-"))
                 .line(),
         );
@@ -1078,7 +1110,7 @@ fn summarize(p: &Params, shape: Shape, tag: &str, dir: &Path) -> (String, String
     let us = |ns: u64| ns as f64 / 1e3;
     // Per mode and overall: median p50, median p99, worst p99 (who), drops.
     let mut md = String::from(
-        "| readers | subscribers | median p50 µs | median p99 µs | worst p99 µs (camera, index) | max µs | missing | skipped | torn / verified | pushed | subscriber CPU / frame µs |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| readers | subscribers | median p50 µs | median p99 µs | worst p99 µs (camera, index) | max µs | missing | skipped | torn / verified | pushed | queued (at the loan) | frames > 100 µs (worst's) | cadence hits / misses / early (worst's) | subscriber CPU / frame µs |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut modes: Vec<&str> = p.mix.iter().map(|m| m.name()).collect();
     modes.dedup();
@@ -1111,7 +1143,7 @@ fn summarize(p: &Params, shape: Shape, tag: &str, dir: &Path) -> (String, String
         };
         let worst_p99 = worst.map_or(f64::NAN, |r| us(r.u("p99_ns")));
         let row = format!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} ({}, {}) | {:.1} | {} | {} | {} / {} | {} | {:.1} |\n",
+            "| {} | {} | {:.1} | {:.1} | {:.1} ({}, {}) | {:.1} | {} | {} | {} / {} | {} | {} ({}) | {} ({}) | {} / {} / {} ({} / {} / {}) | {:.1} |\n",
             m.unwrap_or("**all**"),
             sel.len(),
             median_f(&mut p50),
@@ -1125,6 +1157,16 @@ fn summarize(p: &Params, shape: Shape, tag: &str, dir: &Path) -> (String, String
             sum("torn") + sum("bad_meta"),
             sum("verified"),
             sum("pushed"),
+            sum("queued"),
+            sum("queued_at_loan"),
+            sum("slow"),
+            worst.map_or(0, |r| r.u("slow")),
+            sum("cadence_hits"),
+            sum("cadence_misses"),
+            sum("cadence_early"),
+            worst.map_or(0, |r| r.u("cadence_hits")),
+            worst.map_or(0, |r| r.u("cadence_misses")),
+            worst.map_or(0, |r| r.u("cadence_early")),
             cpu_per_frame
         );
         md.push_str(&row);

@@ -421,6 +421,24 @@ fn an_import_on_a_machine_without_the_publishers_gpu_is_refused_by_uuid() {
 }
 
 #[test]
+fn an_mps_server_without_room_for_this_process_is_named_and_explained() {
+    let d = publisher_process();
+    d.set_fail_code(808);
+    d.fail_nth("cuDevicePrimaryCtxRetain", 1);
+    let e = create(&d, 4 * MIB).expect_err("the context could not be had");
+    assert!(matches!(e, Error::Driver { code: 808, .. }), "{e:?}");
+    let text = e.to_string();
+    for needle in [
+        "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED",
+        "fewer CUDA processes",
+        "docs/MPS.md",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from: {text}");
+    }
+    assert!(d.leaks().is_empty(), "leaked {:?}", d.leaks());
+}
+
+#[test]
 fn a_pool_larger_than_free_memory_is_refused_before_allocating() {
     let mut dev = FakeDevice::discrete(GPU);
     dev.free = 64 * MIB;

@@ -172,7 +172,11 @@ impl DriverError {
 
 impl std::fmt::Display for DriverError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} failed with {} ({})", self.call, self.code, error_name(self.code))
+        write!(f, "{} failed with {} ({})", self.call, self.code, error_name(self.code))?;
+        match error_hint(self.code) {
+            Some(h) => write!(f, "; {h}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -183,7 +187,10 @@ impl From<DriverError> for Error {
         Error::Driver {
             call: e.call,
             code: e.code,
-            name: error_name(e.code).to_owned(),
+            name: match error_hint(e.code) {
+                Some(h) => format!("{}; {h}", error_name(e.code)),
+                None => error_name(e.code).to_owned(),
+            },
         }
     }
 }
@@ -223,9 +230,27 @@ pub fn error_name(code: u32) -> &'static str {
         802 => "CUDA_ERROR_SYSTEM_NOT_READY",
         803 => "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
         804 => "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
+        805 => "CUDA_ERROR_MPS_CONNECTION_FAILED",
+        806 => "CUDA_ERROR_MPS_RPC_FAILURE",
+        807 => "CUDA_ERROR_MPS_SERVER_NOT_READY",
+        808 => "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED",
+        809 => "CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED",
+        810 => "CUDA_ERROR_MPS_CLIENT_TERMINATED",
         999 => "CUDA_ERROR_UNKNOWN",
         _ => "unnamed CUresult",
     }
+}
+
+/// What a person can do about a `CUresult`, where the code alone does not
+/// say: the MPS codes, which come from the deployment, not from vramring.
+pub fn error_hint(code: u32) -> Option<&'static str> {
+    Some(match code {
+        805 => "this process could not reach the MPS control daemon or server: check CUDA_MPS_PIPE_DIRECTORY and that the daemon runs (docs/MPS.md)",
+        807 => "the MPS server is not accepting clients yet (starting, or recovering from a failed client): retry shortly",
+        808 | 809 => "the MPS server of this GPU serves no more client processes (every process with a CUDA context counts, and a GPU takes a fixed number: nvidia-cuda-mps-control(1)): run fewer CUDA processes on this GPU, e.g. one decoder process for many cameras (docs/MPS.md)",
+        810 => "the MPS server terminated this client: restart the process",
+        _ => return None,
+    })
 }
 
 /// One method per CUDA driver call the backend makes.
