@@ -703,6 +703,13 @@ struct SubStats {
     cadence_hits: u64,
     cadence_misses: u64,
     cadence_early: u64,
+    /// Which frames of the window never arrived (their indices, the first
+    /// few), and the seq of the last frame delivered: where a loss was.
+    missing_at: Vec<u64>,
+    last_seq: u64,
+    /// The subscriber's own count of frames it skipped (its stats), over
+    /// the whole run.
+    dropped: u64,
     error: Option<String>,
 }
 
@@ -784,6 +791,7 @@ fn sub_loop(
     connected.fetch_add(1, Ordering::AcqRel);
     let (warm, measured) = (p.warmup_frames(), p.measured_frames());
     st.latency.reserve(measured as usize);
+    let mut seen = vec![false; measured as usize];
     loop {
         let frame = match sub.next(Duration::from_millis(500)) {
             Ok(f) => f,
@@ -813,6 +821,7 @@ fn sub_loop(
         if (warm..warm + measured).contains(&i) {
             st.latency.push(t1.saturating_sub(t0));
             st.received += 1;
+            seen[(i - warm) as usize] = true;
             if t1.saturating_sub(t0) > SLOW_NS {
                 st.slow += 1;
             }
@@ -833,7 +842,16 @@ fn sub_loop(
             }
         }
     }
+    st.missing_at = seen
+        .iter()
+        .enumerate()
+        .filter(|(_, &s)| !s)
+        .map(|(k, _)| warm + k as u64)
+        .take(4)
+        .collect();
     let stats = sub.stats();
+    st.last_seq = stats.last_seq;
+    st.dropped = stats.dropped;
     st.overruns = stats.overruns;
     st.queued = stats.queued;
     st.queued_at_loan = stats.queued_at_loan;
@@ -931,6 +949,20 @@ fn subscriber_main(p: &Params, dir: &Path, index: usize) -> R<()> {
                 .set("cadence_hits", st.cadence_hits)
                 .set("cadence_misses", st.cadence_misses)
                 .set("cadence_early", st.cadence_early)
+                .set("dropped", st.dropped)
+                .set("last_seq", st.last_seq)
+                .set(
+                    "missing_at",
+                    if st.missing_at.is_empty() {
+                        "-".to_string()
+                    } else {
+                        st.missing_at
+                            .iter()
+                            .map(|i| i.to_string())
+                            .collect::<Vec<_>>()
+                            .join("+")
+                    },
+                )
                 .set("error", st.error.as_deref().unwrap_or("-"))
                 .line(),
         );
@@ -1210,6 +1242,30 @@ fn summarize(p: &Params, shape: Shape, tag: &str, dir: &Path) -> (String, String
         max_late as f64 / 1e6,
         p.subs_per_ring
     ));
+    let lost: Vec<String> = subs
+        .iter()
+        .filter(|r| r.u("missing") > 0)
+        .map(|r| {
+            format!(
+                "camera {} reader {} ({}): frame index {} of {}..{}; its stats: {} dropped, last seq {}",
+                r.get("camera").unwrap_or("?"),
+                r.get("index").unwrap_or("?"),
+                r.get("mode").unwrap_or("?"),
+                r.get("missing_at").unwrap_or("?"),
+                p.warmup_frames(),
+                p.warmup_frames() + p.measured_frames(),
+                r.u("dropped"),
+                r.u("last_seq")
+            )
+        })
+        .collect();
+    if !lost.is_empty() {
+        md.push_str(&format!(
+            "\nWhere frames went missing ({} readers): {}\n",
+            lost.len(),
+            lost.iter().take(8).cloned().collect::<Vec<_>>().join("; ")
+        ));
+    }
     let errors: Vec<String> = subs
         .iter()
         .filter_map(|r| {

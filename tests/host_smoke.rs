@@ -85,13 +85,18 @@ fn sequential_reader_counts_gaps_exactly() {
         slot.publish(FrameMeta::pts(seq as i64)).unwrap();
     }
     let mut got = vec![];
+    let mut skipped = vec![];
     while let Ok(f) = s.next(Duration::from_millis(50)) {
         testpattern::verify(f.host_bytes().unwrap(), f.seq()).unwrap();
         got.push(f.seq());
+        skipped.push(f.skipped());
     }
     // 4 slots: the safe window is the newest 3 frames.
     assert_eq!(got, vec![18, 19, 20]);
     assert_eq!(s.stats().dropped, 17);
+    // Each frame reports every frame lost since the one delivered before
+    // it, however they were lost (here one by one, each found overwritten).
+    assert_eq!(skipped, vec![17, 0, 0]);
 }
 
 #[test]
@@ -440,4 +445,53 @@ fn close_stops_the_socket_service_at_once_not_at_its_next_tick() {
     let t = std::time::Instant::now();
     p.close().unwrap();
     assert!(t.elapsed() < Duration::from_millis(200), "close took {:?}", t.elapsed());
+}
+
+/// Reads from a 2-slot ring whose publisher overwrites slots during the
+/// reader's copies, until the reader has lost frames to overruns; returns
+/// the sum of the delivered frames' `skipped` and the reader's stats.
+fn read_through_overruns(mode: Mode, name: &str) -> (u64, vramring::SubscriberStats) {
+    let path = sock(name);
+    let mut p = Publisher::create(&path, host(Format::Gray8, 2048, 2048).slots(2)).unwrap();
+    let reader = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            let mut s = Subscriber::connect(&path, SubscriberOptions::default().mode(mode)).unwrap();
+            let t = std::time::Instant::now();
+            let mut skipped = 0;
+            let mut delivered = 0;
+            while t.elapsed() < Duration::from_secs(20) {
+                let f = s.next(Duration::from_secs(5)).unwrap();
+                skipped += f.skipped();
+                delivered += 1;
+                drop(f);
+                if s.stats().overruns >= 3 && delivered >= 20 {
+                    break;
+                }
+            }
+            (skipped, s.stats())
+        })
+    };
+    while !reader.is_finished() {
+        let slot = p.loan(Duration::from_millis(10)).unwrap();
+        slot.publish(FrameMeta::pts(0)).unwrap();
+        std::thread::sleep(Duration::from_micros(150));
+    }
+    reader.join().unwrap()
+}
+
+#[test]
+fn a_frames_skipped_counts_every_frame_lost_since_the_previous_one_overruns_included() {
+    for (mode, name) in [(Mode::Latest, "skip-latest"), (Mode::Sequential, "skip-seq")] {
+        let (skipped, stats) = read_through_overruns(mode, name);
+        assert!(
+            stats.overruns >= 3,
+            "{mode:?}: the publisher never overwrote a slot during a copy in 20 s: {stats:?}"
+        );
+        // The loop ends on a delivered frame, so every loss is reported.
+        assert_eq!(
+            skipped, stats.dropped,
+            "{mode:?}: the frames' skipped do not add up to the frames lost: {stats:?}"
+        );
+    }
 }

@@ -493,6 +493,12 @@ pub struct Subscriber {
     /// buffers were mapped were never offered to it, as for a subscriber
     /// that joined later), so gaps are counted from then on.
     push_started: bool,
+    /// Frames counted in `stats.dropped` since the last delivered frame
+    /// that passed `last` without being delivered (overwritten before or
+    /// during their copy, or not pushed to us). The next frame's
+    /// `skipped` reports them: it counts every frame lost since the one
+    /// delivered before it.
+    unreported: u64,
     /// The publisher's cadence, for [`WaitStrategy::Cadence`].
     cadence: Cadence,
     /// A queued copy not finished yet. One whose commit had not come by
@@ -673,6 +679,7 @@ impl Subscriber {
             path,
             drained: false,
             push_started: false,
+            unreported: 0,
             cadence: Cadence::new(),
             in_flight: None,
             loan_trigger: false,
@@ -771,6 +778,7 @@ impl Subscriber {
         if g > self.last {
             if self.push_started {
                 self.stats.dropped += g - self.last;
+                self.unreported += g - self.last;
             }
             self.last = g;
             self.publish_counters();
@@ -981,7 +989,7 @@ impl Subscriber {
             Look::Overwritten => {
                 // Gone before we started: a gap, not a torn read.
                 if self.opts.mode == Mode::Sequential {
-                    self.stats.dropped += pick.skipped + 1;
+                    self.lost(pick.skipped + 1);
                     self.last = pick.seq;
                 }
                 None
@@ -999,9 +1007,26 @@ impl Subscriber {
         e.heartbeat_ns.store(monotonic_ns(), Ordering::Relaxed);
     }
 
-    fn deliver(&mut self, snap: &SlotSnapshot, skipped: u64) {
-        self.cadence.observe_deferred(snap.seq, snap.commit_ns, monotonic_ns());
+    /// Frames lost without a frame delivered: counted now, and reported by
+    /// the next delivered frame's `skipped`.
+    fn lost(&mut self, n: u64) {
+        self.stats.dropped += n;
+        self.unreported += n;
+    }
+
+    /// Counts the gap `skipped` just before `snap` and returns every frame
+    /// lost since the last delivered one (what the frame's `skipped` says);
+    /// `deliver` then records the delivery.
+    fn gap_before(&mut self, skipped: u64) -> u64 {
         self.stats.dropped += skipped;
+        skipped + std::mem::take(&mut self.unreported)
+    }
+
+    /// Records the delivery of `snap`, counts the gap `skipped` before it,
+    /// and returns the frames lost since the previous delivered frame.
+    fn deliver(&mut self, snap: &SlotSnapshot, skipped: u64) -> u64 {
+        self.cadence.observe_deferred(snap.seq, snap.commit_ns, monotonic_ns());
+        let skipped = self.gap_before(skipped);
         self.stats.delivered += 1;
         self.stats.last_seq = snap.seq;
         self.last = snap.seq;
@@ -1012,6 +1037,7 @@ impl Subscriber {
         }
         self.client().reading_seq.store(0, Ordering::Relaxed);
         self.publish_counters();
+        skipped
     }
 
     /// Waits for the next frame (per the mode), copies it into this
@@ -1073,7 +1099,7 @@ impl Subscriber {
                 let skipped = if self.push_started { snap.seq - self.last - 1 } else { 0 };
                 self.push_started = true;
                 self.stats.pushed += 1;
-                self.deliver(&snap, skipped);
+                let skipped = self.deliver(&snap, skipped);
                 return Ok(Frame {
                     sub: self,
                     snap,
@@ -1108,12 +1134,12 @@ impl Subscriber {
             if !snap.still_valid(self.slot(snap.seq)) {
                 // The frame and the gap before it are lost, in either mode.
                 self.stats.overruns += 1;
-                self.stats.dropped += skipped + 1;
+                self.lost(skipped + 1);
                 self.last = snap.seq;
                 self.publish_counters();
                 continue;
             }
-            self.deliver(&snap, skipped);
+            let skipped = self.deliver(&snap, skipped);
             return Ok(Frame {
                 sub: self,
                 snap,
@@ -1278,7 +1304,7 @@ impl Subscriber {
         let Some(snap) = whole else {
             // Overwritten before or during the copy: lost, in either mode.
             self.stats.overruns += 1;
-            self.stats.dropped += pick.skipped + 1;
+            self.lost(pick.skipped + 1);
             self.last = pick.seq;
             self.publish_counters();
             return Ok(None);
@@ -1287,8 +1313,8 @@ impl Subscriber {
         if f.at_loan {
             self.stats.queued_at_loan += 1;
         }
-        self.deliver(&snap, pick.skipped);
-        Ok(Some((snap, pick.skipped)))
+        let skipped = self.deliver(&snap, pick.skipped);
+        Ok(Some((snap, skipped)))
     }
 
     /// Wherever a queued copy is given up (its frame delivered or passed
@@ -1332,7 +1358,7 @@ impl Subscriber {
                 if let Some((snap, k)) = self.peek_pushed() {
                     let skipped = if self.push_started { snap.seq - self.last - 1 } else { 0 };
                     self.push_started = true;
-                    self.stats.dropped += skipped;
+                    let skipped = self.gap_before(skipped);
                     return Ok(Borrow {
                         sub: self,
                         snap,
@@ -1345,7 +1371,7 @@ impl Subscriber {
                 continue;
             }
             if let Some((snap, skipped)) = self.next_snapshot(g) {
-                self.stats.dropped += skipped;
+                let skipped = self.gap_before(skipped);
                 // Relaxed: informational.
                 self.client().reading_seq.store(snap.seq, Ordering::Relaxed);
                 return Ok(Borrow {
@@ -1422,7 +1448,7 @@ impl Subscriber {
         } else {
             // The gap before it was counted when the borrow began.
             self.stats.overruns += 1;
-            self.stats.dropped += 1;
+            self.lost(1);
             self.last = snap.seq;
             self.client().reading_seq.store(0, Ordering::Relaxed);
             self.publish_counters();
