@@ -29,7 +29,9 @@
 //!   interval). The frames a window misses teach it too: a frame delivered
 //!   after its window, and a doorbell wake after the window should have
 //!   opened (the timer had not fired), enter the samples, so the window
-//!   widens to what it missed and not only to what it caught.
+//!   widens to what it missed and not only to what it caught. A frame that
+//!   comes before its window was due to open says the window was placed
+//!   late: the commit-to-seen samples that placed it are forgotten.
 //! * The park up to the window runs with the thread's timer slack at 1 ns
 //!   (restored after the wait), so its timer fires when asked and not up
 //!   to 50 µs later.
@@ -292,7 +294,8 @@ pub struct Cadence {
     /// How late the park's timer woke us after the window's start.
     overshoot: Samples<SAMPLES>,
     /// From a frame's commit to the moment a spinning wait saw it, or, for
-    /// a frame that came after its window, to its delivery.
+    /// a frame that came after its window, to its delivery. Forgotten when
+    /// a frame comes before its window was due to open.
     seen: Samples<SAMPLES>,
     /// The window of the wait in progress and whether it has been judged.
     pending: Option<Window>,
@@ -543,6 +546,17 @@ impl Cadence {
         // message): no miss.
         if advanced && !spun {
             self.early += 1;
+            if now_ns < w.from_ns {
+                // It came before the window was even due to open. If the
+                // window was placed late by how long after their commit
+                // frames showed up (samples from frames that came after
+                // their windows, a slow start say), nothing else would ever
+                // correct it: every frame would come before the window,
+                // through the doorbell, and none would be seen spinning to
+                // teach better. So those samples are forgotten; the frames
+                // the next windows catch or miss teach them again.
+                self.seen.clear();
+            }
             if let Some(late) = now_ns.checked_sub(w.from_ns) {
                 // Woken by the doorbell after the window should have opened:
                 // the park's timer had not fired yet, so it overshot by at
@@ -1041,6 +1055,63 @@ mod tests {
         assert_eq!(st.misses, narrow.misses + 1, "{st:?}");
         assert!(st.tolerance_ns >= 190 * US, "{st:?}");
         assert!(frame(&mut c, 42, 200 * US), "{:?}", c.state());
+    }
+
+    #[test]
+    fn frames_woken_through_the_doorbell_before_a_late_window_pull_it_back() {
+        // Locked from frames it never waited for (no window yet), then two
+        // windows missed with frames delivered 900 µs after their commit (a
+        // busy start): what it knows of how long after its commit a frame
+        // shows up is only those two, and puts the next window ~900 µs late.
+        let mut c = Cadence::new();
+        let t0 = 1_000 * MS;
+        let at = |seq: u64| t0 + seq * 40 * MS;
+        for seq in 1..=20 {
+            c.observe(seq, at(seq), at(seq) + 10 * US);
+        }
+        // This machine's timer fires 10 µs late.
+        for _ in 0..SAMPLES {
+            c.timer_woke(10 * US);
+        }
+        for seq in 21..=22 {
+            let st = c.state();
+            let w = c
+                .plan(at(seq - 1) + 20 * US)
+                .unwrap_or_else(|| panic!("no window at {seq}: {st:?}"));
+            if seq == 21 {
+                assert!(w.until_ns < at(seq) + 900 * US, "the first window catches it: {w:?}");
+            }
+            // The window was spun through, then the doorbell brought it.
+            c.waited(true, true, at(seq) + 900 * US);
+            c.observe(seq, at(seq), at(seq) + 900 * US);
+        }
+        // From now on each frame comes on time; the waiter, parked until its
+        // window, is woken through the doorbell 50 µs after the commit,
+        // before its window opened. Within a few frames the window must
+        // open before the commit again, or the waiter pays the doorbell for
+        // every frame for good.
+        let mut caught_from = None;
+        for seq in 23..=40 {
+            let st = c.state();
+            let w = c
+                .plan(at(seq - 1) + 60 * US)
+                .unwrap_or_else(|| panic!("no window for frame {seq}: {st:?}"));
+            if seq == 23 {
+                assert!(w.from_ns > at(seq) + 100 * US, "the setup left no late window: {w:?}");
+            }
+            if w.from_ns <= at(seq) && at(seq) + 10 * US <= w.until_ns {
+                c.waited(true, true, at(seq) + 10 * US);
+                c.observe(seq, at(seq), at(seq) + 10 * US);
+                caught_from.get_or_insert(seq);
+            } else {
+                assert!(w.from_ns > at(seq), "{w:?}: a window that closed early");
+                c.waited(true, false, at(seq) + 50 * US);
+                c.observe(seq, at(seq), at(seq) + 50 * US);
+            }
+        }
+        let first = caught_from.unwrap_or_else(|| panic!("no window covered a frame again: {:?}", c.state()));
+        assert!(first <= 25, "the window came back only at frame {first}");
+        assert!(c.state().hits >= 15, "{:?}", c.state());
     }
 
     #[test]
