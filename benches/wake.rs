@@ -1136,10 +1136,39 @@ fn machine() -> String {
     format!("{cores} CPUs ({cpu}), Linux {}", kernel.trim())
 }
 
-fn main() -> R<()> {
+const USAGE: &str = "usage: wake [--quick] [--backend host|cuda] [--pull] [--frames N] \
+[--cadences US,US,..(0: irregular)] [--waits futex,park,cadence,spin,gpu,gpuk] \
+[--busy-us US,..(cuda)] [--producer-spin] [--probe] [--out DIR]";
+
+fn main() -> std::process::ExitCode {
+    match real_main() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // A sentence, not a Debug dump.
+            eprintln!("{e}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn real_main() -> R<()> {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     if let Some(i) = args.iter().position(|a| a == "--role") {
         return role_main(&args[i + 1..]);
+    }
+    // Every argument is one this bench knows: a typo must not run the
+    // default set for minutes instead.
+    let mut k = 0;
+    while k < args.len() {
+        match args[k].as_str() {
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            "--quick" | "--pull" | "--producer-spin" | "--probe" => k += 1,
+            "--backend" | "--out" | "--frames" | "--cadences" | "--waits" | "--busy-us" if k + 1 < args.len() => k += 2,
+            other => return Err(format!("wake bench: unknown or incomplete argument {other:?}\n{USAGE}").into()),
+        }
     }
     let quick = args.iter().any(|a| a == "--quick");
     let opt = |name: &str| {
