@@ -1189,12 +1189,16 @@ fn real_main() -> R<()> {
     let out = opt("--out").map(PathBuf::from);
     let (frames, rounds, warmup) = if quick { (300, 1, 30) } else { (1500, 3, 30) };
     let frames = match opt("--frames") {
-        Some(n) => n.parse()?,
+        Some(n) => n.parse().map_err(|e| format!("--frames {n}: {e}"))?,
         None => frames,
     };
     // `--cadences 2000,40000,0`: intervals in µs, 0 for the irregular one.
     let cadences: Vec<u64> = match opt("--cadences") {
-        Some(list) => list.split(',').map(str::parse).collect::<Result<_, _>>()?,
+        Some(list) => list
+            .split(',')
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("--cadences {list}: {e}"))?,
         None => vec![2_000, 40_000, 0],
     };
     // `--waits futex,park,cadence,spin`: the rows to run (the floor row is
@@ -1209,7 +1213,11 @@ fn real_main() -> R<()> {
     // `--busy-us 0,2000`: each cadence once per value (CUDA producers; 0:
     // the producer process does nothing else).
     let busy: Vec<u64> = match opt("--busy-us") {
-        Some(list) => list.split(',').map(str::parse).collect::<Result<_, _>>()?,
+        Some(list) => list
+            .split(',')
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("--busy-us {list}: {e}"))?,
         None => vec![0],
     };
     if !cuda && busy.iter().any(|&b| b > 0) {

@@ -103,7 +103,8 @@ pub enum Error {
         call: &'static str,
         /// The raw `CUresult`.
         code: u32,
-        /// The driver's name for the code.
+        /// The driver's name for the code, and for codes that come from
+        /// the deployment (MPS), what to do about it.
         name: String,
     },
 

@@ -94,8 +94,7 @@ fn sequential_reader_counts_gaps_exactly() {
     // 4 slots: the safe window is the newest 3 frames.
     assert_eq!(got, vec![18, 19, 20]);
     assert_eq!(s.stats().dropped, 17);
-    // Each frame reports every frame lost since the one delivered before
-    // it, however they were lost (here one by one, each found overwritten).
+    // The first frame reports the 17 frames before it it never got.
     assert_eq!(skipped, vec![17, 0, 0]);
 }
 
@@ -470,12 +469,19 @@ fn read_through_overruns(mode: Mode, name: &str) -> (u64, vramring::SubscriberSt
             (skipped, s.stats())
         })
     };
-    while !reader.is_finished() {
+    // Bounded: past 30 s the publisher stops, and the reader's next read
+    // fails (a timeout), which fails the test instead of hanging it.
+    let t = std::time::Instant::now();
+    let mut n = 0u64;
+    while !reader.is_finished() && t.elapsed() < Duration::from_secs(30) {
         let slot = p.loan(Duration::from_millis(10)).unwrap();
         slot.publish(FrameMeta::pts(0)).unwrap();
-        std::thread::sleep(Duration::from_micros(150));
+        n += 1;
+        // Mostly faster than a copy, with a pause now and then in which a
+        // copy can finish whole.
+        std::thread::sleep(Duration::from_micros(if n % 8 == 0 { 3_000 } else { 150 }));
     }
-    reader.join().unwrap()
+    reader.join().expect("the reader failed")
 }
 
 #[test]
@@ -492,4 +498,32 @@ fn a_frames_skipped_counts_every_frame_lost_since_the_previous_one_overruns_incl
             "{mode:?}: the frames' skipped do not add up to the frames lost: {stats:?}"
         );
     }
+}
+
+#[test]
+fn frames_a_borrow_reported_are_reported_again_when_the_borrow_is_overrun() {
+    let path = sock("borrow-overrun");
+    let mut p = Publisher::create(&path, host(Format::Gray8, 64, 16).slots(2)).unwrap();
+    let mut s = Subscriber::connect(&path, SubscriberOptions::default()).unwrap();
+    let publish = |p: &mut Publisher| {
+        let mut slot = p.loan(Duration::from_millis(10)).unwrap();
+        let seq = slot.seq();
+        testpattern::fill(slot.bytes_mut().unwrap(), seq);
+        slot.publish(FrameMeta::pts(seq as i64)).unwrap();
+    };
+    for _ in 0..3 {
+        publish(&mut p);
+    }
+    let b = s.borrow(Duration::from_secs(1)).unwrap();
+    assert_eq!((b.seq(), b.skipped()), (3, 2));
+    // Frames 4 and 5 overwrite both slots, the borrowed one included.
+    publish(&mut p);
+    publish(&mut p);
+    assert!(matches!(b.release(), Err(Error::Overrun { seq: 3 })));
+    let f = s.next(Duration::from_secs(1)).unwrap();
+    // Frame 5 reports 1, 2 (which the borrow reported, then lost), 3 (the
+    // borrowed frame) and 4: every frame since the last delivered one.
+    assert_eq!((f.seq(), f.skipped()), (5, 4));
+    let st = s.stats();
+    assert_eq!((st.delivered, st.dropped, st.overruns), (1, 4, 1));
 }

@@ -453,14 +453,14 @@ impl Borrow<'_> {
     /// [`Error::Overrun`] when the producer began overwriting the slot.
     pub fn release(mut self) -> Result<()> {
         self.released = true;
-        self.sub.finish_borrow(&self.snap, self.push)
+        self.sub.finish_borrow(&self.snap, self.push, self.skipped)
     }
 }
 
 impl Drop for Borrow<'_> {
     fn drop(&mut self) {
         if !self.released {
-            let _ = self.sub.finish_borrow(&self.snap, self.push);
+            let _ = self.sub.finish_borrow(&self.snap, self.push, self.skipped);
         }
     }
 }
@@ -991,6 +991,7 @@ impl Subscriber {
                 if self.opts.mode == Mode::Sequential {
                     self.lost(pick.skipped + 1);
                     self.last = pick.seq;
+                    self.publish_counters();
                 }
                 None
             }
@@ -1071,6 +1072,9 @@ impl Subscriber {
                             push: None,
                         })
                     }
+                    None if Instant::now() >= deadline && !self.lease.draining() => {
+                        return Err(Error::Timeout(timeout, "the next frame"))
+                    }
                     None => continue,
                 }
             }
@@ -1089,6 +1093,9 @@ impl Subscriber {
                                 skipped,
                                 push: None,
                             })
+                        }
+                        None if Instant::now() >= deadline && !self.lease.draining() => {
+                            return Err(Error::Timeout(timeout, "the next frame"))
                         }
                         None => continue,
                     }
@@ -1137,6 +1144,11 @@ impl Subscriber {
                 self.lost(skipped + 1);
                 self.last = snap.seq;
                 self.publish_counters();
+                if Instant::now() >= deadline && !self.lease.draining() {
+                    // Overrun after overrun (a publisher that laps this
+                    // reader's copies): the timeout still holds.
+                    return Err(Error::Timeout(timeout, "the next frame"));
+                }
                 continue;
             }
             let skipped = self.deliver(&snap, skipped);
@@ -1415,6 +1427,9 @@ impl Subscriber {
                         last_seq: fresh.stats.last_seq,
                         ..stats
                     };
+                    // Frames lost while draining the old publisher are
+                    // reported by the first frame of the new one.
+                    fresh.unreported = self.unreported;
                     tracing::info!(
                         old = self.info.epoch,
                         new = fresh.info.epoch,
@@ -1434,7 +1449,10 @@ impl Subscriber {
         }
     }
 
-    fn finish_borrow(&mut self, snap: &SlotSnapshot, push: Option<usize>) -> Result<()> {
+    /// Ends a borrow of `snap` that reported `skipped` frames lost before
+    /// it: a delivery if it is still whole, else a loss, and then the
+    /// frames it reported are reported again by the next delivered frame.
+    fn finish_borrow(&mut self, snap: &SlotSnapshot, push: Option<usize>, skipped: u64) -> Result<()> {
         let whole = match push {
             Some(k) => protocol::push::still_complete(self.entry(), k, snap.seq),
             None => snap.still_valid(self.slot(snap.seq)),
@@ -1443,12 +1461,17 @@ impl Subscriber {
             if push.is_some() {
                 self.stats.pushed += 1;
             }
-            self.deliver(snap, 0);
+            // The borrow counted and took its gap when it began; nothing can
+            // be lost while it holds the subscriber.
+            let reported = self.deliver(snap, 0);
+            debug_assert_eq!(reported, 0);
             Ok(())
         } else {
-            // The gap before it was counted when the borrow began.
+            // The gap before it was counted when the borrow began; no frame
+            // was delivered, so the next one reports it, and this frame.
             self.stats.overruns += 1;
             self.lost(1);
+            self.unreported += skipped;
             self.last = snap.seq;
             self.client().reading_seq.store(0, Ordering::Relaxed);
             self.publish_counters();

@@ -30,8 +30,9 @@
 //!   after its window, and a doorbell wake after the window should have
 //!   opened (the timer had not fired), enter the samples, so the window
 //!   widens to what it missed and not only to what it caught. A frame that
-//!   comes before its window was due to open says the window was placed
-//!   late: the commit-to-seen samples that placed it are forgotten.
+//!   comes before its window was due to open, sooner after its commit than
+//!   the samples say frames show up, says the window was placed late: the
+//!   samples above it are forgotten.
 //! * The park up to the window runs with the thread's timer slack at 1 ns
 //!   (restored after the wait), so its timer fires when asked and not up
 //!   to 50 µs later.
@@ -147,6 +148,19 @@ impl<const N: usize, T: Copy> Samples<N, T> {
         self.len = 0;
         self.next = 0;
     }
+    /// Keeps only the samples for which `keep` holds, oldest first.
+    fn retain(&mut self, keep: impl Fn(&T) -> bool) {
+        let kept: Vec<T> = self.oldest_first().filter(|x| keep(x)).collect();
+        self.clear();
+        for x in kept {
+            self.push(x);
+        }
+    }
+    /// The samples, oldest first.
+    fn oldest_first(&self) -> impl Iterator<Item = T> + '_ {
+        let start = if self.len < N { 0 } else { self.next };
+        (0..self.len).map(move |i| self.v[(start + i) % N])
+    }
     fn len(&self) -> usize {
         self.len
     }
@@ -172,6 +186,10 @@ impl<const N: usize> Samples<N> {
             return None;
         }
         Some(*s.select_nth_unstable(k).1)
+    }
+    /// Drops the samples above `max`.
+    fn retain_at_most(&mut self, max: u64) {
+        self.retain(|&x| x <= max);
     }
     /// The `p` quantile of `|x − center|`.
     fn spread(&self, center: u64, p: f64) -> Option<u64> {
@@ -294,9 +312,12 @@ pub struct Cadence {
     /// How late the park's timer woke us after the window's start.
     overshoot: Samples<SAMPLES>,
     /// From a frame's commit to the moment a spinning wait saw it, or, for
-    /// a frame that came after its window, to its delivery. Forgotten when
-    /// a frame comes before its window was due to open.
+    /// a frame that came after its window, to its delivery. Those above a
+    /// frame that came before its window (delivered sooner after its
+    /// commit than they say frames show up) are forgotten.
     seen: Samples<SAMPLES>,
+    /// The last wait ended before its window was due to open.
+    before_window: bool,
     /// The window of the wait in progress and whether it has been judged.
     pending: Option<Window>,
     /// When the last wait that ended in its window saw the seq move.
@@ -332,6 +353,7 @@ impl Cadence {
             use_grid: false,
             overshoot: Samples::new(),
             seen: Samples::new(),
+            before_window: false,
             pending: None,
             caught_ns: None,
             missed_in_row: 0,
@@ -476,6 +498,7 @@ impl Cadence {
         }
         self.pending = None;
         self.caught_ns = None;
+        self.before_window = false;
         let (last_seq, _) = self.last?;
         if self.interval == 0 {
             return None;
@@ -546,17 +569,10 @@ impl Cadence {
         // message): no miss.
         if advanced && !spun {
             self.early += 1;
-            if now_ns < w.from_ns {
-                // It came before the window was even due to open. If the
-                // window was placed late by how long after their commit
-                // frames showed up (samples from frames that came after
-                // their windows, a slow start say), nothing else would ever
-                // correct it: every frame would come before the window,
-                // through the doorbell, and none would be seen spinning to
-                // teach better. So those samples are forgotten; the frames
-                // the next windows catch or miss teach them again.
-                self.seen.clear();
-            }
+            // It came before the window was even due to open: `observe`
+            // checks, with the frame's commit time, whether the window was
+            // placed late.
+            self.before_window = now_ns < w.from_ns;
             if let Some(late) = now_ns.checked_sub(w.from_ns) {
                 // Woken by the doorbell after the window should have opened:
                 // the park's timer had not fired yet, so it overshot by at
@@ -581,6 +597,7 @@ impl Cadence {
     /// unlocks.
     pub fn observe(&mut self, seq: u64, commit_ns: u64, now_ns: u64) {
         let caught = self.caught_ns.take();
+        let before_window = std::mem::take(&mut self.before_window);
         if commit_ns == 0 || commit_ns > now_ns.saturating_add(FUTURE_SLOP_NS) {
             self.unlock();
             self.last = None;
@@ -619,6 +636,19 @@ impl Cadence {
             self.choose_prediction();
             if let Some(c) = caught {
                 self.seen.push(c.saturating_sub(commit_ns).min(TOLERANCE_MAX_NS));
+            } else if before_window {
+                // Delivered through the doorbell before its window was due
+                // to open. If that is sooner after its commit than the
+                // samples that placed the window say frames show up, they
+                // are wrong (frames that came late, a slow start say), and
+                // nothing else would correct them: every frame would come
+                // before the window, and none would be seen spinning to
+                // teach better. Those above it go. A frame that was early
+                // because its commit was early changes nothing here.
+                let shown = now_ns.saturating_sub(commit_ns);
+                if self.seen.quantile(0.1).is_some_and(|q| q > shown) {
+                    self.seen.retain_at_most(shown);
+                }
             }
         }
         self.recent.push((seq, commit_ns));
@@ -1112,6 +1142,45 @@ mod tests {
         let first = caught_from.unwrap_or_else(|| panic!("no window covered a frame again: {:?}", c.state()));
         assert!(first <= 25, "the window came back only at frame {first}");
         assert!(c.state().hits >= 15, "{:?}", c.state());
+    }
+
+    #[test]
+    fn an_early_commit_before_the_window_keeps_what_frames_have_shown() {
+        // Frames show up 300 µs after their commit, every time (a busy
+        // producer stream): the window sits 300 µs after the commits.
+        let mut c = Cadence::new();
+        let t0 = 1_000 * MS;
+        let at = |seq: u64| t0 + seq * 40 * MS;
+        for seq in 1..=20 {
+            c.observe(seq, at(seq), at(seq) + 300 * US);
+        }
+        for _ in 0..SAMPLES {
+            c.timer_woke(10 * US);
+        }
+        let shown = 300 * US;
+        let frame = |c: &mut Cadence, seq: u64, commit: u64| {
+            let w = c.plan(at(seq - 1) + shown + 10 * US).expect("a window");
+            let seen = commit + shown;
+            let hit = w.from_ns <= seen && seen <= w.until_ns;
+            c.waited(true, hit || seen > w.until_ns, seen);
+            c.observe(seq, commit, seen);
+            hit
+        };
+        for seq in 21..=40 {
+            frame(&mut c, seq, at(seq));
+        }
+        assert!(frame(&mut c, 41, at(41)), "not settled: {:?}", c.state());
+        // One frame committed 1 ms early comes before its window, through
+        // the doorbell, 300 µs after its commit as always: nothing says the
+        // window was placed late, and the next frame is caught as before.
+        assert!(!frame(&mut c, 42, at(42) - MS));
+        assert!(c.seen.quantile(0.1) >= Some(shown), "{:?}", c.seen.values());
+        // (The next one may miss: predicted from the early commit, it is
+        // expected 1 ms early. That is the prediction's business.) After it
+        // frames are caught again, 300 µs after their commits.
+        frame(&mut c, 43, at(43));
+        assert!(frame(&mut c, 44, at(44)), "{:?}", c.state());
+        assert!(frame(&mut c, 45, at(45)), "{:?}", c.state());
     }
 
     #[test]

@@ -246,8 +246,9 @@ pub fn error_name(code: u32) -> &'static str {
 pub fn error_hint(code: u32) -> Option<&'static str> {
     Some(match code {
         805 => "this process could not reach the MPS control daemon or server: check CUDA_MPS_PIPE_DIRECTORY and that the daemon runs (docs/MPS.md)",
-        807 => "the MPS server is not accepting clients yet (starting, or recovering from a failed client): retry shortly",
-        808 | 809 => "the MPS server of this GPU serves no more client processes (every process with a CUDA context counts, and a GPU takes a fixed number: nvidia-cuda-mps-control(1)): run fewer CUDA processes on this GPU, e.g. one decoder process for many cameras (docs/MPS.md)",
+        807 => "the MPS server is not accepting clients: it is starting or recovering (retry shortly), or it runs as another user than this process (one UID for every client; docs/MPS.md)",
+        808 => "the MPS server of this GPU serves no more client processes (every process with a CUDA context counts, and a GPU takes a fixed number: nvidia-cuda-mps-control(1)): run fewer CUDA processes on this GPU, e.g. one decoder process for many cameras (docs/MPS.md)",
+        809 => "the GPU's work queues for MPS clients are used up: run fewer CUDA processes on this GPU, or lower CUDA_DEVICE_MAX_CONNECTIONS in each (docs/MPS.md)",
         810 => "the MPS server terminated this client: restart the process",
         _ => return None,
     })
