@@ -694,8 +694,13 @@ struct SubStats {
     /// at the loan (ADR 0010, ADR 0014); over the whole run.
     queued: u64,
     queued_at_loan: u64,
-    /// Frames of the window that took more than [`SLOW_NS`].
+    /// Frames of the window that took more than [`SLOW_NS`], and of those,
+    /// the ones that spent most of it before the publisher's commit stamp
+    /// (`commit_ns`, taken inside the publish call before the commit is
+    /// enqueued: the publish's own CPU work) rather than after it (the
+    /// launch, the GPU, the wake).
     slow: u64,
+    slow_before_stamp: u64,
     /// The default wait's cadence counters at the end (see
     /// `vramring::ring::cadence::CadenceState`): frames caught in their
     /// spin window, windows that ended without their frame (it was then
@@ -824,6 +829,10 @@ fn sub_loop(
             seen[(i - warm) as usize] = true;
             if t1.saturating_sub(t0) > SLOW_NS {
                 st.slow += 1;
+                let stamp = frame.commit_ns();
+                if stamp.saturating_sub(t0) > t1.saturating_sub(stamp) {
+                    st.slow_before_stamp += 1;
+                }
             }
             // Frames skipped before the window's first frame are not the window's.
             if i > warm {
@@ -946,6 +955,7 @@ fn subscriber_main(p: &Params, dir: &Path, index: usize) -> R<()> {
                 .set("queued", st.queued)
                 .set("queued_at_loan", st.queued_at_loan)
                 .set("slow", st.slow)
+                .set("slow_before_stamp", st.slow_before_stamp)
                 .set("cadence_hits", st.cadence_hits)
                 .set("cadence_misses", st.cadence_misses)
                 .set("cadence_early", st.cadence_early)
@@ -1142,7 +1152,7 @@ fn summarize(p: &Params, shape: Shape, tag: &str, dir: &Path) -> (String, String
     let us = |ns: u64| ns as f64 / 1e3;
     // Per mode and overall: median p50, median p99, worst p99 (who), drops.
     let mut md = String::from(
-        "| readers | subscribers | median p50 µs | median p99 µs | worst p99 µs (camera, index) | max µs | missing | skipped | torn / verified | pushed | queued (at the loan) | frames > 100 µs (worst's) | cadence hits / misses / early (worst's) | subscriber CPU / frame µs |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| readers | subscribers | median p50 µs | median p99 µs | worst p99 µs (camera, index) | max µs | missing | skipped | torn / verified | pushed | queued (at the loan) | frames > 100 µs: all, mostly before the commit stamp (worst's) | cadence hits / misses / early (worst's) | subscriber CPU / frame µs |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut modes: Vec<&str> = p.mix.iter().map(|m| m.name()).collect();
     modes.dedup();
@@ -1175,7 +1185,7 @@ fn summarize(p: &Params, shape: Shape, tag: &str, dir: &Path) -> (String, String
         };
         let worst_p99 = worst.map_or(f64::NAN, |r| us(r.u("p99_ns")));
         let row = format!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} ({}, {}) | {:.1} | {} | {} | {} / {} | {} | {} ({}) | {} ({}) | {} / {} / {} ({} / {} / {}) | {:.1} |\n",
+            "| {} | {} | {:.1} | {:.1} | {:.1} ({}, {}) | {:.1} | {} | {} | {} / {} | {} | {} ({}) | {}, {} ({}) | {} / {} / {} ({} / {} / {}) | {:.1} |\n",
             m.unwrap_or("**all**"),
             sel.len(),
             median_f(&mut p50),
@@ -1192,6 +1202,7 @@ fn summarize(p: &Params, shape: Shape, tag: &str, dir: &Path) -> (String, String
             sum("queued"),
             sum("queued_at_loan"),
             sum("slow"),
+            sum("slow_before_stamp"),
             worst.map_or(0, |r| r.u("slow")),
             sum("cadence_hits"),
             sum("cadence_misses"),
