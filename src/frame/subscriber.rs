@@ -777,8 +777,7 @@ impl Subscriber {
     fn nothing_pushed(&mut self, g: u64, deadline: Instant, timeout: Duration) -> Result<()> {
         if g > self.last {
             if self.push_started {
-                self.stats.dropped += g - self.last;
-                self.unreported += g - self.last;
+                self.lost(g - self.last);
             }
             self.last = g;
             self.publish_counters();
@@ -1008,6 +1007,16 @@ impl Subscriber {
         e.heartbeat_ns.store(monotonic_ns(), Ordering::Relaxed);
     }
 
+    /// After a frame lost or given up, before looking again: `Timeout` once
+    /// `deadline` has passed, unless the publisher's end is being drained
+    /// (the next look reports that instead).
+    fn keep_deadline(&self, deadline: Instant, timeout: Duration) -> Result<()> {
+        if Instant::now() >= deadline && !self.lease.draining() {
+            return Err(Error::Timeout(timeout, "the next frame"));
+        }
+        Ok(())
+    }
+
     /// Frames lost without a frame delivered: counted now, and reported by
     /// the next delivered frame's `skipped`.
     fn lost(&mut self, n: u64) {
@@ -1072,10 +1081,10 @@ impl Subscriber {
                             push: None,
                         })
                     }
-                    None if Instant::now() >= deadline && !self.lease.draining() => {
-                        return Err(Error::Timeout(timeout, "the next frame"))
+                    None => {
+                        self.keep_deadline(deadline, timeout)?;
+                        continue;
                     }
-                    None => continue,
                 }
             }
             let mut g = self.wait(deadline, timeout, true)?;
@@ -1094,10 +1103,10 @@ impl Subscriber {
                                 push: None,
                             })
                         }
-                        None if Instant::now() >= deadline && !self.lease.draining() => {
-                            return Err(Error::Timeout(timeout, "the next frame"))
+                        None => {
+                            self.keep_deadline(deadline, timeout)?;
+                            continue;
                         }
-                        None => continue,
                     }
                 }
                 g = landed;
@@ -1144,11 +1153,9 @@ impl Subscriber {
                 self.lost(skipped + 1);
                 self.last = snap.seq;
                 self.publish_counters();
-                if Instant::now() >= deadline && !self.lease.draining() {
-                    // Overrun after overrun (a publisher that laps this
-                    // reader's copies): the timeout still holds.
-                    return Err(Error::Timeout(timeout, "the next frame"));
-                }
+                // Overrun after overrun (a publisher that laps this
+                // reader's copies): the timeout still holds.
+                self.keep_deadline(deadline, timeout)?;
                 continue;
             }
             let skipped = self.deliver(&snap, skipped);

@@ -148,19 +148,6 @@ impl<const N: usize, T: Copy> Samples<N, T> {
         self.len = 0;
         self.next = 0;
     }
-    /// Keeps only the samples for which `keep` holds, oldest first.
-    fn retain(&mut self, keep: impl Fn(&T) -> bool) {
-        let kept: Vec<T> = self.oldest_first().filter(|x| keep(x)).collect();
-        self.clear();
-        for x in kept {
-            self.push(x);
-        }
-    }
-    /// The samples, oldest first.
-    fn oldest_first(&self) -> impl Iterator<Item = T> + '_ {
-        let start = if self.len < N { 0 } else { self.next };
-        (0..self.len).map(move |i| self.v[(start + i) % N])
-    }
     fn len(&self) -> usize {
         self.len
     }
@@ -187,9 +174,16 @@ impl<const N: usize> Samples<N> {
         }
         Some(*s.select_nth_unstable(k).1)
     }
-    /// Drops the samples above `max`.
+    /// Drops the samples above `max`, keeping the rest in age order.
     fn retain_at_most(&mut self, max: u64) {
-        self.retain(|&x| x <= max);
+        let (old, start) = (self.clone(), if self.len < N { 0 } else { self.next });
+        self.clear();
+        for i in 0..old.len {
+            let x = old.v[(start + i) % N];
+            if x <= max {
+                self.push(x);
+            }
+        }
     }
     /// The `p` quantile of `|x − center|`.
     fn spread(&self, center: u64, p: f64) -> Option<u64> {
@@ -1096,9 +1090,7 @@ mod tests {
         let mut c = Cadence::new();
         let t0 = 1_000 * MS;
         let at = |seq: u64| t0 + seq * 40 * MS;
-        for seq in 1..=20 {
-            c.observe(seq, at(seq), at(seq) + 10 * US);
-        }
+        feed(&mut c, 1, 20, at(1), 40 * MS, |_| 0);
         // This machine's timer fires 10 µs late.
         for _ in 0..SAMPLES {
             c.timer_woke(10 * US);

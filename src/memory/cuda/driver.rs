@@ -172,11 +172,7 @@ impl DriverError {
 
 impl std::fmt::Display for DriverError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} failed with {} ({})", self.call, self.code, error_name(self.code))?;
-        match error_hint(self.code) {
-            Some(h) => write!(f, "; {h}"),
-            None => Ok(()),
-        }
+        write!(f, "{} failed with {} ({})", self.call, self.code, described(self.code))
     }
 }
 
@@ -187,10 +183,7 @@ impl From<DriverError> for Error {
         Error::Driver {
             call: e.call,
             code: e.code,
-            name: match error_hint(e.code) {
-                Some(h) => format!("{}; {h}", error_name(e.code)),
-                None => error_name(e.code).to_owned(),
-            },
+            name: described(e.code),
         }
     }
 }
@@ -252,6 +245,14 @@ pub fn error_hint(code: u32) -> Option<&'static str> {
         810 => "the MPS server terminated this client: restart the process",
         _ => return None,
     })
+}
+
+/// The code's name, and what to do about it where [`error_hint`] says.
+fn described(code: u32) -> String {
+    match error_hint(code) {
+        Some(h) => format!("{}; {h}", error_name(code)),
+        None => error_name(code).to_owned(),
+    }
 }
 
 /// One method per CUDA driver call the backend makes.
