@@ -441,6 +441,9 @@ struct RingStats {
     late: u64,
     max_late_ns: u64,
     subscribers_at_end: u32,
+    /// The first frames (up to [`SLOW_LOG`]) whose publish call took more
+    /// than [`SLOW_PUBLISH_NS`], as "index:µs".
+    slow_publish_at: Vec<String>,
 }
 
 fn ring_thread(p: &Params, dir: &Path, camera: usize, ready: &AtomicUsize, go: &AtomicU64) -> R<RingStats> {
@@ -532,6 +535,9 @@ fn ring_thread(p: &Params, dir: &Path, camera: usize, ready: &AtomicUsize, go: &
         if in_window {
             st.measured += 1;
             st.publish_wall.push(t1 - t0);
+            if t1 - t0 > SLOW_PUBLISH_NS && st.slow_publish_at.len() < SLOW_LOG {
+                st.slow_publish_at.push(format!("{i}:{}", (t1 - t0) / 1000));
+            }
             st.frame_cpu.push(thread_cpu_ns() - c0);
         }
     }
@@ -634,6 +640,7 @@ fn producer_main(p: &Params, dir: &Path, first: usize, count: usize) -> R<()> {
                 .set("late", r.late)
                 .set("max_late_ns", r.max_late_ns)
                 .set("subscribers_at_end", r.subscribers_at_end)
+                .set("slow_publish_at", joined(&r.slow_publish_at))
                 .line(),
         );
         out.push('\n');
@@ -701,6 +708,15 @@ struct SubStats {
     /// launch, the GPU, the wake).
     slow: u64,
     slow_before_stamp: u64,
+    /// The first slow frames (up to [`SLOW_LOG`]) as
+    /// "index:latency µs:µs before the commit stamp:wait outcome", the
+    /// outcome being the cadence wait's for that frame: `h` caught in its
+    /// window, `m` its window missed it, `e` it came before the window, `-`
+    /// none counted. With the frames' indices, a report can tell a frame
+    /// slow for every reader of its camera (the publish or the GPU) from one
+    /// slow for one reader (its wake or copy), and slow frames that bunch
+    /// in time across cameras (the machine) from ones that do not.
+    slow_at: Vec<String>,
     /// The default wait's cadence counters at the end (see
     /// `vramring::ring::cadence::CadenceState`): frames caught in their
     /// spin window, windows that ended without their frame (it was then
@@ -708,6 +724,9 @@ struct SubStats {
     cadence_hits: u64,
     cadence_misses: u64,
     cadence_early: u64,
+    /// The cadence wait's window at the end, µs:
+    /// "margin/tolerance/timer overshoot/early commits/late commits".
+    cadence_window_us: String,
     /// Which frames of the window never arrived (their indices, the first
     /// few), and the seq of the last frame delivered: where a loss was.
     missing_at: Vec<u64>,
@@ -720,6 +739,18 @@ struct SubStats {
 
 /// A frame slower than this counts as slow (the goal's p99 bound).
 const SLOW_NS: u64 = 100_000;
+/// A publish call this long is logged by index (`slow_publish_at`).
+const SLOW_PUBLISH_NS: u64 = 40_000;
+/// How many slow frames or slow publish calls a reader or ring logs.
+const SLOW_LOG: usize = 48;
+
+/// `items` joined with `+`, or `-` when there are none.
+fn joined<T: ToString>(items: &[T]) -> String {
+    if items.is_empty() {
+        return "-".to_string();
+    }
+    items.iter().map(|i| i.to_string()).collect::<Vec<_>>().join("+")
+}
 
 /// The GPU pattern checker of this process, made by the first thread that
 /// needs it and shared (its result buffer is one, so checks take turns).
@@ -798,6 +829,8 @@ fn sub_loop(
     st.latency.reserve(measured as usize);
     let mut seen = vec![false; measured as usize];
     loop {
+        let before = sub.cadence();
+        let mut slow_entry = None;
         let frame = match sub.next(Duration::from_millis(500)) {
             Ok(f) => f,
             Err(RingError::ProducerGone { .. }) => break,
@@ -830,8 +863,12 @@ fn sub_loop(
             if t1.saturating_sub(t0) > SLOW_NS {
                 st.slow += 1;
                 let stamp = frame.commit_ns();
-                if stamp.saturating_sub(t0) > t1.saturating_sub(stamp) {
+                let before_stamp = stamp.saturating_sub(t0);
+                if before_stamp > t1.saturating_sub(stamp) {
                     st.slow_before_stamp += 1;
+                }
+                if st.slow_at.len() < SLOW_LOG {
+                    slow_entry = Some(format!("{i}:{}:{}", t1.saturating_sub(t0) / 1000, before_stamp / 1000));
                 }
             }
             // Frames skipped before the window's first frame are not the window's.
@@ -850,6 +887,21 @@ fn sub_loop(
                 eprintln!("camera {camera} subscriber {index}: TORN frame seq {}", frame.seq());
             }
         }
+        drop(frame);
+        if let Some(entry) = slow_entry {
+            // The wait's outcome for this frame, from its counters' change.
+            let after = sub.cadence();
+            let outcome = if after.hits > before.hits {
+                'h'
+            } else if after.misses > before.misses {
+                'm'
+            } else if after.early > before.early {
+                'e'
+            } else {
+                '-'
+            };
+            st.slow_at.push(format!("{entry}:{outcome}"));
+        }
     }
     st.missing_at = seen
         .iter()
@@ -865,6 +917,14 @@ fn sub_loop(
     st.queued = stats.queued;
     st.queued_at_loan = stats.queued_at_loan;
     let cad = sub.cadence();
+    st.cadence_window_us = format!(
+        "{}/{}/{}/{}/{}",
+        cad.margin_ns / 1000,
+        cad.tolerance_ns / 1000,
+        cad.overshoot_ns / 1000,
+        cad.early_ns / 1000,
+        cad.late_ns / 1000
+    );
     st.cadence_hits = cad.hits;
     st.cadence_misses = cad.misses;
     st.cadence_early = cad.early;
@@ -959,20 +1019,11 @@ fn subscriber_main(p: &Params, dir: &Path, index: usize) -> R<()> {
                 .set("cadence_hits", st.cadence_hits)
                 .set("cadence_misses", st.cadence_misses)
                 .set("cadence_early", st.cadence_early)
+                .set("cadence_window_us", &st.cadence_window_us)
                 .set("dropped", st.dropped)
                 .set("last_seq", st.last_seq)
-                .set(
-                    "missing_at",
-                    if st.missing_at.is_empty() {
-                        "-".to_string()
-                    } else {
-                        st.missing_at
-                            .iter()
-                            .map(|i| i.to_string())
-                            .collect::<Vec<_>>()
-                            .join("+")
-                    },
-                )
+                .set("missing_at", joined(&st.missing_at))
+                .set("slow_at", joined(&st.slow_at))
                 .set("error", st.error.as_deref().unwrap_or("-"))
                 .line(),
         );

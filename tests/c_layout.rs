@@ -1270,24 +1270,41 @@ fn protocol_md_push(c: &mut Checks, md: &str) {
         "with 3 buffers, one is neither newest nor held"
     );
 
-    // Take: (push_seq, held, after).
-    let takes: [([u64; 3], u32, u64); 7] = [
-        ([0, 0, 0], 0, 0),
-        ([5, 7 | w, 6], 0, 4),
-        ([5, 7, 6], 2, 7),
-        ([9, 8, 10 | w], 0, 0),
-        ([3, 4, 5], 1, 4),
-        ([4, 4, 2], 0, 1),
-        ([1 | w, 2 | w, 3 | w], 3, 0),
+    // Take: (push_seq, held, after, upto: the global_seq loaded before).
+    let m = u64::MAX;
+    let takes: [([u64; 3], u32, u64, u64); 10] = [
+        ([0, 0, 0], 0, 0, m),
+        ([5, 7 | w, 6], 0, 4, m),
+        ([5, 7, 6], 2, 7, m),
+        ([9, 8, 10 | w], 0, 0, m),
+        ([3, 4, 5], 1, 4, m),
+        ([4, 4, 2], 0, 1, m),
+        ([1 | w, 2 | w, 3 | w], 3, 0, m),
+        // Frame 7's push word is visible, its commit has not landed: the
+        // newest committed one (6) is taken, 7 waits.
+        ([5, 7, 6], 0, 4, 6),
+        // Nothing committed past `after`: nothing taken.
+        ([5, 7, 6], 0, 6, 6),
+        ([8, 7, 9], 2, 6, 7),
     ];
-    for (n, (seqs, held, after)) in takes.into_iter().enumerate() {
+    for (n, (seqs, held, after, upto)) in takes.into_iter().enumerate() {
         let (e, cl) = push_entry(seqs, held);
-        let got = push::take_newest(&e, &cl, after);
+        let got = push::take_newest(&e, &cl, after, upto);
+        // The cases with an `upto`: only committed frames are taken.
+        let want = match n {
+            7 => Some(Some((2, 6))),
+            8 => Some(None),
+            9 => Some(Some((1, 7))),
+            _ => None,
+        };
+        if let Some(want) = want {
+            assert_eq!(got, want, "take #{n}: {seqs:?} after {after} upto {upto}");
+        }
         let name = format!("take{n}");
         c_push_entry(c, &name, seqs, held);
         let _ = writeln!(
             c.prelude,
-            "    uint64_t {name}_seq = 0; int {name}_k = vr_push_take(&{name}, &{name}_c, UINT64_C({after:#x}), &{name}_seq);"
+            "    uint64_t {name}_seq = 0; int {name}_k = vr_push_take(&{name}, &{name}_c, UINT64_C({after:#x}), UINT64_C({upto:#x}), &{name}_seq);"
         );
         c.push(
             format!("push take #{n} k+1"),

@@ -64,7 +64,7 @@ fn a_held_push_buffer_is_never_written_and_a_taken_one_is_whole() {
         });
         let mut last = 0;
         for _ in 0..2 {
-            if let Some((k, seq)) = push::take_newest(&t.entry, &t.client, last) {
+            if let Some((k, seq)) = push::take_newest(&t.entry, &t.client, last, u64::MAX) {
                 assert!(seq > last, "seqs only increase");
                 // While held, the buffer must stay whole: read it twice.
                 for _ in 0..2 {
@@ -105,7 +105,7 @@ fn a_publisher_that_ignores_the_hold_is_caught() {
                 newest = Some(k);
             }
         });
-        if let Some((k, seq)) = push::take_newest(&t.entry, &t.client, 0) {
+        if let Some((k, seq)) = push::take_newest(&t.entry, &t.client, 0, u64::MAX) {
             for _ in 0..2 {
                 for (i, w) in t.buffers[k].iter().enumerate() {
                     assert_eq!(w.load(Ordering::Relaxed), seq * 16 + i as u64, "buffer {k} torn");
@@ -136,7 +136,7 @@ fn a_push_read_without_a_hold_is_whole_when_still_complete_says_so() {
         // The publisher goes first: a peek before any publish finds
         // nothing, and loom's search would not branch from there.
         thread::yield_now();
-        if let Some((k, seq)) = push::peek_newest(&t.entry, 0) {
+        if let Some((k, seq)) = push::peek_newest(&t.entry, 0, u64::MAX) {
             let words: Vec<u64> = t.buffers[k].iter().map(|w| w.load(Ordering::Relaxed)).collect();
             if push::still_complete(&t.entry, k, seq) {
                 for (i, w) in words.iter().enumerate() {
@@ -169,11 +169,96 @@ fn a_push_read_without_the_check_is_caught_torn() {
         // The publisher goes first: a peek before any publish finds
         // nothing, and loom's search would not branch from there.
         thread::yield_now();
-        if let Some((k, seq)) = push::peek_newest(&t.entry, 0) {
+        if let Some((k, seq)) = push::peek_newest(&t.entry, 0, u64::MAX) {
             for (i, w) in t.buffers[k].iter().enumerate() {
                 assert_eq!(w.load(Ordering::Relaxed), seq * 16 + i as u64, "buffer {k} torn");
             }
         }
         publisher.join().unwrap();
+    });
+}
+
+/// The commit's words of one frame, as the stream-order commit kernel stores
+/// them: the push word and the slot's seq behind one fence, `global_seq`
+/// behind the next (PROTOCOL.md §10.1).
+#[derive(Default)]
+struct Commit {
+    slot_seq: AtomicU64,
+    global_seq: AtomicU64,
+}
+
+/// Publishes frame 1 to the reader's buffers and commits it, in the
+/// kernel's order.
+fn commit_one(t: &Target, c: &Commit) {
+    let k = push::claim_buffer(&t.entry, &t.client, None, 1).expect("a free buffer");
+    for (i, w) in t.buffers[k].iter().enumerate() {
+        w.store(16 + i as u64, Ordering::Relaxed);
+    }
+    push::complete_buffer(&t.entry, k, 1);
+    // Release: stands for the kernel's fenced stores.
+    c.slot_seq.store(1, Ordering::Release);
+    c.global_seq.store(1, Ordering::Release);
+}
+
+/// The reader's wait: returns once a push word shows frame 1.
+fn wait_for_push_word(t: &Target) -> u64 {
+    loop {
+        // Acquire: as the wait's load of the push words.
+        if t.entry.push_seq.iter().any(|w| w.load(Ordering::Acquire) == 1) {
+            return 1;
+        }
+        thread::yield_now();
+    }
+}
+
+/// A pushed frame whose commit lands while the reader reads (its push word
+/// seen, its slot's seq not yet, then `global_seq` stored) is either taken
+/// or left for the next read, never counted as a gap.
+#[test]
+fn a_pushed_frame_whose_commit_lands_during_the_read_is_never_counted_lost() {
+    model(|| {
+        let t = Arc::new(Target {
+            entry: SubEntry::default(),
+            client: ClientLine::default(),
+            buffers: (0..PUSH_BUFFERS).map(|_| Default::default()).collect(),
+        });
+        let c = Arc::new(Commit::default());
+        let (pt, pc) = (Arc::clone(&t), Arc::clone(&c));
+        let gpu = thread::spawn(move || commit_one(&pt, &pc));
+        let g = wait_for_push_word(&t);
+        // Acquire: the slot seqlock's load in `look`.
+        let look = |_, s| (c.slot_seq.load(Ordering::Acquire) == s).then_some(());
+        match push::read_pushed(&t.entry, &t.client, &c.global_seq, 0, g, look) {
+            push::PushRead::Took(_, seq, ()) => assert_eq!(seq, 1),
+            push::PushRead::NotPushed(upto) => assert_eq!(upto, 0, "frame 1 was pushed, yet counted lost"),
+        }
+        gpu.join().unwrap();
+    });
+}
+
+/// The model can fail: a reader that loads `global_seq` after the take (the
+/// order before ADR 0015) counts the frame lost in some interleaving.
+#[test]
+#[should_panic(expected = "counted lost")]
+fn a_reader_that_loads_global_seq_after_the_take_is_caught_counting_a_pushed_frame_lost() {
+    model(|| {
+        let t = Arc::new(Target {
+            entry: SubEntry::default(),
+            client: ClientLine::default(),
+            buffers: (0..PUSH_BUFFERS).map(|_| Default::default()).collect(),
+        });
+        let c = Arc::new(Commit::default());
+        let (pt, pc) = (Arc::clone(&t), Arc::clone(&c));
+        let gpu = thread::spawn(move || commit_one(&pt, &pc));
+        let g = wait_for_push_word(&t);
+        let taken = push::take_newest(&t.entry, &t.client, 0, u64::MAX)
+            // Acquire: the slot seqlock's load.
+            .filter(|&(_, s)| c.slot_seq.load(Ordering::Acquire) == s);
+        if taken.is_none() {
+            // Acquire: the old order's load of `global_seq`, after the take.
+            let upto = g.min(c.global_seq.load(Ordering::Acquire));
+            assert_eq!(upto, 0, "frame 1 was pushed, yet counted lost");
+        }
+        gpu.join().unwrap();
     });
 }

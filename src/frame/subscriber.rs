@@ -5,6 +5,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::protocol::push::PushRead;
 pub use super::protocol::Mode;
 use super::protocol::{self, Look, SlotSnapshot, WaitOutcome};
 use crate::error::{Error, Result};
@@ -736,32 +737,45 @@ impl Subscriber {
 
     /// Push delivery, when the publisher has mapped our buffers: holds the
     /// newest pushed frame newer than `last` and returns it with its meta.
-    fn take_pushed(&mut self) -> Option<(SlotSnapshot, usize)> {
+    fn read_pushed(&mut self, g: u64) -> PushRead<SlotSnapshot> {
         let entry = self.entry();
         // SYNC: push-seq — Acquire pairs with the publisher's Release of
         // `push_count` after it mapped our buffers.
-        if !self.opts.push || entry.push_count.load(Ordering::Acquire) as usize != PUSH_BUFFERS {
-            return None;
+        if entry.push_count.load(Ordering::Acquire) as usize != PUSH_BUFFERS {
+            // Not mapped yet: nothing reaches us; what has landed is a gap.
+            // SYNC: global-seq — Acquire pairs with the commit's store.
+            return PushRead::NotPushed(g.min(self.header().seq.global_seq.load(Ordering::Acquire)));
         }
-        let (k, seq) = protocol::push::take_newest(entry, self.lease.client(), self.last)?;
-        // The meta lives in the ring's slot; read it under the seqlock. If
-        // the slot moved on already, a newer frame has been pushed too.
-        match SlotSnapshot::look(self.slot(seq), seq) {
-            Look::Ready(snap) if snap.still_valid(self.slot(seq)) => Some((snap, k)),
-            _ => None,
-        }
+        let header = self.header();
+        protocol::push::read_pushed(
+            entry,
+            self.lease.client(),
+            &header.seq.global_seq,
+            self.last,
+            g,
+            |_, seq| {
+                // The meta lives in the ring's slot; read it under the
+                // seqlock. If the slot moved on already, a newer frame has
+                // been pushed too.
+                let slot = slot_of(&self.control, &self.info, seq);
+                match SlotSnapshot::look(slot, seq) {
+                    Look::Ready(snap) if snap.still_valid(slot) => Some(snap),
+                    _ => None,
+                }
+            },
+        )
     }
 
     /// Push delivery, reading in place: the newest pushed frame newer than
     /// `last` and its buffer, without taking a hold (see
     /// [`protocol::push::peek_newest`]).
-    fn peek_pushed(&self) -> Option<(SlotSnapshot, usize)> {
+    fn peek_pushed(&self, landed: u64) -> Option<(SlotSnapshot, usize)> {
         let entry = self.entry();
         // SYNC: push-seq — Acquire, as in `take_pushed`.
         if !self.opts.push || entry.push_count.load(Ordering::Acquire) as usize != PUSH_BUFFERS {
             return None;
         }
-        let (k, seq) = protocol::push::peek_newest(entry, self.last)?;
+        let (k, seq) = protocol::push::peek_newest(entry, self.last, landed)?;
         match SlotSnapshot::look(self.slot(seq), seq) {
             Look::Ready(snap) if snap.still_valid(self.slot(seq)) => Some((snap, k)),
             _ => None,
@@ -1111,26 +1125,29 @@ impl Subscriber {
                 }
                 g = landed;
             }
-            if let Some((snap, k)) = self.take_pushed() {
-                let skipped = if self.push_started { snap.seq - self.last - 1 } else { 0 };
-                self.push_started = true;
-                self.stats.pushed += 1;
-                let skipped = self.deliver(&snap, skipped);
-                return Ok(Frame {
-                    sub: self,
-                    snap,
-                    skipped,
-                    push: Some(k),
-                });
-            }
             if self.opts.push {
                 // `g` may be a pushed frame's seq whose commit has not
                 // stored the slot's seq yet (the wait saw its push word
-                // first): only what `global_seq` says was committed is a gap.
-                // SYNC: global-seq — Acquire pairs with the commit's store.
-                let landed = self.header().seq.global_seq.load(Ordering::Acquire);
-                self.nothing_pushed(g.min(landed), deadline, timeout)?;
-                continue;
+                // first): only committed frames are taken or counted as a
+                // gap (PROTOCOL.md §16.7).
+                match self.read_pushed(g) {
+                    PushRead::Took(k, _, snap) => {
+                        let skipped = if self.push_started { snap.seq - self.last - 1 } else { 0 };
+                        self.push_started = true;
+                        self.stats.pushed += 1;
+                        let skipped = self.deliver(&snap, skipped);
+                        return Ok(Frame {
+                            sub: self,
+                            snap,
+                            skipped,
+                            push: Some(k),
+                        });
+                    }
+                    PushRead::NotPushed(upto) => {
+                        self.nothing_pushed(upto, deadline, timeout)?;
+                        continue;
+                    }
+                }
             }
             let Some((snap, skipped)) = self.next_snapshot(g) else {
                 if self.lease.draining() {
@@ -1374,7 +1391,10 @@ impl Subscriber {
         loop {
             let g = self.wait(deadline, timeout, false)?;
             if self.opts.push {
-                if let Some((snap, k)) = self.peek_pushed() {
+                // As in `next`: what has landed, before the push words.
+                // SYNC: global-seq — Acquire pairs with the commit's store.
+                let landed = self.header().seq.global_seq.load(Ordering::Acquire);
+                if let Some((snap, k)) = self.peek_pushed(landed) {
                     let skipped = if self.push_started { snap.seq - self.last - 1 } else { 0 };
                     self.push_started = true;
                     let skipped = self.gap_before(skipped);
@@ -1386,7 +1406,7 @@ impl Subscriber {
                         push: Some(k),
                     });
                 }
-                self.nothing_pushed(g, deadline, timeout)?;
+                self.nothing_pushed(g.min(landed), deadline, timeout)?;
                 continue;
             }
             if let Some((snap, skipped)) = self.next_snapshot(g) {

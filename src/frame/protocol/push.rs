@@ -33,7 +33,7 @@
 //! mark (or a later seq) on the reload.
 
 use crate::layout::{ClientLine, SubEntry, PUSH_BUFFERS, SEQ_WRITING};
-use crate::sync::atomic::{fence, Ordering};
+use crate::sync::atomic::{fence, AtomicU64, Ordering};
 
 /// Publisher: claims a buffer of `entry` to write frame `seq` into, skipping
 /// `newest` (the newest complete buffer) and whatever the reader holds.
@@ -95,18 +95,18 @@ pub fn reset_buffers(entry: &SubEntry) {
 }
 
 /// Reader: holds and returns the newest complete buffer whose frame is newer
-/// than `after`, as `(k, seq)`; `None` when there is none.
-pub fn take_newest(entry: &SubEntry, client: &ClientLine, after: u64) -> Option<(usize, u64)> {
+/// than `after` and committed, as `(k, seq)`; `None` when there is none.
+///
+/// `upto` is `global_seq` as the reader loaded it (Acquire) **before** this
+/// call. A frame past it is in flight: its push word may be visible before
+/// its slot's seq (the commit kernel stores both behind one fence), so it
+/// is neither taken nor, by the caller, counted lost. A frame at or below
+/// it has its slot's seq visible (stored before `global_seq`). Counting a
+/// gap up to a `global_seq` loaded *after* the take would count a frame
+/// whose commit landed between the two loads (PROTOCOL.md §16.7).
+pub fn take_newest(entry: &SubEntry, client: &ClientLine, after: u64, upto: u64) -> Option<(usize, u64)> {
     for _ in 0..64 {
-        let mut best: Option<(usize, u64)> = None;
-        for k in 0..PUSH_BUFFERS {
-            // SYNC: push-seq — Acquire pairs with the publisher's Release.
-            let s = entry.push_seq[k].load(Ordering::Acquire);
-            if s & SEQ_WRITING == 0 && s > after && best.is_none_or(|(_, b)| s > b) {
-                best = Some((k, s));
-            }
-        }
-        let (k, s) = best?;
+        let (k, s) = newest_between(entry, after, upto)?;
         // SYNC: push-hold — Release: our reads of the buffer we held before
         // happen before the publisher's next write into it (its Acquire
         // fence); then a SeqCst fence before re-checking `push_seq[k]`.
@@ -120,21 +120,66 @@ pub fn take_newest(entry: &SubEntry, client: &ClientLine, after: u64) -> Option<
     None
 }
 
-/// Reader, reading in place without a hold: the newest complete buffer
-/// whose frame is newer than `after`, as `(k, seq)`; `None` when there is
-/// none. The publisher may begin rewriting it at any time (it spares only
-/// the newest and the held buffer); [`still_complete`] after the read says
-/// whether it did.
-pub fn peek_newest(entry: &SubEntry, after: u64) -> Option<(usize, u64)> {
+/// What a push reader found once its wait returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushRead<T> {
+    /// It holds buffer `k` with frame `seq`, whose meta `look` read.
+    Took(usize, u64, T),
+    /// Nothing to deliver: the frames after `last` up to this seq were
+    /// committed without reaching this reader (a counted gap when it is
+    /// past `last`; at most `last` means nothing was lost).
+    NotPushed(u64),
+}
+
+/// Reader, after its wait returned `g` (`global_seq`, or a push word that
+/// passed `after`): loads `global_seq` (Acquire), then takes the newest
+/// committed pushed frame and reads its meta with `look(k, seq)` (the
+/// slot's seqlock; `None` when the slot was reused). PROTOCOL.md §16.7
+/// steps 1a–3 and 6.
+pub fn read_pushed<T>(
+    entry: &SubEntry,
+    client: &ClientLine,
+    global_seq: &AtomicU64,
+    after: u64,
+    g: u64,
+    look: impl FnOnce(usize, u64) -> Option<T>,
+) -> PushRead<T> {
+    // SYNC: global-seq — Acquire pairs with the commit's store of
+    // `global_seq`, which follows its stores of `push_seq` and `slot.seq`:
+    // every frame up to `landed` has both visible. Loaded before the push
+    // words: loaded after, it could include a frame whose push word the
+    // take saw before `look` saw its slot's seq, and count it lost.
+    let landed = global_seq.load(Ordering::Acquire);
+    if let Some((k, seq)) = take_newest(entry, client, after, landed) {
+        if let Some(t) = look(k, seq) {
+            return PushRead::Took(k, seq, t);
+        }
+    }
+    PushRead::NotPushed(g.min(landed))
+}
+
+/// The complete buffer with the largest frame in `after < s <= upto` (the
+/// lowest `k` on a tie), as `(k, s)`.
+fn newest_between(entry: &SubEntry, after: u64, upto: u64) -> Option<(usize, u64)> {
     let mut best: Option<(usize, u64)> = None;
     for k in 0..PUSH_BUFFERS {
         // SYNC: push-seq — Acquire pairs with the publisher's Release.
         let s = entry.push_seq[k].load(Ordering::Acquire);
-        if s & SEQ_WRITING == 0 && s > after && best.is_none_or(|(_, b)| s > b) {
+        if s & SEQ_WRITING == 0 && s > after && s <= upto && best.is_none_or(|(_, b)| s > b) {
             best = Some((k, s));
         }
     }
     best
+}
+
+/// Reader, reading in place without a hold: the newest complete buffer
+/// whose frame is newer than `after` and at most `upto` (`global_seq`
+/// loaded before, as in [`take_newest`]), as `(k, seq)`; `None` when there
+/// is none. The publisher may begin rewriting it at any time (it spares
+/// only the newest and the held buffer); [`still_complete`] after the read
+/// says whether it did.
+pub fn peek_newest(entry: &SubEntry, after: u64, upto: u64) -> Option<(usize, u64)> {
+    newest_between(entry, after, upto)
 }
 
 /// Reader, after reading buffer `k` that [`peek_newest`] returned with
