@@ -887,7 +887,6 @@ fn sub_loop(
                 eprintln!("camera {camera} subscriber {index}: TORN frame seq {}", frame.seq());
             }
         }
-        drop(frame);
         if let Some(entry) = slow_entry {
             // The wait's outcome for this frame, from its counters' change.
             let after = sub.cadence();
