@@ -34,6 +34,15 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
     b.check(f);
 }
 
+/// A push reader's entry, client region and empty buffers.
+fn target() -> Arc<Target> {
+    Arc::new(Target {
+        entry: SubEntry::default(),
+        client: ClientLine::default(),
+        buffers: (0..PUSH_BUFFERS).map(|_| Default::default()).collect(),
+    })
+}
+
 /// The publisher's side of one frame: claim, copy, complete.
 fn publish(t: &Target, newest: &mut Option<usize>, seq: u64) {
     let Some(k) = push::claim_buffer(&t.entry, &t.client, *newest, seq) else {
@@ -50,11 +59,7 @@ fn publish(t: &Target, newest: &mut Option<usize>, seq: u64) {
 #[test]
 fn a_held_push_buffer_is_never_written_and_a_taken_one_is_whole() {
     model(|| {
-        let t = Arc::new(Target {
-            entry: SubEntry::default(),
-            client: ClientLine::default(),
-            buffers: (0..PUSH_BUFFERS).map(|_| Default::default()).collect(),
-        });
+        let t = target();
         let p = Arc::clone(&t);
         let publisher = thread::spawn(move || {
             let mut newest = None;
@@ -86,11 +91,7 @@ fn a_held_push_buffer_is_never_written_and_a_taken_one_is_whole() {
 #[should_panic(expected = "torn")]
 fn a_publisher_that_ignores_the_hold_is_caught() {
     model(|| {
-        let t = Arc::new(Target {
-            entry: SubEntry::default(),
-            client: ClientLine::default(),
-            buffers: (0..PUSH_BUFFERS).map(|_| Default::default()).collect(),
-        });
+        let t = target();
         let p = Arc::clone(&t);
         let publisher = thread::spawn(move || {
             let mut newest: Option<usize> = None;
@@ -121,11 +122,7 @@ fn a_publisher_that_ignores_the_hold_is_caught() {
 #[test]
 fn a_push_read_without_a_hold_is_whole_when_still_complete_says_so() {
     model(|| {
-        let t = Arc::new(Target {
-            entry: SubEntry::default(),
-            client: ClientLine::default(),
-            buffers: (0..PUSH_BUFFERS).map(|_| Default::default()).collect(),
-        });
+        let t = target();
         let p = Arc::clone(&t);
         let publisher = thread::spawn(move || {
             let mut newest = None;
@@ -154,11 +151,7 @@ fn a_push_read_without_a_hold_is_whole_when_still_complete_says_so() {
 #[should_panic(expected = "torn")]
 fn a_push_read_without_the_check_is_caught_torn() {
     model(|| {
-        let t = Arc::new(Target {
-            entry: SubEntry::default(),
-            client: ClientLine::default(),
-            buffers: (0..PUSH_BUFFERS).map(|_| Default::default()).collect(),
-        });
+        let t = target();
         let p = Arc::clone(&t);
         let publisher = thread::spawn(move || {
             let mut newest = None;
@@ -217,11 +210,7 @@ fn wait_for_push_word(t: &Target) -> u64 {
 #[test]
 fn a_pushed_frame_whose_commit_lands_during_the_read_is_never_counted_lost() {
     model(|| {
-        let t = Arc::new(Target {
-            entry: SubEntry::default(),
-            client: ClientLine::default(),
-            buffers: (0..PUSH_BUFFERS).map(|_| Default::default()).collect(),
-        });
+        let t = target();
         let c = Arc::new(Commit::default());
         let (pt, pc) = (Arc::clone(&t), Arc::clone(&c));
         let gpu = thread::spawn(move || commit_one(&pt, &pc));
@@ -242,11 +231,7 @@ fn a_pushed_frame_whose_commit_lands_during_the_read_is_never_counted_lost() {
 #[should_panic(expected = "counted lost")]
 fn a_reader_that_loads_global_seq_after_the_take_is_caught_counting_a_pushed_frame_lost() {
     model(|| {
-        let t = Arc::new(Target {
-            entry: SubEntry::default(),
-            client: ClientLine::default(),
-            buffers: (0..PUSH_BUFFERS).map(|_| Default::default()).collect(),
-        });
+        let t = target();
         let c = Arc::new(Commit::default());
         let (pt, pc) = (Arc::clone(&t), Arc::clone(&c));
         let gpu = thread::spawn(move || commit_one(&pt, &pc));
