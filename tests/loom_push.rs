@@ -217,7 +217,7 @@ fn a_pushed_frame_whose_commit_lands_during_the_read_is_never_counted_lost() {
         let g = wait_for_push_word(&t);
         // Acquire: the slot seqlock's load in `look`.
         let look = |_, s| (c.slot_seq.load(Ordering::Acquire) == s).then_some(());
-        match push::read_pushed(&t.entry, &t.client, &c.global_seq, 0, g, look) {
+        match push::read_pushed(&t.entry, push::Take::Hold(&t.client), &c.global_seq, 0, g, look) {
             push::PushRead::Took(_, seq, ()) => assert_eq!(seq, 1),
             push::PushRead::NotPushed(upto) => assert_eq!(upto, 0, "frame 1 was pushed, yet counted lost"),
         }

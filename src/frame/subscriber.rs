@@ -735,9 +735,11 @@ impl Subscriber {
         transport::send(self.lease.sock().as_fd(), &Msg::Attach(a).encode(), &[fd.as_fd()])
     }
 
-    /// Push delivery, when the publisher has mapped our buffers: holds the
-    /// newest pushed frame newer than `last` and returns it with its meta.
-    fn read_pushed(&mut self, g: u64) -> PushRead<SlotSnapshot> {
+    /// Push delivery, when the publisher has mapped our buffers: the newest
+    /// pushed frame newer than `last` with its meta, held (`hold`, for
+    /// `next`) or read in place (for `borrow`; see
+    /// [`protocol::push::peek_newest`]).
+    fn read_pushed(&mut self, g: u64, hold: bool) -> PushRead<SlotSnapshot> {
         let entry = self.entry();
         // SYNC: push-seq — Acquire pairs with the publisher's Release of
         // `push_count` after it mapped our buffers.
@@ -746,40 +748,22 @@ impl Subscriber {
             // SYNC: global-seq — Acquire pairs with the commit's store.
             return PushRead::NotPushed(g.min(self.header().seq.global_seq.load(Ordering::Acquire)));
         }
+        let how = if hold {
+            protocol::push::Take::Hold(self.lease.client())
+        } else {
+            protocol::push::Take::Peek
+        };
         let header = self.header();
-        protocol::push::read_pushed(
-            entry,
-            self.lease.client(),
-            &header.seq.global_seq,
-            self.last,
-            g,
-            |_, seq| {
-                // The meta lives in the ring's slot; read it under the
-                // seqlock. If the slot moved on already, a newer frame has
-                // been pushed too.
-                let slot = slot_of(&self.control, &self.info, seq);
-                match SlotSnapshot::look(slot, seq) {
-                    Look::Ready(snap) if snap.still_valid(slot) => Some(snap),
-                    _ => None,
-                }
-            },
-        )
-    }
-
-    /// Push delivery, reading in place: the newest pushed frame newer than
-    /// `last` and its buffer, without taking a hold (see
-    /// [`protocol::push::peek_newest`]).
-    fn peek_pushed(&self, landed: u64) -> Option<(SlotSnapshot, usize)> {
-        let entry = self.entry();
-        // SYNC: push-seq — Acquire, as in `take_pushed`.
-        if !self.opts.push || entry.push_count.load(Ordering::Acquire) as usize != PUSH_BUFFERS {
-            return None;
-        }
-        let (k, seq) = protocol::push::peek_newest(entry, self.last, landed)?;
-        match SlotSnapshot::look(self.slot(seq), seq) {
-            Look::Ready(snap) if snap.still_valid(self.slot(seq)) => Some((snap, k)),
-            _ => None,
-        }
+        protocol::push::read_pushed(entry, how, &header.seq.global_seq, self.last, g, |_, seq| {
+            // The meta lives in the ring's slot; read it under the seqlock.
+            // If the slot moved on already, a newer frame has been pushed
+            // too.
+            let slot = slot_of(&self.control, &self.info, seq);
+            match SlotSnapshot::look(slot, seq) {
+                Look::Ready(snap) if snap.still_valid(slot) => Some(snap),
+                _ => None,
+            }
+        })
     }
 
     /// Push delivery found nothing pushed past `last` although the ring
@@ -855,7 +839,7 @@ impl Subscriber {
     /// frames now arrive by push delivery. Mapping happens at the
     /// publisher's next publish after the handshake.
     pub fn push_active(&self) -> bool {
-        // SYNC: push-seq — Acquire, as in `take_pushed`.
+        // SYNC: push-seq — Acquire, as in `read_pushed`.
         self.opts.push && self.entry().push_count.load(Ordering::Acquire) as usize == PUSH_BUFFERS
     }
 
@@ -938,7 +922,7 @@ impl Subscriber {
                 }
             } else {
                 let entry = self.lease.entry();
-                // SYNC: push-seq — Acquire, as in `take_pushed`.
+                // SYNC: push-seq — Acquire, as in `read_pushed`.
                 let attached = entry.push_count.load(Ordering::Acquire) as usize == PUSH_BUFFERS;
                 Bell {
                     seq: &header.seq.global_seq,
@@ -1130,7 +1114,7 @@ impl Subscriber {
                 // stored the slot's seq yet (the wait saw its push word
                 // first): only committed frames are taken or counted as a
                 // gap (PROTOCOL.md §16.7).
-                match self.read_pushed(g) {
+                match self.read_pushed(g, true) {
                     PushRead::Took(k, _, snap) => {
                         let skipped = if self.push_started { snap.seq - self.last - 1 } else { 0 };
                         self.push_started = true;
@@ -1391,23 +1375,25 @@ impl Subscriber {
         loop {
             let g = self.wait(deadline, timeout, false)?;
             if self.opts.push {
-                // As in `next`: what has landed, before the push words.
-                // SYNC: global-seq — Acquire pairs with the commit's store.
-                let landed = self.header().seq.global_seq.load(Ordering::Acquire);
-                if let Some((snap, k)) = self.peek_pushed(landed) {
-                    let skipped = if self.push_started { snap.seq - self.last - 1 } else { 0 };
-                    self.push_started = true;
-                    let skipped = self.gap_before(skipped);
-                    return Ok(Borrow {
-                        sub: self,
-                        snap,
-                        skipped,
-                        released: false,
-                        push: Some(k),
-                    });
+                // As in `next`, without taking a hold.
+                match self.read_pushed(g, false) {
+                    PushRead::Took(k, _, snap) => {
+                        let skipped = if self.push_started { snap.seq - self.last - 1 } else { 0 };
+                        self.push_started = true;
+                        let skipped = self.gap_before(skipped);
+                        return Ok(Borrow {
+                            sub: self,
+                            snap,
+                            skipped,
+                            released: false,
+                            push: Some(k),
+                        });
+                    }
+                    PushRead::NotPushed(upto) => {
+                        self.nothing_pushed(upto, deadline, timeout)?;
+                        continue;
+                    }
                 }
-                self.nothing_pushed(g.min(landed), deadline, timeout)?;
-                continue;
             }
             if let Some((snap, skipped)) = self.next_snapshot(g) {
                 let skipped = self.gap_before(skipped);

@@ -131,14 +131,28 @@ pub enum PushRead<T> {
     NotPushed(u64),
 }
 
+/// How a push reader takes the frame it found: holding its buffer (a
+/// frame from `next`, which the publisher then spares until the hold
+/// moves), or reading it in place without a hold (a borrow, whose read
+/// [`still_complete`] validates afterwards).
+#[derive(Clone, Copy)]
+pub enum Take<'a> {
+    /// Hold the buffer through the reader's `push_held` word.
+    Hold(&'a ClientLine),
+    /// Leave the hold where it is.
+    Peek,
+}
+
 /// Reader, after its wait returned `g` (`global_seq`, or a push word that
-/// passed `after`): loads `global_seq` (Acquire), then takes the newest
-/// committed pushed frame and reads its meta with `look(k, seq)` (the
-/// slot's seqlock; `None` when the slot was reused). PROTOCOL.md §16.7
-/// steps 1a–3 and 6.
+/// passed `after`): loads `global_seq` (Acquire), then takes (`how`) the
+/// newest committed pushed frame and reads its meta with `look(k, seq)`
+/// (the slot's seqlock; `None` when the slot was reused). PROTOCOL.md
+/// §16.7 steps 1a–3 and 6. Both the holding and the in-place read go
+/// through here, so the order of the two loads lives in one place
+/// (ADR 0015).
 pub fn read_pushed<T>(
     entry: &SubEntry,
-    client: &ClientLine,
+    how: Take<'_>,
     global_seq: &AtomicU64,
     after: u64,
     g: u64,
@@ -150,7 +164,11 @@ pub fn read_pushed<T>(
     // words: loaded after, it could include a frame whose push word the
     // take saw before `look` saw its slot's seq, and count it lost.
     let landed = global_seq.load(Ordering::Acquire);
-    if let Some((k, seq)) = take_newest(entry, client, after, landed) {
+    let found = match how {
+        Take::Hold(client) => take_newest(entry, client, after, landed),
+        Take::Peek => peek_newest(entry, after, landed),
+    };
+    if let Some((k, seq)) = found {
         if let Some(t) = look(k, seq) {
             return PushRead::Took(k, seq, t);
         }
