@@ -7,6 +7,17 @@ use std::time::{Duration, Instant};
 
 use vramring::{BackendChoice, Error, Format, FrameMeta, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions};
 
+/// The tests of this file run one at a time: each has a publisher and a
+/// subscriber thread that spin in their windows, and four of them at once
+/// on CI's 2 shared cores measured timer overshoots of 0.6 ms (more than
+/// the 25 fps budget lets a window cover), which is the load of the test
+/// run, not the behaviour under test.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn sock(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("vramring-cadence-{}-{name}.sock", std::process::id()))
 }
@@ -50,9 +61,10 @@ fn read_all(s: &mut Subscriber) {
     }
 }
 
-#[test]
-fn the_default_wait_locks_onto_a_steady_publisher_and_spins_only_in_its_window() {
-    let path = sock("steady");
+/// One steady publisher (50 frames, one every 40 ms) read with the default
+/// wait: whether the wait locked at some point, and its final state.
+fn steady_session(k: usize) -> (bool, vramring::ring::cadence::CadenceState) {
+    let path = sock(&format!("steady{k}"));
     let offsets = (0..50).map(|k| Duration::from_millis(40 * k)).collect();
     let h = publish_at(&path, offsets, Duration::from_millis(10));
     let mut s = Subscriber::connect(&path, SubscriberOptions::default().mode(Mode::Sequential)).unwrap();
@@ -70,17 +82,36 @@ fn the_default_wait_locks_onto_a_steady_publisher_and_spins_only_in_its_window()
         }
     }
     h.join().unwrap();
-    let st = s.cadence();
-    assert!(locked_at_some_point, "{st:?}");
-    assert!(st.windows >= 10, "{st:?}");
-    // Frames were caught spinning inside their window (most of them on an
-    // idle machine; a few suffice to prove the path).
-    assert!(st.hits >= 5, "{st:?}");
+    // Whatever the windows caught or missed, every frame was delivered.
     assert_eq!(s.stats().dropped, 0);
+    assert_eq!(s.stats().delivered, 50);
+    (locked_at_some_point, s.cadence())
+}
+
+#[test]
+fn the_default_wait_locks_onto_a_steady_publisher_and_spins_only_in_its_window() {
+    let _serial = one_at_a_time();
+    // As for packets below: a loaded 2-core machine wakes the threads late
+    // and its windows miss (the frames still come, by the doorbell). Up to
+    // three sessions, of which one must lock and catch frames spinning
+    // inside their windows (most of them on an idle machine; a few suffice
+    // to prove the path).
+    let mut last = None;
+    for k in 0..3 {
+        let (locked, st) = steady_session(k);
+        assert!(locked, "{st:?}");
+        assert!(st.windows >= 10, "{st:?}");
+        if st.hits >= 5 {
+            return;
+        }
+        last = Some(st);
+    }
+    panic!("no session caught 5 frames in their windows: {last:?}");
 }
 
 #[test]
 fn an_irregular_publisher_gets_no_spin_window() {
+    let _serial = one_at_a_time();
     let path = sock("irregular");
     // 1–60 ms, a fixed pseudo-random sequence.
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -106,6 +137,7 @@ fn an_irregular_publisher_gets_no_spin_window() {
 
 #[test]
 fn a_paused_stream_costs_the_default_wait_no_cpu() {
+    let _serial = one_at_a_time();
     let path = sock("paused");
     let offsets = (0..20).map(|k| Duration::from_millis(40 * k)).collect();
     // The publisher stays open but silent for 3 s after its last frame.
@@ -175,6 +207,7 @@ fn packet_session() -> (u32, vramring::ring::cadence::CadenceState) {
 
 #[test]
 fn the_packet_subscribers_default_wait_locks_onto_a_steady_writer() {
+    let _serial = one_at_a_time();
     // A writer thread that a loaded 2-core machine wakes late misses its
     // windows (the frames are still delivered, by the doorbell): up to
     // three sessions, of which one must catch packets in their windows.
