@@ -32,6 +32,12 @@
 //! between `parked = 1` and its loads (model (d): the parked subscriber is
 //! never woken, "Model exceeded maximum number of branches").
 //!
+//! Model (e), the pending pair of stream-order commits (a publisher that
+//! stops waiting for its GPU commit once nobody is parked), is written in
+//! the protocol's steps over plain atomics: the publisher's CUDA path and
+//! the GPU's store cannot run under loom. Its should-panic twin drops the
+//! subscriber's `pending_seq` load and is caught asleep.
+//!
 //! `LOOM_MAX_PREEMPTIONS` overrides each model's preemption bound.
 #![cfg(loom)]
 
@@ -451,4 +457,120 @@ fn parked_subscriber_is_always_woken() {
         }
         producer.join().unwrap();
     });
+}
+
+/// The words of the pending pair (PROTOCOL.md §10.1 step 8′, §12 steps
+/// 3c–3d′): the ring's `pending_seq` and `global_seq`, one subscriber's
+/// `parked` and `doorbell`.
+struct Pending {
+    pending: AtomicU64,
+    global: AtomicU64,
+    parked: AtomicU64,
+    doorbell: AtomicU64,
+}
+
+/// How the modelled subscriber's second park ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Parked {
+    /// It saw the commit landed.
+    Landed,
+    /// It saw the commit in flight: it waits for it without sleeping.
+    InFlight,
+    /// It sleeps on its doorbell, which read this value.
+    Asleep(u64),
+}
+
+/// One stream-order commit of frame 1 against a subscriber that parks
+/// (before or after the publisher looks), wakes by itself (a cadence wait's
+/// timer), and parks again. The publisher waits for the commit while it sees
+/// the subscriber parked and stops early, without ringing, once a reload
+/// finds it unparked (step 8′'s early end). `checks_pending`: whether the
+/// subscriber's park loads `pending_seq` after its fence (step 3d′).
+fn pending_model(checks_pending: bool) {
+    model(3, move || {
+        let w = Arc::new(Pending {
+            pending: AtomicU64::new(0),
+            global: AtomicU64::new(0),
+            parked: AtomicU64::new(0),
+            doorbell: AtomicU64::new(0),
+        });
+        let sub = {
+            let w = w.clone();
+            thread::spawn(move || {
+                for round in 0..2 {
+                    w.parked.store(1, Ordering::Relaxed);
+                    // SYNC: park / pending — the subscriber's fence.
+                    loom::sync::atomic::fence(Ordering::SeqCst);
+                    let bell = w.doorbell.load(Ordering::Acquire);
+                    if w.global.load(Ordering::Acquire) >= 1 {
+                        w.parked.store(0, Ordering::Relaxed);
+                        return Parked::Landed;
+                    }
+                    if checks_pending && w.pending.load(Ordering::Relaxed) >= 1 {
+                        w.parked.store(0, Ordering::Relaxed);
+                        return Parked::InFlight;
+                    }
+                    if round == 1 {
+                        // No timer this time: only a ring wakes it.
+                        return Parked::Asleep(bell);
+                    }
+                    // The timer fired before anything came.
+                    w.parked.store(0, Ordering::Relaxed);
+                }
+                unreachable!()
+            })
+        };
+        let gpu = {
+            let w = w.clone();
+            // SYNC: global-seq — the GPU's commit store (Release).
+            thread::spawn(move || w.global.store(1, Ordering::Release))
+        };
+        // Publisher: announce, fence, look at `parked`.
+        w.pending.store(1, Ordering::Relaxed);
+        // SYNC: pending — the publisher's fence.
+        loom::sync::atomic::fence(Ordering::SeqCst);
+        if w.parked.load(Ordering::Relaxed) != 0 {
+            loop {
+                if w.global.load(Ordering::Acquire) >= 1 {
+                    // SYNC: park — fence, then ring whoever is parked.
+                    loom::sync::atomic::fence(Ordering::SeqCst);
+                    if w.parked.load(Ordering::Relaxed) != 0 {
+                        w.doorbell.fetch_add(1, Ordering::Release);
+                    }
+                    break;
+                }
+                if w.parked.load(Ordering::Relaxed) == 0 {
+                    // Nobody parked any more: stop without ringing.
+                    break;
+                }
+                thread::yield_now();
+            }
+        }
+        gpu.join().unwrap();
+        if let Parked::Asleep(bell) = sub.join().unwrap() {
+            assert_ne!(
+                w.doorbell.load(Ordering::Acquire),
+                bell,
+                "the subscriber sleeps through a landed commit that nobody rang"
+            );
+        }
+    });
+}
+
+/// (e) A publisher that stops waiting for its commit once nobody is parked
+/// any more leaves nobody asleep: a subscriber that parks again after its
+/// timer sees the commit in flight (`pending_seq`) or landed, or was seen
+/// parked and rung.
+#[test]
+fn a_publisher_that_stops_waiting_once_nobody_is_parked_leaves_nobody_asleep() {
+    pending_model(true);
+}
+
+/// The model can fail: without step 3d′'s `pending_seq` load, the
+/// subscriber's second park sleeps through the commit the publisher stopped
+/// waiting for.
+#[test]
+#[should_panic(expected = "sleeps through a landed commit")]
+fn a_subscriber_that_ignores_pending_seq_is_caught_asleep() {
+    pending_model(false);
 }

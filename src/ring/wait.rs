@@ -380,7 +380,9 @@ pub fn publish_seq(word: &AtomicU64, seq: u64) {
 
 /// Publisher, after [`publish_seq`]: rings `client`'s doorbell if it is
 /// parked. Returns whether it rang. A hostile subscriber that keeps
-/// `parked` set costs one wake of its own futex per publish, nothing more.
+/// `parked` set costs one wake of its own futex per publish; with
+/// stream-order commits the publisher also waits on the CPU for each commit
+/// to land first, as for any parked subscriber (PROTOCOL.md §18.3).
 pub fn wake_if_parked(client: &ClientLine) -> bool {
     // Relaxed: ordered by the fence in `publish_seq`.
     if client.parked.load(Ordering::Relaxed) == 0 {
