@@ -88,25 +88,29 @@ fn steady_session(k: usize) -> (bool, vramring::ring::cadence::CadenceState) {
     (locked_at_some_point, s.cadence())
 }
 
-#[test]
-fn the_default_wait_locks_onto_a_steady_publisher_and_spins_only_in_its_window() {
-    let _serial = one_at_a_time();
-    // As for packets below: a loaded 2-core machine wakes the threads late
-    // and its windows miss (the frames still come, by the doorbell). Up to
-    // three sessions, of which one must lock and catch frames spinning
-    // inside their windows (most of them on an idle machine; a few suffice
-    // to prove the path).
+/// A loaded 2-core machine wakes the threads late and their windows miss
+/// (the frames still come, by the doorbell; three misses in a row drop the
+/// lock): up to three sessions, one of which must have planned at least 10
+/// windows and caught 5 frames spinning inside them (most of them on an
+/// idle machine; a few suffice to prove the path). `session(k)` runs
+/// session `k`, checks what must hold in every one, and says whether the
+/// wait locked.
+fn one_of_three_catches_five(what: &str, session: impl Fn(usize) -> (bool, vramring::ring::cadence::CadenceState)) {
     let mut last = None;
     for k in 0..3 {
-        let (locked, st) = steady_session(k);
-        assert!(locked, "{st:?}");
-        assert!(st.windows >= 10, "{st:?}");
-        if st.hits >= 5 {
+        let (locked, st) = session(k);
+        if locked && st.windows >= 10 && st.hits >= 5 {
             return;
         }
         last = Some(st);
     }
-    panic!("no session caught 5 frames in their windows: {last:?}");
+    panic!("no session locked and caught 5 {what} in 10 windows or more: {last:?}");
+}
+
+#[test]
+fn the_default_wait_locks_onto_a_steady_publisher_and_spins_only_in_its_window() {
+    let _serial = one_at_a_time();
+    one_of_three_catches_five("frames", steady_session);
 }
 
 #[test]
@@ -208,18 +212,9 @@ fn packet_session() -> (u32, vramring::ring::cadence::CadenceState) {
 #[test]
 fn the_packet_subscribers_default_wait_locks_onto_a_steady_writer() {
     let _serial = one_at_a_time();
-    // A writer thread that a loaded 2-core machine wakes late misses its
-    // windows (the frames are still delivered, by the doorbell): up to
-    // three sessions, of which one must catch packets in their windows.
-    let mut last = None;
-    for _ in 0..3 {
+    one_of_three_catches_five("packets", |_| {
         let (got, st) = packet_session();
         assert!(got >= 45, "{got} packets");
-        assert!(st.windows >= 10, "{st:?}");
-        if st.hits >= 5 {
-            return;
-        }
-        last = Some(st);
-    }
-    panic!("no session caught 5 packets in their windows: {last:?}");
+        (st.windows > 0, st)
+    });
 }
