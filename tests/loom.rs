@@ -35,8 +35,9 @@
 //! Model (e), the pending pair of stream-order commits (a publisher that
 //! stops waiting for its GPU commit once nobody is parked), is written in
 //! the protocol's steps over plain atomics: the publisher's CUDA path and
-//! the GPU's store cannot run under loom. Its should-panic twin drops the
-//! subscriber's `pending_seq` load and is caught asleep.
+//! the GPU's store cannot run under loom. Its two should-panic twins, a
+//! publisher that stops without finding the flag clear and a subscriber
+//! that does not load `pending_seq`, are caught leaving it asleep.
 //!
 //! `LOOM_MAX_PREEMPTIONS` overrides each model's preemption bound.
 #![cfg(loom)]
@@ -485,8 +486,10 @@ enum Parked {
 /// timer), and parks again. The publisher waits for the commit while it sees
 /// the subscriber parked and stops early, without ringing, once a reload
 /// finds it unparked (step 8′'s early end). `checks_pending`: whether the
-/// subscriber's park loads `pending_seq` after its fence (step 3d′).
-fn pending_model(checks_pending: bool) {
+/// subscriber's park loads `pending_seq` after its fence (step 3d′);
+/// `reloads`: whether the publisher stops only once a reload finds the
+/// flag clear (otherwise it stops as soon as it has seen it set).
+fn pending_model(checks_pending: bool, reloads: bool) {
     model(3, move || {
         let w = Arc::new(Pending {
             pending: AtomicU64::new(0),
@@ -539,7 +542,7 @@ fn pending_model(checks_pending: bool) {
                     }
                     break;
                 }
-                if w.parked.load(Ordering::Relaxed) == 0 {
+                if !reloads || w.parked.load(Ordering::Relaxed) == 0 {
                     // Nobody parked any more: stop without ringing.
                     break;
                 }
@@ -560,17 +563,26 @@ fn pending_model(checks_pending: bool) {
 /// (e) A publisher that stops waiting for its commit once nobody is parked
 /// any more leaves nobody asleep: a subscriber that parks again after its
 /// timer sees the commit in flight (`pending_seq`) or landed, or was seen
-/// parked and rung.
+/// parked and rung (every interleaving within 3 preemptions).
 #[test]
 fn a_publisher_that_stops_waiting_once_nobody_is_parked_leaves_nobody_asleep() {
-    pending_model(true);
+    pending_model(true, true);
 }
 
-/// The model can fail: without step 3d′'s `pending_seq` load, the
-/// subscriber's second park sleeps through the commit the publisher stopped
-/// waiting for.
+/// The model can fail on the publisher's side: one that stops waiting
+/// without having found the flag clear leaves the subscriber asleep.
+#[test]
+#[should_panic(expected = "sleeps through a landed commit")]
+fn a_publisher_that_stops_waiting_while_a_subscriber_sleeps_is_caught() {
+    pending_model(true, false);
+}
+
+/// And on the subscriber's: without step 3d′'s `pending_seq` load, a
+/// subscriber that parks after the publisher looked at its flag sleeps
+/// through the commit (the pending pair of ADR 0009 itself; this fails
+/// with the publisher of before ADR 0016 too).
 #[test]
 #[should_panic(expected = "sleeps through a landed commit")]
 fn a_subscriber_that_ignores_pending_seq_is_caught_asleep() {
-    pending_model(false);
+    pending_model(false, true);
 }

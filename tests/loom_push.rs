@@ -206,10 +206,10 @@ fn wait_for_push_word(t: &Target) -> u64 {
 
 /// A pushed frame whose commit lands while the reader reads (its push word
 /// seen, its slot's seq not yet, then `global_seq` stored) is either taken
-/// or left for the next read, never counted as a gap.
-#[test]
-fn a_pushed_frame_whose_commit_lands_during_the_read_is_never_counted_lost() {
-    model(|| {
+/// or left for the next read, never counted as a gap; `hold`: a take
+/// (`next`), otherwise a read in place (`borrow`).
+fn never_counted_lost(hold: bool) {
+    model(move || {
         let t = target();
         let c = Arc::new(Commit::default());
         let (pt, pc) = (Arc::clone(&t), Arc::clone(&c));
@@ -217,12 +217,27 @@ fn a_pushed_frame_whose_commit_lands_during_the_read_is_never_counted_lost() {
         let g = wait_for_push_word(&t);
         // Acquire: the slot seqlock's load in `look`.
         let look = |_, s| (c.slot_seq.load(Ordering::Acquire) == s).then_some(());
-        match push::read_pushed(&t.entry, push::Take::Hold(&t.client), &c.global_seq, 0, g, look) {
+        let how = if hold {
+            push::Take::Hold(&t.client)
+        } else {
+            push::Take::Peek
+        };
+        match push::read_pushed(&t.entry, how, &c.global_seq, 0, g, look) {
             push::PushRead::Took(_, seq, ()) => assert_eq!(seq, 1),
             push::PushRead::NotPushed(upto) => assert_eq!(upto, 0, "frame 1 was pushed, yet counted lost"),
         }
         gpu.join().unwrap();
     });
+}
+
+#[test]
+fn a_pushed_frame_whose_commit_lands_during_the_read_is_never_counted_lost() {
+    never_counted_lost(true);
+}
+
+#[test]
+fn a_pushed_frame_whose_commit_lands_during_a_borrow_is_never_counted_lost() {
+    never_counted_lost(false);
 }
 
 /// The model can fail: a reader that loads `global_seq` after the take (the

@@ -1319,8 +1319,9 @@ fn wait_landed(
         if start.elapsed() >= timeout {
             return Err(Error::Timeout(timeout, "the GPU to commit an earlier frame"));
         }
-        spins = spins.wrapping_add(1);
-        if spins % 16 == 0 && !still_needed() {
+        spins = spins.saturating_add(1);
+        // Every 16 spins, and at every yield once it yields.
+        if (spins % 16 == 0 || spins >= 1000) && !still_needed() {
             return Ok(Landed::NobodyParked);
         }
         if spins < 1000 {
