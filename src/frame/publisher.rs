@@ -1051,6 +1051,8 @@ impl Publisher {
                 Ok(Landed::NobodyParked) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "waking parked subscribers before the GPU committed");
+                    // SYNC: park — the fence before the `parked` loads, as
+                    // above (a ring too early costs a spurious wake only).
                     crate::sync::atomic::fence(Ordering::SeqCst);
                     table.wake_parked();
                 }
