@@ -1038,24 +1038,19 @@ impl Publisher {
             // our fence sees `pending_seq` and waits for the commit
             // without sleeping (SYNC: pending, PROTOCOL.md §10.1), so
             // nobody needs a ring then.
-            match wait_landed(&header.seq.global_seq, seq, Duration::from_secs(5), || {
+            let landed = wait_landed(&header.seq.global_seq, seq, Duration::from_secs(5), || {
                 table.any_parked()
-            }) {
-                Ok(Landed::Yes) => {
-                    // SYNC: park — SeqCst fence between seeing the GPU's
-                    // global_seq store and the loads of `parked` (mirror of
-                    // the subscriber's park fence).
-                    crate::sync::atomic::fence(Ordering::SeqCst);
-                    table.wake_parked();
-                }
-                Ok(Landed::NobodyParked) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "waking parked subscribers before the GPU committed");
-                    // SYNC: park — the fence before the `parked` loads, as
-                    // above (a ring too early costs a spurious wake only).
-                    crate::sync::atomic::fence(Ordering::SeqCst);
-                    table.wake_parked();
-                }
+            });
+            if let Err(e) = &landed {
+                // A ring too early costs a spurious wake only.
+                tracing::warn!(error = %e, "waking parked subscribers before the GPU committed");
+            }
+            if !matches!(landed, Ok(Landed::NobodyParked)) {
+                // SYNC: park — SeqCst fence between seeing the GPU's
+                // global_seq store and the loads of `parked` (mirror of the
+                // subscriber's park fence).
+                crate::sync::atomic::fence(Ordering::SeqCst);
+                table.wake_parked();
             }
         }
         for (n, k) in claimed {

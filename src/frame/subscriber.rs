@@ -766,6 +766,15 @@ impl Subscriber {
         })
     }
 
+    /// The frames between `last` and pushed frame `seq`, which a push
+    /// subscriber never gets (none before its first pushed frame: it had
+    /// not joined the push stream yet); marks the stream started.
+    fn push_gap(&mut self, seq: u64) -> u64 {
+        let skipped = if self.push_started { seq - self.last - 1 } else { 0 };
+        self.push_started = true;
+        skipped
+    }
+
     /// Push delivery found nothing pushed past `last` although the ring
     /// moved on to `g`: those frames were not pushed to us (all buffers
     /// held, or not mapped yet). A push subscriber has no pool to pull them
@@ -1116,8 +1125,7 @@ impl Subscriber {
                 // gap (PROTOCOL.md §16.7).
                 match self.read_pushed(g, true) {
                     PushRead::Took(k, _, snap) => {
-                        let skipped = if self.push_started { snap.seq - self.last - 1 } else { 0 };
-                        self.push_started = true;
+                        let skipped = self.push_gap(snap.seq);
                         self.stats.pushed += 1;
                         let skipped = self.deliver(&snap, skipped);
                         return Ok(Frame {
@@ -1378,8 +1386,7 @@ impl Subscriber {
                 // As in `next`, without taking a hold.
                 match self.read_pushed(g, false) {
                     PushRead::Took(k, _, snap) => {
-                        let skipped = if self.push_started { snap.seq - self.last - 1 } else { 0 };
-                        self.push_started = true;
+                        let skipped = self.push_gap(snap.seq);
                         let skipped = self.gap_before(skipped);
                         return Ok(Borrow {
                             sub: self,
