@@ -365,3 +365,133 @@ fn queued_readers_that_keep_up_queue_their_copies_at_the_loan() {
         }
     }
 }
+
+/// A stream-order publish does not wait for its commit, even while a
+/// subscriber is parked on its futex (ADR 0017): it rings the parked
+/// subscriber at once, and the subscriber, finding the commit in flight,
+/// waits for it itself.
+///
+/// Each of the last three frames' commits is held on the GPU behind a
+/// `cuStreamWaitValue64` on a registered host word until the test releases
+/// it, 100 ms after the publish. Two `--wait park` subscribers (push, and
+/// latest pull), asleep on their doorbells at each publish, must still get
+/// every held frame, untorn, with nobody ringing them after the commit
+/// lands. Before ADR 0017 each of those publishes waited for the commit,
+/// here until its 5 s timeout.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_publish_returns_before_its_held_commit_lands_and_parked_subscribers_still_get_the_frame() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use vramring::memory::cuda::{ContextGuard, CuStream, Driver, GpuTestPattern};
+    use vramring::{BackendChoice, Format, FrameMeta, Publisher, RingConfig};
+
+    let d = RealDriver::shared().expect("a CUDA driver");
+    let dir = TempDir::new("gpu-commit-held");
+    let socket = dir.join("cam.sock").display().to_string();
+    let mut p = Publisher::create(
+        &socket,
+        RingConfig::new(Format::Nv12, 1920, 1080).backend(BackendChoice::Cuda(0)),
+    )
+    .expect("a CUDA ring");
+    assert!(p.stream_commit(), "the ring does not commit in stream order");
+    let gpu = GpuTestPattern::for_uuid(p.info().device_uuid).expect("pattern kernels");
+    let stream = gpu.stream().expect("stream");
+
+    // The word each held commit waits for, in one registered host page.
+    let mut page = memmap2::MmapMut::map_anon(4096).expect("a host page");
+    let dev = d.device_get(0).expect("device 0");
+    let ctx = d.primary_ctx_retain(dev).expect("primary context");
+    // Runs `f` with the ring's (primary) context current.
+    let in_ctx = |f: &mut dyn FnMut()| {
+        // SAFETY: `ctx` is retained above and released at the end.
+        let g = unsafe { ContextGuard::push(&*d, ctx) }.expect("push");
+        f();
+        g.restore().expect("restore");
+    };
+    let page_ptr = page.as_mut_ptr();
+    let mut word_dev = None;
+    // SAFETY: the page stays mapped until it is unregistered below, after
+    // the stream has passed every wait on it.
+    in_ctx(&mut || unsafe {
+        d.mem_host_register(page_ptr.cast(), 4096).expect("cuMemHostRegister");
+        word_dev = Some(d.mem_host_device_pointer(page_ptr.cast()).expect("device pointer"));
+    });
+    let word_dev = word_dev.expect("registered");
+    // SAFETY: the page is 4096 bytes, page-aligned, and outlives `word`.
+    let word = unsafe { &*page.as_ptr().cast::<AtomicU64>() };
+
+    let subs = vec![
+        consumer(&socket, "push-parked", &["--push", "--wait", "park"], &[]),
+        consumer(&socket, "latest-parked", &["--mode", "latest", "--wait", "park"], &[]),
+    ];
+    let t = Instant::now();
+    while p.stats().subscribers < 2 {
+        assert!(t.elapsed() < Duration::from_secs(20), "the subscribers did not connect");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let frames = 5u64;
+    let held = 3u64;
+    for n in 1..=frames {
+        // Long enough for both subscribers to spin out and park.
+        std::thread::sleep(Duration::from_millis(200));
+        let slot = p.loan(Duration::from_secs(1)).expect("loan");
+        let seq = slot.seq();
+        let len = slot.geometry().frame_bytes;
+        let hold = n > frames - held;
+        // SAFETY: the loaned slot is ours to write until it is published;
+        // the stream and the word are of the ring's (primary) context.
+        let took = unsafe {
+            gpu.fill(slot.addr(), len, seq).expect("fill");
+            if hold {
+                in_ctx(&mut || {
+                    d.stream_wait_value_geq(CuStream::from_raw(stream), word_dev, seq)
+                        .expect("cuStreamWaitValue64");
+                });
+            }
+            let t = Instant::now();
+            slot.publish_cuda(FrameMeta::pts(seq as i64), stream).expect("publish");
+            t.elapsed()
+        };
+        eprintln!(
+            "frame {seq}: publish took {took:?}{}",
+            if hold { " (commit held)" } else { "" }
+        );
+        if hold {
+            assert!(
+                took < Duration::from_millis(50),
+                "publish of held frame {seq} took {took:?}: it waited for the commit"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+            let mut idle = true;
+            // SAFETY: a live stream of the current context.
+            in_ctx(&mut || idle = unsafe { d.stream_query(CuStream::from_raw(stream)) }.expect("cuStreamQuery"));
+            assert!(!idle, "the commit of frame {seq} was not held");
+            // SYNC: the GPU's stream wait reads the word; Release is enough
+            // (registered host memory is coherent with the device).
+            word.store(seq, Ordering::Release);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    p.close().expect("close");
+    drop(p);
+    // SAFETY: the stream has passed every wait (the close waited for every
+    // commit); the page is unregistered before it is unmapped.
+    in_ctx(&mut || unsafe {
+        d.stream_synchronize(CuStream::from_raw(stream)).expect("sync");
+        d.mem_host_unregister(page_ptr.cast()).expect("unregister");
+    });
+    d.primary_ctx_release(dev).expect("release");
+    for (name, child) in subs {
+        let out = child.wait_with_output().expect("consumer");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{name} failed: {text}");
+        let j = JsonLine::final_in(&text);
+        eprintln!("{name}: {j:?}");
+        assert_eq!(j.u64("torn"), Some(0), "{name}: {j:?}");
+        assert_eq!(j.u64("dropped"), Some(0), "{name}: {j:?}");
+        assert_eq!(j.u64("last_seq"), Some(frames), "{name}: {j:?}");
+        let first = j.u64("first_seq").expect("first_seq");
+        assert!(first <= frames - held + 1, "{name} missed a held frame: {j:?}");
+        assert_eq!(j.u64("delivered"), Some(frames - first + 1), "{name}: {j:?}");
+    }
+}

@@ -33,11 +33,13 @@
 //! never woken, "Model exceeded maximum number of branches").
 //!
 //! Model (e), the pending pair of stream-order commits (a publisher that
-//! stops waiting for its GPU commit once nobody is parked), is written in
-//! the protocol's steps over plain atomics: the publisher's CUDA path and
-//! the GPU's store cannot run under loom. Its two should-panic twins, a
-//! publisher that stops without finding the flag clear and a subscriber
-//! that does not load `pending_seq`, are caught leaving it asleep.
+//! rings parked subscribers when it announces its GPU commit, without
+//! waiting for it to land, ADR 0017), is written in the protocol's steps
+//! over plain atomics: the publisher's CUDA path and the GPU's store cannot
+//! run under loom, and the subscriber's wait for a commit in flight ends in
+//! timed naps, which loom does not model. Its two should-panic twins, a
+//! publisher without its fence and a subscriber that does not load
+//! `pending_seq`, are caught leaving it asleep.
 //!
 //! `LOOM_MAX_PREEMPTIONS` overrides each model's preemption bound.
 #![cfg(loom)]
@@ -482,14 +484,15 @@ enum Parked {
 }
 
 /// One stream-order commit of frame 1 against a subscriber that parks
-/// (before or after the publisher looks), wakes by itself (a cadence wait's
-/// timer), and parks again. The publisher waits for the commit while it sees
-/// the subscriber parked and stops early, without ringing, once a reload
-/// finds it unparked (step 8′'s early end). `checks_pending`: whether the
-/// subscriber's park loads `pending_seq` after its fence (step 3d′);
-/// `reloads`: whether the publisher stops only once a reload finds the
-/// flag clear (otherwise it stops as soon as it has seen it set).
-fn pending_model(checks_pending: bool, reloads: bool) {
+/// (before or after the publisher looks), wakes (a ring, a cadence wait's
+/// timer or a park slice) and parks again. The publisher announces the
+/// commit, fences, and rings the subscriber at once if it sees it parked,
+/// without waiting for the GPU's store (step 8′, ADR 0017); the subscriber
+/// that finds the commit in flight waits for it itself. `checks_pending`:
+/// whether the subscriber's park loads `pending_seq` after its fence (step
+/// 3d′); `fenced`: whether the publisher fences between its `pending_seq`
+/// store and its `parked` load (step 6′).
+fn pending_model(checks_pending: bool, fenced: bool) {
     model(3, move || {
         let w = Arc::new(Pending {
             pending: AtomicU64::new(0),
@@ -504,7 +507,9 @@ fn pending_model(checks_pending: bool, reloads: bool) {
                     w.parked.store(1, Ordering::Relaxed);
                     // SYNC: park / pending — the subscriber's fence.
                     loom::sync::atomic::fence(Ordering::SeqCst);
+                    // SYNC: doorbell — Acquire pairs with the ring's Release.
                     let bell = w.doorbell.load(Ordering::Acquire);
+                    // SYNC: global-seq — Acquire pairs with the GPU's store.
                     if w.global.load(Ordering::Acquire) >= 1 {
                         w.parked.store(0, Ordering::Relaxed);
                         return Parked::Landed;
@@ -517,7 +522,7 @@ fn pending_model(checks_pending: bool, reloads: bool) {
                         // No timer this time: only a ring wakes it.
                         return Parked::Asleep(bell);
                     }
-                    // The timer fired before anything came.
+                    // Woken (a ring or its timer) before the commit landed.
                     w.parked.store(0, Ordering::Relaxed);
                 }
                 unreachable!()
@@ -528,26 +533,15 @@ fn pending_model(checks_pending: bool, reloads: bool) {
             // SYNC: global-seq — the GPU's commit store (Release).
             thread::spawn(move || w.global.store(1, Ordering::Release))
         };
-        // Publisher: announce, fence, look at `parked`.
+        // Publisher: announce, fence, ring whoever is parked, return.
         w.pending.store(1, Ordering::Relaxed);
-        // SYNC: pending — the publisher's fence.
-        loom::sync::atomic::fence(Ordering::SeqCst);
+        if fenced {
+            // SYNC: pending — the publisher's fence.
+            loom::sync::atomic::fence(Ordering::SeqCst);
+        }
         if w.parked.load(Ordering::Relaxed) != 0 {
-            loop {
-                if w.global.load(Ordering::Acquire) >= 1 {
-                    // SYNC: park — fence, then ring whoever is parked.
-                    loom::sync::atomic::fence(Ordering::SeqCst);
-                    if w.parked.load(Ordering::Relaxed) != 0 {
-                        w.doorbell.fetch_add(1, Ordering::Release);
-                    }
-                    break;
-                }
-                if !reloads || w.parked.load(Ordering::Relaxed) == 0 {
-                    // Nobody parked any more: stop without ringing.
-                    break;
-                }
-                thread::yield_now();
-            }
+            // SYNC: doorbell — Release increment.
+            w.doorbell.fetch_add(1, Ordering::Release);
         }
         gpu.join().unwrap();
         if let Parked::Asleep(bell) = sub.join().unwrap() {
@@ -560,27 +554,29 @@ fn pending_model(checks_pending: bool, reloads: bool) {
     });
 }
 
-/// (e) A publisher that stops waiting for its commit once nobody is parked
-/// any more leaves nobody asleep: a subscriber that parks again after its
-/// timer sees the commit in flight (`pending_seq`) or landed, or was seen
-/// parked and rung (every interleaving within 3 preemptions).
+/// (e) A publisher that rings parked subscribers when it announces a
+/// stream-order commit, without waiting for the GPU, leaves nobody asleep:
+/// a subscriber that parks again sees the commit in flight (`pending_seq`)
+/// or landed, or was seen parked and rung (every interleaving within 3
+/// preemptions).
 #[test]
-fn a_publisher_that_stops_waiting_once_nobody_is_parked_leaves_nobody_asleep() {
+fn a_publisher_that_rings_before_its_commit_lands_leaves_nobody_asleep() {
     pending_model(true, true);
 }
 
-/// The model can fail on the publisher's side: one that stops waiting
-/// without having found the flag clear leaves the subscriber asleep.
+/// The model can fail on the publisher's side: without its fence between
+/// the `pending_seq` store and the `parked` load, it can miss a subscriber
+/// that misses the announcement.
 #[test]
 #[should_panic(expected = "sleeps through a landed commit")]
-fn a_publisher_that_stops_waiting_while_a_subscriber_sleeps_is_caught() {
+fn a_publisher_without_its_pending_fence_is_caught() {
     pending_model(true, false);
 }
 
 /// And on the subscriber's: without step 3d′'s `pending_seq` load, a
-/// subscriber that parks after the publisher looked at its flag sleeps
-/// through the commit (the pending pair of ADR 0009 itself; this fails
-/// with the publisher of before ADR 0016 too).
+/// subscriber rung before the commit landed parks again and sleeps through
+/// it (and one that parks after the publisher looked at its flag too: the
+/// pending pair of ADR 0009 itself).
 #[test]
 #[should_panic(expected = "sleeps through a landed commit")]
 fn a_subscriber_that_ignores_pending_seq_is_caught_asleep() {

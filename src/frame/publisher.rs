@@ -789,7 +789,7 @@ impl Publisher {
 
     /// Stream-order commits: waits until the GPU has committed `seq`.
     fn wait_committed(&self, seq: u64, timeout: Duration) -> Result<()> {
-        wait_landed(&self.shared.header().seq.global_seq, seq, timeout, || true).map(|_| ())
+        wait_landed(&self.shared.header().seq.global_seq, seq, timeout)
     }
 
     fn wait_lossless(&mut self, held_seq: u64, timeout: Duration) -> Result<()> {
@@ -1024,35 +1024,15 @@ impl Publisher {
             return Err(e);
         }
         tracing::trace!(target: "vramring::publish", "commit enqueued");
-        // After the launch, so the GPU starts the commit as early as it can;
-        // still after `announce_pending`'s SeqCst fence, which is what
-        // orders these `parked` loads after the `pending_seq` store.
-        if table.any_parked() {
-            // Someone is parked: ring it once the GPU has committed. The
-            // wait is on the CPU, for `global_seq` in host memory, and only
-            // while a subscriber sleeps on the futex (a host function on
-            // the driver's thread measured 100+ µs later on the H200);
-            // subscribers that poll cost nothing here. It ends early once
-            // no subscriber is parked any more (a cadence wait whose timer
-            // fired before the commit landed): one that parks again after
-            // our fence sees `pending_seq` and waits for the commit
-            // without sleeping (SYNC: pending, PROTOCOL.md §10.1), so
-            // nobody needs a ring then.
-            let landed = wait_landed(&header.seq.global_seq, seq, Duration::from_secs(5), || {
-                table.any_parked()
-            });
-            if let Err(e) = &landed {
-                // A ring too early costs a spurious wake only.
-                tracing::warn!(error = %e, "waking parked subscribers before the GPU committed");
-            }
-            if !matches!(landed, Ok(Landed::NobodyParked)) {
-                // SYNC: park — SeqCst fence between seeing the GPU's
-                // global_seq store and the loads of `parked` (mirror of the
-                // subscriber's park fence).
-                crate::sync::atomic::fence(Ordering::SeqCst);
-                table.wake_parked();
-            }
-        }
+        // Ring every parked subscriber now, without waiting for the GPU
+        // (ADR 0017): a woken subscriber that finds the commit still in
+        // flight (`pending_seq` ahead of `global_seq`, PROTOCOL.md §12 step
+        // 3d′) waits for it on its own CPU, so the publish never blocks on
+        // a subscriber, however it waits or lies about it. After the
+        // launch, so the GPU starts the commit as early as it can; the
+        // `parked` loads are ordered after the `pending_seq` store by
+        // `announce_pending`'s SeqCst fence (SYNC: pending).
+        table.wake_parked();
         for (n, k) in claimed {
             let t = &mut self.targets[n];
             t.enqueued[k] = seq;
@@ -1283,65 +1263,33 @@ impl SlotMut<'_> {
     }
 }
 
-/// How [`wait_landed`] ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Landed {
-    /// `global_seq` reached the seq.
-    Yes,
-    /// `still_needed` said the wait no longer serves anyone.
-    NobodyParked,
-}
-
 /// Stream-order commits: spins (then yields) until the GPU's `global_seq`
-/// reaches `seq`, or until `still_needed` (asked every few spins) says
-/// nobody waits on the publisher for it any more.
+/// reaches `seq`.
 ///
 /// # Errors
-/// [`Error::Timeout`] after `timeout` with neither.
-fn wait_landed(
-    global: &AtomicU64,
-    seq: u64,
-    timeout: Duration,
-    mut still_needed: impl FnMut() -> bool,
-) -> Result<Landed> {
-    // SYNC: global-seq — Acquire pairs with the GPU's commit store (after
-    // its system-scope fence).
-    if global.load(Ordering::Acquire) >= seq {
-        return Ok(Landed::Yes);
-    }
+/// [`Error::Timeout`] after `timeout`.
+fn wait_landed(global: &AtomicU64, seq: u64, timeout: Duration) -> Result<()> {
     let start = std::time::Instant::now();
     let mut spins = 0u32;
-    // SYNC: global-seq — Acquire, as above.
+    // SYNC: global-seq — Acquire pairs with the GPU's commit store (after
+    // its system-scope fence).
     while global.load(Ordering::Acquire) < seq {
         if start.elapsed() >= timeout {
             return Err(Error::Timeout(timeout, "the GPU to commit an earlier frame"));
         }
         spins = spins.saturating_add(1);
-        // Every 16 spins, and at every yield once it yields.
-        if (spins % 16 == 0 || spins >= 1000) && !still_needed() {
-            return Ok(Landed::NobodyParked);
-        }
         if spins < 1000 {
             crate::sync::spin_hint();
         } else {
             std::thread::yield_now();
         }
     }
-    Ok(Landed::Yes)
+    Ok(())
 }
 
 #[cfg(all(test, not(loom)))]
 mod landing_tests {
     use super::*;
-
-    #[test]
-    fn a_landed_commit_ends_the_wait_at_once() {
-        let g = AtomicU64::new(7);
-        assert_eq!(
-            wait_landed(&g, 7, Duration::from_secs(1), || panic!("not asked")).unwrap(),
-            Landed::Yes
-        );
-    }
 
     #[test]
     fn the_wait_ends_when_the_commit_lands() {
@@ -1351,29 +1299,16 @@ mod landing_tests {
                 std::thread::sleep(Duration::from_millis(20));
                 g.store(3, Ordering::Release);
             });
-            wait_landed(&g, 3, Duration::from_secs(5), || true)
+            wait_landed(&g, 3, Duration::from_secs(5))
         });
-        assert_eq!(got.unwrap(), Landed::Yes);
-    }
-
-    #[test]
-    fn the_wait_ends_once_nobody_is_parked_before_the_commit_lands() {
-        let g = AtomicU64::new(0);
-        let asked = std::cell::Cell::new(0u32);
-        let t = std::time::Instant::now();
-        let got = wait_landed(&g, 1, Duration::from_secs(5), || {
-            asked.set(asked.get() + 1);
-            asked.get() < 3
-        });
-        assert_eq!(got.unwrap(), Landed::NobodyParked);
-        assert_eq!(asked.get(), 3);
-        assert!(t.elapsed() < Duration::from_secs(1));
+        got.unwrap();
+        assert!(g.load(Ordering::Relaxed) >= 3);
     }
 
     #[test]
     fn a_commit_that_never_lands_times_out_with_a_sentence() {
         let g = AtomicU64::new(0);
-        let e = wait_landed(&g, 1, Duration::from_millis(30), || true).unwrap_err();
+        let e = wait_landed(&g, 1, Duration::from_millis(30)).unwrap_err();
         assert!(matches!(e, Error::Timeout(..)), "{e:?}");
         assert!(e.to_string().contains("the GPU to commit"), "{e}");
     }

@@ -93,7 +93,7 @@ pub(crate) struct Table {
     clients: Box<[Mutex<Option<Client>>]>,
     /// One past the highest index ever assigned (process-private). Entries
     /// are taken lowest-free-first, so the producer's per-frame scans
-    /// ([`Table::any_parked`], [`Table::wake_parked`], [`Table::holder`])
+    /// ([`Table::wake_parked`], [`Table::holder`])
     /// read as many entries as subscribers ever connected at once, not the
     /// whole table (64 entries, 64 cache lines, by default).
     high_water: AtomicUsize,
@@ -342,23 +342,9 @@ impl Table {
         (self.region.as_ptr(), self.region.len())
     }
 
-    /// Producer, after its `pending_seq` store and `SeqCst` fence: whether
-    /// any active subscriber has `parked` set (the commit it is enqueuing
-    /// then needs a ring once it has landed).
-    pub(crate) fn any_parked(&self) -> bool {
-        self.used().iter().enumerate().any(|(k, e)| {
-            // Relaxed: as in `wake_parked`.
-            e.state.load(Ordering::Relaxed) == SUB_ACTIVE
-                && self
-                    .lock(k)
-                    .as_ref()
-                    // SYNC: pending — Relaxed, ordered by the caller's fence.
-                    .is_some_and(|c| c.line().parked.load(Ordering::Relaxed) != 0)
-        })
-    }
-
-    /// Producer, after its seq store and `SeqCst` fence: rings the doorbell
-    /// of every subscriber whose `parked` is set.
+    /// Producer, after its seq store (CPU commit) or its `pending_seq`
+    /// store (stream-order commit, ADR 0017) and `SeqCst` fence: rings the
+    /// doorbell of every subscriber whose `parked` is set.
     pub(crate) fn wake_parked(&self) {
         for (k, e) in self.used().iter().enumerate() {
             // Relaxed: a FREE entry has no region to ring; ACTIVE is
@@ -646,10 +632,16 @@ mod tests {
         t.free(0);
         t.free(1);
         assert_eq!(t.used().len(), 3, "the mark does not move down");
-        assert!(!t.any_parked());
+        let bell = |t: &Table| {
+            t.with_client(2, assigned[2].generation, |_, c| c.doorbell.load(Ordering::Relaxed))
+                .expect("entry 2 is live")
+        };
+        t.wake_parked();
+        assert_eq!(bell(&t), 0, "an unparked subscriber is not rung");
         t.with_client(2, assigned[2].generation, |_, c| c.parked.store(1, Ordering::Relaxed))
             .expect("entry 2 is live");
-        assert!(t.any_parked(), "a parked subscriber above freed entries is seen");
+        t.wake_parked();
+        assert_eq!(bell(&t), 1, "a parked subscriber above freed entries is rung");
         let b = t.holder(5, |_| true).expect("entry 2 holds the writer");
         assert_eq!(b.index, 2);
         // A newcomer reuses the lowest free entry: the mark stays.

@@ -17,14 +17,16 @@
 //! * Each doorbell lives in a region only its subscriber and the publisher
 //!   map, so no subscriber can wake (or keep awake) another.
 //! * **in flight** (frame rings on CUDA, stream-order commits): the GPU
-//!   stores `global_seq` behind the frame's writes, and the publisher
-//!   enqueues a wake only for subscribers it saw parked when it enqueued the
-//!   commit. It stores `pending_seq` (the seq it enqueued), `SeqCst` fence,
-//!   then reads the `parked` flags. A subscriber that has set `parked` and
-//!   fenced reads `pending_seq` too: if a commit newer than what it waits
-//!   for is in flight it spins until it lands instead of parking (Dekker
-//!   again: either the publisher saw the flag and a wake follows the commit,
-//!   or the subscriber saw the commit in flight).
+//!   stores `global_seq` behind the frame's writes, and the publisher does
+//!   not wait for it. It stores `pending_seq` (the seq it enqueued),
+//!   `SeqCst` fence, then rings every subscriber it sees parked, at once
+//!   (ADR 0017): the commit may not have landed yet. A subscriber that has
+//!   set `parked` and fenced reads `pending_seq` too: if a commit newer
+//!   than what it waits for is in flight it spins until it lands (then naps
+//!   briefly) instead of parking. Dekker again: either the publisher saw
+//!   the flag and rang, so the subscriber wakes, parks again and sees the
+//!   commit in flight, or the subscriber saw the commit in flight. Nobody
+//!   rings when the commit lands.
 
 use std::time::{Duration, Instant};
 
