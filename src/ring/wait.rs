@@ -262,13 +262,25 @@ pub fn wait_with(
                 // A commit is in flight and its wake may not include us:
                 // wait for it on the CPU (a few microseconds on the GPU).
                 client.parked.store(0, Ordering::Relaxed);
-                let until = (Instant::now() + IN_FLIGHT_SPIN).min(deadline);
+                let mut until = (Instant::now() + IN_FLIGHT_SPIN).min(deadline);
                 loop {
                     let g = load();
                     if g > after {
                         return WaitOutcome::Advanced(g);
                     }
-                    if Instant::now() >= until {
+                    let now = Instant::now();
+                    if let Some(w) = window.filter(|w| now >= w.from) {
+                        // The planned window opens while this spin runs
+                        // (a ring before the commit landed, ADR 0017): the
+                        // spin is the window's, so a frame found from here
+                        // is the window's hit or miss, not an early frame
+                        // whose lateness would read as the timer's
+                        // overshoot.
+                        window = None;
+                        plan.window_opened();
+                        until = until.max(w.until.min(deadline));
+                    }
+                    if now >= until {
                         break;
                     }
                     crate::sync::spin_hint();
@@ -674,6 +686,70 @@ mod tests {
             self.1 += 1;
             self.2 = rustix::thread::current_timer_slack().expect("PR_GET_TIMERSLACK");
         }
+    }
+
+    /// A plan whose one window is `from..until`, counting the timer
+    /// reports and the window's openings.
+    struct Counted(SpinWindow, u32, u32);
+    impl WaitPlan for Counted {
+        fn window(&mut self) -> Option<SpinWindow> {
+            Some(self.0)
+        }
+        fn timer_woke(&mut self, _late: Duration) {
+            self.1 += 1;
+        }
+        fn window_opened(&mut self) {
+            self.2 += 1;
+        }
+    }
+
+    /// Parked before its window, rung (here: found at its first look) with
+    /// a commit in flight, the subscriber spins for the commit; once the
+    /// window's start passes during that spin, the spin is the window's
+    /// (ADR 0017): the frame that lands then is reported to the plan as
+    /// spun for, not as an early frame (which the cadence would count as
+    /// early, and whose lateness after the window's start it would learn
+    /// as timer overshoot).
+    #[test]
+    fn an_in_flight_spin_that_reaches_the_window_is_the_windows_spin() {
+        let w = words();
+        let pending = AtomicU64::new(1);
+        let start = Instant::now();
+        let mut plan = Counted(
+            SpinWindow {
+                from: start + Duration::from_micros(500),
+                until: start + Duration::from_millis(100),
+            },
+            0,
+            0,
+        );
+        let out = std::thread::scope(|s| {
+            s.spawn(|| {
+                // Inside the in-flight spin (its first 2 ms), after the
+                // window's start. A store that comes later (a loaded
+                // machine) is found by the window's own spin: the test
+                // then cannot tell the two apart, but still passes.
+                std::thread::sleep(Duration::from_millis(1));
+                w.seq.store(1, Ordering::Release);
+            });
+            wait_with(
+                Bell {
+                    pending: Some(&pending),
+                    ..w.bell()
+                },
+                &w.client,
+                0,
+                start + Duration::from_secs(5),
+                Duration::ZERO,
+                Duration::from_millis(500),
+                &mut plan,
+                || true,
+            )
+        });
+        assert_eq!(out, WaitOutcome::Advanced(1));
+        assert!(start.elapsed() < Duration::from_millis(400), "{:?}", start.elapsed());
+        assert_eq!(plan.2, 1, "the window's spin began inside the in-flight spin");
+        assert_eq!(plan.1, 0, "no timer overshoot was reported");
     }
 
     #[test]
