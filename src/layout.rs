@@ -215,8 +215,9 @@ pub struct SeqLine {
     /// Newest seq whose commit the publisher has *enqueued* (stream-order
     /// commit) or made (CPU commit); `pending_seq > global_seq` means a
     /// commit is in flight on the GPU. A subscriber about to park that sees
-    /// it in flight spins instead, because the publisher only enqueues a
-    /// wake for subscribers it saw parked when it enqueued the commit.
+    /// it in flight spins instead, because nobody rings when the commit
+    /// lands: the publisher rings the subscribers it sees parked when it
+    /// announces the commit (ADR 0017).
     /// SYNC: pending (publisher store + SeqCst fence, then `parked` loads;
     /// subscriber `parked` store + SeqCst fence, then this load).
     pub pending_seq: AtomicU64,

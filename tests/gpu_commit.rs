@@ -81,6 +81,18 @@ fn at_least_checked(lines: &[(String, JsonLine)], n: u64) {
     assert!(checked >= n, "only {checked} frames were checked");
 }
 
+/// Waits for consumer `name` and returns its final JSON line, after
+/// asserting it exited cleanly with 0 torn frames.
+fn untorn_final(name: &str, child: Child) -> JsonLine {
+    let out = child.wait_with_output().expect("consumer");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{name} failed: {text}");
+    let j = JsonLine::final_in(&text);
+    eprintln!("{name}: {j:?}");
+    assert_eq!(j.u64("torn"), Some(0), "{name}: {j:?}");
+    j
+}
+
 /// Waits for the producer and every consumer; returns the consumers' final
 /// JSON lines after asserting each exited cleanly with 0 torn frames.
 fn finish(producer: Child, frames: u64, subs: Vec<(String, Child)>) -> Vec<(String, JsonLine)> {
@@ -97,12 +109,7 @@ fn finish(producer: Child, frames: u64, subs: Vec<(String, Child)>) -> Vec<(Stri
     );
     let mut lines = Vec::new();
     for (name, child) in subs {
-        let out = child.wait_with_output().expect("consumer");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{name} failed: {text}");
-        let j = JsonLine::final_in(&text);
-        eprintln!("{name}: {j:?}");
-        assert_eq!(j.u64("torn"), Some(0), "{name}: {j:?}");
+        let j = untorn_final(&name, child);
         // A sequential reader that checks each frame on the GPU cannot keep
         // up with 4 000 fps and is overrun (counted, never torn): it only
         // has to get some frames.
@@ -376,11 +383,13 @@ fn queued_readers_that_keep_up_queue_their_copies_at_the_loan() {
 /// it, 100 ms after the publish. Two `--wait park` subscribers (push, and
 /// latest pull), asleep on their doorbells at each publish, must still get
 /// every held frame, untorn, with nobody ringing them after the commit
-/// lands; and the held publishes must return in well under a millisecond
-/// (median of five; about 30 µs on the H200). Before ADR 0017 such a
-/// publish waited for the commit until the parked subscribers' park slice
-/// (20 ms) ended: 1.6–10.4 ms each on the H200, and a subscriber that never
-/// clears its flag would have held it until the 5 s timeout.
+/// lands, and none later than 1 s (their park slice is 10 s: only the
+/// publisher's ring wakes them); and the held publishes must return in well
+/// under a millisecond (median of five; about 30 µs on the H200). Before
+/// ADR 0017 such a publish waited for the commit until the parked
+/// subscribers' park slice (there the default 20 ms) ended: 1.3–10.4 ms
+/// each on the H200, and a subscriber that never clears its flag would
+/// have held it until the 5 s timeout.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_publish_returns_before_its_held_commit_lands_and_parked_subscribers_still_get_the_frame() {
@@ -423,9 +432,18 @@ fn a_publish_returns_before_its_held_commit_lands_and_parked_subscribers_still_g
     // SAFETY: the page is 4096 bytes, page-aligned, and outlives `word`.
     let word = unsafe { &*page.as_ptr().cast::<AtomicU64>() };
 
+    // A 10 s park slice: a parked subscriber wakes only when rung (or at
+    // the close), so a publisher that did not ring would show in the
+    // latencies below.
+    let park = ["--wait", "park", "--park-slice-ms", "10000"];
     let subs = vec![
-        consumer(&socket, "push-parked", &["--push", "--wait", "park"], &[]),
-        consumer(&socket, "latest-parked", &["--mode", "latest", "--wait", "park"], &[]),
+        consumer(&socket, "push-parked", &[&["--push"][..], &park].concat(), &[]),
+        consumer(
+            &socket,
+            "latest-parked",
+            &[&["--mode", "latest"][..], &park].concat(),
+            &[],
+        ),
     ];
     let t = Instant::now();
     while p.stats().subscribers < 2 {
@@ -489,16 +507,15 @@ fn a_publish_returns_before_its_held_commit_lands_and_parked_subscribers_still_g
     });
     d.primary_ctx_release(dev).expect("release");
     for (name, child) in subs {
-        let out = child.wait_with_output().expect("consumer");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{name} failed: {text}");
-        let j = JsonLine::final_in(&text);
-        eprintln!("{name}: {j:?}");
-        assert_eq!(j.u64("torn"), Some(0), "{name}: {j:?}");
+        let j = untorn_final(&name, child);
         assert_eq!(j.u64("dropped"), Some(0), "{name}: {j:?}");
         assert_eq!(j.u64("last_seq"), Some(frames), "{name}: {j:?}");
         let first = j.u64("first_seq").expect("first_seq");
         assert!(first <= frames - held + 1, "{name} missed a held frame: {j:?}");
         assert_eq!(j.u64("delivered"), Some(frames - first + 1), "{name}: {j:?}");
+        // Held 100 ms, then found by the in-flight wait's naps (at most
+        // 20 ms each); never at the end of a 10 s park slice.
+        let max = j.f64("max_us").expect("max_us");
+        assert!(max < 1_000_000.0, "{name} was not rung: a frame took {max} µs: {j:?}");
     }
 }

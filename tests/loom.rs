@@ -37,9 +37,10 @@
 //! waiting for it to land, ADR 0017), is written in the protocol's steps
 //! over plain atomics: the publisher's CUDA path and the GPU's store cannot
 //! run under loom, and the subscriber's wait for a commit in flight ends in
-//! timed naps, which loom does not model. Its two should-panic twins, a
-//! publisher without its fence and a subscriber that does not load
-//! `pending_seq`, are caught leaving it asleep.
+//! timed naps, which loom does not model. Its three should-panic twins, a
+//! publisher without its fence, a subscriber that does not load
+//! `pending_seq` and one whose doorbell load is Relaxed, are caught leaving
+//! it asleep.
 //!
 //! `LOOM_MAX_PREEMPTIONS` overrides each model's preemption bound.
 #![cfg(loom)]
@@ -483,16 +484,36 @@ enum Parked {
     Asleep(u64),
 }
 
+/// Which step [`pending_model`] leaves out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PendingMutant {
+    /// None: the protocol as specified.
+    None,
+    /// The subscriber's park does not load `pending_seq` (step 3d′).
+    SubscriberIgnoresPending,
+    /// The publisher does not fence between its `pending_seq` store and its
+    /// `parked` loads (step 6′).
+    PublisherWithoutFence,
+    /// The subscriber loads its doorbell Relaxed, so seeing the ring's
+    /// value does not make the announcement before it visible.
+    RelaxedDoorbellLoad,
+}
+
 /// One stream-order commit of frame 1 against a subscriber that parks
 /// (before or after the publisher looks), wakes (a ring, a cadence wait's
 /// timer or a park slice) and parks again. The publisher announces the
 /// commit, fences, and rings the subscriber at once if it sees it parked,
 /// without waiting for the GPU's store (step 8′, ADR 0017); the subscriber
-/// that finds the commit in flight waits for it itself. `checks_pending`:
-/// whether the subscriber's park loads `pending_seq` after its fence (step
-/// 3d′); `fenced`: whether the publisher fences between its `pending_seq`
-/// store and its `parked` load (step 6′).
-fn pending_model(checks_pending: bool, fenced: bool) {
+/// that finds the commit in flight waits for it itself. `mutant` takes one
+/// step of the argument out.
+fn pending_model(mutant: PendingMutant) {
+    let checks_pending = mutant != PendingMutant::SubscriberIgnoresPending;
+    let fenced = mutant != PendingMutant::PublisherWithoutFence;
+    let bell_order = if mutant == PendingMutant::RelaxedDoorbellLoad {
+        Ordering::Relaxed
+    } else {
+        Ordering::Acquire
+    };
     model(3, move || {
         let w = Arc::new(Pending {
             pending: AtomicU64::new(0),
@@ -508,7 +529,7 @@ fn pending_model(checks_pending: bool, fenced: bool) {
                     // SYNC: park / pending — the subscriber's fence.
                     loom::sync::atomic::fence(Ordering::SeqCst);
                     // SYNC: doorbell — Acquire pairs with the ring's Release.
-                    let bell = w.doorbell.load(Ordering::Acquire);
+                    let bell = w.doorbell.load(bell_order);
                     // SYNC: global-seq — Acquire pairs with the GPU's store.
                     if w.global.load(Ordering::Acquire) >= 1 {
                         w.parked.store(0, Ordering::Relaxed);
@@ -561,7 +582,7 @@ fn pending_model(checks_pending: bool, fenced: bool) {
 /// preemptions).
 #[test]
 fn a_publisher_that_rings_before_its_commit_lands_leaves_nobody_asleep() {
-    pending_model(true, true);
+    pending_model(PendingMutant::None);
 }
 
 /// The model can fail on the publisher's side: without its fence between
@@ -570,7 +591,7 @@ fn a_publisher_that_rings_before_its_commit_lands_leaves_nobody_asleep() {
 #[test]
 #[should_panic(expected = "sleeps through a landed commit")]
 fn a_publisher_without_its_pending_fence_is_caught() {
-    pending_model(true, false);
+    pending_model(PendingMutant::PublisherWithoutFence);
 }
 
 /// And on the subscriber's: without step 3d′'s `pending_seq` load, a
@@ -580,5 +601,16 @@ fn a_publisher_without_its_pending_fence_is_caught() {
 #[test]
 #[should_panic(expected = "sleeps through a landed commit")]
 fn a_subscriber_that_ignores_pending_seq_is_caught_asleep() {
-    pending_model(false, true);
+    pending_model(PendingMutant::SubscriberIgnoresPending);
+}
+
+/// And on the step the early ring adds to the argument: a subscriber rung
+/// before the commit landed that reads the ring's doorbell value must then
+/// see the announcement. With a Relaxed doorbell load it can read the ring
+/// and a stale `pending_seq`, and sleep on the new value with nobody to
+/// ring it again.
+#[test]
+#[should_panic(expected = "sleeps through a landed commit")]
+fn a_subscriber_whose_doorbell_load_is_relaxed_is_caught_asleep() {
+    pending_model(PendingMutant::RelaxedDoorbellLoad);
 }

@@ -184,6 +184,11 @@ pub struct ConsumerArgs {
     /// How to wait for each frame.
     #[arg(long, value_enum, default_value_t = WaitArg::Cadence)]
     pub wait: WaitArg,
+    /// Longest single sleep on the futex, in ms, between looks at the
+    /// socket (`SubscriberOptions::park_slice`; the library's default is
+    /// 20).
+    #[arg(long)]
+    pub park_slice_ms: Option<u64>,
 }
 
 // ---------------------------------------------------------------------------
@@ -779,7 +784,7 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
         ModeArg::Latest => Mode::Latest,
         ModeArg::Sequential => Mode::Sequential,
     };
-    let opts = SubscriberOptions::default()
+    let mut opts = SubscriberOptions::default()
         .name(args.name.clone())
         .mode(mode)
         .lossless(args.lossless)
@@ -795,6 +800,9 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
             WaitArg::Park => WaitStrategy::Park,
             WaitArg::Spin => WaitStrategy::Spin,
         });
+    if let Some(ms) = args.park_slice_ms {
+        opts.park_slice = Duration::from_millis(ms.max(1));
+    }
     let mut sub = connect_with_retry(args, opts)?;
     let gpu = match sub.backend() {
         BackendKind::Cuda => Some(GpuTestPattern::for_uuid(sub.info().device_uuid)?),

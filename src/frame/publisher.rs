@@ -944,9 +944,9 @@ impl Publisher {
     /// `stream` (ADR 0009, PROTOCOL.md §10.1): claims push buffers, stores
     /// the slot's meta (the slot is still invalid), announces the commit in
     /// `pending_seq`, enqueues one kernel that copies the frame into every
-    /// push buffer and then stores the seqs, and returns without waiting
-    /// for the GPU, unless some subscriber was parked: then it waits for
-    /// the commit to land and rings doorbells.
+    /// push buffer and then stores the seqs, rings every parked
+    /// subscriber's doorbell, and returns without waiting for the GPU
+    /// (ADR 0017).
     fn commit_in_stream(
         &mut self,
         seq: u64,
@@ -1017,10 +1017,11 @@ impl Publisher {
         if let Err(e) = unsafe { self.pool.enqueue_commit(&commit, completion) } {
             // Nothing of this frame will land: undo the announcement, so
             // no subscriber spins for it (the slot stays invalid, the seq
-            // unused, as a failed publish promises).
-            // SYNC: global-seq — Acquire, as above.
-            let landed = header.seq.global_seq.load(Ordering::Acquire);
-            header.seq.pending_seq.store(landed, Ordering::Relaxed);
+            // unused, as a failed publish promises). Back to the previous
+            // frame's seq, not to `global_seq`: that frame's commit may
+            // still be in flight, and a subscriber rung for it (ADR 0017)
+            // must still see it announced when it parks again.
+            protocol::withdraw_pending(header, seq);
             return Err(e);
         }
         tracing::trace!(target: "vramring::publish", "commit enqueued");

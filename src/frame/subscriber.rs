@@ -1299,9 +1299,10 @@ impl Subscriber {
                 std::hint::spin_loop();
             } else if !announced {
                 // Queued at a loan that is still not published: wait parked
-                // (the publisher rings parked subscribers once the commit
-                // has landed) rather than nap past it. Every outcome is
-                // looked at again above.
+                // (the publisher rings parked subscribers when it announces
+                // the commit, and the wait then spins for it to land, ADR
+                // 0017) rather than nap past it. Every outcome is looked at
+                // again above.
                 let lease = &self.lease;
                 protocol::wait_for_seq(
                     self.control.at::<RingHeader>(0),

@@ -72,10 +72,11 @@ pub struct Bell<'a> {
     pub loaned: Option<(&'a AtomicU64, u64)>,
 }
 
-/// How long a subscriber spins on a commit it saw in flight before it parks
-/// anyway (a GPU that takes longer is far off its normal few microseconds;
-/// the park slice then bounds the wait, and the publisher's ring after
-/// the commit, or the next one, ends it).
+/// How long a subscriber spins on a commit it saw in flight before it naps
+/// instead (a GPU that takes longer is far off its normal few microseconds
+/// to ~150 µs; nobody rings when the commit lands, ADR 0017, so the naps,
+/// from [`IN_FLIGHT_NAP_MIN`] up to [`IN_FLIGHT_NAP_MAX`], bound how late
+/// it is found).
 const IN_FLIGHT_SPIN: Duration = Duration::from_millis(2);
 /// The first and longest nap between looks at a commit still in flight
 /// after [`IN_FLIGHT_SPIN`] (doubling in between).
@@ -259,10 +260,12 @@ pub fn wait_with(
             let p = pending.load(Ordering::Relaxed);
             if p > after && p != spun_for {
                 spun_for = p;
-                // A commit is in flight and its wake may not include us:
-                // wait for it on the CPU (a few microseconds on the GPU).
+                // A commit is in flight, and nobody rings when it lands (the
+                // publisher rang, if at all, when it announced it, ADR
+                // 0017): wait for it on the CPU (microseconds on the GPU).
                 client.parked.store(0, Ordering::Relaxed);
                 let mut until = (Instant::now() + IN_FLIGHT_SPIN).min(deadline);
+                let mut opened = false;
                 loop {
                     let g = load();
                     if g > after {
@@ -279,9 +282,15 @@ pub fn wait_with(
                         window = None;
                         plan.window_opened();
                         until = until.max(w.until.min(deadline));
+                        opened = true;
                     }
                     if now >= until {
                         break;
+                    }
+                    if opened {
+                        // As in the window's own spin: yield too.
+                        #[cfg(not(loom))]
+                        std::thread::yield_now();
                     }
                     crate::sync::spin_hint();
                 }
@@ -392,13 +401,16 @@ pub fn publish_seq(word: &AtomicU64, seq: u64) {
     fence(Ordering::SeqCst);
 }
 
-/// Publisher, after [`publish_seq`]: rings `client`'s doorbell if it is
-/// parked. Returns whether it rang. A hostile subscriber that keeps
-/// `parked` set costs one wake of its own futex per publish; with
-/// stream-order commits the publisher also waits on the CPU for each commit
-/// to land first, as for any parked subscriber (PROTOCOL.md §18.3).
+/// Publisher, after [`publish_seq`] (or, for a stream-order commit, after
+/// announcing it): rings `client`'s doorbell if it is parked. Returns
+/// whether it rang. A hostile subscriber that keeps `parked` set costs one
+/// wake of its own futex per publish, and nothing more: the publisher never
+/// waits for a commit on a subscriber's behalf (ADR 0017, PROTOCOL.md
+/// §18.3).
 pub fn wake_if_parked(client: &ClientLine) -> bool {
-    // Relaxed: ordered by the fence in `publish_seq`.
+    // SYNC: park / pending — Relaxed, ordered after the seq store by the
+    // caller's SeqCst fence: `publish_seq`'s (a CPU commit) or
+    // `announce_pending`'s (a stream-order commit, ADR 0017).
     if client.parked.load(Ordering::Relaxed) == 0 {
         return false;
     }
@@ -725,10 +737,12 @@ mod tests {
         );
         let out = std::thread::scope(|s| {
             s.spawn(|| {
-                // Inside the in-flight spin (its first 2 ms), after the
-                // window's start. A store that comes later (a loaded
-                // machine) is found by the window's own spin: the test
-                // then cannot tell the two apart, but still passes.
+                // Inside the in-flight spin, after the window's start. A
+                // store that comes later (a loaded machine) is found by
+                // the same spin, which the window's start extends to the
+                // window's end; one whose wait starts past the window's
+                // start is found by the window's own spin. Either way it
+                // is the window's.
                 std::thread::sleep(Duration::from_millis(1));
                 w.seq.store(1, Ordering::Release);
             });

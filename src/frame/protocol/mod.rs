@@ -48,5 +48,6 @@ pub mod push;
 pub use crate::ring::wait::{publish_seq, ring_doorbell, wait_on, wake_if_parked, Bell, WaitOutcome};
 pub use consume::{pick, safe_window, Look, Mode, Pick, SlotSnapshot};
 pub use publish::{
-    announce_pending, commit, commit_slot, invalidate, publish_global, stage_meta, wait_for_seq, CommitMeta,
+    announce_pending, commit, commit_slot, invalidate, publish_global, stage_meta, wait_for_seq, withdraw_pending,
+    CommitMeta,
 };

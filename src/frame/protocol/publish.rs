@@ -84,8 +84,8 @@ pub fn publish_global(header: &RingHeader, seq: u64) {
 
 /// Stream-order commit, on the CPU before the GPU commit is enqueued: the
 /// commit of `seq` is in flight from now on. Stores `pending_seq`, then the
-/// `SeqCst` fence after which the caller reads the `parked` flags to decide
-/// whether to wait for the commit and ring parked subscribers.
+/// `SeqCst` fence after which the caller reads the `parked` flags and rings
+/// the parked subscribers at once (ADR 0017).
 pub fn announce_pending(header: &RingHeader, seq: u64) {
     // Relaxed: own counter, single writer (the publisher).
     header.producer.published.store(seq, Ordering::Relaxed);
@@ -93,6 +93,16 @@ pub fn announce_pending(header: &RingHeader, seq: u64) {
     // before the `parked` loads (mirror of the subscriber's park fence).
     header.seq.pending_seq.store(seq, Ordering::Relaxed);
     fence(Ordering::SeqCst);
+}
+
+/// Stream-order commit whose enqueue failed: takes the announcement of
+/// `seq` back. `pending_seq` returns to `seq - 1`, the previous frame,
+/// whose commit may still be in flight (not to `global_seq`, which would
+/// hide it from a subscriber rung for it, ADR 0017).
+pub fn withdraw_pending(header: &RingHeader, seq: u64) {
+    // SYNC: pending — Relaxed, like the announcement; a subscriber that
+    // still reads `seq` spins for a commit that never lands, 2 ms at most.
+    header.seq.pending_seq.store(seq - 1, Ordering::Relaxed);
 }
 
 /// Waits until `global_seq > after`, or `deadline`, parked on `client`'s
@@ -114,4 +124,29 @@ pub fn wait_for_seq(
         loaned: None,
     };
     wait_on(bell, client, after, deadline, spin, slice, alive)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// A failed enqueue of frame 6 while frame 5's commit is still in
+    /// flight leaves frame 5 announced: a subscriber rung for it (ADR 0017)
+    /// that parks again must still see it in flight, not sleep through it.
+    #[test]
+    fn a_withdrawn_announcement_leaves_the_previous_commit_in_flight() {
+        // SAFETY: the header is `repr(C)` shared words, all atomics, for
+        // which all-zero bits are a valid value (a fresh memfd's contents).
+        let h: Box<RingHeader> = unsafe { Box::new(std::mem::MaybeUninit::zeroed().assume_init()) };
+        h.seq.global_seq.store(4, Ordering::Relaxed);
+        announce_pending(&h, 5);
+        announce_pending(&h, 6);
+        withdraw_pending(&h, 6);
+        assert_eq!(
+            h.seq.pending_seq.load(Ordering::Relaxed),
+            5,
+            "frame 5 is still in flight"
+        );
+        assert!(h.seq.pending_seq.load(Ordering::Relaxed) > h.seq.global_seq.load(Ordering::Relaxed));
+    }
 }
