@@ -684,12 +684,13 @@ mod tests {
 
     /// A plan whose one window is `from..until`.
     fn window(from: Instant, until: Instant) -> Fixed {
-        Fixed(Some(SpinWindow { from, until }), 0, 0)
+        Fixed(Some(SpinWindow { from, until }), 0, 0, 0)
     }
 
-    /// A fixed window, counting the timer reports and noting the thread's
-    /// timer slack at the last one (the park that just ended ran on it).
-    struct Fixed(Option<SpinWindow>, u32, u64);
+    /// A fixed window, counting the timer reports (noting the thread's
+    /// timer slack at the last one: the park that just ended ran on it) and
+    /// the window's openings.
+    struct Fixed(Option<SpinWindow>, u32, u64, u32);
     impl WaitPlan for Fixed {
         fn window(&mut self) -> Option<SpinWindow> {
             self.0
@@ -698,20 +699,8 @@ mod tests {
             self.1 += 1;
             self.2 = rustix::thread::current_timer_slack().expect("PR_GET_TIMERSLACK");
         }
-    }
-
-    /// A plan whose one window is `from..until`, counting the timer
-    /// reports and the window's openings.
-    struct Counted(SpinWindow, u32, u32);
-    impl WaitPlan for Counted {
-        fn window(&mut self) -> Option<SpinWindow> {
-            Some(self.0)
-        }
-        fn timer_woke(&mut self, _late: Duration) {
-            self.1 += 1;
-        }
         fn window_opened(&mut self) {
-            self.2 += 1;
+            self.3 += 1;
         }
     }
 
@@ -727,14 +716,7 @@ mod tests {
         let w = words();
         let pending = AtomicU64::new(1);
         let start = Instant::now();
-        let mut plan = Counted(
-            SpinWindow {
-                from: start + Duration::from_micros(500),
-                until: start + Duration::from_millis(100),
-            },
-            0,
-            0,
-        );
+        let mut plan = window(start + Duration::from_micros(500), start + Duration::from_millis(100));
         let out = std::thread::scope(|s| {
             s.spawn(|| {
                 // Inside the in-flight spin, after the window's start. A
@@ -762,7 +744,7 @@ mod tests {
         });
         assert_eq!(out, WaitOutcome::Advanced(1));
         assert!(start.elapsed() < Duration::from_millis(400), "{:?}", start.elapsed());
-        assert_eq!(plan.2, 1, "the window's spin began inside the in-flight spin");
+        assert_eq!(plan.3, 1, "the window's spin began inside the in-flight spin");
         assert_eq!(plan.1, 0, "no timer overshoot was reported");
     }
 
@@ -779,7 +761,7 @@ mod tests {
         assert_eq!(plan.2, 1, "the park to the window ran on a 1 ns slack");
         assert_eq!(rustix::thread::current_timer_slack().ok(), own.map(|n| n.get()));
         // A wait with no window leaves the slack alone throughout.
-        let mut none = Fixed(None, 0, 0);
+        let mut none = Fixed(None, 0, 0, 0);
         let out = w.wait_planned(
             Instant::now() + Duration::from_millis(5),
             Duration::from_millis(2),
