@@ -61,6 +61,10 @@ use vramring::{
 mod procs;
 use procs::{Children, MpsChoice, MpsDaemon};
 
+#[path = "common/host.rs"]
+#[allow(dead_code)]
+mod host;
+
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 // ------------------------------------------------------------------ options
@@ -1206,9 +1210,24 @@ fn run_shape_inner(p: &Params, shape: Shape, mps: Option<&MpsDaemon>, dir: &Path
     }
     let go_ns = monotonic_ns() + 500_000_000;
     write_atomic(&dir.join("go"), &go_ns.to_string())?;
+    // The machine over the measured window (busy, stolen, runnable), beside
+    // the processes' own figures: a tail the host made is told apart from
+    // one the ring made.
+    let window_start = go_ns + (p.warmup_seconds * 1e9) as u64;
+    let window_ns = (p.seconds * 1e9) as u64;
+    let host_file = dir.join("result-host");
+    let sampler = std::thread::spawn(move || {
+        sleep_until_ns(window_start);
+        let until = Instant::now() + Duration::from_nanos(window_ns);
+        if let Some(w) = host::HostWindow::sample_until(until, Duration::from_millis(20)) {
+            let _ = write_atomic(&host_file, &format!("kind=host {}\n", w.fields()));
+        }
+    });
     let run = Duration::from_secs_f64(p.warmup_seconds + p.seconds + 0.5);
     let end = (Instant::now() + run + Duration::from_secs(60)).min(deadline);
     children.wait_all(end, Duration::from_secs(10))?;
+    // Only a run that went to its end waits for the window's figures.
+    let _ = sampler.join();
     Ok(())
 }
 
@@ -1336,6 +1355,18 @@ fn summarize(p: &Params, shape: Shape, tag: &str, dir: &Path) -> (String, String
         max_late as f64 / 1e6,
         p.subs_per_ring
     ));
+    if let Some(h) = of("host").next() {
+        let f = |k: &str| h.get(k).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
+        let w = host::HostWindow {
+            cpus: h.u("host_cpus") as usize,
+            busy_pct: f("host_busy_pct"),
+            steal_pct: f("host_steal_pct"),
+            running_mean: f("host_running_mean"),
+            running_max: h.u("host_running_max"),
+            samples: h.u("host_samples") as usize,
+        };
+        md.push_str(&format!("\n{}\n", w.sentence()));
+    }
     let lost: Vec<String> = subs
         .iter()
         .filter(|r| r.u("missing") > 0)

@@ -80,6 +80,10 @@ use vramring::{
 mod common;
 use common::{read_samples, write_samples, R};
 
+#[path = "common/host.rs"]
+#[allow(dead_code)]
+mod host;
+
 const SLOTS: u32 = 8;
 /// Seed of the irregular cadence (xorshift64).
 const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -1003,6 +1007,9 @@ struct Row {
     dropped: u64,
     cpu_ns: u64,
     wall_ns: u64,
+    /// The whole machine's CPU counters over this row's cases
+    /// (`/proc/stat`: total, idle and stolen ticks), summed.
+    host: host::CpuTicks,
     failed: Option<String>,
 }
 
@@ -1273,7 +1280,19 @@ fn real_main() -> R<()> {
                     variant_name(interval_us, busy_us),
                     system.key()
                 );
-                match run_case(&case) {
+                let before = host::CpuTicks::now();
+                let outcome = run_case(&case);
+                if let (Some(a), Some(b)) = (before, host::CpuTicks::now()) {
+                    let w = host::HostWindow::between(a, b, &[], 0);
+                    eprintln!(
+                        "wake: host over the case: busy {:.1} %, stolen {:.2} %",
+                        w.busy_pct, w.steal_pct
+                    );
+                    row.host.total += b.total.saturating_sub(a.total);
+                    row.host.idle += b.idle.saturating_sub(a.idle);
+                    row.host.steal += b.steal.saturating_sub(a.steal);
+                }
+                match outcome {
                     Ok(Outcome {
                         lat,
                         stats: [delivered, dropped, cpu, wall],
@@ -1301,7 +1320,7 @@ fn real_main() -> R<()> {
         if producer_spin { "spinning" } else { "asleep" },
         machine()
     );
-    md.push_str("| cadence | wait | p50 | p99 | max | frames | dropped | subscriber CPU (% of a core) | p50 / floor | p99 / floor | submit p50 / p99 | after submit p50 / p99 | floors: after the copy's call p50 / p99 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| cadence | wait | p50 | p99 | max | frames | dropped | subscriber CPU (% of a core) | p50 / floor | p99 / floor | submit p50 / p99 | after submit p50 / p99 | floors: after the copy's call p50 / p99 | host busy / stolen % |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let mut jsonl = String::new();
     for (ci, &(interval_us, busy_us)) in variants.iter().enumerate() {
         let floor = {
@@ -1351,8 +1370,14 @@ fn real_main() -> R<()> {
                     "–".into()
                 }
             };
+            let hw = host::HostWindow::between(host::CpuTicks::default(), row.host, &[], 0);
+            let host_pct = if row.host.total > 0 {
+                format!("{:.1} / {:.2}", hw.busy_pct, hw.steal_pct)
+            } else {
+                "–".into()
+            };
             md.push_str(&format!(
-                "| {} | {} | {p50:.1} | {p99:.1} | {max:.1} | {} | {} | {cpu:.2} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {p50:.1} | {p99:.1} | {max:.1} | {} | {} | {cpu:.2} | {} | {} | {} | {} | {} | {host_pct} |\n",
                 variant_name(interval_us, busy_us),
                 system.name(),
                 row.delivered,
@@ -1364,7 +1389,7 @@ fn real_main() -> R<()> {
                 pair(c50, c99),
             ));
             jsonl.push_str(&format!(
-                "{{\"bench\":\"wake\",\"backend\":\"{}\",\"delivery\":\"{delivery}\",\"cadence_us\":{interval_us},\"busy_us\":{busy_us},\"wait\":\"{}\",\"producer_spin\":{producer_spin},\"p50_us\":{},\"p99_us\":{},\"max_us\":{},\"frames\":{},\"dropped\":{},\"cpu_pct\":{},\"floor_p50_us\":{},\"floor_p99_us\":{},\"submit_p50_us\":{},\"submit_p99_us\":{},\"after_submit_p50_us\":{},\"after_submit_p99_us\":{},\"after_copy_call_p50_us\":{},\"after_copy_call_p99_us\":{}}}\n",
+                "{{\"bench\":\"wake\",\"backend\":\"{}\",\"delivery\":\"{delivery}\",\"cadence_us\":{interval_us},\"busy_us\":{busy_us},\"wait\":\"{}\",\"producer_spin\":{producer_spin},\"p50_us\":{},\"p99_us\":{},\"max_us\":{},\"frames\":{},\"dropped\":{},\"cpu_pct\":{},\"floor_p50_us\":{},\"floor_p99_us\":{},\"submit_p50_us\":{},\"submit_p99_us\":{},\"after_submit_p50_us\":{},\"after_submit_p99_us\":{},\"after_copy_call_p50_us\":{},\"after_copy_call_p99_us\":{},\"host_busy_pct\":{},\"host_steal_pct\":{}}}\n",
                 if cuda { "cuda" } else { "host" },
                 system.key(),
                 num(p50),
@@ -1381,6 +1406,8 @@ fn real_main() -> R<()> {
                 num(a99),
                 num(c50),
                 num(c99),
+                num(if row.host.total > 0 { hw.busy_pct } else { f64::NAN }),
+                num(if row.host.total > 0 { hw.steal_pct } else { f64::NAN }),
             ));
         }
     }

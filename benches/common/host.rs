@@ -1,0 +1,135 @@
+//! What the whole machine did while a bench measured: how busy its CPUs
+//! were, how much of their time the hypervisor took (steal), and how many
+//! threads were runnable at once.
+//!
+//! The lent GPU machine is a VM whose vCPUs share their host. A run whose
+//! tail is bad because the host took the vCPUs away looks, from inside the
+//! bench, exactly like one whose tail is bad because of the code under
+//! test. The kernel's own counters (`/proc/stat`) tell the two apart: a
+//! guest with steal-time accounting reports the time its vCPUs were
+//! runnable but not running; `procs_running` says whether the bench's own
+//! threads outnumbered the vCPUs. Each bench samples them over its measured
+//! window and prints them beside its figures.
+
+use std::time::{Duration, Instant};
+
+/// The machine-wide CPU counters of `/proc/stat`'s `cpu` line, in clock
+/// ticks (`USER_HZ`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuTicks {
+    /// Every field of the line but `guest` and `guest_nice` (already
+    /// counted in `user` and `nice`).
+    pub total: u64,
+    /// `idle` plus `iowait`.
+    pub idle: u64,
+    /// `steal`: runnable, but the hypervisor ran something else.
+    pub steal: u64,
+}
+
+impl CpuTicks {
+    /// Parses the `cpu ` line of `/proc/stat` text; `None` if absent or
+    /// malformed (an old kernel without a steal field reads as steal 0).
+    pub fn parse(stat: &str) -> Option<CpuTicks> {
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|v| v.parse().ok())
+            .collect::<Option<_>>()?;
+        if f.len() < 4 {
+            return None;
+        }
+        let at = |i: usize| f.get(i).copied().unwrap_or(0);
+        // user nice system idle iowait irq softirq steal [guest guest_nice]
+        Some(CpuTicks {
+            total: (0..8).map(at).sum(),
+            idle: at(3) + at(4),
+            steal: at(7),
+        })
+    }
+
+    /// The counters now; `None` where `/proc/stat` cannot be read.
+    pub fn now() -> Option<CpuTicks> {
+        CpuTicks::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+}
+
+/// `procs_running` of `/proc/stat` text: threads runnable right now.
+pub fn procs_running(stat: &str) -> Option<u64> {
+    stat.lines()
+        .find_map(|l| l.strip_prefix("procs_running "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The machine over one window.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HostWindow {
+    /// Online CPUs.
+    pub cpus: usize,
+    /// Share of all CPU time that was not idle, percent.
+    pub busy_pct: f64,
+    /// Share of all CPU time stolen by the hypervisor, percent.
+    pub steal_pct: f64,
+    /// Mean and largest `procs_running` over the samples.
+    pub running_mean: f64,
+    pub running_max: u64,
+    pub samples: usize,
+}
+
+impl HostWindow {
+    /// The window between two counter readings, with `running` the
+    /// `procs_running` samples taken between them.
+    pub fn between(a: CpuTicks, b: CpuTicks, running: &[u64], cpus: usize) -> HostWindow {
+        let total = b.total.saturating_sub(a.total).max(1) as f64;
+        let idle = b.idle.saturating_sub(a.idle) as f64;
+        let steal = b.steal.saturating_sub(a.steal) as f64;
+        HostWindow {
+            cpus,
+            busy_pct: 100.0 * (total - idle).max(0.0) / total,
+            steal_pct: 100.0 * steal / total,
+            running_mean: running.iter().sum::<u64>() as f64 / running.len().max(1) as f64,
+            running_max: running.iter().copied().max().unwrap_or(0),
+            samples: running.len(),
+        }
+    }
+
+    /// Samples the machine from now until `until`, every `every`. `None`
+    /// where `/proc/stat` cannot be read (not Linux).
+    pub fn sample_until(until: Instant, every: Duration) -> Option<HostWindow> {
+        let a = CpuTicks::now()?;
+        let mut running = Vec::new();
+        loop {
+            if let Some(r) = std::fs::read_to_string("/proc/stat")
+                .ok()
+                .as_deref()
+                .and_then(procs_running)
+            {
+                running.push(r);
+            }
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            std::thread::sleep(every.min(until - now));
+        }
+        let b = CpuTicks::now()?;
+        let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+        Some(HostWindow::between(a, b, &running, cpus))
+    }
+
+    /// One sentence for a report.
+    pub fn sentence(&self) -> String {
+        format!(
+            "Host over the measured window: CPUs busy {:.1} % of {} vCPUs, stolen by the hypervisor {:.2} % (`/proc/stat` steal; 0 also where the guest is not told), runnable threads mean {:.1}, max {} ({} samples).",
+            self.busy_pct, self.cpus, self.steal_pct, self.running_mean, self.running_max, self.samples
+        )
+    }
+
+    /// `key=value` fields for a result line.
+    pub fn fields(&self) -> String {
+        format!(
+            "host_busy_pct={:.2} host_steal_pct={:.3} host_running_mean={:.2} host_running_max={} host_cpus={} host_samples={}",
+            self.busy_pct, self.steal_pct, self.running_mean, self.running_max, self.cpus, self.samples
+        )
+    }
+}
