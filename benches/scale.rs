@@ -25,7 +25,10 @@
 //! run in which no frame was checked never reports the goal met.
 //! Producer and subscriber CPU per frame are process CPU time
 //! (`getrusage`) over the measured window divided by the frames published
-//! or received in it.
+//! or received in it. Beside them, the whole machine over the same window
+//! (`common/host.rs`: CPUs busy, stolen by the hypervisor, threads
+//! runnable), which tells a tail the lent VM's host made from one the ring
+//! made.
 //!
 //! Only the public API is used (`Publisher`, `SlotMut::publish_cuda`,
 //! `Subscriber`, `SubscriberOptions`, with the library's default wait unless

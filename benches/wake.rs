@@ -36,6 +36,9 @@
 //! `publish_cuda`) to the subscriber holding the
 //! frame (`next()` returned; push delivery by default). Subscriber CPU: the
 //! subscriber process's CPU time over the measured span ÷ that span.
+//! Host busy / stolen: the whole machine's CPUs over the row's cases
+//! (`/proc/stat`, `common/host.rs`), so that a row slowed by the lent VM's
+//! host (steal) is told from one slowed by what it measures.
 //! Submit (vramring and GPU rows): from the same clock read to the
 //! producer's call returning (`publish_cuda`, or the floor's last driver
 //! call), per frame; "after submit" is each delivered frame's latency less
