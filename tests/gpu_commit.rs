@@ -18,12 +18,15 @@ mod common;
 #[path = "../examples/common/mod.rs"]
 #[allow(dead_code)]
 mod examples_common;
+#[path = "common/finals.rs"]
+mod finals;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{example, TempDir};
 use examples_common::JsonLine;
+use finals::{final_line, untorn_final};
 use vramring::memory::cuda::RealDriver;
 
 fn producer(socket: &str, extra: &[&str]) -> Child {
@@ -81,26 +84,10 @@ fn at_least_checked(lines: &[(String, JsonLine)], n: u64) {
     assert!(checked >= n, "only {checked} frames were checked");
 }
 
-/// Waits for consumer `name` and returns its final JSON line, after
-/// asserting it exited cleanly with 0 torn frames.
-fn untorn_final(name: &str, child: Child) -> JsonLine {
-    let out = child.wait_with_output().expect("consumer");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{name} failed: {text}");
-    let j = JsonLine::final_in(&text);
-    eprintln!("{name}: {j:?}");
-    assert_eq!(j.u64("torn"), Some(0), "{name}: {j:?}");
-    j
-}
-
 /// Waits for the producer and every consumer; returns the consumers' final
 /// JSON lines after asserting each exited cleanly with 0 torn frames.
 fn finish(producer: Child, frames: u64, subs: Vec<(String, Child)>) -> Vec<(String, JsonLine)> {
-    let out = producer.wait_with_output().expect("producer");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "producer failed: {text}");
-    let p = JsonLine::final_in(&text);
-    eprintln!("producer: {p:?}");
+    let p = final_line("producer", producer);
     assert_eq!(p.u64("published"), Some(frames), "producer: {p:?}");
     assert_eq!(
         p.u64("stream_commit"),

@@ -21,13 +21,16 @@ mod common;
 #[path = "../examples/common/mod.rs"]
 #[allow(dead_code)]
 mod examples_common;
+#[path = "common/finals.rs"]
+#[allow(dead_code)]
+mod finals;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{example, TempDir};
-use examples_common::JsonLine;
+use finals::final_line;
 use md5::{Digest, Md5};
 use vramring::memory::cuda::{find_device_by_uuid, ContextGuard, Driver, RealDriver};
 use vramring::nvdec::{Codec, Decoder, DecoderOptions};
@@ -304,20 +307,12 @@ fn ring_subscribers_match_ffmpeg_pull_push_and_namespaced() {
             ("push", sub("push", false, "")),
             ("namespaced-pull", sub("pull", true, png_here)),
         ];
-        let out = producer.wait_with_output().expect("producer");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{}: producer failed: {text}", clip.file);
-        let p = JsonLine::final_in(&text);
-        eprintln!("{} producer: {p:?}", clip.file);
+        let p = final_line(&format!("{} producer", clip.file), producer);
         assert_eq!(p.u64("published"), Some(2 * n), "{}: {p:?}", clip.file);
         assert_eq!(p.u64("width"), Some(u64::from(clip.width)));
         assert_eq!(p.u64("height"), Some(u64::from(clip.height)));
         for (name, child) in subs {
-            let out = child.wait_with_output().expect("subscriber");
-            let text = String::from_utf8_lossy(&out.stdout);
-            assert!(out.status.success(), "{}: {name} failed: {text}", clip.file);
-            let j = JsonLine::final_in(&text);
-            eprintln!("{} {name}: {j:?}", clip.file);
+            let j = final_line(&format!("{} {name}", clip.file), child);
             assert_eq!(j.u64("mismatched"), Some(0), "{} {name}: {j:?}", clip.file);
             assert_eq!(j.u64("matched"), j.u64("received"), "{} {name}: {j:?}", clip.file);
             if name == "push" {

@@ -9,12 +9,14 @@ mod common;
 #[path = "../examples/common/mod.rs"]
 #[allow(dead_code)]
 mod examples_common;
+#[path = "common/finals.rs"]
+mod finals;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{example, TempDir};
-use examples_common::JsonLine;
+use finals::{final_line, untorn_final};
 use vramring::memory::cuda::{ContextGuard, Driver, RealDriver};
 use vramring::{Subscriber, SubscriberOptions};
 
@@ -134,21 +136,10 @@ fn four_gpu_subscribers_one_in_its_own_namespaces_get_10000_frames_untorn() {
         "the rogue subscriber's write into its read-only mapping was not refused: {}",
         String::from_utf8_lossy(&rogue_out.stdout)
     );
-    let out = producer.wait_with_output().expect("producer");
-    assert!(
-        out.status.success(),
-        "producer failed: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let p = JsonLine::final_in(&String::from_utf8_lossy(&out.stdout));
+    let p = final_line("producer", producer);
     assert_eq!(p.u64("published"), Some(10_000), "producer: {p:?}");
     for (name, child) in subs {
-        let out = child.wait_with_output().expect("consumer");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{name} failed: {text}");
-        let j = JsonLine::final_in(&text);
-        eprintln!("{name}: {j:?}");
-        assert_eq!(j.u64("torn"), Some(0), "{name}: {j:?}");
+        let j = untorn_final(name, child);
         assert!(
             j.u64("delivered").unwrap_or(0) > 100,
             "{name} got too few frames: {j:?}"
