@@ -7,9 +7,9 @@
 //! bench, exactly like one whose tail is bad because of the code under
 //! test. The kernel's own counters (`/proc/stat`) tell the two apart: a
 //! guest with steal-time accounting reports the time its vCPUs were
-//! runnable but not running; `procs_running` says whether the bench's own
-//! threads outnumbered the vCPUs. Each bench samples them over its measured
-//! window and prints them beside its figures.
+//! runnable but not running; `procs_running` says whether runnable threads
+//! outnumbered the vCPUs. `scale` samples them over its measured window,
+//! `wake` over each row's cases, and both print them beside their figures.
 
 use std::time::{Duration, Instant};
 
@@ -66,7 +66,8 @@ pub fn procs_running(stat: &str) -> Option<u64> {
 pub struct HostWindow {
     /// Online CPUs.
     pub cpus: usize,
-    /// Share of all CPU time that was not idle, percent.
+    /// Share of all CPU time that was not idle (stolen time included),
+    /// percent.
     pub busy_pct: f64,
     /// Share of all CPU time stolen by the hypervisor, percent.
     pub steal_pct: f64,
