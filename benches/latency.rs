@@ -22,7 +22,11 @@
 //! Latency is "publish → subscriber holds its copy": from the moment the
 //! producer has enqueued the frame's write and starts publishing, to the
 //! moment the subscriber's copy has completed on its stream
-//! (`CLOCK_MONOTONIC`, comparable across processes).
+//! (`CLOCK_MONOTONIC`, comparable across processes). Each row also gives
+//! how busy the whole machine's CPUs were over its runs and how much of
+//! their time the hypervisor stole (`/proc/stat`, `common/host.rs`): on the
+//! lent VM a row slowed by its host is told from one slowed by what it
+//! measures.
 //!
 //! Run on a GPU machine: `cargo bench --bench latency -- [--quick]
 //! [--mps [off|on|both]] [--systems K,K..] [--subs N,N..] [--no-rate]
@@ -64,6 +68,10 @@ mod common;
 mod procs;
 use common::{ck, make_primary_current, read_samples, write_samples, R};
 use procs::{Children, MpsChoice, MpsDaemon};
+
+#[path = "common/host.rs"]
+#[allow(dead_code)]
+mod host;
 
 fn now_ns() -> u64 {
     vramring::time::monotonic_ns()
@@ -1162,6 +1170,9 @@ struct CaseRuns {
     pooled: Option<Outcome>,
     /// Each round's p50 (µs).
     p50s: Vec<f64>,
+    /// The whole machine's CPU counters over this case's runs
+    /// (`/proc/stat`), summed over the rounds.
+    host: host::CpuTicks,
     /// Why the case stopped being run.
     failed: Option<String>,
 }
@@ -1171,7 +1182,7 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
     let with_mps = mps.is_some();
     let tag = mps_label(with_mps);
     let mut report = format!(
-        "\n### MPS {tag}\n\n| MPS | frame | subs | mode | system | p50 | p50 by round | p99 | max | delivered | dropped | overruns | producer CPU/publish p50 (µs) | producer wall/publish p50 (µs) | kernel launch CPU p50 (µs), same pace |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "\n### MPS {tag}\n\n| MPS | frame | subs | mode | system | p50 | p50 by round | p99 | max | delivered | dropped | overruns | producer CPU/publish p50 (µs) | producer wall/publish p50 (µs) | kernel launch CPU p50 (µs), same pace | host busy / stolen % |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     // Every case once per round, rounds interleaved; outcomes pooled.
     let mut cases: Vec<CaseRuns> = Vec::new();
@@ -1184,6 +1195,7 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
                     system,
                     pooled: None,
                     p50s: Vec::new(),
+                    host: host::CpuTicks::default(),
                     failed: None,
                 });
             }
@@ -1192,7 +1204,7 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
     'rounds: for round in 0..plan.rounds {
         for c in cases.iter_mut() {
             let ((w, h, label), n, system) = (c.size, c.n, c.system);
-            let (pooled, p50s, failed) = (&mut c.pooled, &mut c.p50s, &mut c.failed);
+            let (pooled, p50s, failed, ticks) = (&mut c.pooled, &mut c.p50s, &mut c.failed, &mut c.host);
             if failed.is_some() {
                 continue;
             }
@@ -1219,7 +1231,14 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
                     system.key()
                 );
             }
-            match run_case(&case, mps, case_deadline(&case, plan)) {
+            let before = host::CpuTicks::now();
+            let outcome = run_case(&case, mps, case_deadline(&case, plan));
+            if let (Some(a), Some(b)) = (before, host::CpuTicks::now()) {
+                ticks.total += b.total.saturating_sub(a.total);
+                ticks.idle += b.idle.saturating_sub(a.idle);
+                ticks.steal += b.steal.saturating_sub(a.steal);
+            }
+            match outcome {
                 Ok(o) => {
                     p50s.push(pct(&o.lat, 0.5));
                     match pooled {
@@ -1233,6 +1252,12 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
     }
     for c in cases {
         let ((_, _, label), n, system, p50s) = (c.size, c.n, c.system, c.p50s);
+        let hw = host::HostWindow::between(host::CpuTicks::default(), c.host, &[], 0);
+        let (host_busy, host_steal) = if c.host.total > 0 {
+            (hw.busy_pct, hw.steal_pct)
+        } else {
+            (f64::NAN, f64::NAN)
+        };
         let line = match (c.pooled, c.failed) {
             (Some(o), None) => {
                 let (p50, p99, max) = (pct(&o.lat, 0.5), pct(&o.lat, 0.99), pct(&o.lat, 1.0));
@@ -1241,7 +1266,7 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
                 res.p50.insert((with_mps, label, n, system.key()), p50);
                 let rounds: Vec<String> = p50s.iter().map(|p| format!("{p:.1}")).collect();
                 res.jsonl.push_str(&format!(
-                    "{{\"bench\":\"latency\",\"mps\":\"{tag}\",\"frame\":\"{label}\",\"subs\":{n},\"mode\":\"{}\",\"system\":\"{}\",\"samples\":{},\"rounds\":{},\"p50_us\":{p50:.1},\"p50_by_round_us\":[{}],\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"delivered\":{},\"dropped\":{},\"overruns\":{},\"queued\":{},\"queued_at_loan\":{},\"pub_cpu_p50_us\":{cpu:.1},\"pub_wall_p50_us\":{wall:.1},\"launch_cpu_p50_us\":{launch:.1}}}\n",
+                    "{{\"bench\":\"latency\",\"mps\":\"{tag}\",\"frame\":\"{label}\",\"subs\":{n},\"mode\":\"{}\",\"system\":\"{}\",\"samples\":{},\"rounds\":{},\"p50_us\":{p50:.1},\"p50_by_round_us\":[{}],\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"delivered\":{},\"dropped\":{},\"overruns\":{},\"queued\":{},\"queued_at_loan\":{},\"pub_cpu_p50_us\":{cpu:.1},\"pub_wall_p50_us\":{wall:.1},\"launch_cpu_p50_us\":{launch:.1},\"host_busy_pct\":{host_busy:.1},\"host_steal_pct\":{host_steal:.2}}}\n",
                     system.mode(),
                     system.name(),
                     o.lat.len(),
@@ -1259,7 +1284,7 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
                     o.delivered.to_string()
                 };
                 format!(
-                    "| {tag} | {label} | {n} | {} | {} | {p50:.1} | {} | {p99:.1} | {max:.1} | {delivered} | {} | {} | {cpu:.1} | {wall:.1} | {} |\n",
+                    "| {tag} | {label} | {n} | {} | {} | {p50:.1} | {} | {p99:.1} | {max:.1} | {delivered} | {} | {} | {cpu:.1} | {wall:.1} | {} | {host_busy:.1} / {host_steal:.2} |\n",
                     system.mode(),
                     system.name(),
                     rounds.join(" / "),
