@@ -792,6 +792,52 @@ fn joined<T: ToString>(items: &[T]) -> String {
     items.iter().map(|i| i.to_string()).collect::<Vec<_>>().join("+")
 }
 
+/// Readers slow at the same frame index at once, from this many up, make a
+/// burst: the cameras' phases lie within one frame period, so one index is
+/// one 40 ms stretch of wall time, and several readers slow in it point at
+/// the machine (a stolen vCPU, a GPU stall) rather than at one reader.
+const BURST_READERS: usize = 4;
+
+/// One sentence on the logged slow frames of every reader (`slow_at`
+/// fields, "index:µs:µs before the stamp:outcome" joined by `+`): how many
+/// fell in bursts, and how each reader's wait had fared on them.
+fn slow_frames_sentence<'a>(slow_at: impl Iterator<Item = &'a str>) -> String {
+    let mut at: HashMap<u64, usize> = HashMap::new();
+    let mut outcomes = [0usize; 4]; // h, e, m, -
+    let mut logged = 0usize;
+    for field in slow_at.filter(|f| *f != "-") {
+        for entry in field.split('+') {
+            let parts: Vec<&str> = entry.split(':').collect();
+            let Some(index) = parts.first().and_then(|i| i.parse::<u64>().ok()) else {
+                continue;
+            };
+            logged += 1;
+            *at.entry(index).or_default() += 1;
+            let k = match parts.get(3).copied() {
+                Some("h") => 0,
+                Some("e") => 1,
+                Some("m") => 2,
+                _ => 3,
+            };
+            outcomes[k] += 1;
+        }
+    }
+    if logged == 0 {
+        return "\nSlow frames logged (over 100 µs, the first 48 per reader): none.\n".into();
+    }
+    let in_bursts: usize = at.values().filter(|&&n| n >= BURST_READERS).sum();
+    let bursts = at.values().filter(|&&n| n >= BURST_READERS).count();
+    format!(
+        "\nSlow frames logged (over 100 µs, the first {SLOW_LOG} per reader): {logged} at {} frame indices; {in_bursts} ({:.0} %) in {bursts} bursts of {BURST_READERS} or more readers slow at the same index (the machine); each reader's wait on them: {} caught in its spin window, {} before it (a doorbell wake), {} after it, {} not counted.\n",
+        at.len(),
+        100.0 * in_bursts as f64 / logged as f64,
+        outcomes[0],
+        outcomes[1],
+        outcomes[2],
+        outcomes[3]
+    )
+}
+
 /// The GPU pattern checker of this process, made by the first thread that
 /// needs it and shared (its result buffer is one, so checks take turns).
 static VERIFIER: OnceLock<Result<Mutex<GpuTestPattern>, String>> = OnceLock::new();
@@ -1357,6 +1403,9 @@ fn summarize(p: &Params, shape: Shape, tag: &str, dir: &Path) -> (String, String
         median_f(&mut fcpu),
         max_late as f64 / 1e6,
         p.subs_per_ring
+    ));
+    md.push_str(&slow_frames_sentence(
+        subs.iter().map(|r| r.get("slow_at").unwrap_or("-")),
     ));
     if let Some(h) = of("host").next() {
         let f = |k: &str| h.get(k).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
