@@ -1258,6 +1258,11 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
         } else {
             (f64::NAN, f64::NAN)
         };
+        let host_cell = if c.host.total > 0 {
+            format!("{host_busy:.1} / {host_steal:.2}")
+        } else {
+            "–".to_string()
+        };
         let line = match (c.pooled, c.failed) {
             (Some(o), None) => {
                 let (p50, p99, max) = (pct(&o.lat, 0.5), pct(&o.lat, 0.99), pct(&o.lat, 1.0));
@@ -1284,7 +1289,7 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
                     o.delivered.to_string()
                 };
                 format!(
-                    "| {tag} | {label} | {n} | {} | {} | {p50:.1} | {} | {p99:.1} | {max:.1} | {delivered} | {} | {} | {cpu:.1} | {wall:.1} | {} | {host_busy:.1} / {host_steal:.2} |\n",
+                    "| {tag} | {label} | {n} | {} | {} | {p50:.1} | {} | {p99:.1} | {max:.1} | {delivered} | {} | {} | {cpu:.1} | {wall:.1} | {} | {host_cell} |\n",
                     system.mode(),
                     system.name(),
                     rounds.join(" / "),

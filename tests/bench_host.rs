@@ -29,6 +29,11 @@ fn the_cpu_line_is_parsed_without_guest_time() {
     assert_eq!(t.idle, 1010);
     assert_eq!(t.steal, 30);
     assert_eq!(host::procs_running(STAT), Some(3));
+    // A kernel without the steal field (before 2.6.11) reads as steal 0;
+    // fewer than the four oldest fields is not a cpu line.
+    let old = host::CpuTicks::parse("cpu  10 0 5 100 2\n").expect("five fields");
+    assert_eq!((old.total, old.idle, old.steal), (117, 102, 0));
+    assert_eq!(host::CpuTicks::parse("cpu  1 2 3\n"), None);
     assert_eq!(host::CpuTicks::parse("cpu0 1 2 3 4\n"), None);
     assert_eq!(host::CpuTicks::parse("cpu  1 x 3 4\n"), None);
 }

@@ -9,7 +9,8 @@
 //! guest with steal-time accounting reports the time its vCPUs were
 //! runnable but not running; `procs_running` says whether runnable threads
 //! outnumbered the vCPUs. `scale` samples them over its measured window,
-//! `wake` over each row's cases, and both print them beside their figures.
+//! `wake` and `latency` over each row's runs, and each prints them beside
+//! its figures.
 
 use std::time::{Duration, Instant};
 
@@ -71,7 +72,8 @@ pub struct HostWindow {
     pub busy_pct: f64,
     /// Share of all CPU time stolen by the hypervisor, percent.
     pub steal_pct: f64,
-    /// Mean and largest `procs_running` over the samples.
+    /// Mean and largest `procs_running` over the samples (the sampling
+    /// thread itself included: it is running when it reads).
     pub running_mean: f64,
     pub running_max: u64,
     pub samples: usize,
@@ -121,7 +123,7 @@ impl HostWindow {
     /// One sentence for a report.
     pub fn sentence(&self) -> String {
         format!(
-            "Host over the measured window: CPUs busy {:.1} % of {} vCPUs, stolen by the hypervisor {:.2} % (`/proc/stat` steal; 0 also where the guest is not told), runnable threads mean {:.1}, max {} ({} samples).",
+            "Host over the measured window: CPUs busy {:.1} % of {} vCPUs, stolen by the hypervisor {:.2} % (`/proc/stat` steal; 0 also where the guest is not told), runnable threads mean {:.1}, max {} ({} samples, the sampler's own thread included).",
             self.busy_pct, self.cpus, self.steal_pct, self.running_mean, self.running_max, self.samples
         )
     }
