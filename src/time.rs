@@ -20,3 +20,29 @@ pub fn realtime_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Realtime);
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
+
+/// `now + timeout`, or a deadline about 136 years out where the sum does
+/// not fit an `Instant` (`Duration::MAX`, "wait for ever", would panic).
+pub fn deadline_after(now: std::time::Instant, timeout: std::time::Duration) -> std::time::Instant {
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + std::time::Duration::from_secs(u64::from(u32::MAX)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_deadline_after_any_timeout_is_ahead_and_never_panics() {
+        let now = Instant::now();
+        assert_eq!(
+            deadline_after(now, Duration::from_millis(5)),
+            now + Duration::from_millis(5)
+        );
+        for huge in [Duration::MAX, Duration::from_secs(u64::MAX / 2)] {
+            let d = deadline_after(now, huge);
+            assert!(d >= now + Duration::from_secs(u64::from(u32::MAX)), "{huge:?}");
+        }
+    }
+}

@@ -7,6 +7,7 @@ use vramring::ServeOptions;
 use vramring::BackendChoice;
 use vramring::{
     testpattern, Error, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions,
+    WaitStrategy,
 };
 
 fn sock(name: &str) -> std::path::PathBuf {
@@ -43,6 +44,37 @@ fn next_times_out_when_nothing_is_published() {
     let t = std::time::Instant::now();
     assert!(matches!(s.next(Duration::from_millis(100)), Err(Error::Timeout(..))));
     assert!(t.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn a_timeout_or_spin_of_duration_max_waits_for_the_frame_instead_of_panicking() {
+    // `Duration::MAX` is the natural "wait for ever"; adding it to an
+    // `Instant` panics, so the waits must not.
+    for (name, opts) in [
+        ("forever", SubscriberOptions::default()),
+        ("spin-forever", SubscriberOptions::default().spin(Duration::MAX)),
+        (
+            "park-forever",
+            SubscriberOptions::default()
+                .wait(WaitStrategy::Park)
+                .spin(Duration::MAX),
+        ),
+    ] {
+        let path = sock(name);
+        let mut p = Publisher::create(&path, host(Format::Gray8, 16, 16)).unwrap();
+        let mut s = Subscriber::connect(&path, opts).unwrap();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            let mut slot = p.loan(Duration::MAX).unwrap();
+            testpattern::fill(slot.bytes_mut().unwrap(), 1);
+            slot.publish(FrameMeta::pts(1)).unwrap();
+            p
+        });
+        let f = s.next(Duration::MAX).unwrap();
+        assert_eq!(f.seq(), 1, "{name}");
+        drop(f);
+        drop(h.join().unwrap());
+    }
 }
 
 #[test]

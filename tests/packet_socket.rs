@@ -92,6 +92,26 @@ fn a_parked_subscriber_is_woken_by_the_next_write() {
 }
 
 #[test]
+fn a_packet_wait_of_duration_max_waits_for_the_packet_instead_of_panicking() {
+    let dir = TempDir::new("pk-forever");
+    let mut p = publisher(&dir, 1 << 16, 64);
+    let path = dir.join("p.sock");
+    let reader = std::thread::spawn(move || {
+        let mut s = PacketSubscriber::connect(&path, PacketSubscriberOptions::new()).unwrap();
+        let mut buf = Vec::new();
+        let first = s.next_copy(&mut buf, Duration::MAX).unwrap().seq;
+        let second = s.borrow(Duration::MAX).unwrap().seq();
+        (first, second)
+    });
+    assert!(wait_until(Duration::from_secs(5), || p.stats().subscribers == 1));
+    for i in 1..=2u64 {
+        std::thread::sleep(Duration::from_millis(20));
+        p.write(&packet(i), meta(true, 0)).unwrap();
+    }
+    assert_eq!(reader.join().unwrap(), (1, 2));
+}
+
+#[test]
 fn a_lossless_subscriber_gets_every_packet_through_many_wraps() {
     let dir = TempDir::new("pk-lossless");
     // 16 KiB of data and 8 records: a slow reader forces the writer to wait.

@@ -31,12 +31,25 @@ const QUEUED_NAP_MIN: Duration = Duration::from_micros(50);
 const QUEUED_NAP_MAX: Duration = Duration::from_millis(5);
 /// Past the deadline, a copy whose commit has landed is still waited for
 /// this long (it finishes within microseconds) rather than left queued.
-const QUEUED_LANDED_GRACE: Duration = Duration::from_secs(1);
+/// Short: a copy that never runs (the publisher's gate store failed) costs
+/// each call this much past its timeout.
+const QUEUED_LANDED_GRACE: Duration = Duration::from_millis(20);
 /// Wherever a queued copy is given up, it is first given this long to
 /// finish (its commit normally follows the loan within
 /// microseconds, and a publisher that closed in order opened the gate for
 /// it) before it is set aside.
 const QUEUED_CLOSE_WAIT: Duration = Duration::from_millis(20);
+
+/// When a queued copy's wait ends: at the call's deadline, or, once its
+/// commit has landed (the copy then finishes within microseconds),
+/// [`QUEUED_LANDED_GRACE`] after it.
+fn queued_wait_end(deadline: Instant, landed: bool) -> Instant {
+    if landed {
+        crate::time::deadline_after(deadline, QUEUED_LANDED_GRACE)
+    } else {
+        deadline
+    }
+}
 
 /// A copy queued on the GPU behind a commit (ADR 0010, 0014) whose frame
 /// is neither delivered nor given up yet.
@@ -1064,7 +1077,7 @@ impl Subscriber {
     /// [`Error::Timeout`] when no frame came in time; [`Error::ProducerGone`]
     /// when the publisher closed or died; [`Error::Evicted`]; backend errors.
     pub fn next(&mut self, timeout: Duration) -> Result<Frame<'_>> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::time::deadline_after(Instant::now(), timeout);
         self.reconnect_if_gone(deadline, timeout)?;
         self.lease.ensure_or_drain()?;
         loop {
@@ -1254,7 +1267,8 @@ impl Subscriber {
                 }
             }
             let now = Instant::now();
-            let expired = now >= deadline && !(landed && now < deadline + QUEUED_LANDED_GRACE);
+            let end = queued_wait_end(deadline, landed);
+            let expired = now >= end;
             // SYNC: producer-state — Acquire pairs with the publisher's
             // Release at close (after it opened the gate).
             let closed = self.header().producer.state.load(Ordering::Acquire) == PRODUCER_CLOSED;
@@ -1282,9 +1296,9 @@ impl Subscriber {
             }
             if expired {
                 if landed {
-                    // Committed, yet the copy has not run a second after the
-                    // deadline (its gate store failed): set it aside; the
-                    // next call copies the frame after the commit.
+                    // Committed, yet the copy has not run within the grace
+                    // after the deadline (its gate store failed): set it
+                    // aside; the next call copies the frame after the commit.
                     self.settle_in_flight()?;
                 }
                 // Otherwise the publisher lives, and the commit has not come
@@ -1314,8 +1328,11 @@ impl Subscriber {
                     || lease.quiet(),
                 );
             } else {
+                // Up to the wait's end, which for a landed commit lies past
+                // the deadline: napping only to the deadline would spin
+                // through the grace.
                 std::thread::sleep(
-                    nap.min(deadline.saturating_duration_since(now))
+                    nap.min(end.saturating_duration_since(now))
                         .max(Duration::from_micros(1)),
                 );
                 nap = (nap * 2).min(QUEUED_NAP_MAX);
@@ -1378,7 +1395,7 @@ impl Subscriber {
     /// # Errors
     /// As [`Subscriber::next`].
     pub fn borrow(&mut self, timeout: Duration) -> Result<Borrow<'_>> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::time::deadline_after(Instant::now(), timeout);
         self.reconnect_if_gone(deadline, timeout)?;
         self.lease.ensure_or_drain()?;
         loop {
@@ -1518,5 +1535,21 @@ impl Drop for Subscriber {
         if let Err(e) = self.close() {
             tracing::warn!(error = %e, "subscriber close failed in drop");
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod queued_wait_tests {
+    use super::*;
+
+    #[test]
+    fn a_landed_commit_extends_the_wait_by_the_short_grace_only() {
+        let d = Instant::now();
+        assert_eq!(queued_wait_end(d, false), d);
+        assert_eq!(queued_wait_end(d, true), d + QUEUED_LANDED_GRACE);
+        assert!(
+            QUEUED_LANDED_GRACE <= Duration::from_millis(50),
+            "a call may overrun its timeout by the grace"
+        );
     }
 }

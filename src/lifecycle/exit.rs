@@ -562,7 +562,7 @@ impl ExitJoin {
         // owner's drop) waits here, so it never returns while the thread
         // may still run unless its own bounded wait ran out.
         let _joining = lock(&self.joining);
-        let deadline = Instant::now() + self.join_timeout;
+        let deadline = crate::time::deadline_after(Instant::now(), self.join_timeout);
         let mut nap = Duration::from_micros(50);
         let handle = loop {
             {

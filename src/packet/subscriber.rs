@@ -303,7 +303,7 @@ impl PacketSubscriber {
     /// # Errors
     /// As [`PacketSubscriber::try_next_copy`], and [`Error::Timeout`].
     pub fn next_copy(&mut self, buf: &mut Vec<u8>, timeout: Duration) -> Result<Packet> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::time::deadline_after(Instant::now(), timeout);
         loop {
             if let Some(p) = self.try_next_copy(buf)? {
                 return Ok(p);
@@ -347,7 +347,7 @@ impl PacketSubscriber {
     /// # Errors
     /// As [`PacketSubscriber::next_copy`].
     pub fn borrow(&mut self, timeout: Duration) -> Result<PacketBorrow<'_>> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::time::deadline_after(Instant::now(), timeout);
         loop {
             self.lease.ensure_or_drain()?;
             if self.reader.has_next()? {

@@ -313,7 +313,7 @@ fn accept_all<S: Served>(sh: &S, listener: &Listener, conns: &mut Vec<Conn>) {
                 let mut c = Conn {
                     fd,
                     state: State::Pending {
-                        deadline: Instant::now() + sh.serve_config().handshake_timeout,
+                        deadline: crate::time::deadline_after(Instant::now(), sh.serve_config().handshake_timeout),
                     },
                 };
                 if transport::readable(c.fd.as_fd(), Duration::ZERO).unwrap_or(false) {

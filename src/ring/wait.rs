@@ -187,13 +187,13 @@ pub fn wait_with(
     if g > after {
         return WaitOutcome::Advanced(g);
     }
-    let spin_until = Instant::now() + spin;
+    let spin_until = crate::time::deadline_after(Instant::now(), spin).min(deadline);
     // The in-flight commit already waited for on the CPU: one that has not
     // landed within `IN_FLIGHT_SPIN` is waited for parked (a stuck GPU must
     // not keep the subscriber spinning).
     let mut spun_for = 0u64;
     let mut in_flight_nap: Option<Duration> = None;
-    while Instant::now() < spin_until.min(deadline) {
+    while Instant::now() < spin_until {
         let g = load();
         if g > after {
             return WaitOutcome::Advanced(g);

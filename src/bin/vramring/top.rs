@@ -277,7 +277,7 @@ pub fn run(a: &TopArgs) -> CliResult {
         if !ok || term::stop_requested() || (a.count != 0 && refreshes >= a.count) {
             break;
         }
-        let due = Instant::now() + interval;
+        let due = vramring::time::deadline_after(Instant::now(), interval);
         while Instant::now() < due && !term::stop_requested() {
             let left = due
                 .saturating_duration_since(Instant::now())
