@@ -614,3 +614,70 @@ fn a_subscriber_that_ignores_pending_seq_is_caught_asleep() {
 fn a_subscriber_whose_doorbell_load_is_relaxed_is_caught_asleep() {
     pending_model(PendingMutant::RelaxedDoorbellLoad);
 }
+
+/// (f) A CPU commit against a queued reader that waits on `pending_seq`
+/// (a queued pull waits for the announcement, not the landing: PROTOCOL.md
+/// §11, ADR 0010). The publisher must store `pending_seq` before the
+/// fence that orders its `parked` loads (step 7): stored after it, the
+/// store can sit in the store buffer while the publisher reads the flag as
+/// 0, and the reader, fenced after setting it, reads the old
+/// `pending_seq` and sleeps with nobody to ring it.
+fn cpu_commit_model(pending_before_fence: bool) {
+    model(3, move || {
+        let w = Arc::new(Pending {
+            pending: AtomicU64::new(0),
+            global: AtomicU64::new(0),
+            parked: AtomicU64::new(0),
+            doorbell: AtomicU64::new(0),
+        });
+        let reader = {
+            let w = w.clone();
+            thread::spawn(move || {
+                w.parked.store(1, Ordering::Relaxed);
+                // SYNC: park / pending — the subscriber's fence.
+                loom::sync::atomic::fence(Ordering::SeqCst);
+                // SYNC: doorbell — Acquire pairs with the ring's Release.
+                let bell = w.doorbell.load(Ordering::Acquire);
+                if w.pending.load(Ordering::Relaxed) >= 1 {
+                    w.parked.store(0, Ordering::Relaxed);
+                    return None;
+                }
+                Some(bell)
+            })
+        };
+        // Publisher, CPU commit of frame 1 (steps 6–8).
+        if pending_before_fence {
+            w.pending.store(1, Ordering::Relaxed);
+        }
+        // SYNC: global-seq — Release, then the park fence (`publish_seq`).
+        w.global.store(1, Ordering::Release);
+        loom::sync::atomic::fence(Ordering::SeqCst);
+        if !pending_before_fence {
+            w.pending.store(1, Ordering::Relaxed);
+        }
+        if w.parked.load(Ordering::Relaxed) != 0 {
+            // SYNC: doorbell — Release increment.
+            w.doorbell.fetch_add(1, Ordering::Release);
+        }
+        if let Some(bell) = reader.join().unwrap() {
+            assert_ne!(
+                w.doorbell.load(Ordering::Acquire),
+                bell,
+                "the queued reader sleeps through an announced frame that nobody rang"
+            );
+        }
+    });
+}
+
+#[test]
+fn a_cpu_commit_announces_before_its_park_fence_and_wakes_a_queued_reader() {
+    cpu_commit_model(true);
+}
+
+/// The order before the fix (2026-12-03): `pending_seq` stored after the
+/// fence can be missed by both sides.
+#[test]
+#[should_panic(expected = "sleeps through an announced frame")]
+fn a_cpu_commit_that_announces_after_its_fence_is_caught() {
+    cpu_commit_model(false);
+}

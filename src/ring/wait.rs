@@ -258,6 +258,13 @@ pub fn wait_with(
             // (mirror of the publisher's fence between its `pending_seq`
             // store and its `parked` loads).
             let p = pending.load(Ordering::Relaxed);
+            if p < spun_for {
+                // The announcement was withdrawn (a failed enqueue,
+                // PROTOCOL.md step 9′): the same seq announced again is a
+                // new commit, spun for afresh rather than found by a nap.
+                spun_for = 0;
+                in_flight_nap = None;
+            }
             if p > after && p != spun_for {
                 spun_for = p;
                 // A commit is in flight, and nobody rings when it lands (the
@@ -489,6 +496,51 @@ mod tests {
             t.elapsed()
         );
         assert_eq!(line.parked.load(Ordering::Relaxed), 0, "left parked");
+    }
+
+    /// A commit withdrawn after its enqueue failed and announced again (the
+    /// publisher's retry of the same seq, rung as ADR 0017 rings) is spun
+    /// for again, not found by the naps of the first announcement (which
+    /// by then last 20 ms).
+    #[test]
+    fn a_commit_announced_again_after_a_withdrawal_is_spun_for_afresh() {
+        let (ring, client) = regions();
+        let h = ring.at::<RingHeader>(0);
+        h.seq.pending_seq.store(1, Ordering::Relaxed);
+        let line = client.at::<ClientLine>(0);
+        let bell = ring_bell(h);
+        let t = Instant::now();
+        let (outcome, landed) = std::thread::scope(|s| {
+            let landed = s.spawn(|| {
+                // After the first spin (2 ms) and naps grown to 12.8 ms.
+                std::thread::sleep(Duration::from_millis(20));
+                h.seq.pending_seq.store(0, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+                h.seq.pending_seq.store(1, Ordering::Relaxed);
+                fence(Ordering::SeqCst);
+                wake_if_parked(line);
+                std::thread::sleep(Duration::from_micros(500));
+                h.seq.global_seq.store(1, Ordering::Release);
+                Instant::now()
+            });
+            let outcome = wait_on(
+                bell,
+                line,
+                0,
+                t + Duration::from_secs(5),
+                Duration::ZERO,
+                Duration::from_secs(5),
+                || true,
+            );
+            (outcome, landed.join().unwrap())
+        });
+        let found = Instant::now();
+        assert_eq!(outcome, WaitOutcome::Advanced(1));
+        assert!(
+            found.saturating_duration_since(landed) < Duration::from_millis(5),
+            "found {:?} after the commit landed",
+            found.saturating_duration_since(landed)
+        );
     }
 
     /// Without `pending_seq` ahead, the same silent store is only found when

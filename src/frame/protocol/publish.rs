@@ -70,16 +70,18 @@ pub fn stage_meta(slot: &SlotDesc, meta: &CommitMeta) {
     }
 }
 
-/// The second half of [`commit`]: `global_seq` (Release), then the park
-/// fence ([`publish_seq`]).
+/// The second half of [`commit`]: `pending_seq`, `global_seq` (Release),
+/// then the park fence ([`publish_seq`]).
 pub fn publish_global(header: &RingHeader, seq: u64) {
     // Relaxed: own counter, single writer (the publisher).
     header.producer.published.store(seq, Ordering::Relaxed);
-    publish_seq(&header.seq.global_seq, seq);
-    // SYNC: pending — a CPU commit is never in flight: `pending_seq`
-    // follows `global_seq` (Relaxed; a reader that sees it ahead of the
-    // `global_seq` it loaded spins until that store, already made, arrives).
+    // SYNC: pending — before the park fence, which orders it before the
+    // `parked` loads: a queued reader waits for `pending_seq` itself
+    // (PROTOCOL.md §10 step 7; loom model (f)). A CPU commit is never in
+    // flight: a reader that sees it ahead of `global_seq` spins until the
+    // next store arrives.
     header.seq.pending_seq.store(seq, Ordering::Relaxed);
+    publish_seq(&header.seq.global_seq, seq);
 }
 
 /// Stream-order commit, on the CPU before the GPU commit is enqueued: the
