@@ -1072,6 +1072,9 @@ impl Subscriber {
 
     /// Waits for the next frame (per the mode), copies it into this
     /// subscriber's own buffer, and returns it once the copy is proven whole.
+    /// `Duration::MAX` waits for ever (a closed or dead publisher still ends
+    /// the wait). A queued pull copy whose commit has landed may take up to
+    /// 20 ms past `timeout` to finish.
     ///
     /// # Errors
     /// [`Error::Timeout`] when no frame came in time; [`Error::ProducerGone`]

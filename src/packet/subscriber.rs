@@ -298,7 +298,7 @@ impl PacketSubscriber {
     }
 
     /// Copies the next packet into `buf`, waiting up to `timeout` (spin,
-    /// then park on the futex doorbell).
+    /// then park on the futex doorbell; `Duration::MAX` waits for ever).
     ///
     /// # Errors
     /// As [`PacketSubscriber::try_next_copy`], and [`Error::Timeout`].
