@@ -473,6 +473,17 @@ struct Pending {
     doorbell: AtomicU64,
 }
 
+impl Pending {
+    fn zeroed() -> Arc<Pending> {
+        Arc::new(Pending {
+            pending: AtomicU64::new(0),
+            global: AtomicU64::new(0),
+            parked: AtomicU64::new(0),
+            doorbell: AtomicU64::new(0),
+        })
+    }
+}
+
 /// How the modelled subscriber's second park ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Parked {
@@ -515,12 +526,7 @@ fn pending_model(mutant: PendingMutant) {
         Ordering::Acquire
     };
     model(3, move || {
-        let w = Arc::new(Pending {
-            pending: AtomicU64::new(0),
-            global: AtomicU64::new(0),
-            parked: AtomicU64::new(0),
-            doorbell: AtomicU64::new(0),
-        });
+        let w = Pending::zeroed();
         let sub = {
             let w = w.clone();
             thread::spawn(move || {
@@ -624,12 +630,7 @@ fn a_subscriber_whose_doorbell_load_is_relaxed_is_caught_asleep() {
 /// `pending_seq` and sleeps with nobody to ring it.
 fn cpu_commit_model(pending_before_fence: bool) {
     model(3, move || {
-        let w = Arc::new(Pending {
-            pending: AtomicU64::new(0),
-            global: AtomicU64::new(0),
-            parked: AtomicU64::new(0),
-            doorbell: AtomicU64::new(0),
-        });
+        let w = Pending::zeroed();
         let reader = {
             let w = w.clone();
             thread::spawn(move || {

@@ -462,32 +462,45 @@ mod tests {
         }
     }
 
+    /// A ring whose frame 1 is announced (`pending_seq`) but not committed,
+    /// a subscriber's line, its bell, and the time.
+    fn in_flight() -> (Region, Region, Instant) {
+        let (ring, client) = regions();
+        ring.at::<RingHeader>(0).seq.pending_seq.store(1, Ordering::Relaxed);
+        (ring, client, Instant::now())
+    }
+
+    /// Waits for frame 1 from `t`, with no first spin and 5 s for the
+    /// deadline and the park slice (only the in-flight rule or a ring ends
+    /// it early).
+    fn wait_long(bell: Bell<'_>, line: &ClientLine, t: Instant) -> WaitOutcome {
+        wait_on(
+            bell,
+            line,
+            0,
+            t + Duration::from_secs(5),
+            Duration::ZERO,
+            Duration::from_secs(5),
+            || true,
+        )
+    }
+
     /// The publisher's GPU stores `global_seq` and rings nobody: the
     /// subscriber saw the commit in flight (`pending_seq`) and must not be
     /// parked when it lands.
     #[test]
     fn a_commit_seen_in_flight_is_waited_for_without_parking() {
-        let (ring, client) = regions();
+        let (ring, client, t) = in_flight();
         let h = ring.at::<RingHeader>(0);
-        h.seq.pending_seq.store(1, Ordering::Relaxed);
         let line = client.at::<ClientLine>(0);
         let bell = ring_bell(h);
-        let t = Instant::now();
         let outcome = std::thread::scope(|s| {
             s.spawn(|| {
                 // Later than the CPU spin: found by a nap, not a park slice.
                 std::thread::sleep(Duration::from_millis(10));
                 h.seq.global_seq.store(1, Ordering::Release);
             });
-            wait_on(
-                bell,
-                line,
-                0,
-                t + Duration::from_secs(5),
-                Duration::ZERO,
-                Duration::from_secs(5),
-                || true,
-            )
+            wait_long(bell, line, t)
         });
         assert_eq!(outcome, WaitOutcome::Advanced(1));
         assert!(
@@ -504,12 +517,10 @@ mod tests {
     /// by then last 20 ms).
     #[test]
     fn a_commit_announced_again_after_a_withdrawal_is_spun_for_afresh() {
-        let (ring, client) = regions();
+        let (ring, client, t) = in_flight();
         let h = ring.at::<RingHeader>(0);
-        h.seq.pending_seq.store(1, Ordering::Relaxed);
         let line = client.at::<ClientLine>(0);
         let bell = ring_bell(h);
-        let t = Instant::now();
         let (outcome, landed) = std::thread::scope(|s| {
             let landed = s.spawn(|| {
                 // After the first spin (2 ms) and naps grown to 12.8 ms: the
@@ -524,15 +535,7 @@ mod tests {
                 h.seq.global_seq.store(1, Ordering::Release);
                 Instant::now()
             });
-            let outcome = wait_on(
-                bell,
-                line,
-                0,
-                t + Duration::from_secs(5),
-                Duration::ZERO,
-                Duration::from_secs(5),
-                || true,
-            );
+            let outcome = wait_long(bell, line, t);
             (outcome, landed.join().unwrap())
         });
         let found = Instant::now();
@@ -576,9 +579,8 @@ mod tests {
     /// throughout.
     #[test]
     fn a_commit_that_never_lands_is_not_spun_for_forever() {
-        let (ring, client) = regions();
+        let (ring, client, _) = in_flight();
         let h = ring.at::<RingHeader>(0);
-        h.seq.pending_seq.store(1, Ordering::Relaxed);
         let line = client.at::<ClientLine>(0);
         let bell = ring_bell(h);
         let cpu = || {
