@@ -28,10 +28,26 @@ pub fn deadline_after(now: std::time::Instant, timeout: std::time::Duration) -> 
         .unwrap_or_else(|| now + std::time::Duration::from_secs(u64::from(u32::MAX)))
 }
 
+/// `d` as a `timespec` for `poll` and `futex`, its seconds capped at
+/// `i64::MAX` (`Duration::MAX` would wrap negative, which both refuse).
+pub fn timespec(d: std::time::Duration) -> rustix::time::Timespec {
+    rustix::time::Timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as _,
+        tv_nsec: d.subsec_nanos() as _,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_timespec_of_any_duration_is_never_negative() {
+        assert_eq!(timespec(Duration::MAX).tv_sec, i64::MAX);
+        let t = timespec(Duration::new(3, 5));
+        assert_eq!((t.tv_sec, t.tv_nsec), (3, 5));
+    }
 
     #[test]
     fn a_deadline_after_any_timeout_is_ahead_and_never_panics() {

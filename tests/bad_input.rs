@@ -839,3 +839,59 @@ fn variant(e: &Error) -> String {
         .unwrap_or_default()
         .to_owned()
 }
+
+/// A loopback TCP socket whose close blocks: its peer never reads, its send
+/// queue is full, and it lingers `secs` on close (`SO_LINGER`). Whoever
+/// closes the last copy waits for the linger.
+fn lingering_tcp_socket(secs: i32) -> (OwnedFd, std::net::TcpListener) {
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("loopback listener");
+    let mut s = std::net::TcpStream::connect(listener.local_addr().unwrap()).expect("connect");
+    s.set_nonblocking(true).unwrap();
+    let chunk = vec![0u8; 1 << 16];
+    let mut sent = 0usize;
+    while let Ok(n) = s.write(&chunk) {
+        sent += n;
+        assert!(sent < 1 << 30, "the loopback peer keeps taking data");
+    }
+    rustix::net::sockopt::set_socket_linger(&s, Some(Duration::from_secs(secs as u64))).expect("SO_LINGER");
+    (OwnedFd::from(s), listener)
+}
+
+/// A subscriber can hand the publisher a descriptor whose last close blocks
+/// (a TCP socket that lingers with unsent data, closed here, so the
+/// publisher holds the last copy): the publisher must not close it on a
+/// thread that serves the others. A second subscriber still connects, and
+/// `close` returns, both in well under the 20 s linger.
+#[test]
+fn a_descriptor_whose_close_lingers_does_not_stall_the_publisher() {
+    let dir = TempDir::new("linger");
+    let socket = dir.join("ring.sock");
+    let cfg = RingConfig::new(Format::Gray8, 16, 16)
+        .backend(BackendChoice::Host)
+        .slots(4);
+    let mut p = Publisher::create(&socket, cfg).expect("publisher");
+    let (tcp, _listener) = lingering_tcp_socket(20);
+    let conn = transport::connect(&socket).expect("connect");
+    // Garbage with a descriptor, then hang up: the publisher drops both.
+    transport::send(conn.as_fd(), &[0xAB; 16], &[tcp.as_fd()]).expect("send");
+    drop(tcp);
+    drop(conn);
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    let opts = SubscriberOptions {
+        connect_timeout: Duration::from_secs(10),
+        ..SubscriberOptions::default()
+    };
+    let sub = Subscriber::connect(&socket, opts);
+    assert!(sub.is_ok(), "a second subscriber could not connect: {:?}", sub.err());
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "connecting took {:?}",
+        t.elapsed()
+    );
+    drop(sub);
+    let t = Instant::now();
+    p.close().expect("close");
+    assert!(t.elapsed() < Duration::from_secs(5), "close took {:?}", t.elapsed());
+}

@@ -370,10 +370,7 @@ fn poll(
     for c in conns {
         fds.push(PollFd::from_borrowed_fd(c.fd.as_fd(), PollFlags::IN | PollFlags::RDHUP));
     }
-    let ts = rustix::time::Timespec {
-        tv_sec: timeout.as_secs() as _,
-        tv_nsec: timeout.subsec_nanos() as _,
-    };
+    let ts = crate::time::timespec(timeout);
     match rustix::event::poll(&mut fds, Some(&ts)) {
         Ok(_) | Err(rustix::io::Errno::INTR) => {}
         Err(e) => return Err(e),

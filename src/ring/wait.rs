@@ -374,10 +374,7 @@ impl Drop for PreciseTimer {
 
 #[cfg(not(loom))]
 fn park(line: &ClientLine, bell: u32, timeout: Duration) {
-    let ts = rustix::time::Timespec {
-        tv_sec: timeout.as_secs() as _,
-        tv_nsec: timeout.subsec_nanos() as _,
-    };
+    let ts = crate::time::timespec(timeout);
     // Shared futex (no PRIVATE flag): see `ring_doorbell`. EAGAIN
     // (the doorbell already moved), ETIMEDOUT and EINTR all just return.
     let _ = rustix::thread::futex::wait(&line.doorbell, rustix::thread::futex::Flags::empty(), bell, Some(&ts));

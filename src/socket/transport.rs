@@ -196,10 +196,7 @@ pub fn connect_within(path: &Path, timeout: Duration) -> Result<OwnedFd> {
 /// Waits until `fd` is readable (or hung up), at most `timeout`.
 pub fn readable(fd: BorrowedFd<'_>, timeout: Duration) -> Result<bool> {
     let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
-    let ts = rustix::time::Timespec {
-        tv_sec: timeout.as_secs() as _,
-        tv_nsec: timeout.subsec_nanos() as _,
-    };
+    let ts = crate::time::timespec(timeout);
     match rustix::event::poll(&mut fds, Some(&ts)) {
         Ok(n) => Ok(n > 0),
         Err(Errno::INTR) => Ok(false),
@@ -234,6 +231,18 @@ pub fn send(fd: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<
         return Err(Error::io("sendmsg", Errno::MSGSIZE));
     }
     Ok(())
+}
+
+/// Makes the last close of a peer's descriptor return at once where the
+/// peer set it up to block: a socket that lingers (`SO_LINGER` with a
+/// timeout) and has unsent data would hold whichever thread closes it, the
+/// publisher's service or publish thread included, for the linger time.
+/// A zero linger turns that close into an immediate reset. Descriptors that
+/// are not sockets are left as they are (`ENOTSOCK` is ignored); what else
+/// can block in `close` (a file on a filesystem the peer serves, e.g. FUSE)
+/// is in docs/SECURITY.md.
+fn defuse_close(fd: BorrowedFd<'_>) {
+    let _ = rustix::net::sockopt::set_socket_linger(fd, Some(Duration::ZERO));
 }
 
 /// One received datagram and the descriptors that came with it.
@@ -275,6 +284,9 @@ pub fn recv(fd: BorrowedFd<'_>, timeout: Duration) -> Result<Option<Received>> {
         if let RecvAncillaryMessage::ScmRights(it) = m {
             fds.extend(it);
         }
+    }
+    for fd in &fds {
+        defuse_close(fd.as_fd());
     }
     if msg.flags.contains(ReturnFlags::CTRUNC) {
         return Err(Error::BadMessage("descriptors were truncated (MSG_CTRUNC)".into()));
@@ -337,6 +349,31 @@ mod tests {
         assert!(Listener::bind(&p, 0o600).is_err());
         assert!(p.exists());
         std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn a_readiness_wait_of_duration_max_waits_instead_of_failing() {
+        let (a, b) =
+            rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap();
+        send(a.as_fd(), b"x", &[]).unwrap();
+        assert!(readable(b.as_fd(), Duration::MAX).unwrap());
+        assert_eq!(recv(b.as_fd(), Duration::MAX).unwrap().unwrap().bytes, b"x");
+    }
+
+    #[test]
+    fn a_received_socket_closes_without_lingering() {
+        let (a, b) =
+            rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap();
+        let (x, _y) =
+            rustix::net::socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None).unwrap();
+        rustix::net::sockopt::set_socket_linger(&x, Some(Duration::from_secs(30))).unwrap();
+        send(a.as_fd(), b"x", &[x.as_fd()]).unwrap();
+        let got = recv(b.as_fd(), Duration::from_secs(1)).unwrap().unwrap();
+        assert_eq!(
+            rustix::net::sockopt::socket_linger(&got.fds[0]).unwrap(),
+            Some(Duration::ZERO),
+            "a received socket keeps the linger its sender set"
+        );
     }
 
     #[test]

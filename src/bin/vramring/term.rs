@@ -68,10 +68,7 @@ impl RawTerminal {
     /// (`q`, `Q`, Ctrl-C, Ctrl-D, Esc).
     pub fn quit_key(&self, timeout: Duration) -> bool {
         let stdin = std::io::stdin();
-        let ts = rustix::time::Timespec {
-            tv_sec: timeout.as_secs() as _,
-            tv_nsec: timeout.subsec_nanos() as _,
-        };
+        let ts = vramring::time::timespec(timeout);
         let mut fds = [rustix::event::PollFd::new(&stdin, rustix::event::PollFlags::IN)];
         match rustix::event::poll(&mut fds, Some(&ts)) {
             Ok(n) if n > 0 => {
