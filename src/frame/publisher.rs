@@ -815,6 +815,9 @@ impl Publisher {
             Ok(mut q) if !q.is_empty() => std::mem::take(&mut *q),
             _ => Vec::new(),
         };
+        // Requests of connections already gone are dropped before anything
+        // waits for them (their descriptors close here).
+        requests.retain(|r| self.shared.table.live(r.index as usize, r.generation));
         if !requests.is_empty() && self.stream_commit {
             // A newcomer may sit at the index of a subscriber whose frames
             // are still being committed on the GPU: let every enqueued
