@@ -111,6 +111,32 @@ fn a_packet_wait_of_duration_max_waits_for_the_packet_instead_of_panicking() {
     assert_eq!(reader.join().unwrap(), (1, 2));
 }
 
+/// A lossless reader that joins when the newest keyframe is already gone
+/// (a GOP longer than the ring) does not hold the writer for it: nobody can
+/// read that keyframe any more, so its cursor starts at the newest packet.
+#[test]
+fn a_lossless_reader_joining_after_its_keyframe_is_gone_does_not_block_the_writer() {
+    let dir = TempDir::new("pk-gone-key");
+    // 16 KiB, 8 records: one keyframe, then 20 packets push it out.
+    let mut p = publisher(&dir, 1 << 14, 8);
+    p.write(&packet(1), meta(true, 1)).unwrap();
+    for i in 2..=21u64 {
+        p.write(&[i as u8; 100], meta(false, i as i64)).unwrap();
+    }
+    let _s = PacketSubscriber::connect(dir.join("p.sock"), PacketSubscriberOptions::new().lossless(true)).unwrap();
+    assert!(wait_until(Duration::from_secs(5), || p.stats().subscribers == 1));
+    // The reader has not read anything yet; the writer's 200 ms timeout
+    // would report it blocked on a packet nobody can read.
+    let t = Instant::now();
+    p.write(&[22; 100], meta(false, 22))
+        .expect("the write was held for a keyframe that is gone");
+    assert!(
+        t.elapsed() < Duration::from_millis(100),
+        "the write waited {:?}",
+        t.elapsed()
+    );
+}
+
 #[test]
 fn a_lossless_subscriber_gets_every_packet_through_many_wraps() {
     let dir = TempDir::new("pk-lossless");

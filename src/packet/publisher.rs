@@ -65,6 +65,19 @@ impl PacketPublisherConfig {
     }
 }
 
+/// Whether keyframe `key`'s record and bytes are still in the ring (the
+/// publisher's own memory: the writer's record and tail). A write racing
+/// with this look is covered by the table's re-check at assignment.
+fn keyframe_intact(mem: &RingMem, info: &PacketRingInfo, key: u64) -> bool {
+    let h = mem.header();
+    let rec: &super::layout::PacketRecord = mem.region.at(info.record_at(key));
+    // SYNC: packet-record — Acquire pairs with the writer's Release commit.
+    let seq = rec.seq.load(Ordering::Acquire);
+    // Relaxed: the writer's own words, read after the Acquire above; a
+    // value moved since only makes the reader start later (at write_seq).
+    seq == key && rec.offset.load(Ordering::Relaxed) >= h.tail.tail.load(Ordering::Relaxed)
+}
+
 /// What the writer and the socket service share.
 struct PacketShared {
     mem: Arc<RingMem>,
@@ -124,11 +137,15 @@ impl Served for PacketShared {
         let h = self.mem.header();
         // SYNC: packet-keyframe — Acquire pairs with the writer's Release.
         let key = h.tail.keyframe_seq.load(Ordering::Acquire);
-        if key > 0 {
+        if key > 0 && keyframe_intact(&self.mem, &self.info, key) {
             // Done with everything before the newest keyframe: the reader
             // starts there.
             key - 1
         } else {
+            // No keyframe yet, or the newest one is already overwritten (a
+            // GOP longer than the ring): nobody can read it, so holding the
+            // writer for it would only stall the stream until the reader
+            // gave up on it.
             // No keyframe yet: done with everything so far; the reader
             // starts at the first keyframe to come.
             // SYNC: packet-write-seq — Acquire pairs with the writer's Release.
