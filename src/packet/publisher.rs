@@ -143,11 +143,10 @@ impl Served for PacketShared {
             key - 1
         } else {
             // No keyframe yet, or the newest one is already overwritten (a
-            // GOP longer than the ring): nobody can read it, so holding the
-            // writer for it would only stall the stream until the reader
-            // gave up on it.
-            // No keyframe yet: done with everything so far; the reader
-            // starts at the first keyframe to come.
+            // GOP longer than the ring, which nobody can read, so holding the
+            // writer for it would only stall the stream until the reader gave
+            // up on it): done with everything so far; the reader starts at
+            // the next keyframe to come.
             // SYNC: packet-write-seq — Acquire pairs with the writer's Release.
             h.seq.write_seq.load(Ordering::Acquire)
         }
