@@ -1233,11 +1233,7 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
             }
             let before = host::CpuTicks::now();
             let outcome = run_case(&case, mps, case_deadline(&case, plan));
-            if let (Some(a), Some(b)) = (before, host::CpuTicks::now()) {
-                ticks.total += b.total.saturating_sub(a.total);
-                ticks.idle += b.idle.saturating_sub(a.idle);
-                ticks.steal += b.steal.saturating_sub(a.steal);
-            }
+            ticks.add_since(before);
             match outcome {
                 Ok(o) => {
                     p50s.push(pct(&o.lat, 0.5));
@@ -1252,17 +1248,8 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
     }
     for c in cases {
         let ((_, _, label), n, system, p50s) = (c.size, c.n, c.system, c.p50s);
-        let hw = host::HostWindow::between(host::CpuTicks::default(), c.host, &[], 0);
-        let (host_busy, host_steal) = if c.host.total > 0 {
-            (hw.busy_pct, hw.steal_pct)
-        } else {
-            (f64::NAN, f64::NAN)
-        };
-        let host_cell = if c.host.total > 0 {
-            format!("{host_busy:.1} / {host_steal:.2}")
-        } else {
-            "–".to_string()
-        };
+        let (host_busy, host_steal) = c.host.shares().unwrap_or((f64::NAN, f64::NAN));
+        let host_cell = c.host.cell();
         let line = match (c.pooled, c.failed) {
             (Some(o), None) => {
                 let (p50, p99, max) = (pct(&o.lat, 0.5), pct(&o.lat, 0.99), pct(&o.lat, 1.0));

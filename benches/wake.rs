@@ -1285,15 +1285,11 @@ fn real_main() -> R<()> {
                 );
                 let before = host::CpuTicks::now();
                 let outcome = run_case(&case);
-                if let (Some(a), Some(b)) = (before, host::CpuTicks::now()) {
-                    let w = host::HostWindow::between(a, b, &[], 0);
+                if let Some(w) = row.host.add_since(before) {
                     eprintln!(
                         "wake: host over the case: busy {:.1} %, stolen {:.2} %",
                         w.busy_pct, w.steal_pct
                     );
-                    row.host.total += b.total.saturating_sub(a.total);
-                    row.host.idle += b.idle.saturating_sub(a.idle);
-                    row.host.steal += b.steal.saturating_sub(a.steal);
                 }
                 match outcome {
                     Ok(Outcome {
@@ -1373,12 +1369,8 @@ fn real_main() -> R<()> {
                     "–".into()
                 }
             };
-            let hw = host::HostWindow::between(host::CpuTicks::default(), row.host, &[], 0);
-            let host_pct = if row.host.total > 0 {
-                format!("{:.1} / {:.2}", hw.busy_pct, hw.steal_pct)
-            } else {
-                "–".into()
-            };
+            let host_pct = row.host.cell();
+            let host_shares = row.host.shares();
             md.push_str(&format!(
                 "| {} | {} | {p50:.1} | {p99:.1} | {max:.1} | {} | {} | {cpu:.2} | {} | {} | {} | {} | {} | {host_pct} |\n",
                 variant_name(interval_us, busy_us),
@@ -1409,8 +1401,8 @@ fn real_main() -> R<()> {
                 num(a99),
                 num(c50),
                 num(c99),
-                num(if row.host.total > 0 { hw.busy_pct } else { f64::NAN }),
-                num(if row.host.total > 0 { hw.steal_pct } else { f64::NAN }),
+                num(host_shares.map_or(f64::NAN, |(busy, _)| busy)),
+                num(host_shares.map_or(f64::NAN, |(_, steal)| steal)),
             ));
         }
     }

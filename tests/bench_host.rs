@@ -55,3 +55,21 @@ fn a_window_reports_busy_and_stolen_shares() {
     assert!((w.steal_pct - 10.0).abs() < 1e-9, "{w:?}");
     assert!((w.running_mean - 4.0).abs() < 1e-9 && w.running_max == 6, "{w:?}");
 }
+
+#[test]
+fn summed_windows_give_the_shares_and_a_cell() {
+    let mut sum = host::CpuTicks::default();
+    assert_eq!(sum.shares(), None);
+    assert_eq!(sum.cell(), "–");
+    sum.total = 400;
+    sum.idle = 300;
+    sum.steal = 8;
+    assert_eq!(sum.shares(), Some((25.0, 2.0)));
+    assert_eq!(sum.cell(), "25.0 / 2.00");
+    // A window read now adds what the counters moved by, never less.
+    let w = sum
+        .add_since(host::CpuTicks::now())
+        .expect("/proc/stat is readable on Linux");
+    assert!(sum.total >= 400 && (0.0..=100.0).contains(&w.busy_pct), "{sum:?} {w:?}");
+    assert_eq!(sum.add_since(None), None);
+}

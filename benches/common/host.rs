@@ -53,6 +53,31 @@ impl CpuTicks {
     pub fn now() -> Option<CpuTicks> {
         CpuTicks::parse(&std::fs::read_to_string("/proc/stat").ok()?)
     }
+
+    /// Adds to these sums how far the counters moved since `before` (read
+    /// now) and returns that window; `None` where either reading failed.
+    pub fn add_since(&mut self, before: Option<CpuTicks>) -> Option<HostWindow> {
+        let (a, b) = (before?, CpuTicks::now()?);
+        self.total += b.total.saturating_sub(a.total);
+        self.idle += b.idle.saturating_sub(a.idle);
+        self.steal += b.steal.saturating_sub(a.steal);
+        Some(HostWindow::between(a, b, &[], 0))
+    }
+
+    /// Busy and stolen shares (percent) over these sums; `None` when
+    /// nothing was added.
+    pub fn shares(&self) -> Option<(f64, f64)> {
+        (self.total > 0).then(|| {
+            let w = HostWindow::between(CpuTicks::default(), *self, &[], 0);
+            (w.busy_pct, w.steal_pct)
+        })
+    }
+
+    /// [`CpuTicks::shares`] as a table cell "busy / stolen", or "–".
+    pub fn cell(&self) -> String {
+        self.shares()
+            .map_or_else(|| "–".to_string(), |(busy, steal)| format!("{busy:.1} / {steal:.2}"))
+    }
 }
 
 /// `procs_running` of `/proc/stat` text: threads runnable right now.

@@ -460,7 +460,7 @@ mod tests {
     }
 
     /// A ring whose frame 1 is announced (`pending_seq`) but not committed,
-    /// a subscriber's line, its bell, and the time.
+    /// a subscriber's client region, and the time.
     fn in_flight() -> (Region, Region, Instant) {
         let (ring, client) = regions();
         ring.at::<RingHeader>(0).seq.pending_seq.store(1, Ordering::Relaxed);
