@@ -546,6 +546,35 @@ fn push_buffers_arrive_and_are_released_in_their_owning_contexts_in_both_process
 }
 
 #[test]
+fn releasing_a_push_target_whose_copies_landed_does_not_wait_for_the_context_and_detaching_does() {
+    let (pubd, subd) = (publisher_process(), subscriber_process());
+    let (fp, fs) = (foreign_current(&pubd), foreign_current(&subd));
+    let mut pool = create(&pubd, 8 * MIB).unwrap();
+    let mut imp = import(&subd, pool.export_fd().unwrap(), pool.pool_bytes(), false).unwrap();
+    let (fd, bytes) = imp.alloc_push(3, 2 * MIB).unwrap();
+    let syncs_during = |pool: &mut CudaPool<FakeDriver>,
+                        f: fn(&mut CudaPool<FakeDriver>, u64) -> vramring::Result<()>| {
+        let id = pool.attach_target(&fd, bytes).unwrap();
+        let before = pubd.log().len();
+        f(pool, id).unwrap();
+        let log = pubd.log();
+        let calls: Vec<&str> = log[before..].iter().map(|r| r.call).collect();
+        assert!(calls.contains(&"cuMemUnmap"), "the target was not unmapped: {calls:?}");
+        calls.iter().filter(|c| **c == "cuCtxSynchronize").count()
+    };
+    // The publisher saw the last copy's commit land: no wait, which would
+    // include every other piece of work of the producer's context.
+    assert_eq!(syncs_during(&mut pool, |p, id| p.release_target(id)), 0);
+    // Nothing known about the copies: the context is waited for first.
+    assert_eq!(syncs_during(&mut pool, |p, id| p.detach_target(id)), 1);
+    drop(fd);
+    imp.close().unwrap();
+    pool.close().unwrap();
+    assert_clean(&pubd, fp, "publisher after release and detach");
+    assert_clean(&subd, fs, "subscriber after release and detach");
+}
+
+#[test]
 fn a_push_attach_that_fails_at_any_driver_call_leaves_nothing_behind() {
     let total = calls_made(publisher_process, |d| push_round(d, &subscriber_process()).unwrap());
     let mut failures = 0;

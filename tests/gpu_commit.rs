@@ -377,14 +377,122 @@ fn queued_readers_that_keep_up_queue_their_copies_at_the_loan() {
 /// subscribers' park slice (there the default 20 ms) ended: 1.3–10.4 ms
 /// each on the H200, and a subscriber that never clears its flag would
 /// have held it until the 5 s timeout.
+/// A host word in registered memory that a stream can be made to wait
+/// for (`cuStreamWaitValue64`): holds a commit on the GPU for as long as a
+/// test wants, in the ring's (primary) context.
+struct HeldStream {
+    d: std::sync::Arc<RealDriver>,
+    dev: vramring::memory::cuda::CuDevice,
+    ctx: vramring::memory::cuda::CuContext,
+    page: memmap2::MmapMut,
+    word_dev: vramring::memory::cuda::DevicePtr,
+}
+
+impl HeldStream {
+    fn new() -> HeldStream {
+        use vramring::memory::cuda::Driver;
+        let d = RealDriver::shared().expect("a CUDA driver");
+        let mut page = memmap2::MmapMut::map_anon(4096).expect("a host page");
+        let dev = d.device_get(0).expect("device 0");
+        let ctx = d.primary_ctx_retain(dev).expect("primary context");
+        let ptr = page.as_mut_ptr();
+        let mut word_dev = None;
+        let h = |f: &mut dyn FnMut()| Self::in_ctx(&d, ctx, f);
+        // SAFETY: the page stays mapped until `finish` unregisters it,
+        // after the stream has passed every wait on it.
+        h(&mut || unsafe {
+            d.mem_host_register(ptr.cast(), 4096).expect("cuMemHostRegister");
+            word_dev = Some(d.mem_host_device_pointer(ptr.cast()).expect("device pointer"));
+        });
+        let word_dev = word_dev.expect("registered");
+        HeldStream {
+            d,
+            dev,
+            ctx,
+            page,
+            word_dev,
+        }
+    }
+
+    /// Runs `f` with the ring's (primary) context current.
+    fn in_ctx(d: &RealDriver, ctx: vramring::memory::cuda::CuContext, f: &mut dyn FnMut()) {
+        use vramring::memory::cuda::ContextGuard;
+        // SAFETY: `ctx` is retained until `finish`.
+        let g = unsafe { ContextGuard::push(d, ctx) }.expect("push");
+        f();
+        g.restore().expect("restore");
+    }
+
+    /// The word the held streams wait for.
+    fn word(&self) -> &std::sync::atomic::AtomicU64 {
+        // SAFETY: the page is 4096 bytes, page-aligned, and outlives the
+        // borrow.
+        unsafe { &*self.page.as_ptr().cast::<std::sync::atomic::AtomicU64>() }
+    }
+
+    /// Makes `stream` wait on the GPU until the word reaches `seq`.
+    fn hold(&self, stream: vramring::memory::RawCuStream, seq: u64) {
+        use vramring::memory::cuda::{CuStream, Driver};
+        // SAFETY: a live stream of the ring's context; the word lies in
+        // registered memory that outlives every wait (see `finish`).
+        Self::in_ctx(&self.d, self.ctx, &mut || unsafe {
+            self.d
+                .stream_wait_value_geq(CuStream::from_raw(stream), self.word_dev, seq)
+                .expect("cuStreamWaitValue64");
+        });
+    }
+
+    /// Whether `stream` has nothing left to run.
+    fn idle(&self, stream: vramring::memory::RawCuStream) -> bool {
+        use vramring::memory::cuda::{CuStream, Driver};
+        let mut idle = true;
+        Self::in_ctx(&self.d, self.ctx, &mut || {
+            // SAFETY: a live stream of the ring's context.
+            idle = unsafe { self.d.stream_query(CuStream::from_raw(stream)) }.expect("cuStreamQuery")
+        });
+        idle
+    }
+
+    /// Lets every wait for `seq` or less go on.
+    fn release(&self, seq: u64) {
+        // SYNC: the GPU's stream wait reads the word; Release is enough
+        // (registered host memory is coherent with the device).
+        self.word().fetch_max(seq, std::sync::atomic::Ordering::Release);
+    }
+
+    /// After the ring closed (which waited for every commit): waits for
+    /// `stream`, then unregisters the page and releases the context.
+    fn finish(self, stream: vramring::memory::RawCuStream) {
+        use vramring::memory::cuda::{CuStream, Driver};
+        let ptr = self.page.as_ptr();
+        // SAFETY: the stream has passed every wait; the page is
+        // unregistered before it is unmapped (when `self` drops).
+        Self::in_ctx(&self.d, self.ctx, &mut || unsafe {
+            self.d.stream_synchronize(CuStream::from_raw(stream)).expect("sync");
+            self.d.mem_host_unregister(ptr.cast_mut().cast()).expect("unregister");
+        });
+        self.d.primary_ctx_release(self.dev).expect("release");
+    }
+}
+
+/// Waits until the publisher counts `n` subscribers.
+fn until_subscribers(p: &vramring::Publisher, n: u32) {
+    let t = Instant::now();
+    while p.stats().subscribers != n {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the publisher never counted {n} subscribers"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_publish_returns_before_its_held_commit_lands_and_parked_subscribers_still_get_the_frame() {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use vramring::memory::cuda::{ContextGuard, CuStream, Driver, GpuTestPattern};
+    use vramring::memory::cuda::GpuTestPattern;
     use vramring::{BackendChoice, Format, FrameMeta, Publisher, RingConfig};
 
-    let d = RealDriver::shared().expect("a CUDA driver");
     let dir = TempDir::new("gpu-commit-held");
     let socket = dir.join("cam.sock").display().to_string();
     let mut p = Publisher::create(
@@ -395,29 +503,7 @@ fn a_publish_returns_before_its_held_commit_lands_and_parked_subscribers_still_g
     assert!(p.stream_commit(), "the ring does not commit in stream order");
     let gpu = GpuTestPattern::for_uuid(p.info().device_uuid).expect("pattern kernels");
     let stream = gpu.stream().expect("stream");
-
-    // The word each held commit waits for, in one registered host page.
-    let mut page = memmap2::MmapMut::map_anon(4096).expect("a host page");
-    let dev = d.device_get(0).expect("device 0");
-    let ctx = d.primary_ctx_retain(dev).expect("primary context");
-    // Runs `f` with the ring's (primary) context current.
-    let in_ctx = |f: &mut dyn FnMut()| {
-        // SAFETY: `ctx` is retained above and released at the end.
-        let g = unsafe { ContextGuard::push(&*d, ctx) }.expect("push");
-        f();
-        g.restore().expect("restore");
-    };
-    let page_ptr = page.as_mut_ptr();
-    let mut word_dev = None;
-    // SAFETY: the page stays mapped until it is unregistered below, after
-    // the stream has passed every wait on it.
-    in_ctx(&mut || unsafe {
-        d.mem_host_register(page_ptr.cast(), 4096).expect("cuMemHostRegister");
-        word_dev = Some(d.mem_host_device_pointer(page_ptr.cast()).expect("device pointer"));
-    });
-    let word_dev = word_dev.expect("registered");
-    // SAFETY: the page is 4096 bytes, page-aligned, and outlives `word`.
-    let word = unsafe { &*page.as_ptr().cast::<AtomicU64>() };
+    let held_stream = HeldStream::new();
 
     // A 10 s park slice: a parked subscriber wakes only when rung (or at
     // the close), so a publisher that did not ring would show in the
@@ -432,11 +518,7 @@ fn a_publish_returns_before_its_held_commit_lands_and_parked_subscribers_still_g
             &[],
         ),
     ];
-    let t = Instant::now();
-    while p.stats().subscribers < 2 {
-        assert!(t.elapsed() < Duration::from_secs(20), "the subscribers did not connect");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_subscribers(&p, 2);
     let frames = 7u64;
     let held = 5u64;
     let mut held_took = Vec::new();
@@ -448,14 +530,11 @@ fn a_publish_returns_before_its_held_commit_lands_and_parked_subscribers_still_g
         let len = slot.geometry().frame_bytes;
         let hold = n > frames - held;
         // SAFETY: the loaned slot is ours to write until it is published;
-        // the stream and the word are of the ring's (primary) context.
+        // the stream is of the ring's (primary) context.
         let took = unsafe {
             gpu.fill(slot.addr(), len, seq).expect("fill");
             if hold {
-                in_ctx(&mut || {
-                    d.stream_wait_value_geq(CuStream::from_raw(stream), word_dev, seq)
-                        .expect("cuStreamWaitValue64");
-                });
+                held_stream.hold(stream, seq);
             }
             let t = Instant::now();
             slot.publish_cuda(FrameMeta::pts(seq as i64), stream).expect("publish");
@@ -468,13 +547,8 @@ fn a_publish_returns_before_its_held_commit_lands_and_parked_subscribers_still_g
         if hold {
             held_took.push(took);
             std::thread::sleep(Duration::from_millis(100));
-            let mut idle = true;
-            // SAFETY: a live stream of the current context.
-            in_ctx(&mut || idle = unsafe { d.stream_query(CuStream::from_raw(stream)) }.expect("cuStreamQuery"));
-            assert!(!idle, "the commit of frame {seq} was not held");
-            // SYNC: the GPU's stream wait reads the word; Release is enough
-            // (registered host memory is coherent with the device).
-            word.store(seq, Ordering::Release);
+            assert!(!held_stream.idle(stream), "the commit of frame {seq} was not held");
+            held_stream.release(seq);
         }
     }
     held_took.sort();
@@ -486,13 +560,7 @@ fn a_publish_returns_before_its_held_commit_lands_and_parked_subscribers_still_g
     std::thread::sleep(Duration::from_millis(300));
     p.close().expect("close");
     drop(p);
-    // SAFETY: the stream has passed every wait (the close waited for every
-    // commit); the page is unregistered before it is unmapped.
-    in_ctx(&mut || unsafe {
-        d.stream_synchronize(CuStream::from_raw(stream)).expect("sync");
-        d.mem_host_unregister(page_ptr.cast()).expect("unregister");
-    });
-    d.primary_ctx_release(dev).expect("release");
+    held_stream.finish(stream);
     for (name, child) in subs {
         let j = untorn_final(&name, child);
         assert_eq!(j.u64("dropped"), Some(0), "{name}: {j:?}");
@@ -505,4 +573,98 @@ fn a_publish_returns_before_its_held_commit_lands_and_parked_subscribers_still_g
         let max = j.f64("max_us").expect("max_us");
         assert!(max < 1_000_000.0, "{name} was not rung: a frame took {max} µs: {j:?}");
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn push_subscribers_that_come_and_go_never_make_a_publish_wait_for_the_gpu() {
+    use vramring::memory::cuda::GpuTestPattern;
+    use vramring::{BackendChoice, Format, FrameMeta, Publisher, RingConfig};
+
+    let dir = TempDir::new("gpu-commit-churn");
+    let socket = dir.join("cam.sock").display().to_string();
+    let mut p = Publisher::create(
+        &socket,
+        RingConfig::new(Format::Nv12, 1920, 1080).backend(BackendChoice::Cuda(0)),
+    )
+    .expect("a CUDA ring");
+    assert!(p.stream_commit(), "the ring does not commit in stream order");
+    let gpu = GpuTestPattern::for_uuid(p.info().device_uuid).expect("pattern kernels");
+    let stream = gpu.stream().expect("stream");
+    let held_stream = std::sync::Arc::new(HeldStream::new());
+    let publish = |p: &mut Publisher, hold: bool| -> (u64, Duration) {
+        let slot = p.loan(Duration::from_secs(10)).expect("loan");
+        let seq = slot.seq();
+        let len = slot.geometry().frame_bytes;
+        // SAFETY: the loaned slot is ours to write until it is published;
+        // the stream is of the ring's (primary) context.
+        unsafe {
+            gpu.fill(slot.addr(), len, seq).expect("fill");
+            if hold {
+                held_stream.hold(stream, seq);
+            }
+            let t = Instant::now();
+            slot.publish_cuda(FrameMeta::pts(seq as i64), stream).expect("publish");
+            (seq, t.elapsed())
+        }
+    };
+
+    let stayer = consumer(&socket, "push-stays", &["--push"], &[]);
+    let (_, mut leaver) = consumer(&socket, "push-leaves", &["--push"], &[]);
+    until_subscribers(&p, 2);
+    for _ in 0..5 {
+        publish(&mut p, false);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The GPU holds the next commit: every copy into the leaver's buffers
+    // and every store into its table entry may still be to come.
+    let (held, _) = publish(&mut p, true);
+    leaver.kill().expect("SIGKILL");
+    leaver.wait().expect("reaping the leaver");
+    until_subscribers(&p, 1);
+    // A newcomer that may take the leaver's entry, push words and all.
+    let comer = consumer(&socket, "push-comes", &["--push"], &[]);
+    until_subscribers(&p, 2);
+    std::thread::sleep(Duration::from_millis(300));
+    // Should the publisher wait for the GPU after all, the held commit
+    // lands after 3 s and the assertion below tells.
+    let releaser = {
+        let h = std::sync::Arc::clone(&held_stream);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(3));
+            h.release(held);
+        })
+    };
+    let (_, took) = publish(&mut p, false);
+    assert!(!held_stream.idle(stream), "the commit of frame {held} was not held");
+    eprintln!("publish with a departure and an arrival behind a held commit took {took:?}");
+    assert!(
+        took < Duration::from_millis(100),
+        "the publish took {took:?}: it waited for the GPU's commits on a push subscriber's behalf"
+    );
+    held_stream.release(held);
+    releaser.join().expect("releaser");
+    let frames = 12u64;
+    while p.next_seq() <= frames {
+        std::thread::sleep(Duration::from_millis(50));
+        // The first of these maps the newcomer's buffers and unmaps the
+        // leaver's: what an arrival and a departure cost a publish.
+        let (seq, took) = publish(&mut p, false);
+        eprintln!("frame {seq}: publish took {took:?}");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    p.close().expect("close");
+    drop(p);
+    match std::sync::Arc::try_unwrap(held_stream) {
+        Ok(h) => h.finish(stream),
+        Err(_) => panic!("the held stream is still shared"),
+    }
+    let stay = untorn_final(&stayer.0, stayer.1);
+    assert_eq!(stay.u64("dropped"), Some(0), "push-stays: {stay:?}");
+    assert_eq!(stay.u64("last_seq"), Some(frames), "push-stays: {stay:?}");
+    let come = untorn_final(&comer.0, comer.1);
+    assert_eq!(come.u64("last_seq"), Some(frames), "push-comes: {come:?}");
+    // Mapped at a publish after the held commit landed, then every frame.
+    assert!(come.u64("first_seq").is_some_and(|f| f > held), "push-comes: {come:?}");
+    assert_eq!(come.u64("dropped"), Some(0), "push-comes: {come:?}");
 }

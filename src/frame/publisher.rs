@@ -302,7 +302,17 @@ pub(crate) struct AttachRequest {
     pub(crate) generation: u32,
     pub(crate) fd: OwnedFd,
     pub(crate) attach: crate::socket::Attach,
+    /// Stream-order commits: the newest seq enqueued when the producer
+    /// first saw the request; it is mapped once the GPU has committed it
+    /// (`None` until seen).
+    pub(crate) after: Option<u64>,
 }
+
+/// Push buffers the producer maps per publish, at most: an import costs
+/// tens of microseconds of the producer's thread, and a peer that attaches
+/// and leaves in a loop must not add that to every frame more than once.
+/// Newcomers wait their turn, first come first served.
+const ATTACHES_PER_PUBLISH: usize = 1;
 
 /// A push subscriber's buffers as mapped by the producer.
 #[derive(Debug)]
@@ -317,6 +327,35 @@ struct PushTarget {
     /// buffer whose seq the GPU has not committed yet is not claimed).
     enqueued: [u64; layout::PUSH_BUFFERS],
     dead: bool,
+}
+
+/// Takes from `queue`, first come first served, at most
+/// [`ATTACHES_PER_PUBLISH`] requests whose buffers may be mapped now:
+/// every commit enqueued when the request was first seen (`newest` then)
+/// has landed (`committed`). A newcomer may sit at the index of a
+/// subscriber whose frames are still being committed on the GPU, which
+/// stores into the entry's `push_seq` words; mapping clears them, so it
+/// waits for those stores. The rest stay queued for a later publish.
+fn take_ready(queue: &mut Vec<AttachRequest>, newest: u64, committed: u64) -> Vec<AttachRequest> {
+    let mut ready = Vec::new();
+    let mut i = 0;
+    while i < queue.len() && ready.len() < ATTACHES_PER_PUBLISH {
+        if *queue[i].after.get_or_insert(newest) <= committed {
+            ready.push(queue.remove(i));
+        } else {
+            i += 1;
+        }
+    }
+    ready
+}
+
+impl PushTarget {
+    /// Whether every frame enqueued into the buffers has been committed
+    /// (`committed`: `global_seq`): no copy into them is in flight, and
+    /// they may be unmapped without waiting for the GPU.
+    fn copies_landed(&self, committed: u64) -> bool {
+        self.enqueued.iter().all(|&s| s <= committed)
+    }
 }
 
 impl Shared {
@@ -489,6 +528,7 @@ impl Served for Shared {
             generation,
             fd,
             attach: a,
+            after: None,
         });
         Ok(())
     }
@@ -538,6 +578,10 @@ pub struct Publisher {
     stream_commit: bool,
     /// The stream of the newest stream-order commit (as an integer).
     last_stream: Option<usize>,
+    /// A publish failed after it may have enqueued push copies that no
+    /// commit accounts for: the next unmapping synchronises the context
+    /// instead of trusting `global_seq`.
+    unsettled: bool,
     path: PathBuf,
     closed: bool,
 }
@@ -612,6 +656,7 @@ impl Publisher {
                     targets: Vec::new(),
                     stream_commit: false,
                     last_stream: None,
+                    unsettled: false,
                     path,
                     closed: false,
                 };
@@ -810,31 +855,37 @@ impl Publisher {
     /// subscribers that left. Runs on the producer thread, which owns the
     /// pool. A subscriber whose buffers cannot be mapped is evicted: it has
     /// no pool to fall back on.
+    ///
+    /// Nothing here waits for the GPU (ADR 0018): with stream-order commits
+    /// a newcomer's buffers are mapped, and a departed subscriber's
+    /// unmapped, only once `global_seq` shows that every commit that could
+    /// touch them has landed; until then they wait for a later publish. So
+    /// push subscribers that come and go in a loop cost the producer at
+    /// most [`ATTACHES_PER_PUBLISH`] mappings and the matching unmappings
+    /// per frame, never a wait for its GPU work.
     fn sync_targets(&mut self) {
-        let mut requests = match self.shared.attach_requests.lock() {
-            Ok(mut q) if !q.is_empty() => std::mem::take(&mut *q),
-            _ => Vec::new(),
+        let newest = self.next_seq - 1;
+        let committed = if self.stream_commit {
+            // SYNC: global-seq — Acquire pairs with the commit kernel's
+            // store: every copy and push-word store of a frame at or below
+            // it has landed (PROTOCOL.md §10.1).
+            self.shared.header().seq.global_seq.load(Ordering::Acquire)
+        } else {
+            // CPU commits complete every copy before the publish returns.
+            u64::MAX
         };
-        // Requests of connections already gone are dropped before anything
-        // waits for them (their descriptors close here).
-        requests.retain(|r| self.shared.table.live(r.index as usize, r.generation));
-        if !requests.is_empty() && self.stream_commit {
-            // A newcomer may sit at the index of a subscriber whose frames
-            // are still being committed on the GPU: let every enqueued
-            // commit land before its `push_seq` words are cleared below.
-            if let Err(e) = self.wait_committed(self.next_seq - 1, Duration::from_secs(1)) {
-                tracing::warn!(error = %e, "push buffers wait for the GPU's commits; retrying at the next publish");
-                if let Ok(mut q) = self.shared.attach_requests.lock() {
-                    q.append(&mut requests);
-                }
+        let ready = match self.shared.attach_requests.lock() {
+            Ok(mut q) => {
+                // Requests of connections already gone are dropped before
+                // anything is mapped for them (their descriptors close here).
+                q.retain(|r| self.shared.table.live(r.index as usize, r.generation));
+                take_ready(&mut q, newest, committed)
             }
-        }
+            Err(_) => Vec::new(),
+        };
         let table = &self.shared.table;
-        for r in requests {
+        for r in ready {
             let index = r.index as usize;
-            if !table.live(index, r.generation) {
-                continue;
-            }
             match self.pool.attach_target(&r.fd, r.attach.bytes) {
                 Ok(id) => {
                     // Under the entry's lock and its generation: an entry
@@ -846,7 +897,8 @@ impl Publisher {
                         e.push_count.store(layout::PUSH_BUFFERS as u32, Ordering::Release);
                     });
                     if counted.is_none() {
-                        if let Err(e) = self.pool.detach_target(id) {
+                        // Nothing was ever copied into these buffers.
+                        if let Err(e) = self.pool.release_target(id) {
                             tracing::warn!(error = %e, "unmapping the push buffers of a subscriber that left");
                         }
                         continue;
@@ -877,12 +929,23 @@ impl Publisher {
                 t.dead = true;
             }
         }
-        let pool = &mut self.pool;
+        let (pool, unsettled) = (&mut self.pool, &mut self.unsettled);
         self.targets.retain(|t| {
             if !t.dead {
                 return true;
             }
-            match pool.detach_target(t.id) {
+            let released = if *unsettled {
+                // A failed publish may have left copies in flight that no
+                // commit covers: synchronise once, then trust the seqs again.
+                pool.detach_target(t.id).inspect(|()| *unsettled = false)
+            } else if t.copies_landed(committed) {
+                pool.release_target(t.id)
+            } else {
+                // Its last frames are still being copied: a later publish
+                // unmaps it.
+                return true;
+            };
+            match released {
                 Ok(()) => false,
                 Err(e) => {
                     tracing::warn!(error = %e, "unmapping a departed subscriber's push buffers failed; retrying at the next publish");
@@ -915,7 +978,12 @@ impl Publisher {
             }
         }
         // One synchronisation covers the user's writes and every push copy.
-        self.pool.complete_writes(completion)?;
+        if let Err(e) = self.pool.complete_writes(completion) {
+            // The copies may still be queued: unmapping a target must not
+            // trust that they completed.
+            self.unsettled |= self.targets.iter().any(|t| t.pending.is_some());
+            return Err(e);
+        }
         let sh = &self.shared;
         protocol::commit_slot(&sh.slots()[index], seq, &meta.to_commit());
         for t in &mut self.targets {
@@ -1025,6 +1093,9 @@ impl Publisher {
             // still be in flight, and a subscriber rung for it (ADR 0017)
             // must still see it announced when it parks again.
             protocol::withdraw_pending(header, seq);
+            // Some launches (or copies) may have been enqueued before the
+            // one that failed, into buffers no landed commit accounts for.
+            self.unsettled |= !writes.is_empty();
             return Err(e);
         }
         tracing::trace!(target: "vramring::publish", "commit enqueued");
@@ -1315,5 +1386,70 @@ mod landing_tests {
         let e = wait_landed(&g, 1, Duration::from_millis(30)).unwrap_err();
         assert!(matches!(e, Error::Timeout(..)), "{e:?}");
         assert!(e.to_string().contains("the GPU to commit"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(index: u32) -> AttachRequest {
+        AttachRequest {
+            index,
+            generation: 1,
+            fd: std::fs::File::open("/dev/null").expect("/dev/null").into(),
+            attach: crate::socket::Attach {
+                count: layout::PUSH_BUFFERS as u32,
+                stride: 4096,
+                bytes: 4096 * layout::PUSH_BUFFERS as u64,
+            },
+            after: None,
+        }
+    }
+
+    fn indices(q: &[AttachRequest]) -> Vec<u32> {
+        q.iter().map(|r| r.index).collect()
+    }
+
+    #[test]
+    fn an_attach_waits_for_the_commits_enqueued_when_it_came_without_blocking_and_one_goes_per_publish() {
+        let mut q = vec![request(3), request(1)];
+        // Frame 9 enqueued, frame 8 landed: nothing may be mapped yet, and
+        // each request remembers the commit it waits for.
+        assert!(take_ready(&mut q, 9, 8).is_empty());
+        assert_eq!(q.iter().map(|r| r.after).collect::<Vec<_>>(), [Some(9), Some(9)]);
+        // A later request waits for the newer frame it saw.
+        q.push(request(0));
+        assert!(take_ready(&mut q, 10, 8).is_empty());
+        assert_eq!(q[2].after, Some(10));
+        // Frame 9 landed: the first request goes, the second waits its
+        // turn at the next publish, the third for frame 10.
+        assert_eq!(indices(&take_ready(&mut q, 10, 9)), [3]);
+        assert_eq!(indices(&take_ready(&mut q, 10, 9)), [1]);
+        assert!(take_ready(&mut q, 11, 9).is_empty());
+        assert_eq!(indices(&take_ready(&mut q, 11, 10)), [0]);
+        assert!(q.is_empty());
+        // CPU commits: everything has landed; still one per publish.
+        let mut q = vec![request(5), request(6)];
+        assert_eq!(indices(&take_ready(&mut q, 4, u64::MAX)), [5]);
+        assert_eq!(indices(&take_ready(&mut q, 5, u64::MAX)), [6]);
+    }
+
+    #[test]
+    fn a_departed_target_is_unmapped_only_after_its_last_frame_landed() {
+        let mut t = PushTarget {
+            index: 0,
+            generation: 1,
+            id: 1,
+            stride: 4096,
+            newest: Some(1),
+            pending: None,
+            enqueued: [7, 9, 8],
+            dead: true,
+        };
+        assert!(!t.copies_landed(8), "frame 9 is still being copied into buffer 1");
+        assert!(t.copies_landed(9));
+        t.enqueued = [0; layout::PUSH_BUFFERS];
+        assert!(t.copies_landed(0), "a target never copied into is due at once");
     }
 }

@@ -159,8 +159,16 @@ pub trait ExportedPool: Send {
         completion: WriteCompletion,
     ) -> Result<()>;
     /// Push delivery: unmaps target `id` (in its owning context), after
-    /// every copy into it completed. Unknown ids are ignored.
+    /// waiting for every copy into it to complete (for CUDA a
+    /// `cuCtxSynchronize`, which also waits for the context's other work).
+    /// Unknown ids are ignored.
     fn detach_target(&mut self, id: u64) -> Result<()>;
+    /// Push delivery: unmaps target `id` without waiting: the caller knows
+    /// that no copy into it is in flight (none was enqueued, or the commit
+    /// of the last one has landed). Unknown ids are ignored.
+    fn release_target(&mut self, id: u64) -> Result<()> {
+        self.detach_target(id)
+    }
     /// Stream-order commits: lets the GPU store into this process's host
     /// memory `ptr..ptr+len` (a shared-memory region the commit words live
     /// in). `Ok(false)`: this backend commits on the CPU only.

@@ -206,6 +206,27 @@ impl<D: Driver> CudaPool<D> {
         &self.driver
     }
 
+    /// Unmaps push target `id` in the pool's context; `synchronize` waits
+    /// for the whole context first (copies into the target run on writers'
+    /// streams of this context, whose other work the wait includes).
+    fn drop_target(&mut self, id: u64, synchronize: bool) -> Result<()> {
+        let Some(pos) = self.targets.iter().position(|(t, _)| *t == id) else {
+            return Ok(());
+        };
+        let ctx = self.context()?;
+        let t = &mut self.targets[pos].1;
+        let body = |d: &D| -> Result<()> {
+            if synchronize {
+                d.ctx_synchronize()?;
+            }
+            t.release(d)
+        };
+        // SAFETY: `ctx` is retained while the pool is open.
+        unsafe { with_context(&*self.driver, ctx, body) }?;
+        self.targets.remove(pos);
+        Ok(())
+    }
+
     /// Releases everything, phase by phase, with the pool's context pushed
     /// and the caller's context restored: all work in the context is waited
     /// for, then the mapping is unmapped, the range freed and the allocation
@@ -548,20 +569,11 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
     }
 
     fn detach_target(&mut self, id: u64) -> Result<()> {
-        let Some(pos) = self.targets.iter().position(|(t, _)| *t == id) else {
-            return Ok(());
-        };
-        let ctx = self.context()?;
-        let t = &mut self.targets[pos].1;
-        let body = |d: &D| -> Result<()> {
-            // Copies into the target run on writers' streams of this context.
-            d.ctx_synchronize()?;
-            t.release(d)
-        };
-        // SAFETY: `ctx` is retained while the pool is open.
-        unsafe { with_context(&*self.driver, ctx, body) }?;
-        self.targets.remove(pos);
-        Ok(())
+        self.drop_target(id, true)
+    }
+
+    fn release_target(&mut self, id: u64) -> Result<()> {
+        self.drop_target(id, false)
     }
 
     fn close(&mut self) -> Result<()> {
