@@ -62,11 +62,12 @@ use vramring::{
 };
 
 #[path = "common/mod.rs"]
+#[allow(dead_code)]
 mod common;
 #[path = "common/procs.rs"]
 #[allow(dead_code)]
 mod procs;
-use common::{ck, make_primary_current, read_samples, write_samples, R};
+use common::{ck, make_primary_current, pct_us as pct, read_samples, write_samples, R};
 use procs::{Children, MpsChoice, MpsDaemon};
 
 #[path = "common/host.rs"]
@@ -941,14 +942,6 @@ fn gpu_name() -> String {
     unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
         .to_string_lossy()
         .into_owned()
-}
-
-fn pct(sorted: &[u64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let k = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[k] as f64 / 1000.0
 }
 
 struct Outcome {

@@ -81,7 +81,7 @@ use vramring::{
 #[path = "common/mod.rs"]
 #[allow(dead_code)]
 mod common;
-use common::{read_samples, write_samples, R};
+use common::{pct_us as pct, read_samples, write_samples, R};
 
 #[path = "common/host.rs"]
 #[allow(dead_code)]
@@ -1093,14 +1093,6 @@ fn run_case(c: &Case) -> R<Outcome> {
         after,
         after_copy,
     })
-}
-
-fn pct(sorted: &[u64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let k = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[k] as f64 / 1000.0
 }
 
 /// A JSON number, or `null` for NaN (a row without samples).

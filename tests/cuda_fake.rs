@@ -575,6 +575,76 @@ fn releasing_a_push_target_whose_copies_landed_does_not_wait_for_the_context_and
 }
 
 #[test]
+fn a_mapper_maps_and_unmaps_push_buffers_on_another_thread_in_the_pools_context() {
+    let (pubd, subd) = (publisher_process(), subscriber_process());
+    let (fp, fs) = (foreign_current(&pubd), foreign_current(&subd));
+    let mut pool = create(&pubd, 8 * MIB).unwrap();
+    let mut imp = import(&subd, pool.export_fd().unwrap(), pool.pool_bytes(), false).unwrap();
+    let stride = 2 * MIB;
+    let (fd, bytes) = imp.alloc_push(3, stride).unwrap();
+    let mapper = pool
+        .target_mapper()
+        .expect("a CUDA pool maps push buffers off the producer's thread");
+    // The service thread of a publisher, with no context of its own current.
+    let elsewhere = |f: &(dyn Fn() -> vramring::Result<()> + Sync)| {
+        std::thread::scope(|s| s.spawn(f).join().expect("the mapping thread"))
+    };
+    let mapped = std::sync::Mutex::new(None);
+    elsewhere(&|| {
+        *mapped.lock().unwrap() = Some(mapper.map(&fd, bytes)?);
+        Ok(())
+    })
+    .unwrap();
+    let t = mapped.lock().unwrap().take().expect("mapped");
+    assert_eq!(t.bytes(), bytes);
+    let calls_before = pubd.log().len();
+    // The producer takes it: no driver call.
+    let id = pool.adopt_target(t).unwrap();
+    assert_eq!(
+        pubd.log().len(),
+        calls_before,
+        "adopting a mapped target called the driver"
+    );
+    // SAFETY: the first MiB of the pool's read-write mapping.
+    unsafe { pubd.memset_d8(pool.base_addr(), 0x3C, MIB) }.unwrap();
+    pool.push_copy(id, stride, 0, MIB, WriteCompletion::Host).unwrap();
+    pool.complete_writes(WriteCompletion::Host).unwrap();
+    let mut host = vec![0u8; MIB as usize];
+    // SAFETY: push buffer 1 holds at least a MiB in the subscriber's process.
+    unsafe { subd.memcpy_dtoh(&mut host, imp.push_addr(1)) }.unwrap();
+    assert!(
+        host.iter().all(|&b| b == 0x3C),
+        "a copy into an adopted target did not arrive"
+    );
+    // Let go of by the producer, unmapped elsewhere, without a wait.
+    let t = std::sync::Mutex::new(pool.disown_target(id).expect("the adopted target"));
+    assert!(pool.disown_target(id).is_none(), "a target was disowned twice");
+    let before = pubd.log().len();
+    elsewhere(&|| mapper.unmap(&mut t.lock().unwrap())).unwrap();
+    let calls: Vec<&str> = pubd.log()[before..].iter().map(|r| r.call).collect();
+    assert!(calls.contains(&"cuMemUnmap"), "{calls:?}");
+    assert!(
+        !calls.contains(&"cuCtxSynchronize"),
+        "the unmapping waited for the context: {calls:?}"
+    );
+    // After the pool's close the mapper refuses, rather than touch a
+    // released context.
+    drop(fd);
+    imp.close().unwrap();
+    pool.close().unwrap();
+    let any: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+    let calls_before = pubd.log().len();
+    assert!(matches!(mapper.map(&any, bytes), Err(Error::Closed)));
+    assert_eq!(
+        pubd.log().len(),
+        calls_before,
+        "a mapper of a closed pool called the driver"
+    );
+    assert_clean(&pubd, fp, "publisher after mapping elsewhere");
+    assert_clean(&subd, fs, "subscriber after mapping elsewhere");
+}
+
+#[test]
 fn a_push_attach_that_fails_at_any_driver_call_leaves_nothing_behind() {
     let total = calls_made(publisher_process, |d| push_round(d, &subscriber_process()).unwrap());
     let mut failures = 0;

@@ -575,6 +575,48 @@ fn a_publish_returns_before_its_held_commit_lands_and_parked_subscribers_still_g
     }
 }
 
+/// Timestamps the publish's stage marks (TRACE events of target
+/// `vramring::publish`) on the thread that installs it: where a slow
+/// publish spent its time.
+#[derive(Clone, Default)]
+struct StageMarks(std::sync::Arc<std::sync::Mutex<Vec<(Instant, String)>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StageMarks {
+    fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "message" {
+                    self.0 = format!("{v:?}");
+                }
+            }
+        }
+        if e.metadata().target() == "vramring::publish" {
+            let t = Instant::now();
+            let mut m = Message(String::new());
+            e.record(&mut m);
+            self.0.lock().expect("marks").push((t, m.0));
+        }
+    }
+}
+
+impl StageMarks {
+    /// The marks since the last call, as "stage +µs" after `start`.
+    fn take(&self, start: Instant) -> String {
+        let marks = std::mem::take(&mut *self.0.lock().expect("marks"));
+        let mut last = start;
+        marks
+            .into_iter()
+            .map(|(t, m)| {
+                let d = t.saturating_duration_since(last);
+                last = t;
+                format!("{m} +{:.1}", d.as_secs_f64() * 1e6)
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn push_subscribers_that_come_and_go_never_make_a_publish_wait_for_the_gpu() {
@@ -592,6 +634,15 @@ fn push_subscribers_that_come_and_go_never_make_a_publish_wait_for_the_gpu() {
     let gpu = GpuTestPattern::for_uuid(p.info().device_uuid).expect("pattern kernels");
     let stream = gpu.stream().expect("stream");
     let held_stream = std::sync::Arc::new(HeldStream::new());
+    // The stage marks of every publish on this thread, printed with its time.
+    let marks = StageMarks::default();
+    let _marks = {
+        use tracing_subscriber::layer::SubscriberExt;
+        let filter = tracing_subscriber::filter::Targets::new().with_target("vramring::publish", tracing::Level::TRACE);
+        let layer = tracing_subscriber::Layer::with_filter(marks.clone(), filter);
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(layer))
+    };
+    tracing::callsite::rebuild_interest_cache();
     let publish = |p: &mut Publisher, hold: bool| -> (u64, Duration) {
         let slot = p.loan(Duration::from_secs(10)).expect("loan");
         let seq = slot.seq();
@@ -605,7 +656,9 @@ fn push_subscribers_that_come_and_go_never_make_a_publish_wait_for_the_gpu() {
             }
             let t = Instant::now();
             slot.publish_cuda(FrameMeta::pts(seq as i64), stream).expect("publish");
-            (seq, t.elapsed())
+            let took = t.elapsed();
+            eprintln!("frame {seq}: {}", marks.take(t));
+            (seq, took)
         }
     };
 
@@ -613,7 +666,9 @@ fn push_subscribers_that_come_and_go_never_make_a_publish_wait_for_the_gpu() {
     let (_, mut leaver) = consumer(&socket, "push-leaves", &["--push"], &[]);
     until_subscribers(&p, 2);
     for _ in 0..5 {
-        publish(&mut p, false);
+        // The first maps both subscribers' buffers.
+        let (seq, took) = publish(&mut p, false);
+        eprintln!("frame {seq}: publish took {took:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
     // The GPU holds the next commit: every copy into the leaver's buffers

@@ -30,6 +30,22 @@ pub fn make_primary_current() -> R<()> {
     Ok(())
 }
 
+/// The `p` quantile (0..=1, nearest rank) of `sorted`; 0 when empty.
+pub fn pct(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// [`pct`] of nanosecond samples, in microseconds; NaN when empty.
+pub fn pct_us(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    pct(sorted, p) as f64 / 1000.0
+}
+
 /// Writes `samples` to `path` as little-endian u64s (a role process's
 /// results, read back by the orchestrator with [`read_samples`]).
 pub fn write_samples(path: &std::path::Path, samples: &[u64]) -> R<()> {

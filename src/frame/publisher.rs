@@ -15,7 +15,7 @@ use crate::layout::{
     USER_META_BYTES, USER_META_WORDS,
 };
 use crate::lifecycle::{ExitPhase, ExitWorker};
-use crate::memory::{BackendKind, ExportedPool, WriteCompletion};
+use crate::memory::{BackendKind, ExportedPool, MappedTarget, TargetMapper, WriteCompletion};
 use crate::ring::lossless::{Holder, LosslessGate};
 use crate::ring::serve::{self, Served, ServiceState};
 use crate::ring::table::{Assigned, Table};
@@ -289,18 +289,33 @@ pub(crate) struct Shared {
     pub(crate) pool_rw_fd: Option<OwnedFd>,
     pub(crate) info: RingInfo,
     pub(crate) cfg: RingConfig,
-    /// Push buffers sent by subscribers; the producer maps them.
+    /// Push buffers sent by subscribers (mapped already where the pool has
+    /// a mapper), for the producer to take as targets.
     pub(crate) attach_requests: Mutex<Vec<AttachRequest>>,
+    /// Maps and unmaps push buffers on the service thread instead of the
+    /// producer's (CUDA, ADR 0018); `None`: the producer maps them (host).
+    pub(crate) mapper: Option<Arc<dyn TargetMapper>>,
+    /// Push buffers the producer let go of, for the service to unmap.
+    pub(crate) unmaps: Mutex<Vec<MappedTarget>>,
     /// Evictions, the service's waker, counters.
     pub(crate) state: ServiceState,
 }
 
-/// A subscriber's push buffers, received by the service, mapped by the
-/// producer thread (which owns the pool).
+/// A push subscriber's buffers as they reach the producer.
+pub(crate) enum Buffers {
+    /// The descriptor, for the producer to map (a pool without a mapper).
+    Received(OwnedFd),
+    /// Mapped by the service thread already.
+    Mapped(MappedTarget),
+}
+
+/// A subscriber's push buffers, received (and, with a mapper, mapped) by
+/// the service, taken as a target by the producer thread (which owns the
+/// pool).
 pub(crate) struct AttachRequest {
     pub(crate) index: u32,
     pub(crate) generation: u32,
-    pub(crate) fd: OwnedFd,
+    pub(crate) buffers: Buffers,
     pub(crate) attach: crate::socket::Attach,
     /// Stream-order commits: the newest seq enqueued when the producer
     /// first saw the request; it is mapped once the GPU has committed it
@@ -308,11 +323,11 @@ pub(crate) struct AttachRequest {
     pub(crate) after: Option<u64>,
 }
 
-/// Push buffers the producer maps per publish, at most: an import costs
-/// tens of microseconds of the producer's thread, and a peer that attaches
-/// and leaves in a loop must not add that to every frame more than once.
-/// Newcomers wait their turn, first come first served.
-const ATTACHES_PER_PUBLISH: usize = 1;
+/// Push targets the producer takes per publish, at most, first come first
+/// served: a peer that attaches and leaves in a loop adds a bounded amount
+/// of work to a frame (with a mapper, taking a mapped target costs about a
+/// microsecond; without one, the host `mmap` costs a few).
+const ATTACHES_PER_PUBLISH: usize = 4;
 
 /// A push subscriber's buffers as mapped by the producer.
 #[derive(Debug)]
@@ -359,6 +374,62 @@ impl PushTarget {
 }
 
 impl Shared {
+    /// Evicts the push subscriber at `index`/`generation` whose buffers
+    /// cannot be mapped (it has no pool to fall back on): marks the entry,
+    /// counts it, and has the service tell it.
+    fn evict_push(&self, index: usize, generation: u32) {
+        if self.table.evict(index, generation, EVICT_PUSH) {
+            // Relaxed: a counter for stats.
+            self.header().producer.evictions.fetch_add(1, Ordering::Relaxed);
+            self.state.request_eviction(index, generation, EVICT_PUSH);
+        }
+    }
+
+    /// Lets go of push buffers no target will use: a received descriptor
+    /// closes; mapped buffers go to the service to be unmapped (`now`: on
+    /// the service thread, which unmaps them at once).
+    fn discard(&self, b: Buffers, now: bool) {
+        let Buffers::Mapped(mut t) = b else {
+            return;
+        };
+        if now {
+            if let Some(m) = &self.mapper {
+                match m.unmap(&mut t) {
+                    Ok(()) => return,
+                    Err(e) => tracing::warn!(error = %e, "unmapping push buffers nobody uses; retrying"),
+                }
+            }
+        }
+        if let Ok(mut q) = self.unmaps.lock() {
+            q.push(t);
+        }
+        if !now {
+            self.state.waker.wake();
+        }
+    }
+
+    /// Service thread: unmaps the push buffers the producer let go of;
+    /// those that fail stay for the next round.
+    fn unmap_released(&self) {
+        let Some(m) = &self.mapper else {
+            return;
+        };
+        let mut todo = match self.unmaps.lock() {
+            Ok(mut q) if !q.is_empty() => std::mem::take(&mut *q),
+            _ => return,
+        };
+        todo.retain_mut(|t| match m.unmap(t) {
+            Ok(()) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "unmapping a departed subscriber's push buffers; retrying");
+                true
+            }
+        });
+        if let Ok(mut q) = self.unmaps.lock() {
+            q.append(&mut todo);
+        }
+    }
+
     pub(crate) fn header(&self) -> &RingHeader {
         self.control.at::<RingHeader>(0)
     }
@@ -513,24 +584,50 @@ impl Served for Shared {
         let Some(fd) = fds.into_iter().next() else {
             return Err("no descriptor".into());
         };
-        let mut q = self
-            .attach_requests
-            .lock()
-            .map_err(|_| "attach queue poisoned".to_string())?;
-        // Requests of subscribers that left before the producer got to
-        // them go now (their descriptors close): the queue holds at most one
-        // request per live entry, however often a peer reconnects while the
-        // producer is idle. Only this thread frees entries, so a live check
-        // here stays true until the next service step.
-        q.retain(|r| self.table.live(r.index as usize, r.generation));
+        // With a mapper the buffers are mapped here, on the service thread:
+        // the import costs a few hundred microseconds that a publish must
+        // not pay (ADR 0018). The descriptor closes after it.
+        let buffers = match &self.mapper {
+            Some(m) => match m.map(&fd, a.bytes) {
+                Ok(t) => Buffers::Mapped(t),
+                Err(e) => {
+                    tracing::warn!(error = %e, index, "could not map a subscriber's push buffers; evicting it");
+                    self.evict_push(index as usize, generation);
+                    return Ok(());
+                }
+            },
+            None => Buffers::Received(fd),
+        };
+        let Ok(mut q) = self.attach_requests.lock() else {
+            self.discard(buffers, true);
+            return Err("attach queue poisoned".into());
+        };
+        // Requests of subscribers that left before the producer got to them
+        // go now (descriptors close, mappings are unmapped below): the queue
+        // holds at most one request per live entry, however often a peer
+        // reconnects while the producer is idle. Only this thread frees
+        // entries, so a live check here stays true until the next service
+        // step.
+        let (live, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut *q)
+            .into_iter()
+            .partition(|r| self.table.live(r.index as usize, r.generation));
+        *q = live;
         q.push(AttachRequest {
             index,
             generation,
-            fd,
+            buffers,
             attach: a,
             after: None,
         });
+        drop(q);
+        for r in gone {
+            self.discard(r.buffers, true);
+        }
         Ok(())
+    }
+
+    fn tick(&self) {
+        self.unmap_released();
     }
 }
 
@@ -719,6 +816,8 @@ impl Publisher {
             info,
             cfg,
             attach_requests: Mutex::new(Vec::new()),
+            mapper: pool.target_mapper(),
+            unmaps: Mutex::new(Vec::new()),
             state: ServiceState::new()?,
         });
         let svc_shared = Arc::clone(&shared);
@@ -874,19 +973,31 @@ impl Publisher {
             // CPU commits complete every copy before the publish returns.
             u64::MAX
         };
-        let ready = match self.shared.attach_requests.lock() {
+        let sh = Arc::clone(&self.shared);
+        let (ready, gone) = match sh.attach_requests.lock() {
             Ok(mut q) => {
                 // Requests of connections already gone are dropped before
-                // anything is mapped for them (their descriptors close here).
-                q.retain(|r| self.shared.table.live(r.index as usize, r.generation));
-                take_ready(&mut q, newest, committed)
+                // anything is done for them (descriptors close, mappings go
+                // to the service to be unmapped).
+                let (live, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut *q)
+                    .into_iter()
+                    .partition(|r| sh.table.live(r.index as usize, r.generation));
+                *q = live;
+                (take_ready(&mut q, newest, committed), gone)
             }
-            Err(_) => Vec::new(),
+            Err(_) => (Vec::new(), Vec::new()),
         };
-        let table = &self.shared.table;
+        for r in gone {
+            sh.discard(r.buffers, false);
+        }
+        let table = &sh.table;
         for r in ready {
             let index = r.index as usize;
-            match self.pool.attach_target(&r.fd, r.attach.bytes) {
+            let taken = match r.buffers {
+                Buffers::Received(fd) => self.pool.attach_target(&fd, r.attach.bytes),
+                Buffers::Mapped(t) => self.pool.adopt_target(t),
+            };
+            match taken {
                 Ok(id) => {
                     // Under the entry's lock and its generation: an entry
                     // freed and reassigned meanwhile never gets our count.
@@ -898,7 +1009,7 @@ impl Publisher {
                     });
                     if counted.is_none() {
                         // Nothing was ever copied into these buffers.
-                        if let Err(e) = self.pool.release_target(id) {
+                        if let Err(e) = Self::let_go(&mut self.pool, &sh, id) {
                             tracing::warn!(error = %e, "unmapping the push buffers of a subscriber that left");
                         }
                         continue;
@@ -916,14 +1027,11 @@ impl Publisher {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, index, "could not map a subscriber's push buffers; evicting it");
-                    if table.evict(index, r.generation, EVICT_PUSH) {
-                        // Relaxed: a counter for stats.
-                        self.shared.header().producer.evictions.fetch_add(1, Ordering::Relaxed);
-                        self.shared.state.request_eviction(index, r.generation, EVICT_PUSH);
-                    }
+                    sh.evict_push(index, r.generation);
                 }
             }
         }
+        tracing::trace!(target: "vramring::publish", "push buffers mapped");
         for t in &mut self.targets {
             if !t.dead && !table.live(t.index, t.generation) {
                 t.dead = true;
@@ -939,7 +1047,7 @@ impl Publisher {
                 // commit covers: synchronise once, then trust the seqs again.
                 pool.detach_target(t.id).inspect(|()| *unsettled = false)
             } else if t.copies_landed(committed) {
-                pool.release_target(t.id)
+                Self::let_go(pool, &sh, t.id)
             } else {
                 // Its last frames are still being copied: a later publish
                 // unmaps it.
@@ -953,6 +1061,19 @@ impl Publisher {
                 }
             }
         });
+    }
+
+    /// Lets go of target `id`, whose copies have all landed: with a mapper
+    /// the service unmaps it (it costs the producer's thread nothing),
+    /// otherwise the pool unmaps it now.
+    fn let_go(pool: &mut Box<dyn ExportedPool>, sh: &Shared, id: u64) -> Result<()> {
+        if sh.mapper.is_some() {
+            if let Some(t) = pool.disown_target(id) {
+                sh.discard(Buffers::Mapped(t), false);
+                return Ok(());
+            }
+        }
+        pool.release_target(id)
     }
 
     fn commit(&mut self, seq: u64, index: usize, meta: FrameMeta, completion: WriteCompletion) -> Result<()> {
@@ -1166,6 +1287,17 @@ impl Publisher {
                 let outcome = worker.stop();
                 tracing::debug!(?outcome, "socket service stopped");
             }
+            // The service maps and unmaps no more: buffers it mapped that
+            // no target took, and those waiting to be unmapped, are unmapped
+            // here, while the pool still holds its context. No copy into
+            // any of them is in flight (never adopted, or let go after
+            // their copies landed).
+            if let Ok(mut q) = self.shared.attach_requests.lock() {
+                for r in q.drain(..) {
+                    self.shared.discard(r.buffers, true);
+                }
+            }
+            self.shared.unmap_released();
             self.closed = true;
             let epoch = self.shared.info.epoch;
             local_publishers(|epochs| epochs.retain(|&e| e != epoch));
@@ -1397,7 +1529,7 @@ mod tests {
         AttachRequest {
             index,
             generation: 1,
-            fd: std::fs::File::open("/dev/null").expect("/dev/null").into(),
+            buffers: Buffers::Received(std::fs::File::open("/dev/null").expect("/dev/null").into()),
             attach: crate::socket::Attach {
                 count: layout::PUSH_BUFFERS as u32,
                 stride: 4096,
@@ -1412,7 +1544,7 @@ mod tests {
     }
 
     #[test]
-    fn an_attach_waits_for_the_commits_enqueued_when_it_came_without_blocking_and_one_goes_per_publish() {
+    fn an_attach_waits_for_the_commits_enqueued_when_it_came_without_blocking_and_a_few_go_per_publish() {
         let mut q = vec![request(3), request(1)];
         // Frame 9 enqueued, frame 8 landed: nothing may be mapped yet, and
         // each request remembers the commit it waits for.
@@ -1422,17 +1554,18 @@ mod tests {
         q.push(request(0));
         assert!(take_ready(&mut q, 10, 8).is_empty());
         assert_eq!(q[2].after, Some(10));
-        // Frame 9 landed: the first request goes, the second waits its
-        // turn at the next publish, the third for frame 10.
-        assert_eq!(indices(&take_ready(&mut q, 10, 9)), [3]);
-        assert_eq!(indices(&take_ready(&mut q, 10, 9)), [1]);
+        // Frame 9 landed: the first two go, in order; the third waits for
+        // frame 10.
+        assert_eq!(indices(&take_ready(&mut q, 10, 9)), [3, 1]);
         assert!(take_ready(&mut q, 11, 9).is_empty());
         assert_eq!(indices(&take_ready(&mut q, 11, 10)), [0]);
         assert!(q.is_empty());
-        // CPU commits: everything has landed; still one per publish.
-        let mut q = vec![request(5), request(6)];
-        assert_eq!(indices(&take_ready(&mut q, 4, u64::MAX)), [5]);
-        assert_eq!(indices(&take_ready(&mut q, 5, u64::MAX)), [6]);
+        // CPU commits: everything has landed; at most
+        // ATTACHES_PER_PUBLISH per publish, first come first served.
+        let mut q: Vec<_> = (0..ATTACHES_PER_PUBLISH as u32 + 1).map(request).collect();
+        let first: Vec<u32> = (0..ATTACHES_PER_PUBLISH as u32).collect();
+        assert_eq!(indices(&take_ready(&mut q, 4, u64::MAX)), first);
+        assert_eq!(indices(&take_ready(&mut q, 5, u64::MAX)), [ATTACHES_PER_PUBLISH as u32]);
     }
 
     #[test]

@@ -32,6 +32,53 @@ pub(crate) fn check_range(what: &str, offset: u64, len: u64, total: u64) -> Resu
     }
 }
 
+/// A subscriber's push buffers mapped by a [`TargetMapper`] off the
+/// producer's thread, not (or no longer) part of the pool's targets: hand it
+/// to [`ExportedPool::adopt_target`], or back to the mapper's
+/// [`TargetMapper::unmap`]. Dropping one that is still mapped leaks the
+/// mapping (a warning says so).
+#[derive(Debug)]
+pub struct MappedTarget {
+    pub(crate) vmm: cuda::VmmMapping,
+}
+
+impl MappedTarget {
+    /// Bytes mapped.
+    pub fn bytes(&self) -> u64 {
+        self.vmm.bytes()
+    }
+}
+
+impl Drop for MappedTarget {
+    fn drop(&mut self) {
+        if self.vmm.is_live() {
+            tracing::warn!(target = ?self.vmm, "push buffers dropped while mapped; the mapping leaks until the process exits");
+        }
+    }
+}
+
+/// Maps and unmaps subscribers' push buffers in the pool's context on a
+/// thread other than the producer's (ADR 0018): importing a peer's
+/// allocation costs a few hundred microseconds, which a publish must not
+/// pay for a peer that comes and goes.
+///
+/// A mapper may be used only while its pool is open: whoever uses it
+/// stops doing so before [`ExportedPool::close`].
+pub trait TargetMapper: Send + Sync {
+    /// Imports and maps `fd` (`bytes` bytes) read-write for the pool's
+    /// device. The descriptor stays the caller's.
+    ///
+    /// # Errors
+    /// The driver's error; nothing stays mapped.
+    fn map(&self, fd: &OwnedFd, bytes: u64) -> Result<MappedTarget>;
+    /// Unmaps and releases `t`; no copy into it may be in flight. After an
+    /// error what is left stays in `t`, for a retry.
+    ///
+    /// # Errors
+    /// The driver's error.
+    fn unmap(&self, t: &mut MappedTarget) -> Result<()>;
+}
+
 /// A raw CUDA stream handle (`CUstream`), as the driver API takes it.
 pub type RawCuStream = cudarc::driver::sys::CUstream;
 
@@ -168,6 +215,33 @@ pub trait ExportedPool: Send {
     /// of the last one has landed). Unknown ids are ignored.
     fn release_target(&mut self, id: u64) -> Result<()> {
         self.detach_target(id)
+    }
+    /// Push delivery: a mapper for this pool's push targets, for a backend
+    /// whose mapping is too slow for the producer's thread (CUDA); `None`:
+    /// map with [`ExportedPool::attach_target`] (host memory: an `mmap`).
+    fn target_mapper(&self) -> Option<std::sync::Arc<dyn TargetMapper>> {
+        None
+    }
+    /// Push delivery: takes `t`, mapped by this pool's
+    /// [`ExportedPool::target_mapper`], as a target and returns its id for
+    /// [`ExportedPool::push_copy`] and the stream-order commit.
+    ///
+    /// # Errors
+    /// [`crate::Error::WrongBackend`] for a pool without a mapper (`t` is
+    /// dropped, leaking its mapping: no such pool makes one).
+    fn adopt_target(&mut self, t: MappedTarget) -> Result<u64> {
+        drop(t);
+        Err(crate::Error::WrongBackend {
+            what: "adopting push buffers mapped off the producer's thread",
+            backend: "host",
+        })
+    }
+    /// Push delivery: removes target `id` from the pool without unmapping
+    /// it, for its mapper's [`TargetMapper::unmap`]; no copy into it may be
+    /// in flight. `None` for an unknown id or a pool without a mapper.
+    fn disown_target(&mut self, id: u64) -> Option<MappedTarget> {
+        let _ = id;
+        None
     }
     /// Stream-order commits: lets the GPU store into this process's host
     /// memory `ptr..ptr+len` (a shared-memory region the commit words live

@@ -67,6 +67,9 @@ pub(crate) trait Served: Send + Sync + 'static {
         let _ = (index, generation, a, fds);
         Err("this ring takes no push buffers".into())
     }
+    /// Housekeeping the service does on every turn of its loop (after a
+    /// wake, a connection's datagram or a tick), on its own thread.
+    fn tick(&self) {}
 }
 
 /// Longest single poll when nothing is pending. Stops and evictions wake
@@ -216,6 +219,7 @@ pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
     }
     let mut conns: Vec<Conn> = Vec::new();
     while !stop.is_raised() {
+        sh.tick();
         handle_evictions(&*sh, &mut conns);
         let timeout = conns
             .iter()

@@ -38,6 +38,7 @@ mod fake;
 mod gpu_pattern;
 mod import;
 mod mapping;
+pub(crate) use mapping::VmmMapping;
 #[cfg(feature = "testing")]
 mod pattern;
 mod pool;

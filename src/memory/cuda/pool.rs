@@ -12,7 +12,9 @@ use super::real::RealDriver;
 use super::{device_free_bytes, format_uuid, resolve_device, round_up, DeviceSelector};
 use crate::error::{Error, IoContext, Result};
 use crate::layout::GATE_BYTES;
-use crate::memory::{check_range, BackendKind, ExportedPool, StreamCommit, WriteCompletion};
+use crate::memory::{
+    check_range, BackendKind, ExportedPool, MappedTarget, StreamCommit, TargetMapper, WriteCompletion,
+};
 
 /// The publisher's pool: one `cuMemCreate` of the whole pool (rounded up to
 /// the allocation granularity once), mapped read-write into this process and
@@ -37,6 +39,9 @@ pub struct CudaPool<D: Driver = RealDriver> {
     ready: bool,
     /// Push delivery: subscribers' buffers mapped read-write here.
     targets: Vec<(u64, VmmMapping)>,
+    /// Whether the context is retained: cleared (Release) before the close
+    /// releases it, for the pool's [`CudaMapper`]s.
+    open: Arc<std::sync::atomic::AtomicBool>,
     next_target: u64,
     /// Stream-order commits: the commit kernel, once loaded.
     commit: Option<CommitKernel>,
@@ -50,6 +55,72 @@ fn completion_stream(completion: WriteCompletion) -> CuStream {
     match completion {
         WriteCompletion::CudaStream(s) => CuStream::from_raw(s),
         WriteCompletion::Host => CuStream::from_raw(std::ptr::null_mut()),
+    }
+}
+
+/// Imports and maps a subscriber's push buffers (`fd`, `bytes` bytes)
+/// read-write for `dev` in `ctx`; anything half-made is released.
+///
+/// # Safety
+/// `ctx` is live (retained) for the whole call.
+unsafe fn map_target<D: Driver>(d: &D, ctx: CuContext, dev: CuDevice, fd: &OwnedFd, bytes: u64) -> Result<VmmMapping> {
+    let mut m = VmmMapping::default();
+    let body = |d: &D| -> Result<()> {
+        let made = m.import(d, fd, bytes, dev, Access::ReadWrite);
+        if made.is_err() {
+            if let Err(e) = m.release(d) {
+                tracing::warn!(error = %e, "releasing a half-attached push target");
+            }
+        }
+        made
+    };
+    // SAFETY: `ctx` is live (this function's contract).
+    unsafe { with_context(d, ctx, body) }?;
+    Ok(m)
+}
+
+/// [`TargetMapper`] of a [`CudaPool`]: maps and unmaps push buffers in the
+/// pool's context from any thread (the driver's VMM calls are thread-safe;
+/// the context is pushed and popped around each call). `open` is cleared
+/// when the pool releases its context, after which every call fails with
+/// [`Error::Closed`]; the publisher stops using the mapper before that.
+struct CudaMapper<D: Driver> {
+    driver: Arc<D>,
+    ctx: CuContext,
+    device: CuDevice,
+    open: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<D: Driver> CudaMapper<D> {
+    fn check_open(&self) -> Result<()> {
+        // Acquire pairs with the close's Release: a mapper that sees the
+        // pool open sees its context retained. (The publisher orders its
+        // use of the mapper before the close in any case.)
+        if self.open.load(std::sync::atomic::Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(Error::Closed)
+        }
+    }
+}
+
+impl<D: Driver> TargetMapper for CudaMapper<D> {
+    fn map(&self, fd: &OwnedFd, bytes: u64) -> Result<MappedTarget> {
+        self.check_open()?;
+        // SAFETY: the pool's context is retained while it is open (checked
+        // above; the mapper's user stops before the close).
+        let vmm = unsafe { map_target(&*self.driver, self.ctx, self.device, fd, bytes) }?;
+        Ok(MappedTarget { vmm })
+    }
+
+    fn unmap(&self, t: &mut MappedTarget) -> Result<()> {
+        if !t.vmm.is_live() {
+            return Ok(());
+        }
+        self.check_open()?;
+        let body = |d: &D| t.vmm.release(d);
+        // SAFETY: as in `map`.
+        unsafe { with_context(&*self.driver, self.ctx, body) }
     }
 }
 
@@ -116,6 +187,7 @@ impl<D: Driver> CudaPool<D> {
             fd: None,
             ready: false,
             targets: Vec::new(),
+            open: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             next_target: 1,
             commit: None,
             host_regs: Vec::new(),
@@ -170,6 +242,8 @@ impl<D: Driver> CudaPool<D> {
         // SAFETY: `ctx` is retained (above).
         unsafe { with_context(&*d, ctx, body) }?;
         self.ready = true;
+        // Release: a mapper that sees the pool open sees it built.
+        self.open.store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -204,6 +278,14 @@ impl<D: Driver> CudaPool<D> {
     /// The driver.
     pub fn driver(&self) -> &Arc<D> {
         &self.driver
+    }
+
+    /// Takes a mapped push target; returns its id.
+    fn adopt(&mut self, m: VmmMapping) -> u64 {
+        let id = self.next_target;
+        self.next_target += 1;
+        self.targets.push((id, m));
+        id
     }
 
     /// Unmaps push target `id` in the pool's context; `synchronize` waits
@@ -241,6 +323,9 @@ impl<D: Driver> CudaPool<D> {
     /// held.
     pub fn close(&mut self) -> Result<()> {
         self.ready = false;
+        // Release pairs with the mappers' Acquire: none starts a call on
+        // the context from here on.
+        self.open.store(false, std::sync::atomic::Ordering::Release);
         let Some(ctx) = self.ctx else {
             self.fd = None;
             return Ok(());
@@ -340,23 +425,31 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
 
     fn attach_target(&mut self, fd: &OwnedFd, bytes: u64) -> Result<u64> {
         let ctx = self.context()?;
-        let dev = self.device;
-        let mut m = VmmMapping::default();
-        let body = |d: &D| -> Result<()> {
-            let made = m.import(d, fd, bytes, dev, Access::ReadWrite);
-            if made.is_err() {
-                if let Err(e) = m.release(d) {
-                    tracing::warn!(error = %e, "releasing a half-attached push target");
-                }
-            }
-            made
-        };
         // SAFETY: `ctx` is retained while the pool is open (checked above).
-        unsafe { with_context(&*self.driver, ctx, body) }?;
-        let id = self.next_target;
-        self.next_target += 1;
-        self.targets.push((id, m));
-        Ok(id)
+        let m = unsafe { map_target(&*self.driver, ctx, self.device, fd, bytes) }?;
+        Ok(self.adopt(m))
+    }
+
+    fn target_mapper(&self) -> Option<Arc<dyn TargetMapper>> {
+        let ctx = self.context().ok()?;
+        Some(Arc::new(CudaMapper {
+            driver: Arc::clone(&self.driver),
+            ctx,
+            device: self.device,
+            open: Arc::clone(&self.open),
+        }))
+    }
+
+    fn adopt_target(&mut self, t: MappedTarget) -> Result<u64> {
+        self.context()?;
+        let mut t = t;
+        Ok(self.adopt(std::mem::take(&mut t.vmm)))
+    }
+
+    fn disown_target(&mut self, id: u64) -> Option<MappedTarget> {
+        let pos = self.targets.iter().position(|(t, _)| *t == id)?;
+        let (_, vmm) = self.targets.remove(pos);
+        Some(MappedTarget { vmm })
     }
 
     fn push_copy(
