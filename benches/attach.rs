@@ -1,15 +1,19 @@
-//! What a push subscriber's arrival and departure cost the producer's
-//! thread on a CUDA ring (ADR 0018): mapping its buffers
-//! (`ExportedPool::attach_target`: `cuMemImportFromShareableHandle`,
-//! reserve, map, set access) and unmapping them, without synchronising
-//! (`release_target`, what a publish does once the last copy landed) and
-//! with a `cuCtxSynchronize` first (`detach_target`, the old path, here on
-//! an idle context: with GPU work queued it waits for all of it).
+//! What a push subscriber's arrival and departure cost the thread that maps
+//! its buffers on a CUDA ring (ADR 0018: the publisher's service thread):
+//! mapping them (`ExportedPool::attach_target`:
+//! `cuMemImportFromShareableHandle`, reserve, map, set access) and unmapping
+//! them, without synchronising (`release_target`) and with a
+//! `cuCtxSynchronize` first (`detach_target`, here on an idle context: with
+//! GPU work queued it waits for all of it).
 //!
-//! 1080p NV12 push buffers (3 × 3.1 MB, one allocation), imported by the
-//! pool of this process from a push-only import's export, as the publisher
-//! imports a subscriber's. Run on a GPU machine:
-//! `cargo bench --bench attach` (staged: `bash .device/run.sh bench attach`).
+//! 1080p NV12 push buffers (3 × 3.1 MB, one allocation), exported by a
+//! push-only import as a subscriber's are: made in a child process and
+//! sent over a socket, as a real subscriber's are ("another process"), and
+//! made in this process ("this process"). Each row maps the same
+//! allocation over and over; a real newcomer brings one the driver has not
+//! imported yet, which costs more (ADR 0018 has both figures).
+//! Run on a GPU machine: `cargo bench --bench attach` (staged:
+//! `bash .device/run.sh bench attach`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,52 +30,110 @@ const ROUNDS: usize = 300;
 /// 1080p NV12, rounded up to the crate's slot alignment as push strides are.
 const STRIDE: u64 = (1920 * 1080 * 3 / 2u64).next_multiple_of(vramring::format::SLOT_ALIGN);
 
+/// Environment variable naming the child's socket descriptor.
+const CHILD_ENV: &str = "VRAMRING_ATTACH_BENCH_SOCKET";
+
+/// The child: makes the push buffers, sends their descriptor, and keeps
+/// them until the parent hangs up.
+fn child(sock: std::os::fd::OwnedFd, uuid: [u8; 16]) -> R<()> {
+    use std::os::fd::AsFd;
+    let mut sub = CudaImport::push_only(RealDriver::shared()?, uuid)?;
+    let (fd, _) = sub.alloc_push(vramring::layout::PUSH_BUFFERS as u32, STRIDE)?;
+    vramring::socket::transport::send(sock.as_fd(), b"push", &[fd.as_fd()])?;
+    drop(fd);
+    // Until the parent closes its end.
+    let _ = vramring::socket::transport::recv(sock.as_fd(), std::time::Duration::from_secs(600));
+    sub.close()?;
+    Ok(())
+}
+
+/// Push buffers made by a child process: the descriptor, the child and
+/// the socket that keeps it waiting.
+fn from_child(uuid: [u8; 16]) -> R<(std::os::fd::OwnedFd, std::process::Child, std::os::fd::OwnedFd)> {
+    use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+    use std::os::fd::{AsFd, AsRawFd};
+    let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+    rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty())?;
+    let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    let child = std::process::Command::new(std::env::current_exe()?)
+        .env(CHILD_ENV, format!("{} {hex}", theirs.as_raw_fd()))
+        .spawn()?;
+    drop(theirs);
+    let got = vramring::socket::transport::recv(ours.as_fd(), std::time::Duration::from_secs(30))?
+        .ok_or("the child sent no push buffers")?;
+    let fd = got
+        .fds
+        .into_iter()
+        .next()
+        .ok_or("the child's message had no descriptor")?;
+    Ok((fd, child, ours))
+}
+
 fn main() -> R<()> {
     if std::env::args().any(|a| a == "--help" || a == "-h") {
-        println!("attach bench: maps and unmaps a 1080p push subscriber's buffers {ROUNDS} times; needs a CUDA GPU");
+        println!(
+            "attach bench: maps and unmaps a 1080p push subscriber's buffers {ROUNDS} times per row; needs a CUDA GPU"
+        );
         return Ok(());
+    }
+    if let Ok(v) = std::env::var(CHILD_ENV) {
+        use std::os::fd::FromRawFd;
+        let (fd, hex) = v.split_once(' ').ok_or("bad child arguments")?;
+        let mut uuid = [0u8; 16];
+        for (k, b) in uuid.iter_mut().enumerate() {
+            *b = u8::from_str_radix(hex.get(2 * k..2 * k + 2).ok_or("bad uuid")?, 16)?;
+        }
+        // SAFETY: the parent made this descriptor inheritable for us and
+        // named it; nothing else in this process owns it.
+        let sock = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd.parse()?) };
+        return child(sock, uuid);
     }
     let d = RealDriver::shared()?;
     let mut pool = CudaPool::create(Arc::clone(&d), DeviceSelector::Ordinal(0), 64 << 20)?;
-    let mut sub = CudaImport::push_only(Arc::clone(&d), pool.device_uuid())?;
-    let (fd, bytes) = sub.alloc_push(vramring::layout::PUSH_BUFFERS as u32, STRIDE)?;
+    let uuid = pool.device_uuid();
+    let (remote_fd, mut remote, hangup) = from_child(uuid)?;
+    let mut sub = CudaImport::push_only(Arc::clone(&d), uuid)?;
+    let (local_fd, bytes) = sub.alloc_push(vramring::layout::PUSH_BUFFERS as u32, STRIDE)?;
     let mut rows = Vec::new();
-    for (name, sync) in [
-        ("release (no synchronisation)", false),
-        ("detach (cuCtxSynchronize first)", true),
-    ] {
-        let (mut map, mut unmap) = (Vec::with_capacity(ROUNDS), Vec::with_capacity(ROUNDS));
-        for _ in 0..ROUNDS {
-            let t0 = Instant::now();
-            let id = pool.attach_target(&fd, bytes)?;
-            let t1 = Instant::now();
-            if sync {
-                pool.detach_target(id)?;
-            } else {
-                pool.release_target(id)?;
+    for (made, fd) in [("another process", &remote_fd), ("this process", &local_fd)] {
+        for (how, sync) in [
+            ("release (no synchronisation)", false),
+            ("detach (cuCtxSynchronize first)", true),
+        ] {
+            let (mut map, mut unmap) = (Vec::with_capacity(ROUNDS), Vec::with_capacity(ROUNDS));
+            for _ in 0..ROUNDS {
+                let t0 = Instant::now();
+                let id = pool.attach_target(fd, bytes)?;
+                let t1 = Instant::now();
+                if sync {
+                    pool.detach_target(id)?;
+                } else {
+                    pool.release_target(id)?;
+                }
+                map.push((t1 - t0).as_nanos() as u64);
+                unmap.push(t1.elapsed().as_nanos() as u64);
             }
-            map.push((t1 - t0).as_nanos() as u64);
-            unmap.push(t1.elapsed().as_nanos() as u64);
+            map.sort_unstable();
+            unmap.sort_unstable();
+            rows.push((made, how, map, unmap));
         }
-        map.sort_unstable();
-        unmap.sort_unstable();
-        rows.push((name, map, unmap));
     }
     println!(
-        "Push buffers of {bytes} bytes (3 × {STRIDE}), mapped and unmapped {ROUNDS} times per row, producer thread wall time (µs):\n"
+        "Push buffers of {bytes} bytes (3 × {STRIDE}), mapped and unmapped {ROUNDS} times per row, wall time of the mapping thread (µs):\n"
     );
-    println!("| unmapping | map p50 | map p99 | unmap p50 | unmap p99 |\n|---|---|---|---|---|");
-    for (name, map, unmap) in &rows {
+    println!("| buffers made in | unmapping | map p50 | map p99 | unmap p50 | unmap p99 |\n|---|---|---|---|---|---|");
+    for (made, how, map, unmap) in &rows {
         let us = |v: &[u64], p| pct(v, p) as f64 / 1000.0;
         println!(
-            "| {name} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            "| {made} | {how} | {:.1} | {:.1} | {:.1} | {:.1} |",
             us(map, 0.5),
             us(map, 0.99),
             us(unmap, 0.5),
             us(unmap, 0.99)
         );
     }
-    drop(fd);
+    drop((remote_fd, local_fd, hangup));
+    remote.wait()?;
     sub.close()?;
     pool.close()?;
     Ok(())

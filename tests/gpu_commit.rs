@@ -715,7 +715,10 @@ fn push_subscribers_that_come_and_go_never_make_a_publish_wait_for_the_gpu() {
         Err(_) => panic!("the held stream is still shared"),
     }
     let stay = untorn_final(&stayer.0, stayer.1);
-    assert_eq!(stay.u64("dropped"), Some(0), "push-stays: {stay:?}");
+    // The held frame and the next land together once the hold ends; a
+    // reader of the latest frame that wakes after both takes the newer and
+    // counts the held one dropped. Nothing else may be missing.
+    assert!(stay.u64("dropped").is_some_and(|d| d <= 1), "push-stays: {stay:?}");
     assert_eq!(stay.u64("last_seq"), Some(frames), "push-stays: {stay:?}");
     let come = untorn_final(&comer.0, comer.1);
     assert_eq!(come.u64("last_seq"), Some(frames), "push-comes: {come:?}");
