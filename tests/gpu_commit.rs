@@ -20,6 +20,8 @@ mod common;
 mod examples_common;
 #[path = "common/finals.rs"]
 mod finals;
+#[path = "common/marks.rs"]
+mod marks;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -475,6 +477,27 @@ impl HeldStream {
     }
 }
 
+/// A 1080p NV12 CUDA ring at `socket` that commits in stream order, the
+/// pattern kernels on its device and a stream of theirs to write frames on.
+fn stream_order_ring(
+    socket: &str,
+) -> (
+    vramring::Publisher,
+    vramring::memory::cuda::GpuTestPattern,
+    vramring::memory::RawCuStream,
+) {
+    use vramring::{BackendChoice, Format, Publisher, RingConfig};
+    let p = Publisher::create(
+        socket,
+        RingConfig::new(Format::Nv12, 1920, 1080).backend(BackendChoice::Cuda(0)),
+    )
+    .expect("a CUDA ring");
+    assert!(p.stream_commit(), "the ring does not commit in stream order");
+    let gpu = vramring::memory::cuda::GpuTestPattern::for_uuid(p.info().device_uuid).expect("pattern kernels");
+    let stream = gpu.stream().expect("stream");
+    (p, gpu, stream)
+}
+
 /// Waits until the publisher counts `n` subscribers.
 fn until_subscribers(p: &vramring::Publisher, n: u32) {
     let t = Instant::now();
@@ -490,19 +513,11 @@ fn until_subscribers(p: &vramring::Publisher, n: u32) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_publish_returns_before_its_held_commit_lands_and_parked_subscribers_still_get_the_frame() {
-    use vramring::memory::cuda::GpuTestPattern;
-    use vramring::{BackendChoice, Format, FrameMeta, Publisher, RingConfig};
+    use vramring::FrameMeta;
 
     let dir = TempDir::new("gpu-commit-held");
     let socket = dir.join("cam.sock").display().to_string();
-    let mut p = Publisher::create(
-        &socket,
-        RingConfig::new(Format::Nv12, 1920, 1080).backend(BackendChoice::Cuda(0)),
-    )
-    .expect("a CUDA ring");
-    assert!(p.stream_commit(), "the ring does not commit in stream order");
-    let gpu = GpuTestPattern::for_uuid(p.info().device_uuid).expect("pattern kernels");
-    let stream = gpu.stream().expect("stream");
+    let (mut p, gpu, stream) = stream_order_ring(&socket);
     let held_stream = HeldStream::new();
 
     // A 10 s park slice: a parked subscriber wakes only when rung (or at
@@ -575,67 +590,17 @@ fn a_publish_returns_before_its_held_commit_lands_and_parked_subscribers_still_g
     }
 }
 
-/// Timestamps the publish's stage marks (TRACE events of target
-/// `vramring::publish`) on the thread that installs it: where a slow
-/// publish spent its time.
-#[derive(Clone, Default)]
-struct StageMarks(std::sync::Arc<std::sync::Mutex<Vec<(Instant, String)>>>);
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StageMarks {
-    fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        struct Message(String);
-        impl tracing::field::Visit for Message {
-            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                if f.name() == "message" {
-                    self.0 = format!("{v:?}");
-                }
-            }
-        }
-        if e.metadata().target() == "vramring::publish" {
-            let t = Instant::now();
-            let mut m = Message(String::new());
-            e.record(&mut m);
-            self.0.lock().expect("marks").push((t, m.0));
-        }
-    }
-}
-
-impl StageMarks {
-    /// The marks since the last call, as "stage +µs" after `start`.
-    fn take(&self, start: Instant) -> String {
-        let marks = std::mem::take(&mut *self.0.lock().expect("marks"));
-        let mut last = start;
-        marks
-            .into_iter()
-            .map(|(t, m)| {
-                let d = t.saturating_duration_since(last);
-                last = t;
-                format!("{m} +{:.1}", d.as_secs_f64() * 1e6)
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
-
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn push_subscribers_that_come_and_go_never_make_a_publish_wait_for_the_gpu() {
-    use vramring::memory::cuda::GpuTestPattern;
-    use vramring::{BackendChoice, Format, FrameMeta, Publisher, RingConfig};
+    use vramring::{FrameMeta, Publisher};
 
     let dir = TempDir::new("gpu-commit-churn");
     let socket = dir.join("cam.sock").display().to_string();
-    let mut p = Publisher::create(
-        &socket,
-        RingConfig::new(Format::Nv12, 1920, 1080).backend(BackendChoice::Cuda(0)),
-    )
-    .expect("a CUDA ring");
-    assert!(p.stream_commit(), "the ring does not commit in stream order");
-    let gpu = GpuTestPattern::for_uuid(p.info().device_uuid).expect("pattern kernels");
-    let stream = gpu.stream().expect("stream");
+    let (mut p, gpu, stream) = stream_order_ring(&socket);
     let held_stream = std::sync::Arc::new(HeldStream::new());
     // The stage marks of every publish on this thread, printed with its time.
-    let marks = StageMarks::default();
+    let marks = marks::StageMarks::default();
     let _marks = {
         use tracing_subscriber::layer::SubscriberExt;
         let filter = tracing_subscriber::filter::Targets::new().with_target("vramring::publish", tracing::Level::TRACE);
@@ -657,7 +622,7 @@ fn push_subscribers_that_come_and_go_never_make_a_publish_wait_for_the_gpu() {
             let t = Instant::now();
             slot.publish_cuda(FrameMeta::pts(seq as i64), stream).expect("publish");
             let took = t.elapsed();
-            eprintln!("frame {seq}: {}", marks.take(t));
+            eprintln!("frame {seq}: {}", marks.take_timed(t));
             (seq, took)
         }
     };

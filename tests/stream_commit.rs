@@ -14,6 +14,9 @@ use vramring::memory::cuda::{
 };
 use vramring::memory::{ExportedPool, ImportedPool, PushWrite, StreamCommit, WriteCompletion};
 
+#[path = "common/marks.rs"]
+mod marks;
+
 const GPU: [u8; 16] = *b"fake-gpu-0123456";
 const MIB: u64 = 1 << 20;
 /// More targets than one launch serves, so the commit takes two launches.
@@ -329,37 +332,15 @@ fn a_failed_batched_commit_stores_no_seq_and_a_word_outside_registered_memory_is
     assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
 }
 
-/// Records the messages of `vramring::publish` events.
-#[derive(Clone, Default)]
-struct Marks(Arc<std::sync::Mutex<Vec<String>>>);
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Marks {
-    fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        struct Message(String);
-        impl tracing::field::Visit for Message {
-            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                if f.name() == "message" {
-                    self.0 = format!("{v:?}");
-                }
-            }
-        }
-        if e.metadata().target() == "vramring::publish" {
-            let mut m = Message(String::new());
-            e.record(&mut m);
-            self.0.lock().unwrap().push(m.0);
-        }
-    }
-}
-
 #[test]
 fn a_commit_marks_its_stages_for_a_tracing_subscriber() {
     use tracing_subscriber::layer::SubscriberExt;
-    let marks = Marks::default();
+    let marks = marks::StageMarks::default();
     let subscriber = tracing_subscriber::registry().with(marks.clone());
     let (pubd, subd) = (publisher_process(), subscriber_process());
     let words = Words::new();
     let mut pool = pull_only_pool(&pubd, &words);
-    let take = || std::mem::take(&mut *marks.0.lock().unwrap());
+    let take = || marks.take_stages();
     let (with_kernel, stores_only) = tracing::subscriber::with_default(subscriber, || {
         // The other tests of this binary hit the same callsites from their
         // threads, and one registered while this subscriber was being set

@@ -318,8 +318,8 @@ pub(crate) struct AttachRequest {
     pub(crate) buffers: Buffers,
     pub(crate) attach: crate::socket::Attach,
     /// Stream-order commits: the newest seq enqueued when the producer
-    /// first saw the request; it is mapped once the GPU has committed it
-    /// (`None` until seen).
+    /// first saw the request; the producer takes it once the GPU has
+    /// committed that seq (`None` until seen).
     pub(crate) after: Option<u64>,
 }
 
@@ -956,12 +956,13 @@ impl Publisher {
     /// no pool to fall back on.
     ///
     /// Nothing here waits for the GPU (ADR 0018): with stream-order commits
-    /// a newcomer's buffers are mapped, and a departed subscriber's
-    /// unmapped, only once `global_seq` shows that every commit that could
-    /// touch them has landed; until then they wait for a later publish. So
-    /// push subscribers that come and go in a loop cost the producer at
-    /// most [`ATTACHES_PER_PUBLISH`] mappings and the matching unmappings
-    /// per frame, never a wait for its GPU work.
+    /// a newcomer's buffers are taken, and a departed subscriber's let go
+    /// of, only once `global_seq` shows that every commit that could touch
+    /// them has landed; until then they wait for a later publish. With a
+    /// mapper (CUDA) the service thread maps and unmaps them, so push
+    /// subscribers that come and go in a loop cost the producer neither a
+    /// driver call of the mapping nor a wait for its GPU work; without one
+    /// (host) at most [`ATTACHES_PER_PUBLISH`] `mmap`s per frame.
     fn sync_targets(&mut self) {
         let newest = self.next_seq - 1;
         let committed = if self.stream_commit {

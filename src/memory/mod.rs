@@ -52,7 +52,7 @@ impl MappedTarget {
 impl Drop for MappedTarget {
     fn drop(&mut self) {
         if self.vmm.is_live() {
-            tracing::warn!(target = ?self.vmm, "push buffers dropped while mapped; the mapping leaks until the process exits");
+            tracing::warn!(mapping = ?self.vmm, "push buffers dropped while mapped; the mapping leaks until the process exits");
         }
     }
 }

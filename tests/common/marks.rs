@@ -1,0 +1,59 @@
+//! A tracing layer that records the publish's stage marks (TRACE events of
+//! target `vramring::publish`) with the time each came: which stages a
+//! commit passed (`tests/stream_commit.rs`) and where a slow publish spent
+//! its time (`tests/gpu_commit.rs`).
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// The marks recorded since the last take.
+#[derive(Clone, Default)]
+pub struct StageMarks(Arc<Mutex<Vec<(Instant, String)>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StageMarks {
+    fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "message" {
+                    self.0 = format!("{v:?}");
+                }
+            }
+        }
+        if e.metadata().target() == "vramring::publish" {
+            let t = Instant::now();
+            let mut m = Message(String::new());
+            e.record(&mut m);
+            self.0.lock().expect("marks").push((t, m.0));
+        }
+    }
+}
+
+impl StageMarks {
+    /// The marks since the last take, with their times.
+    fn drain(&self) -> Vec<(Instant, String)> {
+        std::mem::take(&mut *self.0.lock().expect("marks"))
+    }
+
+    /// The stages since the last take, in order.
+    #[allow(dead_code)]
+    pub fn take_stages(&self) -> Vec<String> {
+        self.drain().into_iter().map(|(_, m)| m).collect()
+    }
+
+    /// The stages since the last take, as "stage +µs" (each after the one
+    /// before it, the first after `start`).
+    #[allow(dead_code)]
+    pub fn take_timed(&self, start: Instant) -> String {
+        let mut last = start;
+        self.drain()
+            .into_iter()
+            .map(|(t, m)| {
+                let d = t.saturating_duration_since(last);
+                last = t;
+                format!("{m} +{:.1}", d.as_secs_f64() * 1e6)
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
