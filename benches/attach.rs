@@ -65,7 +65,8 @@ fn from_child(uuid: [u8; 16]) -> R<(std::os::fd::OwnedFd, std::process::Child, s
         .fds
         .into_iter()
         .next()
-        .ok_or("the child's message had no descriptor")?;
+        .ok_or("the child's message had no descriptor")?
+        .into_owned();
     Ok((fd, child, ours))
 }
 

@@ -38,7 +38,10 @@ fn raw_hello(path: &std::path::Path, flags: u32) -> R<(Msg, Vec<std::os::fd::Own
     };
     transport::send(s.as_fd(), &Msg::Hello(hello).encode(), &[])?;
     let got = transport::recv(s.as_fd(), Duration::from_secs(5))?.ok_or("no answer")?;
-    Ok((Msg::decode(&got.bytes)?, got.fds))
+    Ok((
+        Msg::decode(&got.bytes)?,
+        got.fds.into_iter().map(vramring::socket::PeerFd::into_owned).collect(),
+    ))
 }
 
 #[test]

@@ -23,6 +23,7 @@ use crate::ring::{PublisherStats, ServeConfig, ServeOptions};
 use crate::shm::{Region, SEALS_READ_ONLY};
 use crate::socket::msg::{self, Attach, Hello, Welcome};
 use crate::socket::transport::Listener;
+use crate::socket::PeerFd;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::time::{monotonic_ns, realtime_ns};
 
@@ -303,8 +304,9 @@ pub(crate) struct Shared {
 
 /// A push subscriber's buffers as they reach the producer.
 pub(crate) enum Buffers {
-    /// The descriptor, for the producer to map (a pool without a mapper).
-    Received(OwnedFd),
+    /// The descriptor, for the producer to map (a pool without a mapper);
+    /// dropped where its close cannot block ([`PeerFd`]).
+    Received(PeerFd),
     /// Mapped by the service thread already.
     Mapped(MappedTarget),
 }
@@ -552,7 +554,7 @@ impl Served for Shared {
 
     /// Checks a subscriber's push buffers against the ring and hands them
     /// to the producer thread, which maps them.
-    fn attach(&self, index: u32, generation: u32, a: Attach, fds: Vec<OwnedFd>) -> std::result::Result<(), String> {
+    fn attach(&self, index: u32, generation: u32, a: Attach, fds: Vec<PeerFd>) -> std::result::Result<(), String> {
         let push = self
             .table
             .entry(index as usize)
@@ -1530,7 +1532,7 @@ mod tests {
         AttachRequest {
             index,
             generation: 1,
-            buffers: Buffers::Received(std::fs::File::open("/dev/null").expect("/dev/null").into()),
+            buffers: Buffers::Received(PeerFd::new(std::fs::File::open("/dev/null").expect("/dev/null").into())),
             attach: crate::socket::Attach {
                 count: layout::PUSH_BUFFERS as u32,
                 stride: 4096,

@@ -17,6 +17,7 @@ use crate::layout::{ClientLine, SubEntry, SubsHeader, CLIENT_BYTES, SUB_ACTIVE};
 use crate::shm::{Region, SEALS_FIXED_SIZE, SEALS_READ_ONLY};
 use crate::socket::msg::{self, Hello, Msg, Welcome};
 use crate::socket::transport;
+use crate::socket::PeerFd;
 use crate::sync::atomic::Ordering;
 
 /// Maps the two regions every Welcome carries after the control region:
@@ -89,7 +90,9 @@ pub(crate) fn request(path: &Path, hello: Hello, timeout: Duration) -> Result<(O
         }
         Err(e) => return Err(e),
     };
-    Ok((sock, welcome, got.fds))
+    // The publisher's regions: the subscriber trusts its publisher with
+    // them (docs/SECURITY.md) and keeps them.
+    Ok((sock, welcome, got.fds.into_iter().map(PeerFd::into_owned).collect()))
 }
 
 /// A subscriber's lease: its connection and its entry in the publisher's

@@ -34,6 +34,7 @@ use crate::layout::{ProducerLine, CLIENT_BYTES, EVICT_LEASE, EVICT_PROTOCOL, EVI
 use crate::lifecycle::StopSignal;
 use crate::socket::msg::{self, Attach, Hello, Msg, Notice, Welcome, PROTOCOL_VERSION};
 use crate::socket::transport::{self, Listener};
+use crate::socket::PeerFd;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::time::monotonic_ns;
 
@@ -63,7 +64,7 @@ pub(crate) trait Served: Send + Sync + 'static {
     /// An Attach (push buffers) from the subscriber of `index`/`generation`:
     /// `Err(reason)` when this ring takes none or these do not fit, which
     /// evicts the subscriber.
-    fn attach(&self, index: u32, generation: u32, a: Attach, fds: Vec<OwnedFd>) -> std::result::Result<(), String> {
+    fn attach(&self, index: u32, generation: u32, a: Attach, fds: Vec<PeerFd>) -> std::result::Result<(), String> {
         let _ = (index, generation, a, fds);
         Err("this ring takes no push buffers".into())
     }

@@ -10,7 +10,9 @@
 //! service and the lease that run this are in [`crate::ring`].
 
 pub mod msg;
+pub mod peer_fd;
 pub mod transport;
 
 pub use msg::{Attach, Hello, Msg, Notice, Welcome, PROTOCOL_VERSION};
+pub use peer_fd::PeerFd;
 pub use transport::AccessPolicy;

@@ -17,6 +17,7 @@ use rustix::net::{
 
 use crate::error::{Error, IoContext, Result};
 use crate::socket::msg::MAX_MSG_BYTES;
+use crate::socket::peer_fd::PeerFd;
 
 /// Most descriptors one message carries.
 pub const MAX_FDS: usize = 4;
@@ -240,7 +241,7 @@ pub fn send(fd: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<
 /// A zero linger turns that close into an immediate reset. Descriptors that
 /// are not sockets are left as they are (`ENOTSOCK` is ignored); what else
 /// can block in `close` (a file on a filesystem the peer serves, e.g. FUSE)
-/// is in docs/SECURITY.md.
+/// is closed on another thread ([`PeerFd`]).
 fn defuse_close(fd: BorrowedFd<'_>) {
     let _ = rustix::net::sockopt::set_socket_linger(fd, Some(Duration::ZERO));
 }
@@ -250,8 +251,9 @@ fn defuse_close(fd: BorrowedFd<'_>) {
 pub struct Received {
     /// The datagram.
     pub bytes: Vec<u8>,
-    /// Descriptors, in order, already close-on-exec.
-    pub fds: Vec<OwnedFd>,
+    /// Descriptors, in order, already close-on-exec; each is closed where
+    /// it is dropped only when that cannot block ([`PeerFd`]).
+    pub fds: Vec<PeerFd>,
 }
 
 /// Receives one datagram, waiting at most `timeout`. `Ok(None)` on timeout.
@@ -278,11 +280,12 @@ pub fn recv(fd: BorrowedFd<'_>, timeout: Duration) -> Result<Option<Received>> {
         Err(Errno::AGAIN) | Err(Errno::INTR) => return Ok(None),
         Err(e) => return Err(Error::io("recvmsg", e)),
     };
-    // Take ownership of every descriptor first, so none leaks on an error.
+    // Take ownership of every descriptor first, so none leaks on an error
+    // (and none closes on this thread if that could block).
     let mut fds = Vec::new();
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(it) = m {
-            fds.extend(it);
+            fds.extend(it.map(PeerFd::new));
         }
     }
     for fd in &fds {

@@ -75,7 +75,10 @@ pub fn join(socket: &Path, flags: u32, name: &str) -> Conn {
     match Msg::decode(&m.bytes).expect("decoding the Welcome") {
         Msg::Welcome(welcome) => Conn {
             sock,
-            fds: Fds::new(m.fds, welcome.pool_bytes),
+            fds: Fds::new(
+                m.fds.into_iter().map(vramring::socket::PeerFd::into_owned).collect(),
+                welcome.pool_bytes,
+            ),
             welcome,
         },
         other => panic!("attacker was not welcomed: {other:?}"),
