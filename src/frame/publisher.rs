@@ -387,6 +387,18 @@ impl Shared {
         }
     }
 
+    /// Removes from the attach queue `q` the requests of subscribers that
+    /// left (their entry is no longer live with the same generation), and
+    /// returns them for [`Shared::discard`]: the queue holds at most one
+    /// request per live entry.
+    fn take_departed(&self, q: &mut Vec<AttachRequest>) -> Vec<AttachRequest> {
+        let (live, gone) = std::mem::take(q)
+            .into_iter()
+            .partition(|r| self.table.live(r.index as usize, r.generation));
+        *q = live;
+        gone
+    }
+
     /// Lets go of push buffers no target will use: a received descriptor
     /// closes; mapped buffers go to the service to be unmapped (`now`: on
     /// the service thread, which unmaps them at once).
@@ -610,10 +622,7 @@ impl Served for Shared {
         // reconnects while the producer is idle. Only this thread frees
         // entries, so a live check here stays true until the next service
         // step.
-        let (live, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut *q)
-            .into_iter()
-            .partition(|r| self.table.live(r.index as usize, r.generation));
-        *q = live;
+        let gone = self.take_departed(&mut q);
         q.push(AttachRequest {
             index,
             generation,
@@ -976,16 +985,13 @@ impl Publisher {
             // CPU commits complete every copy before the publish returns.
             u64::MAX
         };
-        let sh = Arc::clone(&self.shared);
+        let sh = &*self.shared;
         let (ready, gone) = match sh.attach_requests.lock() {
             Ok(mut q) => {
                 // Requests of connections already gone are dropped before
                 // anything is done for them (descriptors close, mappings go
                 // to the service to be unmapped).
-                let (live, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut *q)
-                    .into_iter()
-                    .partition(|r| sh.table.live(r.index as usize, r.generation));
-                *q = live;
+                let gone = sh.take_departed(&mut q);
                 (take_ready(&mut q, newest, committed), gone)
             }
             Err(_) => (Vec::new(), Vec::new()),
@@ -1012,7 +1018,7 @@ impl Publisher {
                     });
                     if counted.is_none() {
                         // Nothing was ever copied into these buffers.
-                        if let Err(e) = Self::let_go(&mut self.pool, &sh, id) {
+                        if let Err(e) = Self::let_go(&mut self.pool, sh, id) {
                             tracing::warn!(error = %e, "unmapping the push buffers of a subscriber that left");
                         }
                         continue;
@@ -1050,7 +1056,7 @@ impl Publisher {
                 // commit covers: synchronise once, then trust the seqs again.
                 pool.detach_target(t.id).inspect(|()| *unsettled = false)
             } else if t.copies_landed(committed) {
-                Self::let_go(pool, &sh, t.id)
+                Self::let_go(pool, sh, t.id)
             } else {
                 // Its last frames are still being copied: a later publish
                 // unmaps it.
