@@ -8,7 +8,7 @@
 //! publisher's service and producer threads drop the descriptors peers
 //! send, so such a close would stall every subscriber. A `PeerFd` is closed
 //! on the dropping thread only when its kind cannot block: a socket (its
-//! linger is zeroed at receipt, see `transport::recv`), a pipe, a file of
+//! linger is zeroed when it is wrapped), a pipe, a file of
 //! tmpfs or hugetlbfs (a memfd), an anonymous inode. Any other goes to one
 //! process-wide closer thread, which may block in its place; its queue is
 //! bounded only by the descriptors the process may hold (docs/SECURITY.md).
@@ -39,8 +39,13 @@ const ANON_INODE_FS_MAGIC: u64 = 0x0904_1934;
 pub struct PeerFd(Option<OwnedFd>);
 
 impl PeerFd {
-    /// Wraps a descriptor received from a peer.
+    /// Wraps a descriptor received from a peer. A socket gets a zero
+    /// `SO_LINGER`: one the peer set to linger with unsent data would
+    /// otherwise hold whichever thread closes it for the linger time; a
+    /// zero linger turns that close into an immediate reset. (`ENOTSOCK`
+    /// for anything else is ignored.)
     pub fn new(fd: OwnedFd) -> PeerFd {
+        let _ = rustix::net::sockopt::set_socket_linger(&fd, Some(std::time::Duration::ZERO));
         PeerFd(Some(fd))
     }
 
@@ -95,6 +100,7 @@ pub(crate) fn closes_at_once(fd: BorrowedFd<'_>) -> bool {
         return false;
     };
     match FileType::from_raw_mode(st.st_mode) {
+        // A socket's linger was zeroed by `PeerFd::new`.
         FileType::Socket | FileType::Fifo => true,
         FileType::RegularFile | FileType::Unknown => rustix::fs::fstatfs(fd)
             .is_ok_and(|fs| matches!(fs.f_type as u64, TMPFS_MAGIC | HUGETLBFS_MAGIC | ANON_INODE_FS_MAGIC)),

@@ -234,18 +234,6 @@ pub fn send(fd: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<
     Ok(())
 }
 
-/// Makes the last close of a peer's descriptor return at once where the
-/// peer set it up to block: a socket that lingers (`SO_LINGER` with a
-/// timeout) and has unsent data would hold whichever thread closes it, the
-/// publisher's service or publish thread included, for the linger time.
-/// A zero linger turns that close into an immediate reset. Descriptors that
-/// are not sockets are left as they are (`ENOTSOCK` is ignored); what else
-/// can block in `close` (a file on a filesystem the peer serves, e.g. FUSE)
-/// is closed on another thread ([`PeerFd`]).
-fn defuse_close(fd: BorrowedFd<'_>) {
-    let _ = rustix::net::sockopt::set_socket_linger(fd, Some(Duration::ZERO));
-}
-
 /// One received datagram and the descriptors that came with it.
 #[derive(Debug)]
 pub struct Received {
@@ -287,9 +275,6 @@ pub fn recv(fd: BorrowedFd<'_>, timeout: Duration) -> Result<Option<Received>> {
         if let RecvAncillaryMessage::ScmRights(it) = m {
             fds.extend(it.map(PeerFd::new));
         }
-    }
-    for fd in &fds {
-        defuse_close(fd.as_fd());
     }
     if msg.flags.contains(ReturnFlags::CTRUNC) {
         return Err(Error::BadMessage("descriptors were truncated (MSG_CTRUNC)".into()));
