@@ -24,7 +24,7 @@ use vramring::memory::{ExportedPool, ImportedPool};
 #[path = "common/mod.rs"]
 #[allow(dead_code)]
 mod common;
-use common::{pct, R};
+use common::{pct_us, R};
 
 const ROUNDS: usize = 300;
 /// 1080p NV12, rounded up to the crate's slot alignment as push strides are.
@@ -124,13 +124,12 @@ fn main() -> R<()> {
     );
     println!("| buffers made in | unmapping | map p50 | map p99 | unmap p50 | unmap p99 |\n|---|---|---|---|---|---|");
     for (made, how, map, unmap) in &rows {
-        let us = |v: &[u64], p| pct(v, p) as f64 / 1000.0;
         println!(
             "| {made} | {how} | {:.1} | {:.1} | {:.1} | {:.1} |",
-            us(map, 0.5),
-            us(map, 0.99),
-            us(unmap, 0.5),
-            us(unmap, 0.99)
+            pct_us(map, 0.5),
+            pct_us(map, 0.99),
+            pct_us(unmap, 0.5),
+            pct_us(unmap, 0.99)
         );
     }
     drop((remote_fd, local_fd, hangup));

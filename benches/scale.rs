@@ -68,6 +68,11 @@ use procs::{Children, MpsChoice, MpsDaemon};
 #[allow(dead_code)]
 mod host;
 
+#[path = "common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+use common::pct;
+
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 // ------------------------------------------------------------------ options
@@ -368,13 +373,6 @@ fn sleep_until_ns(ns: u64) {
             return;
         }
     }
-}
-
-fn pct(sorted: &[u64], p: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 fn median_f(v: &mut [f64]) -> f64 {
