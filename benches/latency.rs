@@ -17,7 +17,13 @@
 //!   frame's seq into (`cuStreamWriteValue64`): a device-memory word shared
 //!   by IPC, or a word of host shared memory registered with the driver
 //!   (where vramring's queued pull waits). They measure what the GPU-side
-//!   wait itself costs, apart from the rest of vramring's path.
+//!   wait itself costs, apart from the rest of vramring's path. A third,
+//!   `vrpc`, is push with one more push subscriber beside the measured
+//!   ones that attaches, takes a frame and leaves, over and over: what a
+//!   subscriber that comes and goes costs the others (ADR 0018). A
+//!   fourth, `vrpb`, puts beside push a process that does the same on the
+//!   GPU (a context, push buffers made and freed) without connecting: the
+//!   share of `vrpc`'s cost that any process using the GPU causes.
 //!
 //! Latency is "publish → subscriber holds its copy": from the moment the
 //! producer has enqueued the frame's write and starts publishing, to the
@@ -30,7 +36,7 @@
 //!
 //! Run on a GPU machine: `cargo bench --bench latency -- [--quick]
 //! [--mps [off|on|both]] [--systems K,K..] [--subs N,N..] [--no-rate]
-//! [--rounds R] [--timeout-s S] [--out FILE]` (`--rounds R` runs every
+//! [--rounds R] [--frames N] [--timeout-s S] [--out FILE]` (`--rounds R` runs every
 //! latency case R times, the cases interleaved round by round, and pools
 //! the samples: the table gives the pooled percentiles and each round's
 //! p50, so a difference between rows can be told from the spread between
@@ -289,6 +295,15 @@ enum System {
     /// The same on a word in host shared memory registered with the
     /// driver (where vramring's queued pull waits today).
     LegacyIpcWaitHost,
+    /// Push, with one more push subscriber beside the measured ones that
+    /// attaches, takes one frame and leaves, over and over (an experiment:
+    /// what a subscriber that comes and goes costs the others, ADR 0018).
+    VramringPushChurn,
+    /// Push, with a process beside that does on the GPU what `vrpc`'s
+    /// subscriber does (its own context, push buffers made and freed, over
+    /// and over) without ever connecting: which part of `vrpc`'s cost is
+    /// the GPU's, shared with any process that uses it.
+    VramringPushBystander,
 }
 
 impl System {
@@ -304,6 +319,8 @@ impl System {
             System::LegacyIpc => "legacy CUDA IPC",
             System::LegacyIpcWaitDev => "legacy CUDA IPC, stream wait on a device word",
             System::LegacyIpcWaitHost => "legacy CUDA IPC, stream wait on a host word",
+            System::VramringPushChurn => "vramring push, one more push subscriber coming and going",
+            System::VramringPushBystander => "vramring push, a GPU process beside making and freeing push buffers",
         }
     }
     /// The short label of the mode in the tables.
@@ -319,6 +336,8 @@ impl System {
             System::LegacyIpc => "legacy IPC",
             System::LegacyIpcWaitDev => "IPC wait dev word",
             System::LegacyIpcWaitHost => "IPC wait host word",
+            System::VramringPushChurn => "push + churn",
+            System::VramringPushBystander => "push + bystander",
         }
     }
     fn key(self) -> &'static str {
@@ -333,6 +352,8 @@ impl System {
             System::LegacyIpc => "ipc",
             System::LegacyIpcWaitDev => "ipcwd",
             System::LegacyIpcWaitHost => "ipcwh",
+            System::VramringPushChurn => "vrpc",
+            System::VramringPushBystander => "vrpb",
         }
     }
     fn from_key(k: &str) -> Option<System> {
@@ -347,6 +368,8 @@ impl System {
             System::LegacyIpc,
             System::LegacyIpcWaitDev,
             System::LegacyIpcWaitHost,
+            System::VramringPushChurn,
+            System::VramringPushBystander,
         ]
         .into_iter()
         .find(|s| s.key() == k)
@@ -500,7 +523,11 @@ fn vr_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
     };
     let push = matches!(
         c.system,
-        System::VramringPush | System::VramringPushSync | System::VramringFutex
+        System::VramringPush
+            | System::VramringPushSync
+            | System::VramringFutex
+            | System::VramringPushChurn
+            | System::VramringPushBystander
     );
     let mode = if push { Mode::Latest } else { Mode::Sequential };
     let pull_start = match c.system {
@@ -544,6 +571,7 @@ fn vr_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
         }
     }
     let st = s.stats();
+    tracing::debug!(target: "bench", id, "subscriber: the publisher is gone; closing");
     write_samples(&c.dir.join(format!("sub-{id}")), &lat)?;
     std::fs::write(
         c.dir.join(format!("sub-{id}.stats")),
@@ -552,6 +580,79 @@ fn vr_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
             st.delivered, st.dropped, st.overruns, st.queued, st.queued_at_loan
         ),
     )?;
+    drop(s);
+    tracing::debug!(target: "bench", id, "subscriber: closed");
+    Ok(())
+}
+
+/// The `vrpc` case's extra push subscriber: connects (its push buffers
+/// are made and sent, and the publisher's service maps them), waits for
+/// one pushed frame (the producer has adopted them), leaves (the service
+/// unmaps them once its copies have landed), and again, until the
+/// publisher is gone. Writes how many times it came and went.
+fn vr_churner(c: &Case) -> R<()> {
+    let opts = SubscriberOptions::default()
+        .mode(Mode::Latest)
+        .push(true)
+        .name("bench-churn")
+        .spin(Duration::from_secs(3600));
+    let (mut cycles, mut refused) = (0u64, 0u64);
+    let give_up = Instant::now() + Duration::from_secs(600);
+    while Instant::now() < give_up && c.sock().exists() {
+        tracing::debug!(target: "bench", cycles, "churner: connecting");
+        let mut s = match Subscriber::connect(c.sock(), opts.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(target: "bench", error = %e, "churner: not connected");
+                // The publisher closing (its socket goes next) or a full
+                // table; either way, look again shortly.
+                refused += 1;
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+        };
+        tracing::debug!(target: "bench", "churner: connected");
+        match s.next(Duration::from_secs(20)) {
+            Ok(_) => cycles += 1,
+            Err(vramring::Error::ProducerGone { .. }) => break,
+            Err(e) => return Err(format!("churner: {e}").into()),
+        }
+        drop(s);
+        tracing::debug!(target: "bench", "churner: left");
+    }
+    tracing::debug!(target: "bench", cycles, refused, "churner: done");
+    std::fs::write(c.dir.join("churn.stats"), format!("{cycles} {refused}"))?;
+    Ok(())
+}
+
+/// The `vrpb` case's process beside the ring: what `vr_churner`'s
+/// subscriber does on the GPU (its context, a 1080p subscriber's push
+/// buffers made, exported and freed; a pause as long as the churner stays
+/// connected), without ever connecting, until the publisher is gone.
+fn vr_bystander(c: &Case) -> R<()> {
+    use vramring::memory::cuda::{CudaImport, RealDriver};
+    use vramring::memory::ImportedPool;
+    let mut u = sys::CUuuid { bytes: [0; 16] };
+    // SAFETY: cuInit, then device 0's UUID into a local.
+    unsafe {
+        ck("cuInit", sys::cuInit(0))?;
+        let mut dev = 0;
+        ck("cuDeviceGet", sys::cuDeviceGet(&mut dev, 0))?;
+        ck("cuDeviceGetUuid_v2", sys::cuDeviceGetUuid_v2(&mut u, dev))?;
+    }
+    let uuid = u.bytes.map(|b| b as u8);
+    let stride = c.geometry().frame_bytes.next_multiple_of(vramring::format::SLOT_ALIGN);
+    let mut cycles = 0u64;
+    let give_up = Instant::now() + Duration::from_secs(600);
+    while Instant::now() < give_up && c.sock().exists() {
+        let mut imp = CudaImport::push_only(RealDriver::shared()?, uuid)?;
+        let (fd, _) = imp.alloc_push(vramring::layout::PUSH_BUFFERS as u32, stride)?;
+        drop(fd);
+        std::thread::sleep(Duration::from_millis(70));
+        imp.close()?;
+        cycles += 1;
+    }
+    std::fs::write(c.dir.join("churn.stats"), format!("{cycles} 0"))?;
     Ok(())
 }
 
@@ -958,6 +1059,9 @@ struct Outcome {
     queued: u64,
     /// Of those, copies queued at the publisher's loan (ADR 0014).
     at_loan: u64,
+    /// `vrpc` and `vrpb`: how many times the process beside the readers
+    /// came and went (connected, or made and freed its buffers).
+    churn: u64,
 }
 
 impl Outcome {
@@ -973,6 +1077,7 @@ impl Outcome {
         self.overruns += o.overruns;
         self.queued += o.queued;
         self.at_loan += o.at_loan;
+        self.churn += o.churn;
         for v in [
             &mut self.lat,
             &mut self.pub_cpu,
@@ -1034,6 +1139,11 @@ fn run_case(c: &Case, mps: Option<&MpsDaemon>, deadline: Instant) -> R<Outcome> 
             a.push(id.to_string());
             spawn_role(&mut children, "subscriber", c, &a, mps)?;
         }
+        match c.system {
+            System::VramringPushChurn => spawn_role(&mut children, "churner", c, &shm_arg, mps)?,
+            System::VramringPushBystander => spawn_role(&mut children, "bystander", c, &shm_arg, mps)?,
+            _ => {}
+        }
         children.wait_all(deadline, Duration::from_secs(5))?;
         Ok(())
     })();
@@ -1061,6 +1171,11 @@ fn run_case(c: &Case, mps: Option<&MpsDaemon>, deadline: Instant) -> R<Outcome> 
     pub_wall.sort_unstable();
     let mut launch_cpu = read_samples(&c.dir.join("launch-cpu")).unwrap_or_default();
     launch_cpu.sort_unstable();
+    let churn = match std::fs::read_to_string(c.dir.join("churn.stats")) {
+        Ok(st) => st.split_whitespace().next().and_then(|x| x.parse().ok()).unwrap_or(0),
+        Err(_) if !matches!(c.system, System::VramringPushChurn | System::VramringPushBystander) => 0,
+        Err(e) => return Err(format!("the churner left no count: {e}").into()),
+    };
     let span = read_samples(&c.dir.join("pub-span"))?;
     let span_s = match span.as_slice() {
         [a, b] => b.saturating_sub(*a) as f64 / 1e9,
@@ -1077,6 +1192,7 @@ fn run_case(c: &Case, mps: Option<&MpsDaemon>, deadline: Instant) -> R<Outcome> 
         overruns,
         queued,
         at_loan,
+        churn,
     })
 }
 
@@ -1086,6 +1202,8 @@ fn role_main(args: &[String]) -> R<()> {
     let shm = PathBuf::from(&args[9]);
     match (role, c.system) {
         ("producer", s) if s.is_vramring() => vr_producer(&c, &shm),
+        ("churner", System::VramringPushChurn) => vr_churner(&c),
+        ("bystander", System::VramringPushBystander) => vr_bystander(&c),
         ("producer", System::HostRt) => host_producer(&c, &shm),
         ("producer", System::LegacyIpc | System::LegacyIpcWaitDev | System::LegacyIpcWaitHost) => {
             ipc_producer(&c, &shm)
@@ -1168,6 +1286,8 @@ struct CaseRuns {
     host: host::CpuTicks,
     /// Why the case stopped being run.
     failed: Option<String>,
+    /// A round of it was killed at the run's time limit (or by a stop).
+    cut_off: bool,
 }
 
 /// One pass (with or without MPS): the latency table, then the maximum rate.
@@ -1175,7 +1295,7 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
     let with_mps = mps.is_some();
     let tag = mps_label(with_mps);
     let mut report = format!(
-        "\n### MPS {tag}\n\n| MPS | frame | subs | mode | system | p50 | p50 by round | p99 | max | delivered | dropped | overruns | producer CPU/publish p50 (µs) | producer wall/publish p50 (µs) | kernel launch CPU p50 (µs), same pace | host busy / stolen % |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "\n### MPS {tag}\n\n| MPS | frame | subs | mode | system | p50 | p50 by round | p99 | max | delivered | dropped | overruns | producer CPU/publish p50 (µs) | producer wall/publish p50 / p99 / max (µs) | kernel launch CPU p50 (µs), same pace | host busy / stolen % |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     // Every case once per round, rounds interleaved; outcomes pooled.
     let mut cases: Vec<CaseRuns> = Vec::new();
@@ -1190,6 +1310,7 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
                     p50s: Vec::new(),
                     host: host::CpuTicks::default(),
                     failed: None,
+                    cut_off: false,
                 });
             }
         }
@@ -1235,23 +1356,30 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
                         None => *pooled = Some(o),
                     }
                 }
+                // Killed at the run's time limit (`--timeout-s`) or by a
+                // stop: cut off, not failed; the rounds so far stand.
+                Err(_) if Instant::now() >= plan.deadline || procs::stop_requested() => {
+                    c.cut_off = true;
+                    break 'rounds;
+                }
                 Err(e) => *failed = Some(format!("failed: {e}")),
             }
         }
     }
     for c in cases {
-        let ((_, _, label), n, system, p50s) = (c.size, c.n, c.system, c.p50s);
+        let ((_, _, label), n, system, p50s, cut_off) = (c.size, c.n, c.system, c.p50s, c.cut_off);
         let (host_busy, host_steal) = c.host.shares().unwrap_or((f64::NAN, f64::NAN));
         let host_cell = c.host.cell();
         let line = match (c.pooled, c.failed) {
             (Some(o), None) => {
                 let (p50, p99, max) = (pct(&o.lat, 0.5), pct(&o.lat, 0.99), pct(&o.lat, 1.0));
                 let (cpu, wall) = (pct(&o.pub_cpu, 0.5), pct(&o.pub_wall, 0.5));
+                let (wall99, wall_max) = (pct(&o.pub_wall, 0.99), pct(&o.pub_wall, 1.0));
                 let launch = pct(&o.launch_cpu, 0.5);
                 res.p50.insert((with_mps, label, n, system.key()), p50);
-                let rounds: Vec<String> = p50s.iter().map(|p| format!("{p:.1}")).collect();
+                let mut rounds: Vec<String> = p50s.iter().map(|p| format!("{p:.1}")).collect();
                 res.jsonl.push_str(&format!(
-                    "{{\"bench\":\"latency\",\"mps\":\"{tag}\",\"frame\":\"{label}\",\"subs\":{n},\"mode\":\"{}\",\"system\":\"{}\",\"samples\":{},\"rounds\":{},\"p50_us\":{p50:.1},\"p50_by_round_us\":[{}],\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"delivered\":{},\"dropped\":{},\"overruns\":{},\"queued\":{},\"queued_at_loan\":{},\"pub_cpu_p50_us\":{cpu:.1},\"pub_wall_p50_us\":{wall:.1},\"launch_cpu_p50_us\":{launch:.1},\"host_busy_pct\":{host_busy:.1},\"host_steal_pct\":{host_steal:.2}}}\n",
+                    "{{\"bench\":\"latency\",\"mps\":\"{tag}\",\"frame\":\"{label}\",\"subs\":{n},\"mode\":\"{}\",\"system\":\"{}\",\"samples\":{},\"rounds\":{},\"cut_off\":{cut_off},\"p50_us\":{p50:.1},\"p50_by_round_us\":[{}],\"p99_us\":{p99:.1},\"max_us\":{max:.1},\"delivered\":{},\"dropped\":{},\"overruns\":{},\"queued\":{},\"queued_at_loan\":{},\"churn_cycles\":{},\"pub_cpu_p50_us\":{cpu:.1},\"pub_wall_p50_us\":{wall:.1},\"pub_wall_p99_us\":{wall99:.1},\"pub_wall_max_us\":{wall_max:.1},\"launch_cpu_p50_us\":{launch:.1},\"host_busy_pct\":{host_busy:.1},\"host_steal_pct\":{host_steal:.2}}}\n",
                     system.mode(),
                     system.name(),
                     o.lat.len(),
@@ -1261,15 +1389,29 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
                     o.dropped,
                     o.overruns,
                     o.queued,
-                    o.at_loan
+                    o.at_loan,
+                    o.churn
                 ).replace("NaN", "null"));
+                if cut_off {
+                    rounds.push("the next cut off by the run's time limit".into());
+                }
                 let delivered = if o.queued > 0 {
                     format!("{} ({} queued, {} at the loan)", o.delivered, o.queued, o.at_loan)
+                } else if system == System::VramringPushChurn {
+                    format!(
+                        "{} (beside them, a subscriber came and went {} times)",
+                        o.delivered, o.churn
+                    )
+                } else if system == System::VramringPushBystander {
+                    format!(
+                        "{} (beside them, a GPU process made and freed push buffers {} times)",
+                        o.delivered, o.churn
+                    )
                 } else {
                     o.delivered.to_string()
                 };
                 format!(
-                    "| {tag} | {label} | {n} | {} | {} | {p50:.1} | {} | {p99:.1} | {max:.1} | {delivered} | {} | {} | {cpu:.1} | {wall:.1} | {} | {host_cell} |\n",
+                    "| {tag} | {label} | {n} | {} | {} | {p50:.1} | {} | {p99:.1} | {max:.1} | {delivered} | {} | {} | {cpu:.1} | {wall:.1} / {wall99:.1} / {wall_max:.1} | {} | {host_cell} |\n",
                     system.mode(),
                     system.name(),
                     rounds.join(" / "),
@@ -1282,7 +1424,13 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
                 "| {tag} | {label} | {n} | {} | {} | {} |\n",
                 system.mode(),
                 system.name(),
-                why.unwrap_or_else(|| "skipped: out of time or stopped".into())
+                why.unwrap_or_else(|| {
+                    if cut_off {
+                        "cut off by the run's time limit (`--timeout-s`) or a stop".into()
+                    } else {
+                        "skipped: out of time or stopped".into()
+                    }
+                })
             ),
         };
         eprint!("{line}");
@@ -1441,10 +1589,11 @@ fn ratio_tables(plan: &Plan, passes: &[bool], res: &Results) -> String {
 }
 
 fn usage() -> &'static str {
-    "latency bench: [--quick] [--throughput-only] [--no-rate] [--systems K,K..] [--subs N,N..] [--mps [off|on|both]] [--rounds R] [--timeout-s S] [--out FILE]\n\
+    "latency bench: [--quick] [--throughput-only] [--no-rate] [--systems K,K..] [--subs N,N..] [--mps [off|on|both]] [--rounds R] [--frames N] [--timeout-s S] [--out FILE]\n\
      --quick: 1080p at 1, 4 and 8 subscribers, 300 measured frames each (and the rate at 1080p)\n\
-     --systems: only these rows (keys vrp push, vrps push CPU commit, vr pull, vrq pull queued, vra pull after commit, vrf push futex wait, host, ipc; experiments, not run by default: ipcwd, ipcwh legacy IPC with a stream wait on a device / host word)\n\
+     --systems: only these rows (keys vrp push, vrps push CPU commit, vr pull, vrq pull queued, vra pull after commit, vrf push futex wait, host, ipc; experiments, not run by default: ipcwd, ipcwh legacy IPC with a stream wait on a device / host word, vrpc push with one more push subscriber coming and going beside the measured ones, vrpb push with a GPU process beside that makes and frees push buffers without connecting)\n\
      --subs: only these subscriber counts (default 1,4,8); --no-rate: skip the maximum-rate table\n\
+     --frames N: measured frames per latency case (default 2000, 300 with --quick)\n\
      --mps: run under a private MPS control daemon (on), or without then with it (both); the daemon is always quit\n\
      --out FILE: the Markdown report; the rows as JSON lines go to FILE with the extension .jsonl"
 }
@@ -1473,7 +1622,7 @@ fn main() -> R<()> {
                 System::from_key(k).ok_or_else(|| {
                     let keys: Vec<&str> = LATENCY_SYSTEMS.iter().map(|s| s.key()).collect();
                     format!(
-                        "--systems: unknown system {k:?}; the keys are {} (and the experiments ipcwd, ipcwh)",
+                        "--systems: unknown system {k:?}; the keys are {} (and the experiments ipcwd, ipcwh, vrpc, vrpb)",
                         keys.join(",")
                     )
                 })
@@ -1509,11 +1658,20 @@ fn main() -> R<()> {
     if rounds == 0 {
         return Err("--rounds: at least 1".into());
     }
+    // `--frames N`: measured frames per latency case.
+    let frames: u64 = match value_of("--frames") {
+        Some(v) => match v.parse() {
+            Ok(n) if n >= 1 => n,
+            _ => return Err(format!("--frames takes a count of at least 1, not {v:?}").into()),
+        },
+        None if quick => 300,
+        None => 2000,
+    };
     let plan = Plan {
         sizes: if quick { HD } else { SIZES },
         sub_counts,
         systems,
-        frames: if quick { 300 } else { 2000 },
+        frames,
         rounds,
         throughput: !args.iter().any(|a| a == "--no-rate"),
         throughput_sizes: if quick { HD } else { SIZES },

@@ -170,6 +170,15 @@ pub fn child_init() {
     if let Some(parent) = std::env::var(PARENT_VAR).ok().and_then(|v| v.parse().ok()) {
         die_with_parent(parent);
     }
+    // `RUST_LOG=vramring=debug` (say) logs each child's library events to
+    // stderr, for a case that fails or hangs.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .try_init();
+    }
 }
 
 // ------------------------------------------------------------------ choice
