@@ -440,9 +440,8 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
         }))
     }
 
-    fn adopt_target(&mut self, t: MappedTarget) -> Result<u64> {
+    fn adopt_target(&mut self, mut t: MappedTarget) -> Result<u64> {
         self.context()?;
-        let mut t = t;
         Ok(self.adopt(std::mem::take(&mut t.vmm)))
     }
 
