@@ -24,6 +24,12 @@
 //!   fourth, `vrpb`, puts beside push a process that does the same on the
 //!   GPU (a context, push buffers made and freed) without connecting: the
 //!   share of `vrpc`'s cost that any process using the GPU causes.
+//!   `vrpcw` and `vrpbw` are the same two with that process keeping its
+//!   GPU context for its whole life: the churner then comes and goes as
+//!   fast as the publisher lets it, as a hostile peer would, and what it
+//!   costs the others is the publisher's mapping work, not a context's
+//!   making. `vrpcwu` is `vrpcw` against a publisher that serves every
+//!   Attach at once, without the attach rate (ADR 0020).
 //!
 //! Latency is "publish → subscriber holds its copy": from the moment the
 //! producer has enqueued the frame's write and starts publishing, to the
@@ -63,6 +69,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 use vramring::BackendChoice;
+use vramring::ServeOptions as _;
 use vramring::{
     CommitMode, Format, FrameMeta, Mode, Policy, Publisher, PullStart, RingConfig, Subscriber, SubscriberOptions,
 };
@@ -304,6 +311,16 @@ enum System {
     /// and over) without ever connecting: which part of `vrpc`'s cost is
     /// the GPU's, shared with any process that uses it.
     VramringPushBystander,
+    /// `vrpc` whose subscriber's process keeps its GPU context between
+    /// connections, so it comes and goes as fast as the publisher lets it
+    /// (what a hostile peer would do, with no context to make each time).
+    VramringPushChurnWarm,
+    /// `vrpb` keeping its context: push buffers made and freed in a loop.
+    VramringPushBystanderWarm,
+    /// `vrpcw` against a publisher that serves every Attach at once
+    /// (`ServeOptions::unbounded_attaches`): what the attach rate (ADR
+    /// 0020) spares the others.
+    VramringPushChurnWarmUnbounded,
 }
 
 impl System {
@@ -321,6 +338,15 @@ impl System {
             System::LegacyIpcWaitHost => "legacy CUDA IPC, stream wait on a host word",
             System::VramringPushChurn => "vramring push, one more push subscriber coming and going",
             System::VramringPushBystander => "vramring push, a GPU process beside making and freeing push buffers",
+            System::VramringPushChurnWarm => {
+                "vramring push, one more push subscriber coming and going, its process keeping its context"
+            }
+            System::VramringPushBystanderWarm => {
+                "vramring push, a GPU process beside making and freeing push buffers in one context"
+            }
+            System::VramringPushChurnWarmUnbounded => {
+                "vramring push, one more push subscriber coming and going, its process keeping its context, attaches unbounded"
+            }
         }
     }
     /// The short label of the mode in the tables.
@@ -338,6 +364,9 @@ impl System {
             System::LegacyIpcWaitHost => "IPC wait host word",
             System::VramringPushChurn => "push + churn",
             System::VramringPushBystander => "push + bystander",
+            System::VramringPushChurnWarm => "push + warm churn",
+            System::VramringPushBystanderWarm => "push + warm bystander",
+            System::VramringPushChurnWarmUnbounded => "push + warm churn, no attach rate",
         }
     }
     fn key(self) -> &'static str {
@@ -354,6 +383,9 @@ impl System {
             System::LegacyIpcWaitHost => "ipcwh",
             System::VramringPushChurn => "vrpc",
             System::VramringPushBystander => "vrpb",
+            System::VramringPushChurnWarm => "vrpcw",
+            System::VramringPushBystanderWarm => "vrpbw",
+            System::VramringPushChurnWarmUnbounded => "vrpcwu",
         }
     }
     fn from_key(k: &str) -> Option<System> {
@@ -370,6 +402,9 @@ impl System {
             System::LegacyIpcWaitHost,
             System::VramringPushChurn,
             System::VramringPushBystander,
+            System::VramringPushChurnWarm,
+            System::VramringPushBystanderWarm,
+            System::VramringPushChurnWarmUnbounded,
         ]
         .into_iter()
         .find(|s| s.key() == k)
@@ -380,6 +415,18 @@ impl System {
             self,
             System::HostRt | System::LegacyIpc | System::LegacyIpcWaitDev | System::LegacyIpcWaitHost
         )
+    }
+    /// The process an experiment runs beside the readers: `Some((role,
+    /// warm))`, the role `"churner"` or `"bystander"`, `warm` when it keeps
+    /// its GPU context for its whole life.
+    fn beside(self) -> Option<(&'static str, bool)> {
+        match self {
+            System::VramringPushChurn => Some(("churner", false)),
+            System::VramringPushBystander => Some(("bystander", false)),
+            System::VramringPushChurnWarm | System::VramringPushChurnWarmUnbounded => Some(("churner", true)),
+            System::VramringPushBystanderWarm => Some(("bystander", true)),
+            _ => None,
+        }
     }
 }
 
@@ -450,7 +497,7 @@ fn vr_producer(c: &Case, shm_path: &Path) -> R<()> {
     let gpu = Gpu::init()?;
     let g = c.geometry();
     let src = gpu.alloc(g.frame_bytes as usize)?;
-    let cfg = RingConfig::new(Format::Nv12, c.width, c.height)
+    let mut cfg = RingConfig::new(Format::Nv12, c.width, c.height)
         .slots(SLOTS as u32)
         .backend(BackendChoice::Cuda(0))
         .policy(Policy::Overwrite)
@@ -459,6 +506,9 @@ fn vr_producer(c: &Case, shm_path: &Path) -> R<()> {
         } else {
             CommitMode::Stream
         });
+    if c.system == System::VramringPushChurnWarmUnbounded {
+        cfg = cfg.unbounded_attaches();
+    }
     let mut p = Publisher::create(c.sock(), cfg)?;
     let ready = BenchShm::open(shm_path, 1, 0)?;
     ready.global().store(1, Ordering::Release); // the socket is up
@@ -528,6 +578,9 @@ fn vr_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
             | System::VramringFutex
             | System::VramringPushChurn
             | System::VramringPushBystander
+            | System::VramringPushChurnWarm
+            | System::VramringPushBystanderWarm
+            | System::VramringPushChurnWarmUnbounded
     );
     let mode = if push { Mode::Latest } else { Mode::Sequential };
     let pull_start = match c.system {
@@ -589,8 +642,13 @@ fn vr_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
 /// are made and sent, and the publisher's service maps them), waits for
 /// one pushed frame (the producer has adopted them), leaves (the service
 /// unmaps them once its copies have landed), and again, until the
-/// publisher is gone. Writes how many times it came and went.
+/// publisher is gone. Writes how many times it came and went. `vrpcw`'s
+/// keeps the device's primary context retained, so that no connection
+/// makes or destroys a context.
 fn vr_churner(c: &Case) -> R<()> {
+    if c.system.beside().is_some_and(|(_, warm)| warm) {
+        make_primary_current()?;
+    }
     let opts = SubscriberOptions::default()
         .mode(Mode::Latest)
         .push(true)
@@ -629,6 +687,8 @@ fn vr_churner(c: &Case) -> R<()> {
 /// subscriber does on the GPU (its context, a 1080p subscriber's push
 /// buffers made, exported and freed; a pause as long as the churner stays
 /// connected), without ever connecting, until the publisher is gone.
+/// `vrpbw`'s keeps its context (the primary one, retained) and pauses one
+/// frame interval, about as long as `vrpcw`'s churner stays.
 fn vr_bystander(c: &Case) -> R<()> {
     use vramring::memory::cuda::{CudaImport, RealDriver};
     use vramring::memory::ImportedPool;
@@ -642,13 +702,19 @@ fn vr_bystander(c: &Case) -> R<()> {
     }
     let uuid = u.bytes.map(|b| b as u8);
     let stride = c.geometry().frame_bytes.next_multiple_of(vramring::format::SLOT_ALIGN);
+    let pause = if c.system.beside().is_some_and(|(_, warm)| warm) {
+        make_primary_current()?;
+        Duration::from_micros(c.interval_us)
+    } else {
+        Duration::from_millis(70)
+    };
     let mut cycles = 0u64;
     let give_up = Instant::now() + Duration::from_secs(600);
     while Instant::now() < give_up && c.sock().exists() {
         let mut imp = CudaImport::push_only(RealDriver::shared()?, uuid)?;
         let (fd, _) = imp.alloc_push(vramring::layout::PUSH_BUFFERS as u32, stride)?;
         drop(fd);
-        std::thread::sleep(Duration::from_millis(70));
+        std::thread::sleep(pause);
         imp.close()?;
         cycles += 1;
     }
@@ -1059,7 +1125,7 @@ struct Outcome {
     queued: u64,
     /// Of those, copies queued at the publisher's loan (ADR 0014).
     at_loan: u64,
-    /// `vrpc` and `vrpb`: how many times the process beside the readers
+    /// `vrpc`, `vrpb` and their warm twins: how many times the process beside the readers
     /// came and went (connected, or made and freed its buffers).
     churn: u64,
 }
@@ -1139,10 +1205,8 @@ fn run_case(c: &Case, mps: Option<&MpsDaemon>, deadline: Instant) -> R<Outcome> 
             a.push(id.to_string());
             spawn_role(&mut children, "subscriber", c, &a, mps)?;
         }
-        match c.system {
-            System::VramringPushChurn => spawn_role(&mut children, "churner", c, &shm_arg, mps)?,
-            System::VramringPushBystander => spawn_role(&mut children, "bystander", c, &shm_arg, mps)?,
-            _ => {}
+        if let Some((role, _)) = c.system.beside() {
+            spawn_role(&mut children, role, c, &shm_arg, mps)?;
         }
         children.wait_all(deadline, Duration::from_secs(5))?;
         Ok(())
@@ -1173,7 +1237,7 @@ fn run_case(c: &Case, mps: Option<&MpsDaemon>, deadline: Instant) -> R<Outcome> 
     launch_cpu.sort_unstable();
     let churn = match std::fs::read_to_string(c.dir.join("churn.stats")) {
         Ok(st) => st.split_whitespace().next().and_then(|x| x.parse().ok()).unwrap_or(0),
-        Err(_) if !matches!(c.system, System::VramringPushChurn | System::VramringPushBystander) => 0,
+        Err(_) if c.system.beside().is_none() => 0,
         Err(e) => return Err(format!("the churner left no count: {e}").into()),
     };
     let span = read_samples(&c.dir.join("pub-span"))?;
@@ -1202,8 +1266,8 @@ fn role_main(args: &[String]) -> R<()> {
     let shm = PathBuf::from(&args[9]);
     match (role, c.system) {
         ("producer", s) if s.is_vramring() => vr_producer(&c, &shm),
-        ("churner", System::VramringPushChurn) => vr_churner(&c),
-        ("bystander", System::VramringPushBystander) => vr_bystander(&c),
+        ("churner", s) if s.beside().is_some_and(|(r, _)| r == "churner") => vr_churner(&c),
+        ("bystander", s) if s.beside().is_some_and(|(r, _)| r == "bystander") => vr_bystander(&c),
         ("producer", System::HostRt) => host_producer(&c, &shm),
         ("producer", System::LegacyIpc | System::LegacyIpcWaitDev | System::LegacyIpcWaitHost) => {
             ipc_producer(&c, &shm)
@@ -1397,12 +1461,12 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
                 }
                 let delivered = if o.queued > 0 {
                     format!("{} ({} queued, {} at the loan)", o.delivered, o.queued, o.at_loan)
-                } else if system == System::VramringPushChurn {
+                } else if matches!(system.beside(), Some(("churner", _))) {
                     format!(
                         "{} (beside them, a subscriber came and went {} times)",
                         o.delivered, o.churn
                     )
-                } else if system == System::VramringPushBystander {
+                } else if system.beside().is_some() {
                     format!(
                         "{} (beside them, a GPU process made and freed push buffers {} times)",
                         o.delivered, o.churn
@@ -1591,7 +1655,7 @@ fn ratio_tables(plan: &Plan, passes: &[bool], res: &Results) -> String {
 fn usage() -> &'static str {
     "latency bench: [--quick] [--throughput-only] [--no-rate] [--systems K,K..] [--subs N,N..] [--mps [off|on|both]] [--rounds R] [--frames N] [--timeout-s S] [--out FILE]\n\
      --quick: 1080p at 1, 4 and 8 subscribers, 300 measured frames each (and the rate at 1080p)\n\
-     --systems: only these rows (keys vrp push, vrps push CPU commit, vr pull, vrq pull queued, vra pull after commit, vrf push futex wait, host, ipc; experiments, not run by default: ipcwd, ipcwh legacy IPC with a stream wait on a device / host word, vrpc push with one more push subscriber coming and going beside the measured ones, vrpb push with a GPU process beside that makes and frees push buffers without connecting)\n\
+     --systems: only these rows (keys vrp push, vrps push CPU commit, vr pull, vrq pull queued, vra pull after commit, vrf push futex wait, host, ipc; experiments, not run by default: ipcwd, ipcwh legacy IPC with a stream wait on a device / host word, vrpc push with one more push subscriber coming and going beside the measured ones, vrpb push with a GPU process beside that makes and frees push buffers without connecting; vrpcw, vrpbw the same two with that process keeping its GPU context; vrpcwu vrpcw against a publisher without an attach rate)\n\
      --subs: only these subscriber counts (default 1,4,8); --no-rate: skip the maximum-rate table\n\
      --frames N: measured frames per latency case (default 2000, 300 with --quick)\n\
      --mps: run under a private MPS control daemon (on), or without then with it (both); the daemon is always quit\n\
@@ -1622,7 +1686,7 @@ fn main() -> R<()> {
                 System::from_key(k).ok_or_else(|| {
                     let keys: Vec<&str> = LATENCY_SYSTEMS.iter().map(|s| s.key()).collect();
                     format!(
-                        "--systems: unknown system {k:?}; the keys are {} (and the experiments ipcwd, ipcwh, vrpc, vrpb)",
+                        "--systems: unknown system {k:?}; the keys are {} (and the experiments ipcwd, ipcwh, vrpc, vrpb, vrpcw, vrpbw, vrpcwu)",
                         keys.join(",")
                     )
                 })

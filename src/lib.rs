@@ -112,7 +112,7 @@ pub use frame::{
     SlotMut, Subscriber, SubscriberOptions, SubscriberStats,
 };
 pub use memory::{BackendKind, WriteCompletion};
-pub use ring::{PublisherStats, ServeConfig, ServeOptions, WaitStrategy};
+pub use ring::{AttachRate, PublisherStats, ServeConfig, ServeOptions, WaitStrategy};
 
 /// The README's code blocks, compiled as doctests so they stay true.
 #[cfg(doctest)]

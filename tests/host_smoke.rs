@@ -557,3 +557,128 @@ fn frames_a_borrow_reported_are_reported_again_when_the_borrow_is_overrun() {
     let st = s.stats();
     assert_eq!((st.delivered, st.dropped, st.overruns), (1, 4, 1));
 }
+
+/// Publishes a 64×16 gray frame on `p`.
+fn publish_one(p: &mut Publisher) {
+    let slot = p.loan(Duration::from_millis(50)).unwrap();
+    slot.publish(FrameMeta::pts(0)).unwrap();
+}
+
+#[test]
+fn push_attaches_past_the_attach_rate_wait_for_a_token_oldest_connection_first() {
+    let path = sock("attach-rate");
+    let mut p = Publisher::create(&path, host(Format::Gray8, 64, 16).slots(4).attach_rate(4, 1)).unwrap();
+    let push = SubscriberOptions::default().push(true);
+    let subs: Vec<Subscriber> = (0..3)
+        .map(|_| Subscriber::connect(&path, push.clone()).unwrap())
+        .collect();
+    // Publish until every subscriber's buffers are mapped; note when each
+    // was first seen mapped.
+    let t0 = std::time::Instant::now();
+    let mut active: Vec<Option<Duration>> = vec![None; subs.len()];
+    while active.iter().any(Option::is_none) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "push never became active: {active:?}"
+        );
+        publish_one(&mut p);
+        for (k, s) in subs.iter().enumerate() {
+            if active[k].is_none() && s.push_active() {
+                active[k] = Some(t0.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let at: Vec<Duration> = active.into_iter().flatten().collect();
+    // One token at once, then one every 250 ms, in connection order.
+    assert!(at[0] < Duration::from_secs(1), "the first attach waited: {at:?}");
+    assert!(
+        at[1] >= at[0] + Duration::from_millis(200),
+        "the second attach did not wait for a token: {at:?}"
+    );
+    assert!(
+        at[2] >= at[1] + Duration::from_millis(200),
+        "the third attach did not wait for a token: {at:?}"
+    );
+    let st = p.stats();
+    assert_eq!((st.attaches, st.attaches_deferred), (3, 2), "{st:?}");
+}
+
+#[test]
+fn a_push_peer_reconnecting_in_a_loop_gets_only_the_attach_rate_and_a_newcomer_still_gets_its_turn() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let path = sock("attach-churn");
+    let (rate, burst) = (10, 2);
+    let mut p = Publisher::create(&path, host(Format::Gray8, 64, 16).slots(4).attach_rate(rate, burst)).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (connects, served) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    // The churner: connect as a push subscriber, give the publisher 20 ms
+    // to map its buffers, leave, and again.
+    let churner = {
+        let (path, stop, connects, served) = (path.clone(), stop.clone(), connects.clone(), served.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let s = Subscriber::connect(&path, SubscriberOptions::default().push(true).name("churner")).unwrap();
+                connects.fetch_add(1, Ordering::Relaxed);
+                let t = std::time::Instant::now();
+                while !s.push_active() && t.elapsed() < Duration::from_millis(20) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                if s.push_active() {
+                    served.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+    };
+    let t0 = std::time::Instant::now();
+    let mut newcomer: Option<(Subscriber, std::time::Instant)> = None;
+    let mut newcomer_waited = None;
+    while t0.elapsed() < Duration::from_secs(3) || newcomer_waited.is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the newcomer never got its buffers mapped"
+        );
+        publish_one(&mut p);
+        if newcomer.is_none() && t0.elapsed() >= Duration::from_secs(1) {
+            let s = Subscriber::connect(&path, SubscriberOptions::default().push(true).name("newcomer")).unwrap();
+            newcomer = Some((s, std::time::Instant::now()));
+        }
+        if let Some((s, since)) = &newcomer {
+            if newcomer_waited.is_none() && s.push_active() {
+                newcomer_waited = Some(since.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    stop.store(true, Ordering::Relaxed);
+    churner.join().unwrap();
+    let elapsed = t0.elapsed().as_secs_f64();
+    let st = p.stats();
+    let (connects, served) = (connects.load(Ordering::Relaxed), served.load(Ordering::Relaxed));
+    eprintln!(
+        "churner: {connects} connections, {served} mapped; publisher: {} attaches served, {} deferred, in {elapsed:.1} s; newcomer waited {newcomer_waited:?}",
+        st.attaches, st.attaches_deferred
+    );
+    // The bucket: `burst` at once, then `rate` a second (two more: the
+    // bucket started before `t0`, and a token may come between the clock
+    // read and the stats).
+    let most = u64::from(burst) + (f64::from(rate) * elapsed).ceil() as u64 + 2;
+    assert!(
+        st.attaches <= most,
+        "{} attaches served in {elapsed:.1} s, more than {most}",
+        st.attaches
+    );
+    assert!(
+        connects > st.attaches,
+        "the churner connected {connects} times, never faster than the rate; the test proves nothing"
+    );
+    assert!(st.attaches_deferred > 0, "{st:?}");
+    // The newcomer waits behind at most the churner's one waiting
+    // connection: two token intervals (100 ms each) and a publish.
+    let waited = newcomer_waited.unwrap();
+    assert!(
+        waited < Duration::from_millis(1500),
+        "the newcomer waited {waited:?} for its turn"
+    );
+}

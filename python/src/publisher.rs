@@ -413,7 +413,8 @@ impl PyPublisher {
     }
 
     /// Counters: published, subscribers, connects, disconnects, evictions,
-    /// lossless_waits.
+    /// lossless_waits, refused, attaches (push subscribers' buffers taken),
+    /// attaches_deferred (of those, how many waited for the attach rate).
     fn stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.open()?.stats();
         let d = PyDict::new(py);
@@ -423,6 +424,9 @@ impl PyPublisher {
         d.set_item("disconnects", s.disconnects)?;
         d.set_item("evictions", s.evictions)?;
         d.set_item("lossless_waits", s.lossless_waits)?;
+        d.set_item("refused", s.refused)?;
+        d.set_item("attaches", s.attaches)?;
+        d.set_item("attaches_deferred", s.attaches_deferred)?;
         Ok(d)
     }
 

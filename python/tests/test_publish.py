@@ -123,3 +123,21 @@ def test_reconnect_follows_the_next_publisher_instance(sock):
         check_pattern(np.from_dlpack(f), 1)
         assert sub.stats()["reconnects"] == 1
     sub.close()
+
+
+def test_stats_count_a_push_subscribers_attach(sock):
+    with vramring.Publisher(sock, "gray8", 64, 16, slots=4, backend="host") as pub:
+        stats = pub.stats()
+        assert (stats["attaches"], stats["attaches_deferred"], stats["refused"]) == (0, 0, 0)
+        with vramring.Subscriber(sock, push=True) as sub:
+            # The buffers are taken at a publish after the Attach came.
+            deadline = time.monotonic() + 10
+            while True:
+                pub.publish(np.zeros(pub.nbytes, np.uint8))
+                try:
+                    sub.next(0.05)
+                    break
+                except vramring.Timeout:
+                    assert time.monotonic() < deadline, "no frame was ever pushed"
+        stats = pub.stats()
+        assert (stats["attaches"], stats["attaches_deferred"]) == (1, 0)

@@ -56,6 +56,40 @@ pub enum Look<T> {
 /// Default cap on connections that have not finished their handshake.
 pub const DEFAULT_MAX_PENDING: u32 = 16;
 
+/// The default bound on push attaches: this many at once, then
+/// [`DEFAULT_ATTACHES_PER_SECOND`] a second.
+pub const DEFAULT_ATTACH_BURST: u32 = 16;
+/// See [`DEFAULT_ATTACH_BURST`].
+pub const DEFAULT_ATTACHES_PER_SECOND: u32 = 8;
+
+/// How many push attaches (a push subscriber's buffers, which the
+/// publisher maps into its own address space and, on a CUDA ring, into its
+/// GPU context) one publisher serves: a token bucket of `burst` tokens,
+/// refilled at `per_second`. An Attach that finds no token waits, holding
+/// nothing but its connection and its descriptor, until one comes; older
+/// connections are served first. The bound keeps a peer that connects and
+/// leaves in a loop from spending the publisher's mapping work, and the
+/// GPU time it takes from every other subscriber's frames, as fast as it
+/// can reconnect (ADR 0020). The default is [`DEFAULT_ATTACH_BURST`] then
+/// [`DEFAULT_ATTACHES_PER_SECOND`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttachRate {
+    /// Tokens added each second (at least 1).
+    pub per_second: u32,
+    /// Most tokens held: the attaches served at once after a quiet spell
+    /// (at least 1).
+    pub burst: u32,
+}
+
+impl Default for AttachRate {
+    fn default() -> Self {
+        AttachRate {
+            per_second: DEFAULT_ATTACHES_PER_SECOND,
+            burst: DEFAULT_ATTACH_BURST,
+        }
+    }
+}
+
 /// How a publisher of either ring kind serves subscribers: the settings the
 /// frame ring's [`crate::RingConfig`] and the packet ring's
 /// [`crate::packet::PacketPublisherConfig`] share. Their builders come from
@@ -80,6 +114,9 @@ pub struct ServeConfig {
     pub lossless_lease: Duration,
     /// How long a connecting subscriber has to send its Hello.
     pub handshake_timeout: Duration,
+    /// The bound on push attaches served (`None`: every Attach is served
+    /// when it arrives).
+    pub attach_rate: Option<AttachRate>,
 }
 
 impl Default for ServeConfig {
@@ -92,6 +129,7 @@ impl Default for ServeConfig {
             access: AccessPolicy::default(),
             lossless_lease: Duration::from_secs(1),
             handshake_timeout: Duration::from_secs(2),
+            attach_rate: Some(AttachRate::default()),
         }
     }
 }
@@ -110,6 +148,14 @@ impl ServeConfig {
         }
         if self.max_pending == 0 {
             return Err(Error::Config("max_pending must be at least 1".into()));
+        }
+        if let Some(r) = self.attach_rate {
+            if r.per_second == 0 || r.burst == 0 {
+                return Err(Error::Config(format!(
+                    "attach rate {} a second with a burst of {}: both must be at least 1 (no bound at all is `unbounded_attaches`)",
+                    r.per_second, r.burst
+                )));
+            }
         }
         Ok(())
     }
@@ -156,6 +202,18 @@ pub trait ServeOptions: Sized {
         self.serve_mut().handshake_timeout = d;
         self
     }
+    /// Bounds the push attaches served: `burst` at once, then `per_second`
+    /// (see [`AttachRate`]).
+    fn attach_rate(mut self, per_second: u32, burst: u32) -> Self {
+        self.serve_mut().attach_rate = Some(AttachRate { per_second, burst });
+        self
+    }
+    /// Serves every push Attach when it arrives, however often peers come
+    /// and go. Only for trusted subscribers.
+    fn unbounded_attaches(mut self) -> Self {
+        self.serve_mut().attach_rate = None;
+        self
+    }
 }
 
 /// Counters of a publisher of either ring kind.
@@ -176,6 +234,11 @@ pub struct PublisherStats {
     /// Connections refused or closed before a Welcome (bad Hello, not
     /// allowed, table full, too many handshakes).
     pub refused: u64,
+    /// Push attaches served (buffers handed to the ring kind to map).
+    pub attaches: u64,
+    /// Push attaches that had to wait for the attach rate
+    /// ([`ServeConfig::attach_rate`]), each counted once.
+    pub attaches_deferred: u64,
 }
 
 /// A random, odd epoch for a new publisher instance.

@@ -10,7 +10,10 @@
 //!   served at accept), each for at most [`ServeConfig::handshake_timeout`];
 //! * one table entry and one client region per connection;
 //! * after the Welcome, exactly one optional Attach (push buffers, checked
-//!   by the ring kind; at most one queued per live entry); any other
+//!   by the ring kind; at most one queued per live entry), served within
+//!   the publisher's attach rate ([`ServeConfig::attach_rate`], a token
+//!   bucket: one that finds no token waits in its connection, older
+//!   connections first, ADR 0020); any other
 //!   well-formed message but Bye, a second Attach or malformed buffers evict
 //!   the subscriber (`EVICT_PROTOCOL`) and close its connection; a datagram
 //!   that does not decode closes it without a notice; descriptors sent with
@@ -28,7 +31,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags};
 
 use super::table::{Assigned, Table};
-use super::{PublisherStats, ServeConfig};
+use super::{AttachRate, PublisherStats, ServeConfig};
 use crate::error::Error;
 use crate::layout::{ProducerLine, CLIENT_BYTES, EVICT_LEASE, EVICT_PROTOCOL, EVICT_PUSH, PRODUCER_CLOSED};
 use crate::lifecycle::StopSignal;
@@ -110,6 +113,9 @@ pub(crate) struct ServiceState {
     pub(crate) lossless_waits: AtomicU64,
     /// Connections refused or closed before a Welcome.
     pub(crate) refused: AtomicU64,
+    /// Push attaches served, and those of them that waited for a token.
+    pub(crate) attaches: AtomicU64,
+    pub(crate) attaches_deferred: AtomicU64,
 }
 
 impl ServiceState {
@@ -120,6 +126,8 @@ impl ServiceState {
             waker: Waker::new()?,
             lossless_waits: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            attaches: AtomicU64::new(0),
+            attaches_deferred: AtomicU64::new(0),
         })
     }
 
@@ -150,6 +158,8 @@ pub(crate) fn stats<S: Served>(sh: &S, published: u64) -> PublisherStats {
         evictions: p.evictions.load(r),
         lossless_waits: sh.state().lossless_waits.load(r),
         refused: sh.state().refused.load(r),
+        attaches: sh.state().attaches.load(r),
+        attaches_deferred: sh.state().attaches_deferred.load(r),
     }
 }
 
@@ -194,7 +204,71 @@ enum State {
         index: u32,
         generation: u32,
         attached: bool,
+        /// An Attach that found no token, with its descriptors.
+        waiting: Option<(Attach, Vec<PeerFd>)>,
     },
+}
+
+/// The attach rate's token bucket ([`AttachRate`]); `None` inside: no bound.
+struct AttachBudget {
+    rate: Option<AttachRate>,
+    tokens: u32,
+    /// When the last token was added (or the bucket was last full).
+    refilled: Instant,
+}
+
+impl AttachBudget {
+    fn new(rate: Option<AttachRate>, now: Instant) -> AttachBudget {
+        AttachBudget {
+            rate,
+            tokens: rate.map_or(0, |r| r.burst),
+            refilled: now,
+        }
+    }
+
+    fn interval(r: AttachRate) -> Duration {
+        Duration::from_secs(1) / r.per_second.max(1)
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let Some(r) = self.rate else { return };
+        if self.tokens >= r.burst {
+            self.refilled = now;
+            return;
+        }
+        let every = Self::interval(r);
+        let due = now.saturating_duration_since(self.refilled).as_nanos() / every.as_nanos().max(1);
+        let add = u32::try_from(due).unwrap_or(u32::MAX);
+        if add > 0 {
+            self.tokens = self.tokens.saturating_add(add).min(r.burst);
+            self.refilled = if self.tokens >= r.burst {
+                now
+            } else {
+                self.refilled + every * add
+            };
+        }
+    }
+
+    /// Takes a token if there is one at `now`.
+    fn take(&mut self, now: Instant) -> bool {
+        if self.rate.is_none() {
+            return true;
+        }
+        self.refill(now);
+        if self.tokens == 0 {
+            return false;
+        }
+        self.tokens -= 1;
+        true
+    }
+
+    /// How long from `now` until the next token (zero when one is there).
+    fn next_in(&self, now: Instant) -> Duration {
+        match self.rate {
+            Some(r) if self.tokens == 0 => (self.refilled + Self::interval(r)).saturating_duration_since(now),
+            _ => Duration::ZERO,
+        }
+    }
 }
 
 struct Conn {
@@ -219,13 +293,16 @@ pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
         None => tracing::warn!("no second handle on the service's eventfd; a stop is seen within a second"),
     }
     let mut conns: Vec<Conn> = Vec::new();
+    let mut budget = AttachBudget::new(sh.serve_config().attach_rate, Instant::now());
     while !stop.is_raised() {
         sh.tick();
         handle_evictions(&*sh, &mut conns);
+        let now = Instant::now();
         let timeout = conns
             .iter()
             .filter_map(|c| match c.state {
-                State::Pending { deadline } => Some(deadline.saturating_duration_since(Instant::now())),
+                State::Pending { deadline } => Some(deadline.saturating_duration_since(now)),
+                State::Active { waiting: Some(_), .. } => Some(budget.next_in(now)),
                 State::Active { .. } => None,
             })
             .fold(if conns.is_empty() { IDLE_TICK } else { MIRROR_TICK }, Duration::min);
@@ -238,7 +315,7 @@ pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
             }
         };
         if listener_ready {
-            accept_all(&*sh, &listener, &mut conns);
+            accept_all(&*sh, &listener, &mut conns, &mut budget);
         }
         let now = Instant::now();
         let mut k = 0;
@@ -246,7 +323,7 @@ pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
         conns.retain_mut(|c| {
             let is_ready = ready.next_if_eq(&k).is_some();
             k += 1;
-            match service_conn(&*sh, c, is_ready, now) {
+            match service_conn(&*sh, c, is_ready, now, &mut budget) {
                 Verdict::Keep => true,
                 Verdict::Close => {
                     close_conn(&*sh, c);
@@ -311,7 +388,7 @@ const ACCEPT_BATCH: usize = 64;
 /// pending set, and when that set is full its oldest member (which had its
 /// chance) is closed to make room. A flood of silent connections therefore
 /// costs the flooder its own connections, not a newcomer's handshake.
-fn accept_all<S: Served>(sh: &S, listener: &Listener, conns: &mut Vec<Conn>) {
+fn accept_all<S: Served>(sh: &S, listener: &Listener, conns: &mut Vec<Conn>, budget: &mut AttachBudget) {
     for _ in 0..ACCEPT_BATCH {
         match listener.accept(Duration::ZERO) {
             Ok(Some(fd)) => {
@@ -323,7 +400,7 @@ fn accept_all<S: Served>(sh: &S, listener: &Listener, conns: &mut Vec<Conn>) {
                 };
                 if transport::readable(c.fd.as_fd(), Duration::ZERO).unwrap_or(false) {
                     // A refused or broken handshake closes the connection.
-                    if !matches!(service_conn(sh, &mut c, true, Instant::now()), Verdict::Keep) {
+                    if !matches!(service_conn(sh, &mut c, true, Instant::now(), budget), Verdict::Keep) {
                         continue;
                     }
                 }
@@ -393,7 +470,7 @@ fn poll(
     Ok((listener_ready, ready))
 }
 
-fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant) -> Verdict {
+fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant, budget: &mut AttachBudget) -> Verdict {
     match c.state {
         State::Pending { deadline } => {
             // A connection accepted in this iteration was not in its poll:
@@ -420,6 +497,7 @@ fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant) -> V
                             index,
                             generation,
                             attached: false,
+                            waiting: None,
                         };
                         Verdict::Keep
                     }
@@ -438,7 +516,17 @@ fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant) -> V
             index,
             generation,
             ref mut attached,
+            ref mut waiting,
         } => {
+            // A waiting Attach goes first when a token has come (this
+            // connection is older than those after it in the set).
+            if waiting.is_some() && budget.take(now) {
+                if let Some((a, fds)) = waiting.take() {
+                    if let v @ Verdict::Evict(..) = serve_attach(sh, index, generation, a, fds) {
+                        return v;
+                    }
+                }
+            }
             if !ready {
                 return Verdict::Keep;
             }
@@ -451,18 +539,33 @@ fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant) -> V
                     Ok(Msg::Attach(_)) if *attached => Verdict::Evict(EVICT_PROTOCOL, "sent a second Attach"),
                     Ok(Msg::Attach(a)) => {
                         *attached = true;
-                        match sh.attach(index, generation, a, m.fds) {
-                            Ok(()) => Verdict::Keep,
-                            Err(reason) => {
-                                tracing::warn!(index, %reason, "refusing a subscriber's push buffers");
-                                Verdict::Evict(EVICT_PROTOCOL, "sent push buffers that do not fit the ring")
-                            }
+                        if budget.take(now) {
+                            serve_attach(sh, index, generation, a, m.fds)
+                        } else {
+                            // Relaxed: own counter.
+                            sh.state().attaches_deferred.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(index, "a push Attach waits for the attach rate");
+                            *waiting = Some((a, m.fds));
+                            Verdict::Keep
                         }
                     }
                     Ok(_) => Verdict::Evict(EVICT_PROTOCOL, "sent a message that is not allowed after the Welcome"),
                 },
                 Err(_) => Verdict::Close,
             }
+        }
+    }
+}
+
+/// Hands an Attach to the ring kind; buffers that do not fit evict.
+fn serve_attach<S: Served>(sh: &S, index: u32, generation: u32, a: Attach, fds: Vec<PeerFd>) -> Verdict {
+    // Relaxed: own counter.
+    sh.state().attaches.fetch_add(1, Ordering::Relaxed);
+    match sh.attach(index, generation, a, fds) {
+        Ok(()) => Verdict::Keep,
+        Err(reason) => {
+            tracing::warn!(index, %reason, "refusing a subscriber's push buffers");
+            Verdict::Evict(EVICT_PROTOCOL, "sent push buffers that do not fit the ring")
         }
     }
 }
@@ -600,5 +703,48 @@ pub(crate) fn evict_reason(code: u32) -> &'static str {
         EVICT_PUSH => "its push buffers could not be mapped by the publisher",
         EVICT_PROTOCOL => "broke the protocol",
         _ => "released by the publisher",
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_attach_budget_serves_a_burst_then_one_per_interval_and_never_stores_more_than_the_burst() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut b = AttachBudget::new(
+            Some(AttachRate {
+                per_second: 10,
+                burst: 3,
+            }),
+            t0,
+        );
+        // The burst, at once; then nothing until a token has come.
+        assert!((0..3).all(|_| b.take(t0)));
+        assert!(!b.take(t0));
+        assert_eq!(b.next_in(t0), ms(100));
+        assert_eq!(b.next_in(t0 + ms(40)), ms(60));
+        assert!(!b.take(t0 + ms(99)));
+        assert!(b.take(t0 + ms(100)));
+        assert!(!b.take(t0 + ms(150)));
+        // Two intervals later, two tokens; the third waits for its own.
+        assert!(b.take(t0 + ms(300)));
+        assert!(b.take(t0 + ms(300)));
+        assert!(!b.take(t0 + ms(300)));
+        assert_eq!(b.next_in(t0 + ms(300)), ms(100));
+        // A long quiet spell fills the bucket to the burst, no further.
+        let later = t0 + Duration::from_secs(60);
+        assert!((0..3).all(|_| b.take(later)));
+        assert!(!b.take(later));
+    }
+
+    #[test]
+    fn no_rate_means_every_attach_is_served_at_once() {
+        let t0 = Instant::now();
+        let mut b = AttachBudget::new(None, t0);
+        assert!((0..10_000).all(|_| b.take(t0)));
+        assert_eq!(b.next_in(t0), Duration::ZERO);
     }
 }
