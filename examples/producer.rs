@@ -9,7 +9,17 @@
 //! ```
 //!
 //! Prints the published frame rate every second and a summary at the end
-//! (`--frames N`, or Ctrl-C).
+//! (`--frames N`, or Ctrl-C), with how many push subscribers' buffers it
+//! took and how many of those waited for its attach rate
+//! (`--attach-rate 8 --attach-burst 16` by default; `--attach-rate 0`
+//! takes every one at once, for trusted subscribers only; ADR 0020):
+//!
+//! ```text
+//! cargo run --release --example producer -- --socket /tmp/cam1.sock --backend host --attach-rate 2 --attach-burst 1
+//! for i in 1 2 3; do cargo run --release --example consumer -- --socket /tmp/cam1.sock --push --frames 50 & done
+//! ```
+//!
+//! The three push consumers start about half a second apart.
 
 use clap::Parser;
 

@@ -124,6 +124,13 @@ pub struct ProducerArgs {
     /// Evict a lossless subscriber that holds a frame longer than this.
     #[arg(long, default_value_t = 2000)]
     pub lossless_lease_ms: u64,
+    /// Push subscribers' buffers taken per second once the burst is spent
+    /// (ADR 0020; 0: every Attach at once, for trusted subscribers only).
+    #[arg(long, default_value_t = vramring::ring::DEFAULT_ATTACHES_PER_SECOND)]
+    pub attach_rate: u32,
+    /// Push subscribers' buffers taken at once after a quiet spell.
+    #[arg(long, default_value_t = vramring::ring::DEFAULT_ATTACH_BURST)]
+    pub attach_burst: u32,
     /// Wait for this many subscribers before publishing the first frame.
     #[arg(long, default_value_t = 0)]
     pub wait_subscribers: u32,
@@ -467,6 +474,10 @@ pub struct ProducerReport {
     pub evictions: u64,
     /// Loans that waited for a lossless subscriber.
     pub lossless_waits: u64,
+    /// Push subscribers' buffers taken, and of those, how many waited for
+    /// the attach rate.
+    pub attaches: u64,
+    pub attaches_deferred: u64,
 }
 
 impl ProducerReport {
@@ -511,6 +522,11 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
         .policy(policy)
         .backend(backend)
         .lossless_lease(Duration::from_millis(args.lossless_lease_ms));
+    let cfg = if args.attach_rate == 0 {
+        cfg.unbounded_attaches()
+    } else {
+        cfg.attach_rate(args.attach_rate, args.attach_burst)
+    };
     let mut publisher = Publisher::create(&args.socket, cfg)?;
     let frame_bytes = publisher.geometry().frame_bytes;
     let kind = publisher.backend();
@@ -616,6 +632,8 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
     report.connects = stats.connects;
     report.evictions = stats.evictions;
     report.lossless_waits = stats.lossless_waits;
+    report.attaches = stats.attaches;
+    report.attaches_deferred = stats.attaches_deferred;
     let stream_commit = publisher.stream_commit();
     publisher.close()?;
     if args.json {
@@ -628,18 +646,22 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
                 .u64("connects", report.connects)
                 .u64("evictions", report.evictions)
                 .u64("lossless_waits", report.lossless_waits)
+                .u64("attaches", report.attaches)
+                .u64("attaches_deferred", report.attaches_deferred)
                 .u64("stream_commit", u64::from(stream_commit))
                 .finish(),
         );
     } else {
         emit(&format!(
-            "producer: published {} frames in {:.2} s ({:.1} fps); {} subscribers connected, {} evicted, {} lossless waits",
+            "producer: published {} frames in {:.2} s ({:.1} fps); {} subscribers connected, {} evicted, {} lossless waits, {} push attaches ({} waited for the attach rate)",
             report.published,
             report.seconds,
             report.fps(),
             report.connects,
             report.evictions,
-            report.lossless_waits
+            report.lossless_waits,
+            report.attaches,
+            report.attaches_deferred
         ));
     }
     Ok(report)
