@@ -158,9 +158,14 @@ impl PyPublisher {
     /// serves it on the Unix socket `path`. `backend`: "auto" (CUDA device 0
     /// when usable, else host), "host", "cuda" or "cuda:N". `policy`:
     /// "overwrite" (live video) or "lossless" (wait for lossless readers).
+    /// `attach_rate`: `(per_second, burst)`, how many push subscribers'
+    /// buffers the publisher takes (ADR 0020; one past the rate waits for
+    /// its first frame), or `None` to take every one at once (trusted
+    /// subscribers only).
     #[new]
     #[pyo3(signature = (path, format, width, height, *, slots=8, backend="auto", policy="overwrite",
-                        max_subscribers=None, lossless_lease=2.0))]
+                        max_subscribers=None, lossless_lease=2.0,
+                        attach_rate=Some((vramring::ring::DEFAULT_ATTACHES_PER_SECOND, vramring::ring::DEFAULT_ATTACH_BURST))))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -173,6 +178,7 @@ impl PyPublisher {
         policy: &str,
         max_subscribers: Option<u32>,
         lossless_lease: f64,
+        attach_rate: Option<(u32, u32)>,
     ) -> PyResult<Self> {
         let format: Format = format
             .parse()
@@ -197,6 +203,10 @@ impl PyPublisher {
         if let Some(n) = max_subscribers {
             cfg = cfg.max_subscribers(n);
         }
+        cfg = match attach_rate {
+            Some((per_second, burst)) => cfg.attach_rate(per_second, burst),
+            None => cfg.unbounded_attaches(),
+        };
         let shown = path.display().to_string();
         let p = py.detach(|| Publisher::create(&path, cfg)).py_err()?;
         let ring_cuda = if p.info().backend == BACKEND_CUDA {

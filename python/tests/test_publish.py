@@ -141,3 +141,41 @@ def test_stats_count_a_push_subscribers_attach(sock):
                     assert time.monotonic() < deadline, "no frame was ever pushed"
         stats = pub.stats()
         assert (stats["attaches"], stats["attaches_deferred"]) == (1, 0)
+
+
+def test_push_subscribers_past_the_attach_rate_wait_their_turn(sock):
+    # One push subscriber's buffers at once, then one every 250 ms.
+    with vramring.Publisher(sock, "gray8", 64, 16, slots=4, backend="host", attach_rate=(4, 1)) as pub:
+        subs = [vramring.Subscriber(sock, push=True, name=f"py-rate-{i}") for i in range(2)]
+        first = [None, None]
+        start = time.monotonic()
+        while None in first:
+            assert time.monotonic() - start < 10, f"push never started: {first}"
+            pub.publish(np.zeros(pub.nbytes, np.uint8))
+            for i, sub in enumerate(subs):
+                if first[i] is None:
+                    try:
+                        sub.next(0.002)
+                        first[i] = time.monotonic() - start
+                    except vramring.Timeout:
+                        pass
+        assert abs(first[1] - first[0]) >= 0.2, f"both attaches were served at once: {first}"
+        stats = pub.stats()
+        assert (stats["attaches"], stats["attaches_deferred"]) == (2, 1)
+        for sub in subs:
+            sub.close()
+
+
+def test_attach_rate_none_takes_every_push_subscriber_at_once_and_zero_is_refused(sock):
+    with pytest.raises(vramring.ConfigError, match="attach rate"):
+        vramring.Publisher(sock, "gray8", 16, 16, backend="host", attach_rate=(0, 4))
+    with vramring.Publisher(sock, "gray8", 16, 16, backend="host", attach_rate=None) as pub:
+        subs = [vramring.Subscriber(sock, push=True) for _ in range(3)]
+        deadline = time.monotonic() + 10
+        while pub.stats()["attaches"] < 3:
+            assert time.monotonic() < deadline, pub.stats()
+            pub.publish(np.zeros(pub.nbytes, np.uint8))
+            time.sleep(0.002)
+        assert pub.stats()["attaches_deferred"] == 0
+        for sub in subs:
+            sub.close()
