@@ -741,6 +741,25 @@ mod tests {
     }
 
     #[test]
+    fn a_zero_attach_rate_or_burst_is_refused_with_a_sentence() {
+        for (per_second, burst) in [(0, 4), (4, 0)] {
+            let c = ServeConfig {
+                attach_rate: Some(AttachRate { per_second, burst }),
+                ..ServeConfig::default()
+            };
+            let e = c.validate().unwrap_err();
+            assert!(matches!(e, Error::Config(_)), "{e:?}");
+            assert!(e.to_string().contains("attach rate"), "{e}");
+        }
+        let unbounded = ServeConfig {
+            attach_rate: None,
+            ..ServeConfig::default()
+        };
+        unbounded.validate().unwrap();
+        ServeConfig::default().validate().unwrap();
+    }
+
+    #[test]
     fn no_rate_means_every_attach_is_served_at_once() {
         let t0 = Instant::now();
         let mut b = AttachBudget::new(None, t0);
