@@ -1125,8 +1125,9 @@ struct Outcome {
     queued: u64,
     /// Of those, copies queued at the publisher's loan (ADR 0014).
     at_loan: u64,
-    /// `vrpc`, `vrpb` and their warm twins: how many times the process beside the readers
-    /// came and went (connected, or made and freed its buffers).
+    /// `vrpc`, `vrpb` and their warm twins: how many times the process
+    /// beside the readers came and went (connected, or made and freed its
+    /// buffers).
     churn: u64,
 }
 
