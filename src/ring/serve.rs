@@ -518,41 +518,45 @@ fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant, budg
             ref mut attached,
             ref mut waiting,
         } => {
-            // A waiting Attach goes first when a token has come (this
-            // connection is older than those after it in the set).
-            if waiting.is_some() && budget.take(now) {
-                if let Some((a, fds)) = waiting.take() {
-                    if let v @ Verdict::Evict(..) = serve_attach(sh, index, generation, a, fds) {
-                        return v;
-                    }
-                }
-            }
-            if !ready {
-                return Verdict::Keep;
-            }
             // Anything but a well-formed message keeps nothing alive: EOF,
             // Bye or garbage all end the lease.
-            match transport::recv(c.fd.as_fd(), Duration::ZERO) {
-                Ok(None) => Verdict::Keep,
-                Ok(Some(m)) => match Msg::decode(&m.bytes) {
-                    Ok(Msg::Bye) | Err(_) => Verdict::Close,
-                    Ok(Msg::Attach(_)) if *attached => Verdict::Evict(EVICT_PROTOCOL, "sent a second Attach"),
-                    Ok(Msg::Attach(a)) => {
-                        *attached = true;
-                        if budget.take(now) {
-                            serve_attach(sh, index, generation, a, m.fds)
-                        } else {
-                            // Relaxed: own counter.
-                            sh.state().attaches_deferred.fetch_add(1, Ordering::Relaxed);
-                            tracing::debug!(index, "a push Attach waits for the attach rate");
-                            *waiting = Some((a, m.fds));
-                            Verdict::Keep
+            let heard = if !ready {
+                Verdict::Keep
+            } else {
+                match transport::recv(c.fd.as_fd(), Duration::ZERO) {
+                    Ok(None) => Verdict::Keep,
+                    Ok(Some(m)) => match Msg::decode(&m.bytes) {
+                        Ok(Msg::Bye) | Err(_) => Verdict::Close,
+                        Ok(Msg::Attach(_)) if *attached => Verdict::Evict(EVICT_PROTOCOL, "sent a second Attach"),
+                        Ok(Msg::Attach(a)) => {
+                            *attached = true;
+                            if budget.take(now) {
+                                serve_attach(sh, index, generation, a, m.fds)
+                            } else {
+                                // Relaxed: own counter.
+                                sh.state().attaches_deferred.fetch_add(1, Ordering::Relaxed);
+                                tracing::debug!(index, "a push Attach waits for the attach rate");
+                                *waiting = Some((a, m.fds));
+                                Verdict::Keep
+                            }
                         }
-                    }
-                    Ok(_) => Verdict::Evict(EVICT_PROTOCOL, "sent a message that is not allowed after the Welcome"),
-                },
-                Err(_) => Verdict::Close,
+                        Ok(_) => Verdict::Evict(EVICT_PROTOCOL, "sent a message that is not allowed after the Welcome"),
+                    },
+                    Err(_) => Verdict::Close,
+                }
+            };
+            // A connection that just ended spends no token. Otherwise a
+            // waiting Attach is served once a token has come; connections
+            // are served in the order they were accepted.
+            if !matches!(heard, Verdict::Keep) {
+                return heard;
             }
+            if waiting.is_some() && budget.take(now) {
+                if let Some((a, fds)) = waiting.take() {
+                    return serve_attach(sh, index, generation, a, fds);
+                }
+            }
+            Verdict::Keep
         }
     }
 }
