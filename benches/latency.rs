@@ -80,7 +80,7 @@ mod common;
 #[path = "common/procs.rs"]
 #[allow(dead_code)]
 mod procs;
-use common::{ck, make_primary_current, pct_us as pct, read_samples, write_samples, R};
+use common::{ck, make_primary_current, pct_us as pct, read_samples, thread_cpu_ns, write_samples, R};
 use procs::{Children, MpsChoice, MpsDaemon};
 
 #[path = "common/host.rs"]
@@ -89,11 +89,6 @@ mod host;
 
 fn now_ns() -> u64 {
     vramring::time::monotonic_ns()
-}
-
-fn thread_cpu_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// What two back-to-back [`thread_cpu_ns`] reads cost (µs, median of

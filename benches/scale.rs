@@ -71,7 +71,7 @@ mod host;
 #[path = "common/mod.rs"]
 #[allow(dead_code)]
 mod common;
-use common::pct;
+use common::{pct, thread_cpu_ns};
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -338,11 +338,6 @@ impl Params {
 }
 
 // ---------------------------------------------------------------- helpers
-
-fn thread_cpu_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-}
 
 /// User plus system CPU time of this whole process (every thread), ns.
 fn process_cpu_ns() -> u64 {

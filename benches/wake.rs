@@ -81,7 +81,7 @@ use vramring::{
 #[path = "common/mod.rs"]
 #[allow(dead_code)]
 mod common;
-use common::{pct_us as pct, read_samples, write_samples, R};
+use common::{pct_us as pct, read_samples, sleep_until_ns, write_samples, R};
 
 #[path = "common/host.rs"]
 #[allow(dead_code)]
@@ -189,15 +189,6 @@ fn wait_until_ns(c: &Case, t: u64) {
     } else {
         sleep_until_ns(t);
     }
-}
-
-fn sleep_until_ns(t: u64) {
-    let ts = rustix::time::Timespec {
-        tv_sec: (t / 1_000_000_000) as _,
-        tv_nsec: (t % 1_000_000_000) as _,
-    };
-    // EINTR: just late; the loop's clock read follows.
-    let _ = rustix::thread::clock_nanosleep_absolute(rustix::thread::ClockId::Monotonic, &ts);
 }
 
 /// One row, passed to both roles on their command line.

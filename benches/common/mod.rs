@@ -30,6 +30,22 @@ pub fn make_primary_current() -> R<()> {
     Ok(())
 }
 
+/// This thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), ns.
+pub fn thread_cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Sleeps until `CLOCK_MONOTONIC` reads `t` ns (absolute: a late wake-up
+/// does not shift the schedule). EINTR: just late.
+pub fn sleep_until_ns(t: u64) {
+    let ts = rustix::time::Timespec {
+        tv_sec: (t / 1_000_000_000) as _,
+        tv_nsec: (t % 1_000_000_000) as _,
+    };
+    let _ = rustix::thread::clock_nanosleep_absolute(rustix::thread::ClockId::Monotonic, &ts);
+}
+
 /// The `p` quantile (0..=1, nearest rank) of `sorted`; 0 when empty.
 pub fn pct(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
