@@ -160,6 +160,7 @@ pub fn run() {
         "fd_syscalls" => fd_syscalls(&socket, dur, &mut rep),
         "attach_flood" => attach_flood(&socket, dur, &mut rep),
         "attach_giant" => attach_giant(&socket, dur, &mut rep),
+        "attach_churn" => attach_churn(&socket, dur, &mut rep),
         "own_push_held" => own_push_held(&socket, dur, &mut rep),
         "cursor_games" => cursor_games(&socket, dur, &mut rep),
         "handshake_flood" => handshake_flood(&socket, dur, &mut rep),
@@ -431,6 +432,40 @@ fn attach_giant(socket: &Path, dur: Duration, rep: &mut Report) {
     }
     rep.put("attach_sent", sent);
     hold_until(&c, end, rep);
+}
+
+/// A push subscriber that comes and goes as fast as it can: joins, sends
+/// one valid Attach (its buffers made once, sent again each time), waits up
+/// to 20 ms for the publisher to take them (its entry's `push_count`),
+/// leaves, and again. Counts the connections and how many were taken.
+fn attach_churn(socket: &Path, dur: Duration, rep: &mut Report) {
+    let end = Instant::now() + dur;
+    let (mut connections, mut taken) = (0u64, 0u64);
+    let mut buffers: Option<OwnedFd> = None;
+    while Instant::now() < end {
+        let c = join(socket, msg::HELLO_PUSH, "attacker-churn");
+        let stride = push_stride(&c);
+        let bytes = stride * u64::from(layout::PUSH_BUFFERS);
+        let fd = buffers.get_or_insert_with(|| push_memfd(bytes));
+        if !send_attach(&c, stride, bytes, fd.as_fd()) {
+            break;
+        }
+        connections += 1;
+        let table = c.map(Role::Table, false, rep, "mmap_table");
+        let count = |t: &Map| {
+            layout::entry_offset(t, c.welcome.index).and_then(|e| t.read32(e + layout::ENTRY_PUSH_COUNT))
+        };
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(20) {
+            if table.as_ref().and_then(count) == Some(layout::PUSH_BUFFERS) {
+                taken += 1;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    rep.put("connections", connections);
+    rep.put("taken", taken);
 }
 
 /// A push reader that attaches honestly, then writes nonsense into the
