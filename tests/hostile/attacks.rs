@@ -452,9 +452,8 @@ fn attach_churn(socket: &Path, dur: Duration, rep: &mut Report) {
         }
         connections += 1;
         let table = c.map(Role::Table, false, rep, "mmap_table");
-        let count = |t: &Map| {
-            layout::entry_offset(t, c.welcome.index).and_then(|e| t.read32(e + layout::ENTRY_PUSH_COUNT))
-        };
+        let count =
+            |t: &Map| layout::entry_offset(t, c.welcome.index).and_then(|e| t.read32(e + layout::ENTRY_PUSH_COUNT));
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_millis(20) {
             if table.as_ref().and_then(count) == Some(layout::PUSH_BUFFERS) {
