@@ -72,6 +72,16 @@ const MIN_RATE_FRACTION: f64 = 0.6;
 /// Address space an attack may make the producer map at once.
 const VM_BOUND_KB: u64 = 1 << 20;
 
+/// The attacker's constants, written from PROTOCOL.md apart from the
+/// library on purpose, agree with the library's where a stale one would
+/// make an attack fail the publisher's checks instead of testing them.
+#[test]
+fn the_attackers_protocol_constants_agree_with_the_library() {
+    assert_eq!(layout::PUSH_STRIDE_ALIGN, vramring::format::SLOT_ALIGN);
+    assert_eq!(layout::PUSH_BUFFERS as usize, vramring::layout::PUSH_BUFFERS);
+    assert_eq!(layout::CLIENT_BYTES, vramring::layout::CLIENT_BYTES);
+}
+
 #[test]
 fn child_process_entry() {
     if std::env::var(attacks::ATTACK).is_ok() {

@@ -90,8 +90,8 @@ pub const FLAG_LOSSLESS: u32 = 1;
 /// Push buffers per subscriber.
 pub const PUSH_BUFFERS: u32 = 3;
 /// Alignment of a push-buffer stride: `stride = round_up(frame_bytes,
-/// VR_SLOT_ALIGN)` (PROTOCOL.md §16.2; 256 before protocol v2, which made
-/// every Attach of these attacks fail the publisher's checks).
+/// VR_SLOT_ALIGN)` (PROTOCOL.md §16.2). It was 256 here until 2026-12-03,
+/// which made every Attach of these attacks fail the publisher's checks.
 pub const PUSH_STRIDE_ALIGN: u64 = 64 * 1024;
 
 /// What a received descriptor is, told by its first bytes.
