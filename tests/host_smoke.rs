@@ -567,7 +567,7 @@ fn publish_one(p: &mut Publisher) {
 #[test]
 fn push_attaches_past_the_attach_rate_wait_for_a_token_oldest_connection_first() {
     let path = sock("attach-rate");
-    let mut p = Publisher::create(&path, host(Format::Gray8, 64, 16).slots(4).attach_rate(4, 1)).unwrap();
+    let mut p = Publisher::create(&path, host(Format::Gray8, 64, 16).slots(4).attach_rate(2, 1)).unwrap();
     let push = SubscriberOptions::default().push(true);
     let subs: Vec<Subscriber> = (0..3)
         .map(|_| Subscriber::connect(&path, push.clone()).unwrap())
@@ -590,14 +590,14 @@ fn push_attaches_past_the_attach_rate_wait_for_a_token_oldest_connection_first()
         std::thread::sleep(Duration::from_millis(2));
     }
     let at: Vec<Duration> = active.into_iter().flatten().collect();
-    // One token at once, then one every 250 ms, in connection order.
+    // One token at once, then one every 500 ms, in connection order.
     assert!(at[0] < Duration::from_secs(1), "the first attach waited: {at:?}");
     assert!(
-        at[1] >= at[0] + Duration::from_millis(200),
+        at[1] >= at[0] + Duration::from_millis(400),
         "the second attach did not wait for a token: {at:?}"
     );
     assert!(
-        at[2] >= at[1] + Duration::from_millis(200),
+        at[2] >= at[1] + Duration::from_millis(400),
         "the third attach did not wait for a token: {at:?}"
     );
     let st = p.stats();

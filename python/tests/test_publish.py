@@ -144,8 +144,8 @@ def test_stats_count_a_push_subscribers_attach(sock):
 
 
 def test_push_subscribers_past_the_attach_rate_wait_their_turn(sock):
-    # One push subscriber's buffers at once, then one every 250 ms.
-    with vramring.Publisher(sock, "gray8", 64, 16, slots=4, backend="host", attach_rate=(4, 1)) as pub:
+    # One push subscriber's buffers at once, then one a second.
+    with vramring.Publisher(sock, "gray8", 64, 16, slots=4, backend="host", attach_rate=(1, 1)) as pub:
         subs = [vramring.Subscriber(sock, push=True, name=f"py-rate-{i}") for i in range(2)]
         first = [None, None]
         start = time.monotonic()
@@ -159,7 +159,7 @@ def test_push_subscribers_past_the_attach_rate_wait_their_turn(sock):
                         first[i] = time.monotonic() - start
                     except vramring.Timeout:
                         pass
-        assert abs(first[1] - first[0]) >= 0.2, f"both attaches were served at once: {first}"
+        assert abs(first[1] - first[0]) >= 0.5, f"both attaches were served at once: {first}"
         stats = pub.stats()
         assert (stats["attaches"], stats["attaches_deferred"]) == (2, 1)
         for sub in subs:
