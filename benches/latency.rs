@@ -80,7 +80,7 @@ mod common;
 #[path = "common/procs.rs"]
 #[allow(dead_code)]
 mod procs;
-use common::{ck, make_primary_current, pct_us as pct, read_samples, thread_cpu_ns, write_samples, R};
+use common::{ck, make_primary_current, pct_us as pct, read_samples, thread_cpu_ns, write_samples, FLOOR_PTX, R};
 use procs::{Children, MpsChoice, MpsDaemon};
 
 #[path = "common/host.rs"]
@@ -142,20 +142,6 @@ impl Gpu {
         unsafe { ck("cuStreamSynchronize", sys::cuStreamSynchronize(self.stream)) }
     }
 }
-
-/// An empty kernel with the commit kernel's parameter (192 bytes by
-/// value): what one launch costs the producer's CPU, the floor under
-/// vramring's stream-order publish (which is one such launch plus the
-/// protocol's own work).
-const FLOOR_PTX: &std::ffi::CStr = c"
-.version 7.0
-.target sm_70
-.address_size 64
-.visible .entry vramring_floor(.param .align 8 .b8 p_desc[192])
-{
-    ret;
-}
-";
 
 /// Launches [`FLOOR_PTX`]'s kernel `n` times on `gpu`'s stream, paced as
 /// the frames are, and returns the producer thread's CPU time per launch

@@ -41,18 +41,7 @@ use cudarc::driver::sys;
 #[path = "common/mod.rs"]
 #[allow(dead_code)]
 mod common;
-use common::{ck, make_primary_current, pct_us, sleep_until_ns, thread_cpu_ns, R};
-
-/// An empty kernel with the commit kernel's parameter (192 bytes by value).
-const EMPTY_PTX: &std::ffi::CStr = c"
-.version 7.0
-.target sm_70
-.address_size 64
-.visible .entry vramring_submit_floor(.param .align 8 .b8 p_desc[192])
-{
-    ret;
-}
-";
+use common::{ck, make_primary_current, pct_us, sleep_until_ns, thread_cpu_ns, FLOOR_PTX, R};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Primitive {
@@ -124,11 +113,11 @@ impl Rig {
         unsafe {
             ck(
                 "cuModuleLoadData",
-                sys::cuModuleLoadData(&mut rig.module, EMPTY_PTX.as_ptr().cast()),
+                sys::cuModuleLoadData(&mut rig.module, FLOOR_PTX.as_ptr().cast()),
             )?;
             ck(
                 "cuModuleGetFunction",
-                sys::cuModuleGetFunction(&mut rig.func, rig.module, c"vramring_submit_floor".as_ptr()),
+                sys::cuModuleGetFunction(&mut rig.func, rig.module, c"vramring_floor".as_ptr()),
             )?;
             for s in &mut rig.streams {
                 ck(

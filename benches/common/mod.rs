@@ -30,6 +30,20 @@ pub fn make_primary_current() -> R<()> {
     Ok(())
 }
 
+/// An empty kernel, `vramring_floor`, with the commit kernel's parameter
+/// (192 bytes by value): what one launch costs the producer's CPU, the
+/// floor under vramring's stream-order publish (which is one such launch
+/// plus the protocol's own work).
+pub const FLOOR_PTX: &std::ffi::CStr = c"
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry vramring_floor(.param .align 8 .b8 p_desc[192])
+{
+    ret;
+}
+";
+
 /// This thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), ns.
 pub fn thread_cpu_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
