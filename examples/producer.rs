@@ -10,7 +10,7 @@
 //!
 //! Prints the published frame rate every second and a summary at the end
 //! (`--frames N`, or Ctrl-C), with how many push subscribers' buffers it
-//! took and how many of those waited for its attach rate
+//! took and how many Attaches waited for its attach rate
 //! (`--attach-rate 8 --attach-burst 16` by default; `--attach-rate 0`
 //! takes every one at once, for trusted subscribers only; ADR 0020):
 //!

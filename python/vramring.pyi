@@ -163,8 +163,8 @@ class Publisher:
     def stats(self) -> dict[str, int]:
         """published, subscribers, connects, disconnects, evictions,
         lossless_waits, refused, attaches (push subscribers' buffers taken),
-        attaches_deferred (of those, how many waited for the publisher's
-        attach rate)."""
+        attaches_deferred (Attaches that waited for the publisher's attach
+        rate, taken in the end or not)."""
     def close(self) -> None: ...
     def __enter__(self) -> "Publisher": ...
     def __exit__(self, *args: Any) -> bool: ...

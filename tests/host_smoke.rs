@@ -565,16 +565,18 @@ fn publish_one(p: &mut Publisher) {
 }
 
 #[test]
-fn push_attaches_past_the_attach_rate_wait_for_a_token_oldest_connection_first() {
+fn push_attaches_past_the_attach_rate_wait_for_a_token_in_order_of_arrival() {
     let path = sock("attach-rate");
     let mut p = Publisher::create(&path, host(Format::Gray8, 64, 16).slots(4).attach_rate(2, 1)).unwrap();
     let push = SubscriberOptions::default().push(true);
+    // Before the first Attach: the first token is taken after this, the
+    // second comes 500 ms after that, the third 500 ms later still.
+    let t0 = std::time::Instant::now();
     let subs: Vec<Subscriber> = (0..3)
         .map(|_| Subscriber::connect(&path, push.clone()).unwrap())
         .collect();
     // Publish until every subscriber's buffers are mapped; note when each
     // was first seen mapped.
-    let t0 = std::time::Instant::now();
     let mut active: Vec<Option<Duration>> = vec![None; subs.len()];
     while active.iter().any(Option::is_none) {
         assert!(
@@ -590,14 +592,14 @@ fn push_attaches_past_the_attach_rate_wait_for_a_token_oldest_connection_first()
         std::thread::sleep(Duration::from_millis(2));
     }
     let at: Vec<Duration> = active.into_iter().flatten().collect();
-    // One token at once, then one every 500 ms, in connection order.
-    assert!(at[0] < Duration::from_secs(1), "the first attach waited: {at:?}");
+    // One token at once, then one every 500 ms, in order of arrival.
+    assert!(at[0] < at[1] && at[1] < at[2], "not served in order of arrival: {at:?}");
     assert!(
-        at[1] >= at[0] + Duration::from_millis(400),
+        at[1] >= Duration::from_millis(500),
         "the second attach did not wait for a token: {at:?}"
     );
     assert!(
-        at[2] >= at[1] + Duration::from_millis(400),
+        at[2] >= Duration::from_millis(1000),
         "the third attach did not wait for a token: {at:?}"
     );
     let st = p.stats();
@@ -613,6 +615,8 @@ fn a_push_peer_reconnecting_in_a_loop_gets_only_the_attach_rate_and_a_newcomer_s
     let mut p = Publisher::create(&path, host(Format::Gray8, 64, 16).slots(4).attach_rate(rate, burst)).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let (connects, served) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    // Before the churner's first Attach: no token is taken before it.
+    let t0 = std::time::Instant::now();
     // The churner: connect as a push subscriber, give the publisher 20 ms
     // to map its buffers, leave, and again.
     let churner = {
@@ -631,7 +635,6 @@ fn a_push_peer_reconnecting_in_a_loop_gets_only_the_attach_rate_and_a_newcomer_s
             }
         })
     };
-    let t0 = std::time::Instant::now();
     let mut newcomer: Option<(Subscriber, std::time::Instant)> = None;
     let mut newcomer_waited = None;
     while t0.elapsed() < Duration::from_secs(3) || newcomer_waited.is_none() {
@@ -660,9 +663,9 @@ fn a_push_peer_reconnecting_in_a_loop_gets_only_the_attach_rate_and_a_newcomer_s
         "churner: {connects} connections, {served} mapped; publisher: {} attaches served, {} deferred, in {elapsed:.1} s; newcomer waited {newcomer_waited:?}",
         st.attaches, st.attaches_deferred
     );
-    // The bucket: `burst` at once, then `rate` a second (two more: the
-    // bucket started before `t0`, and a token may come between the clock
-    // read and the stats).
+    // The bucket: `burst` at once, then `rate` a second (two more: a token
+    // may come between the clock read and the stats, and one as the
+    // churner stops).
     let most = u64::from(burst) + (f64::from(rate) * elapsed).ceil() as u64 + 2;
     assert!(
         st.attaches <= most,
@@ -681,4 +684,51 @@ fn a_push_peer_reconnecting_in_a_loop_gets_only_the_attach_rate_and_a_newcomer_s
         waited < Duration::from_millis(1500),
         "the newcomer waited {waited:?} for its turn"
     );
+}
+
+#[test]
+fn an_attach_that_does_not_fit_is_refused_at_once_and_spends_no_attach_token() {
+    use std::os::fd::AsFd;
+    use vramring::socket::msg::{self, Attach, Hello, Msg};
+    use vramring::socket::transport;
+    let path = sock("attach-misfit");
+    // One token, then one a second: a misfit that spent the token would
+    // make the honest subscriber below wait (deferred) for the next.
+    let mut p = Publisher::create(&path, host(Format::Gray8, 64, 16).slots(4).attach_rate(1, 1)).unwrap();
+    let conn = transport::connect(&path).unwrap();
+    let hello = Msg::Hello(Hello {
+        flags: msg::HELLO_PUSH,
+        backends: 1 << vramring::layout::BACKEND_HOST,
+        name: "misfit".into(),
+        device_uuid: [0; 16],
+    });
+    transport::send(conn.as_fd(), &hello.encode(), &[]).unwrap();
+    let welcome = transport::recv(conn.as_fd(), Duration::from_secs(5)).unwrap().unwrap();
+    assert!(matches!(Msg::decode(&welcome.bytes), Ok(Msg::Welcome(_))));
+    // Two buffers where three are due.
+    let fd = rustix::fs::memfd_create("misfit", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let attach = Msg::Attach(Attach {
+        count: 2,
+        stride: 64 * 1024,
+        bytes: 128 * 1024,
+    });
+    transport::send(conn.as_fd(), &attach.encode(), &[fd.as_fd()]).unwrap();
+    let notice = transport::recv(conn.as_fd(), Duration::from_secs(5)).unwrap().unwrap();
+    assert!(
+        matches!(Msg::decode(&notice.bytes), Ok(Msg::Evicted(_))),
+        "the misfit was not evicted at once"
+    );
+    // The honest push subscriber gets the one token.
+    let t0 = std::time::Instant::now();
+    let s = Subscriber::connect(&path, SubscriberOptions::default().push(true)).unwrap();
+    while !s.push_active() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the honest push subscriber waited for a token the misfit spent"
+        );
+        publish_one(&mut p);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let st = p.stats();
+    assert_eq!((st.attaches, st.attaches_deferred, st.evictions), (1, 0, 1), "{st:?}");
 }

@@ -474,8 +474,8 @@ pub struct ProducerReport {
     pub evictions: u64,
     /// Loans that waited for a lossless subscriber.
     pub lossless_waits: u64,
-    /// Push subscribers' buffers taken, and of those, how many waited for
-    /// the attach rate.
+    /// Push subscribers' buffers taken, and Attaches that waited for the
+    /// attach rate (taken in the end or not).
     pub attaches: u64,
     pub attaches_deferred: u64,
 }

@@ -424,7 +424,8 @@ impl PyPublisher {
 
     /// Counters: published, subscribers, connects, disconnects, evictions,
     /// lossless_waits, refused, attaches (push subscribers' buffers taken),
-    /// attaches_deferred (of those, how many waited for the attach rate).
+    /// attaches_deferred (Attaches that waited for the attach rate, taken in
+    /// the end or not).
     fn stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.open()?.stats();
         let d = PyDict::new(py);

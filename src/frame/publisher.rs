@@ -566,7 +566,7 @@ impl Served for Shared {
 
     /// Checks a subscriber's push buffers against the ring and hands them
     /// to the producer thread, which maps them.
-    fn attach(&self, index: u32, generation: u32, a: Attach, fds: Vec<PeerFd>) -> std::result::Result<(), String> {
+    fn check_attach(&self, index: u32, a: &Attach, fds: usize) -> std::result::Result<(), String> {
         let push = self
             .table
             .entry(index as usize)
@@ -580,21 +580,27 @@ impl Served for Shared {
         // A CUDA allocation is rounded up to its granularity (2 MiB on
         // current GPUs); nothing else may exceed what the buffers need.
         let most = need + crate::memory::cuda::MAX_GRANULARITY;
-        if fds.len() != 1
+        if fds != 1
             || a.count as usize != layout::PUSH_BUFFERS
             || a.stride != stride
             || a.bytes < need
             || a.bytes > most
         {
             return Err(format!(
-                "{} descriptors, {} buffers of {} bytes in {} bytes; want 1 descriptor, {} buffers of {stride} bytes in {need}..={most}",
-                fds.len(),
+                "{fds} descriptors, {} buffers of {} bytes in {} bytes; want 1 descriptor, {} buffers of {stride} bytes in {need}..={most}",
                 a.count,
                 a.stride,
                 a.bytes,
                 layout::PUSH_BUFFERS
             ));
         }
+        Ok(())
+    }
+
+    fn attach(&self, index: u32, generation: u32, a: Attach, fds: Vec<PeerFd>) -> std::result::Result<(), String> {
+        // The service checked already (before it spent a token); a check
+        // here too keeps this call safe on its own.
+        self.check_attach(index, &a, fds.len())?;
         let Some(fd) = fds.into_iter().next() else {
             return Err("no descriptor".into());
         };

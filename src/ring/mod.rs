@@ -65,9 +65,10 @@ pub const DEFAULT_ATTACHES_PER_SECOND: u32 = 8;
 /// How many push attaches (a push subscriber's buffers, which the
 /// publisher maps into its own address space and, on a CUDA ring, into its
 /// GPU context) one publisher serves: a token bucket of `burst` tokens,
-/// refilled at `per_second`. An Attach that finds no token waits, holding
-/// nothing but its connection and its descriptor, until one comes; older
-/// connections are served first. The bound keeps a peer that connects and
+/// refilled at `per_second`. An Attach that fits (one that does not is
+/// refused first, spending nothing) and finds no token, or others waiting,
+/// waits, holding nothing but its connection and its descriptor, until one
+/// comes; waiting Attaches are served in order of arrival. The bound keeps a peer that connects and
 /// leaves in a loop from spending the publisher's mapping work, and the
 /// GPU time it takes from every other subscriber's frames, as fast as it
 /// can reconnect (ADR 0020). The default is [`DEFAULT_ATTACH_BURST`] then
@@ -237,7 +238,8 @@ pub struct PublisherStats {
     /// Push attaches served (buffers handed to the ring kind to map).
     pub attaches: u64,
     /// Push attaches that had to wait for the attach rate
-    /// ([`ServeConfig::attach_rate`]), each counted once.
+    /// ([`ServeConfig::attach_rate`]), each counted once, whether served in
+    /// the end or dropped with their connection.
     pub attaches_deferred: u64,
 }
 

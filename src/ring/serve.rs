@@ -12,8 +12,9 @@
 //! * after the Welcome, exactly one optional Attach (push buffers, checked
 //!   by the ring kind; at most one queued per live entry), served within
 //!   the publisher's attach rate ([`ServeConfig::attach_rate`], a token
-//!   bucket: one that finds no token waits in its connection, older
-//!   connections first, ADR 0020); any other
+//!   bucket: one that does not fit is refused before it takes a token; one
+//!   that finds none waits in its connection, first come first served,
+//!   ADR 0020); any other
 //!   well-formed message but Bye, a second Attach or malformed buffers evict
 //!   the subscriber (`EVICT_PROTOCOL`) and close its connection; a datagram
 //!   that does not decode closes it without a notice; descriptors sent with
@@ -64,7 +65,16 @@ pub(crate) trait Served: Send + Sync + 'static {
     /// control region, then after the table and the client region, the
     /// rest (the pool, for a pull subscriber of a frame ring).
     fn welcome(&self, a: &Assigned, hello: &Hello) -> (Welcome, BorrowedFd<'_>, Option<BorrowedFd<'_>>);
-    /// An Attach (push buffers) from the subscriber of `index`/`generation`:
+    /// Whether an Attach from the subscriber of `index` with `fds`
+    /// descriptors fits (PROTOCOL.md §16.3): `Err(reason)` when this ring
+    /// takes none or these do not fit, which evicts the subscriber before
+    /// it spends an attach token. No side effect.
+    fn check_attach(&self, index: u32, a: &Attach, fds: usize) -> std::result::Result<(), String> {
+        let _ = (index, a, fds);
+        Err("this ring takes no push buffers".into())
+    }
+    /// An Attach (push buffers) from the subscriber of `index`/`generation`,
+    /// checked by [`Served::check_attach`] and within the attach rate:
     /// `Err(reason)` when this ring takes none or these do not fit, which
     /// evicts the subscriber.
     fn attach(&self, index: u32, generation: u32, a: Attach, fds: Vec<PeerFd>) -> std::result::Result<(), String> {
@@ -113,7 +123,8 @@ pub(crate) struct ServiceState {
     pub(crate) lossless_waits: AtomicU64,
     /// Connections refused or closed before a Welcome.
     pub(crate) refused: AtomicU64,
-    /// Push attaches served, and those of them that waited for a token.
+    /// Push attaches served, and those that waited for a token (served in
+    /// the end or not).
     pub(crate) attaches: AtomicU64,
     pub(crate) attaches_deferred: AtomicU64,
 }
@@ -204,9 +215,29 @@ enum State {
         index: u32,
         generation: u32,
         attached: bool,
-        /// An Attach that found no token, with its descriptors.
-        waiting: Option<(Attach, Vec<PeerFd>)>,
+        /// An Attach that found no token (or others waiting before it).
+        waiting: Option<Waiting>,
     },
+}
+
+/// A checked Attach waiting for the attach rate, with its descriptors.
+struct Waiting {
+    /// Its place in the order of arrival.
+    arrival: u64,
+    attach: Attach,
+    fds: Vec<PeerFd>,
+}
+
+/// The attach rate's state in the service loop: the bucket, and which
+/// waiting Attach goes next (first come, first served).
+struct Attaches {
+    budget: AttachBudget,
+    /// Arrivals so far (the next waiting Attach's `arrival`).
+    arrivals: u64,
+    /// The oldest waiting Attach's `arrival` at the start of this turn:
+    /// only it may take a token this turn, and a new Attach queues behind
+    /// it.
+    first: Option<u64>,
 }
 
 /// The attach rate's token bucket ([`AttachRate`]); `None` inside: no bound.
@@ -227,7 +258,8 @@ impl AttachBudget {
     }
 
     fn interval(r: AttachRate) -> Duration {
-        Duration::from_secs(1) / r.per_second.max(1)
+        // Rounded up, so that no rate makes it zero.
+        Duration::from_nanos(1_000_000_000u64.div_ceil(u64::from(r.per_second.max(1))))
     }
 
     fn refill(&mut self, now: Instant) {
@@ -293,7 +325,11 @@ pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
         None => tracing::warn!("no second handle on the service's eventfd; a stop is seen within a second"),
     }
     let mut conns: Vec<Conn> = Vec::new();
-    let mut budget = AttachBudget::new(sh.serve_config().attach_rate, Instant::now());
+    let mut attaches = Attaches {
+        budget: AttachBudget::new(sh.serve_config().attach_rate, Instant::now()),
+        arrivals: 0,
+        first: None,
+    };
     while !stop.is_raised() {
         sh.tick();
         handle_evictions(&*sh, &mut conns);
@@ -302,7 +338,7 @@ pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
             .iter()
             .filter_map(|c| match c.state {
                 State::Pending { deadline } => Some(deadline.saturating_duration_since(now)),
-                State::Active { waiting: Some(_), .. } => Some(budget.next_in(now)),
+                State::Active { waiting: Some(_), .. } => Some(attaches.budget.next_in(now)),
                 State::Active { .. } => None,
             })
             .fold(if conns.is_empty() { IDLE_TICK } else { MIRROR_TICK }, Duration::min);
@@ -315,15 +351,22 @@ pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
             }
         };
         if listener_ready {
-            accept_all(&*sh, &listener, &mut conns, &mut budget);
+            accept_all(&*sh, &listener, &mut conns, &mut attaches);
         }
+        attaches.first = conns
+            .iter()
+            .filter_map(|c| match &c.state {
+                State::Active { waiting: Some(w), .. } => Some(w.arrival),
+                _ => None,
+            })
+            .min();
         let now = Instant::now();
         let mut k = 0;
         let mut ready = ready.into_iter().peekable();
         conns.retain_mut(|c| {
             let is_ready = ready.next_if_eq(&k).is_some();
             k += 1;
-            match service_conn(&*sh, c, is_ready, now, &mut budget) {
+            match service_conn(&*sh, c, is_ready, now, &mut attaches) {
                 Verdict::Keep => true,
                 Verdict::Close => {
                     close_conn(&*sh, c);
@@ -388,7 +431,7 @@ const ACCEPT_BATCH: usize = 64;
 /// pending set, and when that set is full its oldest member (which had its
 /// chance) is closed to make room. A flood of silent connections therefore
 /// costs the flooder its own connections, not a newcomer's handshake.
-fn accept_all<S: Served>(sh: &S, listener: &Listener, conns: &mut Vec<Conn>, budget: &mut AttachBudget) {
+fn accept_all<S: Served>(sh: &S, listener: &Listener, conns: &mut Vec<Conn>, attaches: &mut Attaches) {
     for _ in 0..ACCEPT_BATCH {
         match listener.accept(Duration::ZERO) {
             Ok(Some(fd)) => {
@@ -400,7 +443,7 @@ fn accept_all<S: Served>(sh: &S, listener: &Listener, conns: &mut Vec<Conn>, bud
                 };
                 if transport::readable(c.fd.as_fd(), Duration::ZERO).unwrap_or(false) {
                     // A refused or broken handshake closes the connection.
-                    if !matches!(service_conn(sh, &mut c, true, Instant::now(), budget), Verdict::Keep) {
+                    if !matches!(service_conn(sh, &mut c, true, Instant::now(), attaches), Verdict::Keep) {
                         continue;
                     }
                 }
@@ -470,7 +513,7 @@ fn poll(
     Ok((listener_ready, ready))
 }
 
-fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant, budget: &mut AttachBudget) -> Verdict {
+fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant, attaches: &mut Attaches) -> Verdict {
     match c.state {
         State::Pending { deadline } => {
             // A connection accepted in this iteration was not in its poll:
@@ -530,13 +573,22 @@ fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant, budg
                         Ok(Msg::Attach(_)) if *attached => Verdict::Evict(EVICT_PROTOCOL, "sent a second Attach"),
                         Ok(Msg::Attach(a)) => {
                             *attached = true;
-                            if budget.take(now) {
+                            if let Err(reason) = sh.check_attach(index, &a, m.fds.len()) {
+                                // Refused before it spends a token.
+                                tracing::warn!(index, %reason, "refusing a subscriber's push buffers");
+                                Verdict::Evict(EVICT_PROTOCOL, "sent push buffers that do not fit the ring")
+                            } else if attaches.first.is_none() && attaches.budget.take(now) {
                                 serve_attach(sh, index, generation, a, m.fds)
                             } else {
                                 // Relaxed: own counter.
                                 sh.state().attaches_deferred.fetch_add(1, Ordering::Relaxed);
                                 tracing::debug!(index, "a push Attach waits for the attach rate");
-                                *waiting = Some((a, m.fds));
+                                *waiting = Some(Waiting {
+                                    arrival: attaches.arrivals,
+                                    attach: a,
+                                    fds: m.fds,
+                                });
+                                attaches.arrivals += 1;
                                 Verdict::Keep
                             }
                         }
@@ -545,15 +597,17 @@ fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant, budg
                     Err(_) => Verdict::Close,
                 }
             };
-            // A connection that just ended spends no token. Otherwise a
-            // waiting Attach is served once a token has come; connections
-            // are served in the order they were accepted.
+            // A connection that just ended spends no token. Otherwise the
+            // oldest waiting Attach is served once a token has come (one a
+            // turn; a turn with tokens left and Attaches waiting follows at
+            // once).
             if !matches!(heard, Verdict::Keep) {
                 return heard;
             }
-            if waiting.is_some() && budget.take(now) {
-                if let Some((a, fds)) = waiting.take() {
-                    return serve_attach(sh, index, generation, a, fds);
+            let first = waiting.as_ref().is_some_and(|w| Some(w.arrival) == attaches.first);
+            if first && attaches.budget.take(now) {
+                if let Some(w) = waiting.take() {
+                    return serve_attach(sh, index, generation, w.attach, w.fds);
                 }
             }
             Verdict::Keep
