@@ -818,6 +818,21 @@ mod tests {
     }
 
     #[test]
+    fn a_rate_above_a_billion_a_second_still_has_a_nonzero_interval() {
+        let r = AttachRate {
+            per_second: u32::MAX,
+            burst: 1,
+        };
+        assert_eq!(AttachBudget::interval(r), Duration::from_nanos(1));
+        let t0 = Instant::now();
+        let mut b = AttachBudget::new(Some(r), t0);
+        assert!(b.take(t0));
+        assert!(!b.take(t0));
+        assert_eq!(b.next_in(t0), Duration::from_nanos(1));
+        assert!(b.take(t0 + Duration::from_nanos(1)));
+    }
+
+    #[test]
     fn no_rate_means_every_attach_is_served_at_once() {
         let t0 = Instant::now();
         let mut b = AttachBudget::new(None, t0);
