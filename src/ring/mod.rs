@@ -68,10 +68,10 @@ pub const DEFAULT_ATTACHES_PER_SECOND: u32 = 8;
 /// refilled at `per_second`. An Attach that fits (one that does not is
 /// refused first, spending nothing) and finds no token, or others waiting,
 /// waits, holding nothing but its connection and its descriptor, until one
-/// comes; waiting Attaches are served in order of arrival. The bound keeps a peer that connects and
-/// leaves in a loop from spending the publisher's mapping work, and the
-/// GPU time it takes from every other subscriber's frames, as fast as it
-/// can reconnect (ADR 0020). The default is [`DEFAULT_ATTACH_BURST`] then
+/// comes; waiting Attaches are served in order of arrival. The bound keeps
+/// a peer that connects and leaves in a loop from spending the publisher's
+/// mapping work, and the GPU time it takes from every other subscriber's
+/// frames, as fast as it can reconnect (ADR 0020). The default is [`DEFAULT_ATTACH_BURST`] then
 /// [`DEFAULT_ATTACHES_PER_SECOND`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttachRate {

@@ -351,7 +351,7 @@ pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
             }
         };
         if listener_ready {
-            accept_all(&*sh, &listener, &mut conns, &mut attaches);
+            accept_all(&*sh, &listener, &mut conns);
         }
         attaches.first = conns
             .iter()
@@ -431,7 +431,7 @@ const ACCEPT_BATCH: usize = 64;
 /// pending set, and when that set is full its oldest member (which had its
 /// chance) is closed to make room. A flood of silent connections therefore
 /// costs the flooder its own connections, not a newcomer's handshake.
-fn accept_all<S: Served>(sh: &S, listener: &Listener, conns: &mut Vec<Conn>, attaches: &mut Attaches) {
+fn accept_all<S: Served>(sh: &S, listener: &Listener, conns: &mut Vec<Conn>) {
     for _ in 0..ACCEPT_BATCH {
         match listener.accept(Duration::ZERO) {
             Ok(Some(fd)) => {
@@ -443,7 +443,7 @@ fn accept_all<S: Served>(sh: &S, listener: &Listener, conns: &mut Vec<Conn>, att
                 };
                 if transport::readable(c.fd.as_fd(), Duration::ZERO).unwrap_or(false) {
                     // A refused or broken handshake closes the connection.
-                    if !matches!(service_conn(sh, &mut c, true, Instant::now(), attaches), Verdict::Keep) {
+                    if !matches!(serve_pending(sh, &mut c, true, Instant::now()), Verdict::Keep) {
                         continue;
                     }
                 }
@@ -513,48 +513,53 @@ fn poll(
     Ok((listener_ready, ready))
 }
 
+/// A connection in its handshake: its Hello, or its deadline.
+fn serve_pending<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant) -> Verdict {
+    let State::Pending { deadline } = c.state else {
+        return Verdict::Keep;
+    };
+    // A connection accepted in this iteration was not in its poll:
+    // look once more before giving up on it, so a newcomer whose
+    // Hello just arrived is served even while its slot was expired
+    // to make room.
+    let ready = ready || (now >= deadline && transport::readable(c.fd.as_fd(), Duration::ZERO).unwrap_or(false));
+    if !ready {
+        if now >= deadline {
+            tracing::debug!("closing a connection that sent no Hello in time");
+            // Relaxed: own counter.
+            sh.state().refused.fetch_add(1, Ordering::Relaxed);
+            return Verdict::Close;
+        }
+        return Verdict::Keep;
+    }
+    match transport::recv(c.fd.as_fd(), Duration::ZERO) {
+        Ok(Some(m)) => match handshake(sh, &c.fd, &m.bytes) {
+            // Descriptors sent with a Hello (`m.fds`) are dropped
+            // (closed) here: a Hello carries none.
+            Ok((index, generation)) => {
+                c.state = State::Active {
+                    index,
+                    generation,
+                    attached: false,
+                    waiting: None,
+                };
+                Verdict::Keep
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "subscriber refused");
+                // Relaxed: own counter.
+                sh.state().refused.fetch_add(1, Ordering::Relaxed);
+                Verdict::Close
+            }
+        },
+        Ok(None) => Verdict::Keep,
+        Err(_) => Verdict::Close,
+    }
+}
+
 fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant, attaches: &mut Attaches) -> Verdict {
     match c.state {
-        State::Pending { deadline } => {
-            // A connection accepted in this iteration was not in its poll:
-            // look once more before giving up on it, so a newcomer whose
-            // Hello just arrived is served even while its slot was expired
-            // to make room.
-            let ready =
-                ready || (now >= deadline && transport::readable(c.fd.as_fd(), Duration::ZERO).unwrap_or(false));
-            if !ready {
-                if now >= deadline {
-                    tracing::debug!("closing a connection that sent no Hello in time");
-                    // Relaxed: own counter.
-                    sh.state().refused.fetch_add(1, Ordering::Relaxed);
-                    return Verdict::Close;
-                }
-                return Verdict::Keep;
-            }
-            match transport::recv(c.fd.as_fd(), Duration::ZERO) {
-                Ok(Some(m)) => match handshake(sh, &c.fd, &m.bytes) {
-                    // Descriptors sent with a Hello (`m.fds`) are dropped
-                    // (closed) here: a Hello carries none.
-                    Ok((index, generation)) => {
-                        c.state = State::Active {
-                            index,
-                            generation,
-                            attached: false,
-                            waiting: None,
-                        };
-                        Verdict::Keep
-                    }
-                    Err(e) => {
-                        tracing::info!(error = %e, "subscriber refused");
-                        // Relaxed: own counter.
-                        sh.state().refused.fetch_add(1, Ordering::Relaxed);
-                        Verdict::Close
-                    }
-                },
-                Ok(None) => Verdict::Keep,
-                Err(_) => Verdict::Close,
-            }
-        }
+        State::Pending { .. } => serve_pending(sh, c, ready, now),
         State::Active {
             index,
             generation,
