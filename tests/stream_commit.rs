@@ -3,7 +3,10 @@
 //! worth) and only then stores the push seqs, the slot seq and
 //! `global_seq`; a failure at any driver call of registration, commit or
 //! close surfaces and leaves nothing registered, loaded or allocated, every
-//! release in the pool's context. The GPU proof is `tests/gpu_commit.rs`.
+//! release in the pool's context. Commits with push targets go through the
+//! replayed graph and its descriptor ring (ADR 0021), round the ring and
+//! back to a launch where an entry is not free. The GPU proof is
+//! `tests/gpu_commit.rs`.
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -158,14 +161,16 @@ fn a_commit_copies_into_every_target_before_it_stores_the_seqs() {
     commit_round(&pubd, &subd).unwrap();
     assert_clean(&pubd, fp, "publisher");
     assert_clean(&subd, fs, "subscriber");
-    let launches = pubd.log().iter().filter(|r| r.call == "cuLaunchKernel").count();
+    let count = |call: &str| pubd.log().iter().filter(|r| r.call == call).count();
+    let (launches, replays) = (count("cuLaunchKernel"), count("cuGraphLaunch"));
     assert_eq!(
-        launches,
+        launches + replays,
         TARGETS.div_ceil(MAX_FANOUT),
         "one launch per {MAX_FANOUT} targets"
     );
-    let registers = pubd.log().iter().filter(|r| r.call == "cuMemHostRegister_v2").count();
-    assert_eq!(registers, 1);
+    assert_eq!(replays, 1, "the last launch, which commits, is the replayed graph");
+    // The commit words, and the graph's private descriptor ring.
+    assert_eq!(count("cuMemHostRegister_v2"), 2);
 }
 
 #[test]
@@ -186,8 +191,10 @@ fn a_commit_that_fails_at_any_publisher_call_leaves_nothing_behind() {
     assert!(failures > total / 2, "only {failures} of {total} faults surfaced");
 }
 
-#[test]
-fn a_failed_kernel_launch_stores_no_seq() {
+/// One push target's commit of seq 3 with `fail` failing the first
+/// time (after `also`, each failing once, if given): the commit fails and
+/// stores nothing; a stray word is refused; nothing leaks.
+fn a_failed_commit_stores_no_seq(fail: &'static str, also: Option<&'static str>) {
     let (pubd, subd) = (publisher_process(), subscriber_process());
     let words = Words::new();
     let mut pool = CudaPool::create(Arc::clone(&pubd), DeviceSelector::Uuid(GPU), 8 * MIB).unwrap();
@@ -217,11 +224,89 @@ fn a_failed_kernel_launch_stores_no_seq() {
         global_seq: words.word(2),
         gate: None,
     };
-    pubd.fail_nth("cuLaunchKernel", 1);
+    if let Some(a) = also {
+        pubd.fail_nth(a, 1);
+    }
+    pubd.fail_nth(fail, 1);
     // SAFETY: the words lie in `words`, registered above.
     assert!(unsafe { pool.enqueue_commit(&commit, WriteCompletion::Host) }.is_err());
     assert_not_stored(&words, &[1, 2, 10]);
     a_stray_word_is_refused(&mut pool, commit);
+    pool.detach_target(id).unwrap();
+    imp.close().unwrap();
+    pool.close().unwrap();
+    assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
+}
+
+#[test]
+fn a_failed_graph_launch_stores_no_seq() {
+    a_failed_commit_stores_no_seq("cuGraphLaunch", None);
+}
+
+#[test]
+fn a_failed_kernel_launch_stores_no_seq_where_the_graph_could_not_be_made() {
+    a_failed_commit_stores_no_seq("cuLaunchKernel", Some("cuGraphInstantiateWithFlags"));
+}
+
+#[test]
+fn commits_replay_the_graph_round_its_descriptor_ring_and_launch_where_an_entry_is_not_free() {
+    let (pubd, subd) = (publisher_process(), subscriber_process());
+    let words = Words::new();
+    let mut pool = CudaPool::create(Arc::clone(&pubd), DeviceSelector::Uuid(GPU), 8 * MIB).unwrap();
+    let mut imp = CudaImport::import(
+        Arc::clone(&subd),
+        pool.export_fd().unwrap(),
+        pool.pool_bytes(),
+        GPU,
+        false,
+    )
+    .unwrap();
+    let (fd, bytes) = imp.alloc_push(3, STRIDE).unwrap();
+    let id = pool.attach_target(&fd, bytes).unwrap();
+    // SAFETY: `words` outlives the pool (declared first).
+    unsafe { pool.register_commit_memory(words.map.as_ptr() as *mut u8, 4096) }.unwrap();
+    let count = |call: &str| pubd.log().iter().filter(|r| r.call == call).count();
+    // 150 frames: the 64-entry ring goes round twice. Each frame's bytes
+    // differ, and land in the push buffer its descriptor names.
+    for seq in 1..=150u64 {
+        if seq == 131 {
+            // As if frame 67, the last to use the entry frame 131 takes,
+            // had not landed yet: this frame launches instead.
+            words.word(2).store(66, Ordering::Release);
+        }
+        // SAFETY: the pool's first MiB, its own read-write mapping.
+        unsafe { pubd.memset_d8(pool.base_addr(), seq as u8, FRAME) }.unwrap();
+        let w = [PushWrite {
+            id,
+            dst_offset: (seq % 3) * STRIDE,
+            push_seq: words.word(10),
+        }];
+        let commit = StreamCommit {
+            seq,
+            src_offset: 0,
+            len: FRAME,
+            targets: &w,
+            slot_seq: words.word(1),
+            global_seq: words.word(2),
+            gate: None,
+        };
+        let launches = count("cuLaunchKernel");
+        // SAFETY: the words lie in `words`, registered above.
+        unsafe { pool.enqueue_commit(&commit, WriteCompletion::Host) }.unwrap();
+        assert_eq!(
+            count("cuLaunchKernel") - launches,
+            usize::from(seq == 131),
+            "frame {seq}: a launch only where the ring entry is not free"
+        );
+        assert_eq!(words.word(2).load(Ordering::Acquire), seq, "global_seq of frame {seq}");
+        assert_eq!(words.word(10).load(Ordering::Acquire), seq, "push seq of frame {seq}");
+        let mut host = vec![0u8; FRAME as usize];
+        // SAFETY: push buffer `seq % 3` holds at least FRAME bytes.
+        unsafe { subd.memcpy_dtoh(&mut host, imp.push_addr((seq % 3) as usize)) }.unwrap();
+        assert!(host.iter().all(|&b| b == seq as u8), "frame {seq} did not arrive whole");
+    }
+    assert_eq!(count("cuGraphLaunch"), 149);
+    assert_eq!(count("cuGraphInstantiateWithFlags"), 1, "one graph, made once");
     pool.detach_target(id).unwrap();
     imp.close().unwrap();
     pool.close().unwrap();

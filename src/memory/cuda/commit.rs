@@ -25,13 +25,48 @@
 //! ring are ordered on the GPU (the publisher waits for the previous commit
 //! when the writer's stream changes), so a word is never shared by two
 //! launches in flight.
+//!
+//! **A replayed graph (ADR 0021).** A kernel launch is the bulk of a
+//! publish's CPU cost, and a replayed graph costs the CPU less than a
+//! launch (`benches/submit.rs`). A graph's parameters are fixed when it is
+//! made, so the graph path takes its descriptor from memory instead:
+//! the publisher writes each frame's descriptor into the next entry of a
+//! ring of [`RING_ENTRIES`] in its own private host memory (registered,
+//! never shared with a subscriber), then launches a graph of two nodes:
+//! `vramring_commit_fetch` (one block) reads a count of entries used from
+//! device memory, copies that entry into a device-memory descriptor and
+//! counts one more; `vramring_commit_at` is the commit kernel reading its
+//! descriptor from there. Runs of one graph instance are ordered (each
+//! after the instance's previous run) and commits of one ring are ordered
+//! on the GPU, so run `n` reads entry `n % RING_ENTRIES`, the one the CPU
+//! wrote for it. An entry is written again only once the frame that last
+//! used it has landed (`global_seq`); until then, and for any frame the
+//! graph was not made for (another grid, more than [`MAX_FANOUT`]
+//! targets), the publisher launches the kernel with its descriptor by
+//! value, as before. `VRAMRING_COMMIT_GRAPH=0` in the environment turns
+//! the graph path off (for comparisons).
 
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 
-use super::driver::{CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver};
+use super::driver::{CuFunction, CuGraphExec, CuModule, CuStream, DResult, DevicePtr, Driver, KernelNode};
+use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// Name of the commit kernel.
 pub(crate) const COMMIT_KERNEL: &str = "vramring_commit";
+/// Name of the commit kernel that reads its descriptor from device memory.
+pub(crate) const COMMIT_AT_KERNEL: &str = "vramring_commit_at";
+/// Name of the kernel that copies a descriptor from the ring.
+pub(crate) const FETCH_KERNEL: &str = "vramring_commit_fetch";
+
+/// Entries of the descriptor ring.
+pub(crate) const RING_ENTRIES: usize = 64;
+/// Bytes of the device state: the count of entries used, then (at
+/// [`STATE_DESC`]) the descriptor.
+const STATE_BYTES: u64 = 256;
+const STATE_DESC: u64 = 64;
+/// Threads of the fetch kernel's one block (12 move the descriptor).
+const FETCH_THREADS: u32 = 32;
+const _: () = assert!(FETCH_THREADS >= 12);
 
 /// Push targets one launch writes; more take several launches, only the
 /// last of which stores the slot seq and `global_seq`.
@@ -72,50 +107,40 @@ const _: () = assert!(std::mem::size_of::<CommitDesc>() == 192);
 const _: () = assert!(std::mem::offset_of!(CommitDesc, dst) == 64);
 const _: () = assert!(std::mem::offset_of!(CommitDesc, push_seq) == 128);
 
-/// The PTX. Register map: %rd1 src, %rd2 vecs, %rd3 count, %rd4 seq,
-/// %rd5 counters, %rd6 slot seq word, %rd7 global seq word, %rd8 gate word,
-/// %rd10-17 dst,
-/// %rd20-27 push seq words; %p0-7 "target j exists".
-const PTX: &CStr = c"
-//
-// vramring stream-order commit (see src/memory/cuda/commit.rs)
-//
-.version 7.0
-.target sm_70
-.address_size 64
+/// Where the kernel's registers come from: (register, byte offset in the
+/// descriptor). %rd1 src, %rd2 vecs, %rd3 count, %rd4 seq, %rd5 counters,
+/// %rd6 slot seq word, %rd7 global seq word, %rd8 gate word, %rd10-17 dst,
+/// %rd20-27 push seq words.
+const DESC_WORDS: [(u32, u32); 24] = [
+    (1, 0),
+    (2, 8),
+    (3, 16),
+    (4, 24),
+    (5, 32),
+    (6, 40),
+    (7, 48),
+    (8, 56),
+    (10, 64),
+    (11, 72),
+    (12, 80),
+    (13, 88),
+    (14, 96),
+    (15, 104),
+    (16, 112),
+    (17, 120),
+    (20, 128),
+    (21, 136),
+    (22, 144),
+    (23, 152),
+    (24, 160),
+    (25, 168),
+    (26, 176),
+    (27, 184),
+];
 
-.visible .entry vramring_commit(
-    .param .align 8 .b8 p_desc[192]
-)
-{
-    .reg .pred %p<16>;
-    .reg .b32 %r<16>;
-    .reg .b64 %rd<48>;
-
-    ld.param.u64 %rd1, [p_desc+0];
-    ld.param.u64 %rd2, [p_desc+8];
-    ld.param.u64 %rd3, [p_desc+16];
-    ld.param.u64 %rd4, [p_desc+24];
-    ld.param.u64 %rd5, [p_desc+32];
-    ld.param.u64 %rd6, [p_desc+40];
-    ld.param.u64 %rd7, [p_desc+48];
-    ld.param.u64 %rd8, [p_desc+56];
-    ld.param.u64 %rd10, [p_desc+64];
-    ld.param.u64 %rd11, [p_desc+72];
-    ld.param.u64 %rd12, [p_desc+80];
-    ld.param.u64 %rd13, [p_desc+88];
-    ld.param.u64 %rd14, [p_desc+96];
-    ld.param.u64 %rd15, [p_desc+104];
-    ld.param.u64 %rd16, [p_desc+112];
-    ld.param.u64 %rd17, [p_desc+120];
-    ld.param.u64 %rd20, [p_desc+128];
-    ld.param.u64 %rd21, [p_desc+136];
-    ld.param.u64 %rd22, [p_desc+144];
-    ld.param.u64 %rd23, [p_desc+152];
-    ld.param.u64 %rd24, [p_desc+160];
-    ld.param.u64 %rd25, [p_desc+168];
-    ld.param.u64 %rd26, [p_desc+176];
-    ld.param.u64 %rd27, [p_desc+184];
+/// The commit kernel's work once its descriptor is in registers (see
+/// [`DESC_WORDS`]; %p0-7 "target j exists"), shared by both entry points.
+const COMMIT_BODY: &str = "
     cvta.to.global.u64 %rd1, %rd1;
     cvta.to.global.u64 %rd5, %rd5;
     cvta.to.global.u64 %rd6, %rd6;
@@ -212,24 +237,130 @@ COMMIT_DONE:
 }
 ";
 
-/// The commit kernel loaded into a context, with its counter words. Made
-/// and released with that context current (the pool pushes it).
+/// `vramring_commit_fetch`, one block of [`FETCH_THREADS`]: reads the count
+/// of descriptors used (device memory, the state's first word), copies that
+/// ring entry (`count % RING_ENTRIES`, mapped host memory, read over the
+/// bus) into the state's descriptor, then counts one more. Its threads
+/// 0-11 move one 16-byte part each; the count is stored after the block's
+/// barrier, so every thread read it first.
+const FETCH_PTX: &str = "
+.visible .entry vramring_commit_fetch(
+    .param .u64 p_ring,
+    .param .u64 p_state
+)
+{
+    .reg .pred %p<4>;
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<16>;
+    mov.u32 %r1, %tid.x;
+    setp.ge.u32 %p1, %r1, 12;
+    ld.param.u64 %rd1, [p_ring];
+    ld.param.u64 %rd2, [p_state];
+    cvta.to.global.u64 %rd1, %rd1;
+    cvta.to.global.u64 %rd2, %rd2;
+    ld.volatile.global.u64 %rd3, [%rd2];
+    and.b64 %rd4, %rd3, 63;
+    mul.lo.u64 %rd4, %rd4, 192;
+    add.u64 %rd4, %rd1, %rd4;
+    cvt.u64.u32 %rd5, %r1;
+    shl.b64 %rd5, %rd5, 4;
+    @%p1 bra FETCH_COPIED;
+    add.u64 %rd6, %rd4, %rd5;
+    ld.volatile.global.v2.u64 {%rd7, %rd8}, [%rd6];
+    add.u64 %rd9, %rd2, 64;
+    add.u64 %rd9, %rd9, %rd5;
+    st.global.v2.u64 [%rd9], {%rd7, %rd8};
+FETCH_COPIED:
+    bar.sync 0;
+    setp.ne.u32 %p2, %r1, 0;
+    @%p2 bra FETCH_DONE;
+    add.u64 %rd3, %rd3, 1;
+    st.volatile.global.u64 [%rd2], %rd3;
+FETCH_DONE:
+    ret;
+}
+";
+
+/// The module's PTX: `vramring_commit` (descriptor by value),
+/// `vramring_commit_at` (descriptor in device memory, at its one
+/// parameter) and `vramring_commit_fetch`.
+fn ptx() -> std::ffi::CString {
+    let mut by_value = String::new();
+    let mut at = String::from("    ld.param.u64 %rd40, [p_at];\n    cvta.to.global.u64 %rd40, %rd40;\n");
+    for (reg, off) in DESC_WORDS {
+        by_value.push_str(&format!("    ld.param.u64 %rd{reg}, [p_desc+{off}];\n"));
+        at.push_str(&format!("    ld.global.u64 %rd{reg}, [%rd40+{off}];\n"));
+    }
+    let regs = "    .reg .pred %p<16>;\n    .reg .b32 %r<16>;\n    .reg .b64 %rd<48>;\n";
+    let text = format!(
+        "//\n// vramring stream-order commit (see src/memory/cuda/commit.rs)\n//\n.version 7.0\n.target sm_70\n.address_size 64\n\n\
+         .visible .entry {COMMIT_KERNEL}(\n    .param .align 8 .b8 p_desc[192]\n)\n{{\n{regs}{by_value}{COMMIT_BODY}\n\
+         .visible .entry {COMMIT_AT_KERNEL}(\n    .param .u64 p_at\n)\n{{\n{regs}{at}{COMMIT_BODY}{FETCH_PTX}"
+    );
+    // No NUL can be in it: every piece is a literal above.
+    std::ffi::CString::new(text).unwrap_or_default()
+}
+
+/// The commit kernel loaded into a context, with its counter words and,
+/// once a push commit has used it, its replayed graph. Made and released
+/// with that context current (the pool pushes it).
 #[derive(Debug)]
 pub(crate) struct CommitKernel {
     module: Option<CuModule>,
     function: CuFunction,
+    at: CuFunction,
+    fetch: CuFunction,
     counters: Option<DevicePtr>,
+    replay: Replay,
+}
+
+/// The graph path's state.
+#[derive(Debug)]
+enum Replay {
+    /// Not made yet; made at the first commit that can use it.
+    Untried,
+    /// Made for one grid.
+    Ready(Box<Graph>),
+    /// Turned off, or making it failed: every commit launches.
+    Off,
+}
+
+/// A replayed commit graph and the memory it reads.
+#[derive(Debug)]
+struct Graph {
+    exec: Option<CuGraphExec>,
+    /// Blocks of the commit node (the grid it was made for).
+    blocks: u32,
+    /// The descriptor ring: private, registered host memory.
+    ring: memmap2::MmapMut,
+    registered: bool,
+    /// Device memory: the count of entries used, then the descriptor.
+    state: Option<DevicePtr>,
+    /// Graph runs launched (the next entry is `launched % RING_ENTRIES`).
+    launched: u64,
+    /// The frame seq that last used each entry.
+    entry_seq: [u64; RING_ENTRIES],
+}
+
+/// Blocks of `THREADS` for a copy of `vecs` 16-byte vectors.
+fn blocks_for(vecs: u64) -> u32 {
+    u32::try_from(vecs.div_ceil(u64::from(THREADS)))
+        .unwrap_or(MAX_BLOCKS)
+        .clamp(1, MAX_BLOCKS)
 }
 
 impl CommitKernel {
-    /// Loads the kernel and makes its zeroed counter words, in the current
+    /// Loads the kernels and makes the zeroed counter words, in the current
     /// context; on failure releases what it made.
     pub(crate) fn load<D: Driver>(d: &D) -> DResult<CommitKernel> {
-        let module = d.module_load_data(PTX)?;
+        let module = d.module_load_data(&ptx())?;
         let made = (|| {
-            let name = std::ffi::CString::new(COMMIT_KERNEL).unwrap_or_default();
-            // SAFETY: `module` was just loaded by this driver.
-            let function = unsafe { d.module_get_function(module, &name) }?;
+            let get = |name: &str| {
+                let name = std::ffi::CString::new(name).unwrap_or_default();
+                // SAFETY: `module` was just loaded by this driver.
+                unsafe { d.module_get_function(module, &name) }
+            };
+            let (function, at, fetch) = (get(COMMIT_KERNEL)?, get(COMMIT_AT_KERNEL)?, get(FETCH_KERNEL)?);
             let counters = d.mem_alloc(COUNTERS * 4)?;
             // SAFETY: `counters` was just allocated with this many bytes.
             if let Err(e) = unsafe { d.memset_d8(counters, 0, COUNTERS * 4) } {
@@ -239,13 +370,20 @@ impl CommitKernel {
                 }
                 return Err(e);
             }
-            Ok((function, counters))
+            Ok((function, at, fetch, counters))
         })();
         match made {
-            Ok((function, counters)) => Ok(CommitKernel {
+            Ok((function, at, fetch, counters)) => Ok(CommitKernel {
                 module: Some(module),
                 function,
+                at,
+                fetch,
                 counters: Some(counters),
+                replay: if std::env::var_os("VRAMRING_COMMIT_GRAPH").is_some_and(|v| v == "0") {
+                    Replay::Off
+                } else {
+                    Replay::Untried
+                },
             }),
             Err(e) => {
                 // SAFETY: loaded above; nothing of it runs.
@@ -257,28 +395,139 @@ impl CommitKernel {
         }
     }
 
-    /// Enqueues one launch on `stream`. `desc.counter` is filled in here.
+    /// Enqueues one commit on `stream`: through the replayed graph when it
+    /// can (see the module's doc), else one launch with the descriptor by
+    /// value. `desc.counter` is filled in here. `global_seq` is the ring's
+    /// word the commit stores last, read to know which ring entries are
+    /// free again.
     ///
     /// # Safety
     /// The kernel's context is current; every address in `desc` is live
     /// device memory (or registered host memory) that stays valid until
-    /// the launch has completed; the source is 16-byte aligned and
+    /// the commit has completed; the source is 16-byte aligned and
     /// readable, each target 16-byte aligned and writable for
     /// `desc.vecs * 16` bytes.
-    pub(crate) unsafe fn launch<D: Driver>(&self, d: &D, stream: CuStream, mut desc: CommitDesc) -> DResult<()> {
+    pub(crate) unsafe fn launch<D: Driver>(
+        &mut self,
+        d: &D,
+        stream: CuStream,
+        mut desc: CommitDesc,
+        global_seq: &AtomicU64,
+    ) -> DResult<()> {
         desc.counter = self.counters.unwrap_or(0);
-        let blocks = u32::try_from(desc.vecs.div_ceil(u64::from(THREADS)))
-            .unwrap_or(MAX_BLOCKS)
-            .clamp(1, MAX_BLOCKS);
+        let blocks = blocks_for(desc.vecs);
+        // Only a whole commit with push targets (it stores `global_seq`,
+        // which frees its entry again) goes through the graph.
+        if desc.count > 0 && desc.global_seq != 0 {
+            if matches!(self.replay, Replay::Untried) {
+                self.replay = match self.make_graph(d, blocks) {
+                    Ok(g) => Replay::Ready(Box::new(g)),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "no replayed commit graph; every commit launches");
+                        Replay::Off
+                    }
+                };
+            }
+            if let Replay::Ready(g) = &mut self.replay {
+                let entry = (g.launched % RING_ENTRIES as u64) as usize;
+                // SYNC: global-seq — Acquire pairs with the commit kernel's
+                // store: the frame that last used this entry has landed, so
+                // its fetch node read the entry long before.
+                let free = global_seq.load(Ordering::Acquire) >= g.entry_seq[entry];
+                if let (true, Some(exec)) = (g.blocks == blocks && free, g.exec) {
+                    // SAFETY: the entry lies in the ring's mapping (64
+                    // entries of 192 bytes); the GPU reads it only in the
+                    // run launched next (free, checked above).
+                    unsafe {
+                        g.ring
+                            .as_mut_ptr()
+                            .add(entry * std::mem::size_of::<CommitDesc>())
+                            .cast::<CommitDesc>()
+                            .write_volatile(desc);
+                    }
+                    // The entry's bytes before the launch's doorbell.
+                    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+                    // SAFETY: the graph's nodes read the ring and the state
+                    // (live until `release`, after a synchronise) and the
+                    // descriptor's addresses (this method's contract).
+                    unsafe { d.graph_launch(exec, stream) }?;
+                    g.launched += 1;
+                    g.entry_seq[entry] = desc.seq;
+                    return Ok(());
+                }
+            }
+        }
         let mut params = [(&mut desc as *mut CommitDesc).cast::<c_void>()];
         // SAFETY: the one parameter is a `CommitDesc`, as the PTX declares
         // it; the addresses in it are valid (this function's contract).
         unsafe { d.launch_kernel(self.function, blocks, THREADS, stream, &mut params) }
     }
 
-    /// Frees the counters and unloads the module, in the current context
-    /// (the kernel's); every launch has completed. Retryable.
+    /// Makes the replayed graph for commits of `blocks` blocks: the ring
+    /// (mapped, registered), the device state (zeroed) and the graph. On
+    /// failure releases what it made.
+    fn make_graph<D: Driver>(&self, d: &D, blocks: u32) -> crate::Result<Graph> {
+        let bytes = RING_ENTRIES * std::mem::size_of::<CommitDesc>();
+        let ring =
+            memmap2::MmapMut::map_anon(bytes).map_err(|e| crate::Error::io("mapping the commit descriptor ring", e))?;
+        let mut g = Graph {
+            exec: None,
+            blocks,
+            ring,
+            registered: false,
+            state: None,
+            launched: 0,
+            entry_seq: [0; RING_ENTRIES],
+        };
+        let made = (|| -> DResult<()> {
+            let ring = g.ring.as_mut_ptr().cast::<c_void>();
+            // SAFETY: the ring is this graph's own mapping, unmapped only
+            // after it is unregistered (`Graph::release`).
+            unsafe { d.mem_host_register(ring, bytes as u64) }?;
+            g.registered = true;
+            // SAFETY: registered just above.
+            let ring_dev = unsafe { d.mem_host_device_pointer(ring) }?;
+            let state = d.mem_alloc(STATE_BYTES)?;
+            g.state = Some(state);
+            // SAFETY: just allocated with this many bytes.
+            unsafe { d.memset_d8(state, 0, STATE_BYTES) }?;
+            let nodes = [
+                KernelNode {
+                    function: self.fetch,
+                    grid: 1,
+                    block: FETCH_THREADS,
+                    params: vec![ring_dev, state],
+                },
+                KernelNode {
+                    function: self.at,
+                    grid: blocks,
+                    block: THREADS,
+                    params: vec![state + STATE_DESC],
+                },
+            ];
+            // SAFETY: the fetch kernel takes two 64-bit parameters and the
+            // commit-at kernel one (the PTX above).
+            g.exec = Some(unsafe { d.graph_of_kernels(&nodes) }?);
+            Ok(())
+        })();
+        match made {
+            Ok(()) => Ok(g),
+            Err(e) => {
+                if let Err(re) = g.release(d) {
+                    tracing::warn!(error = %re, "releasing a commit graph that could not be made");
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Frees the graph, the counters and unloads the module, in the current
+    /// context (the kernel's); every launch has completed. Retryable.
     pub(crate) fn release<D: Driver>(&mut self, d: &D) -> DResult<()> {
+        if let Replay::Ready(g) = &mut self.replay {
+            g.release(d)?;
+            self.replay = Replay::Off;
+        }
         if let Some(c) = self.counters {
             // SAFETY: allocated by `load`; the caller synchronised the context.
             unsafe { d.mem_free(c) }?;
@@ -288,6 +537,30 @@ impl CommitKernel {
             // SAFETY: loaded by `load`; no launch is pending.
             unsafe { d.module_unload(m) }?;
             self.module = None;
+        }
+        Ok(())
+    }
+}
+
+impl Graph {
+    /// Destroys the instance, frees the state and unregisters the ring;
+    /// nothing of it runs (the context is synchronised, or it never ran).
+    /// Retryable.
+    fn release<D: Driver>(&mut self, d: &D) -> DResult<()> {
+        if let Some(x) = self.exec {
+            // SAFETY: instantiated by `make_graph`; no run is pending.
+            unsafe { d.graph_exec_destroy(x) }?;
+            self.exec = None;
+        }
+        if let Some(s) = self.state {
+            // SAFETY: allocated by `make_graph`; no run reads it.
+            unsafe { d.mem_free(s) }?;
+            self.state = None;
+        }
+        if self.registered {
+            // SAFETY: registered by `make_graph`; no run reads it.
+            unsafe { d.mem_host_unregister(self.ring.as_mut_ptr().cast()) }?;
+            self.registered = false;
         }
         Ok(())
     }
@@ -313,7 +586,7 @@ mod tests {
         assert_eq!(at(&d.dst[7]), 120);
         assert_eq!(at(&d.push_seq[0]), 128);
         assert_eq!(at(&d.push_seq[7]), 184);
-        let ptx = PTX.to_str().unwrap();
+        let ptx = ptx().into_string().unwrap();
         assert!(ptx.contains("[p_desc+56]"), "the gate word is not read");
         for (k, off) in (64..192).step_by(8).enumerate() {
             assert!(
@@ -322,5 +595,42 @@ mod tests {
             );
         }
         assert!(ptx.contains(".param .align 8 .b8 p_desc[192]"));
+        // The entry that reads its descriptor from memory reads the same
+        // words at the same offsets, into the same registers.
+        for (reg, off) in DESC_WORDS {
+            assert!(ptx.contains(&format!("ld.param.u64 %rd{reg}, [p_desc+{off}];")));
+            assert!(ptx.contains(&format!("ld.global.u64 %rd{reg}, [%rd40+{off}];")));
+        }
+        assert_eq!(ptx.matches("COMMIT_DONE:").count(), 2, "both entries carry the body");
+    }
+
+    #[test]
+    fn the_fetch_kernel_walks_the_ring_the_publisher_writes() {
+        let ptx = ptx().into_string().unwrap();
+        let fetch = &ptx[ptx.find(FETCH_KERNEL).unwrap()..];
+        assert_eq!(RING_ENTRIES, 64);
+        assert!(
+            fetch.contains("and.b64 %rd4, %rd3, 63;"),
+            "entry = count % RING_ENTRIES"
+        );
+        assert!(
+            fetch.contains(&format!(
+                "mul.lo.u64 %rd4, %rd4, {};",
+                std::mem::size_of::<CommitDesc>()
+            )),
+            "entries are one descriptor apart"
+        );
+        assert!(
+            fetch.contains(&format!("add.u64 %rd9, %rd2, {STATE_DESC};")),
+            "the state's descriptor"
+        );
+        assert_eq!(
+            STATE_DESC as usize + std::mem::size_of::<CommitDesc>(),
+            STATE_BYTES as usize
+        );
+        // 12 threads of 16 bytes move one descriptor.
+        assert!(fetch.contains("setp.ge.u32 %p1, %r1, 12;"));
+        assert_eq!(12 * 16, std::mem::size_of::<CommitDesc>());
+        assert!(ptx.contains(".visible .entry vramring_commit_fetch("));
     }
 }

@@ -74,6 +74,26 @@ handle!(
     CuFunction,
     cudarc::driver::sys::CUfunction
 );
+handle!(
+    /// An instantiated graph (`CUgraphExec`).
+    CuGraphExec,
+    cudarc::driver::sys::CUgraphExec
+);
+
+/// One kernel node of a graph made by [`Driver::graph_of_kernels`]: one
+/// dimension of `grid` blocks of `block` threads, every parameter a 64-bit
+/// value (an address or a count), copied into the graph when it is made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelNode {
+    /// The kernel.
+    pub function: CuFunction,
+    /// Blocks.
+    pub grid: u32,
+    /// Threads per block.
+    pub block: u32,
+    /// The kernel's parameters, in order.
+    pub params: Vec<u64>,
+}
 
 /// A physical allocation handle (`CUmemGenericAllocationHandle`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -469,4 +489,25 @@ pub trait Driver: Send + Sync + 'static {
         stream: CuStream,
         params: &mut [*mut c_void],
     ) -> DResult<()>;
+    /// A graph of `nodes`, each depending on the one before, instantiated
+    /// in the current context (`cuGraphCreate`, `cuGraphAddKernelNode`,
+    /// `cuGraphInstantiateWithFlags`; the graph itself is destroyed once
+    /// instantiated, on failure too).
+    ///
+    /// # Safety
+    /// The trait's safety contract, and: each node's kernel takes exactly
+    /// `params.len()` 64-bit parameters.
+    unsafe fn graph_of_kernels(&self, nodes: &[KernelNode]) -> DResult<CuGraphExec>;
+    /// `cuGraphLaunch`: enqueues one run of `exec` on `stream`, after the
+    /// stream's earlier work and the graph's earlier runs.
+    ///
+    /// # Safety
+    /// `exec` is live; every address its nodes use is valid until the run
+    /// completes.
+    unsafe fn graph_launch(&self, exec: CuGraphExec, stream: CuStream) -> DResult<()>;
+    /// `cuGraphExecDestroy`.
+    ///
+    /// # Safety
+    /// `exec` is live and no run of it is pending.
+    unsafe fn graph_exec_destroy(&self, exec: CuGraphExec) -> DResult<()>;
 }

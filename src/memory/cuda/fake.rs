@@ -26,10 +26,10 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
 
-use super::commit::{CommitDesc, COMMIT_KERNEL};
+use super::commit::{CommitDesc, COMMIT_AT_KERNEL, COMMIT_KERNEL, FETCH_KERNEL, RING_ENTRIES};
 use super::driver::{
-    attr, code, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver, DriverError,
-    MemHandle,
+    attr, code, Access, CuContext, CuDevice, CuFunction, CuGraphExec, CuModule, CuStream, DResult, DevicePtr, Driver,
+    DriverError, KernelNode, MemHandle,
 };
 use super::pattern;
 use crate::shm::Region;
@@ -111,6 +111,8 @@ pub struct Leaks {
     pub primary_contexts: Vec<(CuDevice, u32)>,
     /// Host memory still registered (`cuMemHostRegister`): host address.
     pub host_registrations: Vec<u64>,
+    /// Graph instances not destroyed.
+    pub graphs: Vec<u64>,
 }
 
 impl Leaks {
@@ -166,6 +168,9 @@ struct State {
     streams: BTreeMap<u64, Option<CuContext>>,
     modules: BTreeMap<u64, Option<CuContext>>,
     functions: BTreeMap<u64, (u64, String)>,
+    /// Graph instances: their nodes (kernel name, 64-bit parameters), in
+    /// order, and the context they were made in.
+    graphs: BTreeMap<u64, (Vec<GraphNode>, Option<CuContext>)>,
     /// Registered host memory: fake device address -> (host address, bytes, owner).
     host_regs: BTreeMap<u64, (usize, u64, Option<CuContext>)>,
     /// Registered host memory the device may only read (device addresses).
@@ -174,6 +179,9 @@ struct State {
     /// and the copies enqueued behind the wait.
     blocked: HashMap<u64, Blocked>,
 }
+
+/// A kernel node of a fake graph: the kernel's name, its 64-bit parameters.
+type GraphNode = (String, Vec<u64>);
 
 /// A stream waiting on the GPU for a word to reach a value.
 struct Blocked {
@@ -419,6 +427,7 @@ impl FakeDriver {
                 .map(|(&d, &n)| (d, n))
                 .collect(),
             host_registrations: st.host_regs.values().map(|&(h, _, _)| h as u64).collect(),
+            graphs: st.graphs.keys().copied().collect(),
         }
     }
 
@@ -553,6 +562,41 @@ impl FakeDriver {
         Ok(())
     }
 
+    /// The replayed graph's kernels on the host: the fetch kernel (ring,
+    /// state) copies ring entry `count % RING_ENTRIES` into the state's
+    /// descriptor (at +64) and counts one more; the commit-at kernel runs
+    /// the commit with the descriptor at its parameter.
+    fn emulate_replay(st: &mut State, name: &str, words: &[u64]) -> DResult<()> {
+        const CALL: &str = "cuGraphLaunch";
+        const DESC: u64 = std::mem::size_of::<CommitDesc>() as u64;
+        let bad = DriverError {
+            call: CALL,
+            code: code::INVALID_VALUE,
+        };
+        match (name == FETCH_KERNEL, words) {
+            (true, &[ring, state]) => {
+                let p = st.resolve(CALL, state, 8, false)?;
+                // SAFETY: 8 readable bytes (resolved), state locked.
+                let count = unsafe { std::ptr::read_unaligned(p.cast::<u64>()) };
+                let entry = ring + (count % RING_ENTRIES as u64) * DESC;
+                let s = st.resolve(CALL, entry, DESC, false)?;
+                let d = st.resolve(CALL, state + 64, DESC, true)?;
+                // SAFETY: both ranges resolved to live memory held by the
+                // locked state; `copy` allows overlap.
+                unsafe { std::ptr::copy(s, d, DESC as usize) };
+                Self::write_u64(st, CALL, state, count + 1)
+            }
+            (false, &[at]) => {
+                let p = st.resolve(CALL, at, DESC, false)?;
+                // SAFETY: a descriptor's bytes (resolved); any bit pattern
+                // is a valid `CommitDesc`.
+                let d = unsafe { std::ptr::read_unaligned(p.cast::<CommitDesc>()) };
+                Self::emulate_commit(st, &d)
+            }
+            _ => Err(bad),
+        }
+    }
+
     fn write_u32(st: &mut State, call: &'static str, ptr: DevicePtr, v: u32) -> DResult<()> {
         let p = st.resolve(call, ptr, 4, true)?;
         // SAFETY: as in `read_u32`, and the range is writable.
@@ -577,6 +621,11 @@ impl FakeDriver {
             // SAFETY: the commit kernel's one parameter is a `CommitDesc`.
             let d = unsafe { *(params[0] as *const CommitDesc) };
             return Self::emulate_commit(st, &d);
+        }
+        if name == COMMIT_AT_KERNEL || name == FETCH_KERNEL {
+            // SAFETY: both take 64-bit parameters only.
+            let words: Vec<u64> = params.iter().map(|&p| unsafe { *(p as *const u64) }).collect();
+            return Self::emulate_replay(st, name, &words);
         }
         if params.len() != 3 {
             return Err(bad);
@@ -1218,7 +1267,15 @@ impl Driver for FakeDriver {
         if !st.modules.contains_key(&module.to_bits()) {
             return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_HANDLE));
         }
-        if name != pattern::FILL_KERNEL && name != pattern::VERIFY_KERNEL && name != COMMIT_KERNEL {
+        if ![
+            pattern::FILL_KERNEL,
+            pattern::VERIFY_KERNEL,
+            COMMIT_KERNEL,
+            COMMIT_AT_KERNEL,
+            FETCH_KERNEL,
+        ]
+        .contains(&name.as_str())
+        {
             return Err(Self::fail_code(&mut st, rec, CALL, code::NOT_FOUND));
         }
         let id = 0x3000_0000 + st.id();
@@ -1241,5 +1298,46 @@ impl Driver for FakeDriver {
         };
         // SAFETY: the caller passes the kernel's parameters (trait contract).
         unsafe { Self::emulate(&mut st, &name, params) }.map_err(|e| Self::fail_rec(&mut st, rec, e))
+    }
+
+    unsafe fn graph_of_kernels(&self, nodes: &[KernelNode]) -> DResult<CuGraphExec> {
+        const CALL: &str = "cuGraphInstantiateWithFlags";
+        let (mut st, rec) = self.enter(CALL)?;
+        let owner = st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        let mut made = Vec::with_capacity(nodes.len());
+        for n in nodes {
+            let Some((_, name)) = st.functions.get(&n.function.to_bits()).cloned() else {
+                return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_HANDLE));
+            };
+            made.push((name, n.params.clone()));
+        }
+        let id = 0x2000_0000 + st.id();
+        st.graphs.insert(id, (made, Some(owner)));
+        Ok(CuGraphExec::from_bits(id))
+    }
+
+    unsafe fn graph_launch(&self, exec: CuGraphExec, stream: CuStream) -> DResult<()> {
+        const CALL: &str = "cuGraphLaunch";
+        let (mut st, rec) = self.enter(CALL)?;
+        st.need_ctx(CALL).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        // Like `launch_kernel`, the fake runs the work at once, on no stream.
+        let _ = stream;
+        let Some((nodes, _)) = st.graphs.get(&exec.to_bits()).cloned() else {
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_HANDLE));
+        };
+        for (name, words) in &nodes {
+            Self::emulate_replay(&mut st, name, words).map_err(|e| Self::fail_rec(&mut st, rec, e))?;
+        }
+        Ok(())
+    }
+
+    unsafe fn graph_exec_destroy(&self, exec: CuGraphExec) -> DResult<()> {
+        const CALL: &str = "cuGraphExecDestroy";
+        let (mut st, rec) = self.enter(CALL)?;
+        let Some((_, owner)) = st.graphs.remove(&exec.to_bits()) else {
+            return Err(Self::fail_code(&mut st, rec, CALL, code::INVALID_HANDLE));
+        };
+        Self::release_owner(&mut st, rec, owner);
+        Ok(())
     }
 }

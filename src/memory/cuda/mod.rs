@@ -50,8 +50,8 @@ use std::sync::Arc;
 pub use commit::MAX_FANOUT;
 pub use context::ContextGuard;
 pub use driver::{
-    attr, code, error_name, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver,
-    DriverError, MemHandle,
+    attr, code, error_name, Access, CuContext, CuDevice, CuFunction, CuGraphExec, CuModule, CuStream, DResult,
+    DevicePtr, Driver, DriverError, KernelNode, MemHandle,
 };
 #[cfg(feature = "testing")]
 pub use fake::{CallRecord, FakeDevice, FakeDriver, Leaks};

@@ -564,10 +564,6 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
 
     unsafe fn enqueue_commit(&mut self, c: &StreamCommit<'_>, completion: WriteCompletion) -> Result<()> {
         let ctx = self.context()?;
-        let kernel = self.commit.as_ref().ok_or(Error::WrongBackend {
-            what: "a stream-order commit before commit memory was registered",
-            backend: "cuda",
-        })?;
         let stream = completion_stream(completion);
         let regs = &self.host_regs;
         let word = |w: &crate::sync::atomic::AtomicU64| -> Result<DevicePtr> {
@@ -609,6 +605,10 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
         // line exists only where 64-bit stream memory operations do (checked
         // when it was enabled).
         let stores_only = dsts.is_empty() && gate != 0;
+        let kernel = self.commit.as_mut().ok_or(Error::WrongBackend {
+            what: "a stream-order commit before commit memory was registered",
+            backend: "cuda",
+        })?;
         let body = |d: &D| -> Result<()> {
             tracing::trace!(target: "vramring::publish", "context current");
             if stores_only {
@@ -651,7 +651,7 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
                 // when `vecs > 0`; the seq words lie in registered memory
                 // that stays mapped until `close`, which synchronises
                 // first (this method's contract).
-                unsafe { kernel.launch(d, stream, desc) }?;
+                unsafe { kernel.launch(d, stream, desc, c.global_seq) }?;
             }
             tracing::trace!(target: "vramring::publish", "kernel launched");
             Ok(())

@@ -16,8 +16,8 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::sys;
 
 use super::driver::{
-    code, Access, CuContext, CuDevice, CuFunction, CuModule, CuStream, DResult, DevicePtr, Driver, DriverError,
-    MemHandle,
+    code, Access, CuContext, CuDevice, CuFunction, CuGraphExec, CuModule, CuStream, DResult, DevicePtr, Driver,
+    DriverError, KernelNode, MemHandle,
 };
 use crate::error::{Error, Result};
 
@@ -43,6 +43,19 @@ struct MemAllocationProp {
     reserved: [u8; 4],
 }
 
+/// `CUDA_KERNEL_NODE_PARAMS_v1`, what the unversioned `cuGraphAddKernelNode`
+/// entry point takes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct KernelNodeParams {
+    func: sys::CUfunction,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem_bytes: c_uint,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+}
+
 /// `CUmemAccessDesc`: `{ CUmemLocation location; CUmemAccess_flags flags; }`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -55,6 +68,7 @@ const _: () = assert!(std::mem::size_of::<MemLocation>() == std::mem::size_of::<
 const _: () = assert!(std::mem::size_of::<MemAllocationProp>() == std::mem::size_of::<sys::CUmemAllocationProp>());
 const _: () = assert!(std::mem::size_of::<MemAccessDesc>() == std::mem::size_of::<sys::CUmemAccessDesc>());
 const _: () = assert!(std::mem::size_of::<sys::CUuuid>() == 16);
+const _: () = assert!(std::mem::size_of::<KernelNodeParams>() == 56);
 
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`.
 const ALLOCATION_TYPE_PINNED: c_uint = 1;
@@ -123,6 +137,18 @@ struct Table {
     module_load_data: unsafe extern "C" fn(*mut sys::CUmodule, *const c_void) -> u32,
     module_unload: unsafe extern "C" fn(sys::CUmodule) -> u32,
     module_get_function: unsafe extern "C" fn(*mut sys::CUfunction, sys::CUmodule, *const std::ffi::c_char) -> u32,
+    graph_create: unsafe extern "C" fn(*mut sys::CUgraph, c_uint) -> u32,
+    graph_add_kernel_node: unsafe extern "C" fn(
+        *mut sys::CUgraphNode,
+        sys::CUgraph,
+        *const sys::CUgraphNode,
+        usize,
+        *const KernelNodeParams,
+    ) -> u32,
+    graph_instantiate: unsafe extern "C" fn(*mut sys::CUgraphExec, sys::CUgraph, c_ulonglong) -> u32,
+    graph_destroy: unsafe extern "C" fn(sys::CUgraph) -> u32,
+    graph_launch: unsafe extern "C" fn(sys::CUgraphExec, Strm) -> u32,
+    graph_exec_destroy: unsafe extern "C" fn(sys::CUgraphExec) -> u32,
     #[allow(clippy::type_complexity)]
     launch_kernel: unsafe extern "C" fn(
         sys::CUfunction,
@@ -236,6 +262,14 @@ impl RealDriver {
             module_unload: sym!("cuModuleUnload"),
             module_get_function: sym!("cuModuleGetFunction"),
             launch_kernel: sym!("cuLaunchKernel"),
+            graph_create: sym!("cuGraphCreate"),
+            // The first version's ABI (CUDA 10+), whose parameter block
+            // `KernelNodeParams` mirrors.
+            graph_add_kernel_node: sym!("cuGraphAddKernelNode"),
+            graph_instantiate: sym!("cuGraphInstantiateWithFlags"),
+            graph_destroy: sym!("cuGraphDestroy"),
+            graph_launch: sym!("cuGraphLaunch"),
+            graph_exec_destroy: sym!("cuGraphExecDestroy"),
         };
         let d = RealDriver { t };
         d.init().map_err(|e| format!("{e}"))?;
@@ -663,6 +697,73 @@ impl Driver for RealDriver {
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
+        })
+    }
+
+    unsafe fn graph_of_kernels(&self, nodes: &[KernelNode]) -> DResult<CuGraphExec> {
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; flags must be 0.
+        DriverError::check("cuGraphCreate", unsafe { (self.t.graph_create)(&mut graph, 0) })?;
+        let made = (|| {
+            let mut prev: Option<sys::CUgraphNode> = None;
+            for n in nodes {
+                let mut values = n.params.clone();
+                let mut ptrs: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
+                let p = KernelNodeParams {
+                    func: n.function.as_raw(),
+                    grid: [n.grid, 1, 1],
+                    block: [n.block, 1, 1],
+                    shared_mem_bytes: 0,
+                    kernel_params: ptrs.as_mut_ptr(),
+                    extra: std::ptr::null_mut(),
+                };
+                let mut node: sys::CUgraphNode = std::ptr::null_mut();
+                let (deps, ndeps) = match &prev {
+                    Some(d) => (d as *const sys::CUgraphNode, 1),
+                    None => (std::ptr::null(), 0),
+                };
+                // SAFETY: `graph` is live; `deps` points at `ndeps` nodes of
+                // it; `p` names a live kernel whose parameters are these
+                // 64-bit values (this method's contract), which the driver
+                // copies before returning.
+                DriverError::check("cuGraphAddKernelNode", unsafe {
+                    (self.t.graph_add_kernel_node)(&mut node, graph, deps, ndeps, &p)
+                })?;
+                prev = Some(node);
+            }
+            let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+            // SAFETY: `graph` is live and complete; no flags.
+            DriverError::check("cuGraphInstantiateWithFlags", unsafe {
+                (self.t.graph_instantiate)(&mut exec, graph, 0)
+            })?;
+            Ok(CuGraphExec::from_raw(exec))
+        })();
+        // SAFETY: made above; an instantiated graph does not need it.
+        let destroyed = DriverError::check("cuGraphDestroy", unsafe { (self.t.graph_destroy)(graph) });
+        match (made, destroyed) {
+            (Ok(exec), Ok(())) => Ok(exec),
+            (Ok(exec), Err(e)) => {
+                // SAFETY: instantiated above; never launched.
+                if let Err(xe) = unsafe { self.graph_exec_destroy(exec) } {
+                    tracing::warn!(error = %xe, "destroying a graph instance after a failed cuGraphDestroy");
+                }
+                Err(e)
+            }
+            (Err(e), _) => Err(e),
+        }
+    }
+
+    unsafe fn graph_launch(&self, exec: CuGraphExec, stream: CuStream) -> DResult<()> {
+        // SAFETY: the caller's contract (live exec and stream).
+        DriverError::check("cuGraphLaunch", unsafe {
+            (self.t.graph_launch)(exec.as_raw(), stream.as_raw())
+        })
+    }
+
+    unsafe fn graph_exec_destroy(&self, exec: CuGraphExec) -> DResult<()> {
+        // SAFETY: the caller's contract (live, nothing pending).
+        DriverError::check("cuGraphExecDestroy", unsafe {
+            (self.t.graph_exec_destroy)(exec.as_raw())
         })
     }
 }
