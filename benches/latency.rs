@@ -29,9 +29,9 @@
 //!   fast as the publisher lets it, as a hostile peer would, and what it
 //!   costs the others is the publisher's mapping work, not a context's
 //!   making. `vrpcwu` is `vrpcw` against a publisher that serves every
-//!   Attach at once, without the attach rate (ADR 0020). `vrpl` is push
-//!   whose producer launches each commit kernel with its descriptor by
-//!   value instead of replaying the commit graph (ADR 0021's comparison).
+//!   Attach at once, without the attach rate (ADR 0020). `vrpg` is push
+//!   whose producer replays the commit graph instead of launching each
+//!   commit kernel with its descriptor by value (ADR 0021's comparison).
 //!
 //! Latency is "publish → subscriber holds its copy": from the moment the
 //! producer has enqueued the frame's write and starts publishing, to the
@@ -304,10 +304,10 @@ enum System {
     /// (`ServeOptions::unbounded_attaches`): what the attach rate (ADR
     /// 0020) spares the others.
     VramringPushChurnWarmUnbounded,
-    /// Push whose producer launches each commit with its descriptor by
-    /// value instead of replaying the commit graph
-    /// (`VRAMRING_COMMIT_GRAPH=0`; ADR 0021's comparison).
-    VramringPushLaunch,
+    /// Push whose producer replays the commit graph instead of launching
+    /// each commit with its descriptor by value
+    /// (`VRAMRING_COMMIT_GRAPH=1`; ADR 0021's comparison).
+    VramringPushGraph,
 }
 
 impl System {
@@ -334,7 +334,7 @@ impl System {
             System::VramringPushChurnWarmUnbounded => {
                 "vramring push, one more push subscriber coming and going, its process keeping its context, attaches unbounded"
             }
-            System::VramringPushLaunch => "vramring push, commit launched (no replayed graph)",
+            System::VramringPushGraph => "vramring push, commit graph replayed",
         }
     }
     /// The short label of the mode in the tables.
@@ -355,7 +355,7 @@ impl System {
             System::VramringPushChurnWarm => "push + warm churn",
             System::VramringPushBystanderWarm => "push + warm bystander",
             System::VramringPushChurnWarmUnbounded => "push + warm churn, no attach rate",
-            System::VramringPushLaunch => "push, commit launched",
+            System::VramringPushGraph => "push, commit graph",
         }
     }
     fn key(self) -> &'static str {
@@ -375,7 +375,7 @@ impl System {
             System::VramringPushChurnWarm => "vrpcw",
             System::VramringPushBystanderWarm => "vrpbw",
             System::VramringPushChurnWarmUnbounded => "vrpcwu",
-            System::VramringPushLaunch => "vrpl",
+            System::VramringPushGraph => "vrpg",
         }
     }
     fn from_key(k: &str) -> Option<System> {
@@ -395,7 +395,7 @@ impl System {
             System::VramringPushChurnWarm,
             System::VramringPushBystanderWarm,
             System::VramringPushChurnWarmUnbounded,
-            System::VramringPushLaunch,
+            System::VramringPushGraph,
         ]
         .into_iter()
         .find(|s| s.key() == k)
@@ -572,7 +572,7 @@ fn vr_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
             | System::VramringPushChurnWarm
             | System::VramringPushBystanderWarm
             | System::VramringPushChurnWarmUnbounded
-            | System::VramringPushLaunch
+            | System::VramringPushGraph
     );
     let mode = if push { Mode::Latest } else { Mode::Sequential };
     let pull_start = match c.system {
@@ -1157,8 +1157,8 @@ fn spawn_role(children: &mut Children, role: &str, c: &Case, extra: &[String], m
         .args(extra)
         .stdin(Stdio::null());
     procs::set_child_env(&mut cmd, mps);
-    if role == "producer" && c.system == System::VramringPushLaunch {
-        cmd.env("VRAMRING_COMMIT_GRAPH", "0");
+    if role == "producer" && c.system == System::VramringPushGraph {
+        cmd.env(vramring::memory::cuda::COMMIT_GRAPH_ENV, "1");
     }
     let name = match extra.get(1) {
         Some(id) => format!("{role} {id}"),
@@ -1651,7 +1651,7 @@ fn ratio_tables(plan: &Plan, passes: &[bool], res: &Results) -> String {
 fn usage() -> &'static str {
     "latency bench: [--quick] [--throughput-only] [--no-rate] [--systems K,K..] [--subs N,N..] [--mps [off|on|both]] [--rounds R] [--frames N] [--timeout-s S] [--out FILE]\n\
      --quick: 1080p at 1, 4 and 8 subscribers, 300 measured frames each (and the rate at 1080p)\n\
-     --systems: only these rows (keys vrp push, vrps push CPU commit, vr pull, vrq pull queued, vra pull after commit, vrf push futex wait, host, ipc; experiments, not run by default: ipcwd, ipcwh legacy IPC with a stream wait on a device / host word, vrpc push with one more push subscriber coming and going beside the measured ones, vrpb push with a GPU process beside that makes and frees push buffers without connecting; vrpcw, vrpbw the same two with that process keeping its GPU context; vrpcwu vrpcw against a publisher without an attach rate; vrpl push whose producer launches each commit instead of replaying the commit graph)\n\
+     --systems: only these rows (keys vrp push, vrps push CPU commit, vr pull, vrq pull queued, vra pull after commit, vrf push futex wait, host, ipc; experiments, not run by default: ipcwd, ipcwh legacy IPC with a stream wait on a device / host word, vrpc push with one more push subscriber coming and going beside the measured ones, vrpb push with a GPU process beside that makes and frees push buffers without connecting; vrpcw, vrpbw the same two with that process keeping its GPU context; vrpcwu vrpcw against a publisher without an attach rate; vrpg push whose producer replays the commit graph instead of launching each commit)\n\
      --subs: only these subscriber counts (default 1,4,8); --no-rate: skip the maximum-rate table\n\
      --frames N: measured frames per latency case (default 2000, 300 with --quick)\n\
      --mps: run under a private MPS control daemon (on), or without then with it (both); the daemon is always quit\n\
@@ -1682,7 +1682,7 @@ fn main() -> R<()> {
                 System::from_key(k).ok_or_else(|| {
                     let keys: Vec<&str> = LATENCY_SYSTEMS.iter().map(|s| s.key()).collect();
                     format!(
-                        "--systems: unknown system {k:?}; the keys are {} (and the experiments ipcwd, ipcwh, vrpc, vrpb, vrpcw, vrpbw, vrpcwu, vrpl)",
+                        "--systems: unknown system {k:?}; the keys are {} (and the experiments ipcwd, ipcwh, vrpc, vrpb, vrpcw, vrpbw, vrpcwu, vrpg)",
                         keys.join(",")
                     )
                 })

@@ -83,11 +83,13 @@ impl Words {
 }
 
 /// A publisher pool with `TARGETS` push subscribers (each its own import in
-/// the subscriber's process); one frame of 0x5A committed as seq 7; every
-/// subscriber's buffer checked; everything closed.
-fn commit_round(pubd: &Arc<FakeDriver>, subd: &Arc<FakeDriver>) -> vramring::Result<()> {
+/// the subscriber's process), replaying the commit graph when `graph`; one
+/// frame of 0x5A committed as seq 7; every subscriber's buffer checked;
+/// everything closed.
+fn commit_round_with(pubd: &Arc<FakeDriver>, subd: &Arc<FakeDriver>, graph: bool) -> vramring::Result<()> {
     let words = Words::new();
     let mut pool = CudaPool::create(Arc::clone(pubd), DeviceSelector::Uuid(GPU), 8 * MIB)?;
+    pool.set_commit_graph(graph);
     let mut imports: Vec<CudaImport<FakeDriver>> = Vec::new();
     let mut ids = Vec::new();
     for _ in 0..TARGETS {
@@ -174,6 +176,19 @@ fn a_commit_copies_into_every_target_before_it_stores_the_seqs() {
 }
 
 #[test]
+fn without_the_commit_graph_every_commit_launches_and_no_graph_is_made() {
+    let (pubd, subd) = (publisher_process(), subscriber_process());
+    let (fp, fs) = (foreign_current(&pubd), foreign_current(&subd));
+    commit_round_with(&pubd, &subd, false).unwrap();
+    assert_clean(&pubd, fp, "publisher");
+    assert_clean(&subd, fs, "subscriber");
+    let count = |call: &str| pubd.log().iter().filter(|r| r.call == call).count();
+    assert_eq!(count("cuLaunchKernel"), TARGETS.div_ceil(MAX_FANOUT));
+    assert_eq!(count("cuGraphInstantiateWithFlags") + count("cuGraphLaunch"), 0);
+    assert_eq!(count("cuMemHostRegister_v2"), 1, "no descriptor ring");
+}
+
+#[test]
 fn a_commit_that_fails_at_any_publisher_call_leaves_nothing_behind() {
     let d = publisher_process();
     let before = d.calls();
@@ -198,6 +213,7 @@ fn a_failed_commit_stores_no_seq(fail: &'static str, also: Option<&'static str>)
     let (pubd, subd) = (publisher_process(), subscriber_process());
     let words = Words::new();
     let mut pool = CudaPool::create(Arc::clone(&pubd), DeviceSelector::Uuid(GPU), 8 * MIB).unwrap();
+    pool.set_commit_graph(true);
     let mut imp = CudaImport::import(
         Arc::clone(&subd),
         pool.export_fd().unwrap(),
@@ -253,6 +269,7 @@ fn commits_replay_the_graph_round_its_descriptor_ring_and_launch_where_an_entry_
     let (pubd, subd) = (publisher_process(), subscriber_process());
     let words = Words::new();
     let mut pool = CudaPool::create(Arc::clone(&pubd), DeviceSelector::Uuid(GPU), 8 * MIB).unwrap();
+    pool.set_commit_graph(true);
     let mut imp = CudaImport::import(
         Arc::clone(&subd),
         pool.export_fd().unwrap(),
@@ -322,6 +339,11 @@ fn assert_not_stored(words: &Words, ks: &[usize]) {
             "word {k} was stored by a failed commit"
         );
     }
+}
+
+/// [`commit_round_with`] the commit graph.
+fn commit_round(pubd: &Arc<FakeDriver>, subd: &Arc<FakeDriver>) -> vramring::Result<()> {
+    commit_round_with(pubd, subd, true)
 }
 
 /// `commit` with its `global_seq` outside registered memory is refused

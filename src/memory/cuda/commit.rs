@@ -43,8 +43,15 @@
 //! used it has landed (`global_seq`); until then, and for any frame the
 //! graph was not made for (another grid, more than [`MAX_FANOUT`]
 //! targets), the publisher launches the kernel with its descriptor by
-//! value, as before. `VRAMRING_COMMIT_GRAPH=0` in the environment turns
-//! the graph path off (for comparisons).
+//! value, as before.
+//!
+//! **Off unless asked for** (`VRAMRING_COMMIT_GRAPH=1` in the publisher's
+//! environment). On the H200 the graph cut the producer's CPU per publish
+//! by about 40 % with a frame every 2 ms, at 1–2 µs more latency (the
+//! fetch node), but at 25 fps, where every driver call runs cold, it cost
+//! more CPU than the launch and 5–8 µs more latency (docs/PERF.md, "A
+//! publish that replays a graph"). Camera pipelines publish at camera
+//! rates, so the launch stays the default.
 
 use std::ffi::c_void;
 
@@ -57,6 +64,9 @@ pub(crate) const COMMIT_KERNEL: &str = "vramring_commit";
 pub(crate) const COMMIT_AT_KERNEL: &str = "vramring_commit_at";
 /// Name of the kernel that copies a descriptor from the ring.
 pub(crate) const FETCH_KERNEL: &str = "vramring_commit_fetch";
+
+/// The environment variable that turns the replayed graph on (`1`).
+pub const COMMIT_GRAPH_ENV: &str = "VRAMRING_COMMIT_GRAPH";
 
 /// Entries of the descriptor ring.
 pub(crate) const RING_ENTRIES: usize = 64;
@@ -351,8 +361,9 @@ fn blocks_for(vecs: u64) -> u32 {
 
 impl CommitKernel {
     /// Loads the kernels and makes the zeroed counter words, in the current
-    /// context; on failure releases what it made.
-    pub(crate) fn load<D: Driver>(d: &D) -> DResult<CommitKernel> {
+    /// context; `graph`: push commits replay the commit graph (made at the
+    /// first one). On failure releases what it made.
+    pub(crate) fn load<D: Driver>(d: &D, graph: bool) -> DResult<CommitKernel> {
         let module = d.module_load_data(&ptx())?;
         let made = (|| {
             let get = |name: &str| {
@@ -379,11 +390,7 @@ impl CommitKernel {
                 at,
                 fetch,
                 counters: Some(counters),
-                replay: if std::env::var_os("VRAMRING_COMMIT_GRAPH").is_some_and(|v| v == "0") {
-                    Replay::Off
-                } else {
-                    Replay::Untried
-                },
+                replay: if graph { Replay::Untried } else { Replay::Off },
             }),
             Err(e) => {
                 // SAFETY: loaded above; nothing of it runs.

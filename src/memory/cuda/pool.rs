@@ -4,7 +4,7 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use super::commit::{CommitDesc, CommitKernel, MAX_FANOUT};
+use super::commit::{CommitDesc, CommitKernel, COMMIT_GRAPH_ENV, MAX_FANOUT};
 use super::context::with_context;
 use super::driver::{attr, Access, CuContext, CuDevice, CuStream, DevicePtr, Driver};
 use super::mapping::VmmMapping;
@@ -47,6 +47,8 @@ pub struct CudaPool<D: Driver = RealDriver> {
     commit: Option<CommitKernel>,
     /// Stream-order commits: host memory registered for the GPU's stores.
     host_regs: Vec<HostReg>,
+    /// Whether push commits replay the commit graph (ADR 0021).
+    commit_graph: bool,
 }
 
 /// The stream GPU work ordered after `completion`'s writes goes on: the
@@ -191,6 +193,7 @@ impl<D: Driver> CudaPool<D> {
             next_target: 1,
             commit: None,
             host_regs: Vec::new(),
+            commit_graph: std::env::var_os(COMMIT_GRAPH_ENV).is_some_and(|v| v == "1"),
         };
         match pool.build(bytes) {
             Ok(()) => Ok(pool),
@@ -273,6 +276,15 @@ impl<D: Driver> CudaPool<D> {
     /// The allocation granularity the size was rounded to.
     pub fn granularity(&self) -> u64 {
         self.granularity
+    }
+
+    /// Whether push commits replay the commit graph instead of launching
+    /// the commit kernel (ADR 0021; off unless `VRAMRING_COMMIT_GRAPH=1`
+    /// is in the environment when the pool is made). Takes effect when the
+    /// commit kernel is loaded, at the first
+    /// [`register_commit_memory`](crate::memory::ExportedPool::register_commit_memory).
+    pub fn set_commit_graph(&mut self, on: bool) {
+        self.commit_graph = on;
     }
 
     /// The driver.
@@ -485,8 +497,13 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
             )));
         }
         let load = self.commit.is_none();
+        let graph = self.commit_graph;
         let body = |d: &D| -> Result<(Option<CommitKernel>, DevicePtr)> {
-            let kernel = if load { Some(CommitKernel::load(d)?) } else { None };
+            let kernel = if load {
+                Some(CommitKernel::load(d, graph)?)
+            } else {
+                None
+            };
             // SAFETY: the range is a mapping of this process that stays
             // mapped until `close` (this method's contract); `bytes` only
             // rounds it up to the end of its last page.
