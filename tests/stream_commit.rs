@@ -206,16 +206,18 @@ fn a_commit_that_fails_at_any_publisher_call_leaves_nothing_behind() {
     assert!(failures > total / 2, "only {failures} of {total} faults surfaced");
 }
 
-/// One push target's commit of seq 3 with `fail` failing the first
-/// time (after `also`, each failing once, if given): the commit fails and
-/// stores nothing; a stray word is refused; nothing leaks.
-fn a_failed_commit_stores_no_seq(fail: &'static str, also: Option<&'static str>) {
-    let (pubd, subd) = (publisher_process(), subscriber_process());
-    let words = Words::new();
-    let mut pool = CudaPool::create(Arc::clone(&pubd), DeviceSelector::Uuid(GPU), 8 * MIB).unwrap();
+/// A publisher pool replaying the commit graph, with one push subscriber
+/// (three buffers of `STRIDE`) and `words` registered as commit memory:
+/// the pool, the subscriber's import, the target's id.
+fn one_target_pool(
+    pubd: &Arc<FakeDriver>,
+    subd: &Arc<FakeDriver>,
+    words: &Words,
+) -> (CudaPool<FakeDriver>, CudaImport<FakeDriver>, u64) {
+    let mut pool = CudaPool::create(Arc::clone(pubd), DeviceSelector::Uuid(GPU), 8 * MIB).unwrap();
     pool.set_commit_graph(true);
     let mut imp = CudaImport::import(
-        Arc::clone(&subd),
+        Arc::clone(subd),
         pool.export_fd().unwrap(),
         pool.pool_bytes(),
         GPU,
@@ -224,8 +226,18 @@ fn a_failed_commit_stores_no_seq(fail: &'static str, also: Option<&'static str>)
     .unwrap();
     let (fd, bytes) = imp.alloc_push(3, STRIDE).unwrap();
     let id = pool.attach_target(&fd, bytes).unwrap();
-    // SAFETY: `words` outlives the pool (declared first).
+    // SAFETY: `words` outlives the pool (the callers declare it first).
     unsafe { pool.register_commit_memory(words.map.as_ptr() as *mut u8, 4096) }.unwrap();
+    (pool, imp, id)
+}
+
+/// One push target's commit of seq 3 with `fail` failing the first
+/// time (after `also`, each failing once, if given): the commit fails and
+/// stores nothing; a stray word is refused; nothing leaks.
+fn a_failed_commit_stores_no_seq(fail: &'static str, also: Option<&'static str>) {
+    let (pubd, subd) = (publisher_process(), subscriber_process());
+    let words = Words::new();
+    let (mut pool, mut imp, id) = one_target_pool(&pubd, &subd, &words);
     let w = [PushWrite {
         id,
         dst_offset: 0,
@@ -268,20 +280,7 @@ fn a_failed_kernel_launch_stores_no_seq_where_the_graph_could_not_be_made() {
 fn commits_replay_the_graph_round_its_descriptor_ring_and_launch_where_an_entry_is_not_free() {
     let (pubd, subd) = (publisher_process(), subscriber_process());
     let words = Words::new();
-    let mut pool = CudaPool::create(Arc::clone(&pubd), DeviceSelector::Uuid(GPU), 8 * MIB).unwrap();
-    pool.set_commit_graph(true);
-    let mut imp = CudaImport::import(
-        Arc::clone(&subd),
-        pool.export_fd().unwrap(),
-        pool.pool_bytes(),
-        GPU,
-        false,
-    )
-    .unwrap();
-    let (fd, bytes) = imp.alloc_push(3, STRIDE).unwrap();
-    let id = pool.attach_target(&fd, bytes).unwrap();
-    // SAFETY: `words` outlives the pool (declared first).
-    unsafe { pool.register_commit_memory(words.map.as_ptr() as *mut u8, 4096) }.unwrap();
+    let (mut pool, mut imp, id) = one_target_pool(&pubd, &subd, &words);
     let count = |call: &str| pubd.log().iter().filter(|r| r.call == call).count();
     // 150 frames: the 64-entry ring goes round twice. Each frame's bytes
     // differ, and land in the push buffer its descriptor names.
@@ -469,4 +468,50 @@ fn a_commit_marks_its_stages_for_a_tracing_subscriber() {
     // the commit lies between them.
     assert_eq!(with_kernel, ["context current", "kernel launched"]);
     assert_eq!(stores_only, ["context current", "stores enqueued"]);
+}
+
+#[test]
+fn a_commit_of_another_size_launches_and_the_graph_serves_the_next() {
+    let (pubd, subd) = (publisher_process(), subscriber_process());
+    let words = Words::new();
+    let (mut pool, mut imp, id) = one_target_pool(&pubd, &subd, &words);
+    let count = |call: &str| pubd.log().iter().filter(|r| r.call == call).count();
+    // The graph is made for the first commit's grid; the second, half the
+    // size, needs another grid and launches; the third is the graph's again.
+    for (seq, len) in [(1u64, FRAME), (2, FRAME / 2), (3, FRAME)] {
+        // SAFETY: the pool's first MiB, its own read-write mapping.
+        unsafe { pubd.memset_d8(pool.base_addr(), seq as u8, FRAME) }.unwrap();
+        let w = [PushWrite {
+            id,
+            dst_offset: 0,
+            push_seq: words.word(10),
+        }];
+        let commit = StreamCommit {
+            seq,
+            src_offset: 0,
+            len,
+            targets: &w,
+            slot_seq: words.word(1),
+            global_seq: words.word(2),
+            gate: None,
+        };
+        let (launches, replays) = (count("cuLaunchKernel"), count("cuGraphLaunch"));
+        // SAFETY: the words lie in `words`, registered with the pool.
+        unsafe { pool.enqueue_commit(&commit, WriteCompletion::Host) }.unwrap();
+        let replayed = count("cuGraphLaunch") - replays;
+        assert_eq!(
+            (count("cuLaunchKernel") - launches, replayed),
+            if seq == 2 { (1, 0) } else { (0, 1) }
+        );
+        assert_eq!(words.word(2).load(Ordering::Acquire), seq);
+        let mut host = vec![0u8; len as usize];
+        // SAFETY: push buffer 0 holds at least FRAME bytes.
+        unsafe { subd.memcpy_dtoh(&mut host, imp.push_addr(0)) }.unwrap();
+        assert!(host.iter().all(|&b| b == seq as u8), "frame {seq} did not arrive whole");
+    }
+    assert_eq!(count("cuGraphInstantiateWithFlags"), 1, "the graph is kept, not remade");
+    pool.detach_target(id).unwrap();
+    imp.close().unwrap();
+    pool.close().unwrap();
+    assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
 }
