@@ -290,36 +290,21 @@ fn commits_replay_the_graph_round_its_descriptor_ring_and_launch_where_an_entry_
             // had not landed yet: this frame launches instead.
             words.word(2).store(66, Ordering::Release);
         }
-        // SAFETY: the pool's first MiB, its own read-write mapping.
-        unsafe { pubd.memset_d8(pool.base_addr(), seq as u8, FRAME) }.unwrap();
-        let w = [PushWrite {
-            id,
-            dst_offset: (seq % 3) * STRIDE,
-            push_seq: words.word(10),
-        }];
-        let commit = StreamCommit {
-            seq,
-            src_offset: 0,
-            len: FRAME,
-            targets: &w,
-            slot_seq: words.word(1),
-            global_seq: words.word(2),
-            gate: None,
-        };
         let launches = count("cuLaunchKernel");
-        // SAFETY: the words lie in `words`, registered above.
-        unsafe { pool.enqueue_commit(&commit, WriteCompletion::Host) }.unwrap();
+        commit_frame(
+            &pubd,
+            &subd,
+            (&mut pool, &imp, id),
+            &words,
+            seq,
+            FRAME,
+            (seq % 3) as usize,
+        );
         assert_eq!(
             count("cuLaunchKernel") - launches,
             usize::from(seq == 131),
             "frame {seq}: a launch only where the ring entry is not free"
         );
-        assert_eq!(words.word(2).load(Ordering::Acquire), seq, "global_seq of frame {seq}");
-        assert_eq!(words.word(10).load(Ordering::Acquire), seq, "push seq of frame {seq}");
-        let mut host = vec![0u8; FRAME as usize];
-        // SAFETY: push buffer `seq % 3` holds at least FRAME bytes.
-        unsafe { subd.memcpy_dtoh(&mut host, imp.push_addr((seq % 3) as usize)) }.unwrap();
-        assert!(host.iter().all(|&b| b == seq as u8), "frame {seq} did not arrive whole");
     }
     assert_eq!(count("cuGraphLaunch"), 149);
     assert_eq!(count("cuGraphInstantiateWithFlags"), 1, "one graph, made once");
@@ -327,6 +312,44 @@ fn commits_replay_the_graph_round_its_descriptor_ring_and_launch_where_an_entry_
     imp.close().unwrap();
     pool.close().unwrap();
     assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
+}
+
+/// Fills the pool's first `FRAME` bytes with `seq as u8`, commits `len`
+/// of them as frame `seq` into push buffer `k` of the one target of
+/// [`one_target_pool`], and checks that the seqs and the bytes arrived.
+fn commit_frame(
+    pubd: &FakeDriver,
+    subd: &FakeDriver,
+    (pool, imp, id): (&mut CudaPool<FakeDriver>, &CudaImport<FakeDriver>, u64),
+    words: &Words,
+    seq: u64,
+    len: u64,
+    k: usize,
+) {
+    // SAFETY: the pool's first MiB, its own read-write mapping.
+    unsafe { pubd.memset_d8(pool.base_addr(), seq as u8, FRAME) }.unwrap();
+    let w = [PushWrite {
+        id,
+        dst_offset: k as u64 * STRIDE,
+        push_seq: words.word(10),
+    }];
+    let commit = StreamCommit {
+        seq,
+        src_offset: 0,
+        len,
+        targets: &w,
+        slot_seq: words.word(1),
+        global_seq: words.word(2),
+        gate: None,
+    };
+    // SAFETY: the words lie in `words`, registered with the pool.
+    unsafe { pool.enqueue_commit(&commit, WriteCompletion::Host) }.unwrap();
+    assert_eq!(words.word(2).load(Ordering::Acquire), seq, "global_seq of frame {seq}");
+    assert_eq!(words.word(10).load(Ordering::Acquire), seq, "push seq of frame {seq}");
+    let mut host = vec![0u8; len as usize];
+    // SAFETY: push buffer `k` holds at least FRAME bytes.
+    unsafe { subd.memcpy_dtoh(&mut host, imp.push_addr(k)) }.unwrap();
+    assert!(host.iter().all(|&b| b == seq as u8), "frame {seq} did not arrive whole");
 }
 
 /// Asserts that a failed commit stored none of the words `ks`.
@@ -479,35 +502,13 @@ fn a_commit_of_another_size_launches_and_the_graph_serves_the_next() {
     // The graph is made for the first commit's grid; the second, half the
     // size, needs another grid and launches; the third is the graph's again.
     for (seq, len) in [(1u64, FRAME), (2, FRAME / 2), (3, FRAME)] {
-        // SAFETY: the pool's first MiB, its own read-write mapping.
-        unsafe { pubd.memset_d8(pool.base_addr(), seq as u8, FRAME) }.unwrap();
-        let w = [PushWrite {
-            id,
-            dst_offset: 0,
-            push_seq: words.word(10),
-        }];
-        let commit = StreamCommit {
-            seq,
-            src_offset: 0,
-            len,
-            targets: &w,
-            slot_seq: words.word(1),
-            global_seq: words.word(2),
-            gate: None,
-        };
         let (launches, replays) = (count("cuLaunchKernel"), count("cuGraphLaunch"));
-        // SAFETY: the words lie in `words`, registered with the pool.
-        unsafe { pool.enqueue_commit(&commit, WriteCompletion::Host) }.unwrap();
+        commit_frame(&pubd, &subd, (&mut pool, &imp, id), &words, seq, len, 0);
         let replayed = count("cuGraphLaunch") - replays;
         assert_eq!(
             (count("cuLaunchKernel") - launches, replayed),
             if seq == 2 { (1, 0) } else { (0, 1) }
         );
-        assert_eq!(words.word(2).load(Ordering::Acquire), seq);
-        let mut host = vec![0u8; len as usize];
-        // SAFETY: push buffer 0 holds at least FRAME bytes.
-        unsafe { subd.memcpy_dtoh(&mut host, imp.push_addr(0)) }.unwrap();
-        assert!(host.iter().all(|&b| b == seq as u8), "frame {seq} did not arrive whole");
     }
     assert_eq!(count("cuGraphInstantiateWithFlags"), 1, "the graph is kept, not remade");
     pool.detach_target(id).unwrap();
