@@ -278,9 +278,10 @@ impl<D: Driver> CudaPool<D> {
         self.granularity
     }
 
-    /// Whether push commits replay the commit graph instead of launching
-    /// the commit kernel (ADR 0021; off unless `VRAMRING_COMMIT_GRAPH=1`
-    /// is in the environment when the pool is made). Takes effect when the
+    /// Sets whether push commits replay the commit graph instead of
+    /// launching the commit kernel (ADR 0021; off unless
+    /// `VRAMRING_COMMIT_GRAPH=1` is in the environment when the pool is
+    /// made). Takes effect when the
     /// commit kernel is loaded, at the first
     /// [`register_commit_memory`](crate::memory::ExportedPool::register_commit_memory).
     pub fn set_commit_graph(&mut self, on: bool) {
