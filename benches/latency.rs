@@ -30,8 +30,10 @@
 //!   costs the others is the publisher's mapping work, not a context's
 //!   making. `vrpcwu` is `vrpcw` against a publisher that serves every
 //!   Attach at once, without the attach rate (ADR 0020). `vrpg` is push
-//!   whose producer replays the commit graph instead of launching each
-//!   commit kernel with its descriptor by value (ADR 0021's comparison).
+//!   whose producer always replays the commit graph, `vrpl` push whose
+//!   producer always launches each commit kernel with its descriptor by
+//!   value (`vrp` does what a producer does by default: replays only at a
+//!   high rate; ADR 0021, ADR 0022).
 //!
 //! Latency is "publish → subscriber holds its copy": from the moment the
 //! producer has enqueued the frame's write and starts publishing, to the
@@ -304,10 +306,13 @@ enum System {
     /// (`ServeOptions::unbounded_attaches`): what the attach rate (ADR
     /// 0020) spares the others.
     VramringPushChurnWarmUnbounded,
-    /// Push whose producer replays the commit graph instead of launching
-    /// each commit with its descriptor by value
+    /// Push whose producer always replays the commit graph instead of
+    /// launching each commit with its descriptor by value
     /// (`VRAMRING_COMMIT_GRAPH=1`; ADR 0021's comparison).
     VramringPushGraph,
+    /// Push whose producer always launches (`VRAMRING_COMMIT_GRAPH=0`; ADR
+    /// 0022's comparison).
+    VramringPushLaunch,
 }
 
 impl System {
@@ -335,6 +340,7 @@ impl System {
                 "vramring push, one more push subscriber coming and going, its process keeping its context, attaches unbounded"
             }
             System::VramringPushGraph => "vramring push, commit graph replayed",
+            System::VramringPushLaunch => "vramring push, commit kernel launched",
         }
     }
     /// The short label of the mode in the tables.
@@ -356,6 +362,7 @@ impl System {
             System::VramringPushBystanderWarm => "push + warm bystander",
             System::VramringPushChurnWarmUnbounded => "push + warm churn, no attach rate",
             System::VramringPushGraph => "push, commit graph",
+            System::VramringPushLaunch => "push, commit launch",
         }
     }
     fn key(self) -> &'static str {
@@ -376,6 +383,7 @@ impl System {
             System::VramringPushBystanderWarm => "vrpbw",
             System::VramringPushChurnWarmUnbounded => "vrpcwu",
             System::VramringPushGraph => "vrpg",
+            System::VramringPushLaunch => "vrpl",
         }
     }
     fn from_key(k: &str) -> Option<System> {
@@ -396,6 +404,7 @@ impl System {
             System::VramringPushBystanderWarm,
             System::VramringPushChurnWarmUnbounded,
             System::VramringPushGraph,
+            System::VramringPushLaunch,
         ]
         .into_iter()
         .find(|s| s.key() == k)
@@ -573,6 +582,7 @@ fn vr_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
             | System::VramringPushBystanderWarm
             | System::VramringPushChurnWarmUnbounded
             | System::VramringPushGraph
+            | System::VramringPushLaunch
     );
     let mode = if push { Mode::Latest } else { Mode::Sequential };
     let pull_start = match c.system {
@@ -1157,8 +1167,16 @@ fn spawn_role(children: &mut Children, role: &str, c: &Case, extra: &[String], m
         .args(extra)
         .stdin(Stdio::null());
     procs::set_child_env(&mut cmd, mps);
-    if role == "producer" && c.system == System::VramringPushGraph {
-        cmd.env(vramring::memory::cuda::COMMIT_GRAPH_ENV, "1");
+    if role == "producer" {
+        match c.system {
+            System::VramringPushGraph => {
+                cmd.env(vramring::memory::cuda::COMMIT_GRAPH_ENV, "1");
+            }
+            System::VramringPushLaunch => {
+                cmd.env(vramring::memory::cuda::COMMIT_GRAPH_ENV, "0");
+            }
+            _ => {}
+        }
     }
     let name = match extra.get(1) {
         Some(id) => format!("{role} {id}"),

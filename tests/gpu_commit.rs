@@ -11,7 +11,9 @@
 //! are batched stream memory operations instead of the kernel (ADR 0013),
 //! with 0 torn over more than 60 000 checks by six pull readers; and
 //! queued readers that keep up queue their copies at the publisher's loan
-//! (ADR 0014), every frame checked. Needs a CUDA GPU and root.
+//! (ADR 0014), every frame checked; and a ring whose pace changes switches
+//! between the replayed commit graph and the launch (ADR 0022) with no
+//! torn frame. Needs a CUDA GPU and root.
 
 mod common;
 
@@ -696,4 +698,109 @@ fn push_subscribers_that_come_and_go_never_make_a_publish_wait_for_the_gpu() {
     // Mapped at a publish after the held commit landed, then every frame.
     assert!(come.u64("first_seq").is_some_and(|f| f > held), "push-comes: {come:?}");
     assert_eq!(come.u64("dropped"), Some(0), "push-comes: {come:?}");
+}
+
+/// A ring whose pace changes switches between the replayed commit graph and
+/// the launch by value (ADR 0022) without losing or tearing a frame: three
+/// rounds of 200 frames about 1 ms apart (the graph, once the ring's
+/// average interval is within the 4 ms bound) and 20 frames 10 ms apart (a
+/// launch each: every interval is past 1.5 times the bound), to two push
+/// subscribers, a latest and a sequential pull reader, each checking its
+/// frames on the GPU.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_ring_whose_pace_changes_switches_between_graph_and_launch_with_no_torn_frame() {
+    use vramring::FrameMeta;
+
+    assert_eq!(
+        vramring::memory::cuda::CommitGraph::from_env(),
+        vramring::memory::cuda::CommitGraph::AUTO,
+        "run with VRAMRING_COMMIT_GRAPH unset"
+    );
+    let dir = TempDir::new("gpu-commit-pace");
+    let socket = dir.join("cam.sock").display().to_string();
+    let (mut p, gpu, stream) = stream_order_ring(&socket);
+    let marks = marks::StageMarks::default();
+    let _marks = {
+        use tracing_subscriber::layer::SubscriberExt;
+        let filter = tracing_subscriber::filter::Targets::new().with_target("vramring::publish", tracing::Level::TRACE);
+        let layer = tracing_subscriber::Layer::with_filter(marks.clone(), filter);
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(layer))
+    };
+    tracing::callsite::rebuild_interest_cache();
+    let subs = vec![
+        consumer(&socket, "push-a", &["--mode", "latest", "--push"], &[]),
+        consumer(&socket, "push-b", &["--mode", "latest", "--push"], &[]),
+        consumer(&socket, "latest", &["--mode", "latest"], &[]),
+        consumer(&socket, "sequential", &["--mode", "sequential"], &[]),
+    ];
+    until_subscribers(&p, 4);
+    // Every push buffer mapped before the measured rounds.
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(50));
+        let slot = p.loan(Duration::from_secs(10)).expect("loan");
+        let (seq, len) = (slot.seq(), slot.geometry().frame_bytes);
+        // SAFETY: the loaned slot is ours to write until it is published;
+        // the stream is of the ring's (primary) context.
+        unsafe {
+            gpu.fill(slot.addr(), len, seq).expect("fill");
+            slot.publish_cuda(FrameMeta::pts(seq as i64), stream).expect("publish");
+        }
+    }
+    marks.take_stages();
+    // Which way each frame of a phase was committed.
+    let mut phase = |frames: usize, gap: Duration| -> Vec<&'static str> {
+        (0..frames)
+            .map(|_| {
+                std::thread::sleep(gap);
+                let slot = p.loan(Duration::from_secs(10)).expect("loan");
+                let (seq, len) = (slot.seq(), slot.geometry().frame_bytes);
+                // SAFETY: as above.
+                unsafe {
+                    gpu.fill(slot.addr(), len, seq).expect("fill");
+                    slot.publish_cuda(FrameMeta::pts(seq as i64), stream).expect("publish");
+                }
+                let stages = marks.take_stages();
+                if stages.iter().any(|m| m == "graph replayed") {
+                    "replay"
+                } else if stages.iter().any(|m| m == "kernel launched") {
+                    "launch"
+                } else {
+                    panic!("frame {seq}: no commit stage among {stages:?}")
+                }
+            })
+            .collect()
+    };
+    for round in 1..=3 {
+        let fast = phase(200, Duration::from_millis(1));
+        let settled = &fast[20..];
+        let replayed = settled.iter().filter(|&&w| w == "replay").count();
+        eprintln!(
+            "round {round}: fast phase replayed {} of 200 ({replayed} of the last 180)",
+            fast.iter().filter(|&&w| w == "replay").count()
+        );
+        assert!(
+            replayed >= settled.len() * 9 / 10,
+            "round {round}: a ring publishing every ~1 ms replayed only {replayed} of its last 180 commits"
+        );
+        let slow = phase(20, Duration::from_millis(10));
+        assert!(
+            slow.iter().all(|&w| w == "launch"),
+            "round {round}: a commit 10 ms after the previous replayed: {slow:?}"
+        );
+    }
+    let frames = p.next_seq() - 1;
+    std::thread::sleep(Duration::from_millis(300));
+    p.close().expect("close");
+    drop(p);
+    for (name, child) in subs {
+        let j = untorn_final(&name, child);
+        assert!(j.u64("delivered").unwrap_or(0) > 0, "{name} got no frame: {j:?}");
+        if name != "sequential" {
+            assert_eq!(j.u64("last_seq"), Some(frames), "{name}: {j:?}");
+        }
+        if name.starts_with("push") {
+            assert_eq!(j.u64("overruns"), Some(0), "{name}: {j:?}");
+        }
+    }
 }

@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use vramring::memory::cuda::{
-    CallRecord, CuContext, CudaImport, CudaPool, DeviceSelector, Driver, FakeDevice, FakeDriver, MAX_FANOUT,
+    CallRecord, CommitGraph, CuContext, CudaImport, CudaPool, DeviceSelector, Driver, FakeDevice, FakeDriver,
+    MAX_FANOUT,
 };
 use vramring::memory::{ExportedPool, ImportedPool, PushWrite, StreamCommit, WriteCompletion};
 
@@ -89,7 +90,7 @@ impl Words {
 fn commit_round_with(pubd: &Arc<FakeDriver>, subd: &Arc<FakeDriver>, graph: bool) -> vramring::Result<()> {
     let words = Words::new();
     let mut pool = CudaPool::create(Arc::clone(pubd), DeviceSelector::Uuid(GPU), 8 * MIB)?;
-    pool.set_commit_graph(graph);
+    pool.set_commit_graph(if graph { CommitGraph::Always } else { CommitGraph::Never });
     let mut imports: Vec<CudaImport<FakeDriver>> = Vec::new();
     let mut ids = Vec::new();
     for _ in 0..TARGETS {
@@ -206,16 +207,26 @@ fn a_commit_that_fails_at_any_publisher_call_leaves_nothing_behind() {
     assert!(failures > total / 2, "only {failures} of {total} faults surfaced");
 }
 
-/// A publisher pool replaying the commit graph, with one push subscriber
-/// (three buffers of `STRIDE`) and `words` registered as commit memory:
-/// the pool, the subscriber's import, the target's id.
+/// A publisher pool replaying the commit graph always, with one push
+/// subscriber (three buffers of `STRIDE`) and `words` registered as commit
+/// memory: the pool, the subscriber's import, the target's id.
 fn one_target_pool(
     pubd: &Arc<FakeDriver>,
     subd: &Arc<FakeDriver>,
     words: &Words,
 ) -> (CudaPool<FakeDriver>, CudaImport<FakeDriver>, u64) {
+    one_target_pool_with(pubd, subd, words, CommitGraph::Always)
+}
+
+/// [`one_target_pool`] with the commit graph's `mode`.
+fn one_target_pool_with(
+    pubd: &Arc<FakeDriver>,
+    subd: &Arc<FakeDriver>,
+    words: &Words,
+    mode: CommitGraph,
+) -> (CudaPool<FakeDriver>, CudaImport<FakeDriver>, u64) {
     let mut pool = CudaPool::create(Arc::clone(pubd), DeviceSelector::Uuid(GPU), 8 * MIB).unwrap();
-    pool.set_commit_graph(true);
+    pool.set_commit_graph(mode);
     let mut imp = CudaImport::import(
         Arc::clone(subd),
         pool.export_fd().unwrap(),
@@ -308,6 +319,85 @@ fn commits_replay_the_graph_round_its_descriptor_ring_and_launch_where_an_entry_
     }
     assert_eq!(count("cuGraphLaunch"), 149);
     assert_eq!(count("cuGraphInstantiateWithFlags"), 1, "one graph, made once");
+    pool.detach_target(id).unwrap();
+    imp.close().unwrap();
+    pool.close().unwrap();
+    assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
+}
+
+#[test]
+fn by_default_a_ring_replays_while_it_publishes_fast_and_launches_after_a_pause() {
+    assert_eq!(
+        CommitGraph::default(),
+        CommitGraph::Within(vramring::memory::cuda::COMMIT_GRAPH_WITHIN)
+    );
+    // A wide bound, so that frames sent back to back on a loaded machine
+    // are well within it; the pause below is longer than 1.5 times it.
+    let within = std::time::Duration::from_millis(400);
+    let (pubd, subd) = (publisher_process(), subscriber_process());
+    let words = Words::new();
+    let (mut pool, mut imp, id) = one_target_pool_with(&pubd, &subd, &words, CommitGraph::Within(within));
+    let count = |call: &str| pubd.log().iter().filter(|r| r.call == call).count();
+    let mut frame = |seq: u64| {
+        let (launches, replays) = (count("cuLaunchKernel"), count("cuGraphLaunch"));
+        commit_frame(
+            &pubd,
+            &subd,
+            (&mut pool, &imp, id),
+            &words,
+            seq,
+            FRAME,
+            (seq % 3) as usize,
+        );
+        match (count("cuLaunchKernel") - launches, count("cuGraphLaunch") - replays) {
+            (1, 0) => "launch",
+            (0, 1) => "replay",
+            other => panic!("frame {seq}: {other:?} launches and replays"),
+        }
+    };
+    assert_eq!(frame(1), "launch", "a ring's first push commit has no pace yet");
+    assert_eq!(count("cuGraphInstantiateWithFlags"), 0, "no graph until one replays");
+    for seq in 2..=6 {
+        assert_eq!(frame(seq), "replay", "frame {seq} came right after the previous one");
+    }
+    std::thread::sleep(within * 7 / 4);
+    assert_eq!(frame(7), "launch", "frame 7 came after a pause");
+    assert_eq!(frame(8), "launch", "one fast frame does not bring the average down");
+    let after: Vec<&str> = (9..=20).map(&mut frame).collect();
+    let first = after
+        .iter()
+        .position(|&p| p == "replay")
+        .expect("the ring replays again at a fast pace");
+    assert!(after[first..].iter().all(|&p| p == "replay"), "{after:?}");
+    assert_eq!(count("cuGraphInstantiateWithFlags"), 1, "one graph, made once");
+    pool.detach_target(id).unwrap();
+    imp.close().unwrap();
+    pool.close().unwrap();
+    assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
+}
+
+#[test]
+fn a_ring_that_never_publishes_within_the_window_never_makes_a_graph() {
+    let (pubd, subd) = (publisher_process(), subscriber_process());
+    let words = Words::new();
+    let (mut pool, mut imp, id) =
+        one_target_pool_with(&pubd, &subd, &words, CommitGraph::Within(std::time::Duration::ZERO));
+    for seq in 1..=3u64 {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        commit_frame(
+            &pubd,
+            &subd,
+            (&mut pool, &imp, id),
+            &words,
+            seq,
+            FRAME,
+            seq as usize % 3,
+        );
+    }
+    let count = |call: &str| pubd.log().iter().filter(|r| r.call == call).count();
+    assert_eq!(count("cuLaunchKernel"), 3);
+    assert_eq!(count("cuGraphInstantiateWithFlags") + count("cuGraphLaunch"), 0);
+    assert_eq!(count("cuMemHostRegister_v2"), 1, "no descriptor ring");
     pool.detach_target(id).unwrap();
     imp.close().unwrap();
     pool.close().unwrap();
@@ -470,7 +560,7 @@ fn a_commit_marks_its_stages_for_a_tracing_subscriber() {
     let words = Words::new();
     let mut pool = pull_only_pool(&pubd, &words);
     let take = || marks.take_stages();
-    let (with_kernel, stores_only) = tracing::subscriber::with_default(subscriber, || {
+    let (with_graph, with_kernel, stores_only) = tracing::subscriber::with_default(subscriber, || {
         // The other tests of this binary hit the same callsites from their
         // threads, and one registered while this subscriber was being set
         // up may have cached "no interest" (a race of `tracing`'s scoped
@@ -480,15 +570,18 @@ fn a_commit_marks_its_stages_for_a_tracing_subscriber() {
         tracing::callsite::rebuild_interest_cache();
         take();
         commit_round(&pubd, &subd).unwrap();
+        let with_graph = take();
+        commit_round_with(&pubd, &subd, false).unwrap();
         let with_kernel = take();
         // With no push target, the batched stores instead of the kernel.
         // SAFETY: the words lie in `words`, registered with the pool.
         unsafe { pool.enqueue_commit(&pull_only_commit(&words, 2), WriteCompletion::Host) }.unwrap();
-        (with_kernel, take())
+        (with_graph, with_kernel, take())
     });
     pool.close().unwrap();
     // The wake bench's `--probe` times these (PERF.md): the driver's part of
     // the commit lies between them.
+    assert_eq!(with_graph, ["context current", "graph replayed"]);
     assert_eq!(with_kernel, ["context current", "kernel launched"]);
     assert_eq!(stores_only, ["context current", "stores enqueued"]);
 }

@@ -1462,7 +1462,8 @@ impl SlotMut<'_> {
     /// A stream-order publish emits a TRACE event of target
     /// `vramring::publish` at each of its stages: stream checked, push
     /// targets synced, push buffers claimed, commit announced, context
-    /// current, kernel launched (with no push subscriber: stores enqueued),
+    /// current, kernel launched (or graph replayed, ADR 0021; with no push
+    /// subscriber: stores enqueued),
     /// commit enqueued, parked checked. A `tracing` subscriber that
     /// timestamps them shows where a publish spends its time
     /// (`benches/wake.rs --probe` does).

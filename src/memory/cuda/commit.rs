@@ -45,13 +45,18 @@
 //! targets), the publisher launches the kernel with its descriptor by
 //! value, as before.
 //!
-//! **Off unless asked for** (`VRAMRING_COMMIT_GRAPH=1` in the publisher's
-//! environment). On the H200 the graph cut the producer's CPU per publish
-//! by about 40 % with a frame every 2 ms, at 1–2 µs more latency (the
-//! fetch node), but at 25 fps, where every driver call runs cold, it cost
-//! more CPU than the launch and 5–8 µs more latency (docs/PERF.md, "A
-//! publish that replays a graph"). Camera pipelines publish at camera
-//! rates, so the launch stays the default.
+//! **Only when the ring publishes often** ([`CommitGraph`], ADR 0022). On
+//! the H200 the graph cut the producer's CPU per publish by about 40 % with
+//! a frame every 2 ms, at 1–4 µs more latency (the fetch node), broke even
+//! near a frame every 5 ms and cost more CPU than the launch from 10 ms on
+//! (25 fps: 5–8 µs more latency too), in one process publishing 64 rings
+//! as well (docs/PERF.md, "A publish that replays a graph" and "The graph
+//! by the ring's pace"). So by default a ring replays only while its push
+//! commits come on average at most [`COMMIT_GRAPH_WITHIN`] apart (see
+//! [`Pace`]), and launches otherwise; the graph is made at the first
+//! commit that replays it, so a ring that never publishes that fast never
+//! makes one. `VRAMRING_COMMIT_GRAPH=1` (or `0`) in the publisher's
+//! environment replays (or launches) always.
 
 use std::ffi::c_void;
 
@@ -65,8 +70,106 @@ pub(crate) const COMMIT_AT_KERNEL: &str = "vramring_commit_at";
 /// Name of the kernel that copies a descriptor from the ring.
 pub(crate) const FETCH_KERNEL: &str = "vramring_commit_fetch";
 
-/// The environment variable that turns the replayed graph on (`1`).
+/// The environment variable that chooses when push commits replay the
+/// commit graph: `1` always, `0` never, unset (or `auto`) [`CommitGraph::AUTO`].
 pub const COMMIT_GRAPH_ENV: &str = "VRAMRING_COMMIT_GRAPH";
+
+/// By default a ring replays the commit graph while its push commits come
+/// on average at most this far apart ([`CommitGraph::AUTO`]; ADR 0022: on
+/// the H200 the graph costs the CPU less than a launch at a frame every
+/// 2 ms, about the same at 5 ms, and more from 10 ms on).
+pub const COMMIT_GRAPH_WITHIN: std::time::Duration = std::time::Duration::from_millis(4);
+
+/// When a push commit replays the commit graph instead of launching the
+/// commit kernel (ADR 0021, ADR 0022). Either way the GPU does the same
+/// stores in the same order; only the producer's CPU cost and a few µs of
+/// latency differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitGraph {
+    /// Every push commit launches the kernel; no graph is made.
+    Never,
+    /// Every push commit that can replays the graph.
+    Always,
+    /// The ring replays the graph while its push commits come on average
+    /// at most this far apart: it starts once the average of the recent
+    /// intervals between them is at most this, and goes back to launching
+    /// at the first interval longer than one and a half times it (a
+    /// pause, a slower source). A ring's first commit launches, and the
+    /// graph is made at the first replay.
+    Within(std::time::Duration),
+}
+
+impl CommitGraph {
+    /// The default: [`CommitGraph::Within`] [`COMMIT_GRAPH_WITHIN`].
+    pub const AUTO: CommitGraph = CommitGraph::Within(COMMIT_GRAPH_WITHIN);
+
+    /// The mode [`COMMIT_GRAPH_ENV`] asks for: `1` [`Always`](Self::Always),
+    /// `0` [`Never`](Self::Never), unset, empty or `auto`
+    /// [`AUTO`](Self::AUTO); any other value is reported (a warning) and
+    /// taken as `auto`.
+    pub fn from_env() -> CommitGraph {
+        match std::env::var(COMMIT_GRAPH_ENV) {
+            Err(std::env::VarError::NotPresent) => CommitGraph::AUTO,
+            Ok(v) => match v.trim() {
+                "1" => CommitGraph::Always,
+                "0" => CommitGraph::Never,
+                "" | "auto" => CommitGraph::AUTO,
+                other => {
+                    tracing::warn!(value = other, "{COMMIT_GRAPH_ENV} is not 1, 0 or auto; taking auto");
+                    CommitGraph::AUTO
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "{COMMIT_GRAPH_ENV} is not valid text; taking auto");
+                CommitGraph::AUTO
+            }
+        }
+    }
+}
+
+/// A ring's pace for [`CommitGraph::Within`]: the average interval between
+/// its push commits (each new interval weighs 1/8) and whether it replays.
+/// Deciding on the average, and stopping only past one and a half times
+/// the bound, keeps a source whose intervals jitter around the bound from
+/// switching between the two paths frame by frame: on the H200 a ring
+/// that did so paid more than either path alone (each stayed cold).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Pace {
+    average: Option<std::time::Duration>,
+    replaying: bool,
+}
+
+impl Pace {
+    /// Takes the interval since the ring's previous push commit (`None`:
+    /// this is its first) and says whether this commit replays, for the
+    /// bound `within`.
+    pub(crate) fn next(&mut self, within: std::time::Duration, interval: Option<std::time::Duration>) -> bool {
+        let Some(i) = interval else {
+            return false;
+        };
+        if i > within + within / 2 {
+            // A pause or a slower source: launch, and start averaging
+            // afresh from this interval.
+            self.average = Some(i);
+            self.replaying = false;
+            return false;
+        }
+        let average = match self.average {
+            Some(a) if i >= a => a + (i - a) / 8,
+            Some(a) => a - (a - i) / 8,
+            None => i,
+        };
+        self.average = Some(average);
+        self.replaying |= average <= within;
+        self.replaying
+    }
+}
+
+impl Default for CommitGraph {
+    fn default() -> Self {
+        CommitGraph::AUTO
+    }
+}
 
 /// Entries of the descriptor ring.
 pub(crate) const RING_ENTRIES: usize = 64;
@@ -312,7 +415,7 @@ fn ptx() -> std::ffi::CString {
 }
 
 /// The commit kernel loaded into a context, with its counter words and,
-/// once a push commit has used it, its replayed graph. Made and released
+/// once a push commit has replayed it, its commit graph. Made and released
 /// with that context current (the pool pushes it).
 #[derive(Debug)]
 pub(crate) struct CommitKernel {
@@ -322,16 +425,29 @@ pub(crate) struct CommitKernel {
     fetch: CuFunction,
     counters: Option<DevicePtr>,
     replay: Replay,
+    mode: CommitGraph,
+    /// When the previous push commit was enqueued.
+    last_push: Option<std::time::Instant>,
+    pace: Pace,
+}
+
+/// How a commit was enqueued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Enqueued {
+    /// One launch of the kernel, its descriptor by value.
+    Launched,
+    /// One run of the replayed graph.
+    Replayed,
 }
 
 /// The graph path's state.
 #[derive(Debug)]
 enum Replay {
-    /// Not made yet; made at the first commit that can use it.
+    /// Not made yet; made at the first commit that replays it.
     Untried,
     /// Made for one grid.
     Ready(Box<Graph>),
-    /// Turned off, or making it failed: every commit launches.
+    /// [`CommitGraph::Never`], or making it failed: every commit launches.
     Off,
 }
 
@@ -361,9 +477,9 @@ fn blocks_for(vecs: u64) -> u32 {
 
 impl CommitKernel {
     /// Loads the kernels and makes the zeroed counter words, in the current
-    /// context; `graph`: push commits replay the commit graph (made at the
-    /// first one). On failure releases what it made.
-    pub(crate) fn load<D: Driver>(d: &D, graph: bool) -> DResult<CommitKernel> {
+    /// context; `mode`: when push commits replay the commit graph (made at
+    /// the first that does). On failure releases what it made.
+    pub(crate) fn load<D: Driver>(d: &D, mode: CommitGraph) -> DResult<CommitKernel> {
         let module = d.module_load_data(&ptx())?;
         let made = (|| {
             let get = |name: &str| {
@@ -390,7 +506,14 @@ impl CommitKernel {
                 at,
                 fetch,
                 counters: Some(counters),
-                replay: if graph { Replay::Untried } else { Replay::Off },
+                replay: if mode == CommitGraph::Never {
+                    Replay::Off
+                } else {
+                    Replay::Untried
+                },
+                mode,
+                last_push: None,
+                pace: Pace::default(),
             }),
             Err(e) => {
                 // SAFETY: loaded above; nothing of it runs.
@@ -402,9 +525,9 @@ impl CommitKernel {
         }
     }
 
-    /// Enqueues one commit on `stream`: through the replayed graph when it
-    /// can (see the module's doc), else one launch with the descriptor by
-    /// value. `desc.counter` is filled in here. `global_seq` is the ring's
+    /// Enqueues one commit on `stream`: through the replayed graph when its
+    /// [`CommitGraph`] mode says so and it can (see the module's doc), else
+    /// one launch with the descriptor by value; says which. `desc.counter` is filled in here. `global_seq` is the ring's
     /// word the commit stores last, read to know which ring entries are
     /// free again.
     ///
@@ -420,12 +543,26 @@ impl CommitKernel {
         stream: CuStream,
         mut desc: CommitDesc,
         global_seq: &AtomicU64,
-    ) -> DResult<()> {
+    ) -> DResult<Enqueued> {
         desc.counter = self.counters.unwrap_or(0);
         let blocks = blocks_for(desc.vecs);
         // Only a whole commit with push targets (it stores `global_seq`,
         // which frees its entry again) goes through the graph.
         if desc.count > 0 && desc.global_seq != 0 {
+            let replays = match self.mode {
+                CommitGraph::Never => false,
+                CommitGraph::Always => true,
+                CommitGraph::Within(within) => {
+                    let now = std::time::Instant::now();
+                    let interval = self.last_push.map(|t| now.saturating_duration_since(t));
+                    self.last_push = Some(now);
+                    self.pace.next(within, interval)
+                }
+            };
+            if !replays {
+                // SAFETY: this method's contract.
+                return unsafe { self.launch_by_value(d, stream, desc, blocks) }.map(|()| Enqueued::Launched);
+            }
             if matches!(self.replay, Replay::Untried) {
                 self.replay = match self.make_graph(d, blocks) {
                     Ok(g) => Replay::Ready(Box::new(g)),
@@ -460,10 +597,25 @@ impl CommitKernel {
                     unsafe { d.graph_launch(exec, stream) }?;
                     g.launched += 1;
                     g.entry_seq[entry] = desc.seq;
-                    return Ok(());
+                    return Ok(Enqueued::Replayed);
                 }
             }
         }
+        // SAFETY: this method's contract.
+        unsafe { self.launch_by_value(d, stream, desc, blocks) }.map(|()| Enqueued::Launched)
+    }
+
+    /// One launch of the commit kernel with `desc` by value.
+    ///
+    /// # Safety
+    /// As for [`launch`](Self::launch).
+    unsafe fn launch_by_value<D: Driver>(
+        &self,
+        d: &D,
+        stream: CuStream,
+        mut desc: CommitDesc,
+        blocks: u32,
+    ) -> DResult<()> {
         let mut params = [(&mut desc as *mut CommitDesc).cast::<c_void>()];
         // SAFETY: the one parameter is a `CommitDesc`, as the PTX declares
         // it; the addresses in it are valid (this function's contract).
@@ -609,6 +761,50 @@ mod tests {
             assert!(ptx.contains(&format!("ld.global.u64 %rd{reg}, [%rd40+{off}];")));
         }
         assert_eq!(ptx.matches("COMMIT_DONE:").count(), 2, "both entries carry the body");
+    }
+
+    #[test]
+    fn a_ring_replays_while_its_commits_come_on_average_within_the_bound() {
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        assert_eq!(CommitGraph::default(), CommitGraph::Within(COMMIT_GRAPH_WITHIN));
+        let w = COMMIT_GRAPH_WITHIN;
+        let run = |intervals: &[Option<Duration>]| {
+            let mut p = Pace::default();
+            intervals.iter().map(|&i| p.next(w, i)).collect::<Vec<bool>>()
+        };
+        // A frame every 2 ms: the first launches, every other replays.
+        let fast = [None, Some(ms(2)), Some(ms(2)), Some(ms(2))];
+        assert_eq!(run(&fast), [false, true, true, true]);
+        // 25 fps never replays.
+        assert_eq!(run(&[None, Some(ms(40)), Some(ms(40))]), [false; 3]);
+        // Jitter around the bound, within one and a half times it: once
+        // replaying, the ring keeps replaying.
+        let jitter = [
+            Some(ms(3)),
+            Some(ms(5)),
+            Some(ms(5)),
+            Some(ms(5)),
+            Some(ms(5)),
+            Some(ms(5)),
+        ];
+        assert!(run(&jitter).iter().all(|&r| r), "{:?}", run(&jitter));
+        // Above the bound on average but never past 1.5×: it never starts.
+        let slow = [Some(ms(5)), Some(ms(5)), Some(ms(3)), Some(ms(5)), Some(ms(5))];
+        assert!(run(&slow).iter().all(|&r| !r), "{:?}", run(&slow));
+        // A pause stops it at once, and it starts again only once the
+        // average has come down within the bound.
+        let mut p = Pace::default();
+        assert!(!p.next(w, None));
+        assert!(p.next(w, Some(ms(1))));
+        assert!(
+            !p.next(w, Some(w + w / 2 + Duration::from_nanos(1))),
+            "a pause launches"
+        );
+        let after: Vec<bool> = (0..12).map(|_| p.next(w, Some(ms(1)))).collect();
+        let first = after.iter().position(|&r| r).expect("replays again at a fast pace");
+        assert!(first > 0, "the average had to come down first: {after:?}");
+        assert!(after[first..].iter().all(|&r| r), "{after:?}");
     }
 
     #[test]

@@ -47,7 +47,7 @@ mod real;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-pub use commit::{COMMIT_GRAPH_ENV, MAX_FANOUT};
+pub use commit::{CommitGraph, COMMIT_GRAPH_ENV, COMMIT_GRAPH_WITHIN, MAX_FANOUT};
 pub use context::ContextGuard;
 pub use driver::{
     attr, code, error_name, Access, CuContext, CuDevice, CuFunction, CuGraphExec, CuModule, CuStream, DResult,

@@ -4,7 +4,7 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use super::commit::{CommitDesc, CommitKernel, COMMIT_GRAPH_ENV, MAX_FANOUT};
+use super::commit::{CommitDesc, CommitGraph, CommitKernel, Enqueued, MAX_FANOUT};
 use super::context::with_context;
 use super::driver::{attr, Access, CuContext, CuDevice, CuStream, DevicePtr, Driver};
 use super::mapping::VmmMapping;
@@ -47,8 +47,8 @@ pub struct CudaPool<D: Driver = RealDriver> {
     commit: Option<CommitKernel>,
     /// Stream-order commits: host memory registered for the GPU's stores.
     host_regs: Vec<HostReg>,
-    /// Whether push commits replay the commit graph (ADR 0021).
-    commit_graph: bool,
+    /// When push commits replay the commit graph (ADR 0021, ADR 0022).
+    commit_graph: CommitGraph,
 }
 
 /// The stream GPU work ordered after `completion`'s writes goes on: the
@@ -193,7 +193,7 @@ impl<D: Driver> CudaPool<D> {
             next_target: 1,
             commit: None,
             host_regs: Vec::new(),
-            commit_graph: std::env::var_os(COMMIT_GRAPH_ENV).is_some_and(|v| v == "1"),
+            commit_graph: CommitGraph::from_env(),
         };
         match pool.build(bytes) {
             Ok(()) => Ok(pool),
@@ -278,14 +278,14 @@ impl<D: Driver> CudaPool<D> {
         self.granularity
     }
 
-    /// Sets whether push commits replay the commit graph instead of
-    /// launching the commit kernel (ADR 0021; off unless
-    /// `VRAMRING_COMMIT_GRAPH=1` is in the environment when the pool is
-    /// made). Takes effect when the
-    /// commit kernel is loaded, at the first
+    /// Sets when push commits replay the commit graph instead of launching
+    /// the commit kernel (ADR 0021, ADR 0022). The pool starts with
+    /// [`CommitGraph::from_env`]: [`CommitGraph::AUTO`] unless
+    /// `VRAMRING_COMMIT_GRAPH` says otherwise. Takes effect when the commit
+    /// kernel is loaded, at the first
     /// [`register_commit_memory`](crate::memory::ExportedPool::register_commit_memory).
-    pub fn set_commit_graph(&mut self, on: bool) {
-        self.commit_graph = on;
+    pub fn set_commit_graph(&mut self, mode: CommitGraph) {
+        self.commit_graph = mode;
     }
 
     /// The driver.
@@ -646,6 +646,7 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
                     unsafe { d.memcpy_dtod_async(dst, src, c.len, stream) }?;
                 }
             }
+            let mut last = Enqueued::Launched;
             for i in 0..launches {
                 let chunk = &dsts[(i * MAX_FANOUT).min(dsts.len())..((i + 1) * MAX_FANOUT).min(dsts.len())];
                 let mut desc = CommitDesc {
@@ -669,9 +670,12 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
                 // when `vecs > 0`; the seq words lie in registered memory
                 // that stays mapped until `close`, which synchronises
                 // first (this method's contract).
-                unsafe { kernel.launch(d, stream, desc, c.global_seq) }?;
+                last = unsafe { kernel.launch(d, stream, desc, c.global_seq) }?;
             }
-            tracing::trace!(target: "vramring::publish", "kernel launched");
+            match last {
+                Enqueued::Launched => tracing::trace!(target: "vramring::publish", "kernel launched"),
+                Enqueued::Replayed => tracing::trace!(target: "vramring::publish", "graph replayed"),
+            }
             Ok(())
         };
         // SAFETY: `ctx` is retained while the pool is open.
