@@ -5,8 +5,9 @@
 //! close surfaces and leaves nothing registered, loaded or allocated, every
 //! release in the pool's context. Commits with push targets go through the
 //! replayed graph and its descriptor ring (ADR 0021), round the ring and
-//! back to a launch where an entry is not free. The GPU proof is
-//! `tests/gpu_commit.rs`.
+//! back to a launch where an entry is not free; by default only while the
+//! ring publishes fast, and never after a pause until its pace is fast
+//! again (ADR 0022). The GPU proof is `tests/gpu_commit.rs`.
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};

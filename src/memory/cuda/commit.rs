@@ -127,6 +127,12 @@ impl CommitGraph {
     }
 }
 
+impl Default for CommitGraph {
+    fn default() -> Self {
+        CommitGraph::AUTO
+    }
+}
+
 /// A ring's pace for [`CommitGraph::Within`]: the average interval between
 /// its push commits (each new interval weighs 1/8) and whether it replays.
 /// Deciding on the average, and stopping only past one and a half times
@@ -162,12 +168,6 @@ impl Pace {
         self.average = Some(average);
         self.replaying |= average <= within;
         self.replaying
-    }
-}
-
-impl Default for CommitGraph {
-    fn default() -> Self {
-        CommitGraph::AUTO
     }
 }
 
@@ -527,9 +527,9 @@ impl CommitKernel {
 
     /// Enqueues one commit on `stream`: through the replayed graph when its
     /// [`CommitGraph`] mode says so and it can (see the module's doc), else
-    /// one launch with the descriptor by value; says which. `desc.counter` is filled in here. `global_seq` is the ring's
-    /// word the commit stores last, read to know which ring entries are
-    /// free again.
+    /// one launch with the descriptor by value; says which. `desc.counter`
+    /// is filled in here. `global_seq` is the ring's word the commit stores
+    /// last, read to know which ring entries are free again.
     ///
     /// # Safety
     /// The kernel's context is current; every address in `desc` is live
