@@ -602,14 +602,7 @@ fn push_subscribers_that_come_and_go_never_make_a_publish_wait_for_the_gpu() {
     let (mut p, gpu, stream) = stream_order_ring(&socket);
     let held_stream = std::sync::Arc::new(HeldStream::new());
     // The stage marks of every publish on this thread, printed with its time.
-    let marks = marks::StageMarks::default();
-    let _marks = {
-        use tracing_subscriber::layer::SubscriberExt;
-        let filter = tracing_subscriber::filter::Targets::new().with_target("vramring::publish", tracing::Level::TRACE);
-        let layer = tracing_subscriber::Layer::with_filter(marks.clone(), filter);
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(layer))
-    };
-    tracing::callsite::rebuild_interest_cache();
+    let (marks, _marks) = marks::StageMarks::on_this_thread();
     let publish = |p: &mut Publisher, hold: bool| -> (u64, Duration) {
         let slot = p.loan(Duration::from_secs(10)).expect("loan");
         let seq = slot.seq();
@@ -720,14 +713,7 @@ fn a_ring_whose_pace_changes_switches_between_graph_and_launch_with_no_torn_fram
     let dir = TempDir::new("gpu-commit-pace");
     let socket = dir.join("cam.sock").display().to_string();
     let (mut p, gpu, stream) = stream_order_ring(&socket);
-    let marks = marks::StageMarks::default();
-    let _marks = {
-        use tracing_subscriber::layer::SubscriberExt;
-        let filter = tracing_subscriber::filter::Targets::new().with_target("vramring::publish", tracing::Level::TRACE);
-        let layer = tracing_subscriber::Layer::with_filter(marks.clone(), filter);
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(layer))
-    };
-    tracing::callsite::rebuild_interest_cache();
+    let (marks, _marks) = marks::StageMarks::on_this_thread();
     let subs = vec![
         consumer(&socket, "push-a", &["--mode", "latest", "--push"], &[]),
         consumer(&socket, "push-b", &["--mode", "latest", "--push"], &[]),

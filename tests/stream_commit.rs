@@ -219,6 +219,15 @@ fn one_target_pool(
     one_target_pool_with(pubd, subd, words, CommitGraph::Always)
 }
 
+/// Detaches the one target of [`one_target_pool`], closes the import and
+/// the pool, and asserts that the publisher's process leaked nothing.
+fn close_one_target(pubd: &FakeDriver, (mut pool, mut imp, id): (CudaPool<FakeDriver>, CudaImport<FakeDriver>, u64)) {
+    pool.detach_target(id).unwrap();
+    imp.close().unwrap();
+    pool.close().unwrap();
+    assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
+}
+
 /// [`one_target_pool`] with the commit graph's `mode`.
 fn one_target_pool_with(
     pubd: &Arc<FakeDriver>,
@@ -249,7 +258,7 @@ fn one_target_pool_with(
 fn a_failed_commit_stores_no_seq(fail: &'static str, also: Option<&'static str>) {
     let (pubd, subd) = (publisher_process(), subscriber_process());
     let words = Words::new();
-    let (mut pool, mut imp, id) = one_target_pool(&pubd, &subd, &words);
+    let (mut pool, imp, id) = one_target_pool(&pubd, &subd, &words);
     let w = [PushWrite {
         id,
         dst_offset: 0,
@@ -272,10 +281,7 @@ fn a_failed_commit_stores_no_seq(fail: &'static str, also: Option<&'static str>)
     assert!(unsafe { pool.enqueue_commit(&commit, WriteCompletion::Host) }.is_err());
     assert_not_stored(&words, &[1, 2, 10]);
     a_stray_word_is_refused(&mut pool, commit);
-    pool.detach_target(id).unwrap();
-    imp.close().unwrap();
-    pool.close().unwrap();
-    assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
+    close_one_target(&pubd, (pool, imp, id));
 }
 
 #[test]
@@ -292,7 +298,7 @@ fn a_failed_kernel_launch_stores_no_seq_where_the_graph_could_not_be_made() {
 fn commits_replay_the_graph_round_its_descriptor_ring_and_launch_where_an_entry_is_not_free() {
     let (pubd, subd) = (publisher_process(), subscriber_process());
     let words = Words::new();
-    let (mut pool, mut imp, id) = one_target_pool(&pubd, &subd, &words);
+    let (mut pool, imp, id) = one_target_pool(&pubd, &subd, &words);
     let count = |call: &str| pubd.log().iter().filter(|r| r.call == call).count();
     // 150 frames: the 64-entry ring goes round twice. Each frame's bytes
     // differ, and land in the push buffer its descriptor names.
@@ -302,28 +308,15 @@ fn commits_replay_the_graph_round_its_descriptor_ring_and_launch_where_an_entry_
             // had not landed yet: this frame launches instead.
             words.word(2).store(66, Ordering::Release);
         }
-        let launches = count("cuLaunchKernel");
-        commit_frame(
-            &pubd,
-            &subd,
-            (&mut pool, &imp, id),
-            &words,
-            seq,
-            FRAME,
-            (seq % 3) as usize,
-        );
         assert_eq!(
-            count("cuLaunchKernel") - launches,
-            usize::from(seq == 131),
+            commit_frame_path(&pubd, &subd, (&mut pool, &imp, id), &words, seq),
+            if seq == 131 { "launch" } else { "replay" },
             "frame {seq}: a launch only where the ring entry is not free"
         );
     }
     assert_eq!(count("cuGraphLaunch"), 149);
     assert_eq!(count("cuGraphInstantiateWithFlags"), 1, "one graph, made once");
-    pool.detach_target(id).unwrap();
-    imp.close().unwrap();
-    pool.close().unwrap();
-    assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
+    close_one_target(&pubd, (pool, imp, id));
 }
 
 #[test]
@@ -337,25 +330,9 @@ fn by_default_a_ring_replays_while_it_publishes_fast_and_launches_after_a_pause(
     let within = std::time::Duration::from_millis(400);
     let (pubd, subd) = (publisher_process(), subscriber_process());
     let words = Words::new();
-    let (mut pool, mut imp, id) = one_target_pool_with(&pubd, &subd, &words, CommitGraph::Within(within));
+    let (mut pool, imp, id) = one_target_pool_with(&pubd, &subd, &words, CommitGraph::Within(within));
     let count = |call: &str| pubd.log().iter().filter(|r| r.call == call).count();
-    let mut frame = |seq: u64| {
-        let (launches, replays) = (count("cuLaunchKernel"), count("cuGraphLaunch"));
-        commit_frame(
-            &pubd,
-            &subd,
-            (&mut pool, &imp, id),
-            &words,
-            seq,
-            FRAME,
-            (seq % 3) as usize,
-        );
-        match (count("cuLaunchKernel") - launches, count("cuGraphLaunch") - replays) {
-            (1, 0) => "launch",
-            (0, 1) => "replay",
-            other => panic!("frame {seq}: {other:?} launches and replays"),
-        }
-    };
+    let mut frame = |seq: u64| commit_frame_path(&pubd, &subd, (&mut pool, &imp, id), &words, seq);
     assert_eq!(frame(1), "launch", "a ring's first push commit has no pace yet");
     assert_eq!(count("cuGraphInstantiateWithFlags"), 0, "no graph until one replays");
     for seq in 2..=6 {
@@ -371,17 +348,14 @@ fn by_default_a_ring_replays_while_it_publishes_fast_and_launches_after_a_pause(
         .expect("the ring replays again at a fast pace");
     assert!(after[first..].iter().all(|&p| p == "replay"), "{after:?}");
     assert_eq!(count("cuGraphInstantiateWithFlags"), 1, "one graph, made once");
-    pool.detach_target(id).unwrap();
-    imp.close().unwrap();
-    pool.close().unwrap();
-    assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
+    close_one_target(&pubd, (pool, imp, id));
 }
 
 #[test]
 fn a_ring_that_never_publishes_within_the_window_never_makes_a_graph() {
     let (pubd, subd) = (publisher_process(), subscriber_process());
     let words = Words::new();
-    let (mut pool, mut imp, id) =
+    let (mut pool, imp, id) =
         one_target_pool_with(&pubd, &subd, &words, CommitGraph::Within(std::time::Duration::ZERO));
     for seq in 1..=3u64 {
         std::thread::sleep(std::time::Duration::from_millis(2));
@@ -399,10 +373,7 @@ fn a_ring_that_never_publishes_within_the_window_never_makes_a_graph() {
     assert_eq!(count("cuLaunchKernel"), 3);
     assert_eq!(count("cuGraphInstantiateWithFlags") + count("cuGraphLaunch"), 0);
     assert_eq!(count("cuMemHostRegister_v2"), 1, "no descriptor ring");
-    pool.detach_target(id).unwrap();
-    imp.close().unwrap();
-    pool.close().unwrap();
-    assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
+    close_one_target(&pubd, (pool, imp, id));
 }
 
 /// Fills the pool's first `FRAME` bytes with `seq as u8`, commits `len`
@@ -441,6 +412,25 @@ fn commit_frame(
     // SAFETY: push buffer `k` holds at least FRAME bytes.
     unsafe { subd.memcpy_dtoh(&mut host, imp.push_addr(k)) }.unwrap();
     assert!(host.iter().all(|&b| b == seq as u8), "frame {seq} did not arrive whole");
+}
+
+/// [`commit_frame`] of frame `seq` (whole, into push buffer `seq % 3`):
+/// `"launch"` or `"replay"`, the way it was committed.
+fn commit_frame_path(
+    pubd: &FakeDriver,
+    subd: &FakeDriver,
+    target: (&mut CudaPool<FakeDriver>, &CudaImport<FakeDriver>, u64),
+    words: &Words,
+    seq: u64,
+) -> &'static str {
+    let count = |call: &str| pubd.log().iter().filter(|r| r.call == call).count();
+    let (launches, replays) = (count("cuLaunchKernel"), count("cuGraphLaunch"));
+    commit_frame(pubd, subd, target, words, seq, FRAME, (seq % 3) as usize);
+    match (count("cuLaunchKernel") - launches, count("cuGraphLaunch") - replays) {
+        (1, 0) => "launch",
+        (0, 1) => "replay",
+        other => panic!("frame {seq}: {other:?} launches and replays"),
+    }
 }
 
 /// Asserts that a failed commit stored none of the words `ks`.
@@ -566,8 +556,10 @@ fn a_commit_marks_its_stages_for_a_tracing_subscriber() {
         // threads, and one registered while this subscriber was being set
         // up may have cached "no interest" (a race of `tracing`'s scoped
         // subscribers): a first round registers every callsite, then their
-        // interest is asked again, and the second round counts.
+        // interest is asked again, and the second round counts (each round
+        // one commit through the graph and one launched).
         commit_round(&pubd, &subd).unwrap();
+        commit_round_with(&pubd, &subd, false).unwrap();
         tracing::callsite::rebuild_interest_cache();
         take();
         commit_round(&pubd, &subd).unwrap();
@@ -591,7 +583,7 @@ fn a_commit_marks_its_stages_for_a_tracing_subscriber() {
 fn a_commit_of_another_size_launches_and_the_graph_serves_the_next() {
     let (pubd, subd) = (publisher_process(), subscriber_process());
     let words = Words::new();
-    let (mut pool, mut imp, id) = one_target_pool(&pubd, &subd, &words);
+    let (mut pool, imp, id) = one_target_pool(&pubd, &subd, &words);
     let count = |call: &str| pubd.log().iter().filter(|r| r.call == call).count();
     // The graph is made for the first commit's grid; the second, half the
     // size, needs another grid and launches; the third is the graph's again.
@@ -605,8 +597,5 @@ fn a_commit_of_another_size_launches_and_the_graph_serves_the_next() {
         );
     }
     assert_eq!(count("cuGraphInstantiateWithFlags"), 1, "the graph is kept, not remade");
-    pool.detach_target(id).unwrap();
-    imp.close().unwrap();
-    pool.close().unwrap();
-    assert!(pubd.leaks().is_empty(), "{:?}", pubd.leaks());
+    close_one_target(&pubd, (pool, imp, id));
 }

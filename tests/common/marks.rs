@@ -30,6 +30,18 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StageMarks {
 }
 
 impl StageMarks {
+    /// Records the marks of this thread's publishes until the guard drops.
+    #[allow(dead_code)]
+    pub fn on_this_thread() -> (StageMarks, tracing::subscriber::DefaultGuard) {
+        use tracing_subscriber::layer::SubscriberExt;
+        let marks = StageMarks::default();
+        let filter = tracing_subscriber::filter::Targets::new().with_target("vramring::publish", tracing::Level::TRACE);
+        let layer = tracing_subscriber::Layer::with_filter(marks.clone(), filter);
+        let guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
+        tracing::callsite::rebuild_interest_cache();
+        (marks, guard)
+    }
+
     /// The marks since the last take, with their times.
     fn drain(&self) -> Vec<(Instant, String)> {
         std::mem::take(&mut *self.0.lock().expect("marks"))
