@@ -47,7 +47,7 @@
 //!
 //! **Only when the ring publishes often** ([`CommitGraph`], ADR 0022). On
 //! the H200 the graph cut the producer's CPU per publish by about 40 % with
-//! a frame every 2 ms, at 1–4 µs more latency (the fetch node), broke even
+//! a frame every 2 ms, at a few µs more latency (the fetch node), broke even
 //! near a frame every 5 ms and cost more CPU than the launch from 10 ms on
 //! (25 fps: 5–8 µs more latency too), in one process publishing 64 rings
 //! as well (docs/PERF.md, "A publish that replays a graph" and "The graph
