@@ -141,11 +141,21 @@ impl Default for CommitGraph {
 /// that did so paid more than either path alone (each stayed cold).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Pace {
+    /// When the previous push commit was enqueued.
+    last: Option<std::time::Instant>,
     average: Option<std::time::Duration>,
     replaying: bool,
 }
 
 impl Pace {
+    /// A push commit enqueued at `now`: [`next`](Self::next) with the
+    /// interval since the previous one.
+    pub(crate) fn at(&mut self, within: std::time::Duration, now: std::time::Instant) -> bool {
+        let interval = self.last.map(|t| now.saturating_duration_since(t));
+        self.last = Some(now);
+        self.next(within, interval)
+    }
+
     /// Takes the interval since the ring's previous push commit (`None`:
     /// this is its first) and says whether this commit replays, for the
     /// bound `within`.
@@ -426,8 +436,6 @@ pub(crate) struct CommitKernel {
     counters: Option<DevicePtr>,
     replay: Replay,
     mode: CommitGraph,
-    /// When the previous push commit was enqueued.
-    last_push: Option<std::time::Instant>,
     pace: Pace,
 }
 
@@ -512,7 +520,6 @@ impl CommitKernel {
                     Replay::Untried
                 },
                 mode,
-                last_push: None,
                 pace: Pace::default(),
             }),
             Err(e) => {
@@ -552,12 +559,7 @@ impl CommitKernel {
             let replays = match self.mode {
                 CommitGraph::Never => false,
                 CommitGraph::Always => true,
-                CommitGraph::Within(within) => {
-                    let now = std::time::Instant::now();
-                    let interval = self.last_push.map(|t| now.saturating_duration_since(t));
-                    self.last_push = Some(now);
-                    self.pace.next(within, interval)
-                }
+                CommitGraph::Within(within) => self.pace.at(within, std::time::Instant::now()),
             };
             if !replays {
                 // SAFETY: this method's contract.
