@@ -18,17 +18,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use vramring::memory::cuda::{CudaImport, CudaPool, DeviceSelector, RealDriver};
-use vramring::memory::{ExportedPool, ImportedPool};
+use vramring::seam::cuda::{CudaImport, CudaPool, DeviceSelector, RealDriver};
+use vramring::seam::cuda::{ExportedPool, ImportedPool};
 
-#[path = "common/mod.rs"]
-#[allow(dead_code)]
-mod common;
 use common::{pct_us, R};
+use vramring_benches as common;
 
 const ROUNDS: usize = 300;
 /// 1080p NV12, rounded up to the crate's slot alignment as push strides are.
-const STRIDE: u64 = (1920 * 1080 * 3 / 2u64).next_multiple_of(vramring::format::SLOT_ALIGN);
+const STRIDE: u64 = (1920 * 1080 * 3 / 2u64).next_multiple_of(vramring::seam::format::SLOT_ALIGN);
 
 /// Environment variable naming the child's socket descriptor.
 const CHILD_ENV: &str = "VRAMRING_ATTACH_BENCH_SOCKET";
@@ -38,11 +36,11 @@ const CHILD_ENV: &str = "VRAMRING_ATTACH_BENCH_SOCKET";
 fn child(sock: std::os::fd::OwnedFd, uuid: [u8; 16]) -> R<()> {
     use std::os::fd::AsFd;
     let mut sub = CudaImport::push_only(RealDriver::shared()?, uuid)?;
-    let (fd, _) = sub.alloc_push(vramring::layout::PUSH_BUFFERS as u32, STRIDE)?;
-    vramring::socket::transport::send(sock.as_fd(), b"push", &[fd.as_fd()])?;
+    let (fd, _) = sub.alloc_push(vramring::seam::layout::PUSH_BUFFERS as u32, STRIDE)?;
+    vramring::seam::socket::transport::send(sock.as_fd(), b"push", &[fd.as_fd()])?;
     drop(fd);
     // Until the parent closes its end.
-    let _ = vramring::socket::transport::recv(sock.as_fd(), std::time::Duration::from_secs(600));
+    let _ = vramring::seam::socket::transport::recv(sock.as_fd(), std::time::Duration::from_secs(600));
     sub.close()?;
     Ok(())
 }
@@ -59,7 +57,7 @@ fn from_child(uuid: [u8; 16]) -> R<(std::os::fd::OwnedFd, std::process::Child, s
         .env(CHILD_ENV, format!("{} {hex}", theirs.as_raw_fd()))
         .spawn()?;
     drop(theirs);
-    let got = vramring::socket::transport::recv(ours.as_fd(), std::time::Duration::from_secs(30))?
+    let got = vramring::seam::socket::transport::recv(ours.as_fd(), std::time::Duration::from_secs(30))?
         .ok_or("the child sent no push buffers")?;
     let fd = got
         .fds
@@ -94,7 +92,7 @@ fn main() -> R<()> {
     let uuid = pool.device_uuid();
     let (remote_fd, mut remote, hangup) = from_child(uuid)?;
     let mut sub = CudaImport::push_only(Arc::clone(&d), uuid)?;
-    let (local_fd, bytes) = sub.alloc_push(vramring::layout::PUSH_BUFFERS as u32, STRIDE)?;
+    let (local_fd, bytes) = sub.alloc_push(vramring::seam::layout::PUSH_BUFFERS as u32, STRIDE)?;
     let mut rows = Vec::new();
     for (made, fd) in [("another process", &remote_fd), ("this process", &local_fd)] {
         for (how, sync) in [

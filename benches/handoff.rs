@@ -14,10 +14,8 @@ use std::time::Instant;
 
 use cudarc::driver::sys;
 
-#[path = "common/mod.rs"]
-#[allow(dead_code)]
-mod common;
 use common::{ck, make_primary_current, R};
+use vramring_benches as common;
 
 const BYTES: usize = 2048 * 1620; // 1080p NV12 at a 2048-byte pitch
 const ROUNDS: usize = 2000;
@@ -162,7 +160,7 @@ fn main() -> R<()> {
         println!("{p50:.1} {p99:.1}");
         return Ok(());
     }
-    if !vramring::memory::cuda::cuda_usable() {
+    if !vramring::cuda::cuda_usable() {
         eprintln!("handoff probe: no usable CUDA GPU; nothing measured");
         return Ok(());
     }

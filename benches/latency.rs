@@ -72,27 +72,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
+use vramring::cuda::CommitGraph;
 use vramring::BackendChoice;
 use vramring::ServeOptions as _;
 use vramring::{
     CommitMode, Format, FrameMeta, Mode, Policy, Publisher, PullStart, RingConfig, Subscriber, SubscriberOptions,
 };
 
-#[path = "common/mod.rs"]
-#[allow(dead_code)]
-mod common;
-#[path = "common/procs.rs"]
-#[allow(dead_code)]
-mod procs;
 use common::{ck, make_primary_current, pct_us as pct, read_samples, thread_cpu_ns, write_samples, FLOOR_PTX, R};
 use procs::{Children, MpsChoice, MpsDaemon};
+use vramring_benches as common;
+use vramring_benches::procs;
 
-#[path = "common/host.rs"]
-#[allow(dead_code)]
-mod host;
+use vramring_benches::host;
 
 fn now_ns() -> u64 {
-    vramring::time::monotonic_ns()
+    vramring::monotonic_ns()
 }
 
 /// What two back-to-back [`thread_cpu_ns`] reads cost (µs, median of
@@ -505,6 +500,11 @@ fn vr_producer(c: &Case, shm_path: &Path) -> R<()> {
             CommitMode::Synchronous
         } else {
             CommitMode::Stream
+        })
+        .commit_graph(match c.system {
+            System::VramringPushGraph => CommitGraph::Always,
+            System::VramringPushLaunch => CommitGraph::Never,
+            _ => CommitGraph::AUTO,
         });
     if c.system == System::VramringPushChurnWarmUnbounded {
         cfg = cfg.unbounded_attaches();
@@ -692,8 +692,8 @@ fn vr_churner(c: &Case) -> R<()> {
 /// `vrpbw`'s keeps its context (the primary one, retained) and pauses one
 /// frame interval, about as long as `vrpcw`'s churner stays.
 fn vr_bystander(c: &Case) -> R<()> {
-    use vramring::memory::cuda::{CudaImport, RealDriver};
-    use vramring::memory::ImportedPool;
+    use vramring::seam::cuda::ImportedPool;
+    use vramring::seam::cuda::{CudaImport, RealDriver};
     let mut u = sys::CUuuid { bytes: [0; 16] };
     // SAFETY: cuInit, then device 0's UUID into a local.
     unsafe {
@@ -703,7 +703,10 @@ fn vr_bystander(c: &Case) -> R<()> {
         ck("cuDeviceGetUuid_v2", sys::cuDeviceGetUuid_v2(&mut u, dev))?;
     }
     let uuid = u.bytes.map(|b| b as u8);
-    let stride = c.geometry().frame_bytes.next_multiple_of(vramring::format::SLOT_ALIGN);
+    let stride = c
+        .geometry()
+        .frame_bytes
+        .next_multiple_of(vramring::seam::format::SLOT_ALIGN);
     let pause = if c.system.beside().is_some_and(|(_, warm)| warm) {
         make_primary_current()?;
         Duration::from_micros(c.interval_us)
@@ -714,7 +717,7 @@ fn vr_bystander(c: &Case) -> R<()> {
     let give_up = Instant::now() + Duration::from_secs(600);
     while Instant::now() < give_up && c.sock().exists() {
         let mut imp = CudaImport::push_only(RealDriver::shared()?, uuid)?;
-        let (fd, _) = imp.alloc_push(vramring::layout::PUSH_BUFFERS as u32, stride)?;
+        let (fd, _) = imp.alloc_push(vramring::seam::layout::PUSH_BUFFERS as u32, stride)?;
         drop(fd);
         std::thread::sleep(pause);
         imp.close()?;
@@ -1167,17 +1170,6 @@ fn spawn_role(children: &mut Children, role: &str, c: &Case, extra: &[String], m
         .args(extra)
         .stdin(Stdio::null());
     procs::set_child_env(&mut cmd, mps);
-    if role == "producer" {
-        match c.system {
-            System::VramringPushGraph => {
-                cmd.env(vramring::memory::cuda::COMMIT_GRAPH_ENV, "1");
-            }
-            System::VramringPushLaunch => {
-                cmd.env(vramring::memory::cuda::COMMIT_GRAPH_ENV, "0");
-            }
-            _ => {}
-        }
-    }
     let name = match extra.get(1) {
         Some(id) => format!("{role} {id}"),
         None => role.to_string(),
@@ -1719,7 +1711,7 @@ fn main() -> R<()> {
             .collect::<Result<Vec<_>, _>>()?,
         None => vec![1, 4, 8],
     };
-    if !vramring::memory::cuda::cuda_usable() {
+    if !vramring::cuda::cuda_usable() {
         eprintln!("latency bench: no usable CUDA GPU here; nothing measured (run it on a GPU machine)");
         return Ok(());
     }

@@ -136,7 +136,7 @@ fn queue_depth(size: usize, factor: u64) -> usize {
 const IDLE: Duration = Duration::from_secs(3);
 
 fn now_ns() -> u64 {
-    vramring::time::monotonic_ns()
+    vramring::monotonic_ns()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -52,26 +52,20 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use vramring::memory::cuda::GpuTestPattern;
-use vramring::time::monotonic_ns;
+use vramring::monotonic_ns;
 use vramring::{
     BackendChoice, BackendKind, Error as RingError, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber,
     SubscriberOptions,
 };
+use vramring_testkit::gpu::GpuTestPattern;
 
-#[path = "common/procs.rs"]
-#[allow(dead_code)]
-mod procs;
 use procs::{Children, MpsChoice, MpsDaemon};
+use vramring_benches::procs;
 
-#[path = "common/host.rs"]
-#[allow(dead_code)]
-mod host;
+use vramring_benches::host;
 
-#[path = "common/mod.rs"]
-#[allow(dead_code)]
-mod common;
 use common::{pct, thread_cpu_ns};
+use vramring_benches as common;
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -493,7 +487,7 @@ fn ring_thread(p: &Params, dir: &Path, camera: usize, ready: &AtomicUsize, go: &
     let mut gpu = match publisher.backend() {
         BackendKind::Host => None,
         _ => Some(
-            GpuTestPattern::for_uuid(publisher.info().device_uuid)
+            GpuTestPattern::for_uuid(publisher.info().device_uuid())
                 .map_err(|e| format!("camera {camera}: pattern kernels: {e}"))?,
         ),
     };
@@ -545,7 +539,7 @@ fn ring_thread(p: &Params, dir: &Path, camera: usize, ready: &AtomicUsize, go: &
             // it is device memory of the GPU's primary context, which `g` uses.
             unsafe { g.fill(slot.addr(), frame_bytes, seq) }.map_err(|e| format!("camera {camera}: fill: {e}"))?;
         } else {
-            vramring::testpattern::fill(slot.bytes_mut()?, seq);
+            vramring_testkit::pattern::fill(slot.bytes_mut()?, seq);
         }
         let t0 = monotonic_ns();
         let mut user = [0u8; 24];
@@ -837,9 +831,9 @@ static VERIFIER: OnceLock<Result<Mutex<GpuTestPattern>, String>> = OnceLock::new
 
 fn verify_frame(frame: &vramring::Frame<'_>) -> R<bool> {
     if let Some(bytes) = frame.host_bytes() {
-        return Ok(vramring::testpattern::verify(bytes, frame.seq()).is_ok());
+        return Ok(vramring_testkit::pattern::verify(bytes, frame.seq()).is_ok());
     }
-    let uuid = frame.info().device_uuid;
+    let uuid = frame.info().device_uuid();
     let v = VERIFIER.get_or_init(|| {
         GpuTestPattern::for_uuid(uuid)
             .map(Mutex::new)
@@ -1506,7 +1500,7 @@ fn real_main() -> R<()> {
             Role::Subscriber => subscriber_main(&p, dir, cli.index),
         };
     }
-    if p.backend == BackendArg::Cuda && !vramring::memory::cuda::cuda_usable() {
+    if p.backend == BackendArg::Cuda && !vramring::cuda::cuda_usable() {
         eprintln!("scale bench: no usable CUDA GPU here; nothing measured (--backend host runs on the CPU)");
         return Ok(());
     }

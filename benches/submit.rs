@@ -63,10 +63,8 @@ use std::path::PathBuf;
 
 use cudarc::driver::sys;
 
-#[path = "common/mod.rs"]
-#[allow(dead_code)]
-mod common;
 use common::{ck, make_primary_current, pct_us, sleep_until_ns, thread_cpu_ns, FLOOR_PTX, R};
+use vramring_benches as common;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Primitive {
@@ -519,14 +517,14 @@ struct Samples {
 /// One paced call of `p` (sample `k`), due at `due`, into row `i` of `out`.
 fn sample(rig: &mut Rig, p: Primitive, k: u32, due: u64, i: usize, out: &mut Samples) -> R<()> {
     sleep_until_ns(due);
-    let (w0, c0) = (vramring::time::monotonic_ns(), thread_cpu_ns());
+    let (w0, c0) = (vramring::monotonic_ns(), thread_cpu_ns());
     rig.submit(p, k)?;
-    let (c1, w1) = (thread_cpu_ns(), vramring::time::monotonic_ns());
+    let (c1, w1) = (thread_cpu_ns(), vramring::monotonic_ns());
     out.cpu[i].push(c1 - c0);
     out.wall[i].push(w1 - w0);
     if p.pings() {
         rig.wait_ping()?;
-        out.trip[i].push(vramring::time::monotonic_ns() - w0);
+        out.trip[i].push(vramring::monotonic_ns() - w0);
     }
     Ok(())
 }
@@ -557,7 +555,7 @@ fn measure(rig: &mut Rig, schedule: Schedule, interval_us: u64, samples: u32) ->
             for p in PRIMITIVES {
                 warm_up(rig, p)?;
             }
-            let mut due = vramring::time::monotonic_ns();
+            let mut due = vramring::monotonic_ns();
             for k in 0..samples {
                 for (i, p) in PRIMITIVES.into_iter().enumerate() {
                     due += step;
@@ -572,7 +570,7 @@ fn measure(rig: &mut Rig, schedule: Schedule, interval_us: u64, samples: u32) ->
             for round in 0..ALONE_ROUNDS {
                 for (i, p) in PRIMITIVES.into_iter().enumerate() {
                     warm_up(rig, p)?;
-                    let mut due = vramring::time::monotonic_ns();
+                    let mut due = vramring::monotonic_ns();
                     for k in round * per_round..((round + 1) * per_round).min(samples) {
                         due += step;
                         sample(rig, p, k, due, i, &mut out)?;
@@ -611,7 +609,7 @@ fn main() -> R<()> {
         None => vec![Schedule::Turns, Schedule::Alone],
     };
     let out_dir = value_of("--out").map(PathBuf::from);
-    if !vramring::memory::cuda::cuda_usable() {
+    if !vramring::cuda::cuda_usable() {
         eprintln!("submit bench: no usable CUDA GPU; nothing measured");
         return Ok(());
     }

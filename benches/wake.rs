@@ -78,21 +78,17 @@ use vramring::{
     BackendChoice, Format, FrameMeta, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions, WaitStrategy,
 };
 
-#[path = "common/mod.rs"]
-#[allow(dead_code)]
-mod common;
 use common::{pct_us as pct, read_samples, sleep_until_ns, write_samples, R};
+use vramring_benches as common;
 
-#[path = "common/host.rs"]
-#[allow(dead_code)]
-mod host;
+use vramring_benches::host;
 
 const SLOTS: u32 = 8;
 /// Seed of the irregular cadence (xorshift64).
 const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
 
 fn now_ns() -> u64 {
-    vramring::time::monotonic_ns()
+    vramring::monotonic_ns()
 }
 
 fn process_cpu_ns() -> u64 {
@@ -1175,7 +1171,7 @@ fn real_main() -> R<()> {
         Some("cuda") => true,
         Some(other) => return Err(format!("--backend {other}: host or cuda").into()),
     };
-    if cuda && !vramring::memory::cuda::cuda_usable() {
+    if cuda && !vramring::cuda::cuda_usable() {
         return Err("wake bench: --backend cuda but no usable CUDA GPU here".into());
     }
     let push = !args.iter().any(|a| a == "--pull");

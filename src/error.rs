@@ -3,6 +3,8 @@
 use std::io;
 use std::path::PathBuf;
 
+use crate::socket::msg;
+
 /// Everything that can go wrong in `vramring`, as typed variants a caller can
 /// match on. Messages say what happened and, where it helps, what to do.
 #[derive(Debug, thiserror::Error)]
@@ -193,7 +195,69 @@ pub enum Error {
 /// Shorthand for `Result<T, vramring::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Why a publisher refused a subscriber: the reject codes of
+/// `proto/PROTOCOL.md`, as [`Error::refusal`] reads them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The two sides speak different protocol versions.
+    Version,
+    /// The peer's uid or gid is not on the publisher's allow-list.
+    Permission,
+    /// The subscriber table is full.
+    Full,
+    /// The subscriber cannot import this ring's memory backend.
+    Backend,
+    /// Lossless was asked of a ring whose policy is overwrite.
+    Policy,
+    /// The Hello was malformed.
+    BadHello,
+    /// The publisher is shutting down.
+    Shutdown,
+    /// Write access was asked for and not granted.
+    WriteDenied,
+    /// The socket serves the other kind of ring (frames or packets).
+    Kind,
+    /// Pull delivery is not granted to this peer; push delivery is.
+    PullDenied,
+}
+
+impl Refusal {
+    const CODES: [(u32, Refusal); 10] = [
+        (msg::REJECT_VERSION, Refusal::Version),
+        (msg::REJECT_PERMISSION, Refusal::Permission),
+        (msg::REJECT_FULL, Refusal::Full),
+        (msg::REJECT_BACKEND, Refusal::Backend),
+        (msg::REJECT_POLICY, Refusal::Policy),
+        (msg::REJECT_BAD_HELLO, Refusal::BadHello),
+        (msg::REJECT_SHUTDOWN, Refusal::Shutdown),
+        (msg::REJECT_WRITE_DENIED, Refusal::WriteDenied),
+        (msg::REJECT_KIND, Refusal::Kind),
+        (msg::REJECT_PULL_DENIED, Refusal::PullDenied),
+    ];
+
+    /// The refusal a wire reject code names; `None` for a code this build
+    /// does not know.
+    pub fn from_code(code: u32) -> Option<Refusal> {
+        Self::CODES.iter().find(|(c, _)| *c == code).map(|(_, r)| *r)
+    }
+
+    /// The wire reject code.
+    pub fn code(self) -> u32 {
+        Self::CODES.iter().find(|(_, r)| *r == self).map_or(0, |(c, _)| *c)
+    }
+}
+
 impl Error {
+    /// Why the publisher refused, for an [`Error::Refused`] with a known
+    /// code; `None` for every other error.
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            Error::Refused { code, .. } => Refusal::from_code(*code),
+            _ => None,
+        }
+    }
+
     /// An [`Error::Io`] with context.
     pub fn io(context: impl Into<String>, source: impl Into<io::Error>) -> Self {
         Error::Io {
@@ -214,5 +278,24 @@ impl<T, E: Into<io::Error>> IoContext<T> for std::result::Result<T, E> {
             context: context(),
             source: e.into(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{msg, Error, Refusal};
+
+    #[test]
+    fn every_reject_code_reads_back_as_its_refusal() {
+        for (code, r) in Refusal::CODES {
+            assert_eq!(Refusal::from_code(code), Some(r));
+            assert_eq!(r.code(), code);
+        }
+        assert_eq!(Refusal::from_code(0), None);
+        let e = Error::Refused {
+            code: msg::REJECT_PULL_DENIED,
+            reason: String::new(),
+        };
+        assert_eq!(e.refusal(), Some(Refusal::PullDenied));
     }
 }

@@ -524,7 +524,7 @@ impl Inspector {
             ));
         };
         let (control, info, subs, client) =
-            crate::frame::subscriber::map_frame_ring(&welcome, control_fd.as_fd(), &subs_fd, &client_fd)?;
+            crate::ring::attach::map_frame_ring(&welcome, control_fd.as_fd(), &subs_fd, &client_fd)?;
         let lease = Lease::new(sock, subs, client, &welcome, info.max_subscribers, info.epoch)?;
         Ok(Inspector {
             path,
@@ -548,7 +548,7 @@ impl Inspector {
                 "a packet Welcome must carry exactly 3 descriptors".into(),
             ));
         };
-        let (subs, client, max) = crate::packet::map_packet_table(&welcome, &subs_fd, &client_fd)?;
+        let (subs, client, max) = crate::ring::attach::map_packet_table(&welcome, &subs_fd, &client_fd)?;
         let lease = Lease::new(sock, subs, client, &welcome, max, welcome.epoch)?;
         // A reader that is never read from: it maps and validates the ring
         // read-only, and reads the codec parameters under their seqlock.

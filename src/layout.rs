@@ -440,28 +440,79 @@ pub const fn subs_bytes(max_subscribers: u32) -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingInfo {
     /// The publisher instance.
-    pub epoch: u64,
+    pub(crate) epoch: u64,
     /// Slots, a power of two in `MIN_SLOTS..=MAX_SLOTS`.
-    pub slot_count: u32,
+    pub(crate) slot_count: u32,
     /// `BACKEND_*`.
-    pub backend: u32,
+    pub(crate) backend: u32,
     /// `POLICY_*`.
-    pub policy: u32,
+    pub(crate) policy: u32,
     /// Format and plane layout.
-    pub geometry: Geometry,
+    pub(crate) geometry: Geometry,
     /// Pool bytes to map.
-    pub pool_bytes: u64,
+    pub(crate) pool_bytes: u64,
     /// GPU UUID, zero for host.
-    pub device_uuid: [u8; 16],
+    pub(crate) device_uuid: [u8; 16],
     /// Subscriber table entries.
-    pub max_subscribers: u32,
+    pub(crate) max_subscribers: u32,
     /// Bytes of the control region.
-    pub control_bytes: u64,
+    pub(crate) control_bytes: u64,
     /// `RING_*` flags.
-    pub flags: u32,
+    pub(crate) flags: u32,
 }
 
 impl RingInfo {
+    /// The publisher instance: a random number each `Publisher::create`
+    /// draws, so that a subscriber can tell a restarted publisher apart.
+    pub const fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Slots in the ring.
+    pub const fn slot_count(&self) -> u32 {
+        self.slot_count
+    }
+
+    /// Where the pool lives.
+    pub fn backend(&self) -> crate::BackendKind {
+        // Validated when the header was read: the code is a known one.
+        crate::BackendKind::from_code(self.backend).unwrap_or(crate::BackendKind::Host)
+    }
+
+    /// Whether the publisher waits for lossless subscribers.
+    pub fn policy(&self) -> crate::Policy {
+        if self.policy == POLICY_LOSSLESS {
+            crate::Policy::Lossless
+        } else {
+            crate::Policy::Overwrite
+        }
+    }
+
+    /// The frames' format and plane layout.
+    pub const fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    /// Bytes of the slot pool.
+    pub const fn pool_bytes(&self) -> u64 {
+        self.pool_bytes
+    }
+
+    /// Bytes of the control region (the header and slot descriptors).
+    pub const fn control_bytes(&self) -> u64 {
+        self.control_bytes
+    }
+
+    /// UUID of the GPU that holds the pool; zero for a host ring.
+    pub const fn device_uuid(&self) -> [u8; 16] {
+        self.device_uuid
+    }
+
+    /// Entries of the subscriber table: the most subscribers at once.
+    pub const fn max_subscribers(&self) -> u32 {
+        self.max_subscribers
+    }
+
     /// `slot_count - 1`, the mask for slot indices.
     pub const fn mask(&self) -> u64 {
         self.slot_count as u64 - 1

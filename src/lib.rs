@@ -65,8 +65,8 @@
 //! `proto/vramring.h` and `proto/PROTOCOL.md`. Who may write what, and what
 //! a hostile subscriber can and cannot do, is in `docs/SECURITY.md`.
 //!
-//! Test scaffolding (the fake CUDA driver, the CPU and GPU test patterns) is
-//! behind the `testing` cargo feature.
+//! Test scaffolding (the fake CUDA driver, the CPU and GPU test patterns, the
+//! multi-process harness) is the `vramring-testkit` crate, a dev-dependency.
 //!
 //! # Examples
 //! ```no_run
@@ -87,32 +87,42 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
-pub mod error;
-pub mod format;
+mod error;
+mod format;
 pub mod frame;
 pub mod inspect;
-pub mod layout;
-pub mod lifecycle;
-pub mod memory;
+pub(crate) mod layout;
+pub(crate) mod lifecycle;
+pub(crate) mod memory;
 #[cfg(feature = "nvdec")]
 pub mod nvdec;
 pub mod packet;
-pub mod ring;
+pub(crate) mod ring;
+#[doc(hidden)]
+pub mod seam;
 pub(crate) mod shm;
-pub mod socket;
+pub(crate) mod socket;
 pub(crate) mod sync;
-#[cfg(feature = "testing")]
-pub mod testpattern;
-pub mod time;
+pub(crate) mod time;
 
-pub use error::{Error, Result};
+/// The CUDA backend as a user sees it: which GPUs can hold a ring, and how
+/// a CUDA ring commits frames.
+pub mod cuda {
+    pub use crate::memory::cuda::{
+        cuda_usable, format_uuid, probe, CommitGraph, DeviceInfo, DeviceSelector, COMMIT_GRAPH_WITHIN,
+    };
+}
+
+pub use error::{Error, Refusal, Result};
 pub use format::{Format, Geometry, Plane};
 pub use frame::{
     BackendChoice, Borrow, CommitMode, Frame, FrameMeta, Mode, Policy, Publisher, PullAccess, PullStart, RingConfig,
-    SlotMut, Subscriber, SubscriberOptions, SubscriberStats,
+    RingInfo, SlotMut, Subscriber, SubscriberOptions, SubscriberStats,
 };
 pub use memory::{BackendKind, WriteCompletion};
 pub use ring::{AttachRate, PublisherStats, ServeConfig, ServeOptions, WaitStrategy};
+pub use socket::AccessPolicy;
+pub use time::monotonic_ns;
 
 /// The README's code blocks, compiled as doctests so they stay true.
 #[cfg(doctest)]

@@ -15,7 +15,7 @@ use crate::error::{Error, IoContext, Result};
 /// Implementors are `#[repr(C)]`, contain only `Atomic*` fields (or arrays
 /// of them, or other `SharedPlain` types), and are valid for every bit
 /// pattern, including all zeroes.
-pub(crate) unsafe trait SharedPlain {}
+pub unsafe trait SharedPlain {}
 
 // SAFETY: each of these is #[repr(C)] of atomics only; every bit pattern is a
 // valid value (see crate::layout).
@@ -33,7 +33,7 @@ unsafe impl SharedPlain for crate::layout::ClientLine {}
 ///
 /// Holds the mapping only through [`MmapRaw`]: no `&[u8]` or `&mut [u8]` is
 /// ever built over bytes a peer can write.
-pub(crate) struct Region {
+pub struct Region {
     map: MmapRaw,
     len: usize,
 }
@@ -48,16 +48,16 @@ impl std::fmt::Debug for Region {
 }
 
 /// Seals on a region that only its creator may write.
-pub(crate) const SEALS_READ_ONLY: SealFlags = SealFlags::SHRINK
+pub const SEALS_READ_ONLY: SealFlags = SealFlags::SHRINK
     .union(SealFlags::GROW)
     .union(SealFlags::FUTURE_WRITE)
     .union(SealFlags::SEAL);
 /// Seals on a region that peers may write but nobody may resize.
-pub(crate) const SEALS_FIXED_SIZE: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW).union(SealFlags::SEAL);
+pub const SEALS_FIXED_SIZE: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW).union(SealFlags::SEAL);
 
 impl Region {
     /// Creates a zeroed memfd of `len` bytes and maps it read-write.
-    pub(crate) fn create(name: &str, len: u64) -> Result<(Region, OwnedFd)> {
+    pub fn create(name: &str, len: u64) -> Result<(Region, OwnedFd)> {
         let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
             .ctx(|| format!("memfd_create({name})"))?;
         rustix::fs::ftruncate(&fd, len).ctx(|| format!("ftruncate memfd {name} to {len} bytes"))?;
@@ -66,7 +66,7 @@ impl Region {
     }
 
     /// Adds `seals` to a memfd this process created.
-    pub(crate) fn seal(fd: BorrowedFd<'_>, seals: SealFlags) -> Result<()> {
+    pub fn seal(fd: BorrowedFd<'_>, seals: SealFlags) -> Result<()> {
         rustix::fs::fcntl_add_seals(fd, seals).ctx(|| "sealing a memfd".into())
     }
 
@@ -74,7 +74,7 @@ impl Region {
     ///
     /// Refuses a file shorter than `len`, so no access through the mapping
     /// can fault past its end.
-    pub(crate) fn map(fd: BorrowedFd<'_>, len: u64, writable: bool) -> Result<Region> {
+    pub fn map(fd: BorrowedFd<'_>, len: u64, writable: bool) -> Result<Region> {
         let st = rustix::fs::fstat(fd).ctx(|| "fstat of a shared region".into())?;
         if (st.st_size as u64) < len {
             return Err(Error::LayoutMismatch(format!(
@@ -112,7 +112,7 @@ impl Region {
     ///
     /// # Errors
     /// [`Error::Io`] when `/proc` is not mounted or the reopen fails.
-    pub(crate) fn reopen_read_only(fd: BorrowedFd<'_>) -> Result<OwnedFd> {
+    pub fn reopen_read_only(fd: BorrowedFd<'_>) -> Result<OwnedFd> {
         let path = format!("/proc/self/fd/{}", fd_raw(fd));
         rustix::fs::open(
             path.as_str(),
@@ -124,7 +124,7 @@ impl Region {
 
     /// Checks that a peer's memfd carries at least `seals`, so it cannot be
     /// shrunk under our mapping.
-    pub(crate) fn require_seals(fd: BorrowedFd<'_>, seals: SealFlags) -> Result<()> {
+    pub fn require_seals(fd: BorrowedFd<'_>, seals: SealFlags) -> Result<()> {
         let have = rustix::fs::fcntl_get_seals(fd).ctx(|| "F_GET_SEALS on a peer's memfd".into())?;
         if !have.contains(seals) {
             return Err(Error::LayoutMismatch(format!(
@@ -134,13 +134,14 @@ impl Region {
         Ok(())
     }
 
-    /// Bytes mapped.
-    pub(crate) fn len(&self) -> usize {
+    /// Bytes mapped (a region is never empty: `map` refuses length 0).
+    #[allow(clippy::len_without_is_empty)]
+    pub fn len(&self) -> usize {
         self.len
     }
 
     /// First mapped byte.
-    pub(crate) fn as_ptr(&self) -> *mut u8 {
+    pub fn as_ptr(&self) -> *mut u8 {
         self.map.as_mut_ptr()
     }
 
@@ -149,7 +150,7 @@ impl Region {
     /// # Panics
     /// When `T` does not fit at `offset` or `offset` is misaligned: callers
     /// compute offsets from validated sizes, so this is a bug, not bad input.
-    pub(crate) fn at<T: SharedPlain>(&self, offset: usize) -> &T {
+    pub fn at<T: SharedPlain>(&self, offset: usize) -> &T {
         let end = offset.checked_add(std::mem::size_of::<T>()).expect("offset overflow");
         assert!(
             end <= self.len,
@@ -168,7 +169,7 @@ impl Region {
     ///
     /// # Panics
     /// As [`Region::at`].
-    pub(crate) fn slice<T: SharedPlain>(&self, offset: usize, count: usize) -> &[T] {
+    pub fn slice<T: SharedPlain>(&self, offset: usize, count: usize) -> &[T] {
         let bytes = count.checked_mul(std::mem::size_of::<T>()).expect("size overflow");
         let end = offset.checked_add(bytes).expect("offset overflow");
         assert!(

@@ -12,7 +12,7 @@
 //!   corruption of an otherwise valid ring (before and after connecting)
 //!   gives a typed error or a working subscriber, never a panic.
 
-mod common;
+use vramring_testkit::procs as common;
 
 use std::fs::File;
 use std::mem::{offset_of, size_of};
@@ -29,14 +29,13 @@ use proptest::test_runner::{Config, TestRunner};
 use rustix::fs::{MemfdFlags, SealFlags};
 
 use common::{SubResult, SubSpec, TempDir};
-use vramring::layout::{self, ProducerLine, RingHeader, SeqLine, SharedRingInfo, SlotDesc, SubEntry, SubsHeader};
-use vramring::socket::msg::{self, Hello, Msg, Notice, Welcome};
-use vramring::socket::transport::{self, Listener};
-use vramring::time::monotonic_ns;
+use vramring::monotonic_ns;
+use vramring::seam::layout::{self, ProducerLine, RingHeader, SeqLine, SharedRingInfo, SlotDesc, SubEntry, SubsHeader};
+use vramring::seam::socket::msg::{self, Hello, Msg, Notice, Welcome};
+use vramring::seam::socket::transport::{self, Listener};
 use vramring::BackendChoice;
-use vramring::{
-    testpattern, Error, Format, FrameMeta, Geometry, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions,
-};
+use vramring::{Error, Format, FrameMeta, Geometry, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions};
+use vramring_testkit::pattern as testpattern;
 
 #[test]
 fn child_process_entry() {

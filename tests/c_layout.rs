@@ -5,11 +5,11 @@
 //! offset and size, constants, message records, and a decode of messages the
 //! Rust encoder produced), compiles it with the system C compiler (`$CC`,
 //! else `cc`), runs it, and compares every line with the value the Rust side
-//! computes from `vramring::layout`, `vramring::format`,
-//! `vramring::packet::layout` and `vramring::socket::msg`. The C code in
+//! computes from `vramring::seam::layout`, `vramring::format`,
+//! `vramring::seam::packet_layout` and `vramring::seam::socket::msg`. The C code in
 //! `proto/PROTOCOL.md` is compiled too: its test-pattern functions are
-//! checked against `vramring::testpattern`, its push-delivery claim,
-//! complete and take (section 16.5) against `vramring::frame::protocol::push`, and
+//! checked against `vramring_testkit::pattern`, its push-delivery claim,
+//! complete and take (section 16.5) against `vramring::seam::protocol::push`, and
 //! its packet reader (section 17.12) is run on a packet ring the Rust writer
 //! filled and checked against `vramring::packet::PacketReader`; its
 //! Appendix B frame reader runs as a lossless subscriber of a real Rust
@@ -27,18 +27,18 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::Ordering;
 
-use vramring::format;
-use vramring::frame::protocol::push;
-use vramring::layout::{
+use vramring::packet::{Packet, PacketMeta, PacketReader, PacketRingConfig, PacketWriter};
+use vramring::seam::format;
+use vramring::seam::layout::{
     self, ClientLine, DoorbellLine, ProducerLine, RingHeader, SeqLine, SharedRingInfo, SlotDesc, SubEntry, SubsHeader,
 };
-use vramring::packet::layout::{
+use vramring::seam::packet_layout::{
     self as packet_layout, PacketHeader, PacketInfo, PacketRecord, PacketRingInfo, PacketSeqLine, PacketTailLine,
     ParamsArea,
 };
-use vramring::packet::{Packet, PacketMeta, PacketReader, PacketRingConfig, PacketWriter};
-use vramring::socket::msg::{self, Attach, Hello, Msg, Notice, Welcome};
-use vramring::socket::transport;
+use vramring::seam::protocol::push;
+use vramring::seam::socket::msg::{self, Attach, Hello, Msg, Notice, Welcome};
+use vramring::seam::socket::transport;
 use vramring::{Error, Format};
 
 /// One line the C program prints and the value Rust expects for it.
@@ -400,7 +400,7 @@ fn constants(c: &mut Checks) {
     c.push("VR_EVICT_LEASE (msg)", "VR_EVICT_LEASE", msg::EVICT_LEASE);
     c.constant("VR_EVICT_ATTACH", msg::EVICT_ATTACH);
     c.push("VR_EVICT_PROTOCOL (msg)", "VR_EVICT_PROTOCOL", msg::EVICT_PROTOCOL);
-    c.constant("VR_MAX_GRANULARITY", vramring::memory::cuda::MAX_GRANULARITY);
+    c.constant("VR_MAX_GRANULARITY", vramring::seam::cuda::MAX_GRANULARITY);
 
     // Every message kind is in the header: a new `Msg` variant fails to
     // compile here, a new kind code fails to decode below.
@@ -846,7 +846,7 @@ fn doc_c_block(md: &str, heading: &str) -> String {
 }
 
 /// The C code PROTOCOL.md shows compiles against the header, and its test
-/// pattern computes the same words as `vramring::testpattern`.
+/// pattern computes the same words as `vramring_testkit::pattern`.
 fn protocol_md_code(c: &mut Checks) {
     let md_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("proto/PROTOCOL.md");
     let md = std::fs::read_to_string(&md_path).expect("reading proto/PROTOCOL.md");
@@ -859,13 +859,13 @@ fn protocol_md_code(c: &mut Checks) {
         c.push(
             format!("appendix-a word({seq:#x},{i})"),
             format!("word(UINT64_C({seq:#x}), {i}u)"),
-            vramring::testpattern::word(seq, i),
+            vramring_testkit::pattern::word(seq, i),
         );
     }
     c.push(
         "appendix-a mix32(0xdeadbeef)",
         "mix32(0xdeadbeefu)",
-        vramring::testpattern::mix32(0xdead_beef),
+        vramring_testkit::pattern::mix32(0xdead_beef),
     );
 
     // Appendix B, after the two functions it names: `use_frame` checks the
@@ -1208,7 +1208,7 @@ fn c_push_entry(c: &mut Checks, name: &str, push_seq: [u64; layout::PUSH_BUFFERS
 }
 
 /// The push-delivery C code of PROTOCOL.md section 16.5 compiles, and its
-/// claim, complete and take do what `vramring::frame::protocol::push` does.
+/// claim, complete and take do what `vramring::seam::protocol::push` does.
 fn protocol_md_push(c: &mut Checks, md: &str) {
     let code = doc_c_block(md, "### 16.5 The claim and hold protocol");
     let _ = writeln!(c.top, "/* PROTOCOL.md, section 16.5 */\n{code}\n");
@@ -1462,7 +1462,7 @@ fn appendix_b_runs_against_a_rust_publisher(exe: &Path, dir: &Path) {
             .loan(Duration::from_secs(5))
             .expect("a loan (the C reader releases its frames)");
         let seq = slot.seq();
-        vramring::testpattern::fill(slot.bytes_mut().unwrap(), seq);
+        vramring_testkit::pattern::fill(slot.bytes_mut().unwrap(), seq);
         slot.publish(FrameMeta::pts(seq as i64)).unwrap();
     }
     p.close().unwrap();

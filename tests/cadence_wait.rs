@@ -63,7 +63,7 @@ fn read_all(s: &mut Subscriber) {
 
 /// One steady publisher (50 frames, one every 40 ms) read with the default
 /// wait: whether the wait locked at some point, and its final state.
-fn steady_session(k: usize) -> (bool, vramring::ring::cadence::CadenceState) {
+fn steady_session(k: usize) -> (bool, vramring::seam::ring::cadence::CadenceState) {
     let path = sock(&format!("steady{k}"));
     let offsets = (0..50).map(|k| Duration::from_millis(40 * k)).collect();
     let h = publish_at(&path, offsets, Duration::from_millis(10));
@@ -94,7 +94,10 @@ fn steady_session(k: usize) -> (bool, vramring::ring::cadence::CadenceState) {
 /// idle machine; a few suffice to prove the path). `session(k)` runs
 /// session `k`, checks what must hold in every one, and says whether the
 /// wait locked.
-fn one_of_three_catches_five(what: &str, session: impl Fn(usize) -> (bool, vramring::ring::cadence::CadenceState)) {
+fn one_of_three_catches_five(
+    what: &str,
+    session: impl Fn(usize) -> (bool, vramring::seam::ring::cadence::CadenceState),
+) {
     let mut last = None;
     for k in 0..3 {
         let (locked, st) = session(k);
@@ -167,7 +170,7 @@ fn a_paused_stream_costs_the_default_wait_no_cpu() {
 
 /// One session of 50 packets every 40 ms; the packets read and the
 /// subscriber's cadence state at the end.
-fn packet_session() -> (u32, vramring::ring::cadence::CadenceState) {
+fn packet_session() -> (u32, vramring::seam::ring::cadence::CadenceState) {
     use vramring::packet::{
         PacketMeta, PacketPublisher, PacketPublisherConfig, PacketRingConfig, PacketSubscriber,
         PacketSubscriberOptions, PACKET_KEY,

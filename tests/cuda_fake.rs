@@ -6,12 +6,12 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use vramring::memory::cuda::{
-    code, CallRecord, CuContext, CuStream, CudaImport, CudaPool, DeviceSelector, Driver, FakeDevice, FakeDriver,
-    PatternKernels,
-};
-use vramring::memory::{ExportedPool, ImportedPool, OwnBuffer, WriteCompletion};
+use vramring::seam::cuda::{code, CuContext, CuStream, CudaImport, CudaPool, DeviceSelector, Driver};
+use vramring::seam::cuda::{ExportedPool, ImportedPool, OwnBuffer};
 use vramring::Error;
+use vramring::WriteCompletion;
+use vramring_testkit::fake::{CallRecord, FakeDevice, FakeDriver};
+use vramring_testkit::PatternKernels;
 
 const GPU: [u8; 16] = *b"fake-gpu-0123456";
 const OTHER: [u8; 16] = *b"other-gpu-abcdef";
@@ -351,7 +351,7 @@ fn a_frame_filled_by_the_publisher_arrives_whole_in_the_subscribers_own_buffer()
     let mut host = vec![0u8; len as usize];
     // SAFETY: as above.
     unsafe { subd.memcpy_dtoh(&mut host, imp.dest_addr()) }.unwrap();
-    vramring::testpattern::verify(&host, 42).unwrap();
+    vramring_testkit::pattern::verify(&host, 42).unwrap();
 }
 
 #[test]
@@ -372,7 +372,7 @@ fn a_frame_read_back_from_the_subscribers_own_device_buffer_is_whole_and_bounded
     imp.complete().unwrap();
     let mut host = vec![0u8; len as usize];
     imp.read_own(OwnBuffer::Dest, &mut host).unwrap();
-    vramring::testpattern::verify(&host, 7).unwrap();
+    vramring_testkit::pattern::verify(&host, 7).unwrap();
     assert_eq!(subd.current(), Some(foreign), "the caller's context is current again");
     // Past the subscriber's own buffer, or from push buffers it never made.
     let mut big = vec![0u8; (imp.dest_capacity() + 1) as usize];

@@ -7,17 +7,13 @@
 //! (`target/<profile>/examples/`). Run the whole suite (`cargo test`), or
 //! `cargo build --examples` first when running this file alone.
 
-mod common;
-
-#[path = "../examples/common/mod.rs"]
-#[allow(dead_code)]
-mod examples_common;
+use vramring_testkit::procs as common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{example, TempDir};
-use examples_common::JsonLine;
+use vramring_testkit::json::JsonLine;
 
 #[test]
 fn producer_and_consumer_examples_pass_verified_frames_and_report_zero_torn() {
@@ -98,7 +94,7 @@ fn producer_and_consumer_examples_pass_verified_frames_and_report_zero_torn() {
 
 #[test]
 fn without_a_gpu_the_cuda_backend_choice_fails_with_a_message_that_says_why() {
-    if vramring::memory::cuda::cuda_usable() {
+    if vramring::seam::cuda::cuda_usable() {
         // On a GPU machine `--backend cuda` works; `gpu_ring` covers it.
         // This test is about the message on machines without one, so it
         // asserts that this machine has a GPU and says so.

@@ -15,23 +15,18 @@
 //! between the replayed commit graph and the launch (ADR 0022) with no
 //! torn frame. Needs a CUDA GPU and root.
 
-mod common;
+use vramring_testkit::procs as common;
 
-#[path = "../examples/common/mod.rs"]
-#[allow(dead_code)]
-mod examples_common;
-#[path = "common/finals.rs"]
-mod finals;
-#[path = "common/marks.rs"]
-mod marks;
+use vramring_testkit::finals;
+use vramring_testkit::marks;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{example, TempDir};
-use examples_common::JsonLine;
 use finals::{final_line, untorn_final};
-use vramring::memory::cuda::RealDriver;
+use vramring::seam::cuda::RealDriver;
+use vramring_testkit::json::JsonLine;
 
 fn producer(socket: &str, extra: &[&str]) -> Child {
     Command::new(example("producer"))
@@ -386,15 +381,15 @@ fn queued_readers_that_keep_up_queue_their_copies_at_the_loan() {
 /// test wants, in the ring's (primary) context.
 struct HeldStream {
     d: std::sync::Arc<RealDriver>,
-    dev: vramring::memory::cuda::CuDevice,
-    ctx: vramring::memory::cuda::CuContext,
+    dev: vramring::seam::cuda::CuDevice,
+    ctx: vramring::seam::cuda::CuContext,
     page: memmap2::MmapMut,
-    word_dev: vramring::memory::cuda::DevicePtr,
+    word_dev: vramring::seam::cuda::DevicePtr,
 }
 
 impl HeldStream {
     fn new() -> HeldStream {
-        use vramring::memory::cuda::Driver;
+        use vramring::seam::cuda::Driver;
         let d = RealDriver::shared().expect("a CUDA driver");
         let mut page = memmap2::MmapMut::map_anon(4096).expect("a host page");
         let dev = d.device_get(0).expect("device 0");
@@ -419,8 +414,8 @@ impl HeldStream {
     }
 
     /// Runs `f` with the ring's (primary) context current.
-    fn in_ctx(d: &RealDriver, ctx: vramring::memory::cuda::CuContext, f: &mut dyn FnMut()) {
-        use vramring::memory::cuda::ContextGuard;
+    fn in_ctx(d: &RealDriver, ctx: vramring::seam::cuda::CuContext, f: &mut dyn FnMut()) {
+        use vramring::seam::cuda::ContextGuard;
         // SAFETY: `ctx` is retained until `finish`.
         let g = unsafe { ContextGuard::push(d, ctx) }.expect("push");
         f();
@@ -435,8 +430,8 @@ impl HeldStream {
     }
 
     /// Makes `stream` wait on the GPU until the word reaches `seq`.
-    fn hold(&self, stream: vramring::memory::RawCuStream, seq: u64) {
-        use vramring::memory::cuda::{CuStream, Driver};
+    fn hold(&self, stream: vramring::seam::cuda::RawCuStream, seq: u64) {
+        use vramring::seam::cuda::{CuStream, Driver};
         // SAFETY: a live stream of the ring's context; the word lies in
         // registered memory that outlives every wait (see `finish`).
         Self::in_ctx(&self.d, self.ctx, &mut || unsafe {
@@ -447,8 +442,8 @@ impl HeldStream {
     }
 
     /// Whether `stream` has nothing left to run.
-    fn idle(&self, stream: vramring::memory::RawCuStream) -> bool {
-        use vramring::memory::cuda::{CuStream, Driver};
+    fn idle(&self, stream: vramring::seam::cuda::RawCuStream) -> bool {
+        use vramring::seam::cuda::{CuStream, Driver};
         let mut idle = true;
         Self::in_ctx(&self.d, self.ctx, &mut || {
             // SAFETY: a live stream of the ring's context.
@@ -466,8 +461,8 @@ impl HeldStream {
 
     /// After the ring closed (which waited for every commit): waits for
     /// `stream`, then unregisters the page and releases the context.
-    fn finish(self, stream: vramring::memory::RawCuStream) {
-        use vramring::memory::cuda::{CuStream, Driver};
+    fn finish(self, stream: vramring::seam::cuda::RawCuStream) {
+        use vramring::seam::cuda::{CuStream, Driver};
         let ptr = self.page.as_ptr();
         // SAFETY: the stream has passed every wait; the page is
         // unregistered before it is unmapped (when `self` drops).
@@ -485,8 +480,8 @@ fn stream_order_ring(
     socket: &str,
 ) -> (
     vramring::Publisher,
-    vramring::memory::cuda::GpuTestPattern,
-    vramring::memory::RawCuStream,
+    vramring_testkit::gpu::GpuTestPattern,
+    vramring::seam::cuda::RawCuStream,
 ) {
     use vramring::{BackendChoice, Format, Publisher, RingConfig};
     let p = Publisher::create(
@@ -495,7 +490,7 @@ fn stream_order_ring(
     )
     .expect("a CUDA ring");
     assert!(p.stream_commit(), "the ring does not commit in stream order");
-    let gpu = vramring::memory::cuda::GpuTestPattern::for_uuid(p.info().device_uuid).expect("pattern kernels");
+    let gpu = vramring_testkit::gpu::GpuTestPattern::for_uuid(p.info().device_uuid()).expect("pattern kernels");
     let stream = gpu.stream().expect("stream");
     (p, gpu, stream)
 }
@@ -674,7 +669,7 @@ fn push_subscribers_that_come_and_go_never_make_a_publish_wait_for_the_gpu() {
     // descriptor closed in place is not counted here.
     eprintln!(
         "peers' descriptors closed on the closer thread: {}",
-        vramring::socket::peer_fd::closed_elsewhere()
+        vramring::seam::socket::peer_fd::closed_elsewhere()
     );
     match std::sync::Arc::try_unwrap(held_stream) {
         Ok(h) => h.finish(stream),
@@ -705,11 +700,6 @@ fn push_subscribers_that_come_and_go_never_make_a_publish_wait_for_the_gpu() {
 fn a_ring_whose_pace_changes_switches_between_graph_and_launch_with_no_torn_frame() {
     use vramring::FrameMeta;
 
-    assert_eq!(
-        vramring::memory::cuda::CommitGraph::from_env(),
-        vramring::memory::cuda::CommitGraph::AUTO,
-        "run with VRAMRING_COMMIT_GRAPH unset"
-    );
     let dir = TempDir::new("gpu-commit-pace");
     let socket = dir.join("cam.sock").display().to_string();
     let (mut p, gpu, stream) = stream_order_ring(&socket);

@@ -11,14 +11,11 @@
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-#[path = "../examples/common/mod.rs"]
-#[allow(dead_code)]
-mod example_common;
-
-use vramring::memory::cuda::{CudaImport, GpuTestPattern, RealDriver};
-use vramring::socket::msg::{self, Hello, Msg};
-use vramring::socket::transport;
+use vramring::seam::cuda::{CudaImport, RealDriver};
+use vramring::seam::socket::msg::{self, Hello, Msg};
+use vramring::seam::socket::transport;
 use vramring::{BackendChoice, Format, Publisher, PullAccess, RingConfig, Subscriber, SubscriberOptions};
+use vramring_testkit::gpu::GpuTestPattern;
 
 type R<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
@@ -32,7 +29,7 @@ fn raw_hello(path: &std::path::Path, flags: u32) -> R<(Msg, Vec<std::os::fd::Own
     let s = transport::connect(path)?;
     let hello = Hello {
         flags,
-        backends: (1 << vramring::layout::BACKEND_HOST) | (1 << vramring::layout::BACKEND_CUDA),
+        backends: (1 << vramring::seam::layout::BACKEND_HOST) | (1 << vramring::seam::layout::BACKEND_CUDA),
         name: "probe".into(),
         device_uuid: [0; 16],
     };
@@ -40,7 +37,10 @@ fn raw_hello(path: &std::path::Path, flags: u32) -> R<(Msg, Vec<std::os::fd::Own
     let got = transport::recv(s.as_fd(), Duration::from_secs(5))?.ok_or("no answer")?;
     Ok((
         Msg::decode(&got.bytes)?,
-        got.fds.into_iter().map(vramring::socket::PeerFd::into_owned).collect(),
+        got.fds
+            .into_iter()
+            .map(vramring::seam::socket::PeerFd::into_owned)
+            .collect(),
     ))
 }
 
@@ -69,7 +69,7 @@ fn a_push_only_subscriber_of_a_cuda_ring_holds_no_handle_to_the_pool() -> R {
     let Msg::Welcome(w) = answer else {
         panic!("a push Hello got {answer:?}")
     };
-    assert_eq!(w.pool_bytes, info.pool_bytes);
+    assert_eq!(w.pool_bytes, info.pool_bytes());
     assert_eq!(fds.len(), 3, "a push subscriber receives no pool descriptor");
     let driver = RealDriver::shared()?;
     for (k, fd) in fds.into_iter().enumerate() {
@@ -81,8 +81,8 @@ fn a_push_only_subscriber_of_a_cuda_ring_holds_no_handle_to_the_pool() -> R {
         match CudaImport::import(
             std::sync::Arc::clone(&driver),
             fd,
-            info.pool_bytes,
-            info.device_uuid,
+            info.pool_bytes(),
+            info.device_uuid(),
             false,
         ) {
             Ok(_) => panic!("descriptor {k} of a push Welcome imported as the pool"),
@@ -91,21 +91,21 @@ fn a_push_only_subscriber_of_a_cuda_ring_holds_no_handle_to_the_pool() -> R {
     }
 
     // And a real push subscriber gets every frame whole, by push.
-    let gpu = GpuTestPattern::for_uuid(info.device_uuid)?;
+    let gpu = GpuTestPattern::for_uuid(info.device_uuid())?;
     let mut s = Subscriber::connect(&path, SubscriberOptions::default().push(true))?;
     let t = Instant::now();
     while !s.push_active() {
         assert!(t.elapsed() < Duration::from_secs(5), "push never became active");
         let slot = p.loan(Duration::from_millis(100))?;
         let seq = slot.seq();
-        example_common::fill_cuda(&gpu, slot, seq)?;
+        vramring_testkit::gpu::fill_cuda(&gpu, slot, seq)?;
         std::thread::sleep(Duration::from_millis(2));
     }
     let mut ok = 0;
     for _ in 0..500 {
         let slot = p.loan(Duration::from_millis(100))?;
         let seq = slot.seq();
-        example_common::fill_cuda(&gpu, slot, seq)?;
+        vramring_testkit::gpu::fill_cuda(&gpu, slot, seq)?;
         // The commit is enqueued, not made: a frame pushed before this one
         // may still be the newest when the subscriber looks.
         let mut f = s.next(Duration::from_secs(1))?;
@@ -114,7 +114,7 @@ fn a_push_only_subscriber_of_a_cuda_ring_holds_no_handle_to_the_pool() -> R {
         }
         assert!(f.pushed(), "frame {} was not pushed", f.seq());
         assert_eq!(f.seq(), seq);
-        example_common::verify_cuda(&gpu, &f)?.map_err(|e| format!("frame {seq}: {e}"))?;
+        vramring_testkit::gpu::verify_cuda(&gpu, &f)?.map_err(|e| format!("frame {seq}: {e}"))?;
         ok += 1;
     }
     assert_eq!(ok, 500);
@@ -122,7 +122,7 @@ fn a_push_only_subscriber_of_a_cuda_ring_holds_no_handle_to_the_pool() -> R {
     // never the pool (it has none).
     let slot = p.loan(Duration::from_millis(100))?;
     let seq = slot.seq();
-    example_common::fill_cuda(&gpu, slot, seq)?;
+    vramring_testkit::gpu::fill_cuda(&gpu, slot, seq)?;
     let mut b = s.borrow(Duration::from_secs(1))?;
     while b.seq() < seq {
         b.release()?;

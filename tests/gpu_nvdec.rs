@@ -16,14 +16,9 @@
 //! With `VRAMRING_NVDEC_PNG=path`, the second test also writes the 1080p
 //! clip's frame 45, as received by the namespaced subscriber, as a PNG.
 
-mod common;
+use vramring_testkit::procs as common;
 
-#[path = "../examples/common/mod.rs"]
-#[allow(dead_code)]
-mod examples_common;
-#[path = "common/finals.rs"]
-#[allow(dead_code)]
-mod finals;
+use vramring_testkit::finals;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -32,8 +27,8 @@ use std::time::{Duration, Instant};
 use common::{example, TempDir};
 use finals::final_line;
 use md5::{Digest, Md5};
-use vramring::memory::cuda::{find_device_by_uuid, ContextGuard, Driver, RealDriver};
 use vramring::nvdec::{Codec, Decoder, DecoderOptions};
+use vramring::seam::cuda::{find_device_by_uuid, ContextGuard, Driver, RealDriver};
 use vramring::{Error, Subscriber, SubscriberOptions};
 
 /// Selects the subscriber role in a re-executed test binary:
@@ -185,7 +180,7 @@ fn subscriber(spec: &str) -> ! {
         }
     };
     let d = RealDriver::shared().expect("driver");
-    let dev = find_device_by_uuid(&*d, &sub.info().device_uuid).expect("the ring's GPU");
+    let dev = find_device_by_uuid(&*d, &sub.info().device_uuid()).expect("the ring's GPU");
     let ctx = d.primary_ctx_retain(dev).expect("primary context");
     let g = *sub.geometry();
     let (y, uv) = (g.planes()[0], g.planes()[1]);

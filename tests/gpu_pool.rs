@@ -8,10 +8,12 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::Command;
 use std::sync::Arc;
 
-use vramring::memory::cuda::{
-    free_memory_probe, ContextGuard, CuStream, CudaImport, CudaPool, DeviceSelector, Driver, PatternKernels, RealDriver,
+use vramring::seam::cuda::{
+    free_memory_probe, ContextGuard, CuStream, CudaImport, CudaPool, DeviceSelector, Driver, RealDriver,
 };
-use vramring::memory::{ExportedPool, ImportedPool, WriteCompletion};
+use vramring::seam::cuda::{ExportedPool, ImportedPool};
+use vramring::WriteCompletion;
+use vramring_testkit::PatternKernels;
 
 const FRAME: u64 = 3_110_400; // 1080p NV12
 const STRIDE: u64 = 3 << 20;
@@ -35,12 +37,12 @@ fn unhex(s: &str) -> [u8; 16] {
 /// A non-blocking stream in `ctx`, made and later destroyed with it pushed.
 struct TestStream {
     d: Arc<RealDriver>,
-    ctx: vramring::memory::cuda::CuContext,
+    ctx: vramring::seam::cuda::CuContext,
     s: CuStream,
 }
 
 impl TestStream {
-    fn new(d: &Arc<RealDriver>, ctx: vramring::memory::cuda::CuContext) -> R<Self> {
+    fn new(d: &Arc<RealDriver>, ctx: vramring::seam::cuda::CuContext) -> R<Self> {
         // SAFETY: `ctx` is retained by the pool or import the caller holds.
         let g = unsafe { ContextGuard::push(&**d, ctx) }?;
         let s = d.stream_create_non_blocking()?;
@@ -117,7 +119,7 @@ fn a_pool_filled_on_the_gpu_is_read_whole_through_an_import_in_this_process() ->
     let copied = unsafe { d.memcpy_dtoh(&mut host, imp.dest_addr()) };
     g.restore()?;
     copied?;
-    vramring::testpattern::verify(&host, 1005)?;
+    vramring_testkit::pattern::verify(&host, 1005)?;
     imp.close()?;
     drop(s);
     drop(k);

@@ -4,20 +4,16 @@
 //! that writes into its read-only mapping fails alone; device memory returns
 //! to where it started. Needs a CUDA GPU and root (for `unshare`).
 
-mod common;
+use vramring_testkit::procs as common;
 
-#[path = "../examples/common/mod.rs"]
-#[allow(dead_code)]
-mod examples_common;
-#[path = "common/finals.rs"]
-mod finals;
+use vramring_testkit::finals;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{example, TempDir};
 use finals::{final_line, untorn_final};
-use vramring::memory::cuda::{ContextGuard, Driver, RealDriver};
+use vramring::seam::cuda::{ContextGuard, Driver, RealDriver};
 use vramring::{Subscriber, SubscriberOptions};
 
 const ROGUE: &str = "VRAMRING_GPU_ROGUE";

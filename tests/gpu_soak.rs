@@ -6,19 +6,15 @@
 //! free memory and this process's descriptors are back where they started.
 //! Needs a CUDA GPU.
 
-mod common;
-
-#[path = "../examples/common/mod.rs"]
-#[allow(dead_code)]
-mod examples_common;
+use vramring_testkit::procs as common;
 
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{example, ChildProc, TempDir};
-use examples_common::JsonLine;
-use vramring::memory::cuda::RealDriver;
+use vramring::seam::cuda::RealDriver;
+use vramring_testkit::json::JsonLine;
 
 /// xorshift64*: the run's random decisions, replayable from the printed seed.
 struct Rng(u64);
@@ -60,7 +56,7 @@ fn eight_subscribers_survive_kills_and_producer_restarts_untorn_with_flat_vram()
     let seed = std::env::var("VRAMRING_SOAK_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| vramring::time::monotonic_ns() | 1);
+        .unwrap_or_else(|| vramring::monotonic_ns() | 1);
     eprintln!("soak: {secs} s, seed {seed}");
     let mut rng = Rng(seed);
     // VRAMRING_SOAK_BACKEND=host runs the same churn on host memory (to try

@@ -2,7 +2,7 @@
 //! the publisher, and re-executes itself as each subscriber (see
 //! `common::run_child_role`).
 
-mod common;
+use vramring_testkit::procs as common;
 
 use std::time::{Duration, Instant};
 use vramring::ServeOptions;
@@ -10,7 +10,8 @@ use vramring::ServeOptions;
 use common::{ChildProc, SubResult, SubSpec, TempDir};
 use std::path::PathBuf;
 use vramring::BackendChoice;
-use vramring::{testpattern, Format, FrameMeta, Policy, Publisher, RingConfig};
+use vramring::{Format, FrameMeta, Policy, Publisher, RingConfig};
+use vramring_testkit::pattern as testpattern;
 
 #[test]
 fn child_process_entry() {

@@ -6,9 +6,9 @@ use vramring::ServeOptions;
 
 use vramring::BackendChoice;
 use vramring::{
-    testpattern, Error, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions,
-    WaitStrategy,
+    Error, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions, WaitStrategy,
 };
+use vramring_testkit::pattern as testpattern;
 
 fn sock(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("vramring-smoke-{}-{name}.sock", std::process::id()))
@@ -689,8 +689,8 @@ fn a_push_peer_reconnecting_in_a_loop_gets_only_the_attach_rate_and_a_newcomer_s
 #[test]
 fn an_attach_that_does_not_fit_is_refused_at_once_and_spends_no_attach_token() {
     use std::os::fd::AsFd;
-    use vramring::socket::msg::{self, Attach, Hello, Msg};
-    use vramring::socket::transport;
+    use vramring::seam::socket::msg::{self, Attach, Hello, Msg};
+    use vramring::seam::socket::transport;
     let path = sock("attach-misfit");
     // One token, then one a second: a misfit that spent the token would
     // make the honest subscriber below wait (deferred) for the next.
@@ -698,7 +698,7 @@ fn an_attach_that_does_not_fit_is_refused_at_once_and_spends_no_attach_token() {
     let conn = transport::connect(&path).unwrap();
     let hello = Msg::Hello(Hello {
         flags: msg::HELLO_PUSH,
-        backends: 1 << vramring::layout::BACKEND_HOST,
+        backends: 1 << vramring::seam::layout::BACKEND_HOST,
         name: "misfit".into(),
         device_uuid: [0; 16],
     });

@@ -28,11 +28,7 @@
 //!
 //! Protocol-specific offsets live in `hostile/layout.rs` only.
 
-mod common;
-
-#[path = "../examples/common/mod.rs"]
-#[allow(dead_code)]
-mod examples_common;
+use vramring_testkit::procs as common;
 
 #[path = "hostile/attacks.rs"]
 mod attacks;
@@ -50,7 +46,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{example, ChildProc, TempDir};
-use examples_common::JsonLine;
+use vramring_testkit::json::JsonLine;
 
 /// The producer's frame rate.
 const FPS: u64 = 60;
@@ -77,9 +73,9 @@ const VM_BOUND_KB: u64 = 1 << 20;
 /// make an attack fail the publisher's checks instead of testing them.
 #[test]
 fn the_attackers_protocol_constants_agree_with_the_library() {
-    assert_eq!(layout::PUSH_STRIDE_ALIGN, vramring::format::SLOT_ALIGN);
-    assert_eq!(layout::PUSH_BUFFERS as usize, vramring::layout::PUSH_BUFFERS);
-    assert_eq!(layout::CLIENT_BYTES, vramring::layout::CLIENT_BYTES);
+    assert_eq!(layout::PUSH_STRIDE_ALIGN, vramring::seam::format::SLOT_ALIGN);
+    assert_eq!(layout::PUSH_BUFFERS as usize, vramring::seam::layout::PUSH_BUFFERS);
+    assert_eq!(layout::CLIENT_BYTES, vramring::seam::layout::CLIENT_BYTES);
 }
 
 #[test]
@@ -677,8 +673,8 @@ fn attack8c_push_subscriber_coming_and_going_gets_only_the_attach_rate() {
     eprintln!("attach churn: {connections} connections, {taken} taken in {ms} ms");
     // The burst, the rate over the attack, and one more second for the
     // run's start (the honest push consumer took one token too).
-    let most = u64::from(vramring::ring::DEFAULT_ATTACH_BURST)
-        + u64::from(vramring::ring::DEFAULT_ATTACHES_PER_SECOND) * (ms / 1000 + 1);
+    let most = u64::from(vramring::seam::ring::DEFAULT_ATTACH_BURST)
+        + u64::from(vramring::seam::ring::DEFAULT_ATTACHES_PER_SECOND) * (ms / 1000 + 1);
     assert!(
         taken <= most,
         "{taken} of the attacker's {connections} Attaches were taken in {ms} ms, more than the rate allows ({most})"

@@ -11,9 +11,8 @@ use vramring::packet::{
     PACKET_KEY,
 };
 use vramring::BackendChoice;
-use vramring::{
-    testpattern, Error, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions,
-};
+use vramring::{Error, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions};
+use vramring_testkit::pattern as testpattern;
 
 fn sock(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("vramring-inspect-{}-{name}.sock", std::process::id()))
@@ -68,8 +67,8 @@ fn an_inspector_sees_the_producer_the_slots_and_every_subscriber_and_never_holds
     let RingDetail::Frames(f) = &st.detail else {
         panic!("a frame ring")
     };
-    assert_eq!(f.info.geometry.format, Format::Nv12);
-    assert_eq!((f.info.geometry.width, f.info.slot_count), (64, 4));
+    assert_eq!(f.info.geometry().format, Format::Nv12);
+    assert_eq!((f.info.geometry().width, f.info.slot_count()), (64, 4));
     assert_eq!(f.backend_name(), "host");
     assert_eq!(f.policy_name(), "lossless");
     assert!(f.gpu_uuid().is_none());

@@ -23,11 +23,7 @@
 //! Children are this test binary re-executed in a role (see
 //! `common::self_command`); they report as `@kt {json}` lines on stdout.
 
-mod common;
-
-#[path = "../examples/common/mod.rs"]
-#[allow(dead_code)]
-mod examples_common;
+use vramring_testkit::procs as common;
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -37,12 +33,11 @@ use std::time::{Duration, Instant};
 use vramring::ServeOptions;
 
 use common::{ChildProc, TempDir};
-use examples_common::{emit, Json, JsonLine};
-use vramring::time::monotonic_ns;
+use vramring::monotonic_ns;
 use vramring::BackendChoice;
-use vramring::{
-    testpattern, Error, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions,
-};
+use vramring::{Error, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions};
+use vramring_testkit::json::{emit, Json, JsonLine};
+use vramring_testkit::pattern as testpattern;
 
 /// Rounds; each kills the producer or one or two subscribers (a producer
 /// round sometimes kills a second producer during its handshake).
@@ -135,7 +130,7 @@ fn producer_role() {
     let mut p = Publisher::create(&socket, cfg).unwrap_or_else(|e| panic!("producer: create: {e}"));
     report(
         Json::event("ready")
-            .u64("epoch", p.info().epoch)
+            .u64("epoch", p.info().epoch())
             .u64("pid", u64::from(std::process::id())),
     );
     let mut last = None;
@@ -403,8 +398,8 @@ fn summary(v: &[u64]) -> String {
     let ms = |ns: u64| ns as f64 / 1e6;
     format!(
         "p50 {:.1} ms, p90 {:.1} ms, max {:.1} ms (n = {})",
-        ms(examples_common::percentile_of(&mut s, 50.0)),
-        ms(examples_common::percentile_of(&mut s, 90.0)),
+        ms(vramring_testkit::percentile_of(&mut s, 50.0)),
+        ms(vramring_testkit::percentile_of(&mut s, 90.0)),
         ms(s[s.len() - 1]),
         s.len()
     )
@@ -575,7 +570,7 @@ impl Run {
         let mut sub = Proc::spawn(&self.dir, &name, "kill-ephemeral", &env);
         if handshake {
             let mut starts = self.figures.sub_start.clone();
-            let median = examples_common::percentile_of(&mut starts, 50.0);
+            let median = vramring_testkit::percentile_of(&mut starts, 50.0);
             std::thread::sleep(rng.duration_below(Duration::from_nanos(median * 6 / 5)));
         } else {
             let deadline = Instant::now() + START_BOUND;

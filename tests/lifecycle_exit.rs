@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vramring::lifecycle::{register, ExitPhase, ExitShutdown, ExitWorker, MemoryWatchdog, WatchdogAction};
+use vramring::seam::lifecycle::{register, ExitPhase, ExitShutdown, ExitWorker, MemoryWatchdog, WatchdogAction};
 
 const SCENARIO: &str = "VRAMRING_EXIT_SCENARIO";
 const MARKER: &str = "VRAMRING_EXIT_MARKER";

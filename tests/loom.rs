@@ -1,4 +1,4 @@
-//! Model checks of the ring protocol (`vramring::frame::protocol`) under loom.
+//! Model checks of the ring protocol (`vramring::seam::protocol`) under loom.
 //!
 //! Run with `.ci/loom.sh` (`RUSTFLAGS="--cfg loom" cargo test --release
 //! --test loom`). Under `--cfg loom` the shared layout is built from loom's
@@ -6,7 +6,7 @@
 //! `invalidate`, `commit`, `pick`, `SlotSnapshot::{look, still_valid}` and
 //! `wait_for_seq`, unchanged, and the subscriber table's own `assign`,
 //! `holder` (the lossless check) and `wake_parked` (the doorbells), through
-//! the `cfg(loom)`-only `vramring::ring::loom_table` wrappers: the one
+//! the `cfg(loom)`-only `vramring::seam::ring::loom_table` wrappers: the one
 //! subscriber's cursor, `parked` flag and doorbell live in its own client
 //! region, a real memfd that it maps as `Subscriber` does (protocol v2).
 //!
@@ -52,9 +52,9 @@ use loom::thread;
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-use vramring::frame::protocol::{self, CommitMeta, Look, Mode, SlotSnapshot, WaitOutcome};
-use vramring::layout::{ClientLine, RingHeader, SlotDesc, SUBF_LOSSLESS, SUBF_SEQUENTIAL};
-use vramring::ring::loom_table::{LoomTable, Mapped};
+use vramring::seam::layout::{ClientLine, RingHeader, SlotDesc, SUBF_LOSSLESS, SUBF_SEQUENTIAL};
+use vramring::seam::protocol::{self, CommitMeta, Look, Mode, SlotSnapshot, WaitOutcome};
+use vramring::seam::ring::loom_table::{LoomTable, Mapped};
 
 /// Words of pixel data per slot.
 const WORDS: usize = 2;

@@ -1,5 +1,5 @@
 //! Model check of push delivery's buffer claim/hold handshake
-//! (`vramring::frame::protocol::push`) under loom: the publisher never writes a
+//! (`vramring::seam::protocol::push`) under loom: the publisher never writes a
 //! buffer the reader holds, and the reader never takes a buffer mid-write.
 //!
 //! The publisher's `push_seq` words live in the subscriber's table entry
@@ -15,8 +15,8 @@ use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
-use vramring::frame::protocol::push;
-use vramring::layout::{ClientLine, SubEntry, PUSH_BUFFERS};
+use vramring::seam::layout::{ClientLine, SubEntry, PUSH_BUFFERS};
+use vramring::seam::protocol::push;
 
 const WORDS: usize = 2;
 
@@ -98,7 +98,7 @@ fn a_publisher_that_ignores_the_hold_is_caught() {
             for seq in 1..=5u64 {
                 // Broken claim: the next buffer after the newest, no hold check.
                 let k = newest.map_or(0, |n| (n + 1) % PUSH_BUFFERS);
-                p.entry.push_seq[k].store(seq | vramring::layout::SEQ_WRITING, Ordering::Relaxed);
+                p.entry.push_seq[k].store(seq | vramring::seam::layout::SEQ_WRITING, Ordering::Relaxed);
                 for (i, w) in p.buffers[k].iter().enumerate() {
                     w.store(seq * 16 + i as u64, Ordering::Relaxed);
                 }

@@ -4,7 +4,7 @@
 //! a hostile reader at once.
 //!
 //! The models drive the table's own code through the `cfg(loom)`-only
-//! wrappers in `vramring::ring::loom_table` (`src/ring/table.rs`,
+//! wrappers in `vramring::seam::ring::loom_table` (`src/ring/table.rs`,
 //! `loom_api`): the table and every client region are real memfds, mapped
 //! by the publisher and (read-only for the table) by the subscriber as in a
 //! Welcome; their atomics and the table's per-entry mutexes are loom's.
@@ -50,9 +50,9 @@ use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
-use vramring::frame::protocol::push;
-use vramring::layout::{SubEntry, EVICT_LEASE, PUSH_BUFFERS, SUBF_LOSSLESS, SUB_ACTIVE, SUB_EVICTED, SUB_FREE};
-use vramring::ring::loom_table::{LoomTable, Mapped};
+use vramring::seam::layout::{SubEntry, EVICT_LEASE, PUSH_BUFFERS, SUBF_LOSSLESS, SUB_ACTIVE, SUB_EVICTED, SUB_FREE};
+use vramring::seam::protocol::push;
+use vramring::seam::ring::loom_table::{LoomTable, Mapped};
 
 fn model(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();

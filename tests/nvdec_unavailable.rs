@@ -4,7 +4,7 @@
 //! machine. The library is loaded once per process, so the in-process check
 //! is the only one here that opens it; the producer example runs as a child.
 
-mod common;
+use vramring_testkit::procs as common;
 
 use std::process::Command;
 

@@ -7,7 +7,7 @@
 //! `PacketPublisher` by hand, copies its Welcome, ring and subscriber table,
 //! edits the copies, and serves them from a listener of its own.
 
-mod common;
+use vramring_testkit::procs as common;
 
 use std::fs::File;
 use std::mem::offset_of;
@@ -20,14 +20,14 @@ use vramring::ServeOptions;
 
 use proptest::prelude::*;
 use rustix::fs::{MemfdFlags, SealFlags};
-use vramring::layout::{ClientLine, SubEntry, SubsHeader, CLIENT_BYTES};
-use vramring::packet::layout::{PacketHeader, PacketInfo, PacketRecord};
 use vramring::packet::{
     PacketMeta, PacketPublisher, PacketPublisherConfig, PacketRingConfig, PacketSubscriber, PacketSubscriberOptions,
     PACKET_KEY,
 };
-use vramring::socket::msg::{self, Hello, Msg, Welcome};
-use vramring::socket::transport::{self, Listener};
+use vramring::seam::layout::{ClientLine, SubEntry, SubsHeader, CLIENT_BYTES};
+use vramring::seam::packet_layout::{PacketHeader, PacketInfo, PacketRecord};
+use vramring::seam::socket::msg::{self, Hello, Msg, Welcome};
+use vramring::seam::socket::transport::{self, Listener};
 use vramring::Error;
 
 use common::TempDir;

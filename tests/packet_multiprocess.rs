@@ -12,11 +12,7 @@
 //!
 //! The examples are the binaries `cargo test` builds next to this test.
 
-mod common;
-
-#[path = "../examples/common/mod.rs"]
-#[allow(dead_code)]
-mod examples_common;
+use vramring_testkit::procs as common;
 
 use vramring::packet::annexb;
 
@@ -24,7 +20,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{example, ChildProc, TempDir};
-use examples_common::JsonLine;
+use vramring_testkit::json::JsonLine;
 
 const CLIP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/clip.h264");
 

@@ -4,7 +4,7 @@
 //! after the publisher closes. The multi-process tests (recorder, late
 //! joiner, killed publisher) are in `tests/packet_multiprocess.rs`.
 
-mod common;
+use vramring_testkit::procs as common;
 
 use std::time::{Duration, Instant};
 use vramring::ServeOptions;
@@ -14,7 +14,7 @@ use vramring::packet::{
     PacketMeta, PacketPublisher, PacketPublisherConfig, PacketRingConfig, PacketSubscriber, PacketSubscriberOptions,
     PACKET_KEY,
 };
-use vramring::socket::msg::REJECT_KIND;
+use vramring::seam::socket::msg::REJECT_KIND;
 use vramring::{Error, Format, Publisher, RingConfig, Subscriber, SubscriberOptions};
 
 const SEC: Duration = Duration::from_secs(1);

@@ -16,8 +16,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use vramring::memory::cuda::{CudaImport, CudaPool, DeviceSelector, Driver, FakeDevice, FakeDriver};
-use vramring::memory::{ExportedPool, ImportedPool};
+use vramring::seam::cuda::{CudaImport, CudaPool, DeviceSelector, Driver};
+use vramring::seam::cuda::{ExportedPool, ImportedPool};
+use vramring_testkit::fake::{FakeDevice, FakeDriver};
 
 const GPU: [u8; 16] = *b"fake-gpu-0123456";
 const MIB: u64 = 1 << 20;
@@ -343,11 +344,9 @@ fn a_queued_copy_waits_on_the_pools_gate_word_and_the_publisher_opens_it() {
     imp.copy_out_gated(5, FRAME, FRAME).unwrap();
     assert!(!imp.poll_complete().unwrap(), "the copy ran before the gate opened");
     // Frame 4's CPU commit opens the gate only as far as 4.
-    pool.write_gate(GATE, 4, vramring::memory::WriteCompletion::Host)
-        .unwrap();
+    pool.write_gate(GATE, 4, vramring::WriteCompletion::Host).unwrap();
     assert!(!imp.poll_complete().unwrap(), "the copy ran for an older frame's gate");
-    pool.write_gate(GATE, 5, vramring::memory::WriteCompletion::Host)
-        .unwrap();
+    pool.write_gate(GATE, 5, vramring::WriteCompletion::Host).unwrap();
     assert!(
         imp.poll_complete().unwrap(),
         "the copy did not run once the gate opened"

@@ -13,14 +13,12 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use vramring::memory::cuda::{
-    CallRecord, CommitGraph, CuContext, CudaImport, CudaPool, DeviceSelector, Driver, FakeDevice, FakeDriver,
-    MAX_FANOUT,
-};
-use vramring::memory::{ExportedPool, ImportedPool, PushWrite, StreamCommit, WriteCompletion};
+use vramring::seam::cuda::{CommitGraph, CuContext, CudaImport, CudaPool, DeviceSelector, Driver, MAX_FANOUT};
+use vramring::seam::cuda::{ExportedPool, ImportedPool, PushWrite, StreamCommit};
+use vramring::WriteCompletion;
+use vramring_testkit::fake::{CallRecord, FakeDevice, FakeDriver};
 
-#[path = "common/marks.rs"]
-mod marks;
+use vramring_testkit::marks;
 
 const GPU: [u8; 16] = *b"fake-gpu-0123456";
 const MIB: u64 = 1 << 20;
@@ -323,7 +321,7 @@ fn commits_replay_the_graph_round_its_descriptor_ring_and_launch_where_an_entry_
 fn by_default_a_ring_replays_while_it_publishes_fast_and_launches_after_a_pause() {
     assert_eq!(
         CommitGraph::default(),
-        CommitGraph::Within(vramring::memory::cuda::COMMIT_GRAPH_WITHIN)
+        CommitGraph::Within(vramring::seam::cuda::COMMIT_GRAPH_WITHIN)
     );
     // A wide bound, so that frames sent back to back on a loaded machine
     // are well within it; the pause below is longer than 1.5 times it.

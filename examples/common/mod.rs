@@ -6,20 +6,21 @@
 //! Included by each example with `#[path = "common/mod.rs"] mod common;`.
 
 use std::error::Error;
-use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use vramring::ServeOptions;
 
-use vramring::memory::cuda::GpuTestPattern;
-use vramring::testpattern::{self, PatternError};
-use vramring::time::monotonic_ns;
-use vramring::BackendChoice;
+use vramring::cuda::CommitGraph;
 use vramring::{
-    BackendKind, Error as RingError, Format, Frame, FrameMeta, Mode, Policy, Publisher, PullStart, RingConfig, SlotMut,
-    Subscriber, SubscriberOptions, WaitStrategy,
+    monotonic_ns, AttachRate, BackendChoice, BackendKind, Error as RingError, Format, Frame, FrameMeta, Mode, Policy,
+    Publisher, PullStart, RingConfig, ServeOptions, Subscriber, SubscriberOptions, WaitStrategy,
 };
+// The examples' frames carry the test pattern, and their reports are the
+// test kit's JSON lines: the demo and the tests read them back.
+use vramring_testkit::gpu::{fill_cuda, verify_cuda, GpuTestPattern};
+#[allow(unused_imports)]
+pub use vramring_testkit::json::{emit, Json, JsonLine};
+use vramring_testkit::pattern::{self as testpattern, PatternError};
+use vramring_testkit::percentile_of;
 
 /// What every example's `main` returns.
 pub type AnyResult<T> = Result<T, Box<dyn Error>>;
@@ -126,11 +127,15 @@ pub struct ProducerArgs {
     pub lossless_lease_ms: u64,
     /// Push subscribers' buffers taken per second once the burst is spent
     /// (ADR 0020; 0: every Attach at once, for trusted subscribers only).
-    #[arg(long, default_value_t = vramring::ring::DEFAULT_ATTACHES_PER_SECOND)]
+    #[arg(long, default_value_t = AttachRate::DEFAULT.per_second)]
     pub attach_rate: u32,
     /// Push subscribers' buffers taken at once after a quiet spell.
-    #[arg(long, default_value_t = vramring::ring::DEFAULT_ATTACH_BURST)]
+    #[arg(long, default_value_t = AttachRate::DEFAULT.burst)]
     pub attach_burst: u32,
+    /// CUDA rings: when push commits replay the commit graph instead of
+    /// launching the commit kernel (auto, always, never).
+    #[arg(long, default_value = "auto", env = "VRAMRING_COMMIT_GRAPH")]
+    pub commit_graph: CommitGraph,
     /// Wait for this many subscribers before publishing the first frame.
     #[arg(long, default_value_t = 0)]
     pub wait_subscribers: u32,
@@ -202,171 +207,6 @@ pub struct ConsumerArgs {
 // JSON lines (flat objects of strings and numbers)
 // ---------------------------------------------------------------------------
 
-/// Builds one flat JSON object.
-#[derive(Debug, Default)]
-pub struct Json(String);
-
-impl Json {
-    /// An object whose first member is `"event": event`.
-    pub fn event(event: &str) -> Self {
-        Json::default().str("event", event)
-    }
-    fn key(mut self, k: &str) -> Self {
-        self.0.push(if self.0.is_empty() { '{' } else { ',' });
-        push_json_str(&mut self.0, k);
-        self.0.push(':');
-        self
-    }
-    /// Adds a string member.
-    pub fn str(self, k: &str, v: &str) -> Self {
-        let mut s = self.key(k);
-        push_json_str(&mut s.0, v);
-        s
-    }
-    /// Adds an integer member.
-    pub fn u64(self, k: &str, v: u64) -> Self {
-        let mut s = self.key(k);
-        let _ = write!(s.0, "{v}");
-        s
-    }
-    /// Adds a number member (finite; NaN and infinities become 0).
-    pub fn f64(self, k: &str, v: f64) -> Self {
-        let mut s = self.key(k);
-        let _ = write!(s.0, "{:.3}", if v.is_finite() { v } else { 0.0 });
-        s
-    }
-    /// The object's text.
-    pub fn finish(mut self) -> String {
-        self.0.push('}');
-        self.0
-    }
-}
-
-fn push_json_str(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-/// A parsed flat JSON object: members in order, values as text (strings
-/// unescaped, numbers as written).
-#[derive(Debug, Clone, Default)]
-pub struct JsonLine(pub Vec<(String, String)>);
-
-impl JsonLine {
-    /// The last line of `output` that parses as a JSON object with
-    /// `"event":"final"` (the summary every example prints at its end).
-    ///
-    /// # Panics
-    /// When there is none, showing `output` (for tests).
-    pub fn final_in(output: &str) -> JsonLine {
-        output
-            .lines()
-            .rev()
-            .filter_map(JsonLine::parse)
-            .find(|j| j.get("event") == Some("final"))
-            .unwrap_or_else(|| panic!("no final JSON line in:\n{output}"))
-    }
-
-    /// Parses a flat object of string and number members; `None` for
-    /// anything else.
-    pub fn parse(line: &str) -> Option<JsonLine> {
-        let mut it = line.trim().chars().peekable();
-        let mut members = Vec::new();
-        if it.next()? != '{' {
-            return None;
-        }
-        loop {
-            skip_ws(&mut it);
-            match it.peek()? {
-                '}' => break,
-                ',' => {
-                    it.next();
-                    continue;
-                }
-                _ => {}
-            }
-            let key = parse_json_str(&mut it)?;
-            skip_ws(&mut it);
-            if it.next()? != ':' {
-                return None;
-            }
-            skip_ws(&mut it);
-            let value = if *it.peek()? == '"' {
-                parse_json_str(&mut it)?
-            } else {
-                let mut v = String::new();
-                while let Some(&c) = it.peek() {
-                    if c == ',' || c == '}' || c.is_whitespace() {
-                        break;
-                    }
-                    v.push(c);
-                    it.next();
-                }
-                v
-            };
-            members.push((key, value));
-        }
-        Some(JsonLine(members))
-    }
-    /// The member `k` as text.
-    pub fn get(&self, k: &str) -> Option<&str> {
-        self.0.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str())
-    }
-    /// The member `k` as an integer.
-    pub fn u64(&self, k: &str) -> Option<u64> {
-        self.get(k)?.parse().ok()
-    }
-    /// The member `k` as a number.
-    pub fn f64(&self, k: &str) -> Option<f64> {
-        self.get(k)?.parse().ok()
-    }
-}
-
-fn skip_ws(it: &mut std::iter::Peekable<std::str::Chars<'_>>) {
-    while it.peek().is_some_and(|c| c.is_whitespace()) {
-        it.next();
-    }
-}
-
-fn parse_json_str(it: &mut std::iter::Peekable<std::str::Chars<'_>>) -> Option<String> {
-    if it.next()? != '"' {
-        return None;
-    }
-    let mut s = String::new();
-    loop {
-        match it.next()? {
-            '"' => return Some(s),
-            '\\' => match it.next()? {
-                'n' => s.push('\n'),
-                'u' => {
-                    let hex: String = (0..4).map(|_| it.next()).collect::<Option<_>>()?;
-                    s.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
-                }
-                c => s.push(c),
-            },
-            c => s.push(c),
-        }
-    }
-}
-
-/// Prints one line to stdout and flushes it (stdout may be a pipe to the demo).
-pub fn emit(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
 // ---------------------------------------------------------------------------
 // Latency statistics
 // ---------------------------------------------------------------------------
@@ -433,16 +273,6 @@ impl Latencies {
     }
 }
 
-/// The `p`-th percentile (0..=100, nearest rank) of `v`, sorting it; 0 when empty.
-pub fn percentile_of(v: &mut [u64], p: f64) -> u64 {
-    if v.is_empty() {
-        return 0;
-    }
-    v.sort_unstable();
-    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
-    v[rank.clamp(1, v.len()) - 1]
-}
-
 fn us(ns: u64) -> f64 {
     ns as f64 / 1000.0
 }
@@ -455,7 +285,7 @@ fn us(ns: u64) -> f64 {
 /// usable GPU is present, host memory otherwise.
 pub fn resolve_backend(choice: BackendChoice) -> BackendChoice {
     match choice {
-        BackendChoice::Auto if vramring::memory::cuda::cuda_usable() => BackendChoice::Cuda(0),
+        BackendChoice::Auto if vramring::cuda::cuda_usable() => BackendChoice::Cuda(0),
         BackendChoice::Auto => BackendChoice::Host,
         other => other,
     }
@@ -491,21 +321,6 @@ impl ProducerReport {
     }
 }
 
-/// Writes the test pattern of `seq` into a slot of a CUDA ring and commits
-/// it, returning the published seq.
-///
-/// The pattern kernel runs on `gpu`'s stream in the GPU's primary context
-/// (the ring's), then `SlotMut::publish_cuda` synchronises that stream and
-/// commits.
-pub fn fill_cuda(gpu: &GpuTestPattern, slot: SlotMut<'_>, seq: u64) -> AnyResult<u64> {
-    let len = slot.geometry().frame_bytes;
-    // SAFETY: the loaned slot is ours to write until it is published; it is
-    // device memory of the GPU's primary context, which `gpu` uses.
-    unsafe { gpu.fill(slot.addr(), len, seq)? };
-    // SAFETY: `gpu.stream()` is a live stream of the ring's context.
-    Ok(unsafe { slot.publish_cuda(FrameMeta::pts(seq as i64), gpu.stream()?)? })
-}
-
 /// Publishes frames as `args` says until the frame count is reached or a
 /// stop signal arrives.
 ///
@@ -521,6 +336,7 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
         .slots(args.slots)
         .policy(policy)
         .backend(backend)
+        .commit_graph(args.commit_graph)
         .lossless_lease(Duration::from_millis(args.lossless_lease_ms));
     let cfg = if args.attach_rate == 0 {
         cfg.unbounded_attaches()
@@ -531,7 +347,7 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
     let frame_bytes = publisher.geometry().frame_bytes;
     let kind = publisher.backend();
     let gpu = match kind {
-        BackendKind::Cuda => Some(GpuTestPattern::for_uuid(publisher.info().device_uuid)?),
+        BackendKind::Cuda => Some(GpuTestPattern::for_uuid(publisher.info().device_uuid())?),
         _ => None,
     };
     if args.json {
@@ -750,34 +566,9 @@ impl ConsumerReport {
 pub fn verify_frame(gpu: Option<&GpuTestPattern>, frame: &Frame<'_>) -> AnyResult<Result<(), PatternError>> {
     match (frame.host_bytes(), gpu) {
         (Some(bytes), _) => Ok(testpattern::verify(bytes, frame.seq())),
-        (None, Some(gpu)) => verify_cuda(gpu, frame),
+        (None, Some(gpu)) => Ok(verify_cuda(gpu, frame)?),
         (None, None) => Err("a GPU frame needs the GPU pattern kernels".into()),
     }
-}
-
-/// Checks a frame copied into the subscriber's own GPU buffer.
-///
-/// The pattern-check kernel runs over `frame.addr()` / `frame.len()` on
-/// `gpu`'s stream and its verdict is read back (4 bytes).
-pub fn verify_cuda(gpu: &GpuTestPattern, frame: &Frame<'_>) -> AnyResult<Result<(), PatternError>> {
-    // SAFETY: the frame's copy is device memory of the GPU's primary context
-    // in this process, held until the next call on the subscriber.
-    let c = unsafe { gpu.verify(frame.addr(), frame.len())? };
-    if c.is_intact(frame.seq()) {
-        return Ok(Ok(()));
-    }
-    Ok(Err(if c.mismatches == 0 && c.checksum_ok {
-        PatternError::WrongSeq {
-            expected: frame.seq(),
-            found: c.seq,
-        }
-    } else {
-        PatternError::Corrupt {
-            seq: c.seq,
-            mismatches: c.mismatches.into(),
-            checksum_ok: c.checksum_ok,
-        }
-    }))
 }
 
 fn connect_with_retry(args: &ConsumerArgs, opts: SubscriberOptions) -> AnyResult<Subscriber> {
@@ -827,7 +618,7 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
     }
     let mut sub = connect_with_retry(args, opts)?;
     let gpu = match sub.backend() {
-        BackendKind::Cuda => Some(GpuTestPattern::for_uuid(sub.info().device_uuid)?),
+        BackendKind::Cuda => Some(GpuTestPattern::for_uuid(sub.info().device_uuid())?),
         _ => None,
     };
     let mode_name = if args.lossless { "lossless" } else { args.mode_name() };

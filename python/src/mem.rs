@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys as cu;
-use vramring::memory::cuda::{self as vc, ContextGuard, CuContext, CuDevice, CuStream, DevicePtr, Driver, RealDriver};
+use vramring::seam::cuda::{self as vc, ContextGuard, CuContext, CuDevice, CuStream, DevicePtr, Driver, RealDriver};
 use vramring::{Error, Result};
 
 /// The primary context of one GPU, retained, and a non-blocking stream of

@@ -23,7 +23,6 @@ use dlpark::python::{DlpackStream, ImportRequest, StreamArg};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use vramring::layout::BACKEND_CUDA;
 use vramring::ServeOptions;
 use vramring::{BackendChoice, BackendKind, Error, Format, FrameMeta, Geometry, Policy, Publisher, RingConfig};
 
@@ -165,7 +164,7 @@ impl PyPublisher {
     #[new]
     #[pyo3(signature = (path, format, width, height, *, slots=8, backend="auto", policy="overwrite",
                         max_subscribers=None, lossless_lease=2.0,
-                        attach_rate=Some((vramring::ring::DEFAULT_ATTACHES_PER_SECOND, vramring::ring::DEFAULT_ATTACH_BURST))))]
+                        attach_rate=Some((vramring::AttachRate::DEFAULT.per_second, vramring::AttachRate::DEFAULT.burst))))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -209,8 +208,8 @@ impl PyPublisher {
         };
         let shown = path.display().to_string();
         let p = py.detach(|| Publisher::create(&path, cfg)).py_err()?;
-        let ring_cuda = if p.info().backend == BACKEND_CUDA {
-            Some(Cuda::for_uuid(&p.info().device_uuid).py_err()?)
+        let ring_cuda = if p.info().backend() == BackendKind::Cuda {
+            Some(Cuda::for_uuid(&p.info().device_uuid()).py_err()?)
         } else {
             None
         };

@@ -32,9 +32,7 @@ use dlpark::ffi::DLDevice;
 use pyo3::exceptions::{PyStopIteration, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
-use vramring::layout::{RingInfo, BACKEND_CUDA};
-use vramring::time::monotonic_ns;
-use vramring::{Borrow, Error, Geometry, Mode, Subscriber, SubscriberOptions};
+use vramring::{monotonic_ns, BackendKind, Borrow, Error, Geometry, Mode, RingInfo, Subscriber, SubscriberOptions};
 
 use crate::errors::{self, FramesHeld, IntoPy};
 use crate::mem::{Buf, BufPool, Consumers, Cuda, Event, Excl};
@@ -209,14 +207,14 @@ struct Sink {
 impl Sink {
     /// The CUDA context of ring `info` (`None` for a host ring).
     fn cuda_for(&mut self, info: &RingInfo) -> vramring::Result<Option<Arc<Cuda>>> {
-        if info.backend != BACKEND_CUDA {
+        if info.backend() != BackendKind::Cuda {
             return Ok(None);
         }
         match &self.cuda {
-            Some((c, uuid)) if *uuid == info.device_uuid => Ok(Some(Arc::clone(c))),
+            Some((c, uuid)) if *uuid == info.device_uuid() => Ok(Some(Arc::clone(c))),
             _ => {
-                let c = Cuda::for_uuid(&info.device_uuid)?;
-                self.cuda = Some((Arc::clone(&c), info.device_uuid));
+                let c = Cuda::for_uuid(&info.device_uuid())?;
+                self.cuda = Some((Arc::clone(&c), info.device_uuid()));
                 Ok(Some(c))
             }
         }
@@ -226,7 +224,7 @@ impl Sink {
     /// (a reconnect to a publisher with another geometry or device).
     fn buf_for(&mut self, info: &RingInfo) -> vramring::Result<Buf> {
         let cuda = self.cuda_for(info)?;
-        let bytes = info.geometry.frame_bytes;
+        let bytes = info.geometry().frame_bytes;
         let fits = self.pool.as_ref().is_some_and(|p| {
             p.bytes == bytes
                 && match (&p.cuda, &cuda) {
@@ -403,7 +401,7 @@ fn read(sub: &mut Subscriber, sink: &mut Sink, lend: bool, timeout: Duration) ->
             let f = sub.next(left).map_err(timed_out)?;
             let woke = monotonic_ns();
             let info = *f.info();
-            let len = info.geometry.frame_bytes;
+            let len = info.geometry().frame_bytes;
             let (mem, done) = if f.pushed() {
                 // The subscriber holds this buffer until its next `next()`,
                 // which the caller makes only once the frame is gone.
@@ -433,7 +431,7 @@ fn read(sub: &mut Subscriber, sink: &mut Sink, lend: bool, timeout: Duration) ->
                 skipped: f.skipped(),
                 pushed: f.pushed(),
                 user: f.user(),
-                geometry: info.geometry,
+                geometry: *info.geometry(),
                 mem,
                 timing: [woke, done, done],
             });
@@ -442,7 +440,7 @@ fn read(sub: &mut Subscriber, sink: &mut Sink, lend: bool, timeout: Duration) ->
         let woke = monotonic_ns();
         let info = *b.info();
         let mut buf = sink.buf_for(&info)?;
-        let len = info.geometry.frame_bytes;
+        let len = info.geometry().frame_bytes;
         if let Some(dst) = buf.host_mut() {
             b.copy_to(dst)?;
         } else {
@@ -461,7 +459,7 @@ fn read(sub: &mut Subscriber, sink: &mut Sink, lend: bool, timeout: Duration) ->
             skipped: b.skipped(),
             pushed: b.pushed(),
             user: b.user(),
-            geometry: info.geometry,
+            geometry: *info.geometry(),
             mem: Held::Buf(buf),
             timing: [woke, copied, 0],
         };
@@ -744,9 +742,9 @@ impl PySubscriber {
             flags,
             commit_ns,
             user,
-            geometry: info.geometry,
+            geometry: *info.geometry(),
             addr,
-            cuda: info.backend == BACKEND_CUDA,
+            cuda: info.backend() == BackendKind::Cuda,
             intact: None,
         })
     }

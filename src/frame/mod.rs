@@ -1,18 +1,16 @@
 //! The frame ring: fixed-size slots of decoded video in one pool (a CUDA
-//! VMM allocation or a host memfd), the kind-specific layer over
-//! [`crate::ring`].
+//! VMM allocation or a host memfd).
 //!
-//! * [`publisher`]: [`Publisher`] creates the ring, loans a slot, commits it
+//! * [`Publisher`] creates the ring, loans a slot ([`SlotMut`]), commits it
 //!   (and copies it into push subscribers' own buffers).
-//! * [`subscriber`]: [`Subscriber`] imports the pool once (pull delivery) or
-//!   receives frames in its own buffers (push delivery), and proves each
-//!   copy was not torn.
-//! * [`protocol`]: the lock-free slot protocol over the shared layout
-//!   (publish, consume, push, wait), backend-agnostic and model-checked.
+//! * [`Subscriber`] imports the pool once (pull delivery) or receives frames
+//!   in its own buffers (push delivery), and proves each copy was not torn.
+//! * [`RingInfo`]: what a ring is, as both sides read it from its header.
 
-pub mod protocol;
-pub mod publisher;
-pub mod subscriber;
+pub(crate) mod protocol;
+mod publisher;
+mod subscriber;
 
+pub use crate::layout::RingInfo;
 pub use publisher::{BackendChoice, CommitMode, FrameMeta, Policy, Publisher, PullAccess, RingConfig, SlotMut};
 pub use subscriber::{Borrow, Frame, Mode, PullStart, Subscriber, SubscriberOptions, SubscriberStats};

@@ -15,6 +15,7 @@ use crate::layout::{
     USER_META_BYTES, USER_META_WORDS,
 };
 use crate::lifecycle::{ExitPhase, ExitWorker};
+use crate::memory::cuda::CommitGraph;
 use crate::memory::{BackendKind, ExportedPool, MappedTarget, TargetMapper, WriteCompletion};
 use crate::ring::lossless::{Holder, LosslessGate};
 use crate::ring::serve::{self, Served, ServiceState};
@@ -136,6 +137,9 @@ pub struct RingConfig {
     pub pull: PullAccess,
     /// How CUDA frames are committed.
     pub commit: CommitMode,
+    /// When a CUDA ring's push commits replay the commit graph instead of
+    /// launching the commit kernel.
+    pub commit_graph: CommitGraph,
     /// The serving settings shared with the packet ring.
     pub serve: ServeConfig,
 }
@@ -160,6 +164,7 @@ impl RingConfig {
             allow_write: false,
             pull: PullAccess::Anyone,
             commit: CommitMode::Stream,
+            commit_graph: CommitGraph::AUTO,
             serve: ServeConfig::default(),
         }
     }
@@ -193,6 +198,11 @@ impl RingConfig {
     /// Sets how CUDA frames are committed.
     pub fn commit(mut self, m: CommitMode) -> Self {
         self.commit = m;
+        self
+    }
+    /// Sets when push commits replay the commit graph (CUDA rings).
+    pub fn commit_graph(mut self, g: CommitGraph) -> Self {
+        self.commit_graph = g;
         self
     }
 
@@ -711,7 +721,12 @@ impl std::fmt::Debug for Publisher {
     }
 }
 
-pub(crate) fn create_pool(choice: BackendChoice, bytes: u64, peers_may_write: bool) -> Result<Box<dyn ExportedPool>> {
+pub(crate) fn create_pool(
+    choice: BackendChoice,
+    bytes: u64,
+    peers_may_write: bool,
+    graph: CommitGraph,
+) -> Result<Box<dyn ExportedPool>> {
     let host = || -> Result<Box<dyn ExportedPool>> {
         Ok(Box::new(crate::memory::host::HostPool::create_with(
             bytes,
@@ -720,10 +735,10 @@ pub(crate) fn create_pool(choice: BackendChoice, bytes: u64, peers_may_write: bo
     };
     match choice {
         BackendChoice::Host => host(),
-        BackendChoice::Cuda(ordinal) => crate::memory::cuda::create_pool(ordinal, bytes),
+        BackendChoice::Cuda(ordinal) => crate::memory::cuda::create_pool(ordinal, bytes, graph),
         BackendChoice::Auto => {
             if crate::memory::cuda::cuda_usable() {
-                crate::memory::cuda::create_pool(0, bytes)
+                crate::memory::cuda::create_pool(0, bytes, graph)
             } else {
                 host()
             }
@@ -758,7 +773,7 @@ impl Publisher {
         let pool_bytes = slots_bytes
             .checked_add(gate_bytes)
             .ok_or_else(|| Error::Config("ring size overflows".into()))?;
-        let mut pool = create_pool(cfg.backend, pool_bytes, cfg.allow_write)?;
+        let mut pool = create_pool(cfg.backend, pool_bytes, cfg.allow_write, cfg.commit_graph)?;
         match Self::build(listener, &mut pool, &path, cfg, geometry) {
             Ok((shared, service)) => {
                 let mut p = Publisher {

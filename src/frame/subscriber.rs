@@ -1,7 +1,7 @@
 //! The subscriber: connects, imports the pool once, and reads frames by
 //! copying them into its own buffer and validating after the copy.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -11,15 +11,15 @@ use super::protocol::{self, Look, SlotSnapshot, WaitOutcome};
 use crate::error::{Error, Result};
 use crate::format::Geometry;
 use crate::layout::{
-    ClientLine, RingHeader, RingInfo, SlotDesc, SubEntry, SubsHeader, BACKEND_CUDA, BACKEND_HOST, PRODUCER_CLOSED,
-    PUSH_BUFFERS,
+    ClientLine, RingHeader, RingInfo, SlotDesc, SubEntry, BACKEND_CUDA, BACKEND_HOST, PRODUCER_CLOSED, PUSH_BUFFERS,
 };
 use crate::memory::{BackendKind, ImportedPool, OwnBuffer};
+use crate::ring::attach::map_frame_ring;
 use crate::ring::cadence::{wait_by, Cadence, WaitStrategy};
 use crate::ring::lease::{self, Lease};
 use crate::ring::Bell;
-use crate::shm::{Region, SEALS_READ_ONLY};
-use crate::socket::msg::{self, Hello, Msg, Welcome};
+use crate::shm::Region;
+use crate::socket::msg::{self, Hello, Msg};
 use crate::socket::transport;
 use crate::sync::atomic::Ordering;
 use crate::time::monotonic_ns;
@@ -563,47 +563,6 @@ fn import_pool(info: &RingInfo, fd: Option<OwnedFd>, writable: bool) -> Result<B
         (BACKEND_CUDA, None) => crate::memory::cuda::push_only(info.device_uuid),
         (other, _) => Err(Error::LayoutMismatch(format!("backend code {other}"))),
     }
-}
-
-/// Maps a frame ring's control region (read-only) and subscriber table
-/// (read-write when `subs_writable`) from a Welcome's descriptors, and
-/// validates both against the Welcome.
-///
-/// # Errors
-/// [`Error::LayoutMismatch`] for missing seals, short regions or a header
-/// that disagrees with the Welcome; [`Error::Io`] when mapping fails.
-pub(crate) fn map_frame_ring(
-    welcome: &Welcome,
-    control_fd: BorrowedFd<'_>,
-    subs_fd: &OwnedFd,
-    client_fd: &OwnedFd,
-) -> Result<(Region, RingInfo, Region, Region)> {
-    // The control region must be sealed read-only and fixed-size: then
-    // the publisher cannot shrink it under our mapping, and we could not
-    // write it even by mistake.
-    Region::require_seals(control_fd, SEALS_READ_ONLY)?;
-    // `Region::at` treats a region too short for its struct as a bug, so
-    // a peer's short size is refused here, before any header is read.
-    if welcome.control_bytes < std::mem::size_of::<RingHeader>() as u64 {
-        return Err(Error::LayoutMismatch(format!(
-            "Welcome announces a control region of {} bytes, shorter than its header",
-            welcome.control_bytes
-        )));
-    }
-    let control = Region::map(control_fd, welcome.control_bytes, false)?;
-    let info = RingInfo::validate(control.at::<RingHeader>(0), control.len() as u64)?;
-    if info.epoch != welcome.epoch
-        || info.backend != welcome.backend
-        || info.pool_bytes != welcome.pool_bytes
-        || info.device_uuid != welcome.device_uuid
-    {
-        return Err(Error::LayoutMismatch(
-            "Welcome disagrees with the control region".into(),
-        ));
-    }
-    let (subs, client) = lease::map_table_and_client(welcome, subs_fd, client_fd)?;
-    subs.at::<SubsHeader>(0).validate(&info, subs.len() as u64)?;
-    Ok((control, info, subs, client))
 }
 
 impl Subscriber {

@@ -15,7 +15,7 @@
 //! on drop:
 //! ```
 //! use std::time::Duration;
-//! use vramring::lifecycle::{ExitPhase, ExitWorker};
+//! use vramring::seam::lifecycle::{ExitPhase, ExitWorker};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let worker = ExitWorker::spawn("example-service", ExitPhase::Service, |stop| {

@@ -23,14 +23,6 @@ pub struct HostPool {
 }
 
 impl HostPool {
-    /// Creates a zeroed pool of `bytes` bytes, sealed against resizing.
-    ///
-    /// # Errors
-    /// [`Error::Io`] when the memfd cannot be created or mapped.
-    pub fn create(bytes: u64) -> Result<Self> {
-        Self::create_with(bytes, true)
-    }
-
     /// Creates a zeroed pool of `bytes` bytes, sealed against resizing and,
     /// unless `peers_may_write`, against every write but through this
     /// process's own mapping (`F_SEAL_FUTURE_WRITE`): then no subscriber

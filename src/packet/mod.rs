@@ -82,7 +82,7 @@
 //! [`Packet::skipped`] counts the packets never delivered in between.
 
 pub mod annexb;
-pub mod layout;
+pub(crate) mod layout;
 mod protocol;
 mod publisher;
 mod reader;
@@ -93,11 +93,8 @@ mod writer;
 mod tests;
 
 pub use crate::ring::WaitStrategy;
-pub use layout::{
-    PacketHeader, PacketRecord, PacketRingInfo, PACKET_DISCONTINUITY, PACKET_KEY, PACKET_MAGIC, PARAMS_BYTES,
-};
+pub use layout::{PacketRingInfo, PACKET_DISCONTINUITY, PACKET_KEY, PARAMS_BYTES};
 pub use publisher::{PacketPublisher, PacketPublisherConfig};
 pub use reader::{Packet, PacketBorrow, PacketReader, PacketReaderStats};
-pub(crate) use subscriber::map_packet_table;
 pub use subscriber::{PacketSubscriber, PacketSubscriberOptions};
 pub use writer::{PacketMeta, PacketRingConfig, PacketWriter, Placement};

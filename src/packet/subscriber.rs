@@ -2,20 +2,19 @@
 //! ring read-only, and reads packets with futex wakeups; optionally
 //! lossless.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::layout::PacketHeader;
 use super::{Packet, PacketBorrow, PacketReader, PacketReaderStats, PacketRingInfo};
 use crate::error::{Error, Result};
-use crate::layout::SubsHeader;
+use crate::ring::attach::map_packet_table;
 use crate::ring::cadence::{wait_by, Cadence, WaitStrategy};
 use crate::ring::lease::{self, Lease};
 use crate::ring::{Bell, WaitOutcome};
 
-use crate::shm::Region;
-use crate::socket::msg::{self, Hello, Welcome};
+use crate::socket::msg::{self, Hello};
 
 /// How often the non-blocking reads look at the publisher's socket when
 /// there is nothing to read (blocking reads check it between park slices).
@@ -135,28 +134,6 @@ impl std::fmt::Debug for PacketSubscriber {
             .field("epoch", &format_args!("{:#018x}", self.reader.info().epoch))
             .finish()
     }
-}
-
-/// Maps a packet ring's subscriber table (read-only) and the subscriber's
-/// client region from a Welcome's descriptors and validates them; returns
-/// both and the table's entry count.
-///
-/// # Errors
-/// [`Error::LayoutMismatch`] for missing seals, a short table or one of
-/// another publisher instance; [`Error::Io`] when mapping fails.
-pub(crate) fn map_packet_table(
-    welcome: &Welcome,
-    subs_fd: &OwnedFd,
-    client_fd: &OwnedFd,
-) -> Result<(Region, Region, u32)> {
-    let (subs, client) = lease::map_table_and_client(welcome, subs_fd, client_fd)?;
-    let (max, subs_epoch) = subs.at::<SubsHeader>(0).validate_shape(subs.len() as u64)?;
-    if subs_epoch != welcome.epoch {
-        return Err(Error::LayoutMismatch(
-            "subscriber table belongs to another publisher instance".into(),
-        ));
-    }
-    Ok((subs, client, max))
 }
 
 impl PacketSubscriber {

@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::layout::{PacketInfo, PARAMS_BYTES};
+use super::layout::{PacketHeader, PacketInfo, PARAMS_BYTES};
 use super::*;
 use crate::error::Error;
 use crate::shm::Region;

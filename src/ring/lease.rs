@@ -13,40 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::layout::{ClientLine, SubEntry, SubsHeader, CLIENT_BYTES, SUB_ACTIVE};
-use crate::shm::{Region, SEALS_FIXED_SIZE, SEALS_READ_ONLY};
+use crate::layout::{ClientLine, SubEntry, SubsHeader, SUB_ACTIVE};
+use crate::shm::Region;
 use crate::socket::msg::{self, Hello, Msg, Welcome};
 use crate::socket::transport;
 use crate::socket::PeerFd;
 use crate::sync::atomic::Ordering;
-
-/// Maps the two regions every Welcome carries after the control region:
-/// the publisher's subscriber table (read-only, sealed) and our own client
-/// region (read-write, fixed size), checking their seals and sizes before
-/// the first load.
-///
-/// # Errors
-/// [`Error::LayoutMismatch`] for missing seals or sizes that do not fit.
-pub(crate) fn map_table_and_client(
-    welcome: &Welcome,
-    subs_fd: &OwnedFd,
-    client_fd: &OwnedFd,
-) -> Result<(Region, Region)> {
-    Region::require_seals(subs_fd.as_fd(), SEALS_READ_ONLY)?;
-    Region::require_seals(client_fd.as_fd(), SEALS_FIXED_SIZE)?;
-    if welcome.subs_bytes < std::mem::size_of::<SubsHeader>() as u64 || welcome.client_bytes != CLIENT_BYTES {
-        return Err(Error::LayoutMismatch(format!(
-            "Welcome announces a subscriber table of {} bytes and a client region of {} bytes \
-             (a table needs at least {}, a client region is {CLIENT_BYTES})",
-            welcome.subs_bytes,
-            welcome.client_bytes,
-            std::mem::size_of::<SubsHeader>()
-        )));
-    }
-    let subs = Region::map(subs_fd.as_fd(), welcome.subs_bytes, false)?;
-    let client = Region::map(client_fd.as_fd(), CLIENT_BYTES, true)?;
-    Ok((subs, client))
-}
 
 /// Connects to `path`, sends `hello`, and waits up to `timeout` for the
 /// Welcome. Returns the connection, the Welcome and its descriptors.

@@ -26,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::layout::{DEFAULT_MAX_SUBSCRIBERS, MAX_SUBSCRIBERS_LIMIT};
 use crate::socket::transport::AccessPolicy;
 
+pub(crate) mod attach;
 pub mod cadence;
 pub(crate) mod lease;
 pub(crate) mod lossless;
@@ -82,12 +83,17 @@ pub struct AttachRate {
     pub burst: u32,
 }
 
+impl AttachRate {
+    /// The default bound: 16 attaches at once, then 8 a second.
+    pub const DEFAULT: AttachRate = AttachRate {
+        per_second: DEFAULT_ATTACHES_PER_SECOND,
+        burst: DEFAULT_ATTACH_BURST,
+    };
+}
+
 impl Default for AttachRate {
     fn default() -> Self {
-        AttachRate {
-            per_second: DEFAULT_ATTACHES_PER_SECOND,
-            burst: DEFAULT_ATTACH_BURST,
-        }
+        AttachRate::DEFAULT
     }
 }
 

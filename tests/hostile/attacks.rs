@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rustix::fs::{FallocateFlags, MemfdFlags, SealFlags};
-use vramring::socket::msg::{self, Attach, Hello, Msg, Welcome};
-use vramring::socket::transport;
+use vramring::seam::socket::msg::{self, Attach, Hello, Msg, Welcome};
+use vramring::seam::socket::transport;
 
 use super::layout::{self, Fds, Role};
 use super::map::Map;
@@ -76,7 +76,10 @@ pub fn join(socket: &Path, flags: u32, name: &str) -> Conn {
         Msg::Welcome(welcome) => Conn {
             sock,
             fds: Fds::new(
-                m.fds.into_iter().map(vramring::socket::PeerFd::into_owned).collect(),
+                m.fds
+                    .into_iter()
+                    .map(vramring::seam::socket::PeerFd::into_owned)
+                    .collect(),
                 welcome.pool_bytes,
             ),
             welcome,

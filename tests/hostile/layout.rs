@@ -27,7 +27,7 @@ pub const TABLE_MAGIC: &[u8; 8] = b"VRSUBTAB";
 pub const BACKENDS_HOST: u32 = 1 << 1;
 
 // --- control region (`RingHeader`) ---------------------------------------
-/// `info.slot_count` (u32).
+/// `info.slot_count()` (u32).
 pub const CTRL_SLOT_COUNT: usize = 32;
 /// `info.slots_offset` (u64): where `SlotDesc` 0 starts.
 pub const CTRL_SLOTS_OFFSET: usize = 40;

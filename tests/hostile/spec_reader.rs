@@ -14,8 +14,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use vramring::socket::msg::Msg;
-use vramring::socket::transport;
+use vramring::seam::socket::msg::Msg;
+use vramring::seam::socket::transport;
 
 use super::attacks::{join, Report};
 use super::layout::{self, Role};
@@ -189,7 +189,7 @@ fn wait(c: &super::attacks::Conn, ctl: &Map, own: &Own, after: u64, deadline: In
 /// a second. Records what its first read after the hold returned and how
 /// many frames it delivered (and released into its entry) after that.
 pub fn lossless(socket: &Path, hold: Duration, rep: &mut Report) {
-    use vramring::socket::msg;
+    use vramring::seam::socket::msg;
     let c = join(socket, msg::HELLO_LOSSLESS | msg::HELLO_SEQUENTIAL, "spec-lossless");
     let ctl = c.control();
     let own = Own::new(&c);
@@ -240,7 +240,7 @@ pub fn lossless(socket: &Path, hold: Duration, rep: &mut Report) {
                 *last = seq;
                 continue;
             }
-            if vramring::testpattern::verify(&bytes, seq).is_err() {
+            if vramring_testkit::pattern::verify(&bytes, seq).is_err() {
                 torn += 1;
             }
             // 7: deliver and release.

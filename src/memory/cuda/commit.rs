@@ -64,15 +64,11 @@ use super::driver::{CuFunction, CuGraphExec, CuModule, CuStream, DResult, Device
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// Name of the commit kernel.
-pub(crate) const COMMIT_KERNEL: &str = "vramring_commit";
+pub const COMMIT_KERNEL: &str = "vramring_commit";
 /// Name of the commit kernel that reads its descriptor from device memory.
-pub(crate) const COMMIT_AT_KERNEL: &str = "vramring_commit_at";
+pub const COMMIT_AT_KERNEL: &str = "vramring_commit_at";
 /// Name of the kernel that copies a descriptor from the ring.
-pub(crate) const FETCH_KERNEL: &str = "vramring_commit_fetch";
-
-/// The environment variable that chooses when push commits replay the
-/// commit graph: `1` always, `0` never, unset (or `auto`) [`CommitGraph::AUTO`].
-pub const COMMIT_GRAPH_ENV: &str = "VRAMRING_COMMIT_GRAPH";
+pub const FETCH_KERNEL: &str = "vramring_commit_fetch";
 
 /// By default a ring replays the commit graph while its push commits come
 /// on average at most this far apart ([`CommitGraph::AUTO`]; ADR 0022: on
@@ -102,27 +98,19 @@ pub enum CommitGraph {
 impl CommitGraph {
     /// The default: [`CommitGraph::Within`] [`COMMIT_GRAPH_WITHIN`].
     pub const AUTO: CommitGraph = CommitGraph::Within(COMMIT_GRAPH_WITHIN);
+}
 
-    /// The mode [`COMMIT_GRAPH_ENV`] asks for: `1` [`Always`](Self::Always),
-    /// `0` [`Never`](Self::Never), unset, empty or `auto`
-    /// [`AUTO`](Self::AUTO); any other value is reported (a warning) and
-    /// taken as `auto`.
-    pub fn from_env() -> CommitGraph {
-        match std::env::var(COMMIT_GRAPH_ENV) {
-            Err(std::env::VarError::NotPresent) => CommitGraph::AUTO,
-            Ok(v) => match v.trim() {
-                "1" => CommitGraph::Always,
-                "0" => CommitGraph::Never,
-                "" | "auto" => CommitGraph::AUTO,
-                other => {
-                    tracing::warn!(value = other, "{COMMIT_GRAPH_ENV} is not 1, 0 or auto; taking auto");
-                    CommitGraph::AUTO
-                }
-            },
-            Err(e) => {
-                tracing::warn!(error = %e, "{COMMIT_GRAPH_ENV} is not valid text; taking auto");
-                CommitGraph::AUTO
-            }
+/// `always` (or `1`), `never` (or `0`), `auto` (or empty): the words a
+/// binary's flag or environment variable takes.
+impl std::str::FromStr for CommitGraph {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim() {
+            "always" | "1" => Ok(CommitGraph::Always),
+            "never" | "0" => Ok(CommitGraph::Never),
+            "auto" | "" => Ok(CommitGraph::AUTO),
+            other => Err(format!("commit graph mode {other:?} is not always, never or auto")),
         }
     }
 }
@@ -182,7 +170,7 @@ impl Pace {
 }
 
 /// Entries of the descriptor ring.
-pub(crate) const RING_ENTRIES: usize = 64;
+pub const RING_ENTRIES: usize = 64;
 /// Bytes of the device state: the count of entries used, then (at
 /// [`STATE_DESC`]) the descriptor.
 const STATE_BYTES: u64 = 256;
@@ -203,27 +191,27 @@ const MAX_BLOCKS: u32 = 2048;
 /// The kernel's one parameter, by value (192 bytes, as the PTX reads it).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct CommitDesc {
+pub struct CommitDesc {
     /// Device address of the slot's first byte.
-    pub(crate) src: DevicePtr,
+    pub src: DevicePtr,
     /// 16-byte vectors to copy into each target.
-    pub(crate) vecs: u64,
+    pub vecs: u64,
     /// Targets in `dst` / `push_seq` (at most [`MAX_FANOUT`]).
-    pub(crate) count: u64,
+    pub count: u64,
     /// The frame's seq.
-    pub(crate) seq: u64,
+    pub seq: u64,
     /// Device address of the counter words.
-    pub(crate) counter: DevicePtr,
+    pub counter: DevicePtr,
     /// Device address of the slot's seq word (registered host memory), or 0.
-    pub(crate) slot_seq: DevicePtr,
+    pub slot_seq: DevicePtr,
     /// Device address of `global_seq` (registered host memory), or 0.
-    pub(crate) global_seq: DevicePtr,
+    pub global_seq: DevicePtr,
     /// Device address of the pool's gate word (device memory), or 0.
-    pub(crate) gate: DevicePtr,
+    pub gate: DevicePtr,
     /// Device addresses of the targets' buffers.
-    pub(crate) dst: [DevicePtr; MAX_FANOUT],
+    pub dst: [DevicePtr; MAX_FANOUT],
     /// Device addresses of the targets' `push_seq` words (registered host memory).
-    pub(crate) push_seq: [DevicePtr; MAX_FANOUT],
+    pub push_seq: [DevicePtr; MAX_FANOUT],
 }
 
 const _: () = assert!(std::mem::size_of::<CommitDesc>() == 192);

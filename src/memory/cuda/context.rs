@@ -97,7 +97,7 @@ impl<D: Driver> Drop for ContextGuard<'_, D> {
 ///
 /// # Safety
 /// `ctx` is a live context of `driver`.
-pub(crate) unsafe fn with_context<D: Driver, T>(
+pub unsafe fn with_context<D: Driver, T>(
     driver: &D,
     ctx: CuContext,
     f: impl FnOnce(&D) -> crate::error::Result<T>,

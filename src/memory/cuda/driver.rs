@@ -3,7 +3,7 @@
 //! [`Driver`] is the seam between the safe owner types ([`super::CudaPool`],
 //! [`super::CudaImport`], [`super::PatternKernels`]) and the driver. It has
 //! two implementations: [`super::RealDriver`] (the CUDA driver library,
-//! loaded at run time) and [`super::FakeDriver`] (host memory, fault
+//! loaded at run time) and `FakeDriver` (`vramring-testkit`) (host memory, fault
 //! injection, context tracking) for tests without a GPU.
 //!
 //! Every method returns `Result<_, DriverError>`; a `DriverError` becomes the

@@ -6,14 +6,12 @@
 //! 1. [`Driver`]: one method per driver call, `Result`-returning, with two
 //!    implementations: [`RealDriver`] (the driver library, loaded at run
 //!    time) and `FakeDriver` (host memory, fault injection, context
-//!    tracking; `testing` feature) for tests without a GPU.
+//!    tracking; in `vramring-testkit`) for tests without a GPU.
 //! 2. [`ContextGuard`]: the ring's context current for a scope, the caller's
 //!    context (nothing, or a foreign one) current again afterwards.
 //! 3. Owners: [`CudaPool`] (the publisher's pool, an
 //!    [`crate::memory::ExportedPool`]), [`CudaImport`] (a subscriber's
-//!    mapping, own stream and own buffer, an [`crate::memory::ImportedPool`])
-//!    and `PatternKernels` (the test pattern written and checked on the GPU;
-//!    `testing` feature).
+//!    mapping, own stream and own buffer, an [`crate::memory::ImportedPool`]).
 //!
 //! # Teardown
 //! Every owner releases what it holds with its own context pushed, whatever
@@ -32,34 +30,25 @@
 mod commit;
 mod context;
 mod driver;
-#[cfg(feature = "testing")]
-mod fake;
-#[cfg(feature = "testing")]
-mod gpu_pattern;
 mod import;
 mod mapping;
 pub(crate) use mapping::VmmMapping;
-#[cfg(feature = "testing")]
-mod pattern;
 mod pool;
 mod real;
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-pub use commit::{CommitGraph, COMMIT_GRAPH_ENV, COMMIT_GRAPH_WITHIN, MAX_FANOUT};
-pub use context::ContextGuard;
+pub use commit::{
+    CommitDesc, CommitGraph, COMMIT_AT_KERNEL, COMMIT_GRAPH_WITHIN, COMMIT_KERNEL, FETCH_KERNEL, MAX_FANOUT,
+    RING_ENTRIES,
+};
+pub use context::{with_context, ContextGuard};
 pub use driver::{
     attr, code, error_name, Access, CuContext, CuDevice, CuFunction, CuGraphExec, CuModule, CuStream, DResult,
     DevicePtr, Driver, DriverError, KernelNode, MemHandle,
 };
-#[cfg(feature = "testing")]
-pub use fake::{CallRecord, FakeDevice, FakeDriver, Leaks};
-#[cfg(feature = "testing")]
-pub use gpu_pattern::GpuTestPattern;
 pub use import::CudaImport;
-#[cfg(feature = "testing")]
-pub use pattern::{PatternCheck, PatternKernels};
 pub use pool::CudaPool;
 pub use real::RealDriver;
 
@@ -130,7 +119,7 @@ pub fn find_device_by_uuid<D: Driver>(driver: &D, uuid: &[u8; 16]) -> Result<CuD
 }
 
 /// The device `sel` names and its UUID.
-pub(crate) fn resolve_device<D: Driver>(driver: &D, sel: DeviceSelector) -> Result<(CuDevice, [u8; 16])> {
+pub fn resolve_device<D: Driver>(driver: &D, sel: DeviceSelector) -> Result<(CuDevice, [u8; 16])> {
     match sel {
         DeviceSelector::Ordinal(ordinal) => {
             let count = driver.device_count()?;
@@ -238,9 +227,11 @@ pub const MAX_GRANULARITY: u64 = 32 << 20;
 ///
 /// # Errors
 /// As [`CudaPool::create`].
-pub fn create_pool(ordinal: u32, bytes: u64) -> Result<Box<dyn ExportedPool>> {
+pub(crate) fn create_pool(ordinal: u32, bytes: u64, graph: CommitGraph) -> Result<Box<dyn ExportedPool>> {
     let ordinal = i32::try_from(ordinal).map_err(|_| Error::Config(format!("CUDA device ordinal {ordinal}")))?;
-    Ok(Box::new(CudaPool::create_default(ordinal, bytes)?))
+    let mut pool = CudaPool::create_default(ordinal, bytes)?;
+    pool.set_commit_graph(graph);
+    Ok(Box::new(pool))
 }
 
 /// The import of a publisher's pool `fd` of `bytes` bytes on the GPU with
@@ -269,70 +260,10 @@ pub(crate) fn round_up(v: u64, to: u64) -> Option<u64> {
 mod tests {
     use super::*;
 
-    fn uuid(n: u8) -> [u8; 16] {
-        let mut u = [0u8; 16];
-        u[0] = n;
-        u[15] = 0xA5;
-        u
-    }
-
-    #[test]
-    fn a_uuid_finds_its_device_whatever_its_ordinal() {
-        let d = FakeDriver::new(vec![FakeDevice::discrete(uuid(7)), FakeDevice::discrete(uuid(3))]);
-        d.init().unwrap();
-        assert_eq!(find_device_by_uuid(&*d, &uuid(3)).unwrap(), 1);
-        assert_eq!(find_device_by_uuid(&*d, &uuid(7)).unwrap(), 0);
-    }
-
-    #[test]
-    fn an_invisible_uuid_is_named_in_the_error() {
-        let d = FakeDriver::new(vec![FakeDevice::discrete(uuid(7))]);
-        d.init().unwrap();
-        match find_device_by_uuid(&*d, &uuid(9)) {
-            Err(Error::DeviceNotVisible { uuid }) => {
-                assert_eq!(uuid, "GPU-09000000-0000-0000-0000-0000000000a5")
-            }
-            other => panic!("expected DeviceNotVisible, got {other:?}"),
-        }
-    }
-
     #[test]
     fn uuids_print_as_nvidia_smi_does() {
         let u = [0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8];
         assert_eq!(format_uuid(&u), "GPU-12345678-9abc-def0-0102-030405060708");
-    }
-
-    #[test]
-    fn probe_reports_what_each_device_supports() {
-        let mut old = FakeDevice::discrete(uuid(2));
-        old.posix_fd = false;
-        let d = FakeDriver::new(vec![FakeDevice::discrete(uuid(1)), old]);
-        let devs = probe_with(&*d).unwrap();
-        assert_eq!(devs.iter().map(DeviceInfo::usable).collect::<Vec<_>>(), [true, false]);
-    }
-
-    #[test]
-    fn free_memory_on_an_integrated_gpu_counts_host_memory_too() {
-        let mut igpu = FakeDevice::discrete(uuid(1));
-        igpu.integrated = true;
-        igpu.free = 1;
-        let d = FakeDriver::new(vec![igpu]);
-        d.init().unwrap();
-        let ctx = d.primary_ctx_retain(0).unwrap();
-        // SAFETY: `ctx` was just retained.
-        let free = unsafe { device_free_bytes(&*d, ctx, 0) }.unwrap();
-        assert_eq!(free, effective_free_bytes(1, mem_available_bytes(), true));
-        d.primary_ctx_release(0).unwrap();
-    }
-
-    #[test]
-    fn the_watchdog_probe_reads_free_memory_and_releases_its_context() {
-        let d = FakeDriver::with_one_gpu(uuid(1));
-        d.init().unwrap();
-        let mut probe = free_memory_probe(Arc::clone(&d), 0).unwrap();
-        assert_eq!(probe(), Some(16 << 30));
-        drop(probe);
-        assert!(d.leaks().is_empty(), "{:?}", d.leaks());
     }
 
     #[test]

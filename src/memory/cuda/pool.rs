@@ -193,7 +193,7 @@ impl<D: Driver> CudaPool<D> {
             next_target: 1,
             commit: None,
             host_regs: Vec::new(),
-            commit_graph: CommitGraph::from_env(),
+            commit_graph: CommitGraph::AUTO,
         };
         match pool.build(bytes) {
             Ok(()) => Ok(pool),
@@ -279,9 +279,9 @@ impl<D: Driver> CudaPool<D> {
     }
 
     /// Sets when push commits replay the commit graph instead of launching
-    /// the commit kernel (ADR 0021, ADR 0022). The pool starts with
-    /// [`CommitGraph::from_env`]: [`CommitGraph::AUTO`] unless
-    /// `VRAMRING_COMMIT_GRAPH` says otherwise. Takes effect when the commit
+    /// the commit kernel. The pool starts with [`CommitGraph::AUTO`]
+    /// ([`RingConfig::commit_graph`](crate::RingConfig::commit_graph) sets
+    /// it for a publisher's pool). Takes effect when the commit
     /// kernel is loaded, at the first
     /// [`register_commit_memory`](crate::memory::ExportedPool::register_commit_memory).
     pub fn set_commit_graph(&mut self, mode: CommitGraph) {

@@ -9,7 +9,7 @@
 //! the whole suite, or `cargo build --examples` first when running this
 //! file alone.
 
-mod common;
+use vramring_testkit::procs as common;
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -19,9 +19,10 @@ use std::time::{Duration, Instant};
 use common::{example, spawn, wait_until, ChildProc, TempDir};
 use serde_json::Value;
 use vramring::packet::annexb;
-use vramring::{testpattern, Format, Geometry};
+use vramring::{Format, Geometry};
+use vramring_testkit::pattern as testpattern;
 
-const CLIP: &[u8] = include_bytes!("data/clip.h264");
+const CLIP: &[u8] = include_bytes!("../../tests/data/clip.h264");
 
 /// The `vramring` binary: the one Cargo built for this test, or, when the
 /// test binary was staged for a GPU machine without that path, `vramring`
@@ -142,7 +143,7 @@ fn play(dir: &TempDir, name: &str, socket: &Path, extra: &[&str]) -> ChildProc {
     let mut c = cli();
     c.args([
         "play",
-        &s(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip.h264")),
+        &s(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/clip.h264")),
     ]);
     c.arg(socket);
     c.args(extra);
@@ -287,8 +288,8 @@ fn inspect_shows_geometry_slots_and_a_real_subscriber_in_the_table() {
     let v = &last;
     let g = Geometry::new(Format::Nv12, 320, 180).unwrap();
     assert_eq!(v["kind"], "frames");
-    assert_eq!(v["layout_version"], vramring::layout::LAYOUT_VERSION);
-    assert_eq!(v["protocol_version"], vramring::socket::PROTOCOL_VERSION);
+    assert_eq!(v["layout_version"], vramring::seam::layout::LAYOUT_VERSION);
+    assert_eq!(v["protocol_version"], vramring::seam::socket::PROTOCOL_VERSION);
     assert_eq!(v["policy"], "overwrite");
     assert_eq!(v["frame_bytes"], g.frame_bytes);
     // A host ring has no gate line (ADR 0011: CUDA pools only).

@@ -38,11 +38,11 @@ pub fn summary_json(st: &RingStatus) -> Map<String, Value> {
     );
     match &st.detail {
         RingDetail::Frames(f) => {
-            let g = &f.info.geometry;
+            let g = &f.info.geometry();
             m.insert("format".into(), json!(g.format.name()));
             m.insert("width".into(), json!(g.width));
             m.insert("height".into(), json!(g.height));
-            m.insert("slots".into(), json!(f.info.slot_count));
+            m.insert("slots".into(), json!(f.info.slot_count()));
             m.insert("backend".into(), json!(f.backend_name()));
             m.insert("gpu_uuid".into(), json!(f.gpu_uuid()));
             m.insert("policy".into(), json!(f.policy_name()));
@@ -105,7 +105,7 @@ pub fn full_json(st: &RingStatus) -> Value {
     );
     match &st.detail {
         RingDetail::Frames(f) => {
-            let g = &f.info.geometry;
+            let g = &f.info.geometry();
             let planes: Vec<Value> = g.planes[..g.plane_count]
                 .iter()
                 .map(|p| json!({"offset": p.offset, "pitch": p.pitch, "rows": p.rows, "row_bytes": p.row_bytes}))
@@ -113,9 +113,9 @@ pub fn full_json(st: &RingStatus) -> Value {
             m.insert("planes".into(), Value::Array(planes));
             m.insert("frame_bytes".into(), json!(g.frame_bytes));
             m.insert("slot_stride".into(), json!(g.slot_stride));
-            m.insert("pool_bytes".into(), json!(f.info.pool_bytes));
+            m.insert("pool_bytes".into(), json!(f.info.pool_bytes()));
             m.insert("gate_offset".into(), json!(f.info.gate_offset()));
-            m.insert("control_bytes".into(), json!(f.info.control_bytes));
+            m.insert("control_bytes".into(), json!(f.info.control_bytes()));
             m.insert("created_realtime_ns".into(), json!(f.created_realtime_ns));
             m.insert("global_seq".into(), json!(f.global_seq));
             let slots: Vec<Value> = f
@@ -250,7 +250,7 @@ pub fn full_text(st: &RingStatus) -> Vec<String> {
     o.push(format!("rate       {} Hz over the ring", rate(st.recent_rate_hz())));
     match &st.detail {
         RingDetail::Frames(f) => {
-            let g = &f.info.geometry;
+            let g = &f.info.geometry();
             o.push(format!(
                 "format     {} {}x{}, {} bytes a frame, slot stride {}",
                 g.format.name(),
@@ -269,7 +269,7 @@ pub fn full_text(st: &RingStatus) -> Vec<String> {
                 "backend    {}{}, pool {}{}",
                 f.backend_name(),
                 f.gpu_uuid().map(|u| format!(" {u}")).unwrap_or_default(),
-                bytes(f.info.pool_bytes),
+                bytes(f.info.pool_bytes()),
                 f.info
                     .gate_offset()
                     .map(|g| format!(", gate word at {g}"))

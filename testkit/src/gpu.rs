@@ -1,17 +1,17 @@
 //! [`GpuTestPattern`]: writes and checks the crate's test pattern
-//! ([`crate::testpattern`]) on the GPU, on a stream of its own in a device's
+//! ([`crate::pattern`]) on the GPU, on a stream of its own in a device's
 //! primary context — the context the ring's pool and a subscriber's buffers
 //! live in. For examples, tests and benchmarks.
 
 use std::sync::Arc;
 
-use super::context::with_context;
-use super::driver::{CuContext, CuDevice, CuStream, Driver};
-use super::pattern::{PatternCheck, PatternKernels};
-use super::real::RealDriver;
-use super::{resolve_device, DeviceSelector};
-use crate::error::{Error, Result};
-use crate::memory::RawCuStream;
+use vramring::seam::cuda::{
+    resolve_device, with_context, CuContext, CuDevice, CuStream, DeviceSelector, Driver, RawCuStream, RealDriver,
+};
+use vramring::{Error, Frame, FrameMeta, Result, SlotMut};
+
+use crate::gpu_kernels::{PatternCheck, PatternKernels};
+use crate::pattern::PatternError;
 
 /// Pattern kernels plus a non-blocking stream in the primary context of one
 /// device. Released (stream, kernels, context reference, in that order) by
@@ -92,7 +92,7 @@ impl<D: Driver> GpuTestPattern<D> {
     }
 
     /// The raw stream the fills run on: pass it to
-    /// [`SlotMut::publish_cuda`](crate::SlotMut::publish_cuda).
+    /// [`SlotMut::publish_cuda`](vramring::SlotMut::publish_cuda).
     ///
     /// # Errors
     /// [`Error::Closed`].
@@ -164,4 +164,45 @@ impl<D: Driver> Drop for GpuTestPattern<D> {
             tracing::warn!(error = %e, "GPU test pattern dropped without a successful close");
         }
     }
+}
+
+/// Writes the test pattern of `seq` into a loaned slot of a CUDA ring on
+/// `gpu`'s stream and commits it in that stream's order, returning the
+/// published seq.
+///
+/// # Errors
+/// The kernel launch's or the commit's.
+pub fn fill_cuda(gpu: &GpuTestPattern, slot: SlotMut<'_>, seq: u64) -> Result<u64> {
+    let len = slot.geometry().frame_bytes;
+    // SAFETY: the loaned slot is ours to write until it is published; it is
+    // device memory of the GPU's primary context, which `gpu` uses.
+    unsafe { gpu.fill(slot.addr(), len, seq)? };
+    // SAFETY: `gpu.stream()` is a live stream of the ring's context.
+    unsafe { slot.publish_cuda(FrameMeta::pts(seq as i64), gpu.stream()?) }
+}
+
+/// Checks a frame copied into the subscriber's own GPU buffer: the outer
+/// error is "could not check", the inner one a torn or wrong frame.
+///
+/// # Errors
+/// The kernel launch's or the read-back's.
+pub fn verify_cuda(gpu: &GpuTestPattern, frame: &Frame<'_>) -> Result<std::result::Result<(), PatternError>> {
+    // SAFETY: the frame's copy is device memory of the GPU's primary context
+    // in this process, held until the next call on the subscriber.
+    let c = unsafe { gpu.verify(frame.addr(), frame.len())? };
+    if c.is_intact(frame.seq()) {
+        return Ok(Ok(()));
+    }
+    Ok(Err(if c.mismatches == 0 && c.checksum_ok {
+        PatternError::WrongSeq {
+            expected: frame.seq(),
+            found: c.seq,
+        }
+    } else {
+        PatternError::Corrupt {
+            seq: c.seq,
+            mismatches: c.mismatches.into(),
+            checksum_ok: c.checksum_ok,
+        }
+    }))
 }

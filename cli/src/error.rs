@@ -2,8 +2,7 @@
 
 use std::path::Path;
 
-use vramring::socket::msg;
-use vramring::Error;
+use vramring::{Error, Refusal};
 
 /// The exit codes, as documented in `--help` and `docs/CLI.md`.
 pub mod exit {
@@ -103,7 +102,7 @@ pub fn classify(e: &Error) -> Problem {
             std::io::ErrorKind::PermissionDenied => Problem::Denied,
             _ => Problem::Error,
         },
-        Error::Refused { code, .. } if *code == msg::REJECT_PERMISSION => Problem::Denied,
+        e if e.refusal() == Some(Refusal::Permission) => Problem::Denied,
         Error::PermissionDenied { .. } => Problem::Denied,
         Error::ProducerGone { .. } => Problem::Gone,
         Error::Timeout(..) => Problem::Timeout,
@@ -134,7 +133,7 @@ pub fn describe(path: &Path, e: &Error) -> String {
         },
         Problem::Timeout => format!("{p}: {e}; the publisher accepted but did not answer in time"),
         Problem::Error => match e {
-            Error::Refused { code, reason } if *code == msg::REJECT_KIND => {
+            Error::Refused { reason, .. } if e.refusal() == Some(Refusal::Kind) => {
                 if reason.contains("serves a packet ring") {
                     format!("{p} serves a packet ring (encoded video), not frames: `vramring record` reads it")
                 } else {

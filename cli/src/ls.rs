@@ -112,11 +112,11 @@ fn ls_row(path: &Path, p: &Probe) -> [String; 10] {
         Probe::Ok(st) => {
             let (format, size, slots, backend, device) = match &st.detail {
                 RingDetail::Frames(f) => {
-                    let g = &f.info.geometry;
+                    let g = &f.info.geometry();
                     (
                         g.format.name().to_string(),
                         format!("{}x{}", g.width, g.height),
-                        f.info.slot_count.to_string(),
+                        f.info.slot_count().to_string(),
                         f.backend_name().to_string(),
                         f.gpu_uuid().unwrap_or_else(|| "-".into()),
                     )

@@ -1,4 +1,4 @@
-//! [`PatternKernels`]: the crate's test pattern ([`crate::testpattern`])
+//! [`PatternKernels`]: the crate's test pattern ([`crate::pattern`])
 //! written and checked on the GPU by hand-written PTX, which the driver
 //! compiles at load time (no `nvcc` needed).
 //!
@@ -12,10 +12,10 @@
 use std::ffi::{c_void, CStr};
 use std::sync::Arc;
 
-use super::context::with_context;
-use super::driver::{CuContext, CuDevice, CuFunction, CuModule, CuStream, DevicePtr, Driver};
-use crate::error::{Error, Result};
-pub(crate) use crate::testpattern::word;
+use vramring::seam::cuda::{with_context, CuContext, CuDevice, CuFunction, CuModule, CuStream, DevicePtr, Driver};
+use vramring::{Error, Result};
+
+pub(crate) use crate::pattern::word;
 
 /// Name of the fill kernel.
 pub(crate) const FILL_KERNEL: &str = "vramring_fill";
@@ -431,7 +431,8 @@ impl<D: Driver> Drop for PatternKernels<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::cuda::{FakeDriver, ImportedPool};
+    use crate::fake::FakeDriver;
+    use vramring::seam::cuda::{CudaImport, CudaPool, DeviceSelector, ExportedPool, ImportedPool};
 
     #[test]
     fn the_ptx_names_both_kernels_and_the_pattern_constants() {
@@ -455,13 +456,7 @@ mod tests {
     fn a_gpu_filled_frame_verifies_on_the_host_and_on_the_gpu() {
         let d = FakeDriver::with_one_gpu([1; 16]);
         let k = PatternKernels::load(Arc::clone(&d), 0).unwrap();
-        let pool = crate::memory::cuda::CudaPool::create(
-            Arc::clone(&d),
-            crate::memory::cuda::DeviceSelector::Ordinal(0),
-            4096,
-        )
-        .unwrap();
-        use crate::memory::ExportedPool;
+        let pool = CudaPool::create(Arc::clone(&d), DeviceSelector::Ordinal(0), 4096).unwrap();
         let base = pool.base_addr();
         // SAFETY: inside the pool's mapping; the fake's null stream.
         unsafe { k.fill(base, 4096, 0x1_0000_0009, CuStream::from_bits(0)) }.unwrap();
@@ -469,7 +464,7 @@ mod tests {
         let check = unsafe { k.verify(base, 4096, CuStream::from_bits(0)) }.unwrap();
         assert!(check.is_intact(0x1_0000_0009), "{check:?}");
         let mut host = vec![0u8; 4096];
-        let imp = crate::memory::cuda::CudaImport::import(
+        let imp = CudaImport::import(
             Arc::clone(&d),
             pool.export_fd().unwrap(),
             pool.pool_bytes(),
@@ -479,7 +474,7 @@ mod tests {
         .unwrap();
         // SAFETY: the fake's import mapping of the same bytes.
         unsafe { d.memcpy_dtoh(&mut host, imp.base_addr()) }.unwrap();
-        crate::testpattern::verify(&host, 0x1_0000_0009).unwrap();
+        crate::pattern::verify(&host, 0x1_0000_0009).unwrap();
         // One flipped word is found.
         // SAFETY: inside the pool's mapping.
         unsafe { d.memset_d8(base + 100, 0xEE, 1) }.unwrap();

@@ -1,5 +1,15 @@
-//! What the GPU benchmarks share: a checked driver call and making device 0's
-//! primary context (the one vramring's pools and imports use) current.
+//! What the benches share, so that each bench file is a scenario:
+//! * clocks and pacing ([`thread_cpu_ns`], [`sleep_until_ns`]) and
+//!   statistics ([`pct`], [`pct_us`]), samples passed between processes
+//!   ([`write_samples`], [`read_samples`]);
+//! * the GPU floor: a checked driver call ([`ck`]), device 0's primary
+//!   context made current, an empty kernel ([`FLOOR_PTX`]);
+//! * [`procs`]: child processes in named roles, dying with their parent,
+//!   an MPS daemon of the bench's own;
+//! * [`host`]: what the whole machine did while a bench measured.
+
+pub mod host;
+pub mod procs;
 
 use cudarc::driver::sys;
 

@@ -23,8 +23,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use vramring::time::monotonic_ns;
-use vramring::{testpattern, Error, Mode, Subscriber, SubscriberOptions};
+use vramring::monotonic_ns;
+use vramring::{Error, Mode, Subscriber, SubscriberOptions};
+
+use crate::pattern as testpattern;
 
 /// Environment variable that selects a child's role.
 pub const ROLE: &str = "VRAMRING_TEST_ROLE";
@@ -446,8 +448,8 @@ pub fn example(name: &str) -> PathBuf {
 
 /// Free device memory on GPU 0 (`cuMemGetInfo`), read in this process's
 /// primary context, which is retained and released around the call.
-pub fn gpu_free_bytes(d: &std::sync::Arc<vramring::memory::cuda::RealDriver>) -> u64 {
-    use vramring::memory::cuda::{ContextGuard, Driver};
+pub fn gpu_free_bytes(d: &std::sync::Arc<vramring::seam::cuda::RealDriver>) -> u64 {
+    use vramring::seam::cuda::{ContextGuard, Driver};
     let dev = d.device_get(0).expect("device 0");
     let ctx = d.primary_ctx_retain(dev).expect("primary context");
     // SAFETY: `ctx` is retained above and released below.

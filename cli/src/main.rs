@@ -22,6 +22,20 @@ use clap::{Parser, Subcommand};
 
 pub use error::{exit, CliError, CliResult};
 
+/// The instant `d` from now, or about 136 years out where that does not fit.
+pub fn after(d: std::time::Duration) -> std::time::Instant {
+    let now = std::time::Instant::now();
+    now.checked_add(d)
+        .unwrap_or_else(|| now + std::time::Duration::from_secs(u64::from(u32::MAX)))
+}
+
+/// Wall-clock time in milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Name the CLI gives itself in publishers' subscriber tables (`ls`,
 /// `inspect`, `top`; `snapshot` and `record` add `:snapshot`, `:record`).
 pub const CLI_NAME: &str = "vramring-cli";

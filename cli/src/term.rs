@@ -68,7 +68,10 @@ impl RawTerminal {
     /// (`q`, `Q`, Ctrl-C, Ctrl-D, Esc).
     pub fn quit_key(&self, timeout: Duration) -> bool {
         let stdin = std::io::stdin();
-        let ts = vramring::time::timespec(timeout);
+        let ts = rustix::time::Timespec {
+            tv_sec: timeout.as_secs().min(i64::MAX as u64) as _,
+            tv_nsec: timeout.subsec_nanos() as _,
+        };
         let mut fds = [rustix::event::PollFd::new(&stdin, rustix::event::PollFlags::IN)];
         match rustix::event::poll(&mut fds, Some(&ts)) {
             Ok(n) if n > 0 => {

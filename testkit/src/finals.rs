@@ -1,10 +1,9 @@
-//! The final JSON line of a finished example process, for the test crates
-//! that include `examples/common` as `examples_common` (the GPU tests that
-//! run the examples as producers and subscribers).
+//! The final JSON line of a finished example process (the tests that run
+//! the examples as producers and subscribers).
 
 use std::process::Child;
 
-use crate::examples_common::JsonLine;
+use crate::json::JsonLine;
 
 /// Waits for `child` (`name` in messages), asserts that it exited 0, and
 /// returns its final JSON line.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::json;
 use vramring::packet::{annexb, PacketMeta, PacketPublisher, PacketPublisherConfig, PacketRingConfig, PACKET_KEY};
-use vramring::socket::AccessPolicy;
+use vramring::AccessPolicy;
 use vramring::ServeOptions;
 
 use crate::error::{exit, CliError, CliResult};
@@ -140,7 +140,7 @@ pub fn run(a: &PlayArgs) -> CliResult {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let delay = vramring::time::deadline_after(Instant::now(), Duration::from_millis(a.start_delay_ms));
+    let delay = crate::after(Duration::from_millis(a.start_delay_ms));
     while Instant::now() < delay && !term::stop_requested() {
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -195,7 +195,7 @@ pub fn run(a: &PlayArgs) -> CliResult {
         }
     }
     let seconds = start.elapsed().as_secs_f64();
-    let linger = vramring::time::deadline_after(Instant::now(), Duration::from_millis(a.linger_ms));
+    let linger = crate::after(Duration::from_millis(a.linger_ms));
     while Instant::now() < linger && !term::stop_requested() {
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -26,13 +26,13 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
 
-use super::commit::{CommitDesc, COMMIT_AT_KERNEL, COMMIT_KERNEL, FETCH_KERNEL, RING_ENTRIES};
-use super::driver::{
-    attr, code, Access, CuContext, CuDevice, CuFunction, CuGraphExec, CuModule, CuStream, DResult, DevicePtr, Driver,
-    DriverError, KernelNode, MemHandle,
+use vramring::seam::cuda::{
+    attr, code, Access, CommitDesc, CuContext, CuDevice, CuFunction, CuGraphExec, CuModule, CuStream, DResult,
+    DevicePtr, Driver, DriverError, KernelNode, MemHandle, COMMIT_AT_KERNEL, COMMIT_KERNEL, FETCH_KERNEL, RING_ENTRIES,
 };
-use super::pattern;
-use crate::shm::Region;
+use vramring::seam::shm::Region;
+
+use crate::gpu_kernels as pattern;
 
 /// One fake GPU.
 #[derive(Debug, Clone)]
@@ -492,7 +492,7 @@ impl FakeDriver {
         let p = st.resolve(CALL, addr, 8, false)?;
         // SAFETY: `p` is 8 readable bytes of registered memory (resolved);
         // the publisher stores this word atomically.
-        let now = unsafe { (*p.cast::<crate::sync::atomic::AtomicU64>()).load(std::sync::atomic::Ordering::Acquire) };
+        let now = unsafe { (*p.cast::<std::sync::atomic::AtomicU64>()).load(std::sync::atomic::Ordering::Acquire) };
         if now < value {
             return Ok(true);
         }

@@ -261,6 +261,7 @@ pub struct MpsDaemon {
 /// Starts the daemon a pass needs: `Ok(None)` for a pass without MPS,
 /// `Err(())` when the daemon did not start (the "not run" line is then in
 /// `report` and on stderr).
+#[allow(clippy::result_unit_err)] // the reason is in `report` already
 pub fn start_pass(with_mps: bool, report: &mut String) -> Result<Option<MpsDaemon>, ()> {
     if !with_mps {
         return Ok(None);

@@ -150,13 +150,13 @@ fn ring_headline(s: &Sample) -> String {
     };
     let what = match &st.detail {
         RingDetail::Frames(f) => {
-            let g = &f.info.geometry;
+            let g = &f.info.geometry();
             format!(
                 "frames {} {}x{} {} slots {}",
                 g.format.name(),
                 g.width,
                 g.height,
-                f.info.slot_count,
+                f.info.slot_count(),
                 f.backend_name()
             )
         }
@@ -208,7 +208,7 @@ fn screen(dir: &Path, interval: Duration, samples: &[Sample]) -> String {
 }
 
 fn lines(samples: &[Sample]) -> Vec<String> {
-    let t = vramring::time::realtime_ns() / 1_000_000;
+    let t = crate::unix_ms();
     let mut out = Vec::new();
     for s in samples {
         out.push(format!("{t} {}", ring_headline(s)));
@@ -265,7 +265,7 @@ pub fn run(a: &TopArgs) -> CliResult {
             std::io::Write::flush(&mut std::io::stdout()).is_ok()
         } else if a.json {
             let obj = json!({
-                "time_ms": vramring::time::realtime_ns() / 1_000_000,
+                "time_ms": crate::unix_ms(),
                 "dir": dir.display().to_string(),
                 "rings": samples.iter().map(sample_json).collect::<Vec<_>>(),
             });
@@ -277,7 +277,7 @@ pub fn run(a: &TopArgs) -> CliResult {
         if !ok || term::stop_requested() || (a.count != 0 && refreshes >= a.count) {
             break;
         }
-        let due = vramring::time::deadline_after(Instant::now(), interval);
+        let due = crate::after(interval);
         while Instant::now() < due && !term::stop_requested() {
             let left = due
                 .saturating_duration_since(Instant::now())

@@ -1,0 +1,56 @@
+//! Not part of the API: the internals that the workspace's other crates
+//! reach (`vramring-testkit`'s fake driver and GPU test pattern, the Python
+//! binding's DLPack export, the benches) and the crate's own tests use to
+//! check the shared layout and the protocol steps. Hidden from the docs and
+//! outside semver: nothing here is promised to a user.
+
+/// The CUDA driver layer and the pool owners.
+pub mod cuda {
+    pub use crate::memory::cuda::*;
+    pub use crate::memory::{ExportedPool, ImportedPool, OwnBuffer, PushWrite, RawCuStream, StreamCommit};
+}
+
+/// memfd regions and their seals.
+pub mod shm {
+    pub use crate::shm::*;
+}
+
+/// The shared `#[repr(C)]` layout (mirrored by `proto/vramring.h`).
+pub mod layout {
+    pub use crate::layout::*;
+}
+
+/// Socket messages and descriptor passing (mirrored by `proto/PROTOCOL.md`).
+pub mod socket {
+    pub use crate::socket::*;
+}
+
+/// The frame ring's lock-free protocol steps, for the loom models.
+pub mod protocol {
+    pub use crate::frame::protocol::*;
+}
+
+/// The ring core's pieces the loom models and wait tests drive directly.
+pub mod ring {
+    pub use crate::ring::*;
+}
+
+/// Clocks and deadlines.
+pub mod time {
+    pub use crate::time::*;
+}
+
+/// Process exit coordination and the free-memory watchdog.
+pub mod lifecycle {
+    pub use crate::lifecycle::*;
+}
+
+/// The packet ring's shared layout.
+pub mod packet_layout {
+    pub use crate::packet::layout::*;
+}
+
+/// Frame geometry constants.
+pub mod format {
+    pub use crate::format::*;
+}
