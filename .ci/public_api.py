@@ -89,7 +89,13 @@ def walk_type(path, item):
         if i.get("is_synthetic") or i.get("blanket_impl"):
             continue
         if i.get("trait"):
-            lines.add(f"impl {trait_name(i['trait'])} for {path}")
+            t = i["trait"]
+            generic = (t.get("args") or {}).get("angle_bracketed", {}).get("args")
+            decl = source(imp) if generic else None
+            if decl and decl.startswith("impl"):
+                lines.add(f"impl {path}: {decl}")
+            else:
+                lines.add(f"impl {trait_name(t)} for {path}")
             continue
         for mid in i.get("items", []):
             m = index.get(str(mid))

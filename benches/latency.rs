@@ -533,8 +533,8 @@ fn vr_producer(c: &Case, shm_path: &Path) -> R<()> {
             span_start = now_ns();
         }
         pace(start, k, c.interval_us);
-        let slot = p.loan(Duration::from_secs(1))?;
-        let dst = slot.addr();
+        let mut slot = p.loan(Duration::from_secs(1))?;
+        let dst = slot.device_mut()?.as_raw();
         // SAFETY: `dst` is a slot of the pool in the primary context, which
         // is current; `src` holds frame_bytes.
         unsafe {
@@ -546,7 +546,7 @@ fn vr_producer(c: &Case, shm_path: &Path) -> R<()> {
         let (c0, t0) = (thread_cpu_ns(), now_ns());
         let meta = FrameMeta::pts(k as i64).with_user(&t0.to_le_bytes())?;
         // SAFETY: our live stream in the ring's context.
-        unsafe { slot.publish_cuda(meta, gpu.stream)? };
+        unsafe { slot.publish_cuda(meta, vramring::cuda::Stream::from_raw(gpu.stream))? };
         if k >= c.warmup {
             cpu.push(thread_cpu_ns() - c0);
             wall.push(now_ns() - t0);

@@ -491,7 +491,6 @@ fn ring_thread(p: &Params, dir: &Path, camera: usize, ready: &AtomicUsize, go: &
                 .map_err(|e| format!("camera {camera}: pattern kernels: {e}"))?,
         ),
     };
-    let frame_bytes = publisher.geometry().frame_bytes;
     // SYNC: ready — counts rings whose publisher is serving; the main thread
     // reads the count with Acquire before it reports the process ready.
     ready.fetch_add(1, Ordering::AcqRel);
@@ -535,9 +534,8 @@ fn ring_thread(p: &Params, dir: &Path, camera: usize, ready: &AtomicUsize, go: &
             .map_err(|e| format!("camera {camera}: loan: {e}"))?;
         let seq = slot.seq();
         if let Some(g) = gpu.as_ref() {
-            // SAFETY: the loaned slot is ours to write until it is published;
-            // it is device memory of the GPU's primary context, which `g` uses.
-            unsafe { g.fill(slot.addr(), frame_bytes, seq) }.map_err(|e| format!("camera {camera}: fill: {e}"))?;
+            g.fill(&mut slot.device_mut()?, seq)
+                .map_err(|e| format!("camera {camera}: fill: {e}"))?;
         } else {
             vramring_testkit::pattern::fill(slot.bytes_mut()?, seq);
         }
@@ -841,10 +839,8 @@ fn verify_frame(frame: &vramring::Frame<'_>) -> R<bool> {
     });
     let g = v.as_ref().map_err(|e| format!("pattern kernels: {e}"))?;
     let g = g.lock().map_err(|_| "pattern checker poisoned")?;
-    // SAFETY: the frame's copy is device memory of the primary context of
-    // this process (its own buffer or push buffer), held until the next call
-    // on its subscriber, which this thread does not make before we return.
-    let c = unsafe { g.verify(frame.addr(), frame.len()) }?;
+    let view = frame.device().ok_or("a host frame has no device memory to check")?;
+    let c = g.verify(&view)?;
     Ok(c.is_intact(frame.seq()))
 }
 

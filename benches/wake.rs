@@ -812,12 +812,13 @@ fn vr_producer(c: &Case) -> R<()> {
         let mut slot = p.loan(Duration::from_secs(1))?;
         match &gpu {
             Some(g) => {
+                let dst = slot.device_mut()?.as_raw();
                 // SAFETY: the slot is a `bytes`-long part of the pool in the
                 // primary context, which is current; `src` holds `bytes`.
                 unsafe {
                     common::ck(
                         "cuMemcpyDtoDAsync",
-                        cudarc::driver::sys::cuMemcpyDtoDAsync_v2(slot.addr(), g.src, bytes, g.stream),
+                        cudarc::driver::sys::cuMemcpyDtoDAsync_v2(dst, g.src, bytes, g.stream),
                     )?;
                 }
             }
@@ -827,7 +828,7 @@ fn vr_producer(c: &Case) -> R<()> {
         let meta = FrameMeta::pts(k as i64).with_user(&t0.to_le_bytes())?;
         match &gpu {
             // SAFETY: our live stream in the ring's context.
-            Some(g) => unsafe { slot.publish_cuda(meta, g.stream)? },
+            Some(g) => unsafe { slot.publish_cuda(meta, vramring::cuda::Stream::from_raw(g.stream))? },
             None => slot.publish(meta)?,
         };
         submit.record(k, now_ns() - t0);

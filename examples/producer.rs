@@ -1,5 +1,5 @@
 //! Publishes a moving, self-checking test pattern: every frame carries its
-//! seq and a checksum in its pixels (`vramring::testpattern`), so any
+//! seq and a checksum in its pixels (`vramring_testkit::pattern`), so any
 //! consumer can prove each frame it gets is whole and is the frame it was
 //! told it is.
 //!

@@ -111,6 +111,7 @@ pub mod cuda {
     pub use crate::memory::cuda::{
         cuda_usable, format_uuid, probe, CommitGraph, DeviceInfo, DeviceSelector, COMMIT_GRAPH_WITHIN,
     };
+    pub use crate::memory::view::{DeviceView, DeviceViewMut, Stream};
 }
 
 pub use error::{Error, Refusal, Result};

@@ -17,6 +17,7 @@
 
 use vramring_testkit::procs as common;
 
+use vramring::cuda::Stream;
 use vramring_testkit::finals;
 use vramring_testkit::marks;
 
@@ -491,7 +492,7 @@ fn stream_order_ring(
     .expect("a CUDA ring");
     assert!(p.stream_commit(), "the ring does not commit in stream order");
     let gpu = vramring_testkit::gpu::GpuTestPattern::for_uuid(p.info().device_uuid()).expect("pattern kernels");
-    let stream = gpu.stream().expect("stream");
+    let stream = gpu.stream().expect("stream").as_raw();
     (p, gpu, stream)
 }
 
@@ -537,19 +538,20 @@ fn a_publish_returns_before_its_held_commit_lands_and_parked_subscribers_still_g
     for n in 1..=frames {
         // Long enough for both subscribers to spin out and park.
         std::thread::sleep(Duration::from_millis(200));
-        let slot = p.loan(Duration::from_secs(1)).expect("loan");
+        let mut slot = p.loan(Duration::from_secs(1)).expect("loan");
         let seq = slot.seq();
-        let len = slot.geometry().frame_bytes;
         let hold = n > frames - held;
         // SAFETY: the loaned slot is ours to write until it is published;
         // the stream is of the ring's (primary) context.
         let took = unsafe {
-            gpu.fill(slot.addr(), len, seq).expect("fill");
+            gpu.fill(&mut slot.device_mut().expect("device memory"), seq)
+                .expect("fill");
             if hold {
                 held_stream.hold(stream, seq);
             }
             let t = Instant::now();
-            slot.publish_cuda(FrameMeta::pts(seq as i64), stream).expect("publish");
+            slot.publish_cuda(FrameMeta::pts(seq as i64), Stream::from_raw(stream))
+                .expect("publish");
             t.elapsed()
         };
         eprintln!(
@@ -599,18 +601,19 @@ fn push_subscribers_that_come_and_go_never_make_a_publish_wait_for_the_gpu() {
     // The stage marks of every publish on this thread, printed with its time.
     let (marks, _marks) = marks::StageMarks::on_this_thread();
     let publish = |p: &mut Publisher, hold: bool| -> (u64, Duration) {
-        let slot = p.loan(Duration::from_secs(10)).expect("loan");
+        let mut slot = p.loan(Duration::from_secs(10)).expect("loan");
         let seq = slot.seq();
-        let len = slot.geometry().frame_bytes;
         // SAFETY: the loaned slot is ours to write until it is published;
         // the stream is of the ring's (primary) context.
         unsafe {
-            gpu.fill(slot.addr(), len, seq).expect("fill");
+            gpu.fill(&mut slot.device_mut().expect("device memory"), seq)
+                .expect("fill");
             if hold {
                 held_stream.hold(stream, seq);
             }
             let t = Instant::now();
-            slot.publish_cuda(FrameMeta::pts(seq as i64), stream).expect("publish");
+            slot.publish_cuda(FrameMeta::pts(seq as i64), Stream::from_raw(stream))
+                .expect("publish");
             let took = t.elapsed();
             eprintln!("frame {seq}: {}", marks.take_timed(t));
             (seq, took)
@@ -714,13 +717,15 @@ fn a_ring_whose_pace_changes_switches_between_graph_and_launch_with_no_torn_fram
     // Every push buffer mapped before the measured rounds.
     for _ in 0..10 {
         std::thread::sleep(Duration::from_millis(50));
-        let slot = p.loan(Duration::from_secs(10)).expect("loan");
-        let (seq, len) = (slot.seq(), slot.geometry().frame_bytes);
+        let mut slot = p.loan(Duration::from_secs(10)).expect("loan");
+        let seq = slot.seq();
         // SAFETY: the loaned slot is ours to write until it is published;
         // the stream is of the ring's (primary) context.
         unsafe {
-            gpu.fill(slot.addr(), len, seq).expect("fill");
-            slot.publish_cuda(FrameMeta::pts(seq as i64), stream).expect("publish");
+            gpu.fill(&mut slot.device_mut().expect("device memory"), seq)
+                .expect("fill");
+            slot.publish_cuda(FrameMeta::pts(seq as i64), Stream::from_raw(stream))
+                .expect("publish");
         }
     }
     marks.take_stages();
@@ -729,12 +734,14 @@ fn a_ring_whose_pace_changes_switches_between_graph_and_launch_with_no_torn_fram
         (0..frames)
             .map(|_| {
                 std::thread::sleep(gap);
-                let slot = p.loan(Duration::from_secs(10)).expect("loan");
-                let (seq, len) = (slot.seq(), slot.geometry().frame_bytes);
+                let mut slot = p.loan(Duration::from_secs(10)).expect("loan");
+                let seq = slot.seq();
                 // SAFETY: as above.
                 unsafe {
-                    gpu.fill(slot.addr(), len, seq).expect("fill");
-                    slot.publish_cuda(FrameMeta::pts(seq as i64), stream).expect("publish");
+                    gpu.fill(&mut slot.device_mut().expect("device memory"), seq)
+                        .expect("fill");
+                    slot.publish_cuda(FrameMeta::pts(seq as i64), Stream::from_raw(stream))
+                        .expect("publish");
                 }
                 let stages = marks.take_stages();
                 if stages.iter().any(|m| m == "graph replayed") {

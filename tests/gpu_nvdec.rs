@@ -205,7 +205,8 @@ fn subscriber(spec: &str) -> ! {
             // SAFETY: `f.addr()` is this subscriber's copy of the frame
             // (`frame_bytes` long) in its primary context, valid until the
             // next `next`.
-            unsafe { d.memcpy_dtoh(&mut host, f.addr()) }.expect("device to host copy");
+            unsafe { d.memcpy_dtoh(&mut host, f.device().expect("a CUDA frame").as_raw()) }
+                .expect("device to host copy");
             guard.restore().expect("restore context");
         }
         let w = g.width as usize;

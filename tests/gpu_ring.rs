@@ -30,7 +30,7 @@ fn rogue(socket: &str) {
     let g = unsafe { ContextGuard::push(&*d, ctx) }.expect("push");
     // SAFETY: deliberately writing into a mapping we were granted read
     // access to only; the driver must refuse (or the context must fault).
-    let wrote = unsafe { d.memset_d8(b.addr(), 0xff, 4096) };
+    let wrote = unsafe { d.memset_d8(b.device().expect("a CUDA borrow").as_raw(), 0xff, 4096) };
     let _ = g.restore();
     println!("rogue write: {wrote:?}");
     std::process::exit(if wrote.is_err() { 0 } else { 1 });

@@ -147,7 +147,7 @@ fn live_ring(marker: &Path, cuda: bool) {
     if cuda {
         // SAFETY: the legacy default stream; the slot is untouched (the
         // frame's bytes do not matter here, only its commit).
-        unsafe { slot.publish_cuda(FrameMeta::pts(7), std::ptr::null_mut()) }.expect("publish");
+        unsafe { slot.publish_cuda(FrameMeta::pts(7), vramring::cuda::Stream::LEGACY_DEFAULT) }.expect("publish");
     } else {
         slot.publish(FrameMeta::pts(7)).expect("publish");
     }

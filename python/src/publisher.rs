@@ -23,8 +23,11 @@ use dlpark::python::{DlpackStream, ImportRequest, StreamArg};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use vramring::cuda::Stream;
 use vramring::ServeOptions;
-use vramring::{BackendChoice, BackendKind, Error, Format, FrameMeta, Geometry, Policy, Publisher, RingConfig};
+use vramring::{
+    BackendChoice, BackendKind, Error, Format, FrameMeta, Geometry, Policy, Publisher, RingConfig, SlotMut,
+};
 
 use crate::errors::{self, IntoPy};
 use crate::mem::{Cuda, Excl, Side};
@@ -142,7 +145,9 @@ impl PyPublisher {
                 BackendKind::Host => slot.publish(meta),
                 // SAFETY: `stream` is the caller's stream of the ring's
                 // device (or 0, the legacy default stream), live for the call.
-                BackendKind::Cuda => unsafe { slot.publish_cuda(meta, stream as cudarc::driver::sys::CUstream) },
+                BackendKind::Cuda => unsafe {
+                    slot.publish_cuda(meta, Stream::from_raw(stream as cudarc::driver::sys::CUstream))
+                },
             }
         });
         self.loan_open = None;
@@ -315,7 +320,7 @@ impl PyPublisher {
             .ok_or_else(|| errors::to_py(Error::Closed))?;
         let r = py.detach(|| -> vramring::Result<u64> {
             let mut slot = p.loan(t)?;
-            let dst = slot.addr();
+            let dst = slot_addr(&mut slot)?;
             let dst_side = if ring_cuda { Side::Device(dst) } else { Side::Host(dst) };
             match (copier, dst_side, src_side) {
                 (None, Side::Host(_), Side::Host(s)) => {
@@ -371,7 +376,7 @@ impl PyPublisher {
                     }
                     if ring_cuda {
                         // SAFETY: our stream, in the ring's (primary) context.
-                        let seq = unsafe { slot.publish_cuda(meta, c.raw_stream()) }?;
+                        let seq = unsafe { slot.publish_cuda(meta, Stream::from_raw(c.raw_stream())) }?;
                         // The commit is only enqueued (stream-order commit):
                         // the copy still reads the caller's tensor, which
                         // may be freed or reused once this returns.
@@ -403,7 +408,10 @@ impl PyPublisher {
         let dev = view::device(me.ring_cuda.as_ref().map(|c| c.ordinal));
         let p = me.open()?;
         let (seq, addr, g) = py
-            .detach(|| p.loan(t).map(|s| (s.seq(), s.addr(), *s.geometry())))
+            .detach(|| {
+                p.loan(t)
+                    .and_then(|mut s| Ok((s.seq(), slot_addr(&mut s)?, *s.geometry())))
+            })
             .py_err()?;
         // The SlotMut is gone: the slot stays invalid and its seq unused
         // until `Loan.publish` loans it again and commits.
@@ -608,5 +616,14 @@ impl Loan {
     fn __exit__(&mut self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
         self.cancel(py)?;
         Ok(false)
+    }
+}
+
+/// A loaned slot's address in this process: its device address on a CUDA
+/// ring, its host mapping on a host ring (what a loan tensor points at).
+fn slot_addr(slot: &mut SlotMut<'_>) -> vramring::Result<u64> {
+    match slot.backend() {
+        BackendKind::Cuda => Ok(slot.device_mut()?.as_raw()),
+        BackendKind::Host => Ok(slot.bytes_mut()?.as_mut_ptr() as u64),
     }
 }

@@ -406,7 +406,7 @@ fn read(sub: &mut Subscriber, sink: &mut Sink, lend: bool, timeout: Duration) ->
                 // The subscriber holds this buffer until its next `next()`,
                 // which the caller makes only once the frame is gone.
                 let cuda = sink.cuda_for(&info)?;
-                let addr = f.addr();
+                let addr = frame_addr(&f);
                 (Held::Lent { addr, cuda }, woke)
             } else {
                 // A frame in the subscriber's own buffer, which its next
@@ -419,7 +419,7 @@ fn read(sub: &mut Subscriber, sink: &mut Sink, lend: bool, timeout: Duration) ->
                     }
                     // SAFETY: the subscriber's buffer holds `len` bytes in
                     // the primary context and stays untouched while `f` lives.
-                    _ => unsafe { copy_into(&mut buf, f.addr(), len) }?,
+                    _ => unsafe { copy_into(&mut buf, frame_addr(&f), len) }?,
                 }
                 (Held::Buf(buf), monotonic_ns())
             };
@@ -448,7 +448,7 @@ fn read(sub: &mut Subscriber, sink: &mut Sink, lend: bool, timeout: Duration) ->
             // memory mapped in the primary context until the subscriber
             // closes; bytes may change under the copy, which `release`
             // detects.
-            unsafe { copy_into(&mut buf, b.addr(), len) }?;
+            unsafe { copy_into(&mut buf, borrow_addr(&b), len) }?;
         }
         let copied = monotonic_ns();
         let mut got = Got {
@@ -726,7 +726,8 @@ impl PySubscriber {
         let sub = me.sub()?;
         let b: Borrow<'_> = py.detach(|| sub.borrow(t)).py_err()?;
         let info = *b.info();
-        let (seq, pts, flags, commit_ns, user, addr) = (b.seq(), b.pts(), b.flags(), b.commit_ns(), b.user(), b.addr());
+        let (seq, pts, flags, commit_ns, user, addr) =
+            (b.seq(), b.pts(), b.flags(), b.commit_ns(), b.user(), borrow_addr(&b));
         // SAFETY: `b` borrows the Subscriber in `me.sub`, a Box whose heap
         // address does not change and which is not dropped or touched while
         // `me.borrow` is Some: every other use goes through `sub()`, which
@@ -943,4 +944,24 @@ pub fn busy<T>(r: Result<T, pyo3::pycell::PyBorrowMutError>) -> PyResult<T> {
             "the object is in use by another thread (a call on it is waiting); use one object per thread",
         )
     })
+}
+
+/// A frame's copy in this process: its device address on a CUDA ring, its
+/// host address otherwise.
+fn frame_addr(f: &vramring::Frame<'_>) -> u64 {
+    match (f.device(), f.host_bytes()) {
+        (Some(d), _) => d.as_raw(),
+        (None, Some(h)) => h.as_ptr() as u64,
+        (None, None) => 0,
+    }
+}
+
+/// A borrowed slot (or push buffer) in this process: its device address on
+/// a CUDA ring, its host mapping otherwise.
+fn borrow_addr(b: &Borrow<'_>) -> u64 {
+    match (b.device(), b.host_ptr()) {
+        (Some(d), _) => d.as_raw(),
+        (None, Some(h)) => h as u64,
+        (None, None) => 0,
+    }
 }

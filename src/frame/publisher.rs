@@ -16,6 +16,7 @@ use crate::layout::{
 };
 use crate::lifecycle::{ExitPhase, ExitWorker};
 use crate::memory::cuda::CommitGraph;
+use crate::memory::view::{DeviceViewMut, Stream};
 use crate::memory::{BackendKind, ExportedPool, MappedTarget, TargetMapper, WriteCompletion};
 use crate::ring::lossless::{Holder, LosslessGate};
 use crate::ring::serve::{self, Served, ServiceState};
@@ -886,11 +887,6 @@ impl Publisher {
         self.next_seq
     }
 
-    /// Address of the pool in this process (host pointer or `CUdeviceptr`).
-    pub fn pool_base(&self) -> u64 {
-        self.pool.base_addr()
-    }
-
     /// Loans the next slot for writing, marking it invalid first.
     ///
     /// Under [`Policy::Lossless`] this waits, at most `timeout`, until every
@@ -1379,30 +1375,61 @@ impl SlotMut<'_> {
         &self.publisher.shared.info.geometry
     }
 
-    /// The ring's backend: whether [`SlotMut::addr`] is a host pointer or a
-    /// `CUdeviceptr`.
+    /// The ring's backend: whether the slot is written through
+    /// [`SlotMut::bytes_mut`] (host) or [`SlotMut::device_mut`] (CUDA).
     pub fn backend(&self) -> BackendKind {
         self.publisher.pool.kind()
     }
 
-    /// Address of the slot's first byte (host pointer or `CUdeviceptr`).
-    pub fn addr(&self) -> u64 {
+    /// Address of the slot's first byte in this process.
+    pub(crate) fn addr(&self) -> u64 {
         self.publisher.pool.base_addr() + self.index as u64 * self.geometry().slot_stride
     }
 
-    /// Address of plane `k` (host pointer or `CUdeviceptr`); write it on
-    /// your own CUDA stream and pass that stream to
+    /// The whole slot (`frame_bytes`) as device memory, CUDA backend only:
+    /// write it on your own stream and pass that stream to
     /// [`SlotMut::publish_cuda`].
     ///
     /// # Errors
-    /// [`Error::Config`] for a plane the format does not have.
-    pub fn plane_addr(&self, k: usize) -> Result<u64> {
+    /// [`Error::WrongBackend`] on a host ring.
+    pub fn device_mut(&mut self) -> Result<DeviceViewMut<'_>> {
+        self.require_cuda()?;
+        Ok(DeviceViewMut::new(self.addr(), self.geometry().frame_bytes))
+    }
+
+    /// Plane `k` (`pitch * rows` bytes) as device memory, CUDA backend only.
+    ///
+    /// # Errors
+    /// [`Error::WrongBackend`] on a host ring, [`Error::Config`] for a plane
+    /// the format does not have.
+    pub fn plane_device_mut(&mut self, k: usize) -> Result<DeviceViewMut<'_>> {
+        self.require_cuda()?;
+        let g = self.geometry();
+        let p = g
+            .planes()
+            .get(k)
+            .ok_or_else(|| Error::Config(format!("{} has no plane {k}", g.format.name())))?;
+        Ok(DeviceViewMut::new(self.addr() + p.offset, p.pitch * p.rows))
+    }
+
+    /// Address of plane `k` in this process, whatever the backend.
+    pub(crate) fn plane_addr(&self, k: usize) -> Result<u64> {
         let g = self.geometry();
         let p = g
             .planes()
             .get(k)
             .ok_or_else(|| Error::Config(format!("{} has no plane {k}", g.format.name())))?;
         Ok(self.addr() + p.offset)
+    }
+
+    fn require_cuda(&self) -> Result<()> {
+        match self.backend() {
+            BackendKind::Cuda => Ok(()),
+            BackendKind::Host => Err(Error::WrongBackend {
+                what: "device memory of a slot",
+                backend: BackendKind::Host.name(),
+            }),
+        }
     }
 
     /// The whole slot (`frame_bytes`) as bytes, host backend only.
@@ -1493,7 +1520,8 @@ impl SlotMut<'_> {
     /// `cuStreamSynchronize`); the slot stays invalid and the seq unused.
     /// [`Error::Timeout`] when `stream` differs from the previous frame's
     /// and the GPU has not committed that frame within 5 s.
-    pub unsafe fn publish_cuda(self, meta: FrameMeta, stream: crate::memory::RawCuStream) -> Result<u64> {
+    pub unsafe fn publish_cuda(self, meta: FrameMeta, stream: Stream<'_>) -> Result<u64> {
+        let stream = stream.as_raw();
         let seq = self.seq;
         self.publisher
             .commit(seq, self.index, meta, WriteCompletion::CudaStream(stream))?;

@@ -13,6 +13,7 @@ use crate::format::Geometry;
 use crate::layout::{
     ClientLine, RingHeader, RingInfo, SlotDesc, SubEntry, BACKEND_CUDA, BACKEND_HOST, PRODUCER_CLOSED, PUSH_BUFFERS,
 };
+use crate::memory::view::DeviceView;
 use crate::memory::{BackendKind, ImportedPool, OwnBuffer};
 use crate::ring::attach::map_frame_ring;
 use crate::ring::cadence::{wait_by, Cadence, WaitStrategy};
@@ -300,13 +301,15 @@ impl Frame<'_> {
             None => self.sub.pool.dest_host(),
         }
     }
-    /// Address of the copy (host pointer or `CUdeviceptr` in the subscriber's
-    /// own context).
-    pub fn addr(&self) -> u64 {
-        match self.push {
+    /// The copy as device memory in the subscriber's own context, when the
+    /// ring is a CUDA ring (`None` for host memory: see
+    /// [`Frame::host_bytes`]).
+    pub fn device(&self) -> Option<DeviceView<'_>> {
+        let addr = match self.push {
             Some(k) => self.sub.pool.push_addr(k),
             None => self.sub.pool.dest_addr(),
-        }
+        };
+        (self.sub.backend() == BackendKind::Cuda).then(|| DeviceView::new(addr, self.len()))
     }
     /// Copies the frame (`len()` bytes, planes at the offsets of
     /// [`Frame::geometry`]) into host memory `dst`, whatever the backend:
@@ -414,14 +417,26 @@ impl Borrow<'_> {
     pub fn info(&self) -> &RingInfo {
         &self.sub.info
     }
-    /// Address of the slot in this process's mapping (host pointer or
-    /// `CUdeviceptr`), read-only unless write access was granted; for a push
-    /// subscriber, of the push buffer holding the frame.
-    pub fn addr(&self) -> u64 {
+    fn addr(&self) -> u64 {
         match self.push {
             Some(k) => self.sub.pool.push_addr(k),
             None => self.sub.slot_addr(self.snap.seq),
         }
+    }
+    /// The slot in this process's mapping (for a push subscriber, the push
+    /// buffer holding the frame) as device memory, when the ring is a CUDA
+    /// ring. The publisher may overwrite it while it is read:
+    /// [`Borrow::release`] says whether it did.
+    pub fn device(&self) -> Option<DeviceView<'_>> {
+        (self.sub.backend() == BackendKind::Cuda).then(|| DeviceView::new(self.addr(), self.len()))
+    }
+    /// The slot (or push buffer) in this process's mapping, when the ring is
+    /// a host ring: shared memory the publisher may overwrite while it is
+    /// read, so no `&[u8]` is made over it. Read it with volatile or
+    /// byte-wise copies (as [`Borrow::copy_to`] does), then
+    /// [`Borrow::release`] says whether it was overwritten.
+    pub fn host_ptr(&self) -> Option<*const u8> {
+        (self.sub.backend() == BackendKind::Host).then(|| self.addr() as *const u8)
     }
     /// Whether the frame is read from a push buffer.
     pub fn pushed(&self) -> bool {

@@ -18,6 +18,7 @@ use crate::error::Result;
 
 pub mod cuda;
 pub mod host;
+pub mod view;
 
 /// Checks that `len` bytes at `offset` lie inside a `total`-byte `what`.
 ///

@@ -86,7 +86,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, OnceLock};
 
 use crate::memory::cuda::{ContextGuard, CuContext, CuDevice, CuStream, Driver, DriverError, RealDriver};
-use crate::memory::RawCuStream;
+use crate::memory::view::{DeviceView, Stream};
 use crate::{BackendKind, Error, Format, Result, SlotMut};
 
 /// The codec of the elementary stream.
@@ -468,6 +468,12 @@ pub struct DecodedFrame<'d> {
     _decoder: std::marker::PhantomData<&'d Decoder>,
 }
 
+/// Bytes from a plane's first displayed byte to its last: `rows - 1` pitches
+/// and one row of `width`.
+fn plane_span(rows: u64, pitch: u32, width: u32) -> u64 {
+    rows.saturating_sub(1) * u64::from(pitch) + if rows == 0 { 0 } else { u64::from(width) }
+}
+
 impl DecodedFrame<'_> {
     /// Display width (cropped).
     pub fn width(&self) -> u32 {
@@ -493,20 +499,33 @@ impl DecodedFrame<'_> {
     pub fn index(&self) -> u64 {
         self.index
     }
+    /// The displayed luma plane: `height` rows of `width` bytes, `pitch`
+    /// apart, from its first displayed byte.
+    pub fn luma(&self) -> DeviceView<'_> {
+        let rows = u64::from(self.height());
+        DeviceView::new(self.luma_addr(), plane_span(rows, self.pitch, self.width()))
+    }
+    /// The displayed chroma plane (interleaved UV): `height / 2` rows of
+    /// `width` bytes, `pitch` apart, from its first displayed byte.
+    pub fn chroma(&self) -> DeviceView<'_> {
+        let rows = u64::from(self.height() / 2);
+        DeviceView::new(self.chroma_addr(), plane_span(rows, self.pitch, self.width()))
+    }
     /// Device address of the first displayed luma byte.
-    pub fn luma_addr(&self) -> u64 {
+    pub(crate) fn luma_addr(&self) -> u64 {
         self.ptr + u64::from(self.info.crop_top) * u64::from(self.pitch) + u64::from(self.info.crop_left)
     }
     /// Device address of the first displayed chroma (interleaved UV) byte:
     /// the chroma plane follows the luma plane's `coded_height` rows.
-    pub fn chroma_addr(&self) -> u64 {
+    pub(crate) fn chroma_addr(&self) -> u64 {
         let row = u64::from(self.info.coded_height) + u64::from(self.info.crop_top / 2);
         self.ptr + row * u64::from(self.pitch) + u64::from(self.info.crop_left)
     }
     /// The decoder's stream: the copies are enqueued on it; pass it to
     /// `SlotMut::publish_cuda`.
-    pub fn stream(&self) -> RawCuStream {
-        self.stream.as_raw()
+    pub fn stream(&self) -> Stream<'_> {
+        // SAFETY: the decoder's stream outlives every frame it decodes.
+        unsafe { Stream::from_raw(self.stream.as_raw()) }
     }
 
     /// Enqueues the copy of the displayed picture into `slot` (an NV12 slot

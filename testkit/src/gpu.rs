@@ -5,8 +5,9 @@
 
 use std::sync::Arc;
 
+use vramring::cuda::{DeviceView, DeviceViewMut, Stream};
 use vramring::seam::cuda::{
-    resolve_device, with_context, CuContext, CuDevice, CuStream, DeviceSelector, Driver, RawCuStream, RealDriver,
+    resolve_device, with_context, CuContext, CuDevice, CuStream, DeviceSelector, Driver, RealDriver,
 };
 use vramring::{Error, Frame, FrameMeta, Result, SlotMut};
 
@@ -96,37 +97,34 @@ impl<D: Driver> GpuTestPattern<D> {
     ///
     /// # Errors
     /// [`Error::Closed`].
-    pub fn stream(&self) -> Result<RawCuStream> {
-        Ok(self.parts()?.1.as_raw())
+    pub fn stream(&self) -> Result<Stream<'_>> {
+        // SAFETY: the stream lives until `close`, which takes `&mut self`.
+        Ok(unsafe { Stream::from_raw(self.parts()?.1.as_raw()) })
     }
 
-    /// Enqueues the pattern of `seq` into `[dst, dst + len)`.
-    ///
-    /// # Safety
-    /// `[dst, dst + len)` is device memory of this device's primary context
-    /// that this process may write, and nothing else uses it until the
-    /// stream has passed this fill.
+    /// Enqueues the pattern of `seq` into `dst` (a loaned slot's device
+    /// memory, in this device's primary context) on this pattern's stream:
+    /// commit the slot on [`GpuTestPattern::stream`] so the commit follows it.
     ///
     /// # Errors
     /// [`Error::Config`] for a bad length; [`Error::Driver`].
-    pub unsafe fn fill(&self, dst: u64, len: u64, seq: u64) -> Result<()> {
+    pub fn fill(&self, dst: &mut DeviceViewMut<'_>, seq: u64) -> Result<()> {
         let (k, s, _) = self.parts()?;
-        // SAFETY: forwarded from the caller.
-        unsafe { k.fill(dst, len, seq, s) }
+        // SAFETY: `dst` is writable device memory of the primary context for
+        // as long as its loan, which the caller commits on this stream.
+        unsafe { k.fill(dst.as_raw(), dst.len(), seq, s) }
     }
 
-    /// Checks `[src, src + len)` on the GPU and waits for the verdict.
-    ///
-    /// # Safety
-    /// `[src, src + len)` is device memory of this device's primary context
-    /// that this process may read.
+    /// Checks `src` (device memory of this device's primary context) on the
+    /// GPU and waits for the verdict.
     ///
     /// # Errors
     /// [`Error::Driver`].
-    pub unsafe fn verify(&self, src: u64, len: u64) -> Result<PatternCheck> {
+    pub fn verify(&self, src: &DeviceView<'_>) -> Result<PatternCheck> {
         let (k, s, _) = self.parts()?;
-        // SAFETY: forwarded from the caller.
-        unsafe { k.verify(src, len, s) }
+        // SAFETY: `src` is readable device memory of the primary context
+        // while it is borrowed, and the verdict is waited for.
+        unsafe { k.verify(src.as_raw(), src.len(), s) }
     }
 
     /// Releases the stream, the kernels and the context reference, with the
@@ -172,11 +170,8 @@ impl<D: Driver> Drop for GpuTestPattern<D> {
 ///
 /// # Errors
 /// The kernel launch's or the commit's.
-pub fn fill_cuda(gpu: &GpuTestPattern, slot: SlotMut<'_>, seq: u64) -> Result<u64> {
-    let len = slot.geometry().frame_bytes;
-    // SAFETY: the loaned slot is ours to write until it is published; it is
-    // device memory of the GPU's primary context, which `gpu` uses.
-    unsafe { gpu.fill(slot.addr(), len, seq)? };
+pub fn fill_cuda(gpu: &GpuTestPattern, mut slot: SlotMut<'_>, seq: u64) -> Result<u64> {
+    gpu.fill(&mut slot.device_mut()?, seq)?;
     // SAFETY: `gpu.stream()` is a live stream of the ring's context.
     unsafe { slot.publish_cuda(FrameMeta::pts(seq as i64), gpu.stream()?) }
 }
@@ -187,9 +182,10 @@ pub fn fill_cuda(gpu: &GpuTestPattern, slot: SlotMut<'_>, seq: u64) -> Result<u6
 /// # Errors
 /// The kernel launch's or the read-back's.
 pub fn verify_cuda(gpu: &GpuTestPattern, frame: &Frame<'_>) -> Result<std::result::Result<(), PatternError>> {
-    // SAFETY: the frame's copy is device memory of the GPU's primary context
-    // in this process, held until the next call on the subscriber.
-    let c = unsafe { gpu.verify(frame.addr(), frame.len())? };
+    let view = frame
+        .device()
+        .ok_or_else(|| Error::Config("a host frame has no device memory to check".into()))?;
+    let c = gpu.verify(&view)?;
     if c.is_intact(frame.seq()) {
         return Ok(Ok(()));
     }
