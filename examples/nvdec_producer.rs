@@ -56,6 +56,10 @@ struct Cli {
     /// CUDA device ordinal to decode on (the ring is on the same device).
     #[arg(long, default_value_t = 0)]
     device: u32,
+    /// The NVDEC library to open instead of libnvcuvid.so.1 (a path or a
+    /// soname).
+    #[arg(long, env = "VRAMRING_NVCUVID")]
+    nvcuvid: Option<String>,
     /// Ring backend: cuda, cuda:N, host or auto.
     #[arg(long)]
     backend: Option<BackendChoice>,
@@ -118,6 +122,9 @@ fn main() {
 }
 
 fn run(cli: &Cli) -> vramring::Result<()> {
+    if let Some(lib) = &cli.nvcuvid {
+        vramring::nvdec::use_library(lib.clone())?;
+    }
     let mut decoder = Decoder::new(
         DecoderOptions::new(cli.codec)
             .device(cli.device)

@@ -1,6 +1,6 @@
 //! Without `libnvcuvid` the decoder is a typed, actionable error, never a
-//! panic: the library is pointed at a path that does not exist (the
-//! `VRAMRING_NVCUVID` override), so this runs the same on CI and on a GPU
+//! panic: the library is pointed at a path that does not exist
+//! (`use_library`, or `VRAMRING_NVCUVID` for the example), so this runs the same on CI and on a GPU
 //! machine. The library is loaded once per process, so the in-process check
 //! is the only one here that opens it; the producer example runs as a child.
 
@@ -8,15 +8,19 @@ use vramring_testkit::procs as common;
 
 use std::process::Command;
 
-use vramring::nvdec::{available, Codec, Decoder, DecoderOptions};
+use vramring::nvdec::{available, use_library, Codec, Decoder, DecoderOptions};
 use vramring::Error;
 
 const MISSING: &str = "/nonexistent/libnvcuvid.so.1";
 
 #[test]
 fn a_missing_libnvcuvid_is_decoder_unavailable_naming_the_library() {
-    std::env::set_var("VRAMRING_NVCUVID", MISSING);
+    use_library(MISSING).expect("the first name given");
     assert!(!available(), "available() must be false without the library");
+    assert!(
+        matches!(use_library("libnvcuvid.so.1"), Err(Error::Config(_))),
+        "a second name after the library was opened is refused"
+    );
     match Decoder::new(DecoderOptions::new(Codec::H264)) {
         Err(Error::DecoderUnavailable(msg)) => {
             assert!(msg.contains(MISSING), "message names the library: {msg}");

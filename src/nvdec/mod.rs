@@ -8,9 +8,9 @@
 //! CUDA toolkit and no Video Codec SDK. Where the library or a GPU is
 //! missing, [`Decoder::new`] returns [`Error::DecoderUnavailable`] or
 //! [`Error::CudaUnavailable`]; a stream the GPU cannot decode gives
-//! [`Error::UnsupportedStream`]. `VRAMRING_NVCUVID` names the library to
-//! open instead of `libnvcuvid.so.1` (a path, for a driver installed outside
-//! the loader's search path).
+//! [`Error::UnsupportedStream`]. [`use_library`] names the library to open
+//! instead of `libnvcuvid.so.1` (a path, for a driver installed outside the
+//! loader's search path); the examples take it from `VRAMRING_NVCUVID`.
 //!
 //! # How a frame travels
 //! 1. [`Decoder::decode`] hands one access unit to NVDEC's parser, which
@@ -217,11 +217,36 @@ pub struct StreamInfo {
     pub surfaces: u32,
 }
 
+/// The library the process opens, once.
+static LIB: OnceLock<std::result::Result<sys::Nvcuvid, String>> = OnceLock::new();
+/// The name [`use_library`] gave, if any.
+static LIB_NAME: OnceLock<String> = OnceLock::new();
+
 fn library() -> Result<&'static sys::Nvcuvid> {
-    static LIB: OnceLock<std::result::Result<sys::Nvcuvid, String>> = OnceLock::new();
-    LIB.get_or_init(sys::Nvcuvid::load)
+    LIB.get_or_init(|| sys::Nvcuvid::load(LIB_NAME.get().map(String::as_str)))
         .as_ref()
         .map_err(|e| Error::DecoderUnavailable(e.clone()))
+}
+
+/// Opens `name` (a path or a soname) instead of `libnvcuvid.so.1` when the
+/// process first needs NVDEC, for a driver installed outside the loader's
+/// search path. Call it before the first [`Decoder::new`] or [`available`].
+///
+/// # Errors
+/// [`Error::Config`] once the library was opened or a name was already
+/// given: the process opens NVDEC once.
+pub fn use_library(name: impl Into<String>) -> Result<()> {
+    let name = name.into();
+    if LIB.get().is_some() {
+        return Err(Error::Config(format!(
+            "NVDEC's library was already opened; use_library({name:?}) must come before the first decoder"
+        )));
+    }
+    LIB_NAME.set(name).map_err(|name| {
+        Error::Config(format!(
+            "NVDEC's library was already named; use_library({name:?}) comes once"
+        ))
+    })
 }
 
 /// Whether NVDEC can be used here: `libnvcuvid` and the CUDA driver load.

@@ -291,22 +291,17 @@ pub struct Nvcuvid {
 /// development symlink.
 const LIBRARY_NAMES: [&str; 2] = ["libnvcuvid.so.1", "libnvcuvid.so"];
 
-/// Environment variable naming the library to open instead (a path or a
-/// soname), for a driver installed outside the loader's search path.
-pub const LIBRARY_ENV: &str = "VRAMRING_NVCUVID";
-
 impl Nvcuvid {
     /// Opens `libnvcuvid` and resolves every entry point.
     ///
     /// # Errors
     /// A sentence naming what is missing: the library (with the names
     /// tried and the loader's message) or an entry point.
-    pub fn load() -> Result<Nvcuvid, String> {
+    pub fn load(over: Option<&str>) -> Result<Nvcuvid, String> {
         let mut tried = Vec::new();
         let mut lib = None;
-        let over = std::env::var(LIBRARY_ENV).ok().filter(|v| !v.is_empty());
-        let names: Vec<&str> = match &over {
-            Some(v) => vec![v.as_str()],
+        let names: Vec<&str> = match over {
+            Some(v) => vec![v],
             None => LIBRARY_NAMES.to_vec(),
         };
         for name in names {
