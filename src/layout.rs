@@ -247,7 +247,7 @@ pub struct RingHeader {
 }
 
 /// One slot's descriptor. Written only by the publisher, under the seqlock
-/// rule in [`crate::frame::protocol`].
+/// rule in `frame/protocol/`.
 #[repr(C, align(128))]
 #[cfg_attr(loom, derive(Default))]
 pub struct SlotDesc {

@@ -61,7 +61,7 @@
 //!                                                 (or the pushed buffer: frame/protocol/push.rs)
 //! ```
 //!
-//! The shared layout is in [`layout`] and, for other languages, in
+//! The shared layout is in `src/layout.rs` and, for other languages, in
 //! `proto/vramring.h` and `proto/PROTOCOL.md`. Who may write what, and what
 //! a hostile subscriber can and cannot do, is in `docs/SECURITY.md`.
 //!

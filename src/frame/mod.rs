@@ -11,6 +11,6 @@ pub(crate) mod protocol;
 mod publisher;
 mod subscriber;
 
-pub use crate::layout::RingInfo;
+pub use crate::layout::{RingInfo, FRAME_DISCONTINUITY, FRAME_KEY};
 pub use publisher::{BackendChoice, CommitMode, FrameMeta, Policy, Publisher, PullAccess, RingConfig, SlotMut};
 pub use subscriber::{Borrow, Frame, Mode, PullStart, Subscriber, SubscriberOptions, SubscriberStats};

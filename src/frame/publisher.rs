@@ -224,7 +224,9 @@ impl RingConfig {
 pub struct FrameMeta {
     /// Presentation timestamp, in the caller's units.
     pub pts: i64,
-    /// `FRAME_*` flags (see [`crate::layout`]).
+    /// Flags the subscribers see: [`FRAME_KEY`](crate::frame::FRAME_KEY),
+    /// [`FRAME_DISCONTINUITY`](crate::frame::FRAME_DISCONTINUITY), or your
+    /// own in the other bits.
     pub flags: u32,
     user_len: u32,
     user: [u8; USER_META_BYTES],

@@ -238,7 +238,7 @@ pub trait ExportedPool: Send {
         })
     }
     /// Push delivery: removes target `id` from the pool without unmapping
-    /// it, for its mapper's [`TargetMapper::unmap`]; no copy into it may be
+    /// it, for its mapper's `TargetMapper::unmap`; no copy into it may be
     /// in flight. `None` for an unknown id or a pool without a mapper.
     fn disown_target(&mut self, id: u64) -> Option<MappedTarget> {
         let _ = id;

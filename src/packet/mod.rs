@@ -16,7 +16,7 @@
 //!
 //! See `examples/packet_producer.rs` and `examples/recorder.rs`.
 //!
-//! # Layout ([`layout`])
+//! # Layout (`packet/layout.rs`)
 //!
 //! `PacketHeader` (info, `write_seq`, tail line, codec parameters), then
 //! `record_count` `PacketRecord`s, then the data area of `data_bytes` bytes

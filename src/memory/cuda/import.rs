@@ -23,7 +23,7 @@ const DEST_STEP: u64 = 2 << 20;
 /// [`copy_out`](ImportedPool::copy_out) copies a slot into.
 ///
 /// Holds a reference to the device's primary context, which owns the
-/// mapping, stream and buffer. See the [module docs](super) for teardown.
+/// mapping, stream and buffer. See `memory/cuda/mod.rs` for teardown.
 pub struct CudaImport<D: Driver = RealDriver> {
     driver: Arc<D>,
     device: CuDevice,

@@ -22,7 +22,7 @@ use crate::memory::{
 ///
 /// Holds a reference to its device's primary context, which is the context
 /// the allocation, its mapping and reservation belong to; every release runs
-/// with it pushed. See the [module docs](super) for teardown.
+/// with it pushed. See `memory/cuda/mod.rs` for teardown.
 pub struct CudaPool<D: Driver = RealDriver> {
     driver: Arc<D>,
     device: CuDevice,
