@@ -504,7 +504,7 @@ fn vr_producer(c: &Case, shm_path: &Path) -> R<()> {
         .commit_graph(match c.system {
             System::VramringPushGraph => CommitGraph::Always,
             System::VramringPushLaunch => CommitGraph::Never,
-            _ => CommitGraph::AUTO,
+            _ => common::commit_graph_from_env(),
         });
     if c.system == System::VramringPushChurnWarmUnbounded {
         cfg = cfg.unbounded_attaches();

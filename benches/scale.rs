@@ -481,7 +481,8 @@ fn ring_thread(p: &Params, dir: &Path, camera: usize, ready: &AtomicUsize, go: &
     let cfg = RingConfig::new(Format::Nv12, p.width, p.height)
         .slots(p.slots)
         .backend(backend)
-        .policy(Policy::Overwrite);
+        .policy(Policy::Overwrite)
+        .commit_graph(common::commit_graph_from_env());
     let path = Params::sock(dir, camera);
     let mut publisher = Publisher::create(&path, cfg).map_err(|e| format!("camera {camera}: publisher: {e}"))?;
     let mut gpu = match publisher.backend() {

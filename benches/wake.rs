@@ -793,7 +793,10 @@ fn vr_producer(c: &Case) -> R<()> {
     } else {
         BackendChoice::Host
     };
-    let cfg = RingConfig::new(Format::Nv12, w, h).slots(SLOTS).backend(backend);
+    let cfg = RingConfig::new(Format::Nv12, w, h)
+        .slots(SLOTS)
+        .backend(backend)
+        .commit_graph(common::commit_graph_from_env());
     let mut p = Publisher::create(c.sock(), cfg)?;
     let ctl = Ctl::open(&c.shm())?;
     // SYNC: bench-up — Release, paired with the orchestrator's Acquire.

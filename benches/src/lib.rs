@@ -11,6 +11,19 @@
 pub mod host;
 pub mod procs;
 
+/// The commit graph mode `VRAMRING_COMMIT_GRAPH` asks for (`always`/`1`,
+/// `never`/`0`, `auto`/unset), for the benches' rings; a value that is
+/// none of these stops the bench with a sentence.
+pub fn commit_graph_from_env() -> vramring::cuda::CommitGraph {
+    match std::env::var("VRAMRING_COMMIT_GRAPH") {
+        Err(_) => vramring::cuda::CommitGraph::AUTO,
+        Ok(v) => v.parse().unwrap_or_else(|e| {
+            eprintln!("VRAMRING_COMMIT_GRAPH: {e}");
+            std::process::exit(2)
+        }),
+    }
+}
+
 use cudarc::driver::sys;
 
 /// A benchmark's result type.

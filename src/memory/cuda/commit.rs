@@ -55,8 +55,8 @@
 //! commits come on average at most [`COMMIT_GRAPH_WITHIN`] apart (see
 //! [`Pace`]), and launches otherwise; the graph is made at the first
 //! commit that replays it, so a ring that never publishes that fast never
-//! makes one. `VRAMRING_COMMIT_GRAPH=1` (or `0`) in the publisher's
-//! environment replays (or launches) always.
+//! makes one. [`CommitGraph::Always`] (or `Never`) in the ring's
+//! configuration replays (or launches) always.
 
 use std::ffi::c_void;
 
