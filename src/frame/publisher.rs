@@ -1415,6 +1415,7 @@ impl SlotMut<'_> {
     }
 
     /// Address of plane `k` in this process, whatever the backend.
+    #[cfg(feature = "nvdec")]
     pub(crate) fn plane_addr(&self, k: usize) -> Result<u64> {
         let g = self.geometry();
         let p = g

@@ -45,18 +45,15 @@
 //! targets), the publisher launches the kernel with its descriptor by
 //! value, as before.
 //!
-//! **Only when the ring publishes often** ([`CommitGraph`], ADR 0022). On
-//! the H200 the graph cut the producer's CPU per publish by about 40 % with
-//! a frame every 2 ms, at a few µs more latency (the fetch node), broke even
-//! near a frame every 5 ms and cost more CPU than the launch from 10 ms on
-//! (25 fps: 5–8 µs more latency too), in one process publishing 64 rings
-//! as well (docs/PERF.md, "A publish that replays a graph" and "The graph
-//! by the ring's pace"). So by default a ring replays only while its push
-//! commits come on average at most [`COMMIT_GRAPH_WITHIN`] apart (see
-//! [`Pace`]), and launches otherwise; the graph is made at the first
-//! commit that replays it, so a ring that never publishes that fast never
-//! makes one. [`CommitGraph::Always`] (or `Never`) in the ring's
-//! configuration replays (or launches) always.
+//! **Only when the ring publishes often** ([`CommitGraph`], ADR 0022). The
+//! graph saves CPU over the launch when commits come close together and
+//! costs more at camera rates (its fetch node adds a little latency too;
+//! `docs/PERF.md`, "Commit graph or kernel launch, by the ring's pace"), so
+//! by default a ring replays only while its push commits come on average at
+//! most [`COMMIT_GRAPH_WITHIN`] apart (see [`Pace`]) and launches otherwise;
+//! the graph is made at the first commit that replays it, so a ring that
+//! never publishes that fast never makes one. [`CommitGraph::Always`] (or
+//! `Never`) in the ring's configuration replays (or launches) always.
 
 use std::ffi::c_void;
 
@@ -251,102 +248,7 @@ const DESC_WORDS: [(u32, u32); 24] = [
 
 /// The commit kernel's work once its descriptor is in registers (see
 /// [`DESC_WORDS`]; %p0-7 "target j exists"), shared by both entry points.
-const COMMIT_BODY: &str = "
-    cvta.to.global.u64 %rd1, %rd1;
-    cvta.to.global.u64 %rd5, %rd5;
-    cvta.to.global.u64 %rd6, %rd6;
-    cvta.to.global.u64 %rd7, %rd7;
-    cvta.to.global.u64 %rd8, %rd8;
-    cvta.to.global.u64 %rd10, %rd10;
-    cvta.to.global.u64 %rd11, %rd11;
-    cvta.to.global.u64 %rd12, %rd12;
-    cvta.to.global.u64 %rd13, %rd13;
-    cvta.to.global.u64 %rd14, %rd14;
-    cvta.to.global.u64 %rd15, %rd15;
-    cvta.to.global.u64 %rd16, %rd16;
-    cvta.to.global.u64 %rd17, %rd17;
-    cvta.to.global.u64 %rd20, %rd20;
-    cvta.to.global.u64 %rd21, %rd21;
-    cvta.to.global.u64 %rd22, %rd22;
-    cvta.to.global.u64 %rd23, %rd23;
-    cvta.to.global.u64 %rd24, %rd24;
-    cvta.to.global.u64 %rd25, %rd25;
-    cvta.to.global.u64 %rd26, %rd26;
-    cvta.to.global.u64 %rd27, %rd27;
-    setp.gt.u64 %p0, %rd3, 0;
-    setp.gt.u64 %p1, %rd3, 1;
-    setp.gt.u64 %p2, %rd3, 2;
-    setp.gt.u64 %p3, %rd3, 3;
-    setp.gt.u64 %p4, %rd3, 4;
-    setp.gt.u64 %p5, %rd3, 5;
-    setp.gt.u64 %p6, %rd3, 6;
-    setp.gt.u64 %p7, %rd3, 7;
-    mov.u32 %r1, %ctaid.x;
-    mov.u32 %r2, %ntid.x;
-    mov.u32 %r3, %tid.x;
-    mov.u32 %r4, %nctaid.x;
-    mul.wide.u32 %rd30, %r1, %r2;
-    cvt.u64.u32 %rd31, %r3;
-    add.u64 %rd30, %rd30, %rd31;
-    mul.wide.u32 %rd32, %r4, %r2;
-COMMIT_LOOP:
-    setp.ge.u64 %p8, %rd30, %rd2;
-    @%p8 bra COMMIT_COPIED;
-    shl.b64 %rd33, %rd30, 4;
-    add.u64 %rd34, %rd1, %rd33;
-    ld.global.v4.u32 {%r5, %r6, %r7, %r8}, [%rd34];
-    add.u64 %rd35, %rd10, %rd33;
-    @%p0 st.global.v4.u32 [%rd35], {%r5, %r6, %r7, %r8};
-    add.u64 %rd35, %rd11, %rd33;
-    @%p1 st.global.v4.u32 [%rd35], {%r5, %r6, %r7, %r8};
-    add.u64 %rd35, %rd12, %rd33;
-    @%p2 st.global.v4.u32 [%rd35], {%r5, %r6, %r7, %r8};
-    add.u64 %rd35, %rd13, %rd33;
-    @%p3 st.global.v4.u32 [%rd35], {%r5, %r6, %r7, %r8};
-    add.u64 %rd35, %rd14, %rd33;
-    @%p4 st.global.v4.u32 [%rd35], {%r5, %r6, %r7, %r8};
-    add.u64 %rd35, %rd15, %rd33;
-    @%p5 st.global.v4.u32 [%rd35], {%r5, %r6, %r7, %r8};
-    add.u64 %rd35, %rd16, %rd33;
-    @%p6 st.global.v4.u32 [%rd35], {%r5, %r6, %r7, %r8};
-    add.u64 %rd35, %rd17, %rd33;
-    @%p7 st.global.v4.u32 [%rd35], {%r5, %r6, %r7, %r8};
-    add.u64 %rd30, %rd30, %rd32;
-    bra COMMIT_LOOP;
-COMMIT_COPIED:
-    bar.sync 0;
-    setp.ne.u32 %p9, %r3, 0;
-    @%p9 bra COMMIT_DONE;
-    membar.gl;
-    and.b64 %rd36, %rd4, 63;
-    shl.b64 %rd36, %rd36, 2;
-    add.u64 %rd37, %rd5, %rd36;
-    atom.global.add.u32 %r9, [%rd37], 1;
-    sub.u32 %r10, %r4, 1;
-    setp.ne.u32 %p10, %r9, %r10;
-    @%p10 bra COMMIT_DONE;
-    st.global.u32 [%rd37], 0;
-    membar.sys;
-    setp.ne.u64 %p13, %rd8, 0;
-    @%p13 st.volatile.global.u64 [%rd8], %rd4;
-    @%p0 st.volatile.global.u64 [%rd20], %rd4;
-    @%p1 st.volatile.global.u64 [%rd21], %rd4;
-    @%p2 st.volatile.global.u64 [%rd22], %rd4;
-    @%p3 st.volatile.global.u64 [%rd23], %rd4;
-    @%p4 st.volatile.global.u64 [%rd24], %rd4;
-    @%p5 st.volatile.global.u64 [%rd25], %rd4;
-    @%p6 st.volatile.global.u64 [%rd26], %rd4;
-    @%p7 st.volatile.global.u64 [%rd27], %rd4;
-    setp.ne.u64 %p11, %rd6, 0;
-    @%p11 st.volatile.global.u64 [%rd6], %rd4;
-    membar.sys;
-    setp.ne.u64 %p12, %rd7, 0;
-    @%p12 st.volatile.global.u64 [%rd7], %rd4;
-    membar.sys;
-COMMIT_DONE:
-    ret;
-}
-";
+const COMMIT_BODY: &str = include_str!("ptx/commit_body.ptx");
 
 /// `vramring_commit_fetch`, one block of [`FETCH_THREADS`]: reads the count
 /// of descriptors used (device memory, the state's first word), copies that
@@ -354,43 +256,7 @@ COMMIT_DONE:
 /// bus) into the state's descriptor, then counts one more. Its threads
 /// 0-11 move one 16-byte part each; the count is stored after the block's
 /// barrier, so every thread read it first.
-const FETCH_PTX: &str = "
-.visible .entry vramring_commit_fetch(
-    .param .u64 p_ring,
-    .param .u64 p_state
-)
-{
-    .reg .pred %p<4>;
-    .reg .b32 %r<4>;
-    .reg .b64 %rd<16>;
-    mov.u32 %r1, %tid.x;
-    setp.ge.u32 %p1, %r1, 12;
-    ld.param.u64 %rd1, [p_ring];
-    ld.param.u64 %rd2, [p_state];
-    cvta.to.global.u64 %rd1, %rd1;
-    cvta.to.global.u64 %rd2, %rd2;
-    ld.volatile.global.u64 %rd3, [%rd2];
-    and.b64 %rd4, %rd3, 63;
-    mul.lo.u64 %rd4, %rd4, 192;
-    add.u64 %rd4, %rd1, %rd4;
-    cvt.u64.u32 %rd5, %r1;
-    shl.b64 %rd5, %rd5, 4;
-    @%p1 bra FETCH_COPIED;
-    add.u64 %rd6, %rd4, %rd5;
-    ld.volatile.global.v2.u64 {%rd7, %rd8}, [%rd6];
-    add.u64 %rd9, %rd2, 64;
-    add.u64 %rd9, %rd9, %rd5;
-    st.global.v2.u64 [%rd9], {%rd7, %rd8};
-FETCH_COPIED:
-    bar.sync 0;
-    setp.ne.u32 %p2, %r1, 0;
-    @%p2 bra FETCH_DONE;
-    add.u64 %rd3, %rd3, 1;
-    st.volatile.global.u64 [%rd2], %rd3;
-FETCH_DONE:
-    ret;
-}
-";
+const FETCH_PTX: &str = include_str!("ptx/commit_fetch.ptx");
 
 /// The module's PTX: `vramring_commit` (descriptor by value),
 /// `vramring_commit_at` (descriptor in device memory, at its one
