@@ -1,0 +1,181 @@
+//! What a subscriber asks for (`SubscriberOptions`, `PullStart`) and what
+//! it counts (`SubscriberStats`).
+
+use super::*;
+
+/// How to subscribe.
+#[derive(Debug, Clone)]
+pub struct SubscriberOptions {
+    /// `Latest` (default) or `Sequential`.
+    pub mode: Mode,
+    /// Ask to be a lossless reader (the publisher must use the lossless policy).
+    pub lossless: bool,
+    /// Ask for write access to the pool (mapped read-only otherwise).
+    pub write: bool,
+    /// Name shown by the publisher and the CLI.
+    pub name: String,
+    /// How long to wait for the publisher's Welcome.
+    pub connect_timeout: Duration,
+    /// How to wait for the next frame: [`WaitStrategy::Cadence`] (the
+    /// default) learns the publisher's frame interval and wakes just
+    /// before each frame is due, spinning only then;
+    /// [`WaitStrategy::Park`] spins for `spin`, then parks on the futex;
+    /// [`WaitStrategy::Spin`] busy-polls (one core). Cadence falls back to
+    /// Park (with `spin`) whenever the source is irregular or paused.
+    pub wait: WaitStrategy,
+    /// How long to spin before parking on the futex, for
+    /// [`WaitStrategy::Park`] and [`WaitStrategy::Cadence`] (whose window
+    /// comes on top of it): a very long spin busy-polls.
+    pub spin: Duration,
+    /// Longest single futex sleep; bounds how late a dead publisher is noticed.
+    pub park_slice: Duration,
+    /// Which backends this subscriber may import (default: host and CUDA).
+    pub backends: Vec<BackendKind>,
+    /// Push delivery (`Latest` mode only): the publisher copies each frame
+    /// into buffers this subscriber owns, in the publisher's GPU context, so
+    /// receiving a frame costs this process no GPU work. Until the publisher
+    /// has mapped the buffers (at its next publish), frames are pulled.
+    pub push: bool,
+    /// Reconnect to the next publisher instance at the same path after the
+    /// current one is gone. `next()` reports [`Error::ProducerGone`] once;
+    /// later calls reconnect (within their timeout) and continue with the
+    /// new instance's frames.
+    pub reconnect: bool,
+    /// When a pull subscriber's copy of a CUDA frame starts (see
+    /// [`PullStart`]; default [`PullStart::Auto`]).
+    pub pull_start: PullStart,
+}
+
+/// When a pull subscriber on a CUDA ring starts copying a frame (ADR 0010).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PullStart {
+    /// [`PullStart::Queued`] when the GPU is shared through MPS (the
+    /// device says so), [`PullStart::AfterCommit`] otherwise: without
+    /// MPS a copy waiting on the GPU keeps a context of its own ready to
+    /// run beside the publisher's, which costs the GPU a context switch
+    /// per frame anyway.
+    #[default]
+    Auto,
+    /// As soon as the publisher has loaned the next frame's slot (ADR
+    /// 0014, on a ring with a gate line; a waiter that is spinning sees it
+    /// at once, a parked one only at its next look, usually after the
+    /// commit) or
+    /// announced the frame (its commit is enqueued on the GPU but may not
+    /// have run): the copy is enqueued behind a GPU wait on the pool's gate
+    /// word (device memory, ADR 0011; on a ring without a gate line, on
+    /// `global_seq` in host memory) and starts the moment the commit lands,
+    /// with no CPU wake in between; the frame is then validated as always.
+    /// A copy whose commit has not come by the call's deadline stays
+    /// queued, and the next call resumes it. Falls back to `AfterCommit`
+    /// where the device cannot wait on memory (no 64-bit stream memory
+    /// operations; for the host word, no read-only host registration).
+    Queued,
+    /// After the commit has landed and this process has seen it (the v3
+    /// behaviour).
+    AfterCommit,
+}
+
+impl Default for SubscriberOptions {
+    fn default() -> Self {
+        SubscriberOptions {
+            mode: Mode::Latest,
+            lossless: false,
+            write: false,
+            name: format!("sub-{}", std::process::id()),
+            connect_timeout: Duration::from_secs(5),
+            wait: WaitStrategy::Cadence,
+            spin: Duration::from_micros(50),
+            park_slice: Duration::from_millis(20),
+            backends: vec![BackendKind::Host, BackendKind::Cuda],
+            push: false,
+            reconnect: false,
+            pull_start: PullStart::Auto,
+        }
+    }
+}
+
+impl SubscriberOptions {
+    /// Sets the read mode.
+    pub fn mode(mut self, m: Mode) -> Self {
+        self.mode = m;
+        self
+    }
+    /// Asks to be lossless (implies `Sequential`).
+    pub fn lossless(mut self, yes: bool) -> Self {
+        self.lossless = yes;
+        if yes {
+            self.mode = Mode::Sequential;
+        }
+        self
+    }
+    /// Asks for write access.
+    pub fn write(mut self, yes: bool) -> Self {
+        self.write = yes;
+        self
+    }
+    /// Sets the name.
+    pub fn name(mut self, n: impl Into<String>) -> Self {
+        self.name = n.into();
+        self
+    }
+    /// Restricts the backends this subscriber imports.
+    pub fn backends(mut self, b: &[BackendKind]) -> Self {
+        self.backends = b.to_vec();
+        self
+    }
+    /// Asks for push delivery (implies `Latest`).
+    pub fn push(mut self, yes: bool) -> Self {
+        self.push = yes;
+        if yes {
+            self.mode = Mode::Latest;
+        }
+        self
+    }
+    /// Reconnects by itself to the next publisher instance at the same path.
+    pub fn reconnect(mut self, yes: bool) -> Self {
+        self.reconnect = yes;
+        self
+    }
+    /// Sets the spin time before parking (see [`SubscriberOptions::spin`]).
+    pub fn spin(mut self, d: Duration) -> Self {
+        self.spin = d;
+        self
+    }
+    /// Sets how to wait for frames (see [`WaitStrategy`]).
+    pub fn wait(mut self, w: WaitStrategy) -> Self {
+        self.wait = w;
+        self
+    }
+    /// Sets when a pull copy of a CUDA frame starts (see [`PullStart`]).
+    pub fn pull_start(mut self, p: PullStart) -> Self {
+        self.pull_start = p;
+        self
+    }
+}
+
+/// Counters of a subscriber.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SubscriberStats {
+    /// Frames handed to the user.
+    pub delivered: u64,
+    /// Frames skipped and never delivered (gaps).
+    pub dropped: u64,
+    /// Reads discarded because the producer overwrote the slot during the copy.
+    pub overruns: u64,
+    /// Seq of the last frame delivered.
+    pub last_seq: u64,
+    /// Times this subscriber reconnected to a new publisher instance.
+    pub reconnects: u64,
+    /// Frames received by push delivery (no GPU work in this process).
+    pub pushed: u64,
+    /// Frames pulled by a copy queued on the GPU before their commit
+    /// landed ([`PullStart::Queued`]).
+    pub queued: u64,
+    /// Of `queued`, the copies queued as soon as the publisher loaned the
+    /// frame's slot, before it announced the commit (ADR 0014).
+    pub queued_at_loan: u64,
+    /// Queued copies given up on because the commit they waited for never
+    /// landed: the publisher was gone (died with the frame loaned or in
+    /// flight), or the subscriber closed with the copy still waiting.
+    pub abandoned: u64,
+}

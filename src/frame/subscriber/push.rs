@@ -1,0 +1,86 @@
+//! Push delivery on the subscriber's side: its buffers sent to the
+//! publisher, and frames taken from them in order of their seqs.
+
+use super::*;
+
+impl Subscriber {
+    /// Makes this subscriber's push buffers and sends them to the publisher.
+    ///
+    /// # Errors
+    /// The backend's allocation error, or the socket's: a push subscriber
+    /// has no pool to fall back on.
+    pub(super) fn attach_push(&mut self) -> Result<()> {
+        let stride = self
+            .info
+            .geometry
+            .frame_bytes
+            .next_multiple_of(crate::format::SLOT_ALIGN);
+        let (fd, bytes) = self.pool.alloc_push(PUSH_BUFFERS as u32, stride)?;
+        let a = msg::Attach {
+            count: PUSH_BUFFERS as u32,
+            stride,
+            bytes,
+        };
+        transport::send(self.lease.sock().as_fd(), &Msg::Attach(a).encode(), &[fd.as_fd()])
+    }
+    /// Push delivery, when the publisher has mapped our buffers: the newest
+    /// pushed frame newer than `last` with its meta, held (`hold`, for
+    /// `next`) or read in place (for `borrow`; see
+    /// [`protocol::push::peek_newest`]).
+    pub(super) fn read_pushed(&mut self, g: u64, hold: bool) -> PushRead<SlotSnapshot> {
+        let entry = self.entry();
+        // SYNC: push-seq — Acquire pairs with the publisher's Release of
+        // `push_count` after it mapped our buffers.
+        if entry.push_count.load(Ordering::Acquire) as usize != PUSH_BUFFERS {
+            // Not mapped yet: nothing reaches us; what has landed is a gap.
+            // SYNC: global-seq — Acquire pairs with the commit's store.
+            return PushRead::NotPushed(g.min(self.header().seq.global_seq.load(Ordering::Acquire)));
+        }
+        let how = if hold {
+            protocol::push::Take::Hold(self.lease.client())
+        } else {
+            protocol::push::Take::Peek
+        };
+        let header = self.header();
+        protocol::push::read_pushed(entry, how, &header.seq.global_seq, self.last, g, |_, seq| {
+            // The meta lives in the ring's slot; read it under the seqlock.
+            // If the slot moved on already, a newer frame has been pushed
+            // too.
+            let slot = slot_of(&self.control, &self.info, seq);
+            match SlotSnapshot::look(slot, seq) {
+                Look::Ready(snap) if snap.still_valid(slot) => Some(snap),
+                _ => None,
+            }
+        })
+    }
+    /// The frames between `last` and pushed frame `seq`, which a push
+    /// subscriber never gets (none before its first pushed frame: it had
+    /// not joined the push stream yet); marks the stream started.
+    pub(super) fn push_gap(&mut self, seq: u64) -> u64 {
+        let skipped = if self.push_started { seq - self.last - 1 } else { 0 };
+        self.push_started = true;
+        skipped
+    }
+    /// Push delivery found nothing pushed past `last` although the ring
+    /// moved on to `g`: those frames were not pushed to us (all buffers
+    /// held, or not mapped yet). A push subscriber has no pool to pull them
+    /// from: once its stream has started they are a counted gap; before, it
+    /// had not joined yet. `Err` ends the read (drained, or past the
+    /// deadline); `Ok` waits again.
+    pub(super) fn nothing_pushed(&mut self, g: u64, deadline: Instant, timeout: Duration) -> Result<()> {
+        if g > self.last {
+            if self.push_started {
+                self.lost(g - self.last);
+            }
+            self.last = g;
+            self.publish_counters();
+        }
+        if self.lease.draining() {
+            return Err(self.drain_over());
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout(timeout, "the next frame"));
+        }
+        Ok(())
+    }
+}
