@@ -7,6 +7,7 @@
 //!   in its own buffers (push delivery), and proves each copy was not torn.
 //! * [`RingInfo`]: what a ring is, as both sides read it from its header.
 
+pub(crate) mod layout;
 pub(crate) mod protocol;
 mod publisher;
 mod subscriber;

@@ -75,7 +75,8 @@ pub(crate) fn map_frame_ring(
         ));
     }
     let (subs, client) = map_table_and_client(welcome, subs_fd, client_fd)?;
-    subs.at::<SubsHeader>(0).validate(&info, subs.len() as u64)?;
+    subs.at::<SubsHeader>(0)
+        .validate(info.max_subscribers, info.epoch, subs.len() as u64)?;
     Ok((control, info, subs, client))
 }
 

@@ -28,6 +28,7 @@ use crate::socket::transport::AccessPolicy;
 
 pub(crate) mod attach;
 pub mod cadence;
+pub(crate) mod layout;
 pub(crate) mod lease;
 pub(crate) mod lossless;
 pub(crate) mod serve;
