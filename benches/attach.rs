@@ -21,7 +21,7 @@ use std::time::Instant;
 use vramring::seam::cuda::{CudaImport, CudaPool, DeviceSelector, RealDriver};
 use vramring::seam::cuda::{ExportedPool, ImportedPool};
 
-use common::{pct_us, R};
+use common::{output, pct_us, procs, R};
 use vramring_benches as common;
 
 const ROUNDS: usize = 300;
@@ -52,9 +52,8 @@ fn from_child(uuid: [u8; 16]) -> R<(std::os::fd::OwnedFd, std::process::Child, s
     use std::os::fd::{AsFd, AsRawFd};
     let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
     rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty())?;
-    let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
-    let child = std::process::Command::new(std::env::current_exe()?)
-        .env(CHILD_ENV, format!("{} {hex}", theirs.as_raw_fd()))
+    let child = procs::self_command(std::iter::empty::<&str>())?
+        .env(CHILD_ENV, format!("{} {}", theirs.as_raw_fd(), procs::hex(&uuid)))
         .spawn()?;
     drop(theirs);
     let got = vramring::seam::socket::transport::recv(ours.as_fd(), std::time::Duration::from_secs(30))?
@@ -69,19 +68,16 @@ fn from_child(uuid: [u8; 16]) -> R<(std::os::fd::OwnedFd, std::process::Child, s
 }
 
 fn main() -> R<()> {
-    if std::env::args().any(|a| a == "--help" || a == "-h") {
-        println!(
-            "attach bench: maps and unmaps a 1080p push subscriber's buffers {ROUNDS} times per row; needs a CUDA GPU"
-        );
+    let usage = format!(
+        "attach bench: maps and unmaps a 1080p push subscriber's buffers {ROUNDS} times per row; needs a CUDA GPU"
+    );
+    if output::help(&output::args(), &usage) {
         return Ok(());
     }
     if let Ok(v) = std::env::var(CHILD_ENV) {
         use std::os::fd::FromRawFd;
         let (fd, hex) = v.split_once(' ').ok_or("bad child arguments")?;
-        let mut uuid = [0u8; 16];
-        for (k, b) in uuid.iter_mut().enumerate() {
-            *b = u8::from_str_radix(hex.get(2 * k..2 * k + 2).ok_or("bad uuid")?, 16)?;
-        }
+        let uuid: [u8; 16] = procs::unhex(hex)?.try_into().map_err(|_| "bad uuid")?;
         // SAFETY: the parent made this descriptor inheritable for us and
         // named it; nothing else in this process owns it.
         let sock = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd.parse()?) };
@@ -120,7 +116,10 @@ fn main() -> R<()> {
     println!(
         "Push buffers of {bytes} bytes (3 × {STRIDE}), mapped and unmapped {ROUNDS} times per row, wall time of the mapping thread (µs):\n"
     );
-    println!("| buffers made in | unmapping | map p50 | map p99 | unmap p50 | unmap p99 |\n|---|---|---|---|---|---|");
+    print!(
+        "{}",
+        output::table_header("buffers made in | unmapping | map p50 | map p99 | unmap p50 | unmap p99")
+    );
     for (made, how, map, unmap) in &rows {
         println!(
             "| {made} | {how} | {:.1} | {:.1} | {:.1} | {:.1} |",

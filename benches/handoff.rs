@@ -9,33 +9,33 @@
 //!
 //! Run on a GPU machine: `cargo bench --bench handoff`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use cudarc::driver::sys;
 
-use common::{ck, make_primary_current, R};
+use common::{ck, make_primary_current, output, pct_us, procs, Gpu, SharedMap, R};
 use vramring_benches as common;
 
 const BYTES: usize = 2048 * 1620; // 1080p NV12 at a 2048-byte pitch
 const ROUNDS: usize = 2000;
+const USAGE: &str = "handoff probe: a 3.1 MB copy and its synchronisation, alternating between two processes and \
+between two threads of one, per copy method (dtod, ce); no flags; needs a CUDA GPU";
 
+/// One side's stream (in device 0's primary context) and buffers.
 struct Side {
-    stream: sys::CUstream,
+    gpu: Gpu,
     src: sys::CUdeviceptr,
     dst: sys::CUdeviceptr,
 }
 
 fn side() -> R<Side> {
-    let (mut stream, mut src, mut dst) = (std::ptr::null_mut(), 0, 0);
-    // SAFETY: valid out-pointers; a context is current.
-    unsafe {
-        ck("cuStreamCreate", sys::cuStreamCreate(&mut stream, 1))?;
-        ck("cuMemAlloc", sys::cuMemAlloc_v2(&mut src, BYTES))?;
-        ck("cuMemAlloc", sys::cuMemAlloc_v2(&mut dst, BYTES))?;
-        ck("cuMemsetD8", sys::cuMemsetD8_v2(src, 7, BYTES))?;
-    }
-    Ok(Side { stream, src, dst })
+    let gpu = Gpu::init()?;
+    let src = gpu.alloc(BYTES)?;
+    let dst = gpu.alloc(BYTES)?;
+    // SAFETY: `src` is a live allocation of BYTES in the current context.
+    unsafe { ck("cuMemsetD8", sys::cuMemsetD8_v2(src, 7, BYTES))? };
+    Ok(Side { gpu, src, dst })
 }
 
 type BatchFn = unsafe extern "C" fn(
@@ -62,10 +62,7 @@ fn copy(method: &str, s: &Side) -> R<()> {
     // SAFETY: live buffers of BYTES bytes and a live stream in the current context.
     unsafe {
         match method {
-            "dtod" => ck(
-                "cuMemcpyDtoDAsync",
-                sys::cuMemcpyDtoDAsync_v2(s.dst, s.src, BYTES, s.stream),
-            ),
+            "dtod" => s.gpu.copy(s.dst, s.src, BYTES),
             "ce" => {
                 let f = batch_fn().ok_or("no cuMemcpyBatchAsync_v2")?;
                 let mut dsts = [s.dst];
@@ -89,7 +86,7 @@ fn copy(method: &str, s: &Side) -> R<()> {
                         &mut attr,
                         idx.as_mut_ptr(),
                         1,
-                        s.stream,
+                        s.gpu.stream,
                     ),
                 )
             }
@@ -98,19 +95,10 @@ fn copy(method: &str, s: &Side) -> R<()> {
     }
 }
 
-fn sync(s: &Side) -> R<()> {
-    // SAFETY: live stream.
-    unsafe { ck("cuStreamSynchronize", sys::cuStreamSynchronize(s.stream)) }
-}
-
-fn flag(map: &memmap2::MmapRaw) -> &AtomicU64 {
-    // SAFETY: 8 aligned bytes at the start of a live 4 KiB shared map.
-    unsafe { &*(map.as_ptr() as *const AtomicU64) }
-}
-
-/// One side of the ping-pong: copies when the turn counter says so.
-fn play(method: &str, me: u64, map: &memmap2::MmapRaw, s: &Side) -> R<Vec<u64>> {
-    let turn = flag(map);
+/// One side of the ping-pong: copies when the turn counter (word 0 of the
+/// shared map) says so.
+fn play(method: &str, me: u64, map: &SharedMap, s: &Side) -> R<Vec<u64>> {
+    let turn = map.word(0);
     let mut times = Vec::with_capacity(ROUNDS);
     for r in 0..ROUNDS as u64 {
         let mine = 2 * r + me;
@@ -119,40 +107,35 @@ fn play(method: &str, me: u64, map: &memmap2::MmapRaw, s: &Side) -> R<Vec<u64>> 
         }
         let t = Instant::now();
         copy(method, s)?;
-        sync(s)?;
+        s.gpu.sync()?;
         times.push(t.elapsed().as_nanos() as u64);
         turn.store(mine + 1, Ordering::Release);
     }
     Ok(times)
 }
 
+/// p50 and p99 (µs) of the copies, the fastest tenth left out.
 fn median_us(mut v: Vec<u64>) -> (f64, f64) {
     v.sort_unstable();
-    let skip = v.len() / 10;
-    let v = &v[skip..];
-    (
-        v[v.len() / 2] as f64 / 1000.0,
-        v[(v.len() - 1) * 99 / 100] as f64 / 1000.0,
-    )
+    let v = &v[v.len() / 10..];
+    (pct_us(v, 0.5), pct_us(v, 0.99))
 }
 
-fn shared_map(path: &str, create: bool) -> R<memmap2::MmapRaw> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(create)
-        .truncate(create)
-        .open(path)?;
+fn shared_map(path: &str, create: bool) -> R<SharedMap> {
+    let path = std::path::Path::new(path);
     if create {
-        f.set_len(4096)?;
+        SharedMap::create(path, 4096)
+    } else {
+        SharedMap::open(path, None)
     }
-    Ok(memmap2::MmapOptions::new().map_raw(&f)?)
 }
 
 fn main() -> R<()> {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let args = output::args();
+    if output::help(&args, USAGE) {
+        return Ok(());
+    }
     if args.first().map(String::as_str) == Some("--child") {
-        make_primary_current()?;
         let s = side()?;
         let map = shared_map(&args[2], false)?;
         let t = play(&args[1], 1, &map, &s)?;
@@ -165,7 +148,10 @@ fn main() -> R<()> {
         return Ok(());
     }
     make_primary_current()?;
-    println!("| method | layout | A copy+sync p50 (µs) | A p99 | B p50 | B p99 |\n|---|---|---|---|---|---|");
+    print!(
+        "{}",
+        output::table_header("method | layout | A copy+sync p50 (µs) | A p99 | B p50 | B p99")
+    );
     for method in ["dtod", "ce"] {
         // Two processes, alternating.
         let path = format!("/dev/shm/vramring-handoff-{}", std::process::id());
@@ -175,9 +161,8 @@ fn main() -> R<()> {
         for _ in 0..200 {
             copy(method, &s)?;
         }
-        sync(&s)?;
-        let child = std::process::Command::new(std::env::current_exe()?)
-            .args(["--child", method, &path])
+        s.gpu.sync()?;
+        let child = procs::self_command(["--child", method, &path])?
             .stdout(std::process::Stdio::piped())
             .spawn()?;
         let a = play(method, 0, &map, &s);
@@ -194,23 +179,11 @@ fn main() -> R<()> {
         let map = std::sync::Arc::new(shared_map(&path, true)?);
         let s2 = side()?;
         let m2 = std::sync::Arc::clone(&map);
-        let ctx = {
-            let mut c = std::ptr::null_mut();
-            // SAFETY: valid out-pointer.
-            unsafe { ck("cuCtxGetCurrent", sys::cuCtxGetCurrent(&mut c))? };
-            c as usize
-        };
-        let s2p = (s2.stream as usize, s2.src, s2.dst);
         let method_s = method.to_string();
-        let h = std::thread::spawn(move || -> Result<Vec<u64>, String> {
-            // SAFETY: the primary context, current in the parent thread too.
-            unsafe { sys::cuCtxSetCurrent(ctx as sys::CUcontext) };
-            let s = Side {
-                stream: s2p.0 as sys::CUstream,
-                src: s2p.1,
-                dst: s2p.2,
-            };
-            play(&method_s, 1, &m2, &s).map_err(|e| e.to_string())
+        let h = std::thread::spawn(move || -> R<Vec<u64>> {
+            // The primary context, current in this thread too.
+            make_primary_current()?;
+            play(&method_s, 1, &m2, &s2)
         });
         let a = median_us(play(method, 0, &map, &s)?);
         let b = median_us(h.join().map_err(|_| "thread panicked")??);

@@ -67,7 +67,6 @@
 //! for.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -79,128 +78,18 @@ use vramring::{
     CommitMode, Format, FrameMeta, Mode, Policy, Publisher, PullStart, RingConfig, Subscriber, SubscriberOptions,
 };
 
-use common::{ck, make_primary_current, pct_us as pct, read_samples, thread_cpu_ns, write_samples, FLOOR_PTX, R};
-use procs::{Children, MpsChoice, MpsDaemon};
+use common::gpu::{gpu_name, host_device_ptr, register_host, Floor};
+use common::{ck, make_primary_current, now_ns, pct_us as pct, read_samples, thread_cpu_ns, write_samples, Gpu, R};
+use common::{host, output, procs, SharedMap};
+use procs::{hex, unhex, Children, MpsChoice, MpsDaemon};
 use vramring_benches as common;
-use vramring_benches::procs;
-
-use vramring_benches::host;
-
-fn now_ns() -> u64 {
-    vramring::monotonic_ns()
-}
-
-/// What two back-to-back [`thread_cpu_ns`] reads cost (µs, median of
-/// 10 000): the measurement's own share of the producer CPU column.
-fn clock_pair_us() -> f64 {
-    let mut d: Vec<u64> = (0..10_000)
-        .map(|_| {
-            let t0 = now_ns();
-            let a = thread_cpu_ns();
-            let b = thread_cpu_ns();
-            std::hint::black_box((a, b));
-            now_ns() - t0
-        })
-        .collect();
-    d.sort_unstable();
-    pct(&d, 0.5)
-}
-
-/// A current CUDA context (the device's primary context, which the
-/// vramring pool also uses) and a non-blocking stream.
-struct Gpu {
-    stream: sys::CUstream,
-}
-
-impl Gpu {
-    fn init() -> R<Gpu> {
-        make_primary_current()?;
-        // SAFETY: a valid out-pointer; the primary context is current.
-        unsafe {
-            let mut stream = std::ptr::null_mut();
-            ck(
-                "cuStreamCreate",
-                sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
-            )?;
-            Ok(Gpu { stream })
-        }
-    }
-
-    fn alloc(&self, bytes: usize) -> R<sys::CUdeviceptr> {
-        let mut p = 0;
-        // SAFETY: valid out-pointer; a context is current.
-        unsafe {
-            ck("cuMemAlloc", sys::cuMemAlloc_v2(&mut p, bytes))?;
-            ck("cuMemsetD8", sys::cuMemsetD8_v2(p, 0x5a, bytes))?;
-        }
-        Ok(p)
-    }
-
-    fn sync(&self) -> R<()> {
-        // SAFETY: our own live stream.
-        unsafe { ck("cuStreamSynchronize", sys::cuStreamSynchronize(self.stream)) }
-    }
-}
-
-/// Launches [`FLOOR_PTX`]'s kernel `n` times on `gpu`'s stream, paced as
-/// the frames are, and returns the producer thread's CPU time per launch
-/// (ns), read with the same clock pair as the publish column.
-fn launch_floor(gpu: &Gpu, interval_us: u64, n: u64) -> R<Vec<u64>> {
-    let mut module = std::ptr::null_mut();
-    let mut f = std::ptr::null_mut();
-    // SAFETY: a NUL-terminated PTX image and valid out-pointers; the
-    // primary context is current.
-    unsafe {
-        ck(
-            "cuModuleLoadData",
-            sys::cuModuleLoadData(&mut module, FLOOR_PTX.as_ptr().cast()),
-        )?;
-        ck(
-            "cuModuleGetFunction",
-            sys::cuModuleGetFunction(&mut f, module, c"vramring_floor".as_ptr()),
-        )?;
-    }
-    let mut desc = [0u64; 24];
-    let mut cpu = Vec::with_capacity(n as usize);
-    let start = Instant::now();
-    for k in 0..n {
-        pace(start, k, interval_us);
-        let mut params = [desc.as_mut_ptr().cast::<std::ffi::c_void>()];
-        let c0 = thread_cpu_ns();
-        // SAFETY: the kernel takes one 192-byte parameter, which `desc` is;
-        // our live stream in the current context.
-        unsafe {
-            ck(
-                "cuLaunchKernel",
-                sys::cuLaunchKernel(
-                    f,
-                    1,
-                    1,
-                    1,
-                    256,
-                    1,
-                    1,
-                    0,
-                    gpu.stream,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                ),
-            )?;
-        }
-        cpu.push(thread_cpu_ns() - c0);
-    }
-    gpu.sync()?;
-    // SAFETY: loaded above; its launches completed (synchronised).
-    unsafe { ck("cuModuleUnload", sys::cuModuleUnload(module))? };
-    Ok(cpu)
-}
 
 /// A tiny seqlock-style control block in a `/dev/shm` file, shared by the
 /// peers' processes (they share an IPC namespace by construction: legacy
 /// IPC needs it anyway). Layout: `[global_seq][ready_subs]` then per slot
 /// `[seq][t0]`, then (host round trip) the slot data.
 struct BenchShm {
-    map: memmap2::MmapRaw,
+    map: SharedMap,
     slots: usize,
     data_off: usize,
     slot_bytes: usize,
@@ -208,34 +97,26 @@ struct BenchShm {
 
 impl BenchShm {
     fn create(path: &Path, slots: usize, slot_bytes: usize) -> R<BenchShm> {
-        let data_off = 4096;
-        let len = data_off + slots * slot_bytes;
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)?;
-        f.set_len(len as u64)?;
-        Self::open(path, slots, slot_bytes)
+        let map = SharedMap::create(path, 4096 + slots * slot_bytes)?;
+        Ok(BenchShm::with(map, slots, slot_bytes))
     }
 
     fn open(path: &Path, slots: usize, slot_bytes: usize) -> R<BenchShm> {
-        let f = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
-        let map = memmap2::MmapOptions::new().map_raw(&f)?;
-        Ok(BenchShm {
+        Ok(BenchShm::with(SharedMap::open(path, None)?, slots, slot_bytes))
+    }
+
+    fn with(map: SharedMap, slots: usize, slot_bytes: usize) -> BenchShm {
+        BenchShm {
             map,
             slots,
             data_off: 4096,
             slot_bytes,
-        })
+        }
     }
 
     fn word(&self, k: usize) -> &AtomicU64 {
         assert!(k < 512);
-        // SAFETY: in bounds of the 4 KiB control block, 8-byte aligned; the
-        // mapping lives as long as `self`; AtomicU64 is valid for any bits.
-        unsafe { &*(self.map.as_ptr().add(k * 8) as *const AtomicU64) }
+        self.map.word(k)
     }
     fn global(&self) -> &AtomicU64 {
         self.word(0)
@@ -259,6 +140,24 @@ impl BenchShm {
     }
     fn data_len(&self) -> usize {
         self.slots * self.slot_bytes
+    }
+    /// Marks slot `s` as being written with `seq` (a seqlock's odd state).
+    fn begin(&self, s: usize, seq: u64) {
+        self.slot_seq(s).store(seq | 1 << 63, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+    /// Waits until every subscriber has finished connecting (CUDA import
+    /// included), not merely been accepted.
+    fn wait_subscribers(&self, c: &Case) {
+        while self.ready().load(Ordering::Acquire) < c.subs as u64 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    /// Pins the slot data for DMA (`cuMemHostRegister`).
+    fn register_data(&self) -> R<()> {
+        // SAFETY: the range is our live shared mapping (page aligned), kept
+        // for the life of the process.
+        unsafe { register_host(self.data(0).cast(), self.data_len(), 0) }
     }
 }
 
@@ -382,28 +281,27 @@ impl System {
         }
     }
     fn from_key(k: &str) -> Option<System> {
-        [
-            System::Vramring,
-            System::VramringPush,
-            System::VramringPushSync,
-            System::VramringFutex,
-            System::VramringPullQueued,
-            System::VramringPullAfter,
-            System::HostRt,
-            System::LegacyIpc,
-            System::LegacyIpcWaitDev,
-            System::LegacyIpcWaitHost,
-            System::VramringPushChurn,
-            System::VramringPushBystander,
-            System::VramringPushChurnWarm,
-            System::VramringPushBystanderWarm,
-            System::VramringPushChurnWarmUnbounded,
-            System::VramringPushGraph,
-            System::VramringPushLaunch,
-        ]
-        .into_iter()
-        .find(|s| s.key() == k)
+        output::by_key(&System::ALL, System::key, k)
     }
+    const ALL: [System; 17] = [
+        System::Vramring,
+        System::VramringPush,
+        System::VramringPushSync,
+        System::VramringFutex,
+        System::VramringPullQueued,
+        System::VramringPullAfter,
+        System::HostRt,
+        System::LegacyIpc,
+        System::LegacyIpcWaitDev,
+        System::LegacyIpcWaitHost,
+        System::VramringPushChurn,
+        System::VramringPushBystander,
+        System::VramringPushChurnWarm,
+        System::VramringPushBystanderWarm,
+        System::VramringPushChurnWarmUnbounded,
+        System::VramringPushGraph,
+        System::VramringPushLaunch,
+    ];
     /// A vramring case (its producer is a vramring publisher).
     fn is_vramring(self) -> bool {
         !matches!(
@@ -476,13 +374,47 @@ impl Case {
 
 const SLOTS: usize = 8;
 
-fn pace(start: Instant, k: u64, interval_us: u64) {
-    if interval_us == 0 {
-        return;
+/// Spins until frame `k` is due, `interval_us` apart from `start` (ns); an
+/// unpaced case (0) does not wait.
+fn pace(start: u64, k: u64, interval_us: u64) {
+    if interval_us > 0 {
+        common::spin_until_ns(start + k * interval_us * 1000);
     }
-    let due = start + Duration::from_micros(k * interval_us);
-    while Instant::now() < due {
-        std::hint::spin_loop();
+}
+
+/// What a producer measured per measured frame: its thread's CPU and wall
+/// time around the publish, and the span of the measured frames.
+struct PublishLog {
+    cpu: Vec<u64>,
+    wall: Vec<u64>,
+    span_start: u64,
+}
+
+impl PublishLog {
+    fn new() -> PublishLog {
+        PublishLog {
+            cpu: Vec::new(),
+            wall: Vec::new(),
+            span_start: now_ns(),
+        }
+    }
+    /// Frame `k` starts (the span starts at the first measured one).
+    fn frame(&mut self, c: &Case, k: u64) {
+        if k == c.warmup {
+            self.span_start = now_ns();
+        }
+    }
+    /// One measured publish, begun at `c0` (thread CPU) and `t0` (wall).
+    #[inline]
+    fn publish(&mut self, c0: u64, t0: u64) {
+        self.cpu.push(thread_cpu_ns() - c0);
+        self.wall.push(now_ns() - t0);
+    }
+    /// Writes the samples for the orchestrator (the span ends now).
+    fn write(&self, c: &Case) -> R<()> {
+        write_samples(&c.dir.join("pub-cpu"), &self.cpu)?;
+        write_samples(&c.dir.join("pub-wall"), &self.wall)?;
+        write_samples(&c.dir.join("pub-span"), &[self.span_start, now_ns()])
     }
 }
 
@@ -491,7 +423,7 @@ fn pace(start: Instant, k: u64, interval_us: u64) {
 fn vr_producer(c: &Case, shm_path: &Path) -> R<()> {
     let gpu = Gpu::init()?;
     let g = c.geometry();
-    let src = gpu.alloc(g.frame_bytes as usize)?;
+    let src = gpu.alloc_filled(g.frame_bytes as usize, 0x5a)?;
     let mut cfg = RingConfig::new(Format::Nv12, c.width, c.height)
         .slots(SLOTS as u32)
         .backend(BackendChoice::Cuda(0))
@@ -512,44 +444,32 @@ fn vr_producer(c: &Case, shm_path: &Path) -> R<()> {
     let mut p = Publisher::create(c.sock(), cfg)?;
     let ready = BenchShm::open(shm_path, 1, 0)?;
     ready.global().store(1, Ordering::Release); // the socket is up
-                                                // Wait until every subscriber has finished connecting (CUDA import
-                                                // included), not merely been accepted.
-    while ready.ready().load(Ordering::Acquire) < c.subs as u64 {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    ready.wait_subscribers(c);
     // The floor under the publish column, paced as the frames are, while
     // the subscribers wait (their first frame comes after it). Paced cases
     // only: the unpaced rate table has no such column.
     if c.interval_us > 0 {
-        let floor = launch_floor(&gpu, c.interval_us, 300)?;
-        write_samples(&c.dir.join("launch-cpu"), &floor)?;
+        let mut floor = Floor::load()?;
+        let cpu = floor.paced_cpu(&gpu, c.interval_us * 1000, 300)?;
+        drop(floor);
+        write_samples(&c.dir.join("launch-cpu"), &cpu)?;
     }
-    let mut cpu = Vec::new();
-    let mut wall = Vec::new();
-    let start = Instant::now();
-    let mut span_start = now_ns();
+    let mut log = PublishLog::new();
+    let start = now_ns();
     for k in 0..c.warmup + c.frames {
-        if k == c.warmup {
-            span_start = now_ns();
-        }
+        log.frame(c, k);
         pace(start, k, c.interval_us);
         let mut slot = p.loan(Duration::from_secs(1))?;
         let dst = slot.device_mut()?.as_raw();
         // SAFETY: `dst` is a slot of the pool in the primary context, which
         // is current; `src` holds frame_bytes.
-        unsafe {
-            ck(
-                "cuMemcpyDtoDAsync",
-                sys::cuMemcpyDtoDAsync_v2(dst, src, g.frame_bytes as usize, gpu.stream),
-            )?;
-        }
+        unsafe { gpu.copy(dst, src, g.frame_bytes as usize)? };
         let (c0, t0) = (thread_cpu_ns(), now_ns());
         let meta = FrameMeta::pts(k as i64).with_user(&t0.to_le_bytes())?;
         // SAFETY: our live stream in the ring's context.
         unsafe { slot.publish_cuda(meta, vramring::cuda::Stream::from_raw(gpu.stream))? };
         if k >= c.warmup {
-            cpu.push(thread_cpu_ns() - c0);
-            wall.push(now_ns() - t0);
+            log.publish(c0, t0);
         } else if c.interval_us < 1000 {
             // An unpaced run still warms up at 1 kHz, so push subscribers'
             // buffers get attached (the service polls every 20 ms) before
@@ -557,9 +477,7 @@ fn vr_producer(c: &Case, shm_path: &Path) -> R<()> {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
-    write_samples(&c.dir.join("pub-cpu"), &cpu)?;
-    write_samples(&c.dir.join("pub-wall"), &wall)?;
-    write_samples(&c.dir.join("pub-span"), &[span_start, now_ns()])?;
+    log.write(c)?;
     std::thread::sleep(Duration::from_millis(50));
     p.close()?;
     Ok(())
@@ -729,36 +647,42 @@ fn vr_bystander(c: &Case) -> R<()> {
 
 // ------------------------------------------------------------ peers: host rt
 
+/// The peers' producer loop: frame `k` (seq `k + 1`, in slot `seq %
+/// SLOTS`), paced, is written by `write(slot, seq)`, which marks the slot
+/// as being written ([`BenchShm::begin`]) and returns the thread CPU and
+/// wall clocks its measured part began at; the slot is then published in
+/// the control block.
+fn peer_frames(c: &Case, shm: &BenchShm, mut write: impl FnMut(usize, u64) -> R<(u64, u64)>) -> R<PublishLog> {
+    let mut log = PublishLog::new();
+    let start = now_ns();
+    for k in 0..c.warmup + c.frames {
+        log.frame(c, k);
+        pace(start, k, c.interval_us);
+        let seq = k + 1;
+        let s = (seq as usize) % SLOTS;
+        let (c0, t0) = write(s, seq)?;
+        shm.slot_t0(s).store(t0, Ordering::Relaxed);
+        shm.slot_seq(s).store(seq, Ordering::Release);
+        shm.global().store(seq, Ordering::Release);
+        if k >= c.warmup {
+            log.publish(c0, t0);
+        }
+    }
+    Ok(log)
+}
+
 fn host_producer(c: &Case, shm_path: &Path) -> R<()> {
     let gpu = Gpu::init()?;
     let g = c.geometry();
     let bytes = g.frame_bytes as usize;
-    let src = gpu.alloc(bytes)?;
+    let src = gpu.alloc_filled(bytes, 0x5a)?;
     let shm = BenchShm::open(shm_path, SLOTS, bytes.next_multiple_of(4096))?;
-    // SAFETY: the range is our live shared mapping; pinning it makes the
-    // DtoH copy a DMA (the peer's best case).
-    unsafe {
-        ck(
-            "cuMemHostRegister",
-            sys::cuMemHostRegister_v2(shm.data(0) as _, shm.data_len(), 0),
-        )?
-    };
-    while shm.ready().load(Ordering::Acquire) < c.subs as u64 {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let (mut cpu, mut wall) = (Vec::new(), Vec::new());
-    let start = Instant::now();
-    let mut span_start = now_ns();
-    for k in 0..c.warmup + c.frames {
-        if k == c.warmup {
-            span_start = now_ns();
-        }
-        pace(start, k, c.interval_us);
-        let seq = k + 1;
-        let s = (seq as usize) % SLOTS;
+    // Pinned, the DtoH copy is a DMA (the peer's best case).
+    shm.register_data()?;
+    shm.wait_subscribers(c);
+    let log = peer_frames(c, &shm, |s, seq| {
         let (c0, t0) = (thread_cpu_ns(), now_ns());
-        shm.slot_seq(s).store(seq | 1 << 63, Ordering::Relaxed);
-        std::sync::atomic::fence(Ordering::SeqCst);
+        shm.begin(s, seq);
         // SAFETY: the slot lies in the pinned mapping; `src` holds `bytes`.
         unsafe {
             ck(
@@ -767,17 +691,9 @@ fn host_producer(c: &Case, shm_path: &Path) -> R<()> {
             )?;
         }
         gpu.sync()?;
-        shm.slot_t0(s).store(t0, Ordering::Relaxed);
-        shm.slot_seq(s).store(seq, Ordering::Release);
-        shm.global().store(seq, Ordering::Release);
-        if k >= c.warmup {
-            cpu.push(thread_cpu_ns() - c0);
-            wall.push(now_ns() - t0);
-        }
-    }
-    write_samples(&c.dir.join("pub-cpu"), &cpu)?;
-    write_samples(&c.dir.join("pub-wall"), &wall)?;
-    write_samples(&c.dir.join("pub-span"), &[span_start, now_ns()])?;
+        Ok((c0, t0))
+    })?;
+    log.write(c)?;
     std::thread::sleep(Duration::from_millis(50));
     shm.global().store(u64::MAX, Ordering::Release);
     Ok(())
@@ -835,14 +751,9 @@ fn host_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
     let gpu = Gpu::init()?;
     let bytes = c.geometry().frame_bytes as usize;
     let shm = BenchShm::open(shm_path, SLOTS, bytes.next_multiple_of(4096))?;
-    // SAFETY: our live shared mapping, pinned for HtoD DMA.
-    unsafe {
-        ck(
-            "cuMemHostRegister",
-            sys::cuMemHostRegister_v2(shm.data(0) as _, shm.data_len(), 0),
-        )?
-    };
-    let dst = gpu.alloc(bytes)?;
+    // Pinned for HtoD DMA.
+    shm.register_data()?;
+    let dst = gpu.alloc_filled(bytes, 0x5a)?;
     shm.ready().fetch_add(1, Ordering::AcqRel);
     peer_loop(c, id, &shm, |s, _| {
         // SAFETY: slot in the pinned mapping; `dst` holds `bytes`.
@@ -858,17 +769,6 @@ fn host_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
 }
 
 // ---------------------------------------------------------- peers: legacy IPC
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> R<Vec<u8>> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| Ok(u8::from_str_radix(&s[i..i + 2], 16)?))
-        .collect()
-}
 
 /// The IPC memory handle of our allocation `p`, in hex (see [`open_ipc_mem`]).
 fn ipc_mem_handle_hex(p: sys::CUdeviceptr) -> R<String> {
@@ -912,37 +812,32 @@ const GATE_WORD: usize = 64;
 /// `ipcwh`: registers the control block's page with the driver (read-only
 /// for a subscriber) and returns the device address of [`GATE_WORD`].
 fn register_host_gate(shm: &BenchShm, read_only: bool) -> R<sys::CUdeviceptr> {
-    let base = shm.map.as_mut_ptr() as *mut std::ffi::c_void;
+    let base = shm.map.as_mut_ptr();
     let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP
         | if read_only {
             sys::CU_MEMHOSTREGISTER_READ_ONLY
         } else {
             0
         };
-    let mut d = 0;
     // SAFETY: the first 4 KiB of our live shared mapping (page aligned),
-    // registered once per process and kept for its lifetime.
+    // registered once per process and kept for its lifetime; the gate word
+    // lies in it.
     unsafe {
-        ck("cuMemHostRegister", sys::cuMemHostRegister_v2(base, 4096, flags))?;
-        let word = (base as *mut u8).add(GATE_WORD * 8) as *mut std::ffi::c_void;
-        ck(
-            "cuMemHostGetDevicePointer",
-            sys::cuMemHostGetDevicePointer_v2(&mut d, word, 0),
-        )?;
+        register_host(base.cast(), 4096, flags)?;
+        host_device_ptr(base.add(GATE_WORD * 8).cast())
     }
-    Ok(d)
 }
 
 fn ipc_producer(c: &Case, shm_path: &Path) -> R<()> {
     let gpu = Gpu::init()?;
     let bytes = c.geometry().frame_bytes as usize;
-    let src = gpu.alloc(bytes)?;
+    let src = gpu.alloc_filled(bytes, 0x5a)?;
     let shm = BenchShm::open(shm_path, SLOTS, 0)?;
     let mut slots = Vec::new();
     let mut events = Vec::new();
     let mut handles = String::new();
     for _ in 0..SLOTS {
-        let p = gpu.alloc(bytes)?;
+        let p = gpu.alloc_filled(bytes, 0x5a)?;
         let mut ev = std::ptr::null_mut();
         let mut eh = std::mem::MaybeUninit::<sys::CUipcEventHandle>::zeroed();
         let flags =
@@ -965,9 +860,7 @@ fn ipc_producer(c: &Case, shm_path: &Path) -> R<()> {
     // before it) instead of recording the slot's IPC event.
     let gate = match c.system {
         System::LegacyIpcWaitDev => {
-            let p = gpu.alloc(256)?;
-            // SAFETY: a live allocation of ours, 256 bytes.
-            unsafe { ck("cuMemsetD8", sys::cuMemsetD8_v2(p, 0, 256))? };
+            let p = gpu.alloc_filled(256, 0)?;
             std::fs::write(c.dir.join("ipc-gate"), ipc_mem_handle_hex(p)?)?;
             Some(p)
         }
@@ -979,28 +872,11 @@ fn ipc_producer(c: &Case, shm_path: &Path) -> R<()> {
     };
     gpu.sync()?;
     shm.word(2).store(1, Ordering::Release); // handles written
-    while shm.ready().load(Ordering::Acquire) < c.subs as u64 {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let (mut cpu, mut wall) = (Vec::new(), Vec::new());
-    let start = Instant::now();
-    let mut span_start = now_ns();
-    for k in 0..c.warmup + c.frames {
-        if k == c.warmup {
-            span_start = now_ns();
-        }
-        pace(start, k, c.interval_us);
-        let seq = k + 1;
-        let s = (seq as usize) % SLOTS;
-        shm.slot_seq(s).store(seq | 1 << 63, Ordering::Relaxed);
-        std::sync::atomic::fence(Ordering::SeqCst);
-        // SAFETY: live allocations and stream in the current context.
-        unsafe {
-            ck(
-                "cuMemcpyDtoDAsync",
-                sys::cuMemcpyDtoDAsync_v2(slots[s], src, bytes, gpu.stream),
-            )?
-        };
+    shm.wait_subscribers(c);
+    let log = peer_frames(c, &shm, |s, seq| {
+        shm.begin(s, seq);
+        // SAFETY: live allocations of `bytes` in the current context.
+        unsafe { gpu.copy(slots[s], src, bytes)? };
         let (c0, t0) = (thread_cpu_ns(), now_ns());
         match gate {
             // SAFETY: the gate word is live device (or registered host)
@@ -1014,18 +890,10 @@ fn ipc_producer(c: &Case, shm_path: &Path) -> R<()> {
             // SAFETY: live event and stream.
             None => unsafe { ck("cuEventRecord", sys::cuEventRecord(events[s], gpu.stream))? },
         }
-        shm.slot_t0(s).store(t0, Ordering::Relaxed);
-        shm.slot_seq(s).store(seq, Ordering::Release);
-        shm.global().store(seq, Ordering::Release);
-        if k >= c.warmup {
-            cpu.push(thread_cpu_ns() - c0);
-            wall.push(now_ns() - t0);
-        }
-    }
+        Ok((c0, t0))
+    })?;
     gpu.sync()?;
-    write_samples(&c.dir.join("pub-cpu"), &cpu)?;
-    write_samples(&c.dir.join("pub-wall"), &wall)?;
-    write_samples(&c.dir.join("pub-span"), &[span_start, now_ns()])?;
+    log.write(c)?;
     std::thread::sleep(Duration::from_millis(50));
     shm.global().store(u64::MAX, Ordering::Release);
     // Keep the allocations alive until every subscriber has left.
@@ -1069,7 +937,7 @@ fn ipc_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
         System::LegacyIpcWaitHost => Some(register_host_gate(&shm, true)?),
         _ => None,
     };
-    let dst = gpu.alloc(bytes)?;
+    let dst = gpu.alloc_filled(bytes, 0x5a)?;
     shm.ready().fetch_add(1, Ordering::AcqRel);
     peer_loop(c, id, &shm, |s, seq| {
         // SAFETY: imported IPC allocation/event (or gate word) and our own
@@ -1087,10 +955,7 @@ fn ipc_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
                 )?,
                 None => ck("cuStreamWaitEvent", sys::cuStreamWaitEvent(gpu.stream, evs[s], 0))?,
             }
-            ck(
-                "cuMemcpyDtoDAsync",
-                sys::cuMemcpyDtoDAsync_v2(dst, ptrs[s], bytes, gpu.stream),
-            )?;
+            gpu.copy(dst, ptrs[s], bytes)?;
         }
         gpu.sync()
     })?;
@@ -1099,22 +964,6 @@ fn ipc_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
 }
 
 // ------------------------------------------------------------ orchestration
-
-fn gpu_name() -> String {
-    let mut name = [0 as std::ffi::c_char; 128];
-    // SAFETY: valid buffer of 128 chars; device 0 after cuInit.
-    let ok = unsafe {
-        sys::cuInit(0) == sys::CUresult::CUDA_SUCCESS
-            && sys::cuDeviceGetName(name.as_mut_ptr(), 128, 0) == sys::CUresult::CUDA_SUCCESS
-    };
-    if !ok {
-        return "unknown".into();
-    }
-    // SAFETY: the driver wrote a NUL-terminated string into `name`.
-    unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
-        .to_string_lossy()
-        .into_owned()
-}
 
 struct Outcome {
     lat: Vec<u64>,
@@ -1162,13 +1011,7 @@ impl Outcome {
 }
 
 fn spawn_role(children: &mut Children, role: &str, c: &Case, extra: &[String], mps: Option<&MpsDaemon>) -> R<()> {
-    let exe = std::env::current_exe()?;
-    let mut cmd = Command::new(exe);
-    cmd.arg("--role")
-        .arg(role)
-        .args(c.args())
-        .args(extra)
-        .stdin(Stdio::null());
+    let mut cmd = procs::role_command(role, c.args().iter().chain(extra))?;
     procs::set_child_env(&mut cmd, mps);
     let name = match extra.get(1) {
         Some(id) => format!("{role} {id}"),
@@ -1195,16 +1038,12 @@ fn run_case(c: &Case, mps: Option<&MpsDaemon>, deadline: Instant) -> R<Outcome> 
     let result = (|| -> R<()> {
         spawn_role(&mut children, "producer", c, &shm_arg, mps)?;
         if c.system.is_vramring() {
-            while ctl.global().load(Ordering::Acquire) == 0 {
-                let (running, failed) = children.poll()?;
-                if running == 0 || !failed.is_empty() {
-                    return Err(format!("producer exited early: {failed:?}").into());
-                }
-                if Instant::now() > deadline || procs::stop_requested() {
-                    return Err("the producer's socket did not come up in time".into());
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            children.wait_for(
+                || ctl.global().load(Ordering::Acquire) != 0,
+                deadline,
+                "producer",
+                "the producer's socket did not come up in time",
+            )?;
         }
         for id in 0..c.subs {
             let mut a = shm_arg.clone();
@@ -1365,7 +1204,8 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
     let with_mps = mps.is_some();
     let tag = mps_label(with_mps);
     let mut report = format!(
-        "\n### MPS {tag}\n\n| MPS | frame | subs | mode | system | p50 | p50 by round | p99 | max | delivered | dropped | overruns | producer CPU/publish p50 (µs) | producer wall/publish p50 / p99 / max (µs) | kernel launch CPU p50 (µs), same pace | host busy / stolen % |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "\n### MPS {tag}\n\n{}",
+        output::table_header("MPS | frame | subs | mode | system | p50 | p50 by round | p99 | max | delivered | dropped | overruns | producer CPU/publish p50 (µs) | producer wall/publish p50 / p99 / max (µs) | kernel launch CPU p50 (µs), same pace | host busy / stolen %")
     );
     // Every case once per round, rounds interleaved; outcomes pooled.
     let mut cases: Vec<CaseRuns> = Vec::new();
@@ -1512,13 +1352,16 @@ fn run_pass(plan: &Plan, mps: Option<&MpsDaemon>, res: &mut Results) -> String {
          read's worth of it (the end of the first, the start of the second). The kernel launch column is the floor under a \
          stream-order publish, measured by each vramring producer before its frames with the same clock pair and pace: \
          300 launches of an empty kernel taking the commit kernel's 192-byte parameter, on the producer's stream.\n",
-        clock_pair_us()
+        common::clock::clock_pair_us()
     ));
     if !plan.throughput {
         return report;
     }
     report.push_str(&format!(
-        "\nMaximum sustained rate (MPS {tag}), 4 subscribers, producer unpaced, overwrite policy:\n\n| MPS | frame | mode | system | frames/s published | frames/s delivered per subscriber (mean) |\n|---|---|---|---|---|---|\n"
+        "\nMaximum sustained rate (MPS {tag}), 4 subscribers, producer unpaced, overwrite policy:\n\n{}",
+        output::table_header(
+            "MPS | frame | mode | system | frames/s published | frames/s delivered per subscriber (mean)"
+        )
     ));
     for &(w, h, label) in plan.throughput_sizes {
         for system in [
@@ -1591,7 +1434,8 @@ fn ratio_tables(plan: &Plan, passes: &[bool], res: &Results) -> String {
     for &m in passes {
         let tag = mps_label(m);
         out.push_str(&format!(
-            "\nMPS {tag}: legacy CUDA IPC p50 ÷ each vramring mode's p50 (> 1 means that vramring mode is faster; the goal under MPS: every vramring mode ≥ 1.00×):\n\n| MPS | frame | subs | push | pull | push futex wait | every vramring mode at or below legacy IPC |\n|---|---|---|---|---|---|---|\n"
+            "\nMPS {tag}: legacy CUDA IPC p50 ÷ each vramring mode's p50 (> 1 means that vramring mode is faster; the goal under MPS: every vramring mode ≥ 1.00×):\n\n{}",
+            output::table_header("MPS | frame | subs | push | pull | push futex wait | every vramring mode at or below legacy IPC")
         ));
         for &(_, _, label) in plan.sizes {
             for &n in &plan.sub_counts {
@@ -1624,7 +1468,8 @@ fn ratio_tables(plan: &Plan, passes: &[bool], res: &Results) -> String {
             }
         }
         out.push_str(&format!(
-            "\nMPS {tag}: other p50 ÷ vramring push p50 (> 1 means vramring push is faster):\n\n| MPS | frame | subs | host rt | legacy IPC | pull | push futex wait |\n|---|---|---|---|---|---|---|\n"
+            "\nMPS {tag}: other p50 ÷ vramring push p50 (> 1 means vramring push is faster):\n\n{}",
+            output::table_header("MPS | frame | subs | host rt | legacy IPC | pull | push futex wait")
         ));
         for &(_, _, label) in plan.sizes {
             for &n in &plan.sub_counts {
@@ -1640,7 +1485,10 @@ fn ratio_tables(plan: &Plan, passes: &[bool], res: &Results) -> String {
         }
     }
     if passes.len() == 2 {
-        out.push_str("\np50 with MPS ÷ p50 without (< 1 means MPS made it faster):\n\n| frame | subs | push | pull | push futex wait | host rt | legacy IPC |\n|---|---|---|---|---|---|---|\n");
+        out.push_str("\np50 with MPS ÷ p50 without (< 1 means MPS made it faster):\n\n");
+        out.push_str(&output::table_header(
+            "frame | subs | push | pull | push futex wait | host rt | legacy IPC",
+        ));
         for &(_, _, label) in plan.sizes {
             for &n in &plan.sub_counts {
                 let r = |k| get(true, label, n, k) / get(false, label, n, k);
@@ -1669,22 +1517,20 @@ fn usage() -> &'static str {
 }
 
 fn main() -> R<()> {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
-    if let Some(i) = args.iter().position(|a| a == "--role") {
-        procs::child_init();
-        return role_main(&args[i + 1..]);
+    let args = output::args();
+    if let Some(role) = procs::role_args(&args) {
+        return role_main(role);
     }
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("{}", usage());
+    if output::help(&args, usage()) {
         return Ok(());
     }
     let mps_choice = MpsChoice::from_args(&args)?;
-    let value_of = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1));
+    let value_of = |flag: &str| output::value_of(&args, flag);
     let timeout_s: u64 = match value_of("--timeout-s") {
         Some(v) => v.parse().map_err(|_| format!("--timeout-s takes seconds, not {v:?}"))?,
         None => 570,
     };
-    let throughput_only = args.iter().any(|a| a == "--throughput-only");
+    let throughput_only = output::has(&args, "--throughput-only");
     let systems = match value_of("--systems") {
         Some(list) => list
             .split(',')
@@ -1716,13 +1562,13 @@ fn main() -> R<()> {
         return Ok(());
     }
     procs::install_stop_handler();
-    let quick = args.iter().any(|a| a == "--quick");
+    let quick = output::has(&args, "--quick");
     let out = value_of("--out").map(PathBuf::from);
     const SIZES: &[(u32, u32, &str)] = &[(1920, 1080, "1080p"), (3840, 2160, "4K")];
     const HD: &[(u32, u32, &str)] = &[(1920, 1080, "1080p")];
     // `--rounds R`: every latency case R times, interleaved, samples pooled.
     let rounds: usize = match args.iter().position(|a| a == "--rounds") {
-        Some(k) => args.get(k + 1).ok_or("--rounds N")?.parse()?,
+        Some(_) => value_of("--rounds").ok_or("--rounds N")?.parse()?,
         None => 1,
     };
     if rounds == 0 {
@@ -1743,7 +1589,7 @@ fn main() -> R<()> {
         systems,
         frames,
         rounds,
-        throughput: !args.iter().any(|a| a == "--no-rate"),
+        throughput: !output::has(&args, "--no-rate"),
         throughput_sizes: if quick { HD } else { SIZES },
         throughput_frames: if quick { 2000 } else { 5000 },
         dir: std::env::temp_dir().join(format!("vramring-bench-{}", std::process::id())),
@@ -1756,26 +1602,14 @@ fn main() -> R<()> {
         mps_choice
     );
     let mut res = Results::default();
-    let mut mps_failed = false;
-    for &with_mps in mps_choice.passes() {
-        if procs::stop_requested() {
-            break;
-        }
-        let Ok(mut daemon) = procs::start_pass(with_mps, &mut report) else {
-            mps_failed = true;
-            continue;
-        };
-        report.push_str(&run_pass(&plan, daemon.as_ref(), &mut res));
-        if let Some(d) = daemon.as_mut() {
-            d.finish_pass(&mut report);
-        }
-    }
+    let mps_failed = mps_choice.run_passes(&mut report, |mps, report| {
+        report.push_str(&run_pass(&plan, mps, &mut res));
+    }) > 0;
     report.push_str(&ratio_tables(&plan, mps_choice.passes(), &res));
     let _ = std::fs::remove_dir_all(&plan.dir);
     println!("{report}");
     if let Some(out) = out {
-        std::fs::write(&out, &report)?;
-        std::fs::write(out.with_extension("jsonl"), &res.jsonl)?;
+        output::write_report(&out, &report, &res.jsonl)?;
     }
     if procs::stop_requested() {
         return Err("stopped by a signal".into());

@@ -28,7 +28,14 @@ use vramring::nvdec::{Codec, DecodedFrame, Decoder, DecoderOptions};
 use vramring::{BackendChoice, Error, Format, FrameMeta, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions};
 
 use vramring::packet::annexb;
+
+use common::{output, pct};
+use vramring_benches as common;
+
 const PERIOD_25FPS: Duration = Duration::from_millis(40);
+const USAGE: &str =
+    "nvdec bench: [--secs 3] [--streams 1,4,8,16,32] [--capacity 1,16,64,128,192] [--capacity-secs 4]; \
+needs NVDEC (feature nvdec)";
 
 struct Args {
     secs: f64,
@@ -74,14 +81,6 @@ fn clip() -> Vec<u8> {
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip1080.h264"),
     };
     std::fs::read(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
-}
-
-fn pct(v: &mut [u64], p: f64) -> u64 {
-    if v.is_empty() {
-        return 0;
-    }
-    v.sort_unstable();
-    v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
 /// Decodes the clip in a loop for `secs`, calling `sink` per picture;
@@ -220,7 +219,8 @@ fn decode_ring(stream: &Arc<Vec<u8>>, n: usize, secs: f64, dir: &Path) -> (f64, 
         times.extend(t);
     }
     let fps = frames as f64 / el.as_secs_f64();
-    let (p50, p99) = (pct(&mut times, 0.5), pct(&mut times, 0.99));
+    times.sort_unstable();
+    let (p50, p99) = (pct(&times, 0.5), pct(&times, 0.99));
     println!(
         "ring    streams {n:3}: {frames} frames in {:.2} s = {fps:.0} fps total, {:.0} per stream; copy+publish p50 {:.1} us p99 {:.1} us",
         el.as_secs_f64(),
@@ -377,6 +377,9 @@ fn capacity(stream: &Arc<Vec<u8>>, n: usize, secs: f64, dir: &Path) -> bool {
 }
 
 fn main() {
+    if output::help(&output::args(), USAGE) {
+        return;
+    }
     let a = args();
     if !vramring::nvdec::available() {
         eprintln!("nvdec bench: NVDEC or the CUDA driver is not available here");

@@ -93,11 +93,10 @@
 //! and mode, then one JSON object per (transport, size, mode) line on
 //! stdout (and into `--out FILE` if given).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdout, Stdio};
 use std::time::Duration;
-use vramring::ServeOptions;
 
 use iceoryx2::prelude::*;
 use iceoryx2::waitset::WaitSetRunResult;
@@ -106,7 +105,9 @@ use vramring::packet::{
     PACKET_KEY,
 };
 
-type R<T> = Result<T, Box<dyn std::error::Error>>;
+use common::output::{by_key, json_num};
+use common::{median, now_ns, pct_us, procs, read_samples, wait_until_ns, write_samples, R};
+use vramring_benches as common;
 
 /// XORed with the seq into the payload's last 8 bytes.
 const MAGIC: u64 = 0x7061_636b_6574_7261;
@@ -135,10 +136,6 @@ fn queue_depth(size: usize, factor: u64) -> usize {
 /// A receiver that sees nothing for this long gives up.
 const IDLE: Duration = Duration::from_secs(3);
 
-fn now_ns() -> u64 {
-    vramring::monotonic_ns()
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Transport {
     /// vramring packet ring, zero-copy borrow.
@@ -161,9 +158,7 @@ impl Transport {
     }
 
     fn parse(s: &str) -> R<Self> {
-        Transport::ALL
-            .into_iter()
-            .find(|t| t.name() == s)
+        by_key(&Transport::ALL, Transport::name, s)
             .ok_or_else(|| format!("unknown transport {s:?} (vramring, vramring-copy, iceoryx2)").into())
     }
 }
@@ -185,10 +180,7 @@ impl Mode {
     }
 
     fn parse(s: &str) -> R<Self> {
-        Mode::ALL
-            .into_iter()
-            .find(|m| m.name() == s)
-            .ok_or_else(|| format!("unknown mode {s:?} (busy, block)").into())
+        by_key(&Mode::ALL, Mode::name, s).ok_or_else(|| format!("unknown mode {s:?} (busy, block)").into())
     }
 }
 
@@ -355,6 +347,8 @@ struct Rx {
     next: u64,
     last_ns: u64,
     done: bool,
+    /// Busy polls that found nothing.
+    polls: u32,
 }
 
 impl Rx {
@@ -370,6 +364,7 @@ impl Rx {
             next: 0,
             last_ns: now_ns(),
             done: false,
+            polls: 0,
         }
     }
 
@@ -403,6 +398,16 @@ impl Rx {
         self.bad += 1;
     }
 
+    /// A busy poll found nothing: spins, and every 4096 of them sees
+    /// whether the sender went [`IDLE`].
+    fn nothing(&mut self) {
+        std::hint::spin_loop();
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls % 4096 == 0 {
+            self.idle();
+        }
+    }
+
     /// Nothing came for [`IDLE`]: give up.
     fn idle(&mut self) -> bool {
         if now_ns().saturating_sub(self.last_ns) > IDLE.as_nanos() as u64 {
@@ -412,11 +417,7 @@ impl Rx {
     }
 
     fn finish(self, path: &Path) -> R<()> {
-        let mut bytes = Vec::with_capacity(self.lat.len() * 8);
-        for l in &self.lat {
-            bytes.extend_from_slice(&l.to_le_bytes());
-        }
-        std::fs::write(path, bytes)?;
+        write_samples(path, &self.lat)?;
         // Seqs never seen at the end count as lost too.
         let lost = self.lost + (self.total - self.next);
         let mut out = std::io::stdout().lock();
@@ -452,7 +453,6 @@ fn child_vramring(a: &ChildArgs) -> R<()> {
     signal_ready()?;
     let mut rx = Rx::new(a);
     let mut buf = Vec::with_capacity(a.size);
-    let mut polls = 0u32;
     while !rx.done {
         match (a.transport, a.mode) {
             (Transport::Vramring, Mode::Busy) => match sub.try_borrow() {
@@ -463,13 +463,7 @@ fn child_vramring(a: &ChildArgs) -> R<()> {
                     let intact = b.release().is_ok();
                     rx.got(s, intact);
                 }
-                Ok(None) => {
-                    std::hint::spin_loop();
-                    polls = polls.wrapping_add(1);
-                    if polls % 4096 == 0 {
-                        rx.idle();
-                    }
-                }
+                Ok(None) => rx.nothing(),
                 Err(vramring::Error::PacketOverrun { .. }) => rx.failed(),
                 Err(e) => return Err(e.into()),
             },
@@ -487,13 +481,7 @@ fn child_vramring(a: &ChildArgs) -> R<()> {
             },
             (_, Mode::Busy) => match sub.try_next_copy(&mut buf) {
                 Ok(Some(_)) => rx.got(inspect_slice(&buf, a.size), true),
-                Ok(None) => {
-                    std::hint::spin_loop();
-                    polls = polls.wrapping_add(1);
-                    if polls % 4096 == 0 {
-                        rx.idle();
-                    }
-                }
+                Ok(None) => rx.nothing(),
                 Err(vramring::Error::PacketOverrun { .. }) => rx.failed(),
                 Err(e) => return Err(e.into()),
             },
@@ -522,7 +510,6 @@ fn child_iceoryx2(a: &ChildArgs) -> R<()> {
     match a.mode {
         Mode::Busy => {
             signal_ready()?;
-            let mut polls = 0u32;
             while !rx.done {
                 match subscriber.receive()? {
                     Some(sample) => {
@@ -530,13 +517,7 @@ fn child_iceoryx2(a: &ChildArgs) -> R<()> {
                         drop(sample);
                         rx.got(s, true);
                     }
-                    None => {
-                        std::hint::spin_loop();
-                        polls = polls.wrapping_add(1);
-                        if polls % 4096 == 0 {
-                            rx.idle();
-                        }
-                    }
+                    None => rx.nothing(),
                 }
             }
         }
@@ -546,7 +527,7 @@ fn child_iceoryx2(a: &ChildArgs) -> R<()> {
             let waitset = WaitSetBuilder::new().create::<ipc::Service>()?;
             let guard = waitset.attach_notification(&listener)?;
             signal_ready()?;
-            let mut err: Option<Box<dyn std::error::Error>> = None;
+            let mut err: Option<Box<dyn std::error::Error + Send + Sync>> = None;
             while !rx.done && err.is_none() {
                 let receive_all = |rx: &mut Rx| -> R<()> {
                     while let Some(sample) = subscriber.receive()? {
@@ -730,16 +711,7 @@ fn publish_loop(tx: &mut dyn Sender, size: usize, total: u64, period: Duration, 
     std::thread::sleep(Duration::from_millis(20));
     let mut due = now_ns();
     for seq in 0..total {
-        loop {
-            let now = now_ns();
-            if now >= due {
-                break;
-            }
-            match mode {
-                Mode::Busy => std::hint::spin_loop(),
-                Mode::Block => std::thread::sleep(Duration::from_nanos(due - now)),
-            }
-        }
+        wait_until_ns(due, mode == Mode::Busy);
         tx.send(payload.stamp(seq))?;
         // Relative pacing: a late send never causes a burst.
         due = now_ns() + period_ns;
@@ -762,9 +734,7 @@ struct Spawned {
 
 impl Spawned {
     fn start(a: &ChildArgs) -> R<Self> {
-        let mut child = Command::new(std::env::current_exe()?)
-            .args(a.to_args())
-            .stdin(Stdio::null())
+        let mut child = procs::self_command(a.to_args())?
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()?;
@@ -796,13 +766,8 @@ impl Spawned {
         let [received, bad, lost, torn] = f[..] else {
             return Err(format!("receiver said {line:?}").into());
         };
-        let mut bytes = Vec::new();
-        std::fs::File::open(result)?.read_to_end(&mut bytes)?;
+        let lat = read_samples(result)?;
         let _ = std::fs::remove_file(result);
-        let lat = bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunk")))
-            .collect();
         Ok(CellRun {
             lat,
             received,
@@ -900,30 +865,14 @@ fn stats(lat: &[u64]) -> Option<Stats> {
     }
     let mut v = lat.to_vec();
     v.sort_unstable();
-    let us = |ns: u64| ns as f64 / 1000.0;
-    // Nearest rank.
-    let pct = |p: f64| us(v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]);
     Some(Stats {
         n: v.len(),
-        p50: pct(0.50),
-        p90: pct(0.90),
-        p99: pct(0.99),
-        max: us(v[v.len() - 1]),
+        p50: pct_us(&v, 0.50),
+        p90: pct_us(&v, 0.90),
+        p99: pct_us(&v, 0.99),
+        max: pct_us(&v, 1.0),
         mean: v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64 / 1000.0,
     })
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    }
 }
 
 /// One (transport, size, mode) pooled over rounds.
@@ -955,14 +904,6 @@ fn f2(x: f64) -> String {
         format!("{x:.2}")
     } else {
         "-".into()
-    }
-}
-
-fn json_num(x: f64) -> String {
-    if x.is_finite() {
-        format!("{x:.3}")
-    } else {
-        "null".into()
     }
 }
 
@@ -1070,7 +1011,7 @@ fn report(o: &Opts, cells: &[Cell]) -> R<()> {
 
 fn main() -> R<()> {
     // `cargo bench` appends `--bench`.
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let args = common::output::args();
     if args.first().map(String::as_str) == Some("--child") {
         return child_main(&ChildArgs::parse(&args[1..])?);
     }

@@ -22,13 +22,13 @@ use std::time::{Duration, Instant};
 
 use vramring::packet::{PacketMeta, PacketRingConfig, PacketWriter};
 
+use common::{median, now_ns, output, spin_until_ns, R};
+use vramring_benches as common;
+
 const WARMUP: usize = 100;
 const SAMPLES: usize = 500;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+const USAGE: &str = "ring_footprint bench: [SIZE_BYTES] (default 1048576): median µs of one packet write into rings \
+of 2, 4 and 8 × size, and of a memcpy into 1, 2, 4 and 8 buffers in turn";
 
 /// Median µs of `op(i)` over `SAMPLES` calls after `WARMUP`, `pause`
 /// between calls.
@@ -42,17 +42,18 @@ fn time(pause: Duration, mut op: impl FnMut(usize)) -> f64 {
         }
         // Spin, as the race's busy-mode publisher does (a sleep lets the
         // core idle and its caches cool, which is another experiment).
-        let until = Instant::now() + pause;
-        while Instant::now() < until {
-            std::hint::spin_loop();
-        }
+        spin_until_ns(now_ns() + pause.as_nanos() as u64);
     }
-    median(t)
+    median(&mut t)
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let size: usize = std::env::args()
-        .skip(1)
+fn main() -> R<()> {
+    let args = output::args();
+    if output::help(&args, USAGE) {
+        return Ok(());
+    }
+    let size: usize = args
+        .iter()
         .find(|a| !a.starts_with('-'))
         .map(|a| a.parse())
         .transpose()?

@@ -24,11 +24,11 @@
 //! delays the other rings' frames, and a backlog of them spills over). A
 //! run in which no frame was checked never reports the goal met.
 //! Producer and subscriber CPU per frame are process CPU time
-//! (`getrusage`) over the measured window divided by the frames published
-//! or received in it. Beside them, the whole machine over the same window
-//! (`common/host.rs`: CPUs busy, stolen by the hypervisor, threads
-//! runnable), which tells a tail the lent VM's host made from one the ring
-//! made.
+//! (`CLOCK_PROCESS_CPUTIME_ID`) over the measured window divided by the
+//! frames published or received in it. Beside them, the whole machine over
+//! the same window (`common/host.rs`: CPUs busy, stolen by the hypervisor,
+//! threads runnable), which tells a tail the lent VM's host made from one
+//! the ring made.
 //!
 //! Only the public API is used (`Publisher`, `SlotMut::publish_cuda`,
 //! `Subscriber`, `SubscriberOptions`, with the library's default wait unless
@@ -46,28 +46,21 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use vramring::monotonic_ns;
 use vramring::{
     BackendChoice, BackendKind, Error as RingError, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber,
     SubscriberOptions,
 };
 use vramring_testkit::gpu::GpuTestPattern;
 
+use common::{host, output, procs};
+use common::{median, now_ns, pct, process_cpu_ns, sleep_until_ns, thread_cpu_ns, R};
 use procs::{Children, MpsChoice, MpsDaemon};
-use vramring_benches::procs;
-
-use vramring_benches::host;
-
-use common::{pct, thread_cpu_ns};
 use vramring_benches as common;
-
-type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 // ------------------------------------------------------------------ options
 
@@ -78,13 +71,6 @@ enum ShapeArg {
     /// N producer processes with one ring each.
     PerCamera,
     /// Both, one after the other.
-    Both,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum MpsArg {
-    Off,
-    On,
     Both,
 }
 
@@ -160,7 +146,7 @@ struct Cli {
     mix: String,
     /// Without MPS (off), under a private MPS daemon (on), or both in turn.
     #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "on", default_value = "off")]
-    mps: MpsArg,
+    mps: MpsChoice,
     /// Directory for scale.md (the report) and scale.jsonl (every line).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -333,45 +319,6 @@ impl Params {
 
 // ---------------------------------------------------------------- helpers
 
-/// User plus system CPU time of this whole process (every thread), ns.
-fn process_cpu_ns() -> u64 {
-    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: a valid out-pointer to a zeroed rusage; RUSAGE_SELF is valid.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
-    if rc != 0 {
-        return 0;
-    }
-    // SAFETY: getrusage succeeded and wrote the struct (it was zeroed anyway).
-    let ru = unsafe { ru.assume_init() };
-    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
-/// Sleeps until `CLOCK_MONOTONIC` reads `ns` (absolute, so a late wake-up
-/// does not shift the schedule).
-fn sleep_until_ns(ns: u64) {
-    let ts = libc::timespec {
-        tv_sec: (ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-    };
-    loop {
-        // SAFETY: a valid timespec; a null remainder is allowed with TIMER_ABSTIME.
-        let rc =
-            unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) };
-        if rc != libc::EINTR {
-            return;
-        }
-    }
-}
-
-fn median_f(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// One result record: `key=value` words on one line.
 #[derive(Debug, Default, Clone)]
 struct Rec(Vec<(String, String)>);
@@ -400,6 +347,12 @@ impl Rec {
     }
     fn get(&self, k: &str) -> Option<&str> {
         self.0.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str())
+    }
+    /// `<prefix>p50_ns`, `<prefix>p99_ns` and `<prefix>max_ns` of `sorted`.
+    fn pcts(self, prefix: &str, sorted: &[u64]) -> Rec {
+        self.set(&format!("{prefix}p50_ns"), pct(sorted, 0.5))
+            .set(&format!("{prefix}p99_ns"), pct(sorted, 0.99))
+            .set(&format!("{prefix}max_ns"), pct(sorted, 1.0))
     }
     fn u(&self, k: &str) -> u64 {
         self.get(k).and_then(|v| v.parse().ok()).unwrap_or(0)
@@ -520,7 +473,7 @@ fn ring_thread(p: &Params, dir: &Path, camera: usize, ready: &AtomicUsize, go: &
     for i in 0..warm + measured {
         let due = start + i * period;
         sleep_until_ns(due);
-        let woke = monotonic_ns();
+        let woke = now_ns();
         let in_window = i >= warm;
         if in_window {
             let late = woke.saturating_sub(due);
@@ -540,7 +493,7 @@ fn ring_thread(p: &Params, dir: &Path, camera: usize, ready: &AtomicUsize, go: &
         } else {
             vramring_testkit::pattern::fill(slot.bytes_mut()?, seq);
         }
-        let t0 = monotonic_ns();
+        let t0 = now_ns();
         let mut user = [0u8; 24];
         user[..8].copy_from_slice(&t0.to_le_bytes());
         user[8..16].copy_from_slice(&i.to_le_bytes());
@@ -556,7 +509,7 @@ fn ring_thread(p: &Params, dir: &Path, camera: usize, ready: &AtomicUsize, go: &
             None => slot.publish(meta),
         }
         .map_err(|e| format!("camera {camera}: publish: {e}"))?;
-        let t1 = monotonic_ns();
+        let t1 = now_ns();
         st.published += 1;
         if in_window {
             st.measured += 1;
@@ -659,9 +612,7 @@ fn producer_main(p: &Params, dir: &Path, first: usize, count: usize) -> R<()> {
                 .set("camera", r.camera)
                 .set("published", r.published)
                 .set("measured", r.measured)
-                .set("publish_p50_ns", pct(&r.publish_wall, 0.5))
-                .set("publish_p99_ns", pct(&r.publish_wall, 0.99))
-                .set("publish_max_ns", pct(&r.publish_wall, 1.0))
+                .pcts("publish_", &r.publish_wall)
                 .set("frame_cpu_p50_ns", pct(&r.frame_cpu, 0.5))
                 .set("late", r.late)
                 .set("max_late_ns", r.max_late_ns)
@@ -845,24 +796,6 @@ fn verify_frame(frame: &vramring::Frame<'_>) -> R<bool> {
     Ok(c.is_intact(frame.seq()))
 }
 
-fn sub_thread(
-    p: &Params,
-    dir: &Path,
-    index: usize,
-    camera: usize,
-    connected: &AtomicUsize,
-    end_ns: &AtomicU64,
-) -> SubStats {
-    let mut st = SubStats {
-        camera,
-        ..Default::default()
-    };
-    if let Err(e) = sub_loop(p, dir, index, camera, connected, end_ns, &mut st) {
-        st.error = Some(e.to_string());
-    }
-    st
-}
-
 fn sub_loop(
     p: &Params,
     dir: &Path,
@@ -908,14 +841,14 @@ fn sub_loop(
                 // SYNC: end — Acquire, pairs with the main thread's Release
                 // store of the end time (0 until the start time is known).
                 let end = end_ns.load(Ordering::Acquire);
-                if end != 0 && monotonic_ns() > end {
+                if end != 0 && now_ns() > end {
                     return Err(format!("camera {camera}: no frame for 500 ms after the end of the run").into());
                 }
                 continue;
             }
             Err(e) => return Err(format!("camera {camera}: next: {e}").into()),
         };
-        let t1 = monotonic_ns();
+        let t1 = now_ns();
         let user = frame.user();
         if user.len() < 24 {
             st.bad_meta += 1;
@@ -1014,7 +947,16 @@ fn subscriber_main(p: &Params, dir: &Path, index: usize) -> R<()> {
         let h = std::thread::Builder::new()
             .name(format!("sub{index}-cam{camera}"))
             .stack_size(THREAD_STACK)
-            .spawn(move || sub_thread(&p, &dir, index, camera, &connected, &end_ns))?;
+            .spawn(move || {
+                let mut st = SubStats {
+                    camera,
+                    ..Default::default()
+                };
+                if let Err(e) = sub_loop(&p, &dir, index, camera, &connected, &end_ns, &mut st) {
+                    st.error = Some(e.to_string());
+                }
+                st
+            })?;
         handles.push(h);
     }
     let tag = format!("sub-{index}");
@@ -1072,9 +1014,7 @@ fn subscriber_main(p: &Params, dir: &Path, index: usize) -> R<()> {
                 .set("received", st.received)
                 .set("missing", expected.saturating_sub(st.received))
                 .set("skipped", st.skipped)
-                .set("p50_ns", pct(&st.latency, 0.5))
-                .set("p99_ns", pct(&st.latency, 0.99))
-                .set("max_ns", pct(&st.latency, 1.0))
+                .pcts("", &st.latency)
                 .set("verified", st.verified)
                 .set("torn", st.torn)
                 .set("bad_meta", st.bad_meta)
@@ -1164,28 +1104,24 @@ fn run_shape(p: &Params, shape: Shape, mps: Option<&MpsDaemon>, root: &Path, dea
 fn run_shape_inner(p: &Params, shape: Shape, mps: Option<&MpsDaemon>, dir: &Path, deadline: Instant) -> R<()> {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir)?;
-    let exe = std::env::current_exe()?;
     let mut children = Children::default();
-    let base = |role: &str| {
-        let mut cmd = Command::new(&exe);
-        cmd.arg(format!("--role={role}"))
-            .arg(format!("--run-dir={}", dir.display()))
-            .args(p.args())
-            .stdin(Stdio::null());
+    let base = |role: &str| -> R<std::process::Command> {
+        let mut cmd = procs::self_command([format!("--role={role}"), format!("--run-dir={}", dir.display())])?;
+        cmd.args(p.args());
         procs::set_child_env(&mut cmd, mps);
-        cmd
+        Ok(cmd)
     };
     let producers: Vec<(usize, usize)> = match shape {
         Shape::OneProcess => vec![(0, p.cameras)],
         Shape::PerCamera => (0..p.cameras).map(|k| (k, 1)).collect(),
     };
     for &(first, count) in &producers {
-        let mut cmd = base("producer");
+        let mut cmd = base("producer")?;
         cmd.arg(format!("--first={first}")).arg(format!("--count={count}"));
         children.spawn(format!("producer-{first}"), &mut cmd)?;
     }
     for j in 0..p.subs_per_ring {
-        let mut cmd = base("subscriber");
+        let mut cmd = base("subscriber")?;
         cmd.arg(format!("--index={j}"));
         children.spawn(format!("sub-{j}"), &mut cmd)?;
     }
@@ -1241,7 +1177,7 @@ fn run_shape_inner(p: &Params, shape: Shape, mps: Option<&MpsDaemon>, dir: &Path
             Err(e) => eprintln!("scale {}: MPS get_server_list: {e}", shape.name()),
         }
     }
-    let go_ns = monotonic_ns() + 500_000_000;
+    let go_ns = now_ns() + 500_000_000;
     write_atomic(&dir.join("go"), &go_ns.to_string())?;
     // The machine over the measured window (busy, stolen, runnable), beside
     // the processes' own figures: a tail the host made is told apart from
@@ -1285,9 +1221,7 @@ fn summarize(p: &Params, shape: Shape, tag: &str, dir: &Path) -> (String, String
     let subs: Vec<&Rec> = of("sub").collect();
     let us = |ns: u64| ns as f64 / 1e3;
     // Per mode and overall: median p50, median p99, worst p99 (who), drops.
-    let mut md = String::from(
-        "| readers | subscribers | median p50 µs | median p99 µs | worst p99 µs (camera, index) | max µs | missing | skipped | torn / verified | pushed | queued (at the loan) | frames > 100 µs: all, mostly before the commit stamp (worst's) | cadence hits / misses / early (worst's) | subscriber CPU / frame µs |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
+    let mut md = output::table_header("readers | subscribers | median p50 µs | median p99 µs | worst p99 µs (camera, index) | max µs | missing | skipped | torn / verified | pushed | queued (at the loan) | frames > 100 µs: all, mostly before the commit stamp (worst's) | cadence hits / misses / early (worst's) | subscriber CPU / frame µs");
     let mut modes: Vec<&str> = p.mix.iter().map(|m| m.name()).collect();
     modes.dedup();
     let mut uniq = Vec::new();
@@ -1322,8 +1256,8 @@ fn summarize(p: &Params, shape: Shape, tag: &str, dir: &Path) -> (String, String
             "| {} | {} | {:.1} | {:.1} | {:.1} ({}, {}) | {:.1} | {} | {} | {} / {} | {} | {} ({}) | {}, {} ({}) | {} / {} / {} ({} / {} / {}) | {:.1} |\n",
             m.unwrap_or("**all**"),
             sel.len(),
-            median_f(&mut p50),
-            median_f(&mut p99),
+            median(&mut p50),
+            median(&mut p99),
             worst_p99,
             worst.and_then(|r| r.get("camera")).unwrap_or("-"),
             worst.and_then(|r| r.get("index")).unwrap_or("-"),
@@ -1349,7 +1283,7 @@ fn summarize(p: &Params, shape: Shape, tag: &str, dir: &Path) -> (String, String
         md.push_str(&row);
         if m.is_none() {
             summary.insert("worst_p99_us", worst_p99);
-            summary.insert("median_p99_us", median_f(&mut p99));
+            summary.insert("median_p99_us", median(&mut p99));
             summary.insert("missing", sum("missing") as f64);
             summary.insert("torn", (sum("torn") + sum("bad_meta")) as f64);
             summary.insert("verified", sum("verified") as f64);
@@ -1382,9 +1316,9 @@ fn summarize(p: &Params, shape: Shape, tag: &str, dir: &Path) -> (String, String
         prods.len(),
         rings.len(),
         frames,
-        median_f(&mut pub50),
+        median(&mut pub50),
         us(pub99),
-        median_f(&mut fcpu),
+        median(&mut fcpu),
         max_late as f64 / 1e6,
         p.subs_per_ring
     ));
@@ -1476,13 +1410,7 @@ fn summarize(p: &Params, shape: Shape, tag: &str, dir: &Path) -> (String, String
 }
 
 fn main() -> std::process::ExitCode {
-    match real_main() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("scale: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    output::exit(real_main(), "scale: ", 1)
 }
 
 fn real_main() -> R<()> {
@@ -1508,11 +1436,7 @@ fn real_main() -> R<()> {
         ShapeArg::PerCamera => &[Shape::PerCamera],
         ShapeArg::Both => &[Shape::OneProcess, Shape::PerCamera],
     };
-    let mps = match cli.mps {
-        MpsArg::Off => MpsChoice::Off,
-        MpsArg::On => MpsChoice::On,
-        MpsArg::Both => MpsChoice::Both,
-    };
+    let mps = cli.mps;
     let root = std::env::temp_dir().join(format!("vramring-scale-{}", std::process::id()));
     std::fs::create_dir_all(&root)?;
     let mut md = format!(
@@ -1535,14 +1459,7 @@ fn real_main() -> R<()> {
     );
     let mut js = String::new();
     let mut failures = 0;
-    for &with_mps in mps.passes() {
-        if procs::stop_requested() {
-            break;
-        }
-        let Ok(mut daemon) = procs::start_pass(with_mps, &mut md) else {
-            failures += 1;
-            continue;
-        };
+    let not_started = mps.run_passes(&mut md, |daemon, md| {
         for &shape in shapes {
             if procs::stop_requested() || Instant::now() > deadline {
                 md.push_str(&format!(
@@ -1551,7 +1468,7 @@ fn real_main() -> R<()> {
                 ));
                 continue;
             }
-            let (m, j) = run_shape(&p, shape, daemon.as_ref(), &root, deadline);
+            let (m, j) = run_shape(&p, shape, daemon, &root, deadline);
             if m.contains("**run failed") {
                 failures += 1;
             }
@@ -1561,16 +1478,12 @@ fn real_main() -> R<()> {
             md.push_str(&m);
             js.push_str(&j);
         }
-        if let Some(d) = daemon.as_mut() {
-            d.finish_pass(&mut md);
-        }
-    }
+    });
+    failures += not_started;
     let _ = std::fs::remove_dir_all(&root);
     println!("{md}");
     if let Some(out) = &cli.out {
-        std::fs::create_dir_all(out)?;
-        std::fs::write(out.join("scale.md"), &md)?;
-        std::fs::write(out.join("scale.jsonl"), &js)?;
+        output::write_report_in(out, "scale", &md, &js)?;
     }
     if procs::stop_requested() {
         return Err("stopped by a signal".into());

@@ -63,8 +63,15 @@ use std::path::PathBuf;
 
 use cudarc::driver::sys;
 
-use common::{ck, make_primary_current, pct_us, sleep_until_ns, thread_cpu_ns, FLOOR_PTX, R};
+use common::gpu::{launch, Floor, Module};
+use common::{ck, make_primary_current, now_ns, output, pct_us, sleep_until_ns, thread_cpu_ns, R};
 use vramring_benches as common;
+
+const USAGE: &str = "submit bench: [--samples N] [--intervals US,US..] [--schedules turns,alone] [--out DIR]\n\
+     --samples: calls of each primitive per interval and schedule (default 300)\n\
+     --intervals: one call every this many µs (default 2000,40000)\n\
+     --schedules: turns (the primitives in turn) and/or alone (each one's calls in a row); default both\n\
+     --out DIR: submit.md (the table) and submit.jsonl (its rows); needs a CUDA GPU";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Primitive {
@@ -216,8 +223,8 @@ const ENTRY: usize = 64;
 
 /// The driver objects the primitives use, made once in the primary context.
 struct Rig {
-    modules: [sys::CUmodule; 2],
-    floor: sys::CUfunction,
+    /// The empty kernel (`launch`, `graph`), with its descriptor.
+    floor: Floor,
     ping: sys::CUfunction,
     ping_host: sys::CUfunction,
     streams: [sys::CUstream; 9],
@@ -234,9 +241,11 @@ struct Rig {
     /// Mapped host memory ([`PAGE`] bytes) and its device address.
     page: *mut c_void,
     page_dev: sys::CUdeviceptr,
-    desc: [u64; 24],
     /// The last value a ping stored.
     pinged: u32,
+    /// `ping` and `ping_host`'s module (unloaded after `drop`, with the
+    /// floor's).
+    _ping_module: Module,
 }
 
 /// Adds one kernel node (one block of 256 threads) to a new graph and
@@ -274,11 +283,11 @@ unsafe fn one_node_graph(
 impl Rig {
     fn new() -> R<Rig> {
         make_primary_current()?;
+        let ping_module = Module::load(PING_PTX)?;
         let mut rig = Rig {
-            modules: [std::ptr::null_mut(); 2],
-            floor: std::ptr::null_mut(),
-            ping: std::ptr::null_mut(),
-            ping_host: std::ptr::null_mut(),
+            floor: Floor::load()?,
+            ping: ping_module.function(c"vramring_ping")?,
+            ping_host: ping_module.function(c"vramring_ping_host")?,
             streams: [std::ptr::null_mut(); 9],
             graphs: [std::ptr::null_mut(); 3],
             execs: [std::ptr::null_mut(); 3],
@@ -289,23 +298,13 @@ impl Rig {
             ring_n: 0,
             page: std::ptr::null_mut(),
             page_dev: 0,
-            desc: [0; 24],
             pinged: 0,
+            _ping_module: ping_module,
         };
         // SAFETY: plain driver calls with valid out-pointers in the current
-        // (primary) context; the PTX images are NUL-terminated; each graph's
-        // kernel takes the parameter given to `one_node_graph`.
+        // (primary) context; each graph's kernel takes the parameter given
+        // to `one_node_graph`.
         unsafe {
-            for (m, ptx) in rig.modules.iter_mut().zip([FLOOR_PTX, PING_PTX]) {
-                ck("cuModuleLoadData", sys::cuModuleLoadData(m, ptx.as_ptr().cast()))?;
-            }
-            for (f, m, name) in [
-                (&mut rig.floor, rig.modules[0], c"vramring_floor"),
-                (&mut rig.ping, rig.modules[1], c"vramring_ping"),
-                (&mut rig.ping_host, rig.modules[1], c"vramring_ping_host"),
-            ] {
-                ck("cuModuleGetFunction", sys::cuModuleGetFunction(f, m, name.as_ptr()))?;
-            }
             for s in &mut rig.streams {
                 ck(
                     "cuStreamCreate",
@@ -322,8 +321,8 @@ impl Rig {
                 "cuMemHostGetDevicePointer",
                 sys::cuMemHostGetDevicePointer_v2(&mut rig.page_dev, rig.page, 0),
             )?;
-            let mut desc = rig.desc;
-            (rig.graphs[0], rig.execs[0], _) = one_node_graph(rig.floor, &mut [desc.as_mut_ptr().cast()])?;
+            let mut desc = rig.floor.desc;
+            (rig.graphs[0], rig.execs[0], _) = one_node_graph(rig.floor.function, &mut [desc.as_mut_ptr().cast()])?;
             let (mut ring, mut next) = (rig.page_dev + RING_AT as u64, rig.next);
             (rig.graphs[1], rig.execs[1], _) = one_node_graph(
                 rig.ping_host,
@@ -360,25 +359,13 @@ impl Rig {
         }
         let launch = |func: sys::CUfunction, params: &mut [*mut c_void]| {
             // SAFETY: `func` takes exactly the parameters passed (the PTX
-            // declarations above and in FLOOR_PTX).
-            ck("cuLaunchKernel", unsafe {
-                sys::cuLaunchKernel(
-                    func,
-                    1,
-                    1,
-                    1,
-                    256,
-                    1,
-                    1,
-                    0,
-                    stream,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            })
+            // declarations above), which address live memory of ours.
+            unsafe { launch(func, 1, 256, stream, params) }
         };
         match p {
-            Primitive::Launch => launch(self.floor, &mut [self.desc.as_mut_ptr().cast()]),
+            // SAFETY: our live stream (or the legacy one) in the context the
+            // floor kernel was loaded in.
+            Primitive::Launch => unsafe { self.floor.launch(stream) },
             Primitive::Ping => {
                 let mut desc = [0u64; 24];
                 (desc[0], desc[1]) = (self.page_dev, u64::from(value));
@@ -484,10 +471,8 @@ impl Drop for Rig {
             for s in self.streams {
                 sys::cuStreamDestroy_v2(s);
             }
-            for m in self.modules {
-                sys::cuModuleUnload(m);
-            }
         }
+        // The modules are unloaded when the fields drop, after this.
     }
 }
 
@@ -517,14 +502,14 @@ struct Samples {
 /// One paced call of `p` (sample `k`), due at `due`, into row `i` of `out`.
 fn sample(rig: &mut Rig, p: Primitive, k: u32, due: u64, i: usize, out: &mut Samples) -> R<()> {
     sleep_until_ns(due);
-    let (w0, c0) = (vramring::monotonic_ns(), thread_cpu_ns());
+    let (w0, c0) = (now_ns(), thread_cpu_ns());
     rig.submit(p, k)?;
-    let (c1, w1) = (thread_cpu_ns(), vramring::monotonic_ns());
+    let (c1, w1) = (thread_cpu_ns(), now_ns());
     out.cpu[i].push(c1 - c0);
     out.wall[i].push(w1 - w0);
     if p.pings() {
         rig.wait_ping()?;
-        out.trip[i].push(vramring::monotonic_ns() - w0);
+        out.trip[i].push(now_ns() - w0);
     }
     Ok(())
 }
@@ -555,7 +540,7 @@ fn measure(rig: &mut Rig, schedule: Schedule, interval_us: u64, samples: u32) ->
             for p in PRIMITIVES {
                 warm_up(rig, p)?;
             }
-            let mut due = vramring::monotonic_ns();
+            let mut due = now_ns();
             for k in 0..samples {
                 for (i, p) in PRIMITIVES.into_iter().enumerate() {
                     due += step;
@@ -570,7 +555,7 @@ fn measure(rig: &mut Rig, schedule: Schedule, interval_us: u64, samples: u32) ->
             for round in 0..ALONE_ROUNDS {
                 for (i, p) in PRIMITIVES.into_iter().enumerate() {
                     warm_up(rig, p)?;
-                    let mut due = vramring::monotonic_ns();
+                    let mut due = now_ns();
                     for k in round * per_round..((round + 1) * per_round).min(samples) {
                         due += step;
                         sample(rig, p, k, due, i, &mut out)?;
@@ -584,8 +569,11 @@ fn measure(rig: &mut Rig, schedule: Schedule, interval_us: u64, samples: u32) ->
 }
 
 fn main() -> R<()> {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
-    let value_of = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1));
+    let args = output::args();
+    if output::help(&args, USAGE) {
+        return Ok(());
+    }
+    let value_of = |flag: &str| output::value_of(&args, flag);
     let samples: u32 = match value_of("--samples") {
         Some(v) => v.parse().map_err(|_| format!("--samples takes a count, not {v:?}"))?,
         None => 300,
@@ -616,7 +604,8 @@ fn main() -> R<()> {
     let mut rig = Rig::new()?;
     let mut md = format!(
         "What one call costs the calling thread, µs: CPU (`CLOCK_THREAD_CPUTIME_ID`) and wall time, and for the ping rows the round trip (call to the GPU's store seen on the CPU); {samples} calls of each primitive per interval and schedule\n\n\
-         | schedule | interval | primitive | call | CPU p50 | CPU p99 | wall p50 | wall p99 | round trip p50 | round trip p99 | CPU p50 ÷ launch |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+         {}",
+        output::table_header("schedule | interval | primitive | call | CPU p50 | CPU p99 | wall p50 | wall p99 | round trip p50 | round trip p99 | CPU p50 ÷ launch")
     );
     let mut jsonl = String::new();
     for &schedule in &schedules {
@@ -656,9 +645,7 @@ fn main() -> R<()> {
     }
     print!("{md}");
     if let Some(dir) = out_dir {
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join("submit.md"), &md)?;
-        std::fs::write(dir.join("submit.jsonl"), &jsonl)?;
+        output::write_report_in(&dir, "submit", &md, &jsonl)?;
     }
     Ok(())
 }

@@ -70,31 +70,23 @@
 //! `wake.md` (the table) and `wake.jsonl` (one JSON object per row).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use cudarc::driver::sys;
 use vramring::{
     BackendChoice, Format, FrameMeta, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions, WaitStrategy,
 };
 
-use common::{pct_us as pct, read_samples, sleep_until_ns, write_samples, R};
+use common::gpu::{host_device_ptr, launch, register_host, Module};
+use common::output::{self, json_num as num};
+use common::procs::{self, Children};
+use common::{ck, host, now_ns, pct_us as pct, process_cpu_ns, read_samples, write_samples, Gpu, SharedMap, R};
 use vramring_benches as common;
-
-use vramring_benches::host;
 
 const SLOTS: u32 = 8;
 /// Seed of the irregular cadence (xorshift64).
 const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
-
-fn now_ns() -> u64 {
-    vramring::monotonic_ns()
-}
-
-fn process_cpu_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum System {
@@ -137,7 +129,7 @@ impl System {
         }
     }
     fn from_key(k: &str) -> Option<System> {
-        SYSTEMS.into_iter().find(|s| s.key() == k)
+        output::by_key(&SYSTEMS, System::key, k)
     }
     fn is_gpu_floor(self) -> bool {
         matches!(self, System::GpuFloor | System::GpuKernel)
@@ -172,18 +164,6 @@ impl Pacer {
         };
         self.due += step;
         self.due
-    }
-}
-
-/// Waits until `t` (ns, monotonic): asleep, or (`--producer-spin`)
-/// spinning, as a producer thread that is never idle between frames.
-fn wait_until_ns(c: &Case, t: u64) {
-    if c.producer_spin {
-        while now_ns() < t {
-            std::hint::spin_loop();
-        }
-    } else {
-        sleep_until_ns(t);
     }
 }
 
@@ -268,36 +248,26 @@ impl Case {
 /// subscriber is ready, `[4]` the producer is done, `[5]` the socket is up.
 /// A file in the row's directory, mapped `MAP_SHARED` by both.
 struct Ctl {
-    map: memmap2::MmapRaw,
+    map: SharedMap,
 }
 
 impl Ctl {
     fn create(path: &Path) -> R<Ctl> {
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)?;
-        f.set_len(4096)?;
-        Self::open(path)
+        Ok(Ctl {
+            map: SharedMap::create(path, 4096)?,
+        })
     }
     fn open(path: &Path) -> R<Ctl> {
-        let f = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
-        let map = memmap2::MmapOptions::new().len(4096).map_raw(&f)?;
-        Ok(Ctl { map })
+        Ok(Ctl {
+            map: SharedMap::open(path, Some(4096))?,
+        })
     }
     fn word(&self, k: usize) -> &AtomicU64 {
-        assert!(k < 512);
-        // SAFETY: in bounds of the 4 KiB mapping, 8-byte aligned (the
-        // mapping is page aligned); it lives as long as `self`; AtomicU64
-        // is valid for any bits.
-        unsafe { &*(self.map.as_ptr().add(k * 8) as *const AtomicU64) }
+        self.map.word(k)
     }
+    /// Word 0, used only through this view.
     fn futex(&self) -> &AtomicU32 {
-        // SAFETY: the first 4 bytes of the mapping, 4-byte aligned; valid
-        // for any bits; word 0 is used only through this view.
-        unsafe { &*(self.map.as_ptr() as *const AtomicU32) }
+        self.map.word32()
     }
     fn seq(&self) -> &AtomicU64 {
         self.word(1)
@@ -425,7 +395,7 @@ fn futex_waker(c: &Case) -> R<()> {
     let mut pacer = Pacer::new(c.interval_us);
     let start = now_ns();
     for k in 1..=c.warmup + c.frames {
-        wait_until_ns(c, start + pacer.next());
+        common::wait_until_ns(start + pacer.next(), c.producer_spin);
         let t0 = now_ns();
         ctl.t0().store(t0, Ordering::Relaxed);
         // SYNC: bench-seq — Release: the waiter that sees `k` sees its t0.
@@ -508,27 +478,17 @@ COPY_DONE:
 
 /// The `gpuk` floor's copy kernel, loaded in the current context.
 struct CopyKernel {
-    module: cudarc::driver::sys::CUmodule,
-    function: cudarc::driver::sys::CUfunction,
+    function: sys::CUfunction,
+    _module: Module,
 }
 
 impl CopyKernel {
     fn load() -> R<CopyKernel> {
-        use cudarc::driver::sys;
-        let (mut module, mut function) = (std::ptr::null_mut(), std::ptr::null_mut());
-        // SAFETY: a NUL-terminated PTX image and valid out-pointers; the
-        // primary context is current.
-        unsafe {
-            common::ck(
-                "cuModuleLoadData",
-                sys::cuModuleLoadData(&mut module, COPY_PTX.as_ptr().cast()),
-            )?;
-            common::ck(
-                "cuModuleGetFunction",
-                sys::cuModuleGetFunction(&mut function, module, c"wake_copy".as_ptr()),
-            )?;
-        }
-        Ok(CopyKernel { module, function })
+        let module = Module::load(COPY_PTX)?;
+        Ok(CopyKernel {
+            function: module.function(c"wake_copy")?,
+            _module: module,
+        })
     }
 
     /// Enqueues the copy of `bytes` (a multiple of 16) from `src` to `dst`.
@@ -536,7 +496,7 @@ impl CopyKernel {
     /// # Safety
     /// Both are live, 16-byte aligned device allocations of `bytes` in the
     /// current context; `stream` is live there.
-    unsafe fn launch(&self, dst: u64, src: u64, bytes: usize, stream: cudarc::driver::sys::CUstream) -> R<()> {
+    unsafe fn launch(&self, dst: u64, src: u64, bytes: usize, stream: sys::CUstream) -> R<()> {
         let (mut dst, mut src, mut vecs) = (dst, src, (bytes / 16) as u64);
         let blocks = vecs.div_ceil(256).clamp(1, 2048) as u32;
         let mut params = [
@@ -545,32 +505,9 @@ impl CopyKernel {
             (&mut vecs as *mut u64).cast(),
         ];
         // SAFETY: three u64 parameters, as the PTX declares; the addresses
-        // are valid (this function's contract).
-        unsafe {
-            common::ck(
-                "cuLaunchKernel",
-                cudarc::driver::sys::cuLaunchKernel(
-                    self.function,
-                    blocks,
-                    1,
-                    1,
-                    256,
-                    1,
-                    1,
-                    0,
-                    stream,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                ),
-            )
-        }
-    }
-}
-
-impl Drop for CopyKernel {
-    fn drop(&mut self) {
-        // SAFETY: loaded by `load`; the waker synchronised its stream.
-        unsafe { cudarc::driver::sys::cuModuleUnload(self.module) };
+        // are valid (this function's contract). The module is unloaded
+        // (dropped) only after the waker synchronised its stream.
+        unsafe { launch(self.function, blocks, 256, stream, &mut params) }
     }
 }
 
@@ -582,7 +519,7 @@ impl Drop for CopyKernel {
 /// launching work. The frames' own path is unchanged.
 struct Busy {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<Result<u64, String>>>,
+    thread: Option<std::thread::JoinHandle<R<u64>>>,
 }
 
 impl Busy {
@@ -595,8 +532,7 @@ impl Busy {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let period = c.busy_us * 1000;
         let flag = stop.clone();
-        let thread =
-            std::thread::spawn(move || Self::run(&flag, start + period / 2, period).map_err(|e| e.to_string()));
+        let thread = std::thread::spawn(move || Self::run(&flag, start + period / 2, period));
         Some(Busy {
             stop,
             thread: Some(thread),
@@ -604,37 +540,28 @@ impl Busy {
     }
 
     fn run(stop: &std::sync::atomic::AtomicBool, first: u64, period: u64) -> R<u64> {
-        use cudarc::driver::sys;
-        common::make_primary_current()?;
+        let gpu = Gpu::init()?;
         let kernel = CopyKernel::load()?;
-        let (mut stream, mut a, mut b) = (std::ptr::null_mut(), 0, 0);
-        // SAFETY: valid out-pointers; the primary context is current.
-        unsafe {
-            common::ck(
-                "cuStreamCreate",
-                sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
-            )?;
-            common::ck("cuMemAlloc", sys::cuMemAlloc_v2(&mut a, 16))?;
-            common::ck("cuMemAlloc", sys::cuMemAlloc_v2(&mut b, 16))?;
-        }
+        let (a, b) = (gpu.alloc(16)?, gpu.alloc(16)?);
         let mut launches = 0;
         let mut due = first;
         // Relaxed: a stop request; nothing else is published through it.
         while !stop.load(Ordering::Relaxed) {
-            sleep_until_ns(due);
+            common::sleep_until_ns(due);
             due += period;
             // SAFETY: two live 16-byte allocations of this context (cuMemAlloc
             // aligns them), our live stream.
-            unsafe { kernel.launch(b, a, 16, stream)? };
+            unsafe { kernel.launch(b, a, 16, gpu.stream)? };
             launches += 1;
         }
-        // SAFETY: our stream and allocations; nothing uses them after.
+        gpu.sync()?;
+        // SAFETY: our allocations, idle (the stream is synchronised);
+        // nothing uses them after.
         unsafe {
-            common::ck("cuStreamSynchronize", sys::cuStreamSynchronize(stream))?;
-            common::ck("cuMemFree", sys::cuMemFree_v2(a))?;
-            common::ck("cuMemFree", sys::cuMemFree_v2(b))?;
-            common::ck("cuStreamDestroy", sys::cuStreamDestroy_v2(stream))?;
+            gpu.free(a)?;
+            gpu.free(b)?;
         }
+        gpu.close()?;
         Ok(launches)
     }
 
@@ -643,7 +570,7 @@ impl Busy {
         // Relaxed: see `run`.
         self.stop.store(true, Ordering::Relaxed);
         let thread = self.thread.take().ok_or("busy thread already joined")?;
-        Ok(thread.join().map_err(|_| "busy thread panicked")??)
+        thread.join().map_err(|_| "busy thread panicked")?
     }
 }
 
@@ -656,33 +583,24 @@ impl Drop for Busy {
 }
 
 fn gpu_waker(c: &Case) -> R<()> {
-    use cudarc::driver::sys;
     let (w, h) = c.size();
     let bytes = vramring::Geometry::new(Format::Nv12, w, h)?.frame_bytes as usize;
-    let g = Gpu::init(bytes)?;
+    let (g, src) = source(bytes)?;
     let kernel = match c.system {
         System::GpuKernel if bytes % 16 == 0 => Some(CopyKernel::load()?),
         System::GpuKernel => return Err("the kernel copy needs a frame of whole 16-byte vectors".into()),
         _ => None,
     };
     let ctl = Ctl::open(&c.shm())?;
-    let (mut slot, mut push, mut dev) = (0, 0, 0);
-    let base = ctl.map.as_mut_ptr();
-    // SAFETY: valid out-pointers; the primary context is current; `base`
-    // is this process's 4 KiB shared mapping of the control block, which
+    let (slot, push) = (g.alloc(bytes)?, g.alloc(bytes)?);
+    let base = ctl.map.as_mut_ptr().cast();
+    // SAFETY: the primary context is current; `base` is this process's
+    // 4 KiB shared mapping of the control block (page aligned), which
     // lives until the end of this function (unregistered before).
-    unsafe {
-        common::ck("cuMemAlloc", sys::cuMemAlloc_v2(&mut slot, bytes))?;
-        common::ck("cuMemAlloc", sys::cuMemAlloc_v2(&mut push, bytes))?;
-        common::ck(
-            "cuMemHostRegister",
-            sys::cuMemHostRegister_v2(base.cast(), 4096, sys::CU_MEMHOSTREGISTER_DEVICEMAP),
-        )?;
-        common::ck(
-            "cuMemHostGetDevicePointer",
-            sys::cuMemHostGetDevicePointer_v2(&mut dev, base.cast(), 0),
-        )?;
-    }
+    let dev = unsafe {
+        register_host(base, 4096, sys::CU_MEMHOSTREGISTER_DEVICEMAP)?;
+        host_device_ptr(base)?
+    };
     let seq_word = dev + 8 * GPU_SEQ_WORD as u64;
     // SYNC: bench-up — Release, paired with the orchestrator's Acquire.
     ctl.up().store(1, Ordering::Release);
@@ -695,39 +613,32 @@ fn gpu_waker(c: &Case) -> R<()> {
     let start = now_ns();
     let busy = Busy::start(c, start);
     for k in 1..=c.warmup + c.frames {
-        wait_until_ns(c, start + pacer.next());
+        common::wait_until_ns(start + pacer.next(), c.producer_spin);
         // SAFETY: our own buffers of `bytes` and stream; `seq_word` is
         // registered device-visible host memory, live until unregistered
         // after the stream is synchronised below.
         unsafe {
-            common::ck(
-                "cuMemcpyDtoDAsync",
-                sys::cuMemcpyDtoDAsync_v2(slot, g.src, bytes, g.stream),
-            )?;
+            g.copy(slot, src, bytes)?;
             let t0 = now_ns();
             // Relaxed: the store happens before the driver call that
             // enqueues the GPU's write of `k`, which the waiter polls.
             ctl.t0_of(k).store(t0, Ordering::Relaxed);
             match &kernel {
                 Some(kernel) => kernel.launch(push, slot, bytes, g.stream)?,
-                None => common::ck(
-                    "cuMemcpyDtoDAsync",
-                    sys::cuMemcpyDtoDAsync_v2(push, slot, bytes, g.stream),
-                )?,
+                None => g.copy(push, slot, bytes)?,
             }
             copied.record(k, now_ns() - t0);
-            common::ck(
+            ck(
                 "cuStreamWriteValue64",
                 sys::cuStreamWriteValue64_v2(g.stream, seq_word, k, 0),
             )?;
             submit.record(k, now_ns() - t0);
         }
     }
-    // SAFETY: our stream; then nothing pending uses the registration.
-    unsafe {
-        common::ck("cuStreamSynchronize", sys::cuStreamSynchronize(g.stream))?;
-        common::ck("cuMemHostUnregister", sys::cuMemHostUnregister(base.cast()))?;
-    }
+    g.sync()?;
+    // SAFETY: the stream is synchronised: nothing pending uses the
+    // registration.
+    unsafe { common::gpu::unregister_host(base)? };
     drop(kernel);
     if let Some(busy) = busy {
         busy.finish()?;
@@ -759,35 +670,17 @@ fn gpu_waiter(c: &Case) -> R<()> {
 
 // ------------------------------------------------------------ vramring
 
-/// The CUDA side of the producer: a stream and a source frame.
-struct Gpu {
-    stream: cudarc::driver::sys::CUstream,
-    src: cudarc::driver::sys::CUdeviceptr,
-}
-
-impl Gpu {
-    fn init(bytes: usize) -> R<Gpu> {
-        use cudarc::driver::sys;
-        common::make_primary_current()?;
-        let mut stream = std::ptr::null_mut();
-        let mut src = 0;
-        // SAFETY: valid out-pointers; the primary context is current.
-        unsafe {
-            common::ck(
-                "cuStreamCreate",
-                sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
-            )?;
-            common::ck("cuMemAlloc", sys::cuMemAlloc_v2(&mut src, bytes))?;
-            common::ck("cuMemsetD8", sys::cuMemsetD8_v2(src, 0x5a, bytes))?;
-        }
-        Ok(Gpu { stream, src })
-    }
+/// The CUDA side of a producer: a stream and a source frame of `bytes`.
+fn source(bytes: usize) -> R<(Gpu, sys::CUdeviceptr)> {
+    let gpu = Gpu::init()?;
+    let src = gpu.alloc_filled(bytes, 0x5a)?;
+    Ok((gpu, src))
 }
 
 fn vr_producer(c: &Case) -> R<()> {
     let (w, h) = c.size();
     let bytes = vramring::Geometry::new(Format::Nv12, w, h)?.frame_bytes as usize;
-    let gpu = if c.cuda { Some(Gpu::init(bytes)?) } else { None };
+    let gpu = if c.cuda { Some(source(bytes)?) } else { None };
     let backend = if c.cuda {
         BackendChoice::Cuda(0)
     } else {
@@ -811,19 +704,14 @@ fn vr_producer(c: &Case) -> R<()> {
     let start = now_ns();
     let busy = Busy::start(c, start);
     for k in 0..c.warmup + c.frames {
-        wait_until_ns(c, start + pacer.next());
+        common::wait_until_ns(start + pacer.next(), c.producer_spin);
         let mut slot = p.loan(Duration::from_secs(1))?;
         match &gpu {
-            Some(g) => {
+            Some((g, src)) => {
                 let dst = slot.device_mut()?.as_raw();
                 // SAFETY: the slot is a `bytes`-long part of the pool in the
                 // primary context, which is current; `src` holds `bytes`.
-                unsafe {
-                    common::ck(
-                        "cuMemcpyDtoDAsync",
-                        cudarc::driver::sys::cuMemcpyDtoDAsync_v2(dst, g.src, bytes, g.stream),
-                    )?;
-                }
+                unsafe { g.copy(dst, *src, bytes)? }
             }
             None => slot.plane_mut(0)?.fill(k as u8),
         }
@@ -831,7 +719,7 @@ fn vr_producer(c: &Case) -> R<()> {
         let meta = FrameMeta::pts(k as i64).with_user(&t0.to_le_bytes())?;
         match &gpu {
             // SAFETY: our live stream in the ring's context.
-            Some(g) => unsafe { slot.publish_cuda(meta, vramring::cuda::Stream::from_raw(g.stream))? },
+            Some((g, _)) => unsafe { slot.publish_cuda(meta, vramring::cuda::Stream::from_raw(g.stream))? },
             None => slot.publish(meta)?,
         };
         submit.record(k, now_ns() - t0);
@@ -977,13 +865,9 @@ fn role_main(args: &[String]) -> R<()> {
     }
 }
 
-fn spawn_role(role: &str, c: &Case) -> R<Child> {
-    Ok(Command::new(std::env::current_exe()?)
-        .arg("--role")
-        .arg(role)
-        .args(c.args())
-        .stdin(Stdio::null())
-        .spawn()?)
+fn spawn_role(children: &mut Children, role: &str, c: &Case) -> R<()> {
+    children.spawn(role, &mut procs::role_command(role, c.args())?)?;
+    Ok(())
 }
 
 /// One row's outcome (several rounds merged).
@@ -1022,27 +906,28 @@ fn run_case(c: &Case) -> R<Outcome> {
     let _ = std::fs::remove_dir_all(&c.dir);
     std::fs::create_dir_all(&c.dir)?;
     let ctl = Ctl::create(&c.shm())?;
-    let mut producer = spawn_role("producer", c)?;
+    // Killed and reaped on every path out (dropped).
+    let mut children = Children::default();
+    spawn_role(&mut children, "producer", c)?;
     if c.system != System::Futex {
-        let give_up = Instant::now() + Duration::from_secs(60);
-        // SYNC: bench-up — Acquire pairs with the producer's Release.
-        while ctl.up().load(Ordering::Acquire) == 0 {
-            if let Some(st) = producer.try_wait()? {
-                return Err(format!("producer exited early: {st}").into());
-            }
-            if Instant::now() > give_up {
-                let _ = producer.kill();
-                return Err("producer did not start".into());
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        children.wait_for(
+            // SYNC: bench-up — Acquire pairs with the producer's Release.
+            || ctl.up().load(Ordering::Acquire) != 0,
+            Instant::now() + Duration::from_secs(60),
+            "producer",
+            "producer did not start",
+        )?;
     }
-    let mut sub = spawn_role("subscriber", c)?;
-    let pst = producer.wait()?;
-    let sst = sub.wait()?;
-    if !pst.success() || !sst.success() {
-        return Err(format!("producer {pst}, subscriber {sst}").into());
-    }
+    spawn_role(&mut children, "subscriber", c)?;
+    // Every frame at its longest interval (the irregular cadence's 60 ms),
+    // and a minute for the processes' start and end.
+    let frame_ns = if c.interval_us > 0 {
+        c.interval_us * 1000
+    } else {
+        60_000_000
+    };
+    let deadline = Instant::now() + Duration::from_secs(60) + Duration::from_nanos(frame_ns * (c.warmup + c.frames));
+    children.wait_all(deadline, Duration::from_secs(5))?;
     let lat = read_samples(&c.dir.join("lat"))?;
     let st = read_samples(&c.dir.join("stats"))?;
     if let Ok(d) = std::fs::read_to_string(c.dir.join("cadence")) {
@@ -1086,15 +971,6 @@ fn run_case(c: &Case) -> R<Outcome> {
     })
 }
 
-/// A JSON number, or `null` for NaN (a row without samples).
-fn num(x: f64) -> String {
-    if x.is_finite() {
-        format!("{x:.3}")
-    } else {
-        "null".into()
-    }
-}
-
 fn cadence_name(interval_us: u64) -> String {
     match interval_us {
         0 => "irregular 1–60 ms".into(),
@@ -1115,39 +991,18 @@ fn variant_name(interval_us: u64, busy_us: u64) -> String {
     }
 }
 
-fn machine() -> String {
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split(':').nth(1))
-        .unwrap_or("")
-        .trim()
-        .to_owned();
-    format!("{cores} CPUs ({cpu}), Linux {}", kernel.trim())
-}
-
 const USAGE: &str = "usage: wake [--quick] [--backend host|cuda] [--pull] [--frames N] \
 [--cadences US,US,..(0: irregular)] [--waits futex,park,cadence,spin,gpu,gpuk] \
 [--busy-us US,..(cuda)] [--producer-spin] [--probe] [--out DIR]";
 
 fn main() -> std::process::ExitCode {
-    match real_main() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            // A sentence, not a Debug dump.
-            eprintln!("{e}");
-            std::process::ExitCode::from(2)
-        }
-    }
+    output::exit(real_main(), "", 2)
 }
 
 fn real_main() -> R<()> {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
-    if let Some(i) = args.iter().position(|a| a == "--role") {
-        return role_main(&args[i + 1..]);
+    let args = output::args();
+    if let Some(role) = procs::role_args(&args) {
+        return role_main(role);
     }
     // Every argument is one this bench knows: a typo must not run the
     // default set for minutes instead.
@@ -1163,13 +1018,8 @@ fn real_main() -> R<()> {
             other => return Err(format!("wake bench: unknown or incomplete argument {other:?}\n{USAGE}").into()),
         }
     }
-    let quick = args.iter().any(|a| a == "--quick");
-    let opt = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
+    let quick = output::has(&args, "--quick");
+    let opt = |name: &str| output::value_of(&args, name).cloned();
     let cuda = match opt("--backend").as_deref() {
         None | Some("host") => false,
         Some("cuda") => true,
@@ -1178,7 +1028,7 @@ fn real_main() -> R<()> {
     if cuda && !vramring::cuda::cuda_usable() {
         return Err("wake bench: --backend cuda but no usable CUDA GPU here".into());
     }
-    let push = !args.iter().any(|a| a == "--pull");
+    let push = !output::has(&args, "--pull");
     let out = opt("--out").map(PathBuf::from);
     let (frames, rounds, warmup) = if quick { (300, 1, 30) } else { (1500, 3, 30) };
     let frames = match opt("--frames") {
@@ -1221,8 +1071,8 @@ fn real_main() -> R<()> {
         .iter()
         .flat_map(|&i| busy.iter().map(move |&b| (i, b)))
         .collect();
-    let producer_spin = args.iter().any(|a| a == "--producer-spin");
-    let probe = args.iter().any(|a| a == "--probe");
+    let producer_spin = output::has(&args, "--producer-spin");
+    let probe = output::has(&args, "--probe");
     let dir = std::env::temp_dir().join(format!("vramring-wake-{}", std::process::id()));
     let frame = if cuda {
         "1080p NV12, CUDA backend"
@@ -1300,9 +1150,9 @@ fn real_main() -> R<()> {
     let mut md = format!(
         "Wake latency, publish → subscriber holds the frame (µs), {frame}, {delivery} delivery, {frames} frames per row after {warmup} warm-up, {rounds} interleaved round(s), producers {} between frames; {}\n\n",
         if producer_spin { "spinning" } else { "asleep" },
-        machine()
+        host::machine()
     );
-    md.push_str("| cadence | wait | p50 | p99 | max | frames | dropped | subscriber CPU (% of a core) | p50 / floor | p99 / floor | submit p50 / p99 | after submit p50 / p99 | floors: after the copy's call p50 / p99 | host busy / stolen % |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str(&output::table_header("cadence | wait | p50 | p99 | max | frames | dropped | subscriber CPU (% of a core) | p50 / floor | p99 / floor | submit p50 / p99 | after submit p50 / p99 | floors: after the copy's call p50 / p99 | host busy / stolen %"));
     let mut jsonl = String::new();
     for (ci, &(interval_us, busy_us)) in variants.iter().enumerate() {
         let floor = {
@@ -1391,9 +1241,7 @@ fn real_main() -> R<()> {
     }
     println!("{md}");
     if let Some(out) = out {
-        std::fs::create_dir_all(&out)?;
-        std::fs::write(out.join("wake.md"), &md)?;
-        std::fs::write(out.join("wake.jsonl"), &jsonl)?;
+        output::write_report_in(&out, "wake", &md, &jsonl)?;
     }
     Ok(())
 }

@@ -14,6 +14,21 @@
 
 use std::time::{Duration, Instant};
 
+/// The machine in one line: its CPUs, their model, the kernel.
+pub fn machine() -> String {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .unwrap_or("")
+        .trim()
+        .to_owned();
+    format!("{cores} CPUs ({cpu}), Linux {}", kernel.trim())
+}
+
 /// The machine-wide CPU counters of `/proc/stat`'s `cpu` line, in clock
 /// ticks (`USER_HZ`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

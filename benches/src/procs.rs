@@ -1,7 +1,10 @@
-//! What the multi-process GPU benchmarks share to run their children safely,
-//! with or without CUDA MPS: a guard that kills and reaps child processes, a
-//! stop flag for SIGINT and SIGTERM, death of a child with its parent, the
-//! `--mps off|on|both` choice, and a private MPS control daemon that is
+//! What the multi-process benchmarks share to run their children safely,
+//! with or without CUDA MPS: this executable started again in a role
+//! ([`self_command`], [`role_command`], [`role_args`]), a guard that kills
+//! and reaps child processes and waits for them within bounds
+//! ([`Children`]), a stop flag for SIGINT and SIGTERM, death of a child
+//! with its parent, the `--mps off|on|both` choice and its passes
+//! ([`MpsChoice::run_passes`]), and a private MPS control daemon that is
 //! always quit.
 //!
 //! The daemon lives in fresh directories under `/tmp`
@@ -48,6 +51,72 @@ pub fn die_with_parent(parent: u32) {
 /// The environment variable that carries the orchestrator's pid to its
 /// children (see [`die_with_parent`]).
 pub const PARENT_VAR: &str = "VRAMRING_BENCH_PARENT";
+
+/// The flag before a child's role: `<this executable> --role <role> …`.
+pub const ROLE_FLAG: &str = "--role";
+
+/// This executable started again with `args`, its stdin closed (a bench's
+/// child process; spawn it with [`Children::spawn`] so that it dies with
+/// the bench).
+///
+/// # Errors
+/// The executable's path is unknown.
+pub fn self_command<I, S>(args: I) -> std::io::Result<Command>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(args).stdin(Stdio::null());
+    Ok(cmd)
+}
+
+/// [`self_command`] in `role`: `--role <role> <args…>`, which the child
+/// finds with [`role_args`].
+///
+/// # Errors
+/// As [`self_command`].
+pub fn role_command<I, S>(role: &str, args: I) -> std::io::Result<Command>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut cmd = self_command([ROLE_FLAG, role])?;
+    cmd.args(args);
+    Ok(cmd)
+}
+
+/// `bytes` in hex, to pass on a child's command line or environment.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bytes of [`hex`]'s text.
+///
+/// # Errors
+/// Text that is not pairs of hex digits.
+pub fn unhex(text: &str) -> Result<Vec<u8>, String> {
+    if text.len() % 2 != 0 {
+        return Err(format!("{text:?} is not hex bytes"));
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| {
+            text.get(i..i + 2)
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+                .ok_or_else(|| format!("{text:?} is not hex bytes"))
+        })
+        .collect()
+}
+
+/// In `main`: the role and its arguments when this process was started by
+/// [`role_command`] (what follows `--role`), after [`child_init`]; `None`
+/// in the orchestrator.
+pub fn role_args(args: &[String]) -> Option<&[String]> {
+    let i = args.iter().position(|a| a == ROLE_FLAG)?;
+    child_init();
+    Some(&args[i + 1..])
+}
 
 /// Child processes of one measurement, each with a name. On drop, every
 /// child still running is killed (SIGKILL, by its pid) and reaped.
@@ -129,6 +198,33 @@ impl Children {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// Waits until `ready()` holds, polling every millisecond, while the
+    /// children run: fails with "`who` exited early" when every child has
+    /// exited or one failed, and with `late` past `deadline` or on a stop
+    /// signal.
+    ///
+    /// # Errors
+    /// Which of these ended the wait.
+    pub fn wait_for(
+        &mut self,
+        mut ready: impl FnMut() -> bool,
+        deadline: Instant,
+        who: &str,
+        late: &str,
+    ) -> Result<(), String> {
+        while !ready() {
+            let (running, failed) = self.poll().map_err(|e| format!("waiting for children: {e}"))?;
+            if running == 0 || !failed.is_empty() {
+                return Err(format!("{who} exited early: {failed:?}"));
+            }
+            if Instant::now() > deadline || stop_requested() {
+                return Err(late.to_string());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
     }
 
     /// Kills (SIGKILL, by pid) and reaps every child still running; returns
@@ -224,6 +320,45 @@ impl MpsChoice {
             MpsChoice::Both => &[false, true],
         }
     }
+
+    /// Runs `pass` once per configuration, in order, until a stop signal:
+    /// without MPS with `None`, under MPS with a daemon of its own, which
+    /// is then quit (its client count reported in `report`). A daemon that
+    /// did not start skips its pass, the reason in `report`. Returns how
+    /// many passes were skipped so.
+    pub fn run_passes(self, report: &mut String, mut pass: impl FnMut(Option<&MpsDaemon>, &mut String)) -> usize {
+        let mut not_started = 0;
+        for &with_mps in self.passes() {
+            if stop_requested() {
+                break;
+            }
+            let Ok(mut daemon) = start_pass(with_mps, report) else {
+                not_started += 1;
+                continue;
+            };
+            pass(daemon.as_ref(), report);
+            if let Some(d) = daemon.as_mut() {
+                d.finish_pass(report);
+            }
+        }
+        not_started
+    }
+}
+
+/// `--mps off|on|both` for a clap command line (no help per value, so the
+/// values are listed on one line).
+impl clap::ValueEnum for MpsChoice {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[MpsChoice::Off, MpsChoice::On, MpsChoice::Both]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(match self {
+            MpsChoice::Off => "off",
+            MpsChoice::On => "on",
+            MpsChoice::Both => "both",
+        }))
+    }
 }
 
 /// Sets a child's environment for one configuration: the daemon's variables
@@ -261,8 +396,7 @@ pub struct MpsDaemon {
 /// Starts the daemon a pass needs: `Ok(None)` for a pass without MPS,
 /// `Err(())` when the daemon did not start (the "not run" line is then in
 /// `report` and on stderr).
-#[allow(clippy::result_unit_err)] // the reason is in `report` already
-pub fn start_pass(with_mps: bool, report: &mut String) -> Result<Option<MpsDaemon>, ()> {
+fn start_pass(with_mps: bool, report: &mut String) -> Result<Option<MpsDaemon>, ()> {
     if !with_mps {
         return Ok(None);
     }
@@ -399,14 +533,6 @@ impl MpsDaemon {
         lines[lines.len().saturating_sub(n)..].join(" | ")
     }
 
-    /// Quits the daemon (`echo quit | nvidia-cuda-mps-control`, same
-    /// environment), waits for its processes to exit, and removes its
-    /// directories. If `quit` fails or hangs, the daemon's own processes
-    /// (found by their `CUDA_MPS_PIPE_DIRECTORY` and program name, by pid)
-    /// get SIGTERM, then SIGKILL. Idempotent.
-    ///
-    /// # Errors
-    /// What went wrong; the daemon's processes have been signalled anyway.
     /// Ends a pass: reports (in `report` and on stderr) how many clients
     /// the daemon logged, flagging none as a pass that did not run under
     /// MPS, then quits the daemon.
@@ -427,6 +553,14 @@ impl MpsDaemon {
         }
     }
 
+    /// Quits the daemon (`echo quit | nvidia-cuda-mps-control`, same
+    /// environment), waits for its processes to exit, and removes its
+    /// directories. If `quit` fails or hangs, the daemon's own processes
+    /// (found by their `CUDA_MPS_PIPE_DIRECTORY` and program name, by pid)
+    /// get SIGTERM, then SIGKILL. Idempotent.
+    ///
+    /// # Errors
+    /// What went wrong; the daemon's processes have been signalled anyway.
     pub fn quit(&mut self) -> Result<(), String> {
         if !self.running {
             // Never started (or already quit): only the directories are left.
@@ -532,5 +666,69 @@ fn wait_output(mut child: std::process::Child, timeout: Duration) -> Result<std:
             Ok(None) => std::thread::sleep(Duration::from_millis(10)),
             Err(e) => return Err(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_role_command_is_this_executable_with_the_role_first() {
+        let cmd = role_command("producer", ["a", "b"]).unwrap();
+        assert_eq!(cmd.get_program(), std::env::current_exe().unwrap().as_os_str());
+        let args: Vec<_> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert_eq!(args, ["--role", "producer", "a", "b"]);
+        let argv = strings(&["--quick", "--role", "producer", "a"]);
+        assert_eq!(role_args(&argv), Some(&argv[2..]));
+        assert_eq!(role_args(&strings(&["--quick"])), None);
+    }
+
+    #[test]
+    fn a_child_started_and_waited_for() {
+        let mut children = Children::default();
+        children
+            .spawn("true", Command::new("true").stdin(Stdio::null()))
+            .unwrap();
+        children
+            .wait_all(Instant::now() + Duration::from_secs(20), Duration::ZERO)
+            .unwrap();
+        let mut children = Children::default();
+        children.spawn("false", &mut Command::new("false")).unwrap();
+        let err = children
+            .wait_for(|| false, Instant::now() + Duration::from_secs(20), "false", "late")
+            .unwrap_err();
+        assert!(err.starts_with("false exited early"), "{err}");
+    }
+
+    #[test]
+    fn bytes_travel_as_hex() {
+        let b = [0u8, 1, 0xab, 0xff];
+        assert_eq!(hex(&b), "0001abff");
+        assert_eq!(unhex("0001abff").unwrap(), b);
+        assert!(unhex("0g").is_err() && unhex("abc").is_err());
+    }
+
+    #[test]
+    fn the_mps_choice_from_flags_and_clap() {
+        use clap::ValueEnum as _;
+        assert_eq!(MpsChoice::from_args(&strings(&["--quick"])), Ok(MpsChoice::Off));
+        assert_eq!(MpsChoice::from_args(&strings(&["--mps"])), Ok(MpsChoice::On));
+        assert_eq!(MpsChoice::from_args(&strings(&["--mps", "both"])), Ok(MpsChoice::Both));
+        assert_eq!(MpsChoice::from_args(&strings(&["--mps=off"])), Ok(MpsChoice::Off));
+        assert!(MpsChoice::from_args(&strings(&["--mps", "x"])).is_err());
+        assert_eq!(MpsChoice::from_str("both", false), Ok(MpsChoice::Both));
+        // Without MPS: one pass, no daemon, nothing reported.
+        let mut report = String::new();
+        let mut passes = 0;
+        assert_eq!(
+            MpsChoice::Off.run_passes(&mut report, |d, _| passes += usize::from(d.is_none())),
+            0
+        );
+        assert_eq!((passes, report.as_str()), (1, ""));
     }
 }
