@@ -33,7 +33,7 @@
 //!  ├─ serve.rs     the socket service: handshake, per-connection limits
 //!  ├─ lossless.rs  the producer's bounded wait, eviction past the lease
 //!  ├─ wait.rs      publish a seq, wake parked subscribers; spin-then-park
-//!  ├─ cadence.rs   the default wait: learn the cadence, wake before the frame
+//!  ├─ cadence/     the default wait: learn the cadence, wake before the frame
 //!  └─ lease.rs     the subscriber side: liveness, drain, ProducerGone
 //!         │
 //!  layout.rs (shared #[repr(C)] structs)   socket/ (messages, SCM_RIGHTS)
