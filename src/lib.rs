@@ -30,7 +30,7 @@
 //!  ring/  (the core both kinds stand on)
 //!  ├─ table.rs     subscriber entries: assign, serve, evict, free, reuse;
 //!  │               each subscriber's own client region
-//!  ├─ serve.rs     the socket service: handshake, per-connection limits
+//!  ├─ serve/       the socket service: handshake, per-connection limits
 //!  ├─ lossless.rs  the producer's bounded wait, eviction past the lease
 //!  ├─ wait/        publish a seq, wake parked subscribers; spin-then-park
 //!  ├─ cadence/     the default wait: learn the cadence, wake before the frame
