@@ -30,10 +30,10 @@
 //!  ring/  (the core both kinds stand on)
 //!  ├─ table.rs     subscriber entries: assign, serve, evict, free, reuse;
 //!  │               each subscriber's own client region
-//!  ├─ serve.rs     the socket service: handshake, per-connection limits
+//!  ├─ serve/       the socket service: handshake, per-connection limits
 //!  ├─ lossless.rs  the producer's bounded wait, eviction past the lease
-//!  ├─ wait.rs      publish a seq, wake parked subscribers; spin-then-park
-//!  ├─ cadence.rs   the default wait: learn the cadence, wake before the frame
+//!  ├─ wait/        publish a seq, wake parked subscribers; spin-then-park
+//!  ├─ cadence/     the default wait: learn the cadence, wake before the frame
 //!  └─ lease.rs     the subscriber side: liveness, drain, ProducerGone
 //!         │
 //!  layout.rs (shared #[repr(C)] structs)   socket/ (messages, SCM_RIGHTS)
@@ -52,10 +52,10 @@
 //!  SlotMut::publish[_cuda]    frame/publisher.rs
 //!    push copies, sync        memory/{host,cuda}
 //!    commit slot, global_seq  frame/protocol/publish.rs
-//!    wake parked clients      ring/table.rs -> ring/wait.rs
+//!    wake parked clients      ring/table.rs -> ring/wait/
 //!                                               Subscriber::next   frame/subscriber.rs
 //!                                                 lease check      ring/lease.rs
-//!                                                 wait (own bell)  ring/wait.rs
+//!                                                 wait (own bell)  ring/wait/
 //!                                                 pick + snapshot  frame/protocol/consume.rs
 //!                                                 copy, validate   memory/… + consume.rs
 //!                                                 (or the pushed buffer: frame/protocol/push.rs)

@@ -179,7 +179,7 @@ pub struct SeqLine {
 }
 
 /// Reserved cache lines (zero). Subscribers park on the doorbell of their
-/// own [`ClientLine`], which no other subscriber can reach.
+/// own [`ClientLine`](crate::ring::layout::ClientLine), which no other subscriber can reach.
 #[repr(C, align(128))]
 #[cfg_attr(loom, derive(Default))]
 pub struct DoorbellLine {

@@ -1,37 +1,12 @@
-//! Wakeups, the same for both ring kinds: the publisher stores the ring's
-//! newest seq and rings the doorbell of each parked subscriber; a
-//! subscriber spins briefly, then parks on the doorbell of its own client
-//! region, in bounded slices so a dead publisher is noticed.
-//!
-//! * **park**: a subscriber sets `parked = 1`, `SeqCst` fence, loads its
-//!   doorbell, re-checks the seq, then futex-waits on the doorbell value it
-//!   loaded. The publisher stores the seq, `SeqCst` fence
-//!   ([`publish_seq`]), then reads every `parked` ([`wake_if_parked`]); if
-//!   one is set it increments that subscriber's doorbell (Release) and
-//!   wakes it. The two fences make it impossible for both sides to miss
-//!   each other (Dekker); every wait is also bounded by a timeout slice.
-//! * **plan** ([`wait_with`]): a [`WaitPlan`] may add one spin window to
-//!   a wait: the park's timeout then also ends at the window's start, the
-//!   waiter spins through it and parks again as usual if nothing came
-//!   (`ring::cadence` plans it from the publisher's cadence).
-//! * Each doorbell lives in a region only its subscriber and the publisher
-//!   map, so no subscriber can wake (or keep awake) another.
-//! * **in flight** (frame rings on CUDA, stream-order commits): the GPU
-//!   stores `global_seq` behind the frame's writes, and the publisher does
-//!   not wait for it. It stores `pending_seq` (the seq it enqueued),
-//!   `SeqCst` fence, then rings every subscriber it sees parked, at once
-//!   (ADR 0017): the commit may not have landed yet. A subscriber that has
-//!   set `parked` and fenced reads `pending_seq` too: if a commit newer
-//!   than what it waits for is in flight it spins until it lands (then naps
-//!   briefly) instead of parking. Dekker again: either the publisher saw
-//!   the flag and rang, so the subscriber wakes, parks again and sees the
-//!   commit in flight, or the subscriber saw the commit in flight. Nobody
-//!   rings when the commit lands.
+//! The subscriber's wait: spin, then park on its doorbell in bounded slices,
+//! with an optional spin window and the in-flight commit rule.
 
 use std::time::{Duration, Instant};
 
-use crate::layout::{ClientLine, ProducerLine, PRODUCER_CLOSED, PUSH_BUFFERS, SEQ_WRITING};
-use crate::sync::atomic::{fence, AtomicU64, Ordering};
+use super::bell::{park, Bell};
+use super::precise_timer::PreciseTimer;
+use crate::layout::{ClientLine, PRODUCER_CLOSED, SEQ_WRITING};
+use crate::sync::atomic::{fence, Ordering};
 
 /// Why [`wait_on`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,37 +21,10 @@ pub enum WaitOutcome {
     Stopped,
 }
 
-/// The words a waiter watches: the ring's newest seq (`global_seq` of a
-/// frame ring, `write_seq` of a packet ring) and the producer state, both
-/// in the ring's read-only control region.
-#[derive(Clone, Copy)]
-pub struct Bell<'a> {
-    /// Newest committed seq.
-    pub seq: &'a AtomicU64,
-    /// The producer line (its `state`).
-    pub producer: &'a ProducerLine,
-    /// The newest seq whose commit is enqueued (`pending_seq` of a frame
-    /// ring); `None` when commits are never in flight (packet rings).
-    pub pending: Option<&'a AtomicU64>,
-    /// A push subscriber's `push_seq` words (its table entry): a frame
-    /// pushed to it ends the wait as soon as its word says so, before the
-    /// commit stores `global_seq` (behind one more system fence on the
-    /// GPU). The seq returned is then the pushed frame's, which may be
-    /// ahead of `global_seq`. `None`: `seq` alone.
-    pub push: Option<&'a [AtomicU64; PUSH_BUFFERS]>,
-    /// A queued-pull subscriber's next frame: its slot's seq word and its
-    /// seq `s`. The wait also ends, returning `s`, as soon as the publisher
-    /// has loaned the slot for `s` (the word reads `s | SEQ_WRITING`),
-    /// before the commit is announced: the subscriber then queues its copy
-    /// behind the commit on the GPU (ADR 0014). `None`: not watched.
-    pub loaned: Option<(&'a AtomicU64, u64)>,
-}
-
 /// How long a subscriber spins on a commit it saw in flight before it naps
-/// instead (a GPU that takes longer is far off its normal few microseconds
-/// to ~150 µs; nobody rings when the commit lands, ADR 0017, so the naps,
-/// from [`IN_FLIGHT_NAP_MIN`] up to [`IN_FLIGHT_NAP_MAX`], bound how late
-/// it is found).
+/// instead: a commit normally lands within microseconds, and since nobody
+/// rings when it lands (ADR 0017), the naps, from [`IN_FLIGHT_NAP_MIN`] up
+/// to [`IN_FLIGHT_NAP_MAX`], bound how late a slower one is found.
 const IN_FLIGHT_SPIN: Duration = Duration::from_millis(2);
 /// The first and longest nap between looks at a commit still in flight
 /// after [`IN_FLIGHT_SPIN`] (doubling in between).
@@ -328,118 +276,11 @@ pub fn wait_with(
     }
 }
 
-/// The calling thread's timer slack held at 1 ns for as long as this
-/// lives, then put back.
-///
-/// Linux lets a futex timeout fire up to the thread's timer slack late (50
-/// µs by default, `prctl(PR_SET_TIMERSLACK)`), so that timers can be
-/// batched. A park meant to end just before the frame is due would then
-/// wake up to 50 µs later than asked, on every frame. The window's margin
-/// absorbs that, but as spin: CPU spent on every frame, and budget not left
-/// for the tail the margin exists to cover. The slack is per thread; it is
-/// lowered from the first park of a wait that has a window until that wait
-/// returns, then restored, so the caller's thread keeps its own setting.
-/// Where `prctl` fails (a seccomp profile that refuses it) nothing changes
-/// and the margin still absorbs the slack.
-struct PreciseTimer {
-    /// The slack to put back, when it was changed (loom models no timers).
-    #[cfg(not(loom))]
-    restore: Option<std::num::NonZeroU64>,
-}
-
-impl PreciseTimer {
-    fn hold() -> Self {
-        #[cfg(not(loom))]
-        {
-            let restore = rustix::thread::current_timer_slack()
-                .ok()
-                .and_then(std::num::NonZeroU64::new)
-                .filter(|&old| old.get() > 1)
-                .filter(|_| rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1)).is_ok());
-            PreciseTimer { restore }
-        }
-        #[cfg(loom)]
-        PreciseTimer {}
-    }
-}
-
-impl Drop for PreciseTimer {
-    fn drop(&mut self) {
-        #[cfg(not(loom))]
-        if let Some(old) = self.restore {
-            let _ = rustix::thread::set_current_timer_slack(Some(old));
-        }
-    }
-}
-
-#[cfg(not(loom))]
-fn park(line: &ClientLine, bell: u32, timeout: Duration) {
-    let ts = crate::time::timespec(timeout);
-    // Shared futex (no PRIVATE flag): see `ring_doorbell`. EAGAIN
-    // (the doorbell already moved), ETIMEDOUT and EINTR all just return.
-    let _ = rustix::thread::futex::wait(&line.doorbell, rustix::thread::futex::Flags::empty(), bell, Some(&ts));
-}
-
-/// The model of `FUTEX_WAIT` with no timeout: block until the doorbell moves
-/// from `bell`. A lost wakeup is then a waiter that never returns, which loom
-/// reports, instead of a slice that silently hides it.
-#[cfg(loom)]
-fn park(line: &ClientLine, bell: u32, _timeout: Duration) {
-    // Relaxed: the kernel's compare of the futex word orders nothing; the
-    // caller re-loads `global_seq` (Acquire) and re-parks if it has not moved.
-    while line.doorbell.load(Ordering::Relaxed) == bell {
-        loom::thread::yield_now();
-    }
-}
-
-/// Publisher: stores the newest seq of a ring (`global_seq`, or a packet
-/// ring's `write_seq`), then the fence after which parked flags are read
-/// ([`wake_if_parked`], or `ring::table`'s `wake_parked`).
-pub fn publish_seq(word: &AtomicU64, seq: u64) {
-    // SYNC: global-seq / packet-write-seq — Release, after the slot seq or
-    // packet record commit, so a reader that sees `>= seq` finds it
-    // committed (or overwritten later).
-    word.store(seq, Ordering::Release);
-    // SYNC: park — SeqCst fence between the seq store and the loads of
-    // `parked`; the subscriber has the mirror fence (see the module docs).
-    fence(Ordering::SeqCst);
-}
-
-/// Publisher, after [`publish_seq`] (or, for a stream-order commit, after
-/// announcing it): rings `client`'s doorbell if it is parked. Returns
-/// whether it rang. A hostile subscriber that keeps `parked` set costs one
-/// wake of its own futex per publish, and nothing more: the publisher never
-/// waits for a commit on a subscriber's behalf (ADR 0017, PROTOCOL.md
-/// §18.3).
-pub fn wake_if_parked(client: &ClientLine) -> bool {
-    // SYNC: park / pending — Relaxed, ordered after the seq store by the
-    // caller's SeqCst fence: `publish_seq`'s (a CPU commit) or
-    // `announce_pending`'s (a stream-order commit, ADR 0017).
-    if client.parked.load(Ordering::Relaxed) == 0 {
-        return false;
-    }
-    ring_doorbell(client);
-    true
-}
-
-/// Wakes the subscriber parked on `client`'s doorbell.
-pub fn ring_doorbell(client: &ClientLine) {
-    // SYNC: doorbell — Release increment; a waiter that loads the new value
-    // also sees the seq stored before it.
-    client.doorbell.fetch_add(1, Ordering::Release);
-    #[cfg(not(loom))]
-    {
-        // Shared (not PRIVATE) futex: the word lives in a MAP_SHARED memfd
-        // mapping, so the kernel keys it by inode and offset and it wakes
-        // the waiter in another process and namespace.
-        let _ = rustix::thread::futex::wake(&client.doorbell, rustix::thread::futex::Flags::empty(), i32::MAX as u32);
-    }
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::layout::{ClientLine, RingHeader, CLIENT_BYTES};
+    use crate::ring::wait::{publish_seq, wake_if_parked};
     use crate::shm::Region;
 
     fn regions() -> (Region, Region) {
@@ -509,9 +350,9 @@ mod tests {
     }
 
     /// A commit withdrawn after its enqueue failed and announced again (the
-    /// publisher's retry of the same seq, rung as ADR 0017 rings) is spun
-    /// for again, not found by the naps of the first announcement (which
-    /// by then last 20 ms).
+    /// publisher's retry of the same seq, rung at its announcement like any
+    /// other) is spun for again, not found by the naps of the first
+    /// announcement (which by then last 20 ms).
     #[test]
     fn a_commit_announced_again_after_a_withdrawal_is_spun_for_afresh() {
         let (ring, client, t) = in_flight();
@@ -758,8 +599,8 @@ mod tests {
 
     /// Parked before its window, rung (here: found at its first look) with
     /// a commit in flight, the subscriber spins for the commit; once the
-    /// window's start passes during that spin, the spin is the window's
-    /// (ADR 0017): the frame that lands then is reported to the plan as
+    /// window's start passes during that spin, the spin is the window's:
+    /// the frame that lands then is reported to the plan as
     /// spun for, not as an early frame (which the cadence would count as
     /// early, and whose lateness after the window's start it would learn
     /// as timer overshoot).
