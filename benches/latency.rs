@@ -73,6 +73,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys;
 use vramring::cuda::CommitGraph;
 use vramring::BackendChoice;
+use vramring::ClientOptions;
 use vramring::ServeOptions as _;
 use vramring::{
     CommitMode, Format, FrameMeta, Mode, Policy, Publisher, PullStart, RingConfig, Subscriber, SubscriberOptions,

@@ -25,6 +25,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use vramring::nvdec::{Codec, DecodedFrame, Decoder, DecoderOptions};
+use vramring::ClientOptions;
 use vramring::{BackendChoice, Error, Format, FrameMeta, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions};
 
 use vramring::packet::annexb;

@@ -51,6 +51,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
+use vramring::ClientOptions;
 use vramring::{
     BackendChoice, BackendKind, Error as RingError, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber,
     SubscriberOptions,

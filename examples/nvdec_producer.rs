@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use vramring::nvdec::{Codec, DecodedFrame, Decoder, DecoderOptions};
 use vramring::packet::{annexb, PacketSubscriber, PacketSubscriberOptions};
+use vramring::ClientOptions;
 use vramring::{BackendChoice, BackendKind, Error, Format, FrameMeta, Policy, Publisher, RingConfig};
 
 #[path = "common/mod.rs"]

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use vramring::packet::{PacketSubscriber, PacketSubscriberOptions};
+use vramring::ClientOptions;
 use vramring::Error;
 
 #[path = "common/mod.rs"]

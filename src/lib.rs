@@ -121,7 +121,7 @@ pub use frame::{
     RingInfo, SlotMut, Subscriber, SubscriberOptions, SubscriberStats,
 };
 pub use memory::{BackendKind, WriteCompletion};
-pub use ring::{AttachRate, PublisherStats, ServeConfig, ServeOptions, WaitStrategy};
+pub use ring::{AttachRate, ClientConfig, ClientOptions, PublisherStats, ServeConfig, ServeOptions, WaitStrategy};
 pub use socket::AccessPolicy;
 pub use time::monotonic_ns;
 

@@ -12,6 +12,7 @@
 //!   corruption of an otherwise valid ring (before and after connecting)
 //!   gives a typed error or a working subscriber, never a panic.
 
+use vramring::ClientOptions;
 use vramring_testkit::procs as common;
 
 use std::fs::File;
@@ -480,7 +481,7 @@ fn fake_publisher(dir: &TempDir, reply: Reply) -> (PathBuf, JoinHandle<()>) {
 
 fn victim_options() -> SubscriberOptions {
     let mut opts = SubscriberOptions::default().mode(Mode::Sequential).name("victim");
-    opts.connect_timeout = Duration::from_millis(500);
+    opts.client.connect_timeout = Duration::from_millis(500);
     opts
 }
 
@@ -878,10 +879,7 @@ fn a_descriptor_whose_close_lingers_does_not_stall_the_publisher() {
     drop(conn);
     std::thread::sleep(Duration::from_millis(200));
     let t = Instant::now();
-    let opts = SubscriberOptions {
-        connect_timeout: Duration::from_secs(10),
-        ..SubscriberOptions::default()
-    };
+    let opts = SubscriberOptions::default().connect_timeout(Duration::from_secs(10));
     let sub = Subscriber::connect(&socket, opts);
     assert!(sub.is_ok(), "a second subscriber could not connect: {:?}", sub.err());
     assert!(

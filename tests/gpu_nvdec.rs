@@ -16,6 +16,7 @@
 //! With `VRAMRING_NVDEC_PNG=path`, the second test also writes the 1080p
 //! clip's frame 45, as received by the namespaced subscriber, as a PNG.
 
+use vramring::ClientOptions;
 use vramring_testkit::procs as common;
 
 use vramring_testkit::finals;

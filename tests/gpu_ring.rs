@@ -4,6 +4,7 @@
 //! that writes into its read-only mapping fails alone; device memory returns
 //! to where it started. Needs a CUDA GPU and root (for `unshare`).
 
+use vramring::ClientOptions;
 use vramring_testkit::procs as common;
 
 use vramring_testkit::finals;

@@ -2,6 +2,7 @@
 //! subscribers in this process (the multi-process suite is `host_multiprocess`).
 
 use std::time::Duration;
+use vramring::ClientOptions;
 use vramring::ServeOptions;
 
 use vramring::BackendChoice;
@@ -229,7 +230,7 @@ fn a_reconnecting_next_returns_within_its_timeout_when_nothing_answers_the_hello
     assert!(
         took < timeout + Duration::from_secs(1),
         "next({timeout:?}) took {took:?} (connect_timeout is {:?})",
-        SubscriberOptions::default().connect_timeout
+        SubscriberOptions::default().client.connect_timeout
     );
 }
 

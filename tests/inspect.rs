@@ -11,6 +11,7 @@ use vramring::packet::{
     PACKET_KEY,
 };
 use vramring::BackendChoice;
+use vramring::ClientOptions;
 use vramring::{Error, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions};
 use vramring_testkit::pattern as testpattern;
 

@@ -23,6 +23,7 @@
 //! Children are this test binary re-executed in a role (see
 //! `common::self_command`); they report as `@kt {json}` lines on stdout.
 
+use vramring::ClientOptions;
 use vramring_testkit::procs as common;
 
 use std::fs::File;

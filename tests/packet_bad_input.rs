@@ -7,6 +7,7 @@
 //! `PacketPublisher` by hand, copies its Welcome, ring and subscriber table,
 //! edits the copies, and serves them from a listener of its own.
 
+use vramring::ClientOptions;
 use vramring_testkit::procs as common;
 
 use std::fs::File;
@@ -150,7 +151,7 @@ fn connect_to_fake(
         let _ = transport::readable(conn.as_fd(), hold);
     });
     let mut opts = PacketSubscriberOptions::new().lossless(lossless).name("victim");
-    opts.connect_timeout = Duration::from_millis(500);
+    opts.client.connect_timeout = Duration::from_millis(500);
     (PacketSubscriber::connect(&path, opts), fake, dir)
 }
 

@@ -4,6 +4,7 @@
 //! after the publisher closes. The multi-process tests (recorder, late
 //! joiner, killed publisher) are in `tests/packet_multiprocess.rs`.
 
+use vramring::ClientOptions;
 use vramring_testkit::procs as common;
 
 use std::time::{Duration, Instant};

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::json;
 use vramring::packet::{PacketSubscriber, PacketSubscriberOptions};
+use vramring::ClientOptions;
 use vramring::Error;
 
 use crate::error::{exit, ring_error, CliError, CliResult};

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde_json::json;
+use vramring::ClientOptions;
 use vramring::{Error, Mode, Subscriber, SubscriberOptions};
 
 use crate::convert::{self, Matrix, MatrixArg, RangeArg};
@@ -90,7 +91,7 @@ pub fn run(a: &SnapshotArgs) -> CliResult {
     let mut opts = SubscriberOptions::default()
         .name(format!("{}:snapshot", crate::CLI_NAME))
         .mode(Mode::Latest);
-    opts.connect_timeout = timeout;
+    opts.client.connect_timeout = timeout;
     let mut sub = Subscriber::connect(&a.socket, opts).map_err(|e| ring_error(&a.socket, &e))?;
     let g = *sub.geometry();
     let matrix = Matrix::resolve(a.matrix, g.height);

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use vramring::cuda::CommitGraph;
+use vramring::ClientOptions;
 use vramring::{
     monotonic_ns, AttachRate, BackendChoice, BackendKind, Error as RingError, Format, Frame, FrameMeta, Mode, Policy,
     Publisher, PullStart, RingConfig, ServeOptions, Subscriber, SubscriberOptions, WaitStrategy,
@@ -614,7 +615,7 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
             WaitArg::Spin => WaitStrategy::Spin,
         });
     if let Some(ms) = args.park_slice_ms {
-        opts.park_slice = Duration::from_millis(ms.max(1));
+        opts.client.park_slice = Duration::from_millis(ms.max(1));
     }
     let mut sub = connect_with_retry(args, opts)?;
     let gpu = match sub.backend() {

@@ -14,6 +14,7 @@ use vramring::packet::{
     PacketMeta, PacketPublisher, PacketPublisherConfig, PacketRingConfig, PacketSubscriber, PacketSubscriberOptions,
     PACKET_KEY,
 };
+use vramring::ClientOptions;
 use vramring::Error;
 
 use crate::errors::{self, IntoPy};

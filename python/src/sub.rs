@@ -32,6 +32,7 @@ use dlpark::ffi::DLDevice;
 use pyo3::exceptions::{PyStopIteration, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
+use vramring::ClientOptions;
 use vramring::{monotonic_ns, BackendKind, Borrow, Error, Geometry, Mode, RingInfo, Subscriber, SubscriberOptions};
 
 use crate::errors::{self, FramesHeld, IntoPy};
@@ -661,9 +662,9 @@ impl PySubscriber {
         if let Some(n) = name {
             opts = opts.name(n);
         }
-        opts.connect_timeout = timeout_of(connect_timeout)?;
+        opts.client.connect_timeout = timeout_of(connect_timeout)?;
         if let Some(s) = spin {
-            opts.spin = seconds("spin", s)?;
+            opts.client.spin = seconds("spin", s)?;
         }
         let shown = path.display().to_string();
         let sub = py.detach(|| Subscriber::connect(&path, opts)).py_err()?;

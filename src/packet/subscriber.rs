@@ -10,9 +10,10 @@ use super::layout::PacketHeader;
 use super::{Packet, PacketBorrow, PacketReader, PacketReaderStats, PacketRingInfo};
 use crate::error::{Error, Result};
 use crate::ring::attach::map_packet_table;
-use crate::ring::cadence::{wait_by, Cadence, WaitStrategy};
+use crate::ring::cadence::{wait_by, Cadence};
 use crate::ring::lease::{self, Lease};
 use crate::ring::{Bell, WaitOutcome};
+use crate::ring::{ClientConfig, ClientOptions};
 
 use crate::socket::msg::{self, Hello};
 
@@ -23,39 +24,17 @@ const LIVENESS_CHECK: Duration = Duration::from_millis(20);
 /// How to subscribe to a packet ring.
 #[derive(Debug, Clone)]
 pub struct PacketSubscriberOptions {
-    /// Lossless: the writer never overwrites a packet this subscriber has
-    /// not read yet (it waits, then evicts a reader that stalls past the
-    /// lease). For recorders.
-    pub lossless: bool,
-    /// Name for logs and inspection.
-    pub name: String,
-    /// How long the handshake may take.
-    pub connect_timeout: Duration,
-    /// How blocking reads wait: [`WaitStrategy::Cadence`] (the default)
-    /// learns the writer's packet interval from the records' commit times
-    /// and wakes just before each packet is due, spinning only then;
-    /// [`WaitStrategy::Park`] spins for `spin`, then parks on the futex;
-    /// [`WaitStrategy::Spin`] busy-polls. Cadence waits as Park does
-    /// whenever packets come irregularly or pause.
-    pub wait: WaitStrategy,
-    /// How long a blocking read spins before it parks on the futex, for
-    /// [`WaitStrategy::Park`] and [`WaitStrategy::Cadence`] (whose window
-    /// comes on top of it): a very long spin busy-polls.
-    pub spin: Duration,
-    /// Longest single park; between parks the publisher's liveness is
-    /// checked.
-    pub park_slice: Duration,
+    /// The settings both ring kinds share (builders: [`ClientOptions`]).
+    /// Lossless here means the writer never overwrites a packet this
+    /// subscriber has not read yet (it waits, then evicts a reader that
+    /// stalls past the lease): for recorders.
+    pub client: ClientConfig,
 }
 
 impl Default for PacketSubscriberOptions {
     fn default() -> Self {
         PacketSubscriberOptions {
-            lossless: false,
-            name: format!("packets-{}", std::process::id()),
-            connect_timeout: Duration::from_secs(5),
-            wait: WaitStrategy::Cadence,
-            spin: Duration::from_micros(50),
-            park_slice: Duration::from_millis(20),
+            client: ClientConfig::named("packets"),
         }
     }
 }
@@ -66,30 +45,11 @@ impl PacketSubscriberOptions {
     pub fn new() -> Self {
         Self::default()
     }
-    /// Asks for lossless delivery.
-    pub fn lossless(mut self, yes: bool) -> Self {
-        self.lossless = yes;
-        self
-    }
-    /// Sets the name.
-    pub fn name(mut self, n: impl Into<String>) -> Self {
-        self.name = n.into();
-        self
-    }
-    /// Sets the spin budget before parking (`Duration::ZERO`: park at once).
-    pub fn spin(mut self, d: Duration) -> Self {
-        self.spin = d;
-        self
-    }
-    /// Sets how blocking reads wait (see [`WaitStrategy`]).
-    pub fn wait(mut self, w: WaitStrategy) -> Self {
-        self.wait = w;
-        self
-    }
-    /// Sets the handshake timeout.
-    pub fn connect_timeout(mut self, d: Duration) -> Self {
-        self.connect_timeout = d;
-        self
+}
+
+impl ClientOptions for PacketSubscriberOptions {
+    fn client_mut(&mut self) -> &mut ClientConfig {
+        &mut self.client
     }
 }
 
@@ -105,6 +65,7 @@ impl PacketSubscriberOptions {
 /// ```no_run
 /// use std::time::Duration;
 /// use vramring::packet::{PacketSubscriber, PacketSubscriberOptions};
+/// use vramring::ClientOptions;
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let mut sub = PacketSubscriber::connect("/tmp/cam1.packets.sock", PacketSubscriberOptions::new().lossless(true))?;
 /// let mut params = Vec::new();
@@ -147,16 +108,16 @@ impl PacketSubscriber {
     pub fn connect(path: impl AsRef<Path>, opts: PacketSubscriberOptions) -> Result<PacketSubscriber> {
         let path = path.as_ref().to_owned();
         let mut flags = msg::HELLO_PACKETS;
-        if opts.lossless {
+        if opts.client.lossless {
             flags |= msg::HELLO_LOSSLESS;
         }
         let hello = Hello {
             flags,
             backends: 1 << crate::layout::BACKEND_HOST,
-            name: opts.name.clone(),
+            name: opts.client.name.clone(),
             device_uuid: [0; 16],
         };
-        let (sock, welcome, fds) = lease::request(&path, hello, opts.connect_timeout)?;
+        let (sock, welcome, fds) = lease::request(&path, hello, opts.client.connect_timeout)?;
         let mut fds = fds.into_iter();
         let (Some(ring_fd), Some(subs_fd), Some(client_fd), None) = (fds.next(), fds.next(), fds.next(), fds.next())
         else {
@@ -167,7 +128,7 @@ impl PacketSubscriber {
         if welcome.granted & msg::HELLO_PACKETS == 0 {
             return Err(Error::BadMessage("the Welcome does not grant a packet ring".into()));
         }
-        if opts.lossless && welcome.granted & msg::HELLO_LOSSLESS == 0 {
+        if opts.client.lossless && welcome.granted & msg::HELLO_LOSSLESS == 0 {
             return Err(Error::Refused {
                 code: msg::REJECT_POLICY,
                 reason: "lossless not granted".into(),
@@ -177,7 +138,7 @@ impl PacketSubscriber {
         // `PacketReader::open_for` re-validates the ring's own header; the
         // entry must be ours before it reads the cursor the service set.
         let lease = Lease::new(sock, subs, client, &welcome, max, welcome.epoch)?;
-        let reader = PacketReader::open_for(ring_fd.as_fd(), lease.client_ref(), opts.lossless)?;
+        let reader = PacketReader::open_for(ring_fd.as_fd(), lease.client_ref(), opts.client.lossless)?;
         let info = *reader.info();
         if info.epoch != welcome.epoch || info.region_bytes != welcome.control_bytes {
             return Err(Error::LayoutMismatch(
@@ -204,7 +165,7 @@ impl PacketSubscriber {
         self.reader.stats()
     }
 
-    /// What the cadence wait ([`WaitStrategy::Cadence`]) knows of the
+    /// What the cadence wait ([`WaitStrategy::Cadence`](crate::WaitStrategy::Cadence)) knows of the
     /// writer's cadence (as [`crate::Subscriber::cadence`]).
     pub fn cadence(&self) -> crate::ring::cadence::CadenceState {
         self.cadence.state()
@@ -377,17 +338,14 @@ impl PacketSubscriber {
             };
             let lease = &self.lease;
             let after = self.reader.done_through();
-            let slice = self.opts.park_slice;
             let alive = || lease.quiet();
             wait_by(
-                self.opts.wait,
+                &self.opts.client,
                 &mut self.cadence,
                 bell,
                 lease.client(),
                 after,
                 deadline,
-                self.opts.spin,
-                slice,
                 alive,
             )
         };

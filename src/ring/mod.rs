@@ -28,6 +28,7 @@ use crate::socket::transport::AccessPolicy;
 
 pub(crate) mod attach;
 pub mod cadence;
+mod client;
 pub(crate) mod layout;
 pub(crate) mod lease;
 pub(crate) mod lossless;
@@ -36,6 +37,7 @@ pub(crate) mod table;
 pub mod wait;
 
 pub use cadence::WaitStrategy;
+pub use client::{ClientConfig, ClientOptions};
 #[cfg(loom)]
 #[doc(hidden)]
 pub use table::loom_api as loom_table;

@@ -24,6 +24,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use vramring::monotonic_ns;
+use vramring::ClientOptions;
 use vramring::{Error, Mode, Subscriber, SubscriberOptions};
 
 use crate::pattern as testpattern;

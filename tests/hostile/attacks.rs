@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use rustix::fs::{FallocateFlags, MemfdFlags, SealFlags};
 use vramring::seam::socket::msg::{self, Attach, Hello, Msg, Welcome};
 use vramring::seam::socket::transport;
+use vramring::ClientOptions;
 
 use super::layout::{self, Fds, Role};
 use super::map::Map;

@@ -16,9 +16,10 @@ use crate::layout::{
 use crate::memory::view::DeviceView;
 use crate::memory::{BackendKind, ImportedPool, OwnBuffer};
 use crate::ring::attach::map_frame_ring;
-use crate::ring::cadence::{wait_by, Cadence, WaitStrategy};
+use crate::ring::cadence::{wait_by, Cadence};
 use crate::ring::lease::{self, Lease};
 use crate::ring::Bell;
+use crate::ring::{ClientConfig, ClientOptions};
 use crate::shm::Region;
 use crate::socket::msg::{self, Hello, Msg};
 use crate::socket::transport;
@@ -135,7 +136,7 @@ impl Subscriber {
             backends |= 1 << b.code();
         }
         let mut flags = 0;
-        if opts.lossless {
+        if opts.client.lossless {
             flags |= msg::HELLO_LOSSLESS;
         }
         if opts.mode == Mode::Sequential {
@@ -145,7 +146,7 @@ impl Subscriber {
             flags |= msg::HELLO_WRITE;
         }
         if opts.push {
-            if opts.mode != Mode::Latest || opts.lossless {
+            if opts.mode != Mode::Latest || opts.client.lossless {
                 return Err(Error::Config(
                     "push delivery supports the Latest mode without lossless only".into(),
                 ));
@@ -155,10 +156,10 @@ impl Subscriber {
         let hello = Hello {
             flags,
             backends,
-            name: opts.name.clone(),
+            name: opts.client.name.clone(),
             device_uuid: [0; 16],
         };
-        let (sock, welcome, fds) = lease::request(&path, hello, opts.connect_timeout)?;
+        let (sock, welcome, fds) = lease::request(&path, hello, opts.client.connect_timeout)?;
         let push = welcome.granted & msg::HELLO_PUSH != 0;
         if opts.push && !push {
             return Err(Error::Refused {
@@ -229,7 +230,7 @@ impl Subscriber {
         }
         // The service stored our cursor before it sent the Welcome
         // (sendmsg/recvmsg order it); nobody else writes it.
-        let last = if sub.opts.lossless {
+        let last = if sub.opts.client.lossless {
             sub.client().released_seq.load(Ordering::Relaxed)
         } else {
             // SYNC: global-seq — Acquire.
@@ -301,7 +302,7 @@ impl Subscriber {
         self.stats
     }
 
-    /// What the cadence wait ([`WaitStrategy::Cadence`]) knows of the
+    /// What the cadence wait ([`WaitStrategy::Cadence`](crate::WaitStrategy::Cadence)) knows of the
     /// publisher's cadence: the locked interval, the spin window's margin
     /// and tolerance, windows planned, hit and missed.
     pub fn cadence(&self) -> crate::ring::cadence::CadenceState {
@@ -351,7 +352,6 @@ impl Subscriber {
         if self.lease.draining() {
             return self.drain_next();
         }
-        let slice = self.opts.park_slice;
         let outcome = {
             let header = self.control.at::<RingHeader>(0);
             // A queued pull starts at the loan (ADR 0014): it waits for
@@ -388,14 +388,12 @@ impl Subscriber {
             let lease = &self.lease;
             let alive = || lease.quiet();
             wait_by(
-                self.opts.wait,
+                &self.opts.client,
                 &mut self.cadence,
                 bell,
                 lease.client(),
                 self.last,
                 deadline,
-                self.opts.spin,
-                slice,
                 alive,
             )
         };
@@ -426,7 +424,7 @@ impl Subscriber {
     /// The seq to read next (per the mode and the safe window) when the
     /// newest is `g`; `None` when nothing is new.
     fn pick(&self, g: u64) -> Option<protocol::Pick> {
-        let window = protocol::safe_window(self.info.slot_count, self.opts.lossless);
+        let window = protocol::safe_window(self.info.slot_count, self.opts.client.lossless);
         protocol::pick(self.opts.mode, self.last, g, window)
     }
 
@@ -491,7 +489,7 @@ impl Subscriber {
         self.stats.delivered += 1;
         self.stats.last_seq = snap.seq;
         self.last = snap.seq;
-        if self.opts.lossless {
+        if self.opts.client.lossless {
             // SYNC: release-cursor — Release after the copy completed, paired
             // with the producer's Acquire in `Table::holder`.
             self.client().released_seq.store(snap.seq, Ordering::Release);
@@ -694,7 +692,8 @@ impl Subscriber {
             // timeout too: a publisher that accepts but never answers (frozen,
             // or still starting) must not hold `next` for `connect_timeout`.
             let mut opts = self.opts.clone();
-            opts.connect_timeout = opts
+            opts.client.connect_timeout = opts
+                .client
                 .connect_timeout
                 .min(deadline.saturating_duration_since(Instant::now()));
             match Subscriber::connect(&self.path, opts) {

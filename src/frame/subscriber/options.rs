@@ -6,29 +6,13 @@ use super::*;
 /// How to subscribe.
 #[derive(Debug, Clone)]
 pub struct SubscriberOptions {
+    /// The settings both ring kinds share: name, handshake timeout,
+    /// lossless, how to wait (builders: [`ClientOptions`]).
+    pub client: ClientConfig,
     /// `Latest` (default) or `Sequential`.
     pub mode: Mode,
-    /// Ask to be a lossless reader (the publisher must use the lossless policy).
-    pub lossless: bool,
     /// Ask for write access to the pool (mapped read-only otherwise).
     pub write: bool,
-    /// Name shown by the publisher and the CLI.
-    pub name: String,
-    /// How long to wait for the publisher's Welcome.
-    pub connect_timeout: Duration,
-    /// How to wait for the next frame: [`WaitStrategy::Cadence`] (the
-    /// default) learns the publisher's frame interval and wakes just
-    /// before each frame is due, spinning only then;
-    /// [`WaitStrategy::Park`] spins for `spin`, then parks on the futex;
-    /// [`WaitStrategy::Spin`] busy-polls (one core). Cadence falls back to
-    /// Park (with `spin`) whenever the source is irregular or paused.
-    pub wait: WaitStrategy,
-    /// How long to spin before parking on the futex, for
-    /// [`WaitStrategy::Park`] and [`WaitStrategy::Cadence`] (whose window
-    /// comes on top of it): a very long spin busy-polls.
-    pub spin: Duration,
-    /// Longest single futex sleep; bounds how late a dead publisher is noticed.
-    pub park_slice: Duration,
     /// Which backends this subscriber may import (default: host and CUDA).
     pub backends: Vec<BackendKind>,
     /// Push delivery (`Latest` mode only): the publisher copies each frame
@@ -78,14 +62,9 @@ pub enum PullStart {
 impl Default for SubscriberOptions {
     fn default() -> Self {
         SubscriberOptions {
+            client: ClientConfig::named("sub"),
             mode: Mode::Latest,
-            lossless: false,
             write: false,
-            name: format!("sub-{}", std::process::id()),
-            connect_timeout: Duration::from_secs(5),
-            wait: WaitStrategy::Cadence,
-            spin: Duration::from_micros(50),
-            park_slice: Duration::from_millis(20),
             backends: vec![BackendKind::Host, BackendKind::Cuda],
             push: false,
             reconnect: false,
@@ -100,22 +79,9 @@ impl SubscriberOptions {
         self.mode = m;
         self
     }
-    /// Asks to be lossless (implies `Sequential`).
-    pub fn lossless(mut self, yes: bool) -> Self {
-        self.lossless = yes;
-        if yes {
-            self.mode = Mode::Sequential;
-        }
-        self
-    }
     /// Asks for write access.
     pub fn write(mut self, yes: bool) -> Self {
         self.write = yes;
-        self
-    }
-    /// Sets the name.
-    pub fn name(mut self, n: impl Into<String>) -> Self {
-        self.name = n.into();
         self
     }
     /// Restricts the backends this subscriber imports.
@@ -136,19 +102,23 @@ impl SubscriberOptions {
         self.reconnect = yes;
         self
     }
-    /// Sets the spin time before parking (see [`SubscriberOptions::spin`]).
-    pub fn spin(mut self, d: Duration) -> Self {
-        self.spin = d;
-        self
-    }
-    /// Sets how to wait for frames (see [`WaitStrategy`]).
-    pub fn wait(mut self, w: WaitStrategy) -> Self {
-        self.wait = w;
-        self
-    }
     /// Sets when a pull copy of a CUDA frame starts (see [`PullStart`]).
     pub fn pull_start(mut self, p: PullStart) -> Self {
         self.pull_start = p;
+        self
+    }
+}
+
+impl ClientOptions for SubscriberOptions {
+    fn client_mut(&mut self) -> &mut ClientConfig {
+        &mut self.client
+    }
+    /// Asks to be lossless (implies `Sequential`).
+    fn lossless(mut self, yes: bool) -> Self {
+        self.client.lossless = yes;
+        if yes {
+            self.mode = Mode::Sequential;
+        }
         self
     }
 }

@@ -176,7 +176,7 @@ impl Subscriber {
                     pick.seq - 1,
                     deadline,
                     Duration::ZERO,
-                    self.opts.park_slice,
+                    self.opts.client.park_slice,
                     || lease.quiet(),
                 );
             } else {

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use super::estimator::Cadence;
 use crate::layout::ClientLine;
 use crate::ring::wait::{wait_with, Bell, NoPlan, SpinWindow, WaitOutcome, WaitPlan};
+use crate::ring::ClientConfig;
 
 /// How a subscriber waits for the next frame or packet.
 ///
@@ -32,24 +33,23 @@ pub enum WaitStrategy {
     Spin,
 }
 
-/// One wait of a subscriber (either ring kind) by its `strategy`: the
-/// cadence plan ([`WaitStrategy::Cadence`], learning into `cadence`), a
-/// spin of `spin` then park ([`WaitStrategy::Park`]), or a spin up to the
-/// deadline ([`WaitStrategy::Spin`]); otherwise as
-/// [`crate::ring::wait::wait_with`].
-#[allow(clippy::too_many_arguments)]
+/// One wait of a subscriber (either ring kind) by its settings' strategy:
+/// the cadence plan ([`WaitStrategy::Cadence`], learning into `cadence`), a
+/// spin of `cfg.spin` then park ([`WaitStrategy::Park`]), or a spin up to
+/// the deadline ([`WaitStrategy::Spin`]); otherwise as
+/// [`crate::ring::wait::wait_with`], parking at most `cfg.park_slice` at a
+/// time.
 pub(crate) fn wait_by(
-    strategy: WaitStrategy,
+    cfg: &ClientConfig,
     cadence: &mut Cadence,
     bell: Bell<'_>,
     client: &ClientLine,
     after: u64,
     deadline: Instant,
-    spin: Duration,
-    slice: Duration,
     alive: impl FnMut() -> bool,
 ) -> WaitOutcome {
-    match strategy {
+    let (spin, slice) = (cfg.spin, cfg.park_slice);
+    match cfg.wait {
         WaitStrategy::Cadence => {
             let (mut plan, spin) = CadencePlan::new(cadence, spin);
             let o = wait_with(bell, client, after, deadline, spin, slice, &mut plan, alive);
