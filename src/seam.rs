@@ -7,7 +7,10 @@
 /// The CUDA driver layer and the pool owners.
 pub mod cuda {
     pub use crate::memory::cuda::*;
-    pub use crate::memory::{ExportedPool, ImportedPool, OwnBuffer, PushWrite, RawCuStream, StreamCommit};
+    pub use crate::memory::{
+        ExportedPool, GateLine, ImportedPool, MappedTargets, OwnBuffer, PushWrite, QueuedCopies, RawCuStream,
+        StreamCommit, StreamCommits,
+    };
 }
 
 /// memfd regions and their seals.

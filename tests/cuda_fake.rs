@@ -6,6 +6,7 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
+use vramring::seam::cuda::MappedTargets;
 use vramring::seam::cuda::{code, CuContext, CuStream, CudaImport, CudaPool, DeviceSelector, Driver};
 use vramring::seam::cuda::{ExportedPool, ImportedPool, OwnBuffer};
 use vramring::Error;

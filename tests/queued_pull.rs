@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use vramring::seam::cuda::{CudaImport, CudaPool, DeviceSelector, Driver};
 use vramring::seam::cuda::{ExportedPool, ImportedPool};
+use vramring::seam::cuda::{GateLine, QueuedCopies};
 use vramring_testkit::fake::{FakeDevice, FakeDriver};
 
 const GPU: [u8; 16] = *b"fake-gpu-0123456";

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use vramring::seam::cuda::{CommitGraph, CuContext, CudaImport, CudaPool, DeviceSelector, Driver, MAX_FANOUT};
 use vramring::seam::cuda::{ExportedPool, ImportedPool, PushWrite, StreamCommit};
+use vramring::seam::cuda::{GateLine, StreamCommits};
 use vramring::WriteCompletion;
 use vramring_testkit::fake::{CallRecord, FakeDevice, FakeDriver};
 

@@ -173,7 +173,11 @@ impl Publisher {
     ) -> Result<(Arc<Shared>, ExitWorker)> {
         let epoch = crate::ring::random_epoch();
         let gate_offset = layout::gate_line_offset(cfg.slots, geometry.slot_stride);
-        let gate = gate_offset + layout::GATE_BYTES <= pool.pool_bytes() && pool.enable_gate_line(gate_offset)?;
+        let gate = gate_offset + layout::GATE_BYTES <= pool.pool_bytes()
+            && match pool.gate_line() {
+                Some(g) => g.enable_gate_line(gate_offset)?,
+                None => false,
+            };
         let info = RingInfo {
             epoch,
             slot_count: cfg.slots,
@@ -210,7 +214,7 @@ impl Publisher {
             info,
             cfg,
             attach_requests: Mutex::new(Vec::new()),
-            mapper: pool.target_mapper(),
+            mapper: pool.mapped_targets().and_then(|m| m.target_mapper()),
             unmaps: Mutex::new(Vec::new()),
             state: ServiceState::new()?,
         });
@@ -296,9 +300,14 @@ impl Publisher {
         let regions = [(sh.control.as_ptr(), sh.control.len()), (table, table_len)];
         let mut ok = true;
         for (ptr, len) in regions {
-            // SAFETY: both are this publisher's own mappings, kept alive by
-            // `self.shared` until after `self.pool.close()` (see `close`).
-            match unsafe { self.pool.register_commit_memory(ptr, len) } {
+            let registered = match self.pool.stream_commits() {
+                // SAFETY: both are this publisher's own mappings, kept alive
+                // by `self.shared` until after `self.pool.close()` (see
+                // `close`).
+                Some(s) => unsafe { s.register_commit_memory(ptr, len) },
+                None => Ok(false),
+            };
+            match registered {
                 Ok(true) => {}
                 Ok(false) => ok = false,
                 Err(e) => {
@@ -382,7 +391,14 @@ impl Publisher {
             let index = r.index as usize;
             let taken = match r.buffers {
                 Buffers::Received(fd) => self.pool.attach_target(&fd, r.attach.bytes),
-                Buffers::Mapped(t) => self.pool.adopt_target(t),
+                Buffers::Mapped(t) => match self.pool.mapped_targets() {
+                    Some(m) => m.adopt_target(t),
+                    // No pool without a mapper makes a mapped target.
+                    None => Err(Error::WrongBackend {
+                        what: "adopting push buffers mapped off the producer's thread",
+                        backend: "host",
+                    }),
+                },
             };
             match taken {
                 Ok(id) => {
@@ -455,7 +471,7 @@ impl Publisher {
     /// otherwise the pool unmaps it now.
     fn let_go(pool: &mut Box<dyn ExportedPool>, sh: &Shared, id: u64) -> Result<()> {
         if sh.mapper.is_some() {
-            if let Some(t) = pool.disown_target(id) {
+            if let Some(t) = pool.mapped_targets().and_then(|m| m.disown_target(id)) {
                 sh.discard(Buffers::Mapped(t), false);
                 return Ok(());
             }
@@ -510,7 +526,7 @@ impl Publisher {
             // Queued copies wait on the GPU for this word (ADR 0011); the
             // frame is committed in host memory already, so a failure here
             // only delays them (their deadline), it does not fail the publish.
-            if let Err(e) = self.pool.write_gate(off, seq, completion) {
+            if let Err(e) = write_gate(self.pool.as_mut(), off, seq, completion) {
                 tracing::warn!(error = %e, seq, "storing the gate word failed; queued pull copies wait for the next frame");
             }
         }
@@ -590,10 +606,17 @@ impl Publisher {
             gate: sh.info.gate_offset(),
         };
         let completion = WriteCompletion::CudaStream(stream);
-        // SAFETY: every word of `commit` lies in the control region or the
-        // table, both registered in `enable_stream_commit` and mapped by
-        // `self.shared` until after `self.pool.close()`.
-        if let Err(e) = unsafe { self.pool.enqueue_commit(&commit, completion) } {
+        let enqueued = match self.pool.stream_commits() {
+            // SAFETY: every word of `commit` lies in the control region or
+            // the table, both registered in `enable_stream_commit` and mapped
+            // by `self.shared` until after `self.pool.close()`.
+            Some(s) => unsafe { s.enqueue_commit(&commit, completion) },
+            None => Err(Error::WrongBackend {
+                what: "a stream-order commit",
+                backend: BackendKind::Host.name(),
+            }),
+        };
+        if let Err(e) = enqueued {
             // Nothing of this frame will land: undo the announcement, so
             // no subscriber spins for it (the slot stays invalid, the seq
             // unused, as a failed publish promises). Back to the previous
@@ -658,7 +681,7 @@ impl Publisher {
                 // Opening the gate for every seq lets them run (their frames
                 // fail validation, and the close follows) before the ring
                 // says closed, so none has to be set aside.
-                match self.pool.write_gate(off, u64::MAX, WriteCompletion::Host) {
+                match write_gate(self.pool.as_mut(), off, u64::MAX, WriteCompletion::Host) {
                     Ok(()) => complete(&*self.pool),
                     Err(e) => {
                         tracing::warn!(error = %e, "opening the gate at close; copies queued at a loan are set aside")
@@ -698,5 +721,21 @@ impl Drop for Publisher {
         if let Err(e) = self.close() {
             tracing::warn!(error = %e, path = %self.path.display(), "publisher close failed in drop");
         }
+    }
+}
+
+/// Stores `seq` into the pool's gate word at `offset` (see
+/// [`crate::memory::GateLine::write_gate`]).
+///
+/// # Errors
+/// [`Error::WrongBackend`] for a pool without a gate line; the driver's.
+fn write_gate(pool: &mut dyn ExportedPool, offset: u64, seq: u64, completion: WriteCompletion) -> Result<()> {
+    let backend = pool.kind().name();
+    match pool.gate_line() {
+        Some(g) => g.write_gate(offset, seq, completion),
+        None => Err(Error::WrongBackend {
+            what: "a gate word",
+            backend,
+        }),
     }
 }

@@ -218,15 +218,14 @@ impl Subscriber {
             let only_mps = sub.opts.pull_start == PullStart::Auto;
             // The pool's gate word in device memory (ADR 0011) where the
             // ring keeps one; `global_seq` in host memory (ADR 0010) else.
-            match sub.info.gate_offset() {
-                Some(off) => sub.pool.enable_pool_gate(off, only_mps)?,
-                None => {
-                    let header = sub.header();
-                    let word = std::ptr::from_ref(&header.seq.global_seq) as u64 - sub.control.as_ptr() as u64;
-                    sub.pool
-                        .enable_gate(control_fd.as_fd(), sub.control.len() as u64, word, only_mps)?
-                }
-            };
+            let control_bytes = sub.control.len() as u64;
+            let word = std::ptr::from_ref(&sub.header().seq.global_seq) as u64 - sub.control.as_ptr() as u64;
+            if let Some(q) = sub.pool.queued() {
+                match sub.info.gate_offset() {
+                    Some(off) => q.enable_pool_gate(off, only_mps)?,
+                    None => q.enable_gate(control_fd.as_fd(), control_bytes, word, only_mps)?,
+                };
+            }
         }
         // The service stored our cursor before it sent the Welcome
         // (sendmsg/recvmsg order it); nobody else writes it.

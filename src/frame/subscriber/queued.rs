@@ -58,8 +58,11 @@ impl Subscriber {
         // SYNC: pending — Relaxed: only says whether the copy starts at the
         // loan (a counter); nothing is read on the strength of it.
         let at_loan = self.header().seq.pending_seq.load(Ordering::Relaxed) < pick.seq;
+        let len = self.info.geometry.frame_bytes;
         self.pool
-            .copy_out_gated(pick.seq, offset, self.info.geometry.frame_bytes)?;
+            .queued()
+            .ok_or(Error::Config("a queued copy on a pool that cannot queue one".into()))?
+            .copy_out_gated(pick.seq, offset, len)?;
         let f = InFlight {
             pick,
             at_loan,
@@ -104,14 +107,14 @@ impl Subscriber {
             // the process on the context's lock.
             let landed = self.header().seq.global_seq.load(Ordering::Acquire) >= pick.seq;
             if landed {
-                match self.pool.poll_complete() {
+                match self.poll_queued() {
                     Ok(true) => break,
                     Ok(false) => {}
                     Err(e) => {
                         // Never leave the wait on the stream `close` syncs.
                         self.in_flight = None;
                         self.stats.abandoned += 1;
-                        if let Err(ae) = self.pool.abandon_copies() {
+                        if let Err(ae) = self.abandon_queued() {
                             tracing::warn!(error = %ae, "setting aside a queued copy after a failed query");
                         }
                         return Err(e);
@@ -225,14 +228,27 @@ impl Subscriber {
         }
         let until = Instant::now() + QUEUED_CLOSE_WAIT;
         loop {
-            match self.pool.poll_complete() {
+            match self.poll_queued() {
                 Ok(true) => return Ok(()),
                 Ok(false) if Instant::now() < until => std::thread::sleep(Duration::from_micros(100)),
                 _ => break,
             }
         }
         self.stats.abandoned += 1;
-        self.pool.abandon_copies()
+        self.abandon_queued()
+    }
+
+    /// Whether every queued copy has completed, without waiting.
+    pub(super) fn poll_queued(&mut self) -> Result<bool> {
+        match self.pool.queued() {
+            Some(q) => q.poll_complete(),
+            None => self.pool.complete().map(|()| true),
+        }
+    }
+
+    /// Gives up on the queued copies (see [`crate::memory::QueuedCopies::abandon_copies`]).
+    pub(super) fn abandon_queued(&mut self) -> Result<()> {
+        self.pool.queued().map_or(Ok(()), |q| q.abandon_copies())
     }
 }
 

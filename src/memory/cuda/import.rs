@@ -10,7 +10,7 @@ use super::mapping::VmmMapping;
 use super::real::RealDriver;
 use super::{find_device_by_uuid, format_uuid, round_up};
 use crate::error::{Error, Result};
-use crate::memory::{check_range, BackendKind, ImportedPool, OwnBuffer};
+use crate::memory::{check_range, BackendKind, ImportedPool, OwnBuffer, QueuedCopies};
 use crate::shm::Region;
 
 /// The subscriber's own buffer grows in steps of this many bytes.
@@ -382,7 +382,7 @@ impl<D: Driver> CudaImport<D> {
         if done.is_err() && word.is_some() {
             // A wait may be enqueued with nothing behind it: never let
             // `close` synchronise a stream that may block for good.
-            if let Err(ae) = ImportedPool::abandon_copies(self) {
+            if let Err(ae) = QueuedCopies::abandon_copies(self) {
                 tracing::warn!(error = %ae, "setting aside a stream after a failed queued copy");
             }
         }
@@ -448,131 +448,6 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
 
     fn gate_enabled(&self) -> bool {
         self.gate.is_some()
-    }
-
-    fn enable_gate(
-        &mut self,
-        control: BorrowedFd<'_>,
-        control_bytes: u64,
-        word_offset: u64,
-        only_mps: bool,
-    ) -> Result<bool> {
-        let ctx = self.open_ctx()?;
-        if self.gate.is_some() {
-            return Ok(true);
-        }
-        if !self.mem.is_live() {
-            return Ok(false);
-        }
-        let d = Arc::clone(&self.driver);
-        if !self.can_wait(only_mps) || !self.able(attr::READ_ONLY_HOST_REGISTER_SUPPORTED) {
-            return Ok(false);
-        }
-        check_range("control region", word_offset, 8, control_bytes)?;
-        if word_offset % 8 != 0 {
-            return Err(Error::LayoutMismatch(format!(
-                "gate word at {word_offset} is not 8-byte aligned"
-            )));
-        }
-        let region = match Region::map(control, control_bytes, false) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::debug!(error = %e, "queued pull unavailable: mapping the control region again failed");
-                return Ok(false);
-            }
-        };
-        let base = region.as_ptr();
-        let mut gate = Gate {
-            region: Some(region),
-            word: 0,
-        };
-        let mut registered = false;
-        let body = |d: &D| -> Result<()> {
-            // SAFETY: `base` starts our own read-only mapping of
-            // `control_bytes` bytes (`gate.region`); it stays mapped until it is
-            // unregistered (`close`) or, if a wait on it is stuck, forever.
-            unsafe { d.mem_host_register_read_only(base.cast_const().cast(), control_bytes) }?;
-            registered = true;
-            // SAFETY: `base` was registered just above.
-            let dev_base = unsafe { d.mem_host_device_pointer(base.cast()) }?;
-            gate.word = dev_base + word_offset;
-            Ok(())
-        };
-        // SAFETY: `ctx` is retained while open (checked above).
-        let made = unsafe { with_context(&*d, ctx, body) };
-        match made {
-            Ok(()) => {
-                self.gate = Some(gate);
-                Ok(true)
-            }
-            Err(e) => {
-                if registered {
-                    let undo = |d: &D| -> Result<()> {
-                        // SAFETY: registered above; nothing waits on it.
-                        Ok(unsafe { d.mem_host_unregister(base.cast()) }?)
-                    };
-                    // SAFETY: as above.
-                    if let Err(ue) = unsafe { with_context(&*d, ctx, undo) } {
-                        tracing::warn!(error = %ue, "unregistering the control region after a failed gate setup");
-                        // Keep the pages mapped: the registration may still pin them.
-                        std::mem::forget(gate);
-                    }
-                }
-                tracing::debug!(error = %e, "queued pull unavailable; copies start after the commit");
-                Ok(false)
-            }
-        }
-    }
-
-    fn enable_pool_gate(&mut self, offset: u64, only_mps: bool) -> Result<bool> {
-        self.open_ctx()?;
-        if self.gate.is_some() {
-            return Ok(true);
-        }
-        if !self.mem.is_live() || !self.can_wait(only_mps) {
-            return Ok(false);
-        }
-        check_range("pool", offset, 8, self.bytes)?;
-        if offset % 8 != 0 {
-            return Err(Error::LayoutMismatch(format!(
-                "gate word at pool offset {offset} is not 8-byte aligned"
-            )));
-        }
-        self.gate = Some(Gate {
-            region: None,
-            word: self.mem.addr() + offset,
-        });
-        Ok(true)
-    }
-
-    fn copy_out_gated(&mut self, seq: u64, src_offset: u64, len: u64) -> Result<()> {
-        self.enqueue_copy(src_offset, len, Some(seq))
-    }
-
-    fn poll_complete(&mut self) -> Result<bool> {
-        let ctx = self.open_ctx()?;
-        let stream = self.stream.ok_or(Error::Closed)?;
-        let body = |d: &D| -> Result<bool> {
-            // SAFETY: our stream, live while open (checked above).
-            Ok(unsafe { d.stream_query(stream) }?)
-        };
-        // SAFETY: `ctx` is retained while open (checked above).
-        unsafe { with_context(&*self.driver, ctx, body) }
-    }
-
-    fn abandon_copies(&mut self) -> Result<()> {
-        let ctx = self.open_ctx()?;
-        let old = self.stream.take().ok_or(Error::Closed)?;
-        // The old stream and the buffer its copy writes are set aside first
-        // (the copy may still run, whenever its word comes), so that even
-        // if no fresh stream can be made, nothing ever synchronises it.
-        self.stuck.push((old, self.dest.take()));
-        self.dest_cap = 0;
-        let body = |d: &D| -> Result<CuStream> { Ok(d.stream_create_non_blocking()?) };
-        // SAFETY: `ctx` is retained while open (checked above).
-        let fresh = unsafe { with_context(&*self.driver, ctx, body) }?;
-        self.stream = Some(fresh);
-        Ok(())
     }
 
     fn complete(&mut self) -> Result<()> {
@@ -670,6 +545,133 @@ impl<D: Driver> ImportedPool for CudaImport<D> {
 
     fn close(&mut self) -> Result<()> {
         CudaImport::close(self)
+    }
+
+    fn queued(&mut self) -> Option<&mut dyn QueuedCopies> {
+        Some(self)
+    }
+}
+
+impl<D: Driver> QueuedCopies for CudaImport<D> {
+    fn enable_gate(
+        &mut self,
+        control: BorrowedFd<'_>,
+        control_bytes: u64,
+        word_offset: u64,
+        only_mps: bool,
+    ) -> Result<bool> {
+        let ctx = self.open_ctx()?;
+        if self.gate.is_some() {
+            return Ok(true);
+        }
+        if !self.mem.is_live() {
+            return Ok(false);
+        }
+        let d = Arc::clone(&self.driver);
+        if !self.can_wait(only_mps) || !self.able(attr::READ_ONLY_HOST_REGISTER_SUPPORTED) {
+            return Ok(false);
+        }
+        check_range("control region", word_offset, 8, control_bytes)?;
+        if word_offset % 8 != 0 {
+            return Err(Error::LayoutMismatch(format!(
+                "gate word at {word_offset} is not 8-byte aligned"
+            )));
+        }
+        let region = match Region::map(control, control_bytes, false) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(error = %e, "queued pull unavailable: mapping the control region again failed");
+                return Ok(false);
+            }
+        };
+        let base = region.as_ptr();
+        let mut gate = Gate {
+            region: Some(region),
+            word: 0,
+        };
+        let mut registered = false;
+        let body = |d: &D| -> Result<()> {
+            // SAFETY: `base` starts our own read-only mapping of
+            // `control_bytes` bytes (`gate.region`); it stays mapped until it is
+            // unregistered (`close`) or, if a wait on it is stuck, forever.
+            unsafe { d.mem_host_register_read_only(base.cast_const().cast(), control_bytes) }?;
+            registered = true;
+            // SAFETY: `base` was registered just above.
+            let dev_base = unsafe { d.mem_host_device_pointer(base.cast()) }?;
+            gate.word = dev_base + word_offset;
+            Ok(())
+        };
+        // SAFETY: `ctx` is retained while open (checked above).
+        let made = unsafe { with_context(&*d, ctx, body) };
+        match made {
+            Ok(()) => {
+                self.gate = Some(gate);
+                Ok(true)
+            }
+            Err(e) => {
+                if registered {
+                    let undo = |d: &D| -> Result<()> {
+                        // SAFETY: registered above; nothing waits on it.
+                        Ok(unsafe { d.mem_host_unregister(base.cast()) }?)
+                    };
+                    // SAFETY: as above.
+                    if let Err(ue) = unsafe { with_context(&*d, ctx, undo) } {
+                        tracing::warn!(error = %ue, "unregistering the control region after a failed gate setup");
+                        // Keep the pages mapped: the registration may still pin them.
+                        std::mem::forget(gate);
+                    }
+                }
+                tracing::debug!(error = %e, "queued pull unavailable; copies start after the commit");
+                Ok(false)
+            }
+        }
+    }
+    fn enable_pool_gate(&mut self, offset: u64, only_mps: bool) -> Result<bool> {
+        self.open_ctx()?;
+        if self.gate.is_some() {
+            return Ok(true);
+        }
+        if !self.mem.is_live() || !self.can_wait(only_mps) {
+            return Ok(false);
+        }
+        check_range("pool", offset, 8, self.bytes)?;
+        if offset % 8 != 0 {
+            return Err(Error::LayoutMismatch(format!(
+                "gate word at pool offset {offset} is not 8-byte aligned"
+            )));
+        }
+        self.gate = Some(Gate {
+            region: None,
+            word: self.mem.addr() + offset,
+        });
+        Ok(true)
+    }
+    fn copy_out_gated(&mut self, seq: u64, src_offset: u64, len: u64) -> Result<()> {
+        self.enqueue_copy(src_offset, len, Some(seq))
+    }
+    fn poll_complete(&mut self) -> Result<bool> {
+        let ctx = self.open_ctx()?;
+        let stream = self.stream.ok_or(Error::Closed)?;
+        let body = |d: &D| -> Result<bool> {
+            // SAFETY: our stream, live while open (checked above).
+            Ok(unsafe { d.stream_query(stream) }?)
+        };
+        // SAFETY: `ctx` is retained while open (checked above).
+        unsafe { with_context(&*self.driver, ctx, body) }
+    }
+    fn abandon_copies(&mut self) -> Result<()> {
+        let ctx = self.open_ctx()?;
+        let old = self.stream.take().ok_or(Error::Closed)?;
+        // The old stream and the buffer its copy writes are set aside first
+        // (the copy may still run, whenever its word comes), so that even
+        // if no fresh stream can be made, nothing ever synchronises it.
+        self.stuck.push((old, self.dest.take()));
+        self.dest_cap = 0;
+        let body = |d: &D| -> Result<CuStream> { Ok(d.stream_create_non_blocking()?) };
+        // SAFETY: `ctx` is retained while open (checked above).
+        let fresh = unsafe { with_context(&*self.driver, ctx, body) }?;
+        self.stream = Some(fresh);
+        Ok(())
     }
 }
 

@@ -13,7 +13,8 @@ use super::{device_free_bytes, format_uuid, resolve_device, round_up, DeviceSele
 use crate::error::{Error, IoContext, Result};
 use crate::layout::GATE_BYTES;
 use crate::memory::{
-    check_range, BackendKind, ExportedPool, MappedTarget, StreamCommit, TargetMapper, WriteCompletion,
+    check_range, BackendKind, ExportedPool, GateLine, MappedTarget, MappedTargets, StreamCommit, StreamCommits,
+    TargetMapper, WriteCompletion,
 };
 
 /// The publisher's pool: one `cuMemCreate` of the whole pool (rounded up to
@@ -443,27 +444,6 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
         Ok(self.adopt(m))
     }
 
-    fn target_mapper(&self) -> Option<Arc<dyn TargetMapper>> {
-        let ctx = self.context().ok()?;
-        Some(Arc::new(CudaMapper {
-            driver: Arc::clone(&self.driver),
-            ctx,
-            device: self.device,
-            open: Arc::clone(&self.open),
-        }))
-    }
-
-    fn adopt_target(&mut self, mut t: MappedTarget) -> Result<u64> {
-        self.context()?;
-        Ok(self.adopt(std::mem::take(&mut t.vmm)))
-    }
-
-    fn disown_target(&mut self, id: u64) -> Option<MappedTarget> {
-        let pos = self.targets.iter().position(|(t, _)| *t == id)?;
-        let (_, vmm) = self.targets.remove(pos);
-        Some(MappedTarget { vmm })
-    }
-
     fn push_copy(
         &mut self,
         id: u64,
@@ -488,6 +468,53 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
         unsafe { with_context(&*self.driver, ctx, body) }
     }
 
+    fn detach_target(&mut self, id: u64) -> Result<()> {
+        self.drop_target(id, true)
+    }
+
+    fn release_target(&mut self, id: u64) -> Result<()> {
+        self.drop_target(id, false)
+    }
+
+    fn close(&mut self) -> Result<()> {
+        CudaPool::close(self)
+    }
+
+    fn mapped_targets(&mut self) -> Option<&mut dyn MappedTargets> {
+        Some(self)
+    }
+
+    fn stream_commits(&mut self) -> Option<&mut dyn StreamCommits> {
+        Some(self)
+    }
+
+    fn gate_line(&mut self) -> Option<&mut dyn GateLine> {
+        Some(self)
+    }
+}
+
+impl<D: Driver> MappedTargets for CudaPool<D> {
+    fn target_mapper(&self) -> Option<Arc<dyn TargetMapper>> {
+        let ctx = self.context().ok()?;
+        Some(Arc::new(CudaMapper {
+            driver: Arc::clone(&self.driver),
+            ctx,
+            device: self.device,
+            open: Arc::clone(&self.open),
+        }))
+    }
+    fn adopt_target(&mut self, mut t: MappedTarget) -> Result<u64> {
+        self.context()?;
+        Ok(self.adopt(std::mem::take(&mut t.vmm)))
+    }
+    fn disown_target(&mut self, id: u64) -> Option<MappedTarget> {
+        let pos = self.targets.iter().position(|(t, _)| *t == id)?;
+        let (_, vmm) = self.targets.remove(pos);
+        Some(MappedTarget { vmm })
+    }
+}
+
+impl<D: Driver> StreamCommits for CudaPool<D> {
     unsafe fn register_commit_memory(&mut self, ptr: *mut u8, len: usize) -> Result<bool> {
         let ctx = self.context()?;
         let page = rustix::param::page_size();
@@ -541,45 +568,6 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
         });
         Ok(true)
     }
-
-    fn enable_gate_line(&mut self, offset: u64) -> Result<bool> {
-        let ctx = self.context()?;
-        check_range("pool", offset, GATE_BYTES, self.bytes)?;
-        if offset % 8 != 0 {
-            return Err(Error::Config(format!(
-                "gate line at pool offset {offset} is not 8-byte aligned"
-            )));
-        }
-        let (d, dev) = (Arc::clone(&self.driver), self.device);
-        if d.device_attribute(attr::CAN_USE_64_BIT_STREAM_MEM_OPS, dev)? != 1 {
-            return Ok(false);
-        }
-        let at = self.device_ptr() + offset;
-        let body = |d: &D| -> Result<()> {
-            // SAFETY: `GATE_BYTES` at `at` lie in the pool's live mapping
-            // (checked above); nothing reads them yet.
-            Ok(unsafe { d.memset_d8(at, 0, GATE_BYTES) }?)
-        };
-        // SAFETY: `ctx` is retained while the pool is open (checked above).
-        unsafe { with_context(&*self.driver, ctx, body) }?;
-        Ok(true)
-    }
-
-    fn write_gate(&mut self, offset: u64, seq: u64, completion: WriteCompletion) -> Result<()> {
-        let ctx = self.context()?;
-        check_range("pool", offset, 8, self.bytes)?;
-        let at = self.device_ptr() + offset;
-        let stream = completion_stream(completion);
-        let body = |d: &D| -> Result<()> {
-            // SAFETY: 8 bytes at `at` lie in the pool's live mapping (checked
-            // above), which `close` unmaps only after synchronising; the
-            // stream is the caller's live stream or the legacy default one.
-            Ok(unsafe { d.stream_write_value64(stream, at, seq) }?)
-        };
-        // SAFETY: `ctx` is retained while the pool is open (checked above).
-        unsafe { with_context(&*self.driver, ctx, body) }
-    }
-
     unsafe fn enqueue_commit(&mut self, c: &StreamCommit<'_>, completion: WriteCompletion) -> Result<()> {
         let ctx = self.context()?;
         let stream = completion_stream(completion);
@@ -681,17 +669,44 @@ impl<D: Driver> ExportedPool for CudaPool<D> {
         // SAFETY: `ctx` is retained while the pool is open.
         unsafe { with_context(&*self.driver, ctx, body) }
     }
+}
 
-    fn detach_target(&mut self, id: u64) -> Result<()> {
-        self.drop_target(id, true)
+impl<D: Driver> GateLine for CudaPool<D> {
+    fn enable_gate_line(&mut self, offset: u64) -> Result<bool> {
+        let ctx = self.context()?;
+        check_range("pool", offset, GATE_BYTES, self.bytes)?;
+        if offset % 8 != 0 {
+            return Err(Error::Config(format!(
+                "gate line at pool offset {offset} is not 8-byte aligned"
+            )));
+        }
+        let (d, dev) = (Arc::clone(&self.driver), self.device);
+        if d.device_attribute(attr::CAN_USE_64_BIT_STREAM_MEM_OPS, dev)? != 1 {
+            return Ok(false);
+        }
+        let at = self.device_ptr() + offset;
+        let body = |d: &D| -> Result<()> {
+            // SAFETY: `GATE_BYTES` at `at` lie in the pool's live mapping
+            // (checked above); nothing reads them yet.
+            Ok(unsafe { d.memset_d8(at, 0, GATE_BYTES) }?)
+        };
+        // SAFETY: `ctx` is retained while the pool is open (checked above).
+        unsafe { with_context(&*self.driver, ctx, body) }?;
+        Ok(true)
     }
-
-    fn release_target(&mut self, id: u64) -> Result<()> {
-        self.drop_target(id, false)
-    }
-
-    fn close(&mut self) -> Result<()> {
-        CudaPool::close(self)
+    fn write_gate(&mut self, offset: u64, seq: u64, completion: WriteCompletion) -> Result<()> {
+        let ctx = self.context()?;
+        check_range("pool", offset, 8, self.bytes)?;
+        let at = self.device_ptr() + offset;
+        let stream = completion_stream(completion);
+        let body = |d: &D| -> Result<()> {
+            // SAFETY: 8 bytes at `at` lie in the pool's live mapping (checked
+            // above), which `close` unmaps only after synchronising; the
+            // stream is the caller's live stream or the legacy default one.
+            Ok(unsafe { d.stream_write_value64(stream, at, seq) }?)
+        };
+        // SAFETY: `ctx` is retained while the pool is open (checked above).
+        unsafe { with_context(&*self.driver, ctx, body) }
     }
 }
 
