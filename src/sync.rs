@@ -1,5 +1,5 @@
 //! Atomics facade: `std` normally, `loom` under `--cfg loom`, so the ring
-//! protocol in [`crate::protocol`] can be model-checked unchanged.
+//! protocol in `frame/protocol/` can be model-checked unchanged.
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic;

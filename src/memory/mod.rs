@@ -41,7 +41,7 @@ pub(crate) fn check_range(what: &str, offset: u64, len: u64, total: u64) -> Resu
 
 /// A subscriber's push buffers mapped by a [`TargetMapper`] off the
 /// producer's thread, not (or no longer) part of the pool's targets: hand it
-/// to [`ExportedPool::adopt_target`], or back to the mapper's
+/// to [`MappedTargets::adopt_target`], or back to the mapper's
 /// [`TargetMapper::unmap`]. Dropping one that is still mapped leaks the
 /// mapping (a warning says so).
 #[derive(Debug)]
@@ -101,7 +101,7 @@ pub enum WriteCompletion {
 }
 
 /// A frame's commit, enqueued on the GPU behind the frame's writes
-/// ([`ExportedPool::enqueue_commit`]): copy the slot into each push target,
+/// ([`StreamCommits::enqueue_commit`]): copy the slot into each push target,
 /// then store `seq` into each target's `push_seq` word and the slot's seq
 /// word, then into `global_seq`, each group after a system-scope fence.
 #[derive(Debug)]

@@ -83,7 +83,7 @@ pub struct PacketSubscriber {
     /// When the non-blocking calls last looked at the socket
     /// (`CLOCK_MONOTONIC_COARSE` ns: cheap enough for a busy-poll loop).
     last_check_ns: u64,
-    /// The writer's cadence, for [`WaitStrategy::Cadence`].
+    /// The writer's cadence, for [`WaitStrategy::Cadence`](crate::WaitStrategy::Cadence).
     cadence: Cadence,
 }
 

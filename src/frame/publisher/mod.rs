@@ -360,7 +360,7 @@ impl Publisher {
     /// mapper (CUDA) the service thread maps and unmaps them, so push
     /// subscribers that come and go in a loop cost the producer neither a
     /// driver call of the mapping nor a wait for its GPU work; without one
-    /// (host) at most [`ATTACHES_PER_PUBLISH`] `mmap`s per frame.
+    /// (host) at most [`ATTACHES_PER_PUBLISH`](service::ATTACHES_PER_PUBLISH) `mmap`s per frame.
     fn sync_targets(&mut self) {
         let newest = self.next_seq - 1;
         let committed = if self.stream_commit {

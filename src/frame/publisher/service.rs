@@ -56,7 +56,7 @@ pub(crate) struct AttachRequest {
 /// served: a peer that attaches and leaves in a loop adds a bounded amount
 /// of work to a frame (with a mapper, taking a mapped target costs about a
 /// microsecond; without one, the host `mmap` costs a few).
-const ATTACHES_PER_PUBLISH: usize = 4;
+pub(super) const ATTACHES_PER_PUBLISH: usize = 4;
 
 /// A push subscriber's buffers as mapped by the producer.
 #[derive(Debug)]

@@ -69,7 +69,7 @@ pub struct Subscriber {
     /// `skipped` reports them: it counts every frame lost since the one
     /// delivered before it.
     unreported: u64,
-    /// The publisher's cadence, for [`WaitStrategy::Cadence`].
+    /// The publisher's cadence, for [`WaitStrategy::Cadence`](crate::WaitStrategy::Cadence).
     cadence: Cadence,
     /// A queued copy not finished yet. One whose commit had not come by
     /// its call's deadline stays queued and the next call resumes it; it is

@@ -1,13 +1,13 @@
 //! The driver layer: one method per CUDA driver call the backend makes.
 //!
 //! [`Driver`] is the seam between the safe owner types ([`super::CudaPool`],
-//! [`super::CudaImport`], [`super::PatternKernels`]) and the driver. It has
+//! [`super::CudaImport`], the test kit's `PatternKernels`) and the driver. It has
 //! two implementations: [`super::RealDriver`] (the CUDA driver library,
 //! loaded at run time) and `FakeDriver` (`vramring-testkit`) (host memory, fault
 //! injection, context tracking) for tests without a GPU.
 //!
 //! Every method returns `Result<_, DriverError>`; a `DriverError` becomes the
-//! crate's [`Error::Driver`](crate::Error::Driver) through `?`.
+//! crate's [`Error::Driver`] through `?`.
 //!
 //! Handles ([`CuContext`], [`CuStream`], [`CuModule`], [`CuFunction`],
 //! [`MemHandle`]) are plain integers here, so owner types are `Send` and the

@@ -46,7 +46,7 @@ pub struct CudaImport<D: Driver = RealDriver> {
     /// read-only by this import and registered for the device.
     gate: Option<Gate>,
     /// Copies given up on behind a gate that had not opened: each one's
-    /// stream and the buffer it writes. See [`ImportedPool::abandon_copies`].
+    /// stream and the buffer it writes. See [`QueuedCopies::abandon_copies`].
     stuck: Vec<(CuStream, Option<DevicePtr>)>,
 }
 
@@ -215,8 +215,8 @@ impl<D: Driver> CudaImport<D> {
     }
 
     /// Device address of the word queued copies wait on (ADR 0010 / 0011),
-    /// once [`ImportedPool::enable_gate`] or
-    /// [`ImportedPool::enable_pool_gate`] succeeded.
+    /// once [`QueuedCopies::enable_gate`] or
+    /// [`QueuedCopies::enable_pool_gate`] succeeded.
     pub fn gate_word(&self) -> Option<DevicePtr> {
         self.gate.as_ref().map(|g| g.word)
     }

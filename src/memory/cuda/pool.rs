@@ -284,7 +284,7 @@ impl<D: Driver> CudaPool<D> {
     /// ([`RingConfig::commit_graph`](crate::RingConfig::commit_graph) sets
     /// it for a publisher's pool). Takes effect when the commit
     /// kernel is loaded, at the first
-    /// [`register_commit_memory`](crate::memory::ExportedPool::register_commit_memory).
+    /// [`register_commit_memory`](crate::memory::StreamCommits::register_commit_memory).
     pub fn set_commit_graph(&mut self, mode: CommitGraph) {
         self.commit_graph = mode;
     }

@@ -1,6 +1,6 @@
 //! The socket service a publisher runs on its own thread, the same for both
 //! ring kinds: accepts subscribers, runs the handshake, has the
-//! [`Table`](super::table::Table) assign an entry, and frees it the moment
+//! [`super::table::Table`] assign an entry, and frees it the moment
 //! the connection closes (the connection is the subscriber's lease; no pid
 //! is ever used).
 //!
