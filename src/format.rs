@@ -5,8 +5,8 @@
 //! surfaces, NVENC input surfaces and CUDA's 2D texture pitch), every plane
 //! starts at a multiple of [`PLANE_ALIGN`] (4 KiB) inside its slot, and the
 //! slot stride is a multiple of [`SLOT_ALIGN`] (64 KiB). The CUDA backend
-//! additionally rounds the whole pool up to the allocation granularity
-//! (2 MiB on an H200), paid once for the pool, not per slot.
+//! additionally rounds the whole pool up to the device's allocation
+//! granularity, paid once for the pool, not per slot.
 
 use crate::error::{Error, Result};
 

@@ -52,13 +52,14 @@ pub const PRODUCER_LIVE: u32 = 1;
 /// `producer.state`: closed in order; no more frames will come.
 pub const PRODUCER_CLOSED: u32 = 2;
 
-/// `SharedRingInfo.ring_flags`: the pool ends with a gate line (CUDA, layout
-/// version 4, ADR 0011): the publisher stores every committed seq into the
-/// 64-bit word at pool offset `slot_count * slot_stride`, in device memory,
-/// once the frame's bytes are complete (the commit kernel: before its host
-/// stores of the seqs; a CPU commit: after `global_seq`). A queued pull
-/// makes its stream wait on that word instead of on `global_seq` in host
-/// memory.
+/// `SharedRingInfo.ring_flags`: the pool ends with a gate line (CUDA): the
+/// publisher stores every committed seq into the 64-bit word at pool offset
+/// `slot_count * slot_stride`, in device memory, once the frame's bytes are
+/// complete (the commit kernel: before its host stores of the seqs; a CPU
+/// commit: after `global_seq`). A queued pull makes its stream wait on that
+/// word instead of on `global_seq` in host memory, because the GPU sees a
+/// store to device memory sooner than one it must poll across the bus
+/// (ADR 0011).
 pub const RING_GATE: u32 = 1;
 
 /// Every `RING_*` flag this build knows.
@@ -130,8 +131,7 @@ pub struct SharedRingInfo {
     pub device_uuid: [AtomicU64; 2],
     /// Entries in the subscriber table.
     pub max_subscribers: AtomicU32,
-    /// `RING_*` flags (version 4; reserved, zero, before). Unknown bits
-    /// make a reader refuse the ring.
+    /// `RING_*` flags. Unknown bits make a reader refuse the ring.
     pub ring_flags: AtomicU32,
     /// `CLOCK_REALTIME` at creation, ns.
     pub created_realtime_ns: AtomicU64,
@@ -164,7 +164,7 @@ pub struct ProducerLine {
 #[cfg_attr(loom, derive(Default))]
 pub struct SeqLine {
     /// Newest committed seq (0: none yet). On a CUDA ring with stream-order
-    /// commits (protocol 3) the GPU stores it, behind the frame's writes.
+    /// commits the GPU stores it, behind the frame's writes.
     /// SYNC: global-seq (Release by publisher after the slot seq, Acquire by subscribers).
     pub global_seq: AtomicU64,
     /// Newest seq whose commit the publisher has *enqueued* (stream-order

@@ -359,8 +359,10 @@ impl PacketReader {
 
     /// Copies the next packet into `buf`, waiting up to `timeout` for one.
     ///
-    /// Waiting is a bounded poll (spin, then 50 µs sleeps); the futex
-    /// doorbell comes with the socket integration.
+    /// Waiting is a bounded poll (spin, then 50 µs sleeps): a bare reader
+    /// has no client region to park on. A
+    /// [`PacketSubscriber`](crate::packet::PacketSubscriber) waits on its
+    /// futex doorbell instead.
     ///
     /// # Errors
     /// As [`PacketReader::try_next_copy`], and [`Error::Timeout`].

@@ -308,8 +308,8 @@ impl Table {
     }
 
     /// Service: frees an entry still `EVICTED` with `generation` once its
-    /// eviction request was handled. Defensive: today every connection that
-    /// ends is freed (`free` clears an `EVICTED` entry too), so this finds
+    /// eviction request was handled. Defensive: every connection that ends
+    /// is freed (`free` clears an `EVICTED` entry too), so this finds
     /// nothing to do; it keeps an eviction from ever leaving an entry
     /// `EVICTED` for good.
     pub(crate) fn reap(&self, index: u32, generation: u32) {
@@ -343,8 +343,9 @@ impl Table {
     }
 
     /// Producer, after its seq store (CPU commit) or its `pending_seq`
-    /// store (stream-order commit, ADR 0017) and `SeqCst` fence: rings the
-    /// doorbell of every subscriber whose `parked` is set.
+    /// store (stream-order commit: rung at the announcement, so that the
+    /// producer never waits for the GPU, ADR 0017) and `SeqCst` fence: rings
+    /// the doorbell of every subscriber whose `parked` is set.
     pub(crate) fn wake_parked(&self) {
         for (k, e) in self.used().iter().enumerate() {
             // Relaxed: a FREE entry has no region to ring; ACTIVE is

@@ -87,7 +87,9 @@ pub fn publish_global(header: &RingHeader, seq: u64) {
 /// Stream-order commit, on the CPU before the GPU commit is enqueued: the
 /// commit of `seq` is in flight from now on. Stores `pending_seq`, then the
 /// `SeqCst` fence after which the caller reads the `parked` flags and rings
-/// the parked subscribers at once (ADR 0017).
+/// the parked subscribers at once, so that no subscriber makes the publisher
+/// wait for the GPU; a woken subscriber spins for the commit in flight
+/// (ADR 0017).
 pub fn announce_pending(header: &RingHeader, seq: u64) {
     // Relaxed: own counter, single writer (the publisher).
     header.producer.published.store(seq, Ordering::Relaxed);
@@ -99,8 +101,10 @@ pub fn announce_pending(header: &RingHeader, seq: u64) {
 
 /// Stream-order commit whose enqueue failed: takes the announcement of
 /// `seq` back. `pending_seq` returns to `seq - 1`, the previous frame,
-/// whose commit may still be in flight (not to `global_seq`, which would
-/// hide it from a subscriber rung for it, ADR 0017).
+/// whose commit may still be in flight. Not to `global_seq`: a subscriber
+/// rung at that frame's announcement would then see nothing in flight,
+/// park again, and sleep through its landing, since nobody rings when a
+/// commit lands (ADR 0017).
 pub fn withdraw_pending(header: &RingHeader, seq: u64) {
     // SYNC: pending — Relaxed, like the announcement; a subscriber that
     // still reads `seq` spins for a commit that never lands, 2 ms at most.
@@ -133,8 +137,9 @@ mod tests {
     use super::*;
 
     /// A failed enqueue of frame 6 while frame 5's commit is still in
-    /// flight leaves frame 5 announced: a subscriber rung for it (ADR 0017)
-    /// that parks again must still see it in flight, not sleep through it.
+    /// flight leaves frame 5 announced: a subscriber rung at its
+    /// announcement that parks again must still see it in flight, not sleep
+    /// through it (ADR 0017).
     #[test]
     fn a_withdrawn_announcement_leaves_the_previous_commit_in_flight() {
         // SAFETY: the header is `repr(C)` shared words, all atomics, for

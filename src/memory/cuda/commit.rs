@@ -9,16 +9,16 @@
 //! on a counter word; the last block to finish (the classic
 //! threadfence-reduction pattern) issues a system-scope fence
 //! (`membar.sys`), stores the frame's seq into the pool's gate word when
-//! the ring has one (device memory, ADR 0011: queued pull copies wait on
-//! it, and may start from here on), then into each target's `push_seq`
-//! word and into the slot's seq word, then fences again and stores
-//! `global_seq`. Those words live in the publisher's host shared memory,
-//! registered with `cuMemHostRegister` and reached through its device
-//! mapping, so a subscriber polling them on the CPU sees them the moment
-//! the GPU has stored them, with no CPU work in the publisher. The two
-//! system fences give the order the protocol needs (PROTOCOL.md §10.1): the
-//! frame's bytes and every push copy, then the push and slot seqs, then
-//! `global_seq`.
+//! the ring has one (device memory, where queued pull copies see it sooner
+//! than a host word, and may start from here on; ADR 0011), then into each
+//! target's `push_seq` word and into the slot's seq word, then fences again
+//! and stores `global_seq`. Those words live in the publisher's host shared
+//! memory, registered with `cuMemHostRegister` and reached through its
+//! device mapping, so a subscriber polling them on the CPU sees them the
+//! moment the GPU has stored them, with no CPU work in the publisher. The
+//! two system fences give the order the protocol needs (PROTOCOL.md
+//! §10.1): the frame's bytes and every push copy, then the push and slot
+//! seqs, then `global_seq`.
 //!
 //! The counter words (64 of them, indexed by `seq % 64`, reset by the last
 //! block) are a small device allocation of the publisher's; commits of one
@@ -43,7 +43,7 @@
 //! used it has landed (`global_seq`); until then, and for any frame the
 //! graph was not made for (another grid, more than [`MAX_FANOUT`]
 //! targets), the publisher launches the kernel with its descriptor by
-//! value, as before.
+//! value.
 //!
 //! **Only when the ring publishes often** ([`CommitGraph`], ADR 0022). The
 //! graph saves CPU over the launch when commits come close together and
@@ -68,15 +68,17 @@ pub const COMMIT_AT_KERNEL: &str = "vramring_commit_at";
 pub const FETCH_KERNEL: &str = "vramring_commit_fetch";
 
 /// By default a ring replays the commit graph while its push commits come
-/// on average at most this far apart ([`CommitGraph::AUTO`]; ADR 0022: on
-/// the H200 the graph costs the CPU less than a launch at a frame every
-/// 2 ms, about the same at 5 ms, and more from 10 ms on).
+/// on average at most this far apart ([`CommitGraph::AUTO`]): the graph
+/// costs the producer's CPU less than a launch when commits come close
+/// together and more at slower paces, and this bound lies between the two
+/// (`docs/PERF.md`, "Commit graph or kernel launch, by the ring's pace";
+/// ADR 0022).
 pub const COMMIT_GRAPH_WITHIN: std::time::Duration = std::time::Duration::from_millis(4);
 
 /// When a push commit replays the commit graph instead of launching the
-/// commit kernel (ADR 0021, ADR 0022). Either way the GPU does the same
-/// stores in the same order; only the producer's CPU cost and a few µs of
-/// latency differ.
+/// commit kernel. Either way the GPU does the same stores in the same
+/// order; only the producer's CPU cost and, by the graph's fetch node, a
+/// little latency differ (ADR 0021, ADR 0022).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommitGraph {
     /// Every push commit launches the kernel; no graph is made.
@@ -122,8 +124,8 @@ impl Default for CommitGraph {
 /// its push commits (each new interval weighs 1/8) and whether it replays.
 /// Deciding on the average, and stopping only past one and a half times
 /// the bound, keeps a source whose intervals jitter around the bound from
-/// switching between the two paths frame by frame: on the H200 a ring
-/// that did so paid more than either path alone (each stayed cold).
+/// switching between the two paths frame by frame, which costs more than
+/// either path alone because neither stays warm (ADR 0022).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Pace {
     /// When the previous push commit was enqueued.

@@ -293,8 +293,8 @@ impl Cadence {
     /// when it does not come, and [`MAX_MISSES`] such windows in a row
     /// unlock), so it is `LATE_FACTOR` times what the late samples say: a
     /// window that ends before a late frame costs that frame a doorbell
-    /// wake, tens to hundreds of µs on an idle vCPU, where spinning on
-    /// costs only the CPU of that frame.
+    /// wake, slow on an idle vCPU, where spinning on costs only the CPU of
+    /// that frame.
     fn bounds(&self) -> (u64, u64) {
         let over = self.overshoot.quantile(COVER).unwrap_or(DEFAULT_OVERSHOOT_NS);
         let errors = self.errors();

@@ -2,11 +2,12 @@
 //! interval from the commit timestamps it reads, parks on its doorbell
 //! until just before the next frame is due, and spins only then.
 //!
-//! Why: a parked waiter on a sleeping vCPU pays tens to hundreds of µs to
-//! be woken (the idle state's exit, not the ring). A camera publishes at a
-//! steady cadence, so the wake can be moved ahead of the frame: the
-//! subscriber sets a timer (the park's own timeout) for `expected − margin`
-//! and is already awake and spinning when the frame lands.
+//! Why: a parked waiter on a sleeping vCPU is slow to wake (the idle
+//! state's exit, not the ring; `docs/PERF.md`, "Wake-ups at camera
+//! rates"). A camera publishes at a steady cadence, so the wake can be
+//! moved ahead of the frame: the subscriber sets a timer (the park's own
+//! timeout) for `expected − margin` and is already awake and spinning when
+//! the frame lands.
 //!
 //! * [`Cadence`] is the estimator and the timing policy, pure arithmetic
 //!   over nanosecond timestamps (unit-tested with synthetic ones). It is
@@ -35,8 +36,8 @@
 //!   the samples say frames show up, says the window was placed late: the
 //!   samples above it are forgotten.
 //! * The park up to the window runs with the thread's timer slack at 1 ns
-//!   (restored after the wait), so its timer fires when asked and not up
-//!   to 50 µs later.
+//!   (restored after the wait), so its timer fires when asked and not as
+//!   late as the kernel's default slack allows.
 //! * Anything irregular unlocks it: a seq that goes backwards or jumps, a
 //!   timestamp in the future, zero, backwards or out of range (a hostile or
 //!   restarted publisher), intervals that disagree, or frames that miss

@@ -20,13 +20,14 @@ pub enum WaitStrategy {
     /// frame is due (an early frame still wakes it), spins through the
     /// window in which the frame is expected, and falls back to
     /// [`WaitStrategy::Park`] when the frame does not come or the source
-    /// is irregular. At camera rates it receives a frame within tens of µs
-    /// of its commit while spending a few hundred µs of CPU per frame.
+    /// is irregular. At camera rates it receives frames far sooner than a
+    /// plain park, for a small share of the CPU a spin costs
+    /// (`docs/PERF.md`, "Wake-ups at camera rates").
     #[default]
     Cadence,
     /// Spin for `spin` (default 50 µs), then park on the futex until a
     /// frame comes. Cheapest in CPU; every frame that comes while parked
-    /// pays the kernel's wakeup (tens of µs to ms on an idle vCPU).
+    /// pays the kernel's wakeup, slow on an idle vCPU.
     Park,
     /// Busy-poll for the whole timeout: lowest latency, one core at 100 %.
     /// A publisher that closes is noticed at the timeout, not before.

@@ -32,7 +32,9 @@ pub struct Bell<'a> {
     /// seq `s`. The wait also ends, returning `s`, as soon as the publisher
     /// has loaned the slot for `s` (the word reads `s | SEQ_WRITING`),
     /// before the commit is announced: the subscriber then queues its copy
-    /// behind the commit on the GPU (ADR 0014). `None`: not watched.
+    /// behind the commit on the GPU, so its driver calls overlap the frame's
+    /// writes instead of adding to its latency (ADR 0014). `None`: not
+    /// watched.
     pub loaned: Option<(&'a AtomicU64, u64)>,
 }
 

@@ -19,14 +19,15 @@
 //! * **in flight** (frame rings on CUDA, stream-order commits): the GPU
 //!   stores `global_seq` behind the frame's writes, and the publisher does
 //!   not wait for it. It stores `pending_seq` (the seq it enqueued),
-//!   `SeqCst` fence, then rings every subscriber it sees parked, at once
-//!   (ADR 0017): the commit may not have landed yet. A subscriber that has
-//!   set `parked` and fenced reads `pending_seq` too: if a commit newer
-//!   than what it waits for is in flight it spins until it lands (then naps
-//!   briefly) instead of parking. Dekker again: either the publisher saw
-//!   the flag and rang, so the subscriber wakes, parks again and sees the
-//!   commit in flight, or the subscriber saw the commit in flight. Nobody
-//!   rings when the commit lands.
+//!   `SeqCst` fence, then rings every subscriber it sees parked, at once,
+//!   so that no subscriber can make it wait for the GPU (ADR 0017): the
+//!   commit may not have landed yet. A subscriber that has set `parked` and
+//!   fenced reads `pending_seq` too: if a commit newer than what it waits
+//!   for is in flight it spins until it lands (then naps briefly) instead of
+//!   parking. Dekker again: either the publisher saw the flag and rang, so
+//!   the subscriber wakes, parks again and sees the commit in flight, or
+//!   the subscriber saw the commit in flight. Nobody rings when the commit
+//!   lands.
 
 mod bell;
 mod precise_timer;

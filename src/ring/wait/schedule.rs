@@ -195,7 +195,8 @@ pub fn wait_with(
             return WaitOutcome::Advanced(g);
         }
         // A planned window ends the park early (`from > now` here), on a
-        // timer without the thread's default 50 µs slack.
+        // timer held without the thread's timer slack (`PreciseTimer`), so
+        // it fires when asked.
         let timer = window.map(|w| w.from);
         if timer.is_some() && precise.is_none() {
             precise = Some(PreciseTimer::hold());
@@ -229,11 +230,11 @@ pub fn wait_with(
                     let now = Instant::now();
                     if let Some(w) = window.filter(|w| now >= w.from) {
                         // The planned window opens while this spin runs
-                        // (a ring before the commit landed, ADR 0017): the
-                        // spin is the window's, so a frame found from here
-                        // is the window's hit or miss, not an early frame
-                        // whose lateness would read as the timer's
-                        // overshoot.
+                        // (the publisher rang at the announcement, before
+                        // the commit landed, ADR 0017): the spin is the
+                        // window's, so a frame found from here is the
+                        // window's hit or miss, not an early frame whose
+                        // lateness would read as the timer's overshoot.
                         window = None;
                         plan.window_opened();
                         until = until.max(w.until.min(deadline));
