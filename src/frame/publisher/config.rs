@@ -26,8 +26,8 @@ pub enum CommitMode {
     #[default]
     Stream,
     /// Synchronise the writer's stream on the publisher's thread, then
-    /// commit on the CPU (protocol 2's path; every publish blocks for the
-    /// frame's writes and every push copy).
+    /// commit on the CPU: every publish blocks for the frame's writes and
+    /// every push copy.
     Synchronous,
 }
 

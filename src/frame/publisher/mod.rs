@@ -290,7 +290,7 @@ impl Publisher {
 
     /// Stream-order commits: makes the GPU's stores possible (registers the
     /// control region and the table for them, loads the commit kernel). On
-    /// failure the ring commits on the CPU, as protocol 2 did.
+    /// failure the ring commits on the CPU after synchronising the stream.
     fn enable_stream_commit(&mut self) {
         if self.shared.cfg.commit != CommitMode::Stream || self.pool.kind() != BackendKind::Cuda {
             return;

@@ -54,8 +54,8 @@ pub enum PullStart {
     /// where the device cannot wait on memory (no 64-bit stream memory
     /// operations; for the host word, no read-only host registration).
     Queued,
-    /// After the commit has landed and this process has seen it (the v3
-    /// behaviour).
+    /// After the commit has landed and this process has seen it: no copy
+    /// waits on the GPU.
     AfterCommit,
 }
 
