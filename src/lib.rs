@@ -16,53 +16,14 @@
 //! * [`packet`]: the encoded side of a camera (H.264/H.265 access units) in
 //!   a CPU shared-memory packet ring, served over the same handshake:
 //!   keyframe join, overrun resync, codec parameters, lossless recorders.
+//! * [`cuda`]: which GPUs can hold a ring, how a CUDA ring commits, and
+//!   typed device memory ([`cuda::DeviceView`]) and streams
+//!   ([`cuda::Stream`]) for writing and reading frames on the GPU.
 //!
-//! # Layers
-//!
-//! ```text
-//!  frame/  (decoded frames)                 packet/  (encoded packets)
-//!  ├─ publisher.rs   Publisher, SlotMut      ├─ publisher.rs  PacketPublisher
-//!  ├─ subscriber.rs  Subscriber, Frame       ├─ subscriber.rs PacketSubscriber
-//!  └─ protocol/      publish, consume, push  ├─ writer.rs / reader.rs
-//!                                            └─ protocol.rs   record seqlock
-//!         │                                          │
-//!         └──────────────┬───────────────────────────┘
-//!  ring/  (the core both kinds stand on)
-//!  ├─ table.rs     subscriber entries: assign, serve, evict, free, reuse;
-//!  │               each subscriber's own client region
-//!  ├─ serve/       the socket service: handshake, per-connection limits
-//!  ├─ lossless.rs  the producer's bounded wait, eviction past the lease
-//!  ├─ wait/        publish a seq, wake parked subscribers; spin-then-park
-//!  ├─ cadence/     the default wait: learn the cadence, wake before the frame
-//!  └─ lease.rs     the subscriber side: liveness, drain, ProducerGone
-//!         │
-//!  layout.rs (shared #[repr(C)] structs)   socket/ (messages, SCM_RIGHTS)
-//!  memory/ (host memfd and CUDA VMM pools) shm.rs (memfd regions, seals)
-//!  sync.rs (std or loom atomics)           lifecycle/ (exit registry)
-//! ```
-//!
-//! # A frame's path
-//!
-//! ```text
-//!  producer process                              subscriber process
-//!  Publisher::loan            frame/publisher.rs
-//!    lossless gate            ring/lossless.rs + ring/table.rs (holder)
-//!    invalidate slot          frame/protocol/publish.rs
-//!  (caller writes the slot, host or its CUDA stream)
-//!  SlotMut::publish[_cuda]    frame/publisher.rs
-//!    push copies, sync        memory/{host,cuda}
-//!    commit slot, global_seq  frame/protocol/publish.rs
-//!    wake parked clients      ring/table.rs -> ring/wait/
-//!                                               Subscriber::next   frame/subscriber.rs
-//!                                                 lease check      ring/lease.rs
-//!                                                 wait (own bell)  ring/wait/
-//!                                                 pick + snapshot  frame/protocol/consume.rs
-//!                                                 copy, validate   memory/… + consume.rs
-//!                                                 (or the pushed buffer: frame/protocol/push.rs)
-//! ```
-//!
-//! The shared layout is in `src/layout.rs` and, for other languages, in
-//! `proto/vramring.h` and `proto/PROTOCOL.md`. Who may write what, and what
+//! How the crate is built (its layers, a frame's path through them, the
+//! workspace around it) is in `ARCHITECTURE.md`. The shared layout is in
+//! `src/layout.rs` and, for other languages, in `proto/vramring.h` and
+//! `proto/PROTOCOL.md`. Who may write what, and what
 //! a hostile subscriber can and cannot do, is in `docs/SECURITY.md`.
 //!
 //! Test scaffolding (the fake CUDA driver, the CPU and GPU test patterns, the
