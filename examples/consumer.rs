@@ -8,7 +8,9 @@
 //! ```
 //!
 //! `--json` prints one JSON object per line; the last one (`"event":"final"`)
-//! is the summary. Exits non-zero if any frame was torn.
+//! is the summary. Exits 1 if any frame was torn, or if frames stopped
+//! coming for `--timeout-ms` while the publisher still held the ring
+//! (`"end":"timeout"`: a stalled publisher is a failure, not an end).
 
 use clap::Parser;
 
@@ -34,6 +36,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let report = common::run_consumer(&cli.args)?;
     if report.torn > 0 {
         return Err(format!("{}: {} torn frames", report.name, report.torn).into());
+    }
+    if report.end == "timeout" {
+        return Err(format!(
+            "{}: no frame came for {} ms after frame {} while the publisher still held the ring; \
+             it stalled or stopped publishing without closing (raise --timeout-ms for a slower source)",
+            report.name, cli.args.timeout_ms, report.last_seq
+        )
+        .into());
     }
     Ok(())
 }

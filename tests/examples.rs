@@ -152,3 +152,115 @@ fn the_demo_runs_a_producer_and_three_consumers_to_a_clean_table() {
     }
     assert!(out.contains("every delivered frame verified: torn = 0"), "{out}");
 }
+
+#[test]
+fn the_consumer_example_fails_with_a_sentence_when_frames_stop_coming() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use vramring::{BackendChoice, Format, FrameMeta, Publisher, RingConfig};
+    let dir = TempDir::new("examples-stall");
+    let socket = dir.join("cam.sock");
+    let mut p = Publisher::create(
+        &socket,
+        RingConfig::new(Format::Gray8, 64, 16).backend(BackendChoice::Host),
+    )
+    .expect("publisher");
+    let mut child = Command::new(example("consumer"))
+        .args(["--socket", &socket.display().to_string(), "--name", "stalled"])
+        .args(["--timeout-ms", "300", "--report-ms", "20", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("consumer");
+    // Publish until the consumer reports a frame, then hold the ring
+    // without publishing: its next read times out.
+    let delivered = AtomicBool::new(false);
+    let out = std::thread::scope(|s| {
+        s.spawn(|| {
+            let start = Instant::now();
+            while !delivered.load(Ordering::Relaxed) {
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "the consumer never reported a frame"
+                );
+                let mut slot = p.loan(Duration::from_secs(1)).expect("loan");
+                let seq = slot.seq();
+                vramring_testkit::pattern::fill(slot.bytes_mut().expect("host slot"), seq);
+                slot.publish(FrameMeta::pts(seq as i64)).expect("publish");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        let mut lines = Vec::new();
+        for line in BufReader::new(child.stdout.take().expect("stdout")).lines() {
+            let line = line.expect("consumer stdout");
+            if JsonLine::parse(&line)
+                .and_then(|j| j.u64("delivered"))
+                .is_some_and(|n| n > 0)
+            {
+                delivered.store(true, Ordering::Relaxed);
+            }
+            lines.push(line);
+        }
+        delivered.store(true, Ordering::Relaxed);
+        lines.join("\n")
+    });
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("stderr");
+    let status = child.wait().expect("consumer exit");
+    assert_eq!(status.code(), Some(1), "a stall is a failure; stderr: {err}");
+    assert!(err.contains("no frame came for 300 ms"), "{err}");
+    assert_eq!(JsonLine::final_in(&out).get("end"), Some("timeout"), "{out}");
+}
+
+#[test]
+fn the_producer_example_refuses_what_its_access_flags_say() {
+    use vramring::{ClientOptions, Refusal, Subscriber, SubscriberOptions};
+    let dir = TempDir::new("examples-access");
+    let connect = |socket: &std::path::Path, opts: SubscriberOptions| {
+        let start = Instant::now();
+        loop {
+            match Subscriber::connect(socket, opts.clone().connect_timeout(Duration::from_secs(5))) {
+                Err(vramring::Error::Io { .. }) if start.elapsed() < Duration::from_secs(30) => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                other => return other,
+            }
+        }
+    };
+    let producer = |name: &str, flags: &[&str]| {
+        let socket = dir.join(&format!("{name}.sock"));
+        let mut c = Command::new(example("producer"));
+        c.args(["--socket", &socket.display().to_string(), "--backend", "host"]);
+        c.args(["--width", "64", "--height", "16", "--fps", "100"]);
+        c.args(flags);
+        (common::spawn(&dir, name, c), socket)
+    };
+
+    let (_nobody, socket) = producer("pull-nobody", &["--pull", "nobody"]);
+    match connect(&socket, SubscriberOptions::default()) {
+        Err(e) => assert_eq!(e.refusal(), Some(Refusal::PullDenied), "{e}"),
+        Ok(_) => panic!("a pull subscriber was served by a push-only producer"),
+    }
+    let pushed = connect(&socket, SubscriberOptions::default().push(true));
+    assert!(pushed.is_ok(), "a push subscriber was refused: {:?}", pushed.err());
+
+    let (_stranger, socket) = producer("allow-list", &["--allow-uid", "4000000000"]);
+    match connect(&socket, SubscriberOptions::default()) {
+        Err(e) => assert_eq!(e.refusal(), Some(Refusal::Permission), "{e}"),
+        Ok(_) => panic!("a peer off the allow-list was served"),
+    }
+
+    let (_read_only, socket) = producer("no-write", &[]);
+    match connect(&socket, SubscriberOptions::default().write(true)) {
+        Err(e) => assert_eq!(e.refusal(), Some(Refusal::WriteDenied), "{e}"),
+        Ok(_) => panic!("write access was granted without --allow-write"),
+    }
+    let (_writable, socket) = producer("write", &["--allow-write"]);
+    let w = connect(&socket, SubscriberOptions::default().write(true));
+    assert!(w.is_ok(), "--allow-write did not grant write access: {:?}", w.err());
+}

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use vramring::cuda::CommitGraph;
 use vramring::ClientOptions;
 use vramring::{
-    monotonic_ns, AttachRate, BackendChoice, BackendKind, Error as RingError, Format, Frame, FrameMeta, Mode, Policy,
-    Publisher, PullStart, RingConfig, ServeOptions, Subscriber, SubscriberOptions, WaitStrategy,
+    monotonic_ns, AccessPolicy, AttachRate, BackendChoice, BackendKind, Error as RingError, Format, Frame, FrameMeta,
+    Mode, Policy, Publisher, PullAccess, PullStart, RingConfig, ServeConfig, ServeOptions, Subscriber,
+    SubscriberOptions, WaitStrategy,
 };
 // The examples' frames carry the test pattern, and their reports are the
 // test kit's JSON lines: the demo and the tests read them back.
@@ -124,8 +125,28 @@ pub struct ProducerArgs {
     #[arg(long, value_enum, default_value_t = PolicyArg::Overwrite)]
     pub policy: PolicyArg,
     /// Evict a lossless subscriber that holds a frame longer than this.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = ServeConfig::default().lossless_lease.as_millis() as u64)]
     pub lossless_lease_ms: u64,
+    /// Subscribers connected at once (the subscriber table's entries).
+    #[arg(long, default_value_t = ServeConfig::default().max_subscribers)]
+    pub max_subscribers: u32,
+    /// Who receives the pool (pull delivery): anyone, nobody (push only),
+    /// or uids=UID[,UID...]; the others must ask for push.
+    #[arg(long, default_value = "anyone", value_parser = parse_pull_access)]
+    pub pull: PullAccess,
+    /// Grant write access to the pool to subscribers that ask for it.
+    #[arg(long)]
+    pub allow_write: bool,
+    /// The socket file's mode, in octal (who may connect at all).
+    #[arg(long, default_value = "660", value_parser = parse_octal)]
+    pub socket_mode: u32,
+    /// Only these uids may subscribe (repeatable; with --allow-gid, either
+    /// list admits). None given: anyone the socket mode lets in.
+    #[arg(long = "allow-uid")]
+    pub allow_uids: Vec<u32>,
+    /// Only these gids may subscribe (repeatable).
+    #[arg(long = "allow-gid")]
+    pub allow_gids: Vec<u32>,
     /// Push subscribers' buffers taken per second once the burst is spent
     /// (ADR 0020; 0: every Attach at once, for trusted subscribers only).
     #[arg(long, default_value_t = AttachRate::DEFAULT.per_second)]
@@ -322,6 +343,29 @@ impl ProducerReport {
     }
 }
 
+/// `--pull`: `anyone`, `nobody` or `uids=UID[,UID...]`.
+fn parse_pull_access(s: &str) -> Result<PullAccess, String> {
+    match s {
+        "anyone" => Ok(PullAccess::Anyone),
+        "nobody" => Ok(PullAccess::Nobody),
+        _ => {
+            let list = s
+                .strip_prefix("uids=")
+                .ok_or_else(|| format!("{s:?} is not anyone, nobody or uids=UID[,UID...]"))?;
+            let uids = list
+                .split(',')
+                .map(|u| u.trim().parse::<u32>().map_err(|e| format!("uid {u:?}: {e}")))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(PullAccess::Uids(uids))
+        }
+    }
+}
+
+/// `--socket-mode`: an octal file mode such as `660`.
+fn parse_octal(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8).map_err(|e| format!("{s:?} is not an octal mode: {e}"))
+}
+
 /// Publishes frames as `args` says until the frame count is reached or a
 /// stop signal arrives.
 ///
@@ -338,7 +382,15 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
         .policy(policy)
         .backend(backend)
         .commit_graph(args.commit_graph)
-        .lossless_lease(Duration::from_millis(args.lossless_lease_ms));
+        .allow_write(args.allow_write)
+        .pull(args.pull.clone())
+        .lossless_lease(Duration::from_millis(args.lossless_lease_ms))
+        .max_subscribers(args.max_subscribers)
+        .socket_mode(args.socket_mode)
+        .access(AccessPolicy {
+            uids: args.allow_uids.clone(),
+            gids: args.allow_gids.clone(),
+        });
     let cfg = if args.attach_rate == 0 {
         cfg.unbounded_attaches()
     } else {
