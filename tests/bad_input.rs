@@ -6,9 +6,10 @@
 //!   attacker opened;
 //! * a hostile fake publisher (this test binds its own socket and builds its
 //!   own memfds) answering a Hello with rejects, garbage, too few or too many
-//!   descriptors, and control regions with a wrong magic, version, slot
-//!   count, plane layout, pool size, or missing seals, makes
-//!   `Subscriber::connect` return a typed error, never panic; random
+//!   descriptors, a Welcome without a flag asked for, and control regions
+//!   with a wrong magic, version, slot count, plane layout, pool size, or
+//!   missing seals, makes `Subscriber::connect` return a typed error, never
+//!   panic; random
 //!   corruption of an otherwise valid ring (before and after connecting)
 //!   gives a typed error or a working subscriber, never a panic.
 
@@ -35,7 +36,9 @@ use vramring::seam::layout::{self, ProducerLine, RingHeader, SeqLine, SharedRing
 use vramring::seam::socket::msg::{self, Hello, Msg, Notice, Welcome};
 use vramring::seam::socket::transport::{self, Listener};
 use vramring::BackendChoice;
-use vramring::{Error, Format, FrameMeta, Geometry, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions};
+use vramring::{
+    Error, Format, FrameMeta, Geometry, Mode, Publisher, Refusal, RingConfig, Subscriber, SubscriberOptions,
+};
 use vramring_testkit::pattern as testpattern;
 
 #[test]
@@ -488,9 +491,14 @@ fn victim_options() -> SubscriberOptions {
 /// Connects to a fake publisher answering `reply`, hands the outcome to
 /// `then`, and waits for the fake to finish.
 fn against<R>(reply: Reply, then: impl FnOnce(vramring::Result<Subscriber>) -> R) -> R {
+    against_as(victim_options(), reply, then)
+}
+
+/// [`against`], with the subscriber's options `opts`.
+fn against_as<R>(opts: SubscriberOptions, reply: Reply, then: impl FnOnce(vramring::Result<Subscriber>) -> R) -> R {
     let dir = TempDir::new(&format!("fake-{}", NEXT_SOCKET.fetch_add(1, Ordering::Relaxed)));
     let (path, fake) = fake_publisher(&dir, reply);
-    let out = then(Subscriber::connect(&path, victim_options()));
+    let out = then(Subscriber::connect(&path, opts));
     fake.join().expect("fake publisher thread");
     out
 }
@@ -582,6 +590,20 @@ fn an_ordinary_reject_is_refused_with_its_code_and_reason() {
         "reject FULL",
         Reply::Send(b, vec![]),
         |e| matches!(e, Error::Refused { code: msg::REJECT_FULL, reason } if reason == "full"),
+    );
+}
+
+#[test]
+fn a_welcome_that_leaves_out_the_lossless_asked_for_is_refused() {
+    // A publisher leaves out of `granted` the flags it does not know
+    // (PROTOCOL.md §3.2); the fake grants only SEQUENTIAL.
+    against_as(
+        victim_options().lossless(true),
+        welcome_with(&Ring::valid()),
+        |r| match r {
+            Ok(_) => panic!("a lossless subscriber accepted a Welcome without lossless"),
+            Err(e) => assert_eq!(e.refusal(), Some(Refusal::Policy), "unexpected error {e:?}"),
+        },
     );
 }
 
