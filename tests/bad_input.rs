@@ -267,6 +267,37 @@ fn a_publisher_under_random_socket_input_keeps_serving_a_real_subscriber() {
     );
 }
 
+/// A first datagram longer than any message gets Reject `REJECT_BAD_HELLO`
+/// like every other malformed first message, both when it is one byte too
+/// long (received whole into the 257-byte buffer) and when the kernel cuts
+/// it (`MSG_TRUNC`).
+#[test]
+fn an_oversized_first_datagram_is_refused_as_a_bad_hello() {
+    let dir = TempDir::new("oversized-hello");
+    let socket = dir.join("ring.sock");
+    let cfg = RingConfig::new(Format::Gray8, 64, 16)
+        .slots(4)
+        .backend(BackendChoice::Host);
+    let p = Publisher::create(&socket, cfg).expect("publisher");
+    for len in [msg::MAX_MSG_BYTES + 1, 1000] {
+        let conn = transport::connect(&socket).expect("connect");
+        // A Hello padded to `len`, its header's body length saying so.
+        let mut b = valid_hello(0);
+        b.resize(len, 0);
+        b[12..16].copy_from_slice(&(len as u32 - 16).to_le_bytes());
+        transport::send(conn.as_fd(), &b, &[]).expect("send");
+        let answer = transport::recv(conn.as_fd(), Duration::from_secs(5))
+            .expect("an answer, not a hang-up")
+            .expect("an answer in time");
+        match Msg::decode(&answer.bytes) {
+            Ok(Msg::Reject(n)) => assert_eq!(n.code, msg::REJECT_BAD_HELLO, "{len} bytes: {n:?}"),
+            other => panic!("{len} bytes: the publisher answered {other:?}"),
+        }
+    }
+    let st = p.stats();
+    assert_eq!((st.subscribers, st.refused), (0, 2), "{st:?}");
+}
+
 // ---------------------------------------------------------------------------
 // A hostile publisher
 // ---------------------------------------------------------------------------

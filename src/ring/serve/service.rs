@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags};
 
 use super::attach_budget::{AttachBudget, Attaches, Waiting};
-use super::handshake::handshake;
+use super::handshake::{handshake, refuse_unreadable};
 use super::{evict_reason, Served, Waker};
+use crate::error::Error;
 use crate::layout::{EVICT_PROTOCOL, PRODUCER_CLOSED};
 use crate::lifecycle::StopSignal;
 use crate::socket::msg::{Attach, Msg, Notice};
@@ -271,28 +272,31 @@ fn serve_pending<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant) -> 
         }
         return Verdict::Keep;
     }
-    match transport::recv(c.fd.as_fd(), Duration::ZERO) {
-        Ok(Some(m)) => match handshake(sh, &c.fd, &m.bytes) {
-            // Descriptors sent with a Hello (`m.fds`) are dropped
-            // (closed) here: a Hello carries none.
-            Ok((index, generation)) => {
-                c.state = State::Active {
-                    index,
-                    generation,
-                    attached: false,
-                    waiting: None,
-                };
-                Verdict::Keep
-            }
-            Err(e) => {
-                tracing::info!(error = %e, "subscriber refused");
-                // Relaxed: own counter.
-                sh.state().refused.fetch_add(1, Ordering::Relaxed);
-                Verdict::Close
-            }
-        },
-        Ok(None) => Verdict::Keep,
-        Err(_) => Verdict::Close,
+    let outcome = match transport::recv(c.fd.as_fd(), Duration::ZERO) {
+        // Descriptors sent with a Hello (`m.fds`) are dropped (closed)
+        // here: a Hello carries none.
+        Ok(Some(m)) => handshake(sh, &c.fd, &m.bytes),
+        Ok(None) => return Verdict::Keep,
+        // Longer than any message, or its descriptors cut: malformed.
+        Err(Error::BadMessage(reason)) => Err(refuse_unreadable(&c.fd, reason)),
+        Err(_) => return Verdict::Close,
+    };
+    match outcome {
+        Ok((index, generation)) => {
+            c.state = State::Active {
+                index,
+                generation,
+                attached: false,
+                waiting: None,
+            };
+            Verdict::Keep
+        }
+        Err(e) => {
+            tracing::info!(error = %e, "subscriber refused");
+            // Relaxed: own counter.
+            sh.state().refused.fetch_add(1, Ordering::Relaxed);
+            Verdict::Close
+        }
     }
 }
 
