@@ -3,7 +3,9 @@
 //! * a live publisher fed random and mutated socket messages on raw
 //!   `SOCK_SEQPACKET` connections keeps serving a real subscriber process
 //!   (every frame verified), never panics, and frees every lease the
-//!   attacker opened;
+//!   attacker opened; a first datagram too long to read is refused with
+//!   `REJECT_BAD_HELLO`, and an Attach on a pull connection is evicted with
+//!   a notice that says push delivery was not granted;
 //! * a hostile fake publisher (this test binds its own socket and builds its
 //!   own memfds) answering a Hello with rejects, garbage, too few or too many
 //!   descriptors, a Welcome without a flag asked for, and control regions
@@ -296,6 +298,46 @@ fn an_oversized_first_datagram_is_refused_as_a_bad_hello() {
     }
     let st = p.stats();
     assert_eq!((st.subscribers, st.refused), (0, 2), "{st:?}");
+}
+
+/// An Attach on a pull connection (push not granted) is evicted with
+/// `EVICT_PROTOCOL`, and the notice says that push delivery was not
+/// granted, not that the buffers do not fit.
+#[test]
+fn an_attach_without_a_push_grant_is_evicted_for_that_reason() {
+    let dir = TempDir::new("attach-pull");
+    let socket = dir.join("ring.sock");
+    let cfg = RingConfig::new(Format::Gray8, 64, 16)
+        .slots(4)
+        .backend(BackendChoice::Host);
+    let p = Publisher::create(&socket, cfg).expect("publisher");
+    let conn = transport::connect(&socket).expect("connect");
+    transport::send(conn.as_fd(), &valid_hello(0), &[]).expect("send the Hello");
+    let welcome = transport::recv(conn.as_fd(), Duration::from_secs(5))
+        .expect("a Welcome")
+        .expect("a Welcome in time");
+    assert!(matches!(Msg::decode(&welcome.bytes), Ok(Msg::Welcome(w)) if w.granted & msg::HELLO_PUSH == 0));
+    // Buffers that would fit a push subscriber of this ring.
+    let stride = Geometry::new(Format::Gray8, 64, 16).expect("geometry").slot_stride;
+    let bytes = stride * layout::PUSH_BUFFERS as u64;
+    let (fd, _map) = memfd("pull-attach", &vec![0u8; bytes as usize], FIXED_SIZE);
+    let attach = Msg::Attach(msg::Attach {
+        count: layout::PUSH_BUFFERS as u32,
+        stride,
+        bytes,
+    });
+    transport::send(conn.as_fd(), &attach.encode(), &[fd.as_fd()]).expect("send the Attach");
+    let notice = transport::recv(conn.as_fd(), Duration::from_secs(5))
+        .expect("a notice")
+        .expect("a notice in time");
+    match Msg::decode(&notice.bytes) {
+        Ok(Msg::Evicted(n)) => {
+            assert_eq!(n.code, msg::EVICT_PROTOCOL, "{n:?}");
+            assert!(n.reason.contains("push delivery was not granted"), "{n:?}");
+        }
+        other => panic!("the publisher answered the Attach with {other:?}"),
+    }
+    assert_eq!(p.stats().evictions, 1);
 }
 
 // ---------------------------------------------------------------------------

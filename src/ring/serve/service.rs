@@ -11,7 +11,7 @@ use super::attach_budget::{AttachBudget, Attaches, Waiting};
 use super::handshake::{handshake, refuse_unreadable};
 use super::{evict_reason, Served, Waker};
 use crate::error::Error;
-use crate::layout::{EVICT_PROTOCOL, PRODUCER_CLOSED};
+use crate::layout::{EVICT_PROTOCOL, PRODUCER_CLOSED, SUBF_PUSH};
 use crate::lifecycle::StopSignal;
 use crate::socket::msg::{Attach, Msg, Notice};
 use crate::socket::transport::{self, Listener};
@@ -319,6 +319,10 @@ fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant, atta
                     Ok(Some(m)) => match Msg::decode(&m.bytes) {
                         Ok(Msg::Bye) | Err(_) => Verdict::Close,
                         Ok(Msg::Attach(_)) if *attached => Verdict::Evict(EVICT_PROTOCOL, "sent a second Attach"),
+                        Ok(Msg::Attach(_)) if !push_granted(sh, index) => Verdict::Evict(
+                            EVICT_PROTOCOL,
+                            "sent an Attach, but push delivery was not granted to this connection",
+                        ),
                         Ok(Msg::Attach(a)) => {
                             *attached = true;
                             if let Err(reason) = sh.check_attach(index, &a, m.fds.len()) {
@@ -361,6 +365,15 @@ fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant, atta
             Verdict::Keep
         }
     }
+}
+
+/// Whether the entry of `index` was granted push delivery (`SUBF_PUSH`):
+/// only then may its connection send an Attach (PROTOCOL.md §16.3).
+fn push_granted<S: Served>(sh: &S, index: u32) -> bool {
+    sh.table()
+        .entry(index as usize)
+        // Relaxed: the flags are written by this thread at assignment.
+        .is_some_and(|e| e.flags.load(Ordering::Relaxed) & SUBF_PUSH != 0)
 }
 
 /// Hands an Attach to the ring kind; buffers that do not fit evict.
