@@ -546,7 +546,7 @@ typedef struct VR_PACKED vr_hello {
     vr_msg_header hdr;              /*  0 kind VR_KIND_HELLO, body_len 96        */
     uint32_t flags;                 /* 16 VR_HELLO_*                             */
     uint32_t backends;              /* 20 OR of VR_BACKEND_BIT(VR_BACKEND_*)     */
-    uint8_t name[32];               /* 24 UTF-8, NUL-padded                      */
+    uint8_t name[32];               /* 24 UTF-8, NUL-padded, no control chars    */
     uint8_t device_uuid[16];        /* 56 GPU the subscriber uses, 0 = any/none  */
     uint8_t reserved[40];           /* 72 zero                                   */
 } vr_hello;                         /* 112 */

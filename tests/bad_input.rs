@@ -5,7 +5,8 @@
 //!   (every frame verified), never panics, and frees every lease the
 //!   attacker opened; a first datagram too long to read is refused with
 //!   `REJECT_BAD_HELLO`, and an Attach on a pull connection is evicted with
-//!   a notice that says push delivery was not granted;
+//!   a notice that says push delivery was not granted; a subscriber name
+//!   with a control character is refused with `REJECT_BAD_HELLO`;
 //! * a hostile fake publisher (this test binds its own socket and builds its
 //!   own memfds) answering a Hello with rejects, garbage, too few or too many
 //!   descriptors, a Welcome without a flag asked for, and control regions
@@ -338,6 +339,37 @@ fn an_attach_without_a_push_grant_is_evicted_for_that_reason() {
         other => panic!("the publisher answered the Attach with {other:?}"),
     }
     assert_eq!(p.stats().evictions, 1);
+}
+
+/// A subscriber name with a control character (a newline, an escape that
+/// would drive the terminal of whoever runs `vramring ls`) is refused at
+/// the handshake with `REJECT_BAD_HELLO`, naming the character and where it
+/// is; nothing of it reaches the table.
+#[test]
+fn a_subscriber_name_with_a_control_character_is_refused_as_a_bad_hello() {
+    let dir = TempDir::new("control-name");
+    let socket = dir.join("ring.sock");
+    let cfg = RingConfig::new(Format::Gray8, 64, 16)
+        .slots(4)
+        .backend(BackendChoice::Host);
+    let p = Publisher::create(&socket, cfg).expect("publisher");
+    for (name, what) in [
+        ("cam\nforged line", "U+000A at byte 3"),
+        ("ok\x1b[2J", "U+001B at byte 2"),
+    ] {
+        match Subscriber::connect(&socket, SubscriberOptions::default().name(name)) {
+            Ok(_) => panic!("{name:?} was accepted"),
+            Err(e) => {
+                assert_eq!(e.refusal(), Some(Refusal::BadHello), "{name:?}: {e:?}");
+                assert!(e.to_string().contains(what), "{name:?}: {e}");
+            }
+        }
+    }
+    let st = p.stats();
+    assert_eq!((st.subscribers, st.connects, st.refused), (0, 0, 2), "{st:?}");
+    // A printable name, non-ASCII included, is welcome.
+    let _sub =
+        Subscriber::connect(&socket, SubscriberOptions::default().name("café-1 ▶")).expect("a printable name connects");
 }
 
 // ---------------------------------------------------------------------------
