@@ -19,7 +19,7 @@
  *    __ATOMIC_ACQUIRE)); "relaxed" where it says nothing. Never memcpy a
  *    struct out of shared memory and never write a field the protocol does
  *    not give to you.
- *  - Who writes what (protocol v2): the publisher alone writes the control
+ *  - Who writes what (since protocol 2): the publisher alone writes the control
  *    region, the subscriber table and the packet region; subscribers map
  *    them read-only (the memfds are sealed VR_READ_ONLY_SEALS and sent as
  *    read-only reopens). A subscriber writes only its own client region
@@ -165,7 +165,7 @@
 /* A region of fixed size that its holders may write. */
 #define VR_FIXED_SIZE_SEALS (VR_F_SEAL_SHRINK | VR_F_SEAL_GROW | VR_F_SEAL_SEAL)
 #define VR_CONTROL_SEALS VR_READ_ONLY_SEALS   /* fd 0: control region          */
-#define VR_SUBS_SEALS VR_READ_ONLY_SEALS      /* fd 1: subscriber table (v2)   */
+#define VR_SUBS_SEALS VR_READ_ONLY_SEALS      /* fd 1: subscriber table        */
 #define VR_CLIENT_SEALS VR_FIXED_SIZE_SEALS   /* fd 2: own client region       */
 /* Seals a subscriber requires on a host pool (fd 3). The publisher applies
  * VR_READ_ONLY_SEALS, or VR_FIXED_SIZE_SEALS when it grants write access to
@@ -241,9 +241,9 @@ typedef struct vr_seq_line {
     uint8_t _pad[112];
 } vr_seq_line;
 
-/* Reserved in v2 (zero): every subscriber parks on the doorbell of its own
- * vr_client_line, which no other subscriber can reach. (In v1 this was the
- * one futex word all subscribers shared.) */
+/* Reserved (zero) since protocol 2: every subscriber parks on the doorbell
+ * of its own vr_client_line, which no other subscriber can reach. (In
+ * protocol 1 this was the one futex word all subscribers shared.) */
 typedef struct vr_doorbell_line {
     VR_ALIGN128 uint32_t reserved;  /*   0 zero                                  */
     uint8_t _pad[124];
@@ -254,7 +254,7 @@ typedef struct vr_ring_header {
     vr_ring_info info;              /*   0 */
     vr_producer_line producer;      /* 256 */
     vr_seq_line seq;                /* 384 */
-    vr_doorbell_line doorbell;      /* 512 reserved (zero) in v2             */
+    vr_doorbell_line doorbell;      /* 512 reserved (zero)                   */
 } vr_ring_header;                   /* 640 */
 
 /* One slot's descriptor; slot of seq s is s & (slot_count - 1). Written only
@@ -281,7 +281,7 @@ typedef struct vr_subs_header {
     uint64_t reserved[28];          /*  32 zero                                  */
 } vr_subs_header;                   /* 256 */
 
-/* One subscriber's entry. Written by the publisher alone (v2); a
+/* One subscriber's entry. Written by the publisher alone; a
  * subscriber maps the table read-only and reads its own entry: its lease
  * holds while state == VR_SUB_ACTIVE and generation == its Welcome's. The
  * counters are the publisher's copies of what the subscriber reported in its
@@ -499,7 +499,9 @@ typedef struct vr_packet_record {
                                most once, only after a Welcome that granted
                                VR_HELLO_PUSH                                   */
 
-/* vr_hello.flags (asked) and vr_welcome.granted (granted) */
+/* vr_hello.flags (asked) and vr_welcome.granted (granted). A publisher
+ * ignores bits it does not know and leaves them out of granted: compare
+ * granted with what was asked (PROTOCOL.md section 3.2). */
 #define VR_HELLO_LOSSLESS 1u
 #define VR_HELLO_SEQUENTIAL 2u
 #define VR_HELLO_WRITE 4u
@@ -517,14 +519,14 @@ typedef struct vr_packet_record {
 #define VR_REJECT_BACKEND 4u
 #define VR_REJECT_POLICY 5u
 #define VR_REJECT_BAD_HELLO 6u
-#define VR_REJECT_SHUTDOWN 7u
+#define VR_REJECT_SHUTDOWN 7u   /* reserved: no publisher of this protocol sends it */
 #define VR_REJECT_WRITE_DENIED 8u
 #define VR_REJECT_KIND 9u   /* the socket serves the other kind of ring (frames
                                vs packets: VR_HELLO_PACKETS)                    */
 #define VR_REJECT_PULL_DENIED 10u /* pull delivery (the pool's descriptor) is not
                                granted to this peer: ask for VR_HELLO_PUSH      */
 /* Evicted codes: VR_EVICT_LEASE, VR_EVICT_PUSH, VR_EVICT_PROTOCOL (above). */
-#define VR_EVICT_ATTACH VR_EVICT_PUSH /* v1 name of VR_EVICT_PUSH            */
+#define VR_EVICT_ATTACH VR_EVICT_PUSH /* older name of VR_EVICT_PUSH         */
 
 #define VR_HELLO_BODY_BYTES 96u
 #define VR_WELCOME_BODY_BYTES 96u
@@ -544,7 +546,7 @@ typedef struct VR_PACKED vr_hello {
     vr_msg_header hdr;              /*  0 kind VR_KIND_HELLO, body_len 96        */
     uint32_t flags;                 /* 16 VR_HELLO_*                             */
     uint32_t backends;              /* 20 OR of VR_BACKEND_BIT(VR_BACKEND_*)     */
-    uint8_t name[32];               /* 24 UTF-8, NUL-padded                      */
+    uint8_t name[32];               /* 24 UTF-8, NUL-padded, no control chars    */
     uint8_t device_uuid[16];        /* 56 GPU the subscriber uses, 0 = any/none  */
     uint8_t reserved[40];           /* 72 zero                                   */
 } vr_hello;                         /* 112 */

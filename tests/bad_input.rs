@@ -3,12 +3,16 @@
 //! * a live publisher fed random and mutated socket messages on raw
 //!   `SOCK_SEQPACKET` connections keeps serving a real subscriber process
 //!   (every frame verified), never panics, and frees every lease the
-//!   attacker opened;
+//!   attacker opened; a first datagram too long to read is refused with
+//!   `REJECT_BAD_HELLO`, and an Attach on a pull connection is evicted with
+//!   a notice that says push delivery was not granted; a subscriber name
+//!   with a control character is refused with `REJECT_BAD_HELLO`;
 //! * a hostile fake publisher (this test binds its own socket and builds its
 //!   own memfds) answering a Hello with rejects, garbage, too few or too many
-//!   descriptors, and control regions with a wrong magic, version, slot
-//!   count, plane layout, pool size, or missing seals, makes
-//!   `Subscriber::connect` return a typed error, never panic; random
+//!   descriptors, a Welcome without a flag asked for, and control regions
+//!   with a wrong magic, version, slot count, plane layout, pool size, or
+//!   missing seals, makes `Subscriber::connect` return a typed error, never
+//!   panic; random
 //!   corruption of an otherwise valid ring (before and after connecting)
 //!   gives a typed error or a working subscriber, never a panic.
 
@@ -35,7 +39,9 @@ use vramring::seam::layout::{self, ProducerLine, RingHeader, SeqLine, SharedRing
 use vramring::seam::socket::msg::{self, Hello, Msg, Notice, Welcome};
 use vramring::seam::socket::transport::{self, Listener};
 use vramring::BackendChoice;
-use vramring::{Error, Format, FrameMeta, Geometry, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions};
+use vramring::{
+    Error, Format, FrameMeta, Geometry, Mode, Publisher, Refusal, RingConfig, Subscriber, SubscriberOptions,
+};
 use vramring_testkit::pattern as testpattern;
 
 #[test]
@@ -264,6 +270,108 @@ fn a_publisher_under_random_socket_input_keeps_serving_a_real_subscriber() {
     );
 }
 
+/// A first datagram longer than any message gets Reject `REJECT_BAD_HELLO`
+/// like every other malformed first message, both when it is one byte too
+/// long (received whole into the 257-byte buffer) and when the kernel cuts
+/// it (`MSG_TRUNC`).
+#[test]
+fn an_oversized_first_datagram_is_refused_as_a_bad_hello() {
+    let dir = TempDir::new("oversized-hello");
+    let socket = dir.join("ring.sock");
+    let cfg = RingConfig::new(Format::Gray8, 64, 16)
+        .slots(4)
+        .backend(BackendChoice::Host);
+    let p = Publisher::create(&socket, cfg).expect("publisher");
+    for len in [msg::MAX_MSG_BYTES + 1, 1000] {
+        let conn = transport::connect(&socket).expect("connect");
+        // A Hello padded to `len`, its header's body length saying so.
+        let mut b = valid_hello(0);
+        b.resize(len, 0);
+        b[12..16].copy_from_slice(&(len as u32 - 16).to_le_bytes());
+        transport::send(conn.as_fd(), &b, &[]).expect("send");
+        let answer = transport::recv(conn.as_fd(), Duration::from_secs(5))
+            .expect("an answer, not a hang-up")
+            .expect("an answer in time");
+        match Msg::decode(&answer.bytes) {
+            Ok(Msg::Reject(n)) => assert_eq!(n.code, msg::REJECT_BAD_HELLO, "{len} bytes: {n:?}"),
+            other => panic!("{len} bytes: the publisher answered {other:?}"),
+        }
+    }
+    let st = p.stats();
+    assert_eq!((st.subscribers, st.refused), (0, 2), "{st:?}");
+}
+
+/// An Attach on a pull connection (push not granted) is evicted with
+/// `EVICT_PROTOCOL`, and the notice says that push delivery was not
+/// granted, not that the buffers do not fit.
+#[test]
+fn an_attach_without_a_push_grant_is_evicted_for_that_reason() {
+    let dir = TempDir::new("attach-pull");
+    let socket = dir.join("ring.sock");
+    let cfg = RingConfig::new(Format::Gray8, 64, 16)
+        .slots(4)
+        .backend(BackendChoice::Host);
+    let p = Publisher::create(&socket, cfg).expect("publisher");
+    let conn = transport::connect(&socket).expect("connect");
+    transport::send(conn.as_fd(), &valid_hello(0), &[]).expect("send the Hello");
+    let welcome = transport::recv(conn.as_fd(), Duration::from_secs(5))
+        .expect("a Welcome")
+        .expect("a Welcome in time");
+    assert!(matches!(Msg::decode(&welcome.bytes), Ok(Msg::Welcome(w)) if w.granted & msg::HELLO_PUSH == 0));
+    // Buffers that would fit a push subscriber of this ring.
+    let stride = Geometry::new(Format::Gray8, 64, 16).expect("geometry").slot_stride;
+    let bytes = stride * layout::PUSH_BUFFERS as u64;
+    let (fd, _map) = memfd("pull-attach", &vec![0u8; bytes as usize], FIXED_SIZE);
+    let attach = Msg::Attach(msg::Attach {
+        count: layout::PUSH_BUFFERS as u32,
+        stride,
+        bytes,
+    });
+    transport::send(conn.as_fd(), &attach.encode(), &[fd.as_fd()]).expect("send the Attach");
+    let notice = transport::recv(conn.as_fd(), Duration::from_secs(5))
+        .expect("a notice")
+        .expect("a notice in time");
+    match Msg::decode(&notice.bytes) {
+        Ok(Msg::Evicted(n)) => {
+            assert_eq!(n.code, msg::EVICT_PROTOCOL, "{n:?}");
+            assert!(n.reason.contains("push delivery was not granted"), "{n:?}");
+        }
+        other => panic!("the publisher answered the Attach with {other:?}"),
+    }
+    assert_eq!(p.stats().evictions, 1);
+}
+
+/// A subscriber name with a control character (a newline, an escape that
+/// would drive the terminal of whoever runs `vramring ls`) is refused at
+/// the handshake with `REJECT_BAD_HELLO`, naming the character and where it
+/// is; nothing of it reaches the table.
+#[test]
+fn a_subscriber_name_with_a_control_character_is_refused_as_a_bad_hello() {
+    let dir = TempDir::new("control-name");
+    let socket = dir.join("ring.sock");
+    let cfg = RingConfig::new(Format::Gray8, 64, 16)
+        .slots(4)
+        .backend(BackendChoice::Host);
+    let p = Publisher::create(&socket, cfg).expect("publisher");
+    for (name, what) in [
+        ("cam\nforged line", "U+000A at byte 3"),
+        ("ok\x1b[2J", "U+001B at byte 2"),
+    ] {
+        match Subscriber::connect(&socket, SubscriberOptions::default().name(name)) {
+            Ok(_) => panic!("{name:?} was accepted"),
+            Err(e) => {
+                assert_eq!(e.refusal(), Some(Refusal::BadHello), "{name:?}: {e:?}");
+                assert!(e.to_string().contains(what), "{name:?}: {e}");
+            }
+        }
+    }
+    let st = p.stats();
+    assert_eq!((st.subscribers, st.connects, st.refused), (0, 0, 2), "{st:?}");
+    // A printable name, non-ASCII included, is welcome.
+    let _sub =
+        Subscriber::connect(&socket, SubscriberOptions::default().name("café-1 ▶")).expect("a printable name connects");
+}
+
 // ---------------------------------------------------------------------------
 // A hostile publisher
 // ---------------------------------------------------------------------------
@@ -488,9 +596,14 @@ fn victim_options() -> SubscriberOptions {
 /// Connects to a fake publisher answering `reply`, hands the outcome to
 /// `then`, and waits for the fake to finish.
 fn against<R>(reply: Reply, then: impl FnOnce(vramring::Result<Subscriber>) -> R) -> R {
+    against_as(victim_options(), reply, then)
+}
+
+/// [`against`], with the subscriber's options `opts`.
+fn against_as<R>(opts: SubscriberOptions, reply: Reply, then: impl FnOnce(vramring::Result<Subscriber>) -> R) -> R {
     let dir = TempDir::new(&format!("fake-{}", NEXT_SOCKET.fetch_add(1, Ordering::Relaxed)));
     let (path, fake) = fake_publisher(&dir, reply);
-    let out = then(Subscriber::connect(&path, victim_options()));
+    let out = then(Subscriber::connect(&path, opts));
     fake.join().expect("fake publisher thread");
     out
 }
@@ -582,6 +695,20 @@ fn an_ordinary_reject_is_refused_with_its_code_and_reason() {
         "reject FULL",
         Reply::Send(b, vec![]),
         |e| matches!(e, Error::Refused { code: msg::REJECT_FULL, reason } if reason == "full"),
+    );
+}
+
+#[test]
+fn a_welcome_that_leaves_out_the_lossless_asked_for_is_refused() {
+    // A publisher leaves out of `granted` the flags it does not know
+    // (PROTOCOL.md §3.2); the fake grants only SEQUENTIAL.
+    against_as(
+        victim_options().lossless(true),
+        welcome_with(&Ring::valid()),
+        |r| match r {
+            Ok(_) => panic!("a lossless subscriber accepted a Welcome without lossless"),
+            Err(e) => assert_eq!(e.refusal(), Some(Refusal::Policy), "unexpected error {e:?}"),
+        },
     );
 }
 

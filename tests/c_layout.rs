@@ -17,7 +17,9 @@
 //! not "evicted"). A real host publisher's Welcomes are
 //! checked too: descriptor counts, seals, read-only access modes and
 //! `client_bytes` against the header, and a v1 Hello refused with
-//! `VR_REJECT_VERSION`. A missing C compiler is a failure, never a skip.
+//! `VR_REJECT_VERSION`. Every version number PROTOCOL.md writes next to its
+//! constant is the one the crate speaks. A missing C compiler is a failure,
+//! never a skip.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -1527,4 +1529,43 @@ fn c_header_matches_the_rust_layout_and_messages() {
     appendix_b_runs_against_a_rust_publisher(&dir.join("c_layout"), &dir);
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!("{} layout, constant and message checks agree", checks.list.len());
+}
+
+/// Every place PROTOCOL.md writes a version number next to its constant,
+/// as "`VR_LAYOUT_VERSION` (4)" or "**4** (`VR_LAYOUT_VERSION`)", names the
+/// number this build speaks: a reader who takes the number from the text
+/// must not be refused by the crate.
+#[test]
+fn protocol_md_names_the_version_numbers_this_build_speaks() {
+    let md_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("proto/PROTOCOL.md");
+    let md = std::fs::read_to_string(&md_path).expect("reading proto/PROTOCOL.md");
+    // Line breaks as spaces (same offsets), for a phrase wrapped in the text.
+    let flat = md.replace('\n', " ");
+    let digits = |s: &str| s.chars().take_while(char::is_ascii_digit).collect::<String>();
+    for (name, ours) in [
+        ("VR_PROTOCOL_VERSION", msg::PROTOCOL_VERSION),
+        ("VR_LAYOUT_VERSION", layout::LAYOUT_VERSION),
+        ("VR_PACKET_LAYOUT_VERSION", packet_layout::PACKET_LAYOUT_VERSION),
+    ] {
+        let mut named = Vec::new();
+        let after = format!("`{name}` (");
+        for (at, _) in flat.match_indices(&after) {
+            named.push((at, digits(&flat[at + after.len()..])));
+        }
+        let before = format!("** (`{name}`)");
+        for (at, _) in flat.match_indices(&before) {
+            let head = &flat[..at];
+            let start = head.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+            named.push((at, head[start..].to_owned()));
+        }
+        assert!(!named.is_empty(), "PROTOCOL.md never names {name} with its number");
+        for (at, n) in named {
+            let line = md[..at].lines().count().max(1);
+            assert_eq!(
+                n,
+                ours.to_string(),
+                "PROTOCOL.md line {line} gives {name} as {n:?}; this build speaks {ours}"
+            );
+        }
+    }
 }

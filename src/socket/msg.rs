@@ -100,7 +100,8 @@ pub struct Hello {
     pub flags: u32,
     /// Bit `1 << BACKEND_*` for each backend the subscriber can import.
     pub backends: u32,
-    /// Name for logs and inspection (UTF-8, at most 32 bytes).
+    /// Name for logs and inspection (UTF-8, at most 32 bytes, no control
+    /// characters: a Hello with one does not decode).
     pub name: String,
     /// UUID of the GPU the subscriber uses, zero when none or any.
     pub device_uuid: [u8; 16],
@@ -229,6 +230,20 @@ fn text(b: &[u8]) -> Result<String> {
         .map_err(|_| Error::BadMessage("text field is not UTF-8".into()))
 }
 
+/// A subscriber name: [`text`] without control characters, which every
+/// table reader (`vramring ls`, `inspect`, `top`) would otherwise print to
+/// its terminal.
+fn subscriber_name(b: &[u8]) -> Result<String> {
+    let name = text(b)?;
+    if let Some((at, c)) = name.char_indices().find(|(_, c)| c.is_control()) {
+        return Err(Error::BadMessage(format!(
+            "subscriber name has control character U+{:04X} at byte {at}; use printable characters",
+            u32::from(c)
+        )));
+    }
+    Ok(name)
+}
+
 impl Msg {
     /// The message's `KIND_*`.
     pub fn kind(&self) -> u32 {
@@ -347,7 +362,7 @@ impl Msg {
                 want(HELLO_BODY)?;
                 let flags = r.u32();
                 let backends = r.u32();
-                let name = text(&r.take::<NAME_BYTES>())?;
+                let name = subscriber_name(&r.take::<NAME_BYTES>())?;
                 let device_uuid = r.take::<16>();
                 Msg::Hello(Hello {
                     flags,

@@ -1,4 +1,4 @@
-//! A reader written from `proto/PROTOCOL.md` (v2) alone (no vramring client
+//! A reader written from `proto/PROTOCOL.md` alone (no vramring client
 //! code): the §12 wait loop, step by step, on the raw mappings, parked on
 //! the doorbell of its own client region, with the lease decided as §15.1
 //! says (the socket first, then the entry), run by [`READERS`] threads at

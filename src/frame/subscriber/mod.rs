@@ -167,6 +167,15 @@ impl Subscriber {
                 reason: "push delivery not granted".into(),
             });
         }
+        // A publisher leaves out of `granted` the flags it does not know
+        // (PROTOCOL.md §3.2): reading as lossless without the grant would
+        // count on frames nobody holds for us.
+        if opts.client.lossless && welcome.granted & msg::HELLO_LOSSLESS == 0 {
+            return Err(Error::Refused {
+                code: msg::REJECT_POLICY,
+                reason: "the publisher did not grant lossless delivery".into(),
+            });
+        }
         // A push subscriber receives no pool: control, table, client region.
         let want = if push { 3 } else { 4 };
         if fds.len() != want {

@@ -24,6 +24,17 @@ fn reject(fd: &OwnedFd, code: u32, reason: String) -> Error {
     Error::Refused { code, reason }
 }
 
+/// Refuses a first datagram that could not be received whole (longer than
+/// any message, or its descriptors cut): it is malformed, so it gets
+/// `REJECT_BAD_HELLO` like any other malformed first message.
+pub(super) fn refuse_unreadable(fd: &OwnedFd, reason: String) -> Error {
+    reject(
+        fd,
+        msg::REJECT_BAD_HELLO,
+        format!("the first message could not be read: {reason}"),
+    )
+}
+
 pub(super) fn handshake<S: Served>(sh: &S, fd: &OwnedFd, bytes: &[u8]) -> Result<(u32, u32), Error> {
     let hello = match Msg::decode(bytes) {
         Ok(Msg::Hello(h)) => h,

@@ -16,10 +16,10 @@
 //!   that finds none waits in its connection, first come first served),
 //!   which bounds how late a peer that attaches and leaves in a loop can
 //!   make the others' frames on the GPU (ADR 0020); any other well-formed
-//!   message but Bye, a second Attach or malformed buffers evict the
-//!   subscriber (`EVICT_PROTOCOL`) and close its connection; a datagram
-//!   that does not decode closes it without a notice; descriptors sent
-//!   with any message are closed at once;
+//!   message but Bye, a second Attach, an Attach without a push grant or
+//!   malformed buffers evict the subscriber (`EVICT_PROTOCOL`) and close
+//!   its connection; a datagram that does not decode closes it without a
+//!   notice; descriptors sent with any message are closed at once;
 //! * when the process runs out of descriptors, accept fails: newcomers wait
 //!   or are refused, the connected subscribers keep being served.
 //!

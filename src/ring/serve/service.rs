@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags};
 
 use super::attach_budget::{AttachBudget, Attaches, Waiting};
-use super::handshake::handshake;
+use super::handshake::{handshake, refuse_unreadable};
 use super::{evict_reason, Served, Waker};
-use crate::layout::{EVICT_PROTOCOL, PRODUCER_CLOSED};
+use crate::error::Error;
+use crate::layout::{EVICT_PROTOCOL, PRODUCER_CLOSED, SUBF_PUSH};
 use crate::lifecycle::StopSignal;
 use crate::socket::msg::{Attach, Msg, Notice};
 use crate::socket::transport::{self, Listener};
@@ -271,28 +272,31 @@ fn serve_pending<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant) -> 
         }
         return Verdict::Keep;
     }
-    match transport::recv(c.fd.as_fd(), Duration::ZERO) {
-        Ok(Some(m)) => match handshake(sh, &c.fd, &m.bytes) {
-            // Descriptors sent with a Hello (`m.fds`) are dropped
-            // (closed) here: a Hello carries none.
-            Ok((index, generation)) => {
-                c.state = State::Active {
-                    index,
-                    generation,
-                    attached: false,
-                    waiting: None,
-                };
-                Verdict::Keep
-            }
-            Err(e) => {
-                tracing::info!(error = %e, "subscriber refused");
-                // Relaxed: own counter.
-                sh.state().refused.fetch_add(1, Ordering::Relaxed);
-                Verdict::Close
-            }
-        },
-        Ok(None) => Verdict::Keep,
-        Err(_) => Verdict::Close,
+    let outcome = match transport::recv(c.fd.as_fd(), Duration::ZERO) {
+        // Descriptors sent with a Hello (`m.fds`) are dropped (closed)
+        // here: a Hello carries none.
+        Ok(Some(m)) => handshake(sh, &c.fd, &m.bytes),
+        Ok(None) => return Verdict::Keep,
+        // Longer than any message, or its descriptors cut: malformed.
+        Err(Error::BadMessage(reason)) => Err(refuse_unreadable(&c.fd, reason)),
+        Err(_) => return Verdict::Close,
+    };
+    match outcome {
+        Ok((index, generation)) => {
+            c.state = State::Active {
+                index,
+                generation,
+                attached: false,
+                waiting: None,
+            };
+            Verdict::Keep
+        }
+        Err(e) => {
+            tracing::info!(error = %e, "subscriber refused");
+            // Relaxed: own counter.
+            sh.state().refused.fetch_add(1, Ordering::Relaxed);
+            Verdict::Close
+        }
     }
 }
 
@@ -315,6 +319,10 @@ fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant, atta
                     Ok(Some(m)) => match Msg::decode(&m.bytes) {
                         Ok(Msg::Bye) | Err(_) => Verdict::Close,
                         Ok(Msg::Attach(_)) if *attached => Verdict::Evict(EVICT_PROTOCOL, "sent a second Attach"),
+                        Ok(Msg::Attach(_)) if !push_granted(sh, index) => Verdict::Evict(
+                            EVICT_PROTOCOL,
+                            "sent an Attach, but push delivery was not granted to this connection",
+                        ),
                         Ok(Msg::Attach(a)) => {
                             *attached = true;
                             if let Err(reason) = sh.check_attach(index, &a, m.fds.len()) {
@@ -357,6 +365,15 @@ fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant, atta
             Verdict::Keep
         }
     }
+}
+
+/// Whether the entry of `index` was granted push delivery (`SUBF_PUSH`):
+/// only then may its connection send an Attach (PROTOCOL.md §16.3).
+fn push_granted<S: Served>(sh: &S, index: u32) -> bool {
+    sh.table()
+        .entry(index as usize)
+        // Relaxed: the flags are written by this thread at assignment.
+        .is_some_and(|e| e.flags.load(Ordering::Relaxed) & SUBF_PUSH != 0)
 }
 
 /// Hands an Attach to the ring kind; buffers that do not fit evict.
