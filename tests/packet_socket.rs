@@ -34,10 +34,14 @@ fn packet(i: u64) -> Vec<u8> {
     (0..len).map(|k| (i as usize * 31 + k) as u8).collect()
 }
 
+/// A lossless lease of 5 s against 200 ms write timeouts: a lossless
+/// reader is evicted only by a test that stalls it on purpose, and a
+/// blocked write fails with `LosslessBlocked` (not an eviction) unless the
+/// writer itself stalls for the lease.
 fn publisher(dir: &TempDir, data_bytes: u64, records: u32) -> PacketPublisher {
     let cfg = PacketPublisherConfig::new(PacketRingConfig::new(data_bytes, records, 4096))
         .write_timeout(Duration::from_millis(200))
-        .lossless_lease(Duration::from_millis(600));
+        .lossless_lease(Duration::from_secs(5));
     PacketPublisher::create(dir.join("p.sock"), cfg).expect("packet publisher")
 }
 
@@ -127,13 +131,13 @@ fn a_lossless_reader_joining_after_its_keyframe_is_gone_does_not_block_the_write
     assert!(wait_until(Duration::from_secs(5), || p.stats().subscribers == 1));
     // The reader has not read anything yet; the writer's 200 ms timeout
     // would report it blocked on a packet nobody can read.
-    let t = Instant::now();
+    let waits = p.stats().lossless_waits;
     p.write(&[22; 100], meta(false, 22))
         .expect("the write was held for a keyframe that is gone");
-    assert!(
-        t.elapsed() < Duration::from_millis(100),
-        "the write waited {:?}",
-        t.elapsed()
+    assert_eq!(
+        p.stats().lossless_waits,
+        waits,
+        "the write waited for the lossless reader"
     );
 }
 
@@ -202,13 +206,13 @@ fn a_stalled_lossless_subscriber_blocks_the_writer_then_is_evicted_after_its_lea
         }
         other => panic!("expected LosslessBlocked, got {other}"),
     }
-    // Keep trying: past the 600 ms lease the reader is evicted and the
-    // write goes through.
+    // Keep trying: past the 5 s lease the reader is evicted and the write
+    // goes through.
     let start = Instant::now();
     loop {
         match p.write(&packet(i), meta(false, 0)) {
             Ok(_) => break,
-            Err(Error::LosslessBlocked { .. }) => assert!(start.elapsed() < Duration::from_secs(5)),
+            Err(Error::LosslessBlocked { .. }) => assert!(start.elapsed() < Duration::from_secs(30), "never evicted"),
             Err(e) => panic!("{e}"),
         }
     }
@@ -234,9 +238,13 @@ fn a_subscriber_drains_what_is_left_then_sees_producer_gone() {
     for i in 1..=5u64 {
         assert_eq!(s.next_copy(&mut buf, SEC).unwrap().seq, i);
     }
+    // Told at once, not at the end of the call's 10 s timeout.
     let start = Instant::now();
-    assert!(matches!(s.next_copy(&mut buf, SEC), Err(Error::ProducerGone { .. })));
-    assert!(start.elapsed() < Duration::from_millis(500));
+    assert!(matches!(
+        s.next_copy(&mut buf, 10 * SEC),
+        Err(Error::ProducerGone { .. })
+    ));
+    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
     // And again on every later call.
     assert!(matches!(s.try_next_copy(&mut buf), Err(Error::ProducerGone { .. })));
 }
