@@ -423,7 +423,8 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
         if args.report_ms > 0 && Instant::now() >= report_due {
             let now = Instant::now();
             let fps = (report.published - last_report.1) as f64 / (now - last_report.0).as_secs_f64();
-            let subs = publisher.stats().subscribers;
+            let stats = publisher.stats();
+            let subs = stats.subscribers;
             if args.json {
                 emit(
                     &Json::event("status")
@@ -431,6 +432,7 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
                         .u64("published", report.published)
                         .f64("fps", fps)
                         .u64("subscribers", subs.into())
+                        .u64("evictions", stats.evictions)
                         .finish(),
                 );
             } else {
