@@ -181,6 +181,7 @@ fn a_publisher_under_random_socket_input_keeps_serving_a_real_subscriber() {
         "the subscriber did not connect"
     );
 
+    let attack_from = p.next_seq();
     let attacker = {
         let socket = socket.clone();
         std::thread::spawn(move || {
@@ -221,10 +222,11 @@ fn a_publisher_under_random_socket_input_keeps_serving_a_real_subscriber() {
         .join()
         .expect("attacker thread")
         .expect("every answer of the publisher was well-formed");
+    let attack_until = p.next_seq() - 1;
 
     // Every attacker lease ends; only the real subscriber remains.
     assert!(
-        common::wait_until(Duration::from_secs(5), || p.stats().subscribers == 1),
+        common::wait_until(Duration::from_secs(10), || p.stats().subscribers == 1),
         "attacker leases were not freed: {:?}",
         p.stats()
     );
@@ -256,10 +258,16 @@ fn a_publisher_under_random_socket_input_keeps_serving_a_real_subscriber() {
         "the real subscriber read up to the last frame"
     );
     r.assert_gaps_exactly_counted();
+    // How many it read depends on the machine; that it read while the
+    // attack went on does not.
+    let during = r
+        .seqs
+        .iter()
+        .filter(|&&s| (attack_from..=attack_until).contains(&s))
+        .count();
     assert!(
-        r.num("delivered") * 10 >= published,
-        "the real subscriber kept receiving during the attack: {} of {published}",
-        r.num("delivered")
+        during >= 1,
+        "the real subscriber received none of frames {attack_from}..={attack_until}, published during the attack"
     );
 }
 
@@ -768,7 +776,9 @@ fn a_publisher_that_hangs_up_or_stays_silent_gives_io_or_timeout() {
     assert_refused("hang-up", Reply::Hangup, |e| matches!(e, Error::Io { .. }));
     let t = Instant::now();
     assert_refused("silence", Reply::Silent, |e| matches!(e, Error::Timeout(..)));
-    assert!(t.elapsed() < Duration::from_secs(3), "connect_timeout bounds the wait");
+    // Loose, but short of the default 5 s a wait that ignored the victim's
+    // 500 ms `connect_timeout` would take.
+    assert!(t.elapsed() < Duration::from_secs(4), "connect_timeout bounds the wait");
 }
 
 /// Random corruption of a valid ring (its control region, subscriber table
