@@ -131,7 +131,12 @@ fn sequential_reader_counts_gaps_exactly() {
 #[test]
 fn lossless_reader_gets_every_frame_and_the_producer_waits() {
     let path = sock("lossless");
-    let mut p = Publisher::create(&path, host(Format::Gray8, 32, 8).slots(2).policy(Policy::Lossless)).unwrap();
+    // A lease the reader thread, however late it runs, never comes near.
+    let cfg = host(Format::Gray8, 32, 8)
+        .slots(2)
+        .policy(Policy::Lossless)
+        .lossless_lease(Duration::from_secs(60));
+    let mut p = Publisher::create(&path, cfg).unwrap();
     let mut s = Subscriber::connect(&path, SubscriberOptions::default().lossless(true)).unwrap();
     let reader = std::thread::spawn(move || {
         let mut seqs = vec![];
@@ -143,7 +148,7 @@ fn lossless_reader_gets_every_frame_and_the_producer_waits() {
         seqs
     });
     for _ in 0..200 {
-        let mut slot = p.loan(Duration::from_secs(5)).unwrap();
+        let mut slot = p.loan(Duration::from_secs(30)).unwrap();
         let seq = slot.seq();
         testpattern::fill(slot.bytes_mut().unwrap(), seq);
         slot.publish(FrameMeta::pts(0)).unwrap();

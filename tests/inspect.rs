@@ -105,7 +105,7 @@ fn an_inspector_sees_the_producer_the_slots_and_every_subscriber_and_never_holds
     assert_eq!(ins.status().unwrap().producer.published, 23);
 
     p.close().unwrap();
-    let gone = (0..100).find_map(|_| match ins.status() {
+    let gone = (0..1000).find_map(|_| match ins.status() {
         Err(e) => Some(e),
         Ok(_) => {
             std::thread::sleep(Duration::from_millis(10));
