@@ -908,12 +908,14 @@ fn attack9_stalled_lossless_packet_reader_is_evicted_and_writer_goes_on() {
         (attacks::ATTACK, "packet_stall".to_owned()),
         (attacks::SOCK, socket.display().to_string()),
         (attacks::RESULT, result.display().to_string()),
-        (attacks::MILLIS, "5000".to_owned()),
+        // Held well past the time the producer needs to evict it (the
+        // attacker is killed at the end).
+        (attacks::MILLIS, "30000".to_owned()),
     ];
     let mut attacker = common::spawn(&dir, "attacker", common::self_command(&[], "attacker", &env));
     let t0 = Instant::now();
     let mut problems = Vec::new();
-    let exited = wait_for(Duration::from_secs(15), || producer.try_wait().is_some());
+    let exited = wait_for(Duration::from_secs(30), || producer.try_wait().is_some());
     let fin = last_event(&producer, "final");
     if !exited || !producer.try_wait().is_some_and(|s| s.success()) || fin.is_none() {
         problems.push(format!(
@@ -931,7 +933,7 @@ fn attack9_stalled_lossless_packet_reader_is_evicted_and_writer_goes_on() {
         }
     }
     for c in [&mut lossless, &mut plain] {
-        let _ = wait_for(Duration::from_secs(15), || c.try_wait().is_some());
+        let _ = wait_for(Duration::from_secs(30), || c.try_wait().is_some());
         if !c.try_wait().is_some_and(|s| s.success()) || last_event(c, "final").is_none() {
             problems.push(format!("{} did not finish cleanly:\n{}", c.name, tail(&c.output())));
         }
