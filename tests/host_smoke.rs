@@ -482,9 +482,9 @@ fn frames_committed_before_a_close_are_delivered_before_producer_gone() {
 
 /// With nobody connected the service polls in one-second ticks, and this
 /// close comes about 50 ms into one: a close that waited for the tick
-/// would take over 900 ms, one that wakes the service a few ms. The bound
-/// between them fails on a close that waits for the tick, or a 700 ms
-/// stall.
+/// would take over 900 ms, one that wakes the service returns at once. The
+/// bound between them fails on a close that waits for the tick, or on a
+/// 700 ms stall.
 #[test]
 fn close_stops_the_socket_service_at_once_not_at_its_next_tick() {
     let path = sock("close-fast");

@@ -66,8 +66,8 @@ const LEASE_MS: u64 = 700;
 /// not what those tests are about.
 const HONEST_LEASE_MS: u64 = 20_000;
 /// How much longer than its allowance the producer may go without a new
-/// frame before that counts as a stall: a second, where a loaded machine
-/// delays a frame by tens of ms.
+/// frame before that counts as a stall: far longer than a busy machine
+/// delays a frame.
 const STALL_MARGIN_MS: u64 = 1000;
 /// Descriptors / mappings the producer may keep above its pre-attack count
 /// once the attacker is gone.
@@ -775,7 +775,8 @@ fn message_flood_closes_the_connection() {
 /// on its very next read, and must not write into its freed entry (which a
 /// newcomer then gets). The slow lossless reader holds until the producer
 /// has evicted it (past the lease; the test tells it when); a lossless
-/// newcomer joins then and must see no drop or overrun. The slow reader follows `proto/PROTOCOL.md` §11–§12 literally
+/// newcomer joins then and must see no drop or overrun. The slow reader
+/// follows `proto/PROTOCOL.md` §11–§12 literally
 /// (`hostile/spec_reader.rs`). v1: its first read after the eviction
 /// delivers a frame (liveness is only checked after an empty slice), and it
 /// keeps releasing into the entry the newcomer got.
