@@ -30,26 +30,42 @@ fn sock(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("vramring-cadence-{}-{name}.sock", std::process::id()))
 }
 
-/// Waits until `subscribers` returns at least 1; panics after 10 s.
-fn wait_for_a_subscriber(mut subscribers: impl FnMut() -> u32) {
-    let t = Instant::now();
-    while subscribers() < 1 {
-        assert!(t.elapsed() < Duration::from_secs(10), "the subscriber never connected");
-        std::thread::sleep(Duration::from_millis(1));
+/// A publisher thread and what it waits for: `start` (the subscriber's
+/// `connect` has returned, so its start is set before the first frame) and
+/// `done` (the test has read what it needs; it closes then).
+struct Publishing {
+    start: mpsc::Sender<()>,
+    done: mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Publishing {
+    /// Joins the thread, letting it close first.
+    fn close(self) {
+        let _ = self.done.send(());
+        self.thread.join().unwrap();
     }
 }
 
+/// Waits for the go of a [`Publishing`]; panics after 10 s.
+fn wait_for_go(go: &mpsc::Receiver<()>) {
+    go.recv_timeout(Duration::from_secs(10))
+        .expect("the subscriber connected");
+}
+
 /// Publishes one small frame at each offset (from the first publish) in
-/// `offsets`, on its own thread, once the subscriber is connected; the
-/// publisher stays open until `hold` says so (or is dropped). 64 slots:
-/// a reader held off the CPU for a while still loses no frame.
-fn publish_at(path: &std::path::Path, offsets: Vec<Duration>, hold: mpsc::Receiver<()>) -> std::thread::JoinHandle<()> {
+/// `offsets`, on its own thread, once told to start; the publisher stays
+/// open until told it is done. 64 slots: a reader held off the CPU for a
+/// while still loses no frame.
+fn publish_at(path: &std::path::Path, offsets: Vec<Duration>) -> Publishing {
     let cfg = RingConfig::new(Format::Gray8, 64, 32)
         .slots(64)
         .backend(BackendChoice::Host);
     let mut p = Publisher::create(path, cfg).expect("publisher");
-    std::thread::spawn(move || {
-        wait_for_a_subscriber(|| p.stats().subscribers);
+    let (start, go) = mpsc::channel();
+    let (done, hold) = mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        wait_for_go(&go);
         let start = Instant::now();
         for (k, at) in offsets.into_iter().enumerate() {
             if let Some(d) = (start + at).checked_duration_since(Instant::now()) {
@@ -60,7 +76,8 @@ fn publish_at(path: &std::path::Path, offsets: Vec<Duration>, hold: mpsc::Receiv
         }
         let _ = hold.recv();
         p.close().expect("close");
-    })
+    });
+    Publishing { start, done, thread }
 }
 
 fn read_all(s: &mut Subscriber) {
@@ -95,9 +112,9 @@ fn the_default_wait_locks_onto_a_steady_publisher_and_plans_windows_without_losi
     let _serial = one_at_a_time();
     let path = sock("steady");
     let offsets = (0..50).map(|k| Duration::from_millis(40 * k)).collect();
-    let (done, hold) = mpsc::channel();
-    let h = publish_at(&path, offsets, hold);
+    let publishing = publish_at(&path, offsets);
     let mut s = Subscriber::connect(&path, SubscriberOptions::default().mode(Mode::Sequential)).unwrap();
+    publishing.start.send(()).unwrap();
     let mut locked = false;
     for _ in 0..50 {
         s.next(Duration::from_secs(5)).expect("a frame");
@@ -106,9 +123,9 @@ fn the_default_wait_locks_onto_a_steady_publisher_and_plans_windows_without_losi
             assert_interval(iv);
         }
     }
-    done.send(()).unwrap();
+    publishing.done.send(()).unwrap();
     read_all(&mut s);
-    h.join().unwrap();
+    publishing.close();
     // Whatever the windows caught or missed, no frame was lost.
     assert_eq!((s.stats().delivered, s.stats().dropped), (50, 0));
     assert_locked_and_planned("frames", locked, s.cadence());
@@ -130,15 +147,15 @@ fn an_irregular_publisher_gets_no_spin_window() {
             at
         })
         .collect();
-    let (done, hold) = mpsc::channel();
-    let h = publish_at(&path, offsets, hold);
+    let publishing = publish_at(&path, offsets);
     let mut s = Subscriber::connect(&path, SubscriberOptions::default().mode(Mode::Sequential)).unwrap();
+    publishing.start.send(()).unwrap();
     for _ in 0..40 {
         s.next(Duration::from_secs(5)).expect("a frame");
     }
-    done.send(()).unwrap();
+    publishing.done.send(()).unwrap();
     read_all(&mut s);
-    h.join().unwrap();
+    publishing.close();
     let st = s.cadence();
     assert_eq!(st.interval_ns, None, "{st:?}");
     assert_eq!(st.windows, 0, "{st:?}");
@@ -156,9 +173,9 @@ fn a_paused_stream_gets_at_most_one_spin_window_from_the_default_wait() {
     let offsets = (0..20).map(|k| Duration::from_millis(40 * k)).collect();
     // The publisher stays open but silent after its last frame until the
     // pause below is over.
-    let (done, hold) = mpsc::channel();
-    let h = publish_at(&path, offsets, hold);
+    let publishing = publish_at(&path, offsets);
     let mut s = Subscriber::connect(&path, SubscriberOptions::default().mode(Mode::Sequential)).unwrap();
+    publishing.start.send(()).unwrap();
     for _ in 0..20 {
         s.next(Duration::from_secs(5)).unwrap();
     }
@@ -167,8 +184,7 @@ fn a_paused_stream_gets_at_most_one_spin_window_from_the_default_wait() {
         assert!(matches!(s.next(Duration::from_millis(700)), Err(Error::Timeout(..))));
     }
     let (wall, after) = (t.elapsed(), s.cadence());
-    done.send(()).unwrap();
-    h.join().unwrap();
+    publishing.close();
     assert!(wall >= Duration::from_millis(2100), "{wall:?}");
     assert!(
         after.windows <= before.windows + 1,
@@ -191,9 +207,10 @@ fn the_packet_subscribers_default_wait_locks_onto_a_steady_writer() {
     // reader runs.
     let cfg = PacketPublisherConfig::new(PacketRingConfig::new(1 << 16, 64, 4096));
     let mut p = PacketPublisher::create(&path, cfg).expect("packet publisher");
+    let (start, go) = mpsc::channel();
     let (done, hold) = mpsc::channel::<()>();
-    let h = std::thread::spawn(move || {
-        wait_for_a_subscriber(|| p.stats().subscribers);
+    let thread = std::thread::spawn(move || {
+        wait_for_go(&go);
         let start = Instant::now();
         for k in 0..50u32 {
             let at = start + Duration::from_millis(40 * u64::from(k));
@@ -211,7 +228,9 @@ fn the_packet_subscribers_default_wait_locks_onto_a_steady_writer() {
         let _ = hold.recv();
         drop(p);
     });
+    let publishing = Publishing { start, done, thread };
     let mut s = PacketSubscriber::connect(&path, PacketSubscriberOptions::new()).unwrap();
+    publishing.start.send(()).unwrap();
     let mut buf = Vec::new();
     let mut locked = false;
     for k in 0..50u32 {
@@ -222,11 +241,11 @@ fn the_packet_subscribers_default_wait_locks_onto_a_steady_writer() {
             assert_interval(iv);
         }
     }
-    done.send(()).unwrap();
+    publishing.done.send(()).unwrap();
     assert!(matches!(
         s.next_copy(&mut buf, Duration::from_secs(5)),
         Err(Error::ProducerGone { .. })
     ));
-    h.join().unwrap();
+    publishing.close();
     assert_locked_and_planned("packets", locked, s.cadence());
 }

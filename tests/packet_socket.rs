@@ -75,8 +75,10 @@ fn a_parked_subscriber_is_woken_by_the_next_write() {
     let dir = TempDir::new("pk-wake");
     let mut p = publisher(&dir, 1 << 16, 64);
     let path = dir.join("p.sock");
+    let (connected, ready) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         let mut s = PacketSubscriber::connect(&path, PacketSubscriberOptions::new().spin(Duration::ZERO)).unwrap();
+        connected.send(()).unwrap();
         let mut buf = Vec::new();
         let mut got = Vec::new();
         for _ in 0..50 {
@@ -86,7 +88,10 @@ fn a_parked_subscriber_is_woken_by_the_next_write() {
         }
         got
     });
-    assert!(wait_until(Duration::from_secs(5), || p.stats().subscribers == 1));
+    // Its start is set once `connect` returns: nothing is written before.
+    ready
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the reader connected");
     for i in 1..=50u64 {
         // Spaced out so the reader parks between packets.
         std::thread::sleep(Duration::from_millis(2));
@@ -100,14 +105,18 @@ fn a_packet_wait_of_duration_max_waits_for_the_packet_instead_of_panicking() {
     let dir = TempDir::new("pk-forever");
     let mut p = publisher(&dir, 1 << 16, 64);
     let path = dir.join("p.sock");
+    let (connected, ready) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         let mut s = PacketSubscriber::connect(&path, PacketSubscriberOptions::new()).unwrap();
+        connected.send(()).unwrap();
         let mut buf = Vec::new();
         let first = s.next_copy(&mut buf, Duration::MAX).unwrap().seq;
         let second = s.borrow(Duration::MAX).unwrap().seq();
         (first, second)
     });
-    assert!(wait_until(Duration::from_secs(5), || p.stats().subscribers == 1));
+    ready
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the reader connected");
     for i in 1..=2u64 {
         std::thread::sleep(Duration::from_millis(20));
         p.write(&packet(i), meta(true, 0)).unwrap();
