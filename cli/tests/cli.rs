@@ -150,6 +150,17 @@ fn play(dir: &TempDir, name: &str, socket: &Path, extra: &[&str]) -> ChildProc {
     spawn(dir, name, c)
 }
 
+/// Waits until `play` says it publishes: it listens from then on (the
+/// socket file alone appears at the bind, before the listen).
+fn wait_playing(pl: &mut ChildProc) {
+    let ok = wait_until(Duration::from_secs(20), || {
+        assert!(pl.try_wait().is_none(), "play exited:\n{}", pl.output());
+        let out = pl.output();
+        out.contains("publishing ") || out.contains("\"event\":\"ready\"")
+    });
+    assert!(ok, "play never said it publishes:\n{}", pl.output());
+}
+
 /// A socket file nobody listens on: what a crashed publisher leaves.
 fn stale_socket(path: &Path) {
     let fd: OwnedFd = rustix::net::socket(
@@ -427,10 +438,7 @@ fn a_subscriber_refused_by_the_allow_list_exits_4() {
     let dir = TempDir::new("cli-allow");
     let socket = dir.join("cam.packets.sock");
     let mut pl = play(&dir, "play", &socket, &["--loops", "0", "--allow-uid", "54321"]);
-    assert!(wait_until(Duration::from_secs(20), || {
-        assert!(pl.try_wait().is_none(), "play exited:\n{}", pl.output());
-        socket.exists()
-    }));
+    wait_playing(&mut pl);
     let o = run(&["inspect", &s(&socket)]);
     assert_eq!(code(&o), 4, "{}", stderr(&o));
     assert!(stderr(&o).contains("allow-list"), "{}", stderr(&o));
@@ -448,10 +456,7 @@ fn a_socket_whose_file_mode_excludes_the_user_exits_4() {
     // Root passes file modes; as root the command runs as nobody instead.
     let mode = if root { "600" } else { "000" };
     let mut pl = play(&dir, "play", &socket, &["--loops", "0", "--socket-mode", mode]);
-    assert!(wait_until(Duration::from_secs(20), || {
-        assert!(pl.try_wait().is_none(), "play exited:\n{}", pl.output());
-        socket.exists()
-    }));
+    wait_playing(&mut pl);
     let mut c = if root {
         let mut c = Command::new("setpriv");
         c.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"]);
@@ -731,7 +736,7 @@ fn record_of_a_played_file_is_byte_identical_lossless_or_not() {
                 "--json",
             ],
         );
-        assert!(wait_until(Duration::from_secs(20), || socket.exists()));
+        wait_playing(&mut pl);
         let out = dir.join("rec.h264");
         let mut args = vec!["record", "--json", "-o"];
         let out_s = s(&out);
