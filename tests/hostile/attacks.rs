@@ -670,8 +670,19 @@ fn slow_lossless(socket: &Path, dur: Duration, rep: &mut Report) {
 /// and keeps its connection through the attack.
 fn packet_stall(socket: &Path, dur: Duration, rep: &mut Report) {
     use vramring::packet::{PacketSubscriber, PacketSubscriberOptions};
-    let mut sub = PacketSubscriber::connect(socket, PacketSubscriberOptions::new().lossless(true).name("stalled"))
-        .expect("stalled packet reader connect");
+    // The socket file exists from the writer's bind on; until its listen
+    // a connect is refused: try again for a while.
+    let opts = PacketSubscriberOptions::new().lossless(true).name("stalled");
+    let start = Instant::now();
+    let mut sub = loop {
+        match PacketSubscriber::connect(socket, opts.clone()) {
+            Ok(s) => break s,
+            Err(vramring::Error::Io { .. }) if start.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("stalled packet reader connect: {e}"),
+        }
+    };
     let mut buf = Vec::new();
     let mut got = 0;
     for _ in 0..5 {
