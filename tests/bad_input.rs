@@ -183,11 +183,15 @@ fn a_publisher_under_random_socket_input_keeps_serving_a_real_subscriber() {
         "victim",
         common::self_command(&[], "subscriber", &spec.env(&socket, &result)),
     );
-    assert!(
-        common::wait_until(Duration::from_secs(30), || p.stats().subscribers == 1),
-        "the subscriber did not connect"
+    // Until its `connect` has returned (its start cursor set), not only
+    // until its entry is active: its gaps are counted from the first frame.
+    common::wait_connected(
+        std::slice::from_mut(&mut child),
+        std::slice::from_ref(&result),
+        Duration::from_secs(30),
     );
 
+    let attack_from = p.next_seq();
     let attacker = {
         let socket = socket.clone();
         std::thread::spawn(move || {
@@ -228,10 +232,11 @@ fn a_publisher_under_random_socket_input_keeps_serving_a_real_subscriber() {
         .join()
         .expect("attacker thread")
         .expect("every answer of the publisher was well-formed");
+    let attack_until = p.next_seq() - 1;
 
     // Every attacker lease ends; only the real subscriber remains.
     assert!(
-        common::wait_until(Duration::from_secs(5), || p.stats().subscribers == 1),
+        common::wait_until(Duration::from_secs(10), || p.stats().subscribers == 1),
         "attacker leases were not freed: {:?}",
         p.stats()
     );
@@ -263,10 +268,16 @@ fn a_publisher_under_random_socket_input_keeps_serving_a_real_subscriber() {
         "the real subscriber read up to the last frame"
     );
     r.assert_gaps_exactly_counted();
+    // How many it read depends on the machine; that it read while the
+    // attack went on does not.
+    let during = r
+        .seqs
+        .iter()
+        .filter(|&&s| (attack_from..=attack_until).contains(&s))
+        .count();
     assert!(
-        r.num("delivered") * 10 >= published,
-        "the real subscriber kept receiving during the attack: {} of {published}",
-        r.num("delivered")
+        during >= 1,
+        "the real subscriber received none of frames {attack_from}..={attack_until}, published during the attack"
     );
 }
 
@@ -896,7 +907,9 @@ fn a_publisher_that_hangs_up_or_stays_silent_gives_io_or_timeout() {
     assert_refused("hang-up", Reply::Hangup, |e| matches!(e, Error::Io { .. }));
     let t = Instant::now();
     assert_refused("silence", Reply::Silent, |e| matches!(e, Error::Timeout(..)));
-    assert!(t.elapsed() < Duration::from_secs(3), "connect_timeout bounds the wait");
+    // Loose, but short of the default 5 s a wait that ignored the victim's
+    // 500 ms `connect_timeout` would take.
+    assert!(t.elapsed() < Duration::from_secs(4), "connect_timeout bounds the wait");
 }
 
 /// Random corruption of a valid ring (its control region, subscriber table

@@ -1413,15 +1413,18 @@ fn scratch_dir() -> PathBuf {
 fn appendix_b_runs_against_a_rust_publisher(exe: &Path, dir: &Path) {
     use std::os::fd::{AsFd, AsRawFd};
     use std::time::{Duration, Instant};
-    use vramring::{BackendChoice, FrameMeta, Policy, Publisher, RingConfig};
+    use vramring::{BackendChoice, FrameMeta, Policy, Publisher, RingConfig, ServeOptions};
     const FRAMES: u64 = 40;
     let path = dir.join("appendix-b.sock");
+    // A lease no start-up of the C reader on a busy machine comes near: it
+    // must end "producer gone", never "evicted".
     let mut p = Publisher::create(
         &path,
         RingConfig::new(Format::Gray8, 64, 16)
             .slots(4)
             .policy(Policy::Lossless)
-            .backend(BackendChoice::Host),
+            .backend(BackendChoice::Host)
+            .lossless_lease(Duration::from_secs(60)),
     )
     .expect("a lossless host publisher");
     let sock = transport::connect(&path).expect("connecting");
@@ -1461,7 +1464,7 @@ fn appendix_b_runs_against_a_rust_publisher(exe: &Path, dir: &Path) {
         .expect("starting the C reader");
     for _ in 0..FRAMES {
         let mut slot = p
-            .loan(Duration::from_secs(5))
+            .loan(Duration::from_secs(30))
             .expect("a loan (the C reader releases its frames)");
         let seq = slot.seq();
         vramring_testkit::pattern::fill(slot.bytes_mut().unwrap(), seq);

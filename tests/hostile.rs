@@ -8,12 +8,18 @@
 //! * every honest consumer exits cleanly with 0 torn frames, its gaps
 //!   counted (lossless: none), read to the end, and ended by `ProducerGone`
 //!   at the producer's orderly close (never `Evicted`);
-//! * the producer kept ≥ 60 % of its pre-attack rate through the attack
-//!   (less the lease, where the attacker is a lossless reader that may be
-//!   evicted once) and evicted nobody but the attacker;
+//! * the producer was never stalled through the attack: no stretch without
+//!   a new frame longer than the allowance (the lease, where the attacker
+//!   is a lossless reader that may be evicted once) plus a second, which a
+//!   loaded machine does not reach and an attack that blocks the producer
+//!   does; and it evicted nobody but the attacker. How fast it publishes
+//!   under attack is printed, not checked: on a busy machine that measures
+//!   the machine;
 //! * the producer's descriptors and mappings return to the pre-attack
 //!   count (± small slack) after the attacker leaves, and stay bounded
-//!   during the attack where the attack is about resources;
+//!   during the attack where the attack is about resources (an attack that
+//!   only burns the producer's CPU, an Attach flood say, is caught by
+//!   these);
 //! * a newcomer can still join and read verified frames.
 //!
 //! An attack the kernel refuses (e.g. `mmap` → `EACCES`) is recorded by the
@@ -23,8 +29,11 @@
 //! harmless on v1 and pass (`own_push_held_*`, `own_cursor_games_*`,
 //! `evicted_rust_subscriber_*`).
 //!
-//! Timing: NV12 160x120 at 60 fps, a 700 ms lease, attacks of 1–2.5 s, at
-//! most three rigs at once: about 40 s for the whole file on 2 cores.
+//! Timing: NV12 160x120 at 60 fps, attacks of 1–2.5 s, at most three rigs
+//! at once: about 40 s for the whole file on 2 cores. The lossless lease is
+//! 700 ms where the attacker is a lossless reader to be evicted, and 20 s
+//! elsewhere, so that the honest lossless consumer is never evicted for
+//! being slow on a busy machine.
 //!
 //! Protocol-specific offsets live in `hostile/layout.rs` only.
 
@@ -50,8 +59,16 @@ use vramring_testkit::json::JsonLine;
 
 /// The producer's frame rate.
 const FPS: u64 = 60;
-/// The producer's lossless lease.
+/// The producer's lossless lease where the attacker is a lossless reader
+/// that must be evicted.
 const LEASE_MS: u64 = 700;
+/// The producer's lossless lease elsewhere: the honest lossless consumer is
+/// not what those tests are about.
+const HONEST_LEASE_MS: u64 = 20_000;
+/// How much longer than its allowance the producer may go without a new
+/// frame before that counts as a stall: far longer than a busy machine
+/// delays a frame.
+const STALL_MARGIN_MS: u64 = 1000;
 /// Descriptors / mappings the producer may keep above its pre-attack count
 /// once the attacker is gone.
 const FD_SLACK: usize = 3;
@@ -60,11 +77,6 @@ const MAPS_SLACK: usize = 6;
 /// (a per-connection cap, a few pending handshakes).
 const FD_BOUND: usize = 256;
 const MAPS_BOUND: usize = 64;
-/// Fraction of its pre-attack rate the producer must keep through an
-/// attack. 0.6, not 0.8: on a loaded 2-core machine the control (an idle
-/// attacker) was seen at 0.69; every rate harm seen on v1 is below 0.3
-/// (attach floods are caught by the mapping bound as well).
-const MIN_RATE_FRACTION: f64 = 0.6;
 /// Address space an attack may make the producer map at once.
 const VM_BOUND_KB: u64 = 1 << 20;
 
@@ -190,11 +202,12 @@ struct Rig {
 }
 
 impl Rig {
-    fn start(name: &str) -> Rig {
-        Rig::start_at(name, FPS)
+    /// The rig for an attack allowed `allow`, with its lease.
+    fn start(name: &str, allow: Allow) -> Rig {
+        Rig::start_at(name, FPS, allow.lease_ms)
     }
 
-    fn start_at(name: &str, fps: u64) -> Rig {
+    fn start_at(name: &str, fps: u64, lease_ms: u64) -> Rig {
         let gate = slot();
         let dir = TempDir::new(&format!("hostile-{name}"));
         let socket = dir.join("ring.sock");
@@ -213,7 +226,7 @@ impl Rig {
         c.args(["--slots", "8", "--fps", &fps.to_string(), "--policy", "lossless"]);
         c.args([
             "--lossless-lease-ms",
-            &LEASE_MS.to_string(),
+            &lease_ms.to_string(),
             "--json",
             "--report-ms",
             "20",
@@ -263,6 +276,13 @@ impl Rig {
             .unwrap_or(0)
     }
 
+    /// Subscribers the producer evicted so far.
+    fn evictions(&self) -> u64 {
+        last_event(&self.producer, "status")
+            .and_then(|j| j.u64("evictions"))
+            .unwrap_or(0)
+    }
+
     /// Frames per second over `d`.
     fn rate_over(&self, d: Duration) -> f64 {
         let (t0, p0) = (Instant::now(), self.published());
@@ -289,14 +309,18 @@ fn tail(s: &str) -> String {
     lines[n..].join("\n") + "\n"
 }
 
-/// What one attack run may cost the honest parties.
+/// What one attack run may cost the honest parties, and the lease it runs
+/// under.
 #[derive(Clone, Copy)]
 struct Allow {
-    /// Rate dip allowed (ms of stall: the lease, where the attacker is a
-    /// lossless reader that stalls and may be evicted once).
+    /// Stall allowed, in ms without a new frame (the lease, where the
+    /// attacker is a lossless reader that stalls and may be evicted once),
+    /// before [`STALL_MARGIN_MS`].
     stall_ms: u64,
     /// Evictions allowed (the attacker itself).
     evictions: u64,
+    /// The producer's lossless lease.
+    lease_ms: u64,
 }
 
 /// No stall; the attacker itself may be evicted or refused (a publisher
@@ -305,15 +329,20 @@ struct Allow {
 const STRICT: Allow = Allow {
     stall_ms: 0,
     evictions: 1,
+    lease_ms: HONEST_LEASE_MS,
 };
 /// The control: nobody evicted.
 const NOTHING: Allow = Allow {
     stall_ms: 0,
     evictions: 0,
+    lease_ms: HONEST_LEASE_MS,
 };
+/// A lossless attacker that holds the producer for one lease and is
+/// evicted.
 const ONE_LOSSLESS_STALL: Allow = Allow {
     stall_ms: LEASE_MS + 200,
     evictions: 1,
+    lease_ms: LEASE_MS,
 };
 
 struct Attacker {
@@ -327,41 +356,56 @@ impl Attacker {
 }
 
 /// Runs `attack` for `ms` beside the rig's honest parties, with an optional
-/// consumer joining `join_at_ms` into the attack; then checks everything
-/// (see the module doc) and returns what the attacker reported.
+/// consumer (`after_eviction`) that joins once the producer has evicted the
+/// attacker (the attacker is told so too, through the file named by
+/// [`attacks::GO`]); then checks everything (see the module doc) and
+/// returns what the attacker reported.
 fn run_attack(
     rig: &mut Rig,
     attack: &str,
     ms: u64,
     allow: Allow,
-    mid_joiner: Option<(u64, &[&str])>,
+    after_eviction: Option<&[&str]>,
 ) -> (Attacker, Option<ChildProc>) {
     let base_rate = rig.rate_over(Duration::from_millis(1000));
     let base = usage(rig.pid());
     let result = rig.dir.join("attacker.result");
+    let go = rig.dir.join("attacker.go");
     let env = vec![
         (attacks::ATTACK, attack.to_owned()),
         (attacks::SOCK, rig.socket.display().to_string()),
         (attacks::RESULT, result.display().to_string()),
         (attacks::MILLIS, ms.to_string()),
+        (attacks::GO, go.display().to_string()),
     ];
-    let (t0, p0) = (Instant::now(), rig.published());
+    let (t0, p0, evictions0) = (Instant::now(), rig.published(), rig.evictions());
     let mut attacker = common::spawn(&rig.dir, "attacker", common::self_command(&[], "attacker", &env));
     let mut peak = base;
     let mut joiner = None;
-    let deadline = t0 + Duration::from_millis(ms) + Duration::from_secs(20);
+    // The longest stretch seen without a new frame, and when the last one
+    // was seen.
+    let (mut seen, mut progressed, mut stall) = (p0, t0, Duration::ZERO);
+    // The attacker's own hang guards are at most 30 s past `ms`.
+    let deadline = t0 + Duration::from_millis(ms) + Duration::from_secs(40);
     while attacker.try_wait().is_none() && Instant::now() < deadline {
         let u = usage(rig.pid());
         peak.fds = peak.fds.max(u.fds);
         peak.maps = peak.maps.max(u.maps);
         peak.vm_kb = peak.vm_kb.max(u.vm_kb);
-        if let Some((at, args)) = mid_joiner {
-            if joiner.is_none() && t0.elapsed() >= Duration::from_millis(at) {
-                joiner = Some(consumer(&rig.dir, &rig.socket, "mid-joiner", args, &[]));
+        let published = rig.published();
+        if published > seen {
+            stall = stall.max(progressed.elapsed());
+            (seen, progressed) = (published, Instant::now());
+        }
+        if let Some(args) = after_eviction {
+            if joiner.is_none() && rig.evictions() > evictions0 {
+                std::fs::write(&go, b"evicted").expect("telling the attacker it was evicted");
+                joiner = Some(consumer(&rig.dir, &rig.socket, "after-eviction", args, &[]));
             }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    let stall = stall.max(progressed.elapsed());
     let window = t0.elapsed().as_secs_f64();
     let attack_rate = (rig.published() - p0) as f64 / window;
     attacker.wait_success(Instant::now() + Duration::from_secs(5));
@@ -391,21 +435,22 @@ fn run_attack(
             peak.vm_kb >> 10
         ));
     }
-    // The attacker is gone: what it made the producer hold must go too;
-    // the rate after the attack tells machine load from harm (a load spike
-    // over both windows lowers the reference, by at most a quarter).
+    // A producer blocked by the attack stops publishing; a busy machine
+    // only slows it. The rates are for the log.
     let post_rate = rig.rate_over(Duration::from_millis(1000));
-    let reference = base_rate.min(post_rate.max(0.75 * base_rate));
-    let min_rate = MIN_RATE_FRACTION * reference * (window - allow.stall_ms as f64 / 1000.0).max(0.0) / window;
+    let most_stall = Duration::from_millis(allow.stall_ms + STALL_MARGIN_MS);
     eprintln!(
-        "[{attack}] rate before {base_rate:.1} fps, during {attack_rate:.1} fps, after {post_rate:.1} fps (at least {min_rate:.1} wanted)"
+        "[{attack}] rate before {base_rate:.1} fps, during {attack_rate:.1} fps, after {post_rate:.1} fps; \
+         longest stretch without a frame {stall:?} (at most {most_stall:?})"
     );
-    if attack_rate < min_rate {
+    if stall > most_stall {
         rig.problem(format!(
-            "the producer's rate fell from {base_rate:.1} to {attack_rate:.1} fps during the attack \
-             ({post_rate:.1} after it; at least {min_rate:.1} wanted)"
+            "the producer published nothing for {stall:?} during the attack (at most {most_stall:?} allowed)"
         ));
     }
+    // The attacker is gone: what it made the producer hold must go too.
+    let settled = |u: Usage| u.fds <= base.fds + FD_SLACK && u.maps <= base.maps + MAPS_SLACK;
+    wait_for(Duration::from_secs(10), || settled(usage(rig.pid())));
     let after = usage(rig.pid());
     eprintln!("[{attack}] producer usage after the attacker left {after:?}");
     if after.fds > base.fds + FD_SLACK {
@@ -529,11 +574,21 @@ fn check_honest(rig: &mut Rig, mode: &str, c: &mut ChildProc, published: u64) {
     }
     let span = (last + 1).saturating_sub(first);
     let missing = span.saturating_sub(delivered);
-    // The first gap (from the connect cursor to the first frame) is counted
-    // too, so dropped may exceed the gaps between delivered frames a little.
-    if dropped < missing || dropped > missing + 3 {
+    // Every frame missing between the first and the last delivered one is
+    // reported, exactly, by the frame after it. `dropped` counts those, the
+    // ones before the first (from the connect cursor) and the ones lost
+    // after the last (before the close): how many of those there are
+    // depends on when the consumer connected and ran, but only frames that
+    // exist can be among them.
+    let (skipped, first_skipped) = (n("skipped"), n("first_skipped"));
+    let after_last = dropped.checked_sub(skipped);
+    if skipped.checked_sub(first_skipped) != Some(missing)
+        || first_skipped >= first
+        || after_last.is_none_or(|a| a > published.saturating_sub(last))
+    {
         rig.problem(format!(
-            "{name} ({mode}): {missing} frames missing between {first} and {last}, but dropped = {dropped}"
+            "{name} ({mode}): {missing} frames missing between {first} and {last}, but the frames reported \
+             {skipped} lost ({first_skipped} before the first) and dropped = {dropped} ({published} published)"
         ));
     }
     if mode == "lossless" && (dropped != 0 || missing != 0) {
@@ -545,7 +600,7 @@ fn check_honest(rig: &mut Rig, mode: &str, c: &mut ChildProc, published: u64) {
 
 /// Runs the standard scenario.
 fn scenario(name: &str, attack: &str, ms: u64, allow: Allow) -> Attacker {
-    let mut rig = Rig::start(name);
+    let mut rig = Rig::start(name, allow);
     let (a, _) = run_attack(&mut rig, attack, ms, allow, None);
     finish(rig, allow, name, Some(&a));
     a
@@ -657,7 +712,10 @@ fn attack8b_attach_giant_sparse_bytes() {
 /// every one (on a CUDA ring, an import and a mapping each, which the
 /// other subscribers' frames pay for on the GPU). The producer example
 /// serves 16 at once, then 8 a second; the attacker's connections past
-/// that wait and go.
+/// that wait and go. The attacker keeps coming for at least 2 s and until
+/// it has made 10 connections more than the rate allows over the time it
+/// took (a slower machine only gives the bound more time), so the bound is
+/// always tested.
 #[test]
 fn attack8c_push_subscriber_coming_and_going_gets_only_the_attach_rate() {
     let ms = 2000;
@@ -669,15 +727,12 @@ fn attack8c_push_subscriber_coming_and_going_gets_only_the_attach_rate() {
             .parse::<u64>()
             .unwrap_or_else(|_| panic!("no {k} in {:?}", a.report))
     };
-    let (connections, taken) = (num("connections"), num("taken"));
-    eprintln!("attach churn: {connections} connections, {taken} taken in {ms} ms");
-    // The burst, the rate over the attack, and one more second for the
-    // run's start (the honest push consumer took one token too).
-    let most = u64::from(vramring::seam::ring::DEFAULT_ATTACH_BURST)
-        + u64::from(vramring::seam::ring::DEFAULT_ATTACHES_PER_SECOND) * (ms / 1000 + 1);
+    let (connections, taken, elapsed_ms) = (num("connections"), num("taken"), num("elapsed_ms"));
+    eprintln!("attach churn: {connections} connections, {taken} taken in {elapsed_ms} ms");
+    let most = attacks::attach_churn_most(Duration::from_millis(elapsed_ms));
     assert!(
         taken <= most,
-        "{taken} of the attacker's {connections} Attaches were taken in {ms} ms, more than the rate allows ({most})"
+        "{taken} of the attacker's {connections} Attaches were taken in {elapsed_ms} ms, more than the rate allows ({most})"
     );
     assert!(
         connections > most,
@@ -728,9 +783,10 @@ fn message_flood_closes_the_connection() {
 
 /// Spec finding: a reader evicted while frames keep arriving must learn it
 /// on its very next read, and must not write into its freed entry (which a
-/// newcomer then gets). The slow lossless reader holds past the lease; a
-/// lossless newcomer joins after the eviction and must see no drop or
-/// overrun. The slow reader follows `proto/PROTOCOL.md` §11–§12 literally
+/// newcomer then gets). The slow lossless reader holds until the producer
+/// has evicted it (past the lease; the test tells it when); a lossless
+/// newcomer joins then and must see no drop or overrun. The slow reader
+/// follows `proto/PROTOCOL.md` §11–§12 literally
 /// (`hostile/spec_reader.rs`). v1: its first read after the eviction
 /// delivers a frame (liveness is only checked after an empty slice), and it
 /// keeps releasing into the entry the newcomer got.
@@ -749,17 +805,16 @@ fn evicted_rust_subscriber_notices_on_next_read() {
 
 fn evicted_reader_scenario(name: &str, attack: &str) {
     let allow = ONE_LOSSLESS_STALL;
-    let mut rig = Rig::start(name);
-    let hold = LEASE_MS + 1000;
+    let mut rig = Rig::start(name, allow);
+    // The slow reader holds until the producer has evicted it (the test
+    // tells it), at most this long.
+    let hold = 20_000;
     let (a, joiner) = run_attack(
         &mut rig,
         attack,
         hold,
         allow,
-        Some((
-            LEASE_MS + 600,
-            &["--mode", "sequential", "--lossless", "--frames", "120"],
-        )),
+        Some(&["--mode", "sequential", "--lossless", "--frames", "120"]),
     );
     let mut problems = Vec::new();
     if a.get("first_read_after_hold") != "evicted" {
@@ -799,7 +854,7 @@ fn evicted_reader_scenario(name: &str, attack: &str) {
 #[test]
 fn orderly_close_ends_spec_readers_with_producer_gone() {
     // 10 fps: between frames the readers are parked, as on an idle ring.
-    let mut rig = Rig::start_at("orderly-close", 10);
+    let mut rig = Rig::start_at("orderly-close", 10, NOTHING.lease_ms);
     newcomer_joins(&mut rig, 10);
     let result = rig.dir.join("spec.result");
     let env = vec![
@@ -864,12 +919,14 @@ fn attack9_stalled_lossless_packet_reader_is_evicted_and_writer_goes_on() {
         (attacks::ATTACK, "packet_stall".to_owned()),
         (attacks::SOCK, socket.display().to_string()),
         (attacks::RESULT, result.display().to_string()),
-        (attacks::MILLIS, "5000".to_owned()),
+        // Held well past the time the producer needs to evict it (the
+        // attacker is killed at the end).
+        (attacks::MILLIS, "30000".to_owned()),
     ];
     let mut attacker = common::spawn(&dir, "attacker", common::self_command(&[], "attacker", &env));
     let t0 = Instant::now();
     let mut problems = Vec::new();
-    let exited = wait_for(Duration::from_secs(15), || producer.try_wait().is_some());
+    let exited = wait_for(Duration::from_secs(30), || producer.try_wait().is_some());
     let fin = last_event(&producer, "final");
     if !exited || !producer.try_wait().is_some_and(|s| s.success()) || fin.is_none() {
         problems.push(format!(
@@ -887,7 +944,7 @@ fn attack9_stalled_lossless_packet_reader_is_evicted_and_writer_goes_on() {
         }
     }
     for c in [&mut lossless, &mut plain] {
-        let _ = wait_for(Duration::from_secs(15), || c.try_wait().is_some());
+        let _ = wait_for(Duration::from_secs(30), || c.try_wait().is_some());
         if !c.try_wait().is_some_and(|s| s.success()) || last_event(c, "final").is_none() {
             problems.push(format!("{} did not finish cleanly:\n{}", c.name, tail(&c.output())));
         }

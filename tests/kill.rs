@@ -9,7 +9,7 @@
 //! path (replacing the stale socket; the kernel released the lock) and every
 //! survivor must resume with verified frames of the new epoch within
 //! [`RESUME_BOUND`]; after a subscriber kill the producer must free the entry
-//! within [`FREE_BOUND`] (no eviction: the lease is 10 s) and keep serving
+//! within [`FREE_BOUND`] (no eviction: the lease is 60 s) and keep serving
 //! the survivors. Every frame is checked against the test pattern (no torn
 //! frame is ever delivered), every `next()` returns within its timeout, and
 //! the descriptors and `memfd:vramring` mappings of the survivors and the
@@ -51,17 +51,18 @@ const EPHEMERAL_MODES: [&str; 4] = ["latest", "sequential", "lossless", "push"];
 /// small enough that an unoptimised build keeps up.
 const WIDTH: u32 = 256;
 const HEIGHT: u32 = 256;
-/// A survivor's `next()` timeout, and how much later it may return on a
-/// loaded 2-core CI machine before it counts as a hang.
+/// A survivor's `next()` timeout, and how much later it may return before
+/// it counts as a hang.
 const NEXT_TIMEOUT: Duration = Duration::from_millis(300);
-const NEXT_SLACK: Duration = Duration::from_secs(1);
+const NEXT_SLACK: Duration = Duration::from_secs(5);
 /// After a producer kill: until every survivor has a verified frame of the
-/// new epoch (includes spawning the new producer process).
-const RESUME_BOUND: Duration = Duration::from_secs(5);
+/// new epoch (includes spawning the new producer process). The bounds
+/// from here on only catch a hang; the times themselves are printed.
+const RESUME_BOUND: Duration = Duration::from_secs(20);
 /// After a subscriber kill: until the producer freed its entry.
-const FREE_BOUND: Duration = Duration::from_secs(2);
+const FREE_BOUND: Duration = Duration::from_secs(10);
 /// After a subscriber kill: until every survivor has a newer frame.
-const SERVE_BOUND: Duration = Duration::from_secs(2);
+const SERVE_BOUND: Duration = Duration::from_secs(10);
 /// Starting a child process, up to its first report.
 const START_BOUND: Duration = Duration::from_secs(10);
 /// Descriptors a process may hold at the end beyond those at the start.
@@ -127,7 +128,7 @@ fn producer_role() {
         .slots(8)
         .policy(Policy::Lossless)
         .backend(BackendChoice::Host)
-        .lossless_lease(Duration::from_secs(10));
+        .lossless_lease(Duration::from_secs(60));
     let mut p = Publisher::create(&socket, cfg).unwrap_or_else(|e| panic!("producer: create: {e}"));
     report(
         Json::event("ready")

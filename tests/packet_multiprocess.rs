@@ -10,6 +10,9 @@
 //! * a recorder whose producer is SIGKILLed keeps what it got (a prefix of
 //!   the stream) and ends with `ProducerGone` promptly.
 //!
+//! When to join or kill is decided by what the ring shows (an inspector's
+//! view of what was written and read), never by a sleep.
+//!
 //! The examples are the binaries `cargo test` builds next to this test.
 
 use vramring_testkit::procs as common;
@@ -20,6 +23,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{example, ChildProc, TempDir};
+use vramring::inspect::{InspectOptions, Inspector, RingStatus};
 use vramring_testkit::json::JsonLine;
 
 const CLIP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/clip.h264");
@@ -42,6 +46,26 @@ fn producer(dir: &TempDir, socket: &str, extra: &[&str]) -> ChildProc {
     c.args(["--socket", socket, "--input", CLIP, "--json"]);
     c.args(extra);
     common::spawn(dir, "packet_producer", c)
+}
+
+/// Waits (30 s at most) until the ring at `socket` shows `cond`, through an
+/// inspector (which holds no writer back); `p` must stay alive meanwhile.
+fn wait_for_ring(socket: &str, p: &mut ChildProc, what: &str, mut cond: impl FnMut(&RingStatus) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut ins = None;
+    loop {
+        assert!(p.try_wait().is_none(), "{} exited:\n{}", p.name, p.output());
+        assert!(Instant::now() < deadline, "{what}: not within 30 s");
+        if ins.is_none() {
+            ins = Inspector::connect(socket, InspectOptions::default()).ok();
+        }
+        if let Some(i) = ins.as_mut() {
+            if i.status().is_ok_and(|st| cond(&st)) {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 fn recorder(dir: &TempDir, socket: &str, name: &str, extra: &[&str]) -> (ChildProc, std::path::PathBuf) {
@@ -145,25 +169,36 @@ fn a_lossless_recorder_is_byte_identical_to_the_clip_and_a_slow_reader_resyncs_o
 
 #[test]
 fn a_late_joiner_starts_on_a_keyframe_and_then_gets_the_clip_from_there() {
+    const RECORD: u64 = 200;
     let dir = TempDir::new("pk-late");
     let socket = dir.join("cam.packets.sock").display().to_string();
-    let mut p = producer(&dir, &socket, &["--fps", "300"]);
-    // The clip takes 1 s at 300 fps; join a third of the way in.
-    std::thread::sleep(Duration::from_millis(350));
-    let (mut late, out) = recorder(&dir, &socket, "late", &[]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    p.wait_success(deadline);
-    late.wait_success(deadline);
+    // The clip, looped at 300 fps; a 30 s lease, so that the lossless late
+    // joiner is never evicted for being slow.
+    let mut p = producer(&dir, &socket, &["--fps", "300", "--loops", "0", "--lease-ms", "30000"]);
+    // Join once the ring holds a hundred packets: past several IDRs.
+    wait_for_ring(&socket, &mut p, "100 packets written", |st| {
+        st.producer.published >= 100
+    });
+    let (mut late, out) = recorder(&dir, &socket, "late", &["--max-packets", &RECORD.to_string()]);
+    late.wait_success(Instant::now() + Duration::from_secs(30));
+    p.interrupt();
+    p.wait_success(Instant::now() + Duration::from_secs(10));
     let j = final_json(&late);
     eprintln!("late: {:?}", j.0);
+    assert_eq!(j.get("end"), Some("max_packets"));
+    assert_eq!(j.u64("packets"), Some(RECORD));
     let first = j.u64("first_seq").unwrap();
     assert_eq!(j.u64("first_key"), Some(1));
     assert!(first > 1, "joined at the start: the test proves nothing");
     assert_eq!((first - 1) % 30, 0, "seq {first} is not one of the clip's IDRs");
     let data = clip();
     let units = annexb::access_units(&data);
-    let tail: Vec<u8> = units[(first - 1) as usize..]
+    let from = ((first - 1) % units.len() as u64) as usize;
+    let tail: Vec<u8> = units
         .iter()
+        .cycle()
+        .skip(from)
+        .take(RECORD as usize)
         .flat_map(|u| u.bytes.iter().copied())
         .collect();
     assert!(
@@ -176,28 +211,37 @@ fn a_late_joiner_starts_on_a_keyframe_and_then_gets_the_clip_from_there() {
 fn a_recorder_keeps_what_it_got_and_sees_producer_gone_when_the_producer_is_killed() {
     let dir = TempDir::new("pk-kill");
     let socket = dir.join("cam.packets.sock").display().to_string();
+    // The first packet waits for the recorder and the inspector below, so
+    // the recording starts at the stream's start.
     let mut p = producer(
         &dir,
         &socket,
-        &["--fps", "500", "--loops", "0", "--wait-subscribers", "1"],
+        &["--fps", "500", "--loops", "0", "--wait-subscribers", "2"],
     );
     let (mut rec, out) = recorder(&dir, &socket, "survivor", &[]);
-    std::thread::sleep(Duration::from_millis(400));
+    // Kill once the recorder has read 60 packets.
+    wait_for_ring(&socket, &mut p, "the recorder reads 60 packets", |st| {
+        st.subscribers.iter().any(|r| r.name == "survivor" && r.delivered >= 60)
+    });
     let status = p.kill9();
     assert!(!status.success(), "the producer exited by itself: {status}");
     let killed = Instant::now();
-    rec.wait_success(Instant::now() + Duration::from_secs(10));
+    rec.wait_success(Instant::now() + Duration::from_secs(15));
     let after = killed.elapsed();
     let j = final_json(&rec);
     eprintln!("survivor: {:?} {after:?} after the kill", j.0);
     assert_eq!(j.get("end"), Some("producer_gone"));
-    assert!(after < Duration::from_secs(2), "ProducerGone took {after:?}");
-    // What it wrote is the looped clip from the start, cut anywhere.
+    // Loose, but far short of the recorder's 20 s idle timeout, which is
+    // when a recorder that missed the kill would end.
+    assert!(after < Duration::from_secs(5), "ProducerGone took {after:?}");
+    // What it wrote is the looped clip from the start, cut anywhere, and
+    // holds at least the 60 packets it had read.
     let recorded = std::fs::read(&out).unwrap();
     let data = clip();
+    let sixty: usize = annexb::access_units(&data)[..60].iter().map(|u| u.bytes.len()).sum();
     assert!(
-        recorded.len() > data.len() / 10,
-        "only {} bytes recorded",
+        recorded.len() >= sixty,
+        "only {} bytes recorded, fewer than the 60 packets read ({sixty})",
         recorded.len()
     );
     let looped: Vec<u8> = data.iter().copied().cycle().take(recorded.len()).collect();

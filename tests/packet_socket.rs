@@ -35,10 +35,14 @@ fn packet(i: u64) -> Vec<u8> {
     (0..len).map(|k| (i as usize * 31 + k) as u8).collect()
 }
 
+/// A lossless lease of 5 s against 200 ms write timeouts: a lossless
+/// reader is evicted only by a test that stalls it on purpose, and a
+/// blocked write fails with `LosslessBlocked` (not an eviction) unless the
+/// writer itself stalls for the lease.
 fn publisher(dir: &TempDir, data_bytes: u64, records: u32) -> PacketPublisher {
     let cfg = PacketPublisherConfig::new(PacketRingConfig::new(data_bytes, records, 4096))
         .write_timeout(Duration::from_millis(200))
-        .lossless_lease(Duration::from_millis(600));
+        .lossless_lease(Duration::from_secs(5));
     PacketPublisher::create(dir.join("p.sock"), cfg).expect("packet publisher")
 }
 
@@ -72,8 +76,10 @@ fn a_parked_subscriber_is_woken_by_the_next_write() {
     let dir = TempDir::new("pk-wake");
     let mut p = publisher(&dir, 1 << 16, 64);
     let path = dir.join("p.sock");
+    let (connected, ready) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         let mut s = PacketSubscriber::connect(&path, PacketSubscriberOptions::new().spin(Duration::ZERO)).unwrap();
+        connected.send(()).unwrap();
         let mut buf = Vec::new();
         let mut got = Vec::new();
         for _ in 0..50 {
@@ -83,7 +89,10 @@ fn a_parked_subscriber_is_woken_by_the_next_write() {
         }
         got
     });
-    assert!(wait_until(Duration::from_secs(5), || p.stats().subscribers == 1));
+    // Its start is set once `connect` returns: nothing is written before.
+    ready
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the reader connected");
     for i in 1..=50u64 {
         // Spaced out so the reader parks between packets.
         std::thread::sleep(Duration::from_millis(2));
@@ -97,14 +106,18 @@ fn a_packet_wait_of_duration_max_waits_for_the_packet_instead_of_panicking() {
     let dir = TempDir::new("pk-forever");
     let mut p = publisher(&dir, 1 << 16, 64);
     let path = dir.join("p.sock");
+    let (connected, ready) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         let mut s = PacketSubscriber::connect(&path, PacketSubscriberOptions::new()).unwrap();
+        connected.send(()).unwrap();
         let mut buf = Vec::new();
         let first = s.next_copy(&mut buf, Duration::MAX).unwrap().seq;
         let second = s.borrow(Duration::MAX).unwrap().seq();
         (first, second)
     });
-    assert!(wait_until(Duration::from_secs(5), || p.stats().subscribers == 1));
+    ready
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the reader connected");
     for i in 1..=2u64 {
         std::thread::sleep(Duration::from_millis(20));
         p.write(&packet(i), meta(true, 0)).unwrap();
@@ -128,13 +141,13 @@ fn a_lossless_reader_joining_after_its_keyframe_is_gone_does_not_block_the_write
     assert!(wait_until(Duration::from_secs(5), || p.stats().subscribers == 1));
     // The reader has not read anything yet; the writer's 200 ms timeout
     // would report it blocked on a packet nobody can read.
-    let t = Instant::now();
+    let waits = p.stats().lossless_waits;
     p.write(&[22; 100], meta(false, 22))
         .expect("the write was held for a keyframe that is gone");
-    assert!(
-        t.elapsed() < Duration::from_millis(100),
-        "the write waited {:?}",
-        t.elapsed()
+    assert_eq!(
+        p.stats().lossless_waits,
+        waits,
+        "the write waited for the lossless reader"
     );
 }
 
@@ -203,13 +216,13 @@ fn a_stalled_lossless_subscriber_blocks_the_writer_then_is_evicted_after_its_lea
         }
         other => panic!("expected LosslessBlocked, got {other}"),
     }
-    // Keep trying: past the 600 ms lease the reader is evicted and the
-    // write goes through.
+    // Keep trying: past the 5 s lease the reader is evicted and the write
+    // goes through.
     let start = Instant::now();
     loop {
         match p.write(&packet(i), meta(false, 0)) {
             Ok(_) => break,
-            Err(Error::LosslessBlocked { .. }) => assert!(start.elapsed() < Duration::from_secs(5)),
+            Err(Error::LosslessBlocked { .. }) => assert!(start.elapsed() < Duration::from_secs(30), "never evicted"),
             Err(e) => panic!("{e}"),
         }
     }
@@ -235,9 +248,13 @@ fn a_subscriber_drains_what_is_left_then_sees_producer_gone() {
     for i in 1..=5u64 {
         assert_eq!(s.next_copy(&mut buf, SEC).unwrap().seq, i);
     }
+    // Told at once, not at the end of the call's 10 s timeout.
     let start = Instant::now();
-    assert!(matches!(s.next_copy(&mut buf, SEC), Err(Error::ProducerGone { .. })));
-    assert!(start.elapsed() < Duration::from_millis(500));
+    assert!(matches!(
+        s.next_copy(&mut buf, 10 * SEC),
+        Err(Error::ProducerGone { .. })
+    ));
+    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
     // And again on every later call.
     assert!(matches!(s.try_next_copy(&mut buf), Err(Error::ProducerGone { .. })));
 }

@@ -476,7 +476,8 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
         if args.report_ms > 0 && Instant::now() >= report_due {
             let now = Instant::now();
             let fps = (report.published - last_report.1) as f64 / (now - last_report.0).as_secs_f64();
-            let subs = publisher.stats().subscribers;
+            let stats = publisher.stats();
+            let subs = stats.subscribers;
             if args.json {
                 emit(
                     &Json::event("status")
@@ -484,6 +485,7 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
                         .u64("published", report.published)
                         .f64("fps", fps)
                         .u64("subscribers", subs.into())
+                        .u64("evictions", stats.evictions)
                         .finish(),
                 );
             } else {
@@ -549,6 +551,12 @@ pub struct ConsumerReport {
     pub delivered: u64,
     /// Frames skipped (gaps), from the subscriber's stats.
     pub dropped: u64,
+    /// The frames the delivered frames said were lost before them (the sum
+    /// of their `skipped`); `dropped` less this is what was lost after the
+    /// last one.
+    pub skipped: u64,
+    /// What the first delivered frame said was lost before it.
+    pub first_skipped: u64,
     /// Reads discarded because the producer overwrote the slot mid-copy.
     pub overruns: u64,
     /// Delivered frames that failed the pattern check. Must be 0.
@@ -595,6 +603,8 @@ impl ConsumerReport {
             .str("name", &self.name)
             .u64("delivered", self.delivered)
             .u64("dropped", self.dropped)
+            .u64("skipped", self.skipped)
+            .u64("first_skipped", self.first_skipped)
             .u64("overruns", self.overruns)
             .u64("torn", self.torn)
             .u64("first_seq", self.first_seq)
@@ -727,7 +737,7 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
             Err(e) => return Err(e.into()),
         };
         let latency = monotonic_ns().saturating_sub(frame.commit_ns());
-        let seq = frame.seq();
+        let (seq, skipped) = (frame.seq(), frame.skipped());
         let checked = if args.no_verify {
             Ok(())
         } else {
@@ -737,7 +747,9 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
         first_at.get_or_insert(last_at);
         if report.delivered == 0 {
             report.first_seq = seq;
+            report.first_skipped = skipped;
         }
+        report.skipped += skipped;
         report.delivered += 1;
         report.last_seq = seq;
         report.latency.record(latency);

@@ -523,10 +523,11 @@ mod tests {
         .unwrap();
         wait_for_readings(&wd, 1);
         assert!(wd.is_running());
+        // Loose: a stop that waited for the next reading would take an hour.
         let start = Instant::now();
         assert_eq!(wd.stop(), JoinOutcome::Joined);
         assert!(
-            start.elapsed() < Duration::from_secs(1),
+            start.elapsed() < Duration::from_secs(10),
             "stop took {:?}",
             start.elapsed()
         );

@@ -29,6 +29,19 @@ pub const SOCK: &str = "HOSTILE_SOCK";
 pub const RESULT: &str = "HOSTILE_RESULT";
 /// Environment: how long the attack lasts, in ms.
 pub const MILLIS: &str = "HOSTILE_MS";
+/// Environment: a file the test creates once the publisher has evicted the
+/// attacker (for attackers that hold until then).
+pub const GO: &str = "HOSTILE_GO";
+
+/// Sleeps until the test says the publisher has evicted this attacker (the
+/// file named by [`GO`] exists), at most `max`.
+pub fn hold_until_evicted(max: Duration) {
+    let go = std::env::var_os(GO).map(PathBuf::from);
+    let end = Instant::now() + max;
+    while Instant::now() < end && !go.as_ref().is_some_and(|g| g.exists()) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
 
 /// What the attacker writes for the test.
 #[derive(Default)]
@@ -438,15 +451,30 @@ fn attach_giant(socket: &Path, dur: Duration, rep: &mut Report) {
     hold_until(&c, end, rep);
 }
 
+/// The most Attaches the producer example's attach rate (its default
+/// burst, then its default rate) lets through in `elapsed`, rounded up to
+/// whole seconds, with one second more for the attack's start.
+pub fn attach_churn_most(elapsed: Duration) -> u64 {
+    let secs = elapsed.as_millis().div_ceil(1000) as u64 + 1;
+    u64::from(vramring::seam::ring::DEFAULT_ATTACH_BURST)
+        + u64::from(vramring::seam::ring::DEFAULT_ATTACHES_PER_SECOND) * secs
+}
+
 /// A push subscriber that comes and goes as fast as it can: joins, sends
 /// one valid Attach (its buffers made once, sent again each time), waits up
 /// to 20 ms for the publisher to take them (its entry's `push_count`),
-/// leaves, and again. Counts the connections and how many were taken.
+/// leaves, and again; for at least `dur`, and until it has connected 10
+/// times more than [`attach_churn_most`] of the time it took (30 s at
+/// most). Counts the connections, how many were taken, and the time.
 fn attach_churn(socket: &Path, dur: Duration, rep: &mut Report) {
-    let end = Instant::now() + dur;
+    let start = Instant::now();
     let (mut connections, mut taken) = (0u64, 0u64);
     let mut buffers: Option<OwnedFd> = None;
-    while Instant::now() < end {
+    let more = |connections: u64| {
+        let t = start.elapsed();
+        t < Duration::from_secs(30) && (t < dur || connections < attach_churn_most(t) + 10)
+    };
+    while more(connections) {
         let c = join(socket, msg::HELLO_PUSH, "attacker-churn");
         let stride = push_stride(&c);
         let bytes = stride * u64::from(layout::PUSH_BUFFERS);
@@ -469,6 +497,7 @@ fn attach_churn(socket: &Path, dur: Duration, rep: &mut Report) {
     }
     rep.put("connections", connections);
     rep.put("taken", taken);
+    rep.put("elapsed_ms", start.elapsed().as_millis());
 }
 
 /// A push reader that attaches honestly, then writes nonsense into the
@@ -597,9 +626,10 @@ fn message_flood(socket: &Path, dur: Duration, rep: &mut Report) {
     hold_until(&c, end, rep);
 }
 
-/// An honest-looking lossless reader that holds one frame past its lease
-/// (so it is evicted) while frames keep coming, then reads again: its first
-/// read after that must say Evicted.
+/// An honest-looking lossless reader that holds one frame until it is
+/// evicted (past its lease; the test says when, `dur` at most) while frames
+/// keep coming, then reads again: its first read after that must say
+/// Evicted.
 fn slow_lossless(socket: &Path, dur: Duration, rep: &mut Report) {
     use vramring::{Error, Subscriber, SubscriberOptions};
     let mut sub = Subscriber::connect(
@@ -614,7 +644,7 @@ fn slow_lossless(socket: &Path, dur: Duration, rep: &mut Report) {
     rep.put("first_seq", first);
     // Holds nothing across the sleep except its cursor: the lossless
     // reader is "done with" only what it released, so the publisher waits.
-    std::thread::sleep(dur);
+    hold_until_evicted(dur);
     let mut after = 0u64;
     let mut first_result = String::new();
     let end = Instant::now() + Duration::from_millis(1000);
@@ -641,8 +671,19 @@ fn slow_lossless(socket: &Path, dur: Duration, rep: &mut Report) {
 /// and keeps its connection through the attack.
 fn packet_stall(socket: &Path, dur: Duration, rep: &mut Report) {
     use vramring::packet::{PacketSubscriber, PacketSubscriberOptions};
-    let mut sub = PacketSubscriber::connect(socket, PacketSubscriberOptions::new().lossless(true).name("stalled"))
-        .expect("stalled packet reader connect");
+    // The socket file exists from the writer's bind on; until its listen
+    // a connect is refused: try again for a while.
+    let opts = PacketSubscriberOptions::new().lossless(true).name("stalled");
+    let start = Instant::now();
+    let mut sub = loop {
+        match PacketSubscriber::connect(socket, opts.clone()) {
+            Ok(s) => break s,
+            Err(vramring::Error::Io { .. }) if start.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("stalled packet reader connect: {e}"),
+        }
+    };
     let mut buf = Vec::new();
     let mut got = 0;
     for _ in 0..5 {

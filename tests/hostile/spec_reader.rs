@@ -184,9 +184,9 @@ fn wait(c: &super::attacks::Conn, ctl: &Map, own: &Own, after: u64, deadline: In
 }
 
 /// A lossless Sequential reader per §11 (pull, copy, validate after the
-/// copy, release): reads one frame, holds for `hold` (past the lease, so
-/// the publisher evicts it while frames keep coming), then reads again for
-/// a second. Records what its first read after the hold returned and how
+/// copy, release): reads one frame, holds until the publisher has evicted
+/// it while frames keep coming (past the lease; the test says when, `hold`
+/// at most), then reads again for a second. Records what its first read after the hold returned and how
 /// many frames it delivered (and released into its entry) after that.
 pub fn lossless(socket: &Path, hold: Duration, rep: &mut Report) {
     use vramring::seam::socket::msg;
@@ -251,7 +251,7 @@ pub fn lossless(socket: &Path, hold: Duration, rep: &mut Report) {
     };
     let first = read(&mut last);
     rep.put("first", format!("{first:?}").replace(' ', "_"));
-    std::thread::sleep(hold);
+    super::attacks::hold_until_evicted(hold);
     let mut first_after = String::new();
     let mut after = 0u64;
     let end = Instant::now() + Duration::from_millis(1000);

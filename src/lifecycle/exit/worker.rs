@@ -348,6 +348,16 @@ mod tests {
         assert!(start.elapsed() < Duration::from_secs(5));
         assert!(!join.is_finished());
         release.raise();
+        // The retry joins a thread that has finished: the 50 ms timeout is
+        // not raced against its wake-up.
+        let start = Instant::now();
+        while !join.is_finished() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the released thread never finished"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
         assert_eq!(join.stop_and_join(), JoinOutcome::Joined);
         assert_eq!(join.stop_and_join(), JoinOutcome::AlreadyDone);
     }
