@@ -308,6 +308,8 @@ fn an_oversized_first_datagram_is_refused_as_a_bad_hello() {
             other => panic!("{len} bytes: the publisher answered {other:?}"),
         }
     }
+    // The service counts a refusal after it has sent it.
+    common::wait_until(Duration::from_secs(10), || p.stats().refused >= 2);
     let st = p.stats();
     assert_eq!((st.subscribers, st.refused), (0, 2), "{st:?}");
 }
@@ -349,6 +351,8 @@ fn an_attach_without_a_push_grant_is_evicted_for_that_reason() {
         }
         other => panic!("the publisher answered the Attach with {other:?}"),
     }
+    // The notice may come before the service has counted the eviction.
+    common::wait_until(Duration::from_secs(10), || p.stats().evictions >= 1);
     assert_eq!(p.stats().evictions, 1);
 }
 
@@ -376,6 +380,8 @@ fn a_subscriber_name_with_a_control_character_is_refused_as_a_bad_hello() {
             }
         }
     }
+    // The service counts a refusal after it has sent it.
+    common::wait_until(Duration::from_secs(10), || p.stats().refused >= 2);
     let st = p.stats();
     assert_eq!((st.subscribers, st.connects, st.refused), (0, 0, 2), "{st:?}");
     // A printable name, non-ASCII included, is welcome.
