@@ -184,7 +184,8 @@ fn decode_ring(stream: &Arc<Vec<u8>>, n: usize, secs: f64, dir: &Path) -> (f64, 
             std::thread::spawn(move || {
                 let cfg = RingConfig::new(Format::Nv12, 1920, 1080)
                     .slots(8)
-                    .backend(BackendChoice::Cuda(0));
+                    .backend(BackendChoice::Cuda(0))
+                    .commit_graph(common::commit_graph_from_env());
                 let mut p = Publisher::create(&path, cfg).expect("publisher");
                 let mut times = Vec::new();
                 let r = run_stream(
@@ -272,7 +273,8 @@ fn capacity(stream: &Arc<Vec<u8>>, n: usize, secs: f64, dir: &Path) -> bool {
         handles.push(std::thread::spawn(move || {
             let cfg = RingConfig::new(Format::Nv12, 1920, 1080)
                 .slots(8)
-                .backend(BackendChoice::Cuda(0));
+                .backend(BackendChoice::Cuda(0))
+                .commit_graph(common::commit_graph_from_env());
             let mut p = Publisher::create(&path, cfg).expect("publisher");
             let subs: Vec<_> = (0..4)
                 .map(|j| {
@@ -382,6 +384,12 @@ fn main() {
         return;
     }
     let a = args();
+    if let Ok(lib) = std::env::var("VRAMRING_NVCUVID") {
+        if let Err(e) = vramring::nvdec::use_library(lib) {
+            eprintln!("nvdec bench: {e}");
+            std::process::exit(3);
+        }
+    }
     if !vramring::nvdec::available() {
         eprintln!("nvdec bench: NVDEC or the CUDA driver is not available here");
         std::process::exit(3);

@@ -61,6 +61,10 @@ struct Cli {
     /// soname).
     #[arg(long, env = "VRAMRING_NVCUVID")]
     nvcuvid: Option<String>,
+    /// When push commits replay the commit graph instead of launching the
+    /// commit kernel (auto, always, never).
+    #[arg(long, default_value = "auto", env = "VRAMRING_COMMIT_GRAPH")]
+    commit_graph: vramring::cuda::CommitGraph,
     /// Ring backend: cuda, cuda:N, host or auto.
     #[arg(long)]
     backend: Option<BackendChoice>,
@@ -292,7 +296,8 @@ fn publish(cli: &Cli, out: &mut Out, f: &DecodedFrame<'_>) -> vramring::Result<(
         let cfg = RingConfig::new(Format::Nv12, f.width(), f.height())
             .slots(cli.slots)
             .backend(backend)
-            .policy(policy);
+            .policy(policy)
+            .commit_graph(cli.commit_graph);
         let p = Publisher::create(&cli.socket, cfg)?;
         if cli.json {
             emit(

@@ -149,11 +149,13 @@ class Publisher:
                  slots: int = 8, backend: str = "auto",
                  policy: Literal["overwrite", "lossless"] = "overwrite",
                  max_subscribers: Optional[int] = None, lossless_lease: float = 2.0,
-                 attach_rate: Optional[tuple[int, int]] = (8, 16)) -> None:
+                 attach_rate: Optional[tuple[int, int]] = (8, 16),
+                 commit_graph: Literal["auto", "always", "never"] = "auto") -> None:
         """``attach_rate``: ``(per_second, burst)``, how many push
         subscribers' buffers the publisher takes (one past the rate waits for
         its first frame), or ``None`` to take every one at once (trusted
-        subscribers only)."""
+        subscribers only). ``commit_graph`` (CUDA rings): when push commits
+        replay the commit graph instead of launching the commit kernel."""
     def publish(self, frame: Any, *, pts: Optional[int] = None, meta: bytes = b"", flags: int = 0,
                 timeout: float = 1.0) -> int:
         """Copies a DLPack producer (torch CUDA/CPU tensor, numpy array) of

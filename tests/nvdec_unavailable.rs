@@ -15,7 +15,10 @@ const MISSING: &str = "/nonexistent/libnvcuvid.so.1";
 
 #[test]
 fn a_missing_libnvcuvid_is_decoder_unavailable_naming_the_library() {
-    use_library(MISSING).expect("the first name given");
+    match use_library(MISSING) {
+        Err(Error::DecoderUnavailable(msg)) => assert!(msg.contains(MISSING), "message names the library: {msg}"),
+        other => panic!("a missing library must be DecoderUnavailable, got {other:?}"),
+    }
     assert!(!available(), "available() must be false without the library");
     assert!(
         matches!(use_library("libnvcuvid.so.1"), Err(Error::Config(_))),

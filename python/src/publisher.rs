@@ -165,11 +165,13 @@ impl PyPublisher {
     /// `attach_rate`: `(per_second, burst)`, how many push subscribers'
     /// buffers the publisher takes (ADR 0020; one past the rate waits for
     /// its first frame), or `None` to take every one at once (trusted
-    /// subscribers only).
+    /// subscribers only). `commit_graph` (CUDA rings): "auto" (replay the
+    /// commit graph while the ring publishes fast), "always" or "never".
     #[new]
     #[pyo3(signature = (path, format, width, height, *, slots=8, backend="auto", policy="overwrite",
                         max_subscribers=None, lossless_lease=2.0,
-                        attach_rate=Some((vramring::AttachRate::DEFAULT.per_second, vramring::AttachRate::DEFAULT.burst))))]
+                        attach_rate=Some((vramring::AttachRate::DEFAULT.per_second, vramring::AttachRate::DEFAULT.burst)),
+                        commit_graph="auto"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -183,6 +185,7 @@ impl PyPublisher {
         max_subscribers: Option<u32>,
         lossless_lease: f64,
         attach_rate: Option<(u32, u32)>,
+        commit_graph: &str,
     ) -> PyResult<Self> {
         let format: Format = format
             .parse()
@@ -203,6 +206,7 @@ impl PyPublisher {
             .slots(slots)
             .backend(backend)
             .policy(policy)
+            .commit_graph(commit_graph.parse().map_err(PyValueError::new_err)?)
             .lossless_lease(secs(lossless_lease)?);
         if let Some(n) = max_subscribers {
             cfg = cfg.max_subscribers(n);

@@ -93,36 +93,40 @@ pub use decoded_frame::DecodedFrame;
 pub use decoder::Decoder;
 pub use options::{Codec, DecoderOptions, StreamInfo};
 
-/// The library the process opens, once.
+/// The library the process opens, once: the one [`use_library`] named, or
+/// the default names at the first decoder.
 static LIB: OnceLock<std::result::Result<sys::Nvcuvid, String>> = OnceLock::new();
-/// The name [`use_library`] gave, if any.
-static LIB_NAME: OnceLock<String> = OnceLock::new();
 
 fn library() -> Result<&'static sys::Nvcuvid> {
-    LIB.get_or_init(|| sys::Nvcuvid::load(LIB_NAME.get().map(String::as_str)))
+    LIB.get_or_init(|| sys::Nvcuvid::load(None))
         .as_ref()
         .map_err(|e| Error::DecoderUnavailable(e.clone()))
 }
 
-/// Opens `name` (a path or a soname) instead of `libnvcuvid.so.1` when the
-/// process first needs NVDEC, for a driver installed outside the loader's
-/// search path. Call it before the first [`Decoder::new`] or [`available`].
+/// Opens `name` (a path or a soname) as the process's NVDEC library instead
+/// of `libnvcuvid.so.1`, for a driver installed outside the loader's search
+/// path. Call it before the first [`Decoder::new`] or [`available`]: the
+/// process opens NVDEC once, and whichever comes first decides.
 ///
 /// # Errors
-/// [`Error::Config`] once the library was opened or a name was already
-/// given: the process opens NVDEC once.
+/// [`Error::DecoderUnavailable`] when `name` does not open (later decoders
+/// get the same error); [`Error::Config`] when the library was already
+/// opened.
 pub fn use_library(name: impl Into<String>) -> Result<()> {
     let name = name.into();
-    if LIB.get().is_some() {
+    let mut opened_here = false;
+    let lib = LIB.get_or_init(|| {
+        opened_here = true;
+        sys::Nvcuvid::load(Some(&name))
+    });
+    if !opened_here {
         return Err(Error::Config(format!(
             "NVDEC's library was already opened; use_library({name:?}) must come before the first decoder"
         )));
     }
-    LIB_NAME.set(name).map_err(|name| {
-        Error::Config(format!(
-            "NVDEC's library was already named; use_library({name:?}) comes once"
-        ))
-    })
+    lib.as_ref()
+        .map(|_| ())
+        .map_err(|e| Error::DecoderUnavailable(e.clone()))
 }
 
 /// Whether NVDEC can be used here: `libnvcuvid` and the CUDA driver load.

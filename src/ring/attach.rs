@@ -38,9 +38,9 @@ pub(crate) fn map_table_and_client(
     Ok((subs, client))
 }
 
-/// Maps a frame ring's control region (read-only) and subscriber table
-/// (read-write when `subs_writable`) from a Welcome's descriptors, and
-/// validates both against the Welcome.
+/// Maps a frame ring's control region and subscriber table (both
+/// read-only) and the subscriber's client region from a Welcome's
+/// descriptors, and validates them against the Welcome.
 ///
 /// # Errors
 /// [`Error::LayoutMismatch`] for missing seals, short regions or a header

@@ -52,8 +52,8 @@ pub fn emit(line: &str) {
     let _ = out.flush();
 }
 
-/// A JSON object's members in order, each value as text: strings
-/// unescaped, numbers and booleans as written.
+/// A JSON object's members (by name; the order is not kept), each value
+/// as text: strings unescaped, numbers and booleans as written.
 #[derive(Debug, Clone, Default)]
 pub struct JsonLine(pub Vec<(String, String)>);
 

@@ -61,7 +61,10 @@ impl Subscriber {
         let len = self.info.geometry.frame_bytes;
         self.pool
             .queued()
-            .ok_or(Error::Config("a queued copy on a pool that cannot queue one".into()))?
+            .ok_or(Error::WrongBackend {
+                what: "a copy queued behind a GPU wait",
+                backend: BackendKind::Host.name(),
+            })?
             .copy_out_gated(pick.seq, offset, len)?;
         let f = InFlight {
             pick,
