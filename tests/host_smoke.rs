@@ -765,3 +765,47 @@ fn an_attach_that_does_not_fit_is_refused_at_once_and_spends_no_attach_token() {
     let st = p.stats();
     assert_eq!((st.attaches, st.attaches_deferred, st.evictions), (1, 0, 1), "{st:?}");
 }
+
+/// On a host ring the typed views say where the bytes are: a loaned slot
+/// has no device memory (a typed error naming the backend), a frame and a
+/// borrow have none either, and a borrow hands out the slot's host mapping
+/// only as a raw pointer, whose bytes are the frame it validated.
+#[test]
+fn a_host_ring_hands_out_host_memory_and_refuses_device_views() {
+    let path = sock("views");
+    let mut p = Publisher::create(&path, host(Format::Gray8, 64, 16)).unwrap();
+    let mut s = Subscriber::connect(&path, SubscriberOptions::default()).unwrap();
+    let mut slot = p.loan(Duration::from_millis(100)).unwrap();
+    match slot.device_mut() {
+        Err(vramring::Error::WrongBackend { backend, .. }) => assert_eq!(backend, "host"),
+        other => panic!("a host slot gave device memory: {other:?}"),
+    }
+    assert!(matches!(
+        slot.plane_device_mut(0),
+        Err(vramring::Error::WrongBackend { .. })
+    ));
+    let seq = slot.seq();
+    testpattern::fill(slot.bytes_mut().unwrap(), seq);
+    slot.publish(FrameMeta::pts(seq as i64)).unwrap();
+    {
+        let f = s.next(Duration::from_secs(1)).unwrap();
+        assert!(f.device().is_none(), "a host frame has no device view");
+        testpattern::verify(f.host_bytes().unwrap(), seq).unwrap();
+    }
+    let mut slot = p.loan(Duration::from_millis(100)).unwrap();
+    let seq = slot.seq();
+    testpattern::fill(slot.bytes_mut().unwrap(), seq);
+    slot.publish(FrameMeta::pts(seq as i64)).unwrap();
+    let b = s.borrow(Duration::from_secs(1)).unwrap();
+    assert_eq!(b.seq(), seq);
+    assert!(b.device().is_none(), "a host borrow has no device view");
+    let ptr = b.host_ptr().expect("a host borrow's mapping");
+    let len = b.len() as usize;
+    let mut copy = vec![0u8; len];
+    // SAFETY: `ptr` is the borrowed slot in this process's read-only
+    // mapping, `len` bytes, mapped while `b` lives; bytes the publisher
+    // rewrites meanwhile are caught by `release` below.
+    unsafe { std::ptr::copy_nonoverlapping(ptr, copy.as_mut_ptr(), len) };
+    b.release().expect("the slot was not overwritten");
+    testpattern::verify(&copy, seq).unwrap();
+}

@@ -149,7 +149,16 @@ unsafe impl Sync for Stream<'_> {}
 
 #[cfg(test)]
 mod tests {
-    use super::{DeviceView, DeviceViewMut};
+    use super::{DeviceView, DeviceViewMut, Stream};
+
+    #[test]
+    fn a_stream_hands_back_the_handle_it_was_made_from() {
+        assert!(Stream::LEGACY_DEFAULT.as_raw().is_null());
+        let raw = std::ptr::dangling_mut();
+        // SAFETY: the handle is only compared, never given to the driver.
+        let s = unsafe { Stream::from_raw(raw) };
+        assert_eq!(s.as_raw(), raw);
+    }
 
     #[test]
     fn a_range_outside_its_view_is_none() {
