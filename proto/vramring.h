@@ -1,8 +1,8 @@
 /*
  * vramring.h: the shared-memory layout and socket messages of vramring.
  *
- * Layout version 4 (VR_LAYOUT_VERSION), packet-ring layout version 1
- * (VR_PACKET_LAYOUT_VERSION), socket protocol version 3
+ * Layout version 5 (VR_LAYOUT_VERSION), packet-ring layout version 1
+ * (VR_PACKET_LAYOUT_VERSION), socket protocol version 4
  * (VR_PROTOCOL_VERSION). proto/PROTOCOL.md is the prose reference; this
  * header is the byte-exact one. tests/c_layout.rs compiles a program against
  * this header and checks every size, offset and constant against the Rust
@@ -72,7 +72,7 @@
 /* Magic of the subscriber table: the bytes "VRSUBTAB" read as a LE u64. */
 #define VR_SUBS_MAGIC UINT64_C(0x4241544255535256)
 /* Version of the shared layout; also the control region's ready word. */
-#define VR_LAYOUT_VERSION 4u
+#define VR_LAYOUT_VERSION 5u
 
 #define VR_MIN_SLOTS 2u                  /* slot_count is a power of two in */
 #define VR_MAX_SLOTS 1024u               /* VR_MIN_SLOTS..=VR_MAX_SLOTS      */
@@ -81,9 +81,14 @@
 #define VR_USER_META_WORDS 8u            /* u64 words of user metadata      */
 #define VR_USER_META_BYTES 64u
 #define VR_NAME_BYTES 32u                /* subscriber name, NUL-padded UTF-8 */
-/* Buffers of a push-delivery subscriber (PROTOCOL.md section 16): one held
+/* Buffers of a latest push subscriber (PROTOCOL.md section 16): one held
  * by the reader, one newest complete, one being written. */
 #define VR_PUSH_BUFFERS 3u
+/* Buffers of a queued push subscriber (sequential or lossless, version 5):
+ * VR_PUSH_QUEUE_MIN..=VR_PUSH_MAX_BUFFERS; also the push_seq words of an
+ * entry. */
+#define VR_PUSH_QUEUE_MIN 2u
+#define VR_PUSH_MAX_BUFFERS 16u
 
 /* Slot seq bit: the slot is being written for the seq in the low 63 bits. */
 #define VR_SEQ_WRITING (UINT64_C(1) << 63)
@@ -276,7 +281,7 @@ typedef struct vr_subs_header {
     uint32_t layout_version;        /*   8 VR_LAYOUT_VERSION; 0 until ready (SYNC: subs-ready) */
     uint32_t max_subscribers;       /*  12 entries (== ring's max_subscribers)   */
     uint64_t epoch;                 /*  16 == ring's epoch                       */
-    uint32_t entry_bytes;           /*  24 sizeof(vr_sub_entry) = 128            */
+    uint32_t entry_bytes;           /*  24 sizeof(vr_sub_entry) = 256            */
     uint32_t entries_offset;        /*  28 sizeof(vr_subs_header) = 256          */
     uint64_t reserved[28];          /*  32 zero                                  */
 } vr_subs_header;                   /* 256 */
@@ -290,8 +295,10 @@ typedef struct vr_sub_entry {
     VR_ALIGN128 uint32_t state;     /*   0 VR_SUB_*; SYNC: sub-state             */
     uint32_t flags;                 /*   4 VR_SUBF_*                             */
     uint32_t generation;            /*   8 +1 per assignment                     */
-    uint32_t push_count;            /*  12 VR_PUSH_BUFFERS once the publisher mapped
-                                     the push buffers, 0 otherwise. SYNC: push-seq */
+    uint32_t push_count;            /*  12 buffers attached once the publisher mapped
+                                     them (VR_PUSH_BUFFERS, or a queue of
+                                     VR_PUSH_QUEUE_MIN..=VR_PUSH_MAX_BUFFERS), 0
+                                     otherwise. SYNC: push-seq */
     uint32_t evict_code;            /*  16 VR_EVICT_* of the last eviction (stored
                                      before VR_SUB_EVICTED, kept after the free),
                                      0 from the next assignment                */
@@ -305,11 +312,11 @@ typedef struct vr_sub_entry {
     uint64_t heartbeat_ns;          /*  56 copy of the client's heartbeat_ns     */
     uint64_t name[4];               /*  64 the Hello's name, NUL-padded UTF-8, LE word order */
     /* Push delivery (PROTOCOL.md section 16); all zero while not in use. */
-    uint64_t push_seq[VR_PUSH_BUFFERS]; /*  96 seq in push buffer k; seq|VR_SEQ_WRITING
-                                     while claimed/written; 0 empty.
-                                     SYNC: push-seq, push-hold */
-    uint64_t reserved1;             /* 120 zero                                  */
-} vr_sub_entry;                     /* 128 */
+    uint64_t push_seq[VR_PUSH_MAX_BUFFERS]; /*  96 seq in push buffer k < push_count;
+                                     seq|VR_SEQ_WRITING while claimed/written;
+                                     0 empty. SYNC: push-seq, push-hold */
+    uint64_t reserved1[4];          /* 224 zero                                  */
+} vr_sub_entry;                     /* 256 */
 
 /* A subscriber's own region: one memfd per connection, sealed
  * VR_CLIENT_SEALS, mapped read-write by that subscriber and the publisher
@@ -478,7 +485,7 @@ typedef struct vr_packet_record {
  * datagram, little-endian, packed.
  * ====================================================================== */
 
-#define VR_PROTOCOL_VERSION 3u
+#define VR_PROTOCOL_VERSION 4u
 /* Magic of every message: the bytes "VRSK" read as a LE u32. */
 #define VR_MSG_MAGIC 0x4b535256u
 #define VR_HEADER_BYTES 16u
@@ -505,9 +512,13 @@ typedef struct vr_packet_record {
 #define VR_HELLO_LOSSLESS 1u
 #define VR_HELLO_SEQUENTIAL 2u
 #define VR_HELLO_WRITE 4u
-#define VR_HELLO_PUSH 8u    /* push delivery (Latest, not lossless; section 16) */
+#define VR_HELLO_PUSH 8u    /* push delivery (any read mode, not with WRITE;
+                               section 16)                                     */
 #define VR_HELLO_PACKETS 16u /* a packet ring, not a frame ring (section 17); a
                                publisher of the other kind answers VR_REJECT_KIND */
+#define VR_HELLO_PUSH_OK 32u /* asked only (protocol 4): push is acceptable where
+                               pull is refused; the Welcome then grants
+                               VR_HELLO_PUSH. Never in granted.                 */
 
 /* vr_hello.backends: one bit per importable backend */
 #define VR_BACKEND_BIT(backend) (1u << (backend))
@@ -647,7 +658,7 @@ VR_STATIC_ASSERT(offsetof(vr_slot_desc, reserved2) == 112, "slot reserved2");
 VR_STATIC_ASSERT(sizeof(vr_subs_header) == 256, "vr_subs_header size");
 VR_STATIC_ASSERT(offsetof(vr_subs_header, epoch) == 16, "subs epoch");
 VR_STATIC_ASSERT(offsetof(vr_subs_header, entries_offset) == 28, "entries_offset");
-VR_STATIC_ASSERT(sizeof(vr_sub_entry) == 128, "vr_sub_entry size");
+VR_STATIC_ASSERT(sizeof(vr_sub_entry) == 256, "vr_sub_entry size");
 VR_STATIC_ASSERT(VR_ALIGNOF(vr_sub_entry) == 128, "vr_sub_entry align");
 VR_STATIC_ASSERT(offsetof(vr_sub_entry, push_count) == 12, "sub push_count");
 VR_STATIC_ASSERT(offsetof(vr_sub_entry, evict_code) == 16, "sub evict_code");
@@ -655,8 +666,8 @@ VR_STATIC_ASSERT(offsetof(vr_sub_entry, released_seq) == 24, "sub released_seq")
 VR_STATIC_ASSERT(offsetof(vr_sub_entry, heartbeat_ns) == 56, "sub heartbeat_ns");
 VR_STATIC_ASSERT(offsetof(vr_sub_entry, name) == 64, "sub name");
 VR_STATIC_ASSERT(offsetof(vr_sub_entry, push_seq) == 96, "sub push_seq");
-VR_STATIC_ASSERT(sizeof(((vr_sub_entry *)0)->push_seq) == 24, "sub push_seq size");
-VR_STATIC_ASSERT(offsetof(vr_sub_entry, reserved1) == 120, "sub reserved1");
+VR_STATIC_ASSERT(sizeof(((vr_sub_entry *)0)->push_seq) == 128, "sub push_seq size");
+VR_STATIC_ASSERT(offsetof(vr_sub_entry, reserved1) == 224, "sub reserved1");
 VR_STATIC_ASSERT(sizeof(vr_client_line) == VR_CLIENT_BYTES, "vr_client_line size");
 VR_STATIC_ASSERT(VR_ALIGNOF(vr_client_line) == 128, "vr_client_line align");
 VR_STATIC_ASSERT(offsetof(vr_client_line, parked) == 4, "client parked");

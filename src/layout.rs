@@ -31,4 +31,4 @@ pub use crate::frame::layout::*;
 pub use crate::ring::layout::*;
 
 /// Version of this shared layout. Any change to a struct below bumps it.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;

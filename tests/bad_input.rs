@@ -773,7 +773,8 @@ fn a_control_region_with_a_wrong_field_is_a_layout_mismatch() {
         ("layout version 1", |r| put32(&mut r.control, info!(layout_version), 1)),
         ("layout version 2", |r| put32(&mut r.control, info!(layout_version), 2)),
         ("layout version 3", |r| put32(&mut r.control, info!(layout_version), 3)),
-        ("layout version 5", |r| put32(&mut r.control, info!(layout_version), 5)),
+        ("layout version 4", |r| put32(&mut r.control, info!(layout_version), 4)),
+        ("layout version 6", |r| put32(&mut r.control, info!(layout_version), 6)),
         ("unknown ring flags", |r| put32(&mut r.control, info!(ring_flags), 2)),
         ("a gate line on a host pool", |r| {
             put32(&mut r.control, info!(ring_flags), layout::RING_GATE)

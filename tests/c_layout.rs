@@ -260,13 +260,14 @@ fn constants(c: &mut Checks) {
     c.constant("VR_RING_MAGIC", layout::RING_MAGIC);
     c.constant("VR_SUBS_MAGIC", layout::SUBS_MAGIC);
     c.constant("VR_LAYOUT_VERSION", layout::LAYOUT_VERSION);
-    // Layout v4 (issue 15: the pool's gate line, ADR 0011) and socket
-    // protocol v3 (stream-order commits, `pending_seq`) in both languages:
-    // a stale header or a crate that moved on without the header fails here.
-    assert_eq!(layout::LAYOUT_VERSION, 4, "the Rust layout is version 4");
-    assert_eq!(msg::PROTOCOL_VERSION, 3, "the Rust socket protocol is version 3");
-    c.push("VR_LAYOUT_VERSION is 4", "VR_LAYOUT_VERSION == 4u", 1u32);
-    c.push("VR_PROTOCOL_VERSION is 3", "VR_PROTOCOL_VERSION == 3u", 1u32);
+    // Layout v5 (issue 36: queued push, 16 push words per entry) and socket
+    // protocol v4 (push for every read mode, `HELLO_PUSH_OK`) in both
+    // languages: a stale header or a crate that moved on without the
+    // header fails here.
+    assert_eq!(layout::LAYOUT_VERSION, 5, "the Rust layout is version 5");
+    assert_eq!(msg::PROTOCOL_VERSION, 4, "the Rust socket protocol is version 4");
+    c.push("VR_LAYOUT_VERSION is 5", "VR_LAYOUT_VERSION == 5u", 1u32);
+    c.push("VR_PROTOCOL_VERSION is 4", "VR_PROTOCOL_VERSION == 4u", 1u32);
     c.constant("VR_RING_GATE", layout::RING_GATE);
     c.constant("VR_RING_FLAGS_KNOWN", layout::RING_FLAGS_KNOWN);
     c.constant("VR_GATE_BYTES", layout::GATE_BYTES);
@@ -278,6 +279,8 @@ fn constants(c: &mut Checks) {
     c.constant("VR_USER_META_BYTES", layout::USER_META_BYTES);
     c.constant("VR_NAME_BYTES", layout::NAME_BYTES);
     c.constant("VR_PUSH_BUFFERS", layout::PUSH_BUFFERS);
+    c.constant("VR_PUSH_QUEUE_MIN", layout::PUSH_QUEUE_MIN);
+    c.constant("VR_PUSH_MAX_BUFFERS", layout::PUSH_MAX_BUFFERS);
     c.constant("VR_SEQ_WRITING", layout::SEQ_WRITING);
     c.constant("VR_BACKEND_HOST", layout::BACKEND_HOST);
     c.constant("VR_BACKEND_CUDA", layout::BACKEND_CUDA);
@@ -379,6 +382,7 @@ fn constants(c: &mut Checks) {
     c.constant("VR_HELLO_WRITE", msg::HELLO_WRITE);
     c.constant("VR_HELLO_PUSH", msg::HELLO_PUSH);
     c.constant("VR_HELLO_PACKETS", msg::HELLO_PACKETS);
+    c.constant("VR_HELLO_PUSH_OK", msg::HELLO_PUSH_OK);
     c.push(
         "VR_BACKEND_BIT(VR_BACKEND_HOST)",
         "VR_BACKEND_BIT(VR_BACKEND_HOST)",

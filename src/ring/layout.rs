@@ -18,9 +18,17 @@ pub const MAX_SUBSCRIBERS_LIMIT: u32 = 1024;
 /// Bytes of a subscriber's name in its table entry.
 pub const NAME_BYTES: usize = 32;
 
-/// Buffers of a push-delivery subscriber (triple buffering: one held by the
+/// Buffers of a latest push subscriber (triple buffering: one held by the
 /// reader, one newest, one being written).
 pub const PUSH_BUFFERS: usize = 3;
+
+/// Fewest buffers of a queued push subscriber (sequential or lossless):
+/// one it holds, one the publisher fills.
+pub const PUSH_QUEUE_MIN: usize = 2;
+
+/// Most push buffers of one subscriber, and the `push_seq` words of its
+/// entry.
+pub const PUSH_MAX_BUFFERS: usize = 16;
 
 /// `SubEntry.state`: free.
 pub const SUB_FREE: u32 = 0;
@@ -89,8 +97,9 @@ pub struct SubEntry {
     pub flags: AtomicU32,
     /// Incremented at each assignment of this entry.
     pub generation: AtomicU32,
-    /// Push delivery: buffers attached (0: none yet), once the publisher
-    /// has mapped them.
+    /// Push delivery: buffers attached (0: none yet; [`PUSH_BUFFERS`] for a
+    /// latest reader, [`PUSH_QUEUE_MIN`]..=[`PUSH_MAX_BUFFERS`] for a queued
+    /// one), once the publisher has mapped them.
     /// SYNC: push-seq (Release by publisher, Acquire by the subscriber).
     pub push_count: AtomicU32,
     /// `EVICT_*` reason of the last eviction, stored before the state
@@ -116,12 +125,12 @@ pub struct SubEntry {
     pub name: [AtomicU64; NAME_BYTES / 8],
     /// Push delivery: seq of the frame in each of the subscriber's own
     /// buffers (`seq | SEQ_WRITING` while the publisher copies into it, 0
-    /// empty).
+    /// empty); the first `push_count` are used.
     /// SYNC: push-seq (Release by publisher after the copy completed, Acquire
     /// by the subscriber).
-    pub push_seq: [AtomicU64; PUSH_BUFFERS],
+    pub push_seq: [AtomicU64; PUSH_MAX_BUFFERS],
     /// Reserved, zero.
-    pub reserved1: AtomicU64,
+    pub reserved1: [AtomicU64; 4],
 }
 
 /// Bytes of a client region: one [`ClientLine`].
@@ -265,13 +274,14 @@ impl SubEntry {
 const _: () = {
     use std::mem::{offset_of, size_of};
     assert!(size_of::<SubsHeader>() == 256);
-    assert!(size_of::<SubEntry>() == 128);
+    assert!(size_of::<SubEntry>() == 256);
     assert!(offset_of!(SubEntry, push_count) == 12);
     assert!(offset_of!(SubEntry, evict_code) == 16);
     assert!(offset_of!(SubEntry, released_seq) == 24);
     assert!(offset_of!(SubEntry, heartbeat_ns) == 56);
     assert!(offset_of!(SubEntry, name) == 64);
     assert!(offset_of!(SubEntry, push_seq) == 96);
+    assert!(offset_of!(SubEntry, reserved1) == 224);
     assert!(size_of::<ClientLine>() == 128);
     assert!(offset_of!(ClientLine, parked) == 4);
     assert!(offset_of!(ClientLine, push_held) == 8);

@@ -336,6 +336,27 @@ impl Table {
         Some(f(e, c.line()))
     }
 
+    /// Producer, as it takes a push subscriber's buffers: runs `f` on the
+    /// entry (which stores `push_count`) while it is assigned with
+    /// `generation`, and starts a lossless reader's cursor at `newest`:
+    /// frames published before its buffers were mapped never reach it, so
+    /// the producer does not wait for them.
+    pub(crate) fn start_push<R>(
+        &self,
+        index: usize,
+        generation: u32,
+        newest: u64,
+        f: impl FnOnce(&SubEntry) -> R,
+    ) -> Option<R> {
+        let e = self.entry(index)?;
+        let mut guard = self.lock(index);
+        let c = guard.as_mut().filter(|c| c.generation == generation)?;
+        c.released = c.released.max(newest);
+        // Relaxed: informational mirror, single writer (the producer).
+        e.released_seq.store(c.released, Ordering::Relaxed);
+        Some(f(e))
+    }
+
     /// The publisher's read-write mapping of the table (base, bytes), for
     /// the GPU's stream-order commit stores into `push_seq`.
     pub(crate) fn mapping(&self) -> (*mut u8, usize) {
@@ -364,6 +385,12 @@ impl Table {
     /// capped at `newest` (nothing beyond what was published can be
     /// released) and never moves the publisher's view back.
     pub(crate) fn holder(&self, newest: u64, blocks: impl Fn(u64) -> bool) -> Option<Blocker> {
+        self.holder_by(newest, |_, released| blocks(released))
+    }
+
+    /// [`Table::holder`], where whether a reader blocks depends on its
+    /// entry too (a push reader's window is its queue, not the ring).
+    pub(crate) fn holder_by(&self, newest: u64, blocks: impl Fn(&SubEntry, u64) -> bool) -> Option<Blocker> {
         for (k, e) in self.used().iter().enumerate() {
             // SYNC: sub-state — Acquire pairs with the Release in `assign`.
             if e.state.load(Ordering::Acquire) != SUB_ACTIVE || e.flags.load(Ordering::Relaxed) & SUBF_LOSSLESS == 0 {
@@ -377,7 +404,7 @@ impl Table {
             c.released = c.released.max(claimed.min(newest));
             // Relaxed: informational mirror, single writer (the producer).
             e.released_seq.store(c.released, Ordering::Relaxed);
-            if blocks(c.released) {
+            if blocks(e, c.released) {
                 return Some(Blocker {
                     index: k,
                     generation: c.generation,

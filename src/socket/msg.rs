@@ -9,7 +9,7 @@
 use crate::error::{Error, Result};
 
 /// Version of the socket protocol. A change to any message bumps it.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// Magic of every message: the bytes `VRSK`.
 pub const MSG_MAGIC: u32 = u32::from_le_bytes(*b"VRSK");
 /// Bytes of the message header.
@@ -44,6 +44,10 @@ pub const HELLO_PUSH: u32 = 8;
 /// packets), not a frame ring. A publisher of the other kind refuses it
 /// with [`REJECT_KIND`].
 pub const HELLO_PACKETS: u32 = 16;
+/// Hello flag: push delivery is acceptable where pull is not granted (the
+/// default subscriber's automatic choice). Never in a Welcome's `granted`:
+/// the publisher grants [`HELLO_PUSH`] instead, or pull.
+pub const HELLO_PUSH_OK: u32 = 32;
 
 /// Reject / evict code: protocol version mismatch.
 pub const REJECT_VERSION: u32 = 1;

@@ -3,11 +3,12 @@
 //! does no GPU work to receive a frame (no GPU context switch between
 //! processes per frame and subscriber).
 //!
-//! Each push subscriber has [`PUSH_BUFFERS`] buffers, one `push_seq` word
-//! per buffer in its table entry (publisher-written, read-only to
-//! subscribers) and one `push_held` word in its own client region
-//! (subscriber-written; the publisher only compares it, so a bad value
-//! costs that subscriber its own frames).
+//! Each push subscriber has its buffers ([`PUSH_BUFFERS`] for a latest
+//! reader, up to [`PUSH_MAX_BUFFERS`] for a queued one: sequential or
+//! lossless), one `push_seq` word per buffer in its table entry
+//! (publisher-written, read-only to subscribers) and one `push_held` word
+//! in its own client region (subscriber-written; the publisher only
+//! compares it, so a bad value costs that subscriber its own frames).
 //!
 //! * The publisher picks a buffer that is neither the newest complete one
 //!   nor held: it stores `push_seq[k] = seq | SEQ_WRITING`, issues a `SeqCst`
@@ -17,6 +18,13 @@
 //!   `push_seq[k] = s`), stores `push_held = k + 1`, issues a `SeqCst` fence
 //!   and reloads `push_seq[k]`: if it is still `s`, the publisher will not
 //!   write `k` until the hold moves; otherwise it tries again.
+//!
+//! * A queued reader takes its frames oldest first, so the publisher may
+//!   rewrite only a buffer whose frame the reader is done with: empty, a
+//!   failed copy, or older than the frame in the held buffer
+//!   ([`claim_queued`]). None such: the frame is not pushed to this reader
+//!   (a counted gap for a sequential reader; a lossless one is waited for
+//!   before the slot is loaned, so it always has one).
 //!
 //! The two fences make it impossible for the publisher to start writing a
 //! buffer the reader has just claimed and for the reader to miss that
@@ -32,7 +40,7 @@
 //! writes after it, so a read that saw any of those writes also sees the
 //! mark (or a later seq) on the reload.
 
-use crate::layout::{ClientLine, SubEntry, PUSH_BUFFERS, SEQ_WRITING};
+use crate::layout::{ClientLine, SubEntry, PUSH_BUFFERS, PUSH_MAX_BUFFERS, SEQ_WRITING};
 use crate::sync::atomic::{fence, AtomicU64, Ordering};
 
 /// Publisher: claims a buffer of `entry` to write frame `seq` into, skipping
@@ -80,7 +88,57 @@ pub fn complete_buffer(entry: &SubEntry, k: usize, seq: u64) {
     // SYNC: push-seq — Release after the copy into buffer `k` completed
     // (the writing stream was synchronised), paired with the reader's
     // Acquire in `take_newest`.
-    entry.push_seq[k % PUSH_BUFFERS].store(seq, Ordering::Release);
+    entry.push_seq[k % PUSH_MAX_BUFFERS].store(seq, Ordering::Release);
+}
+
+/// Publisher: claims a buffer of a queued reader (sequential or lossless,
+/// `count` buffers) to write frame `seq` into: one the reader is done with
+/// (empty, a failed copy, or holding a frame older than the one in the
+/// held buffer), never the held one nor one in `skip` (stream-order
+/// commits: a copy still in flight). Candidates are tried oldest first.
+/// `None` when every buffer holds a frame the reader has not read yet.
+pub fn claim_queued(entry: &SubEntry, client: &ClientLine, count: usize, skip: u32, seq: u64) -> Option<usize> {
+    let count = count.min(PUSH_MAX_BUFFERS);
+    let mut order = [(0u64, 0usize); PUSH_MAX_BUFFERS];
+    let mut n = 0;
+    for k in (0..count).filter(|k| skip & (1 << k) == 0) {
+        // Relaxed: publisher-owned words.
+        let old = entry.push_seq[k].load(Ordering::Relaxed);
+        order[n] = (if old & SEQ_WRITING != 0 { 0 } else { old }, k);
+        n += 1;
+    }
+    order[..n].sort_unstable();
+    for &(_, k) in &order[..n] {
+        // Relaxed: publisher-owned word; ordered by the fence below.
+        let old = entry.push_seq[k].load(Ordering::Relaxed);
+        entry.push_seq[k].store(seq | SEQ_WRITING, Ordering::Relaxed);
+        // SYNC: push-hold — SeqCst fence between our mark and the load of
+        // the reader's hold, as in `claim_buffer_avoiding`.
+        fence(Ordering::SeqCst);
+        let held = client.push_held.load(Ordering::Relaxed) as usize;
+        // SYNC: push-hold — Acquire fence pairs with the reader's Release
+        // store of its hold: its reads of the buffers it is done with
+        // happen before our writes into them.
+        fence(Ordering::Acquire);
+        if held != k + 1 && (old == 0 || old & SEQ_WRITING != 0 || read_before(entry, count, held, old)) {
+            return Some(k);
+        }
+        entry.push_seq[k].store(old, Ordering::Relaxed);
+    }
+    None
+}
+
+/// Whether a queued reader whose hold is `held` (`k + 1`, hostile: any
+/// value) is done with frame `old`: it holds a complete frame newer than
+/// `old` (it takes frames in order). A reader that holds nothing, or
+/// whose hold makes no sense, has read nothing the publisher may reuse.
+fn read_before(entry: &SubEntry, count: usize, held: usize, old: u64) -> bool {
+    if held == 0 || held > count {
+        return false;
+    }
+    // Relaxed: a publisher-owned word.
+    let hs = entry.push_seq[held - 1].load(Ordering::Relaxed);
+    hs & SEQ_WRITING == 0 && old < hs
 }
 
 /// Publisher, before a new subscriber's first frame: clears its buffers'
@@ -105,8 +163,32 @@ pub fn reset_buffers(entry: &SubEntry) {
 /// gap up to a `global_seq` loaded *after* the take would count a frame
 /// whose commit landed between the two loads (PROTOCOL.md §16.7).
 pub fn take_newest(entry: &SubEntry, client: &ClientLine, after: u64, upto: u64) -> Option<(usize, u64)> {
+    take(entry, client, Order::Newest, PUSH_BUFFERS, after, upto)
+}
+
+/// Which pushed frame a reader takes: the newest (a latest reader) or the
+/// oldest (a queued reader, which reads every frame pushed to it in order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// The newest complete frame past `after`.
+    Newest,
+    /// The oldest complete frame past `after`.
+    Oldest,
+}
+
+/// Reader: holds and returns, among its first `count` buffers, the newest
+/// or oldest (`order`) complete frame in `after < s <= upto`, as `(k, s)`;
+/// `None` when there is none. [`take_newest`] explains `upto`.
+pub fn take(
+    entry: &SubEntry,
+    client: &ClientLine,
+    order: Order,
+    count: usize,
+    after: u64,
+    upto: u64,
+) -> Option<(usize, u64)> {
     for _ in 0..64 {
-        let (k, s) = newest_between(entry, after, upto)?;
+        let (k, s) = between(entry, order, count, after, upto)?;
         // SYNC: push-hold — Release: our reads of the buffer we held before
         // happen before the publisher's next write into it (its Acquire
         // fence); then a SeqCst fence before re-checking `push_seq[k]`.
@@ -129,6 +211,10 @@ pub enum PushRead<T> {
     /// committed without reaching this reader (a counted gap when it is
     /// past `last`; at most `last` means nothing was lost).
     NotPushed(u64),
+    /// A queued reader's oldest pushed frame, this seq, lost its meta (its
+    /// slot was reused: the reader fell a ring behind): it and the frames
+    /// before it are a counted gap; newer pushed frames may still be read.
+    Lost(u64),
 }
 
 /// How a push reader takes the frame it found: holding its buffer (a
@@ -143,6 +229,15 @@ pub enum Take<'a> {
     Peek,
 }
 
+/// A push reader's buffers, as its read looks at them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Buffers {
+    /// Buffers attached (`push_count`).
+    pub count: usize,
+    /// Which frame a read takes.
+    pub order: Order,
+}
+
 /// Reader, after its wait returned `g` (`global_seq`, or a push word that
 /// passed `after`): loads `global_seq` (Acquire), then takes (`how`) the
 /// newest committed pushed frame and reads its meta with `look(k, seq)`
@@ -153,6 +248,7 @@ pub enum Take<'a> {
 pub fn read_pushed<T>(
     entry: &SubEntry,
     how: Take<'_>,
+    bufs: Buffers,
     global_seq: &AtomicU64,
     after: u64,
     g: u64,
@@ -165,25 +261,33 @@ pub fn read_pushed<T>(
     // take saw before `look` saw its slot's seq, and count it lost.
     let landed = global_seq.load(Ordering::Acquire);
     let found = match how {
-        Take::Hold(client) => take_newest(entry, client, after, landed),
-        Take::Peek => peek_newest(entry, after, landed),
+        Take::Hold(client) => take(entry, client, bufs.order, bufs.count, after, landed),
+        Take::Peek => between(entry, bufs.order, bufs.count, after, landed),
     };
     if let Some((k, seq)) = found {
         if let Some(t) = look(k, seq) {
             return PushRead::Took(k, seq, t);
         }
+        if bufs.order == Order::Oldest {
+            return PushRead::Lost(seq);
+        }
     }
     PushRead::NotPushed(g.min(landed))
 }
 
-/// The complete buffer with the largest frame in `after < s <= upto` (the
+/// Among the first `count` buffers, the complete one with the largest
+/// (`Newest`) or smallest (`Oldest`) frame in `after < s <= upto` (the
 /// lowest `k` on a tie), as `(k, s)`.
-fn newest_between(entry: &SubEntry, after: u64, upto: u64) -> Option<(usize, u64)> {
+fn between(entry: &SubEntry, order: Order, count: usize, after: u64, upto: u64) -> Option<(usize, u64)> {
     let mut best: Option<(usize, u64)> = None;
-    for k in 0..PUSH_BUFFERS {
+    for k in 0..count.min(PUSH_MAX_BUFFERS) {
         // SYNC: push-seq — Acquire pairs with the publisher's Release.
         let s = entry.push_seq[k].load(Ordering::Acquire);
-        if s & SEQ_WRITING == 0 && s > after && s <= upto && best.is_none_or(|(_, b)| s > b) {
+        let better = match order {
+            Order::Newest => best.is_none_or(|(_, b)| s > b),
+            Order::Oldest => best.is_none_or(|(_, b)| s < b),
+        };
+        if s & SEQ_WRITING == 0 && s > after && s <= upto && better {
             best = Some((k, s));
         }
     }
@@ -197,7 +301,7 @@ fn newest_between(entry: &SubEntry, after: u64, upto: u64) -> Option<(usize, u64
 /// only the newest and the held buffer); [`still_complete`] after the read
 /// says whether it did.
 pub fn peek_newest(entry: &SubEntry, after: u64, upto: u64) -> Option<(usize, u64)> {
-    newest_between(entry, after, upto)
+    between(entry, Order::Newest, PUSH_BUFFERS, after, upto)
 }
 
 /// Reader, after reading buffer `k` that [`peek_newest`] returned with
@@ -209,7 +313,7 @@ pub fn still_complete(entry: &SubEntry, k: usize, seq: u64) -> bool {
     // (its WRITING mark before it, its writes after it).
     fence(Ordering::Acquire);
     // Relaxed: ordered by the fence above.
-    entry.push_seq[k % PUSH_BUFFERS].load(Ordering::Relaxed) == seq
+    entry.push_seq[k % PUSH_MAX_BUFFERS].load(Ordering::Relaxed) == seq
 }
 
 /// Reader: lets go of whatever buffer it holds.

@@ -65,13 +65,19 @@ impl std::str::FromStr for BackendChoice {
 /// A pull subscriber maps the slot pool itself. On the host backend its
 /// descriptor is read-only and the pool sealed, so it can only read; a CUDA
 /// VMM descriptor carries no access mode (the importer chooses its own), so
-/// a publisher that does not trust its subscribers with the pool refuses
-/// pull delivery and serves push delivery only, which never hands the pool
-/// out.
+/// a pull subscriber of a CUDA ring could write every frame every other
+/// subscriber reads. A subscriber refused pull is served by push delivery,
+/// which never hands the pool out (by default it asks for that itself,
+/// [`Delivery::Auto`](crate::Delivery::Auto)).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum PullAccess {
-    /// Every subscriber may pull.
+    /// The default: on the host backend every subscriber may pull; on the
+    /// CUDA backend only the publisher's own (effective) uid, since the
+    /// driver cannot hand the pool out read-only.
     #[default]
+    Auto,
+    /// Every subscriber may pull (on a CUDA ring: every subscriber can
+    /// write the pool, docs/SECURITY.md).
     Anyone,
     /// Only subscribers with these uids (`SO_PEERCRED`) may pull; the
     /// others must ask for push delivery.
@@ -81,9 +87,11 @@ pub enum PullAccess {
 }
 
 impl PullAccess {
-    /// Whether a peer with `uid` may receive the pool.
-    pub fn allows(&self, uid: u32) -> bool {
+    /// Whether a peer with `uid` may receive the pool of a ring on
+    /// `backend`.
+    pub fn allows(&self, uid: u32, backend: BackendKind) -> bool {
         match self {
+            PullAccess::Auto => backend == BackendKind::Host || uid == rustix::process::geteuid().as_raw(),
             PullAccess::Anyone => true,
             PullAccess::Uids(list) => list.contains(&uid),
             PullAccess::Nobody => false,
@@ -127,7 +135,9 @@ impl ServeOptions for RingConfig {
 
 impl RingConfig {
     /// A ring of 8 slots of `width`×`height` frames of `format`, overwrite
-    /// policy, automatic backend, anyone may pull, nobody writes.
+    /// policy, automatic backend, pull as [`PullAccess::Auto`] allows
+    /// (anyone on the host backend, the publisher's own uid on CUDA), nobody
+    /// writes.
     pub fn new(format: Format, width: u32, height: u32) -> Self {
         RingConfig {
             format,
@@ -137,7 +147,7 @@ impl RingConfig {
             policy: Policy::Overwrite,
             backend: BackendChoice::Auto,
             allow_write: false,
-            pull: PullAccess::Anyone,
+            pull: PullAccess::Auto,
             commit: CommitMode::Stream,
             commit_graph: CommitGraph::AUTO,
             serve: ServeConfig::default(),

@@ -277,8 +277,8 @@ impl Publisher {
             // Dekker pair of `Table::assign`'s fence and reload.
             crate::sync::atomic::fence(Ordering::SeqCst);
         }
-        if self.shared.cfg.policy == Policy::Lossless && seq > n {
-            self.wait_lossless(seq - n, timeout)?;
+        if self.shared.cfg.policy == Policy::Lossless {
+            self.wait_lossless(seq, timeout)?;
         }
         protocol::invalidate(&self.shared.slots()[index], seq);
         Ok(SlotMut {
@@ -334,16 +334,32 @@ impl Publisher {
         wait_landed(&self.shared.header().seq.global_seq, seq, timeout)
     }
 
-    fn wait_lossless(&mut self, held_seq: u64, timeout: Duration) -> Result<()> {
+    /// Waits until every lossless reader has room for frame `seq`: a pull
+    /// reader has released the frame its slot still holds (`seq − N`); a
+    /// push reader has a buffer it is done with (it holds the frame it
+    /// released last, and the frames after it fill its other buffers).
+    fn wait_lossless(&mut self, seq: u64, timeout: Duration) -> Result<()> {
         let sh = &*self.shared;
         let newest = self.next_seq - 1;
+        let n = u64::from(sh.info.slot_count);
         self.gate.wait(sh, timeout, || {
             sh.table
-                .holder(newest, |released| released < held_seq)
+                .holder_by(newest, |e, released| {
+                    // Relaxed: the producer (this thread) stores it.
+                    let window = match u64::from(e.push_count.load(Ordering::Relaxed)) {
+                        // Buffers not mapped yet: its stream starts later.
+                        0 if e.flags.load(Ordering::Relaxed) & SUBF_PUSH != 0 => return false,
+                        0 => n,
+                        // Its buffers, and the ring: the frame's meta is
+                        // read from its slot.
+                        count => (count - 1).min(n),
+                    };
+                    released.saturating_add(window) < seq
+                })
                 .map(|blocker| Holder {
                     blocker,
-                    key: held_seq,
-                    held_seq,
+                    key: seq,
+                    held_seq: blocker.released + 1,
                 })
         })
     }
@@ -404,27 +420,33 @@ impl Publisher {
                 Ok(id) => {
                     // Under the entry's lock and its generation: an entry
                     // freed and reassigned meanwhile never gets our count.
-                    let counted = table.with_client(index, r.generation, |e, _| {
+                    // A lossless reader's push stream starts here: the
+                    // producer does not wait for frames published before.
+                    let counted = table.start_push(index, r.generation, newest, |e| {
                         protocol::push::reset_buffers(e);
                         // SYNC: push-seq — Release; the subscriber starts
                         // taking pushed frames when it sees the count.
-                        e.push_count.store(layout::PUSH_BUFFERS as u32, Ordering::Release);
+                        e.push_count.store(r.attach.count, Ordering::Release);
+                        // Relaxed: set by the service before the Welcome.
+                        service::queued(e.flags.load(Ordering::Relaxed))
                     });
-                    if counted.is_none() {
+                    let Some(queued) = counted else {
                         // Nothing was ever copied into these buffers.
                         if let Err(e) = Self::let_go(&mut self.pool, sh, id) {
                             tracing::warn!(error = %e, "unmapping the push buffers of a subscriber that left");
                         }
                         continue;
-                    }
+                    };
                     self.targets.push(PushTarget {
                         index,
                         generation: r.generation,
                         id,
                         stride: r.attach.stride,
+                        count: r.attach.count as usize,
+                        queued,
                         newest: None,
                         pending: None,
-                        enqueued: [0; layout::PUSH_BUFFERS],
+                        enqueued: [0; layout::PUSH_MAX_BUFFERS],
                         dead: false,
                     });
                 }
@@ -490,7 +512,11 @@ impl Publisher {
         for t in self.targets.iter_mut().filter(|t| !t.dead) {
             t.pending = table
                 .with_client(t.index, t.generation, |e, c| {
-                    protocol::push::claim_buffer(e, c, t.newest, seq)
+                    if t.queued {
+                        protocol::push::claim_queued(e, c, t.count, 0, seq)
+                    } else {
+                        protocol::push::claim_buffer(e, c, t.newest, seq)
+                    }
                 })
                 .flatten();
             if let Some(k) = t.pending {
@@ -570,7 +596,7 @@ impl Publisher {
         let mut writes = Vec::new();
         let mut claimed = Vec::new();
         for (n, t) in self.targets.iter().enumerate().filter(|(_, t)| !t.dead) {
-            let mut skip = t.newest.map_or(0, |k| 1u32 << k);
+            let mut skip = 0u32;
             for (k, &e) in t.enqueued.iter().enumerate() {
                 if e > committed {
                     skip |= 1 << k;
@@ -578,7 +604,12 @@ impl Publisher {
             }
             let k = table
                 .with_client(t.index, t.generation, |e, c| {
-                    protocol::push::claim_buffer_avoiding(e, c, skip, seq)
+                    if t.queued {
+                        protocol::push::claim_queued(e, c, t.count, skip, seq)
+                    } else {
+                        let skip = skip | t.newest.map_or(0, |k| 1u32 << k);
+                        protocol::push::claim_buffer_avoiding(e, c, skip, seq)
+                    }
                 })
                 .flatten();
             let (Some(k), Some(e)) = (k, table.entry(t.index)) else {

@@ -58,6 +58,24 @@ pub(crate) struct AttachRequest {
 /// microsecond; without one, the host `mmap` costs a few).
 pub(super) const ATTACHES_PER_PUBLISH: usize = 4;
 
+/// How many push buffers a subscriber with entry `flags` may attach: a
+/// latest reader [`PUSH_BUFFERS`](layout::PUSH_BUFFERS), a queued one
+/// (sequential or lossless) [`PUSH_QUEUE_MIN`](layout::PUSH_QUEUE_MIN) to
+/// [`PUSH_MAX_BUFFERS`](layout::PUSH_MAX_BUFFERS).
+pub(super) fn push_buffers(flags: u32) -> (usize, usize) {
+    if queued(flags) {
+        (layout::PUSH_QUEUE_MIN, layout::PUSH_MAX_BUFFERS)
+    } else {
+        (layout::PUSH_BUFFERS, layout::PUSH_BUFFERS)
+    }
+}
+
+/// Whether a push subscriber with entry `flags` reads a queue (sequential
+/// or lossless) rather than the newest frame.
+pub(super) fn queued(flags: u32) -> bool {
+    flags & (layout::SUBF_SEQUENTIAL | layout::SUBF_LOSSLESS) != 0
+}
+
 /// A push subscriber's buffers as mapped by the producer.
 #[derive(Debug)]
 pub(super) struct PushTarget {
@@ -65,11 +83,17 @@ pub(super) struct PushTarget {
     pub(super) generation: u32,
     pub(super) id: u64,
     pub(super) stride: u64,
+    /// Buffers attached.
+    pub(super) count: usize,
+    /// A queued reader (sequential or lossless): its buffers are claimed
+    /// by [`protocol::push::claim_queued`](crate::frame::protocol::push::claim_queued),
+    /// a latest reader's by the newest rule.
+    pub(super) queued: bool,
     pub(super) newest: Option<usize>,
     pub(super) pending: Option<usize>,
     /// Stream-order commits: the seq last enqueued into each buffer (a
     /// buffer whose seq the GPU has not committed yet is not claimed).
-    pub(super) enqueued: [u64; layout::PUSH_BUFFERS],
+    pub(super) enqueued: [u64; layout::PUSH_MAX_BUFFERS],
     pub(super) dead: bool,
 }
 
@@ -103,6 +127,11 @@ impl PushTarget {
 }
 
 impl Shared {
+    /// The ring's backend.
+    pub(super) fn backend(&self) -> BackendKind {
+        BackendKind::from_code(self.info.backend).unwrap_or(BackendKind::Host)
+    }
+
     /// Evicts the push subscriber at `index`/`generation` whose buffers
     /// cannot be mapped (it has no pool to fall back on): marks the entry,
     /// counts it, and has the service tell it.
@@ -223,10 +252,11 @@ impl Served for Shared {
             ));
         }
         let push = hello.flags & msg::HELLO_PUSH != 0;
-        if push && hello.flags & (msg::HELLO_LOSSLESS | msg::HELLO_SEQUENTIAL | msg::HELLO_WRITE) != 0 {
+        if push && hello.flags & msg::HELLO_WRITE != 0 {
             return Some((
                 msg::REJECT_BAD_HELLO,
-                "push delivery is for latest readers without lossless or write access".into(),
+                "push delivery hands out no pool, so it cannot be written: ask for write access with pull delivery"
+                    .into(),
             ));
         }
         if hello.flags & msg::HELLO_WRITE != 0 && !self.cfg.allow_write {
@@ -235,13 +265,23 @@ impl Served for Shared {
                 "write access to the pool is not granted by this publisher".into(),
             ));
         }
-        if !push && !self.cfg.pull.allows(uid) {
+        if !push && !self.cfg.pull.allows(uid, self.backend()) {
             return Some((
                 msg::REJECT_PULL_DENIED,
                 format!("this publisher does not hand its pool to uid {uid}; ask for push delivery"),
             ));
         }
         None
+    }
+
+    fn settle(&self, hello: &mut Hello, uid: u32) {
+        // A subscriber that accepts push gets it where pull is refused
+        // (and never the pool of a ring that does not trust it with it).
+        let ok = hello.flags & msg::HELLO_PUSH_OK != 0;
+        hello.flags &= !msg::HELLO_PUSH_OK;
+        if ok && hello.flags & (msg::HELLO_PUSH | msg::HELLO_WRITE) == 0 && !self.cfg.pull.allows(uid, self.backend()) {
+            hello.flags |= msg::HELLO_PUSH;
+        }
     }
 
     fn entry_flags(&self, hello: &Hello) -> u32 {
@@ -294,31 +334,30 @@ impl Served for Shared {
     /// Checks a subscriber's push buffers against the ring and hands them
     /// to the producer thread, which maps them.
     fn check_attach(&self, index: u32, a: &Attach, fds: usize) -> std::result::Result<(), String> {
-        let push = self
+        // Relaxed: written by the service thread, which calls us.
+        let flags = self
             .table
             .entry(index as usize)
-            // Relaxed: written by the service thread, which calls us.
-            .is_some_and(|e| e.flags.load(Ordering::Relaxed) & SUBF_PUSH != 0);
-        if !push {
+            .map_or(0, |e| e.flags.load(Ordering::Relaxed));
+        if flags & SUBF_PUSH == 0 {
             return Err("push delivery was not granted".into());
         }
+        let (fewest, most_buffers) = push_buffers(flags);
+        let count = a.count as usize;
         let stride = self.push_stride();
-        let need = stride * layout::PUSH_BUFFERS as u64;
+        let need = stride * u64::from(a.count);
         // A CUDA allocation is rounded up to its granularity (2 MiB on
         // current GPUs); nothing else may exceed what the buffers need.
         let most = need + crate::memory::cuda::MAX_GRANULARITY;
         if fds != 1
-            || a.count as usize != layout::PUSH_BUFFERS
+            || !(fewest..=most_buffers).contains(&count)
             || a.stride != stride
             || a.bytes < need
             || a.bytes > most
         {
             return Err(format!(
-                "{fds} descriptors, {} buffers of {} bytes in {} bytes; want 1 descriptor, {} buffers of {stride} bytes in {need}..={most}",
-                a.count,
-                a.stride,
-                a.bytes,
-                layout::PUSH_BUFFERS
+                "{fds} descriptors, {} buffers of {} bytes in {} bytes; want 1 descriptor, {fewest}..={most_buffers} buffers of {stride} bytes in {need}..={most}",
+                a.count, a.stride, a.bytes,
             ));
         }
         Ok(())
@@ -448,14 +487,17 @@ mod tests {
             generation: 1,
             id: 1,
             stride: 4096,
+            count: 3,
+            queued: false,
             newest: Some(1),
             pending: None,
-            enqueued: [7, 9, 8],
+            enqueued: [0; layout::PUSH_MAX_BUFFERS],
             dead: true,
         };
+        t.enqueued[..3].copy_from_slice(&[7, 9, 8]);
         assert!(!t.copies_landed(8), "frame 9 is still being copied into buffer 1");
         assert!(t.copies_landed(9));
-        t.enqueued = [0; layout::PUSH_BUFFERS];
+        t.enqueued = [0; layout::PUSH_MAX_BUFFERS];
         assert!(t.copies_landed(0), "a target never copied into is due at once");
     }
 }

@@ -11,7 +11,7 @@ use super::protocol::{self, Look, SlotSnapshot, WaitOutcome};
 use crate::error::{Error, Result};
 use crate::format::Geometry;
 use crate::layout::{
-    ClientLine, RingHeader, RingInfo, SlotDesc, SubEntry, BACKEND_CUDA, BACKEND_HOST, PRODUCER_CLOSED, PUSH_BUFFERS,
+    ClientLine, RingHeader, RingInfo, SlotDesc, SubEntry, BACKEND_CUDA, BACKEND_HOST, PRODUCER_CLOSED,
 };
 use crate::memory::view::DeviceView;
 use crate::memory::{BackendKind, ImportedPool, OwnBuffer};
@@ -31,7 +31,7 @@ mod push;
 mod queued;
 mod views;
 
-pub use options::{PullStart, SubscriberOptions, SubscriberStats};
+pub use options::{Delivery, PullStart, SubscriberOptions, SubscriberStats};
 use queued::InFlight;
 pub use views::{Borrow, Frame};
 
@@ -58,6 +58,9 @@ pub struct Subscriber {
     path: PathBuf,
     /// `ProducerGone` has been reported (the drain is over).
     drained: bool,
+    /// Push delivery was granted: this subscriber's buffers, as its reads
+    /// look at them (`None`: pull).
+    push: Option<protocol::push::Buffers>,
     /// Push delivery: the first pushed frame has been delivered. The
     /// stream of a push subscriber starts there (the frames before its
     /// buffers were mapped were never offered to it, as for a subscriber
@@ -145,13 +148,17 @@ impl Subscriber {
         if opts.write {
             flags |= msg::HELLO_WRITE;
         }
-        if opts.push {
-            if opts.mode != Mode::Latest || opts.client.lossless {
+        match opts.delivery {
+            Delivery::Push if opts.write => {
                 return Err(Error::Config(
-                    "push delivery supports the Latest mode without lossless only".into(),
-                ));
+                    "push delivery hands out no pool, so it cannot be written: ask for write access with pull delivery"
+                        .into(),
+                ))
             }
-            flags |= msg::HELLO_PUSH;
+            Delivery::Push => flags |= msg::HELLO_PUSH,
+            // A writer needs the pool: push is no choice for it.
+            Delivery::Auto if !opts.write => flags |= msg::HELLO_PUSH_OK,
+            Delivery::Auto | Delivery::Pull => {}
         }
         let hello = Hello {
             flags,
@@ -161,11 +168,16 @@ impl Subscriber {
         };
         let (sock, welcome, fds) = lease::request(&path, hello, opts.client.connect_timeout)?;
         let push = welcome.granted & msg::HELLO_PUSH != 0;
-        if opts.push && !push {
+        if opts.delivery == Delivery::Push && !push {
             return Err(Error::Refused {
                 code: msg::REJECT_BAD_HELLO,
                 reason: "push delivery not granted".into(),
             });
+        }
+        if push && flags & (msg::HELLO_PUSH | msg::HELLO_PUSH_OK) == 0 {
+            return Err(Error::BadMessage(
+                "the publisher granted push delivery, which was not asked for".into(),
+            ));
         }
         // A publisher leaves out of `granted` the flags it does not know
         // (PROTOCOL.md §3.2): reading as lossless without the grant would
@@ -216,6 +228,7 @@ impl Subscriber {
             stats: SubscriberStats::default(),
             path,
             drained: false,
+            push: None,
             push_started: false,
             unreported: 0,
             cadence: Cadence::new(),
@@ -248,6 +261,7 @@ impl Subscriber {
         if push {
             sub.attach_push()?;
         }
+        sub.stats.delivery = if push { Delivery::Push } else { Delivery::Pull };
         Ok(sub)
     }
 
@@ -302,7 +316,14 @@ impl Subscriber {
     /// publisher's next publish after the handshake.
     pub fn push_active(&self) -> bool {
         // SYNC: push-seq — Acquire, as in `read_pushed`.
-        self.opts.push && self.entry().push_count.load(Ordering::Acquire) as usize == PUSH_BUFFERS
+        self.push
+            .is_some_and(|b| self.entry().push_count.load(Ordering::Acquire) as usize == b.count)
+    }
+
+    /// How frames reach this subscriber, as the publisher granted:
+    /// [`Delivery::Pull`] or [`Delivery::Push`].
+    pub fn delivery(&self) -> Delivery {
+        self.stats.delivery
     }
 
     /// Counters.
@@ -384,12 +405,16 @@ impl Subscriber {
             } else {
                 let entry = self.lease.entry();
                 // SYNC: push-seq — Acquire, as in `read_pushed`.
-                let attached = entry.push_count.load(Ordering::Acquire) as usize == PUSH_BUFFERS;
+                let count = entry.push_count.load(Ordering::Acquire) as usize;
+                let words = self
+                    .push
+                    .filter(|b| announced && b.count == count)
+                    .map(|b| &entry.push_seq[..b.count]);
                 Bell {
                     seq: &header.seq.global_seq,
                     producer: &header.producer,
                     pending: Some(&header.seq.pending_seq),
-                    push: (announced && self.opts.push && attached).then_some(&entry.push_seq),
+                    push: words,
                     loaned: None,
                 }
             };
@@ -571,7 +596,7 @@ impl Subscriber {
                 }
                 g = landed;
             }
-            if self.opts.push {
+            if self.push.is_some() {
                 // `g` may be a pushed frame's seq whose commit has not
                 // stored the slot's seq yet (the wait saw its push word
                 // first): only committed frames are taken or counted as a
@@ -590,6 +615,11 @@ impl Subscriber {
                     }
                     PushRead::NotPushed(upto) => {
                         self.nothing_pushed(upto, deadline, timeout)?;
+                        continue;
+                    }
+                    PushRead::Lost(seq) => {
+                        self.push_lost(seq);
+                        self.keep_deadline(deadline, timeout)?;
                         continue;
                     }
                 }
@@ -647,9 +677,12 @@ impl Subscriber {
         self.lease.ensure_or_drain()?;
         loop {
             let g = self.wait(deadline, timeout, false)?;
-            if self.opts.push {
-                // As in `next`, without taking a hold.
-                match self.read_pushed(g, false) {
+            if let Some(bufs) = self.push {
+                // As in `next`; a latest reader leaves its hold where it
+                // is, a queued one moves it (the publisher spares only the
+                // frames it has not read, and those it holds).
+                let hold = bufs.order == protocol::push::Order::Oldest || self.opts.client.lossless;
+                match self.read_pushed(g, hold) {
                     PushRead::Took(k, _, snap) => {
                         let skipped = self.push_gap(snap.seq);
                         let skipped = self.gap_before(skipped);
@@ -663,6 +696,11 @@ impl Subscriber {
                     }
                     PushRead::NotPushed(upto) => {
                         self.nothing_pushed(upto, deadline, timeout)?;
+                        continue;
+                    }
+                    PushRead::Lost(seq) => {
+                        self.push_lost(seq);
+                        self.keep_deadline(deadline, timeout)?;
                         continue;
                     }
                 }
@@ -711,6 +749,7 @@ impl Subscriber {
                     stats.reconnects += 1;
                     fresh.stats = SubscriberStats {
                         last_seq: fresh.stats.last_seq,
+                        delivery: fresh.stats.delivery,
                         ..stats
                     };
                     // Frames lost while draining the old publisher are

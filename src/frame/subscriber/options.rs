@@ -15,11 +15,14 @@ pub struct SubscriberOptions {
     pub write: bool,
     /// Which backends this subscriber may import (default: host and CUDA).
     pub backends: Vec<BackendKind>,
-    /// Push delivery (`Latest` mode only): the publisher copies each frame
-    /// into buffers this subscriber owns, in the publisher's GPU context, so
-    /// receiving a frame costs this process no GPU work. Until the publisher
-    /// has mapped the buffers (at its next publish), frames are pulled.
-    pub push: bool,
+    /// How frames reach this subscriber (default [`Delivery::Auto`]: pull
+    /// where the publisher hands out its pool, push where it does not).
+    pub delivery: Delivery,
+    /// Buffers of a sequential or lossless push subscriber's queue (default
+    /// 8; at least 2, at most 16 and one more than the ring's slots): the
+    /// frames the publisher may push ahead of it. A latest push subscriber
+    /// always has 3.
+    pub push_buffers: u32,
     /// Reconnect to the next publisher instance at the same path after the
     /// current one is gone. `next()` reports [`Error::ProducerGone`] once;
     /// later calls reconnect (within their timeout) and continue with the
@@ -28,6 +31,27 @@ pub struct SubscriberOptions {
     /// When a pull subscriber's copy of a CUDA frame starts (see
     /// [`PullStart`]; default [`PullStart::Auto`]).
     pub pull_start: PullStart,
+}
+
+/// How frames reach a subscriber (PROTOCOL.md §11, §16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Delivery {
+    /// Pull where the publisher hands this subscriber its pool, push where
+    /// it does not (a CUDA ring hands its pool only to the uids it names,
+    /// by default its own). [`Subscriber::delivery`] says which was given.
+    #[default]
+    Auto,
+    /// Pull only: the subscriber imports the pool and copies (or borrows)
+    /// each frame itself; refused where the publisher does not hand out
+    /// its pool.
+    Pull,
+    /// Push only: the publisher copies each frame, in its own GPU context,
+    /// into buffers this subscriber owns (a latest reader: the newest of 3;
+    /// a sequential or lossless reader: a queue of
+    /// [`SubscriberOptions::push_buffers`]), so receiving a frame costs this
+    /// process no GPU work. Frames published before the publisher mapped
+    /// the buffers (at a publish soon after the handshake) never reach it.
+    Push,
 }
 
 /// When a pull subscriber on a CUDA ring starts copying a frame (ADR 0010).
@@ -66,7 +90,8 @@ impl Default for SubscriberOptions {
             mode: Mode::Latest,
             write: false,
             backends: vec![BackendKind::Host, BackendKind::Cuda],
-            push: false,
+            delivery: Delivery::Auto,
+            push_buffers: 8,
             reconnect: false,
             pull_start: PullStart::Auto,
         }
@@ -89,12 +114,20 @@ impl SubscriberOptions {
         self.backends = b.to_vec();
         self
     }
-    /// Asks for push delivery (implies `Latest`).
-    pub fn push(mut self, yes: bool) -> Self {
-        self.push = yes;
-        if yes {
-            self.mode = Mode::Latest;
-        }
+    /// Sets how frames reach this subscriber.
+    pub fn delivery(mut self, d: Delivery) -> Self {
+        self.delivery = d;
+        self
+    }
+    /// Push delivery only (`true`: [`Delivery::Push`]), or the automatic
+    /// choice (`false`: [`Delivery::Auto`]).
+    pub fn push(self, yes: bool) -> Self {
+        self.delivery(if yes { Delivery::Push } else { Delivery::Auto })
+    }
+    /// Sets the queue of a sequential or lossless push subscriber (see
+    /// [`SubscriberOptions::push_buffers`](SubscriberOptions#structfield.push_buffers)).
+    pub fn push_buffers(mut self, n: u32) -> Self {
+        self.push_buffers = n;
         self
     }
     /// Reconnects by itself to the next publisher instance at the same path.
@@ -136,6 +169,9 @@ pub struct SubscriberStats {
     pub last_seq: u64,
     /// Times this subscriber reconnected to a new publisher instance.
     pub reconnects: u64,
+    /// How frames reach this subscriber: [`Delivery::Pull`] or
+    /// [`Delivery::Push`], as the publisher granted.
+    pub delivery: Delivery,
     /// Frames received by push delivery (no GPU work in this process).
     pub pushed: u64,
     /// Frames pulled by a copy queued on the GPU before their commit

@@ -2,6 +2,31 @@
 //! publisher, and frames taken from them in order of their seqs.
 
 use super::*;
+use crate::layout::{PUSH_BUFFERS, PUSH_MAX_BUFFERS, PUSH_QUEUE_MIN};
+
+/// The push buffers a subscriber with `opts` attaches to a ring of
+/// `slots` slots: 3 for a latest reader, which takes the newest frame; a
+/// queue for a sequential or lossless one, which takes the oldest (a
+/// lossless latest reader the newest), of `push_buffers` clamped to what
+/// the publisher accepts and to one more than the ring's slots (a frame's
+/// meta is read from its slot, so a reader a ring behind loses it anyway).
+pub(super) fn push_buffers(opts: &SubscriberOptions, slots: u32) -> protocol::push::Buffers {
+    use protocol::push::{Buffers, Order};
+    let order = if opts.mode == Mode::Sequential {
+        Order::Oldest
+    } else {
+        Order::Newest
+    };
+    if opts.mode == Mode::Latest && !opts.client.lossless {
+        return Buffers {
+            count: PUSH_BUFFERS,
+            order,
+        };
+    }
+    let most = PUSH_MAX_BUFFERS.min(slots as usize + 1);
+    let count = (opts.push_buffers as usize).clamp(PUSH_QUEUE_MIN, most.max(PUSH_QUEUE_MIN));
+    Buffers { count, order }
+}
 
 impl Subscriber {
     /// Makes this subscriber's push buffers and sends them to the publisher.
@@ -15,13 +40,16 @@ impl Subscriber {
             .geometry
             .frame_bytes
             .next_multiple_of(crate::format::SLOT_ALIGN);
-        let (fd, bytes) = self.pool.alloc_push(PUSH_BUFFERS as u32, stride)?;
+        let bufs = push_buffers(&self.opts, self.info.slot_count);
+        let (fd, bytes) = self.pool.alloc_push(bufs.count as u32, stride)?;
         let a = msg::Attach {
-            count: PUSH_BUFFERS as u32,
+            count: bufs.count as u32,
             stride,
             bytes,
         };
-        transport::send(self.lease.sock().as_fd(), &Msg::Attach(a).encode(), &[fd.as_fd()])
+        transport::send(self.lease.sock().as_fd(), &Msg::Attach(a).encode(), &[fd.as_fd()])?;
+        self.push = Some(bufs);
+        Ok(())
     }
     /// Push delivery, when the publisher has mapped our buffers: the newest
     /// pushed frame newer than `last` with its meta, held (`hold`, for
@@ -29,9 +57,10 @@ impl Subscriber {
     /// [`protocol::push::peek_newest`]).
     pub(super) fn read_pushed(&mut self, g: u64, hold: bool) -> PushRead<SlotSnapshot> {
         let entry = self.entry();
+        let bufs = self.push.expect("read_pushed is for push subscribers");
         // SYNC: push-seq — Acquire pairs with the publisher's Release of
         // `push_count` after it mapped our buffers.
-        if entry.push_count.load(Ordering::Acquire) as usize != PUSH_BUFFERS {
+        if entry.push_count.load(Ordering::Acquire) as usize != bufs.count {
             // Not mapped yet: nothing reaches us; what has landed is a gap.
             // SYNC: global-seq — Acquire pairs with the commit's store.
             return PushRead::NotPushed(g.min(self.header().seq.global_seq.load(Ordering::Acquire)));
@@ -42,7 +71,7 @@ impl Subscriber {
             protocol::push::Take::Peek
         };
         let header = self.header();
-        protocol::push::read_pushed(entry, how, &header.seq.global_seq, self.last, g, |_, seq| {
+        protocol::push::read_pushed(entry, how, bufs, &header.seq.global_seq, self.last, g, |_, seq| {
             // The meta lives in the ring's slot; read it under the seqlock.
             // If the slot moved on already, a newer frame has been pushed
             // too.
@@ -61,6 +90,17 @@ impl Subscriber {
         self.push_started = true;
         skipped
     }
+    /// A queued push subscriber's oldest pushed frame `seq` lost its meta
+    /// (its slot was reused): it and the frames before it are a counted
+    /// gap, and the stream has started.
+    pub(super) fn push_lost(&mut self, seq: u64) {
+        let n = if self.push_started { seq - self.last } else { 1 };
+        self.push_started = true;
+        self.lost(n);
+        self.last = seq;
+        self.publish_counters();
+    }
+
     /// Push delivery found nothing pushed past `last` although the ring
     /// moved on to `g`: those frames were not pushed to us (all buffers
     /// held, or not mapped yet). A push subscriber has no pool to pull them

@@ -232,7 +232,7 @@ impl Borrow<'_> {
         }
         // SAFETY: the slot lies inside the mapped pool (validated geometry:
         // slot_count * slot_stride <= pool_bytes == mapped bytes), or push
-        // buffer `k < PUSH_BUFFERS` inside our push mapping (each buffer
+        // buffer `k < push_count` inside our push mapping (each buffer
         // holds frame_bytes rounded up); `dst` holds `len` bytes and is
         // private memory, so no overlap. Bytes may change under the copy;
         // `release` detects that.

@@ -36,7 +36,7 @@ pub(super) fn refuse_unreadable(fd: &OwnedFd, reason: String) -> Error {
 }
 
 pub(super) fn handshake<S: Served>(sh: &S, fd: &OwnedFd, bytes: &[u8]) -> Result<(u32, u32), Error> {
-    let hello = match Msg::decode(bytes) {
+    let mut hello = match Msg::decode(bytes) {
         Ok(Msg::Hello(h)) => h,
         Ok(other) => {
             return Err(reject(
@@ -67,6 +67,7 @@ pub(super) fn handshake<S: Served>(sh: &S, fd: &OwnedFd, bytes: &[u8]) -> Result
             format!("uid {uid} gid {gid} is not on the allow-list"),
         ));
     }
+    sh.settle(&mut hello, uid);
     if let Some((code, reason)) = sh.refuse(&hello, uid) {
         return Err(reject(fd, code, reason));
     }

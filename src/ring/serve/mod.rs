@@ -53,6 +53,14 @@ pub(crate) trait Served: Send + Sync + 'static {
     fn serve_config(&self) -> &ServeConfig;
     /// What the producer and the service exchange besides the ring.
     fn state(&self) -> &ServiceState;
+    /// Settles what a Hello from `uid` asks for before it is checked: a
+    /// frame ring grants push to a subscriber that accepts it
+    /// (`HELLO_PUSH_OK`) where pull is refused to it. Clears flags that
+    /// are only requests.
+    fn settle(&self, hello: &mut Hello, uid: u32) {
+        let _ = uid;
+        hello.flags &= !crate::socket::msg::HELLO_PUSH_OK;
+    }
     /// A refusal `(REJECT_*, reason)` for a Hello from `uid` whose peer
     /// passed the credential check, or `None` to accept it.
     fn refuse(&self, hello: &Hello, uid: u32) -> Option<(u32, String)>;

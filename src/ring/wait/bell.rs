@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::layout::{ClientLine, ProducerLine, PUSH_BUFFERS};
+use crate::layout::{ClientLine, ProducerLine};
 use crate::sync::atomic::{fence, AtomicU64, Ordering};
 
 /// The words a waiter watches: the ring's newest seq (`global_seq` of a
@@ -27,7 +27,7 @@ pub struct Bell<'a> {
     /// commit stores `global_seq` (behind one more system fence on the
     /// GPU). The seq returned is then the pushed frame's, which may be
     /// ahead of `global_seq`. `None`: `seq` alone.
-    pub push: Option<&'a [AtomicU64; PUSH_BUFFERS]>,
+    pub push: Option<&'a [AtomicU64]>,
     /// A queued-pull subscriber's next frame: its slot's seq word and its
     /// seq `s`. The wait also ends, returning `s`, as soon as the publisher
     /// has loaned the slot for `s` (the word reads `s | SEQ_WRITING`),

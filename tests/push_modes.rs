@@ -1,0 +1,225 @@
+//! Push delivery for every read mode (PROTOCOL.md §16.8): a sequential
+//! push reader takes every pushed frame in order from its own queue, a full
+//! queue is a counted gap; a lossless push reader holds the producer (never
+//! a gap); a default subscriber refused pull is served by push. Host
+//! backend, in process: the publisher and its readers take turns, so every
+//! count is exact.
+
+use std::time::Duration;
+
+use vramring::{
+    BackendChoice, ClientOptions, Delivery, Error, Format, FrameMeta, Mode, Policy, Publisher, PullAccess, Refusal,
+    RingConfig, ServeOptions, Subscriber, SubscriberOptions,
+};
+use vramring_testkit::pattern as testpattern;
+
+fn sock(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("vramring-push-modes-{}-{name}.sock", std::process::id()))
+}
+
+fn host(slots: u32) -> RingConfig {
+    RingConfig::new(Format::Gray8, 256, 64)
+        .backend(BackendChoice::Host)
+        .slots(slots)
+}
+
+/// Publishes one frame filled with the test pattern of its seq.
+fn publish(p: &mut Publisher) -> u64 {
+    let mut slot = p.loan(Duration::from_millis(200)).unwrap();
+    let seq = slot.seq();
+    testpattern::fill(slot.bytes_mut().unwrap(), seq);
+    slot.publish(FrameMeta::pts(seq as i64)).unwrap();
+    seq
+}
+
+/// Publishes until the publisher has mapped `s`'s push buffers, which it
+/// does at the start of a publish: that frame, `start + 1`, is the first
+/// pushed. Returns `start`.
+fn until_push_active(p: &mut Publisher, s: &Subscriber) -> u64 {
+    let t = std::time::Instant::now();
+    while !s.push_active() {
+        assert!(t.elapsed() < Duration::from_secs(10), "push buffers never attached");
+        publish(p);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    p.next_seq() - 2
+}
+
+#[test]
+fn a_sequential_push_reader_gets_every_queued_frame_in_order_and_counts_a_full_queue_as_a_gap() {
+    let path = sock("seq");
+    let mut p = Publisher::create(&path, host(32)).unwrap();
+    let opts = SubscriberOptions::default()
+        .mode(Mode::Sequential)
+        .push(true)
+        .push_buffers(8)
+        .name("seq-push");
+    let mut s = Subscriber::connect(&path, opts).unwrap();
+    assert_eq!(s.delivery(), Delivery::Push);
+    let start = until_push_active(&mut p, &s);
+    // 20 frames while the reader reads none: its 8 buffers take the first
+    // 8, the other 12 find no buffer it is done with.
+    for _ in 1..20 {
+        publish(&mut p);
+    }
+    for want in start + 1..=start + 8 {
+        let f = s.next(Duration::from_secs(1)).unwrap();
+        assert_eq!(f.seq(), want, "queued frames come oldest first");
+        assert!(f.pushed());
+        assert_eq!(f.pts(), want as i64);
+        testpattern::verify(f.host_bytes().unwrap(), want).unwrap();
+    }
+    assert!(matches!(s.next(Duration::from_millis(50)), Err(Error::Timeout(..))));
+    let later = publish(&mut p);
+    let f = s.next(Duration::from_secs(1)).unwrap();
+    assert_eq!(f.seq(), later);
+    assert_eq!(f.skipped(), 12, "the frames that found the queue full, reported once");
+    testpattern::verify(f.host_bytes().unwrap(), later).unwrap();
+    let st = s.stats();
+    assert_eq!((st.delivered, st.dropped, st.pushed), (9, 12, 9));
+    // Keeping up, nothing is lost.
+    for _ in 0..50 {
+        let seq = publish(&mut p);
+        let f = s.next(Duration::from_secs(1)).unwrap();
+        assert_eq!((f.seq(), f.skipped()), (seq, 0));
+        testpattern::verify(f.host_bytes().unwrap(), seq).unwrap();
+    }
+    assert_eq!(s.stats().dropped, 12);
+}
+
+#[test]
+fn a_sequential_push_reader_a_ring_behind_loses_the_frames_whose_meta_is_gone_and_counts_them() {
+    // 4 slots, 5 buffers: frames queued but published more than a ring ago
+    // lost their slot's meta, as a pull reader would lose them.
+    let path = sock("seq-behind");
+    let mut p = Publisher::create(&path, host(4)).unwrap();
+    let opts = SubscriberOptions::default()
+        .mode(Mode::Sequential)
+        .push(true)
+        .push_buffers(16);
+    let mut s = Subscriber::connect(&path, opts).unwrap();
+    let start = until_push_active(&mut p, &s);
+    for _ in 1..7 {
+        publish(&mut p);
+    }
+    // Buffers hold start+1..=start+5; slots hold start+4..=start+7.
+    let f = s.next(Duration::from_secs(1)).unwrap();
+    assert_eq!(f.seq(), start + 4);
+    assert_eq!(f.skipped(), 3);
+    testpattern::verify(f.host_bytes().unwrap(), start + 4).unwrap();
+    drop(f);
+    let f = s.next(Duration::from_secs(1)).unwrap();
+    assert_eq!((f.seq(), f.skipped()), (start + 5, 0));
+    drop(f);
+    let seq = publish(&mut p);
+    let f = s.next(Duration::from_secs(1)).unwrap();
+    assert_eq!(
+        (f.seq(), f.skipped()),
+        (seq, 2),
+        "start+6 and start+7 found the queue full"
+    );
+    assert_eq!(s.stats().dropped, 5);
+}
+
+#[test]
+fn a_lossless_push_reader_holds_the_producer_at_its_queue_and_never_misses_a_frame() {
+    let path = sock("lossless");
+    let cfg = host(16)
+        .policy(Policy::Lossless)
+        .lossless_lease(Duration::from_secs(30));
+    let mut p = Publisher::create(&path, cfg).unwrap();
+    let opts = SubscriberOptions::default().lossless(true).push(true).push_buffers(4);
+    let mut s = Subscriber::connect(&path, opts).unwrap();
+    let start = until_push_active(&mut p, &s);
+    // 4 buffers: 3 frames go ahead of a reader that took nothing yet; the
+    // 4th waits for it.
+    for _ in 1..3 {
+        publish(&mut p);
+    }
+    match p.loan(Duration::from_millis(20)) {
+        Err(Error::LosslessBlocked { held_seq, .. }) => assert_eq!(held_seq, start + 1),
+        other => panic!(
+            "the fourth frame must wait for the reader: {:?}",
+            other.map(|s| s.seq())
+        ),
+    }
+    assert_eq!(p.stats().evictions, 0);
+    // A reader in another thread takes its time; the producer waits for
+    // it, and every frame reaches it whole.
+    let reader = std::thread::spawn(move || {
+        let mut next = start + 1;
+        while next <= start + 200 {
+            let f = s.next(Duration::from_secs(10)).unwrap();
+            assert_eq!((f.seq(), f.skipped()), (next, 0));
+            assert!(f.pushed());
+            testpattern::verify(f.host_bytes().unwrap(), next).unwrap();
+            next += 1;
+            if next % 16 == 0 {
+                std::thread::sleep(Duration::from_millis(3));
+            }
+        }
+        s.stats()
+    });
+    while p.next_seq() <= start + 200 {
+        let mut slot = p.loan(Duration::from_secs(10)).unwrap();
+        let seq = slot.seq();
+        testpattern::fill(slot.bytes_mut().unwrap(), seq);
+        slot.publish(FrameMeta::pts(seq as i64)).unwrap();
+    }
+    let st = reader.join().unwrap();
+    assert_eq!((st.delivered, st.dropped, st.pushed), (200, 0, 200));
+    assert_eq!(p.stats().evictions, 0);
+}
+
+#[test]
+fn a_default_subscriber_refused_pull_is_served_by_push_in_its_own_mode() {
+    let path = sock("auto");
+    let mut p = Publisher::create(&path, host(16).pull(PullAccess::Nobody)).unwrap();
+    // Asking for pull only is refused, with the code that says so.
+    let pull = SubscriberOptions::default().delivery(Delivery::Pull);
+    let e = Subscriber::connect(&path, pull).unwrap_err();
+    assert_eq!(e.refusal(), Some(Refusal::PullDenied), "{e}");
+    // The default (automatic) choice gets push, in the mode it asked for.
+    let mut s = Subscriber::connect(&path, SubscriberOptions::default().mode(Mode::Sequential)).unwrap();
+    assert_eq!(s.delivery(), Delivery::Push);
+    assert_eq!(s.stats().delivery, Delivery::Push);
+    let start = until_push_active(&mut p, &s);
+    for _ in 1..5 {
+        publish(&mut p);
+    }
+    for want in start + 1..=start + 5 {
+        let f = s.next(Duration::from_secs(1)).unwrap();
+        assert_eq!(f.seq(), want);
+        testpattern::verify(f.host_bytes().unwrap(), want).unwrap();
+    }
+    // A host ring's default pull access hands the read-only pool to anyone.
+    let path = sock("auto-host");
+    let _p = Publisher::create(&path, host(4)).unwrap();
+    let s = Subscriber::connect(&path, SubscriberOptions::default()).unwrap();
+    assert_eq!(s.delivery(), Delivery::Pull);
+}
+
+#[test]
+fn the_default_pull_access_hands_a_cuda_pool_only_to_the_publishers_own_uid() {
+    use vramring::BackendKind::{Cuda, Host};
+    let me = rustix::process::geteuid().as_raw();
+    let other = me.wrapping_add(1);
+    let auto = PullAccess::default();
+    assert_eq!(auto, PullAccess::Auto);
+    assert!(auto.allows(me, Cuda));
+    assert!(
+        !auto.allows(other, Cuda),
+        "another uid could write every reader's frames"
+    );
+    assert!(auto.allows(other, Host), "a host pool is handed out read-only");
+    assert!(PullAccess::Anyone.allows(other, Cuda));
+    assert!(!PullAccess::Nobody.allows(me, Host));
+    assert!(PullAccess::Uids(vec![other]).allows(other, Cuda));
+}
+
+#[test]
+fn push_with_write_access_is_refused_before_anything_is_sent() {
+    let opts = SubscriberOptions::default().write(true).push(true);
+    let e = Subscriber::connect(sock("never-bound"), opts).unwrap_err();
+    assert!(matches!(e, Error::Config(_)), "{e}");
+}
