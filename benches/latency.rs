@@ -76,7 +76,8 @@ use vramring::BackendChoice;
 use vramring::ClientOptions;
 use vramring::ServeOptions as _;
 use vramring::{
-    CommitMode, Format, FrameMeta, Mode, Policy, Publisher, PullStart, RingConfig, Subscriber, SubscriberOptions,
+    CommitMode, Delivery, Format, FrameMeta, Mode, Policy, Publisher, PullStart, RingConfig, Subscriber,
+    SubscriberOptions,
 };
 
 use common::gpu::{gpu_name, host_device_ptr, register_host, Floor};
@@ -208,6 +209,12 @@ enum System {
     /// Push whose producer always launches (`VRAMRING_COMMIT_GRAPH=0`; ADR
     /// 0022's comparison).
     VramringPushLaunch,
+    /// Push to sequential readers: each takes every frame from its own
+    /// queue of buffers (PROTOCOL.md §16.8).
+    VramringPushSequential,
+    /// Push to lossless readers on a lossless ring: the producer waits for
+    /// room in every reader's queue.
+    VramringPushLossless,
 }
 
 impl System {
@@ -236,6 +243,8 @@ impl System {
             }
             System::VramringPushGraph => "vramring push, commit graph replayed",
             System::VramringPushLaunch => "vramring push, commit kernel launched",
+            System::VramringPushSequential => "vramring push, sequential readers (a queue each)",
+            System::VramringPushLossless => "vramring push, lossless readers (a queue each, lossless ring)",
         }
     }
     /// The short label of the mode in the tables.
@@ -258,6 +267,8 @@ impl System {
             System::VramringPushChurnWarmUnbounded => "push + warm churn, no attach rate",
             System::VramringPushGraph => "push, commit graph",
             System::VramringPushLaunch => "push, commit launch",
+            System::VramringPushSequential => "push sequential",
+            System::VramringPushLossless => "push lossless",
         }
     }
     fn key(self) -> &'static str {
@@ -279,12 +290,14 @@ impl System {
             System::VramringPushChurnWarmUnbounded => "vrpcwu",
             System::VramringPushGraph => "vrpg",
             System::VramringPushLaunch => "vrpl",
+            System::VramringPushSequential => "vrpq",
+            System::VramringPushLossless => "vrpx",
         }
     }
     fn from_key(k: &str) -> Option<System> {
         output::by_key(&System::ALL, System::key, k)
     }
-    const ALL: [System; 17] = [
+    const ALL: [System; 19] = [
         System::Vramring,
         System::VramringPush,
         System::VramringPushSync,
@@ -302,6 +315,8 @@ impl System {
         System::VramringPushChurnWarmUnbounded,
         System::VramringPushGraph,
         System::VramringPushLaunch,
+        System::VramringPushSequential,
+        System::VramringPushLossless,
     ];
     /// A vramring case (its producer is a vramring publisher).
     fn is_vramring(self) -> bool {
@@ -428,7 +443,11 @@ fn vr_producer(c: &Case, shm_path: &Path) -> R<()> {
     let mut cfg = RingConfig::new(Format::Nv12, c.width, c.height)
         .slots(SLOTS as u32)
         .backend(BackendChoice::Cuda(0))
-        .policy(Policy::Overwrite)
+        .policy(if c.system == System::VramringPushLossless {
+            Policy::Lossless
+        } else {
+            Policy::Overwrite
+        })
         .commit(if c.system == System::VramringPushSync {
             CommitMode::Synchronous
         } else {
@@ -502,8 +521,14 @@ fn vr_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
             | System::VramringPushChurnWarmUnbounded
             | System::VramringPushGraph
             | System::VramringPushLaunch
+            | System::VramringPushSequential
+            | System::VramringPushLossless
     );
-    let mode = if push { Mode::Latest } else { Mode::Sequential };
+    let mode = match c.system {
+        System::VramringPushSequential | System::VramringPushLossless => Mode::Sequential,
+        _ if push => Mode::Latest,
+        _ => Mode::Sequential,
+    };
     let pull_start = match c.system {
         System::VramringPullQueued => PullStart::Queued,
         System::VramringPullAfter => PullStart::AfterCommit,
@@ -511,7 +536,8 @@ fn vr_subscriber(c: &Case, id: usize, shm_path: &Path) -> R<()> {
     };
     let opts = SubscriberOptions::default()
         .mode(mode)
-        .push(push)
+        .lossless(c.system == System::VramringPushLossless)
+        .delivery(if push { Delivery::Push } else { Delivery::Pull })
         .name(format!("bench-{id}"))
         .spin(spin)
         .pull_start(pull_start);
@@ -1164,8 +1190,10 @@ fn mps_label(with_mps: bool) -> &'static str {
     }
 }
 
-const LATENCY_SYSTEMS: [System; 8] = [
+const LATENCY_SYSTEMS: [System; 10] = [
     System::VramringPush,
+    System::VramringPushSequential,
+    System::VramringPushLossless,
     System::VramringPushSync,
     System::Vramring,
     System::VramringPullQueued,
@@ -1510,7 +1538,7 @@ fn ratio_tables(plan: &Plan, passes: &[bool], res: &Results) -> String {
 fn usage() -> &'static str {
     "latency bench: [--quick] [--throughput-only] [--no-rate] [--systems K,K..] [--subs N,N..] [--mps [off|on|both]] [--rounds R] [--frames N] [--timeout-s S] [--out FILE]\n\
      --quick: 1080p at 1, 4 and 8 subscribers, 300 measured frames each (and the rate at 1080p)\n\
-     --systems: only these rows (keys vrp push, vrps push CPU commit, vr pull, vrq pull queued, vra pull after commit, vrf push futex wait, host, ipc; experiments, not run by default: ipcwd, ipcwh legacy IPC with a stream wait on a device / host word, vrpc push with one more push subscriber coming and going beside the measured ones, vrpb push with a GPU process beside that makes and frees push buffers without connecting; vrpcw, vrpbw the same two with that process keeping its GPU context; vrpcwu vrpcw against a publisher without an attach rate; vrpg push whose producer replays the commit graph instead of launching each commit)\n\
+     --systems: only these rows (keys vrp push, vrpq push sequential, vrpx push lossless, vrps push CPU commit, vr pull, vrq pull queued, vra pull after commit, vrf push futex wait, host, ipc; experiments, not run by default: ipcwd, ipcwh legacy IPC with a stream wait on a device / host word, vrpc push with one more push subscriber coming and going beside the measured ones, vrpb push with a GPU process beside that makes and frees push buffers without connecting; vrpcw, vrpbw the same two with that process keeping its GPU context; vrpcwu vrpcw against a publisher without an attach rate; vrpg push whose producer replays the commit graph instead of launching each commit)\n\
      --subs: only these subscriber counts (default 1,4,8); --no-rate: skip the maximum-rate table\n\
      --frames N: measured frames per latency case (default 2000, 300 with --quick)\n\
      --mps: run under a private MPS control daemon (on), or without then with it (both); the daemon is always quit\n\

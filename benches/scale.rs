@@ -53,8 +53,8 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use vramring::ClientOptions;
 use vramring::{
-    BackendChoice, BackendKind, Error as RingError, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber,
-    SubscriberOptions,
+    BackendChoice, BackendKind, Delivery, Error as RingError, Format, FrameMeta, Mode, Policy, Publisher, RingConfig,
+    Subscriber, SubscriberOptions,
 };
 use vramring_testkit::gpu::GpuTestPattern;
 
@@ -96,6 +96,8 @@ enum SubMode {
     Pull,
     /// Every frame in order, pulled.
     Sequential,
+    /// Every frame in order, pushed into the reader's own queue.
+    SequentialPush,
 }
 
 impl SubMode {
@@ -104,7 +106,10 @@ impl SubMode {
             "push" => Ok(SubMode::Push),
             "pull" | "latest" => Ok(SubMode::Pull),
             "sequential" | "seq" => Ok(SubMode::Sequential),
-            other => Err(format!("--mix: unknown mode {other:?} (push, pull, sequential)")),
+            "seqpush" => Ok(SubMode::SequentialPush),
+            other => Err(format!(
+                "--mix: unknown mode {other:?} (push, pull, sequential, seqpush)"
+            )),
         }
     }
     fn name(self) -> &'static str {
@@ -112,6 +117,7 @@ impl SubMode {
             SubMode::Push => "push",
             SubMode::Pull => "pull",
             SubMode::Sequential => "sequential",
+            SubMode::SequentialPush => "seqpush",
         }
     }
 }
@@ -809,9 +815,10 @@ fn sub_loop(
     let mode = p.mode_of(index);
     let mut opts = SubscriberOptions::default().name(format!("scale-{}-{index}-cam{camera}", mode.name()));
     opts = match mode {
-        SubMode::Push => opts.push(true),
-        SubMode::Pull => opts.mode(Mode::Latest),
-        SubMode::Sequential => opts.mode(Mode::Sequential),
+        SubMode::Push => opts.delivery(Delivery::Push),
+        SubMode::Pull => opts.mode(Mode::Latest).delivery(Delivery::Pull),
+        SubMode::Sequential => opts.mode(Mode::Sequential).delivery(Delivery::Pull),
+        SubMode::SequentialPush => opts.mode(Mode::Sequential).delivery(Delivery::Push),
     };
     if let Some(us) = p.spin_us {
         opts = opts.spin(Duration::from_micros(us));

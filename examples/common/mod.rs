@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use vramring::cuda::CommitGraph;
 use vramring::ClientOptions;
 use vramring::{
-    monotonic_ns, AccessPolicy, AttachRate, BackendChoice, BackendKind, Error as RingError, Format, Frame, FrameMeta,
-    Mode, Policy, Publisher, PullAccess, PullStart, RingConfig, ServeConfig, ServeOptions, Subscriber,
+    monotonic_ns, AccessPolicy, AttachRate, BackendChoice, BackendKind, Delivery, Error as RingError, Format, Frame,
+    FrameMeta, Mode, Policy, Publisher, PullAccess, PullStart, RingConfig, ServeConfig, ServeOptions, Subscriber,
     SubscriberOptions, WaitStrategy,
 };
 // The examples' frames carry the test pattern, and their reports are the
@@ -68,6 +68,17 @@ pub enum ModeArg {
     Latest,
     /// Every frame in order; gaps counted.
     Sequential,
+}
+
+/// How frames reach the consumer, as typed on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeliveryArg {
+    /// Pull where the publisher hands out its pool, push where it does not.
+    Auto,
+    /// Pull only.
+    Pull,
+    /// Push only.
+    Push,
 }
 
 /// When a CUDA pull copy starts, as typed on the command line.
@@ -130,9 +141,10 @@ pub struct ProducerArgs {
     /// Subscribers connected at once (the subscriber table's entries).
     #[arg(long, default_value_t = ServeConfig::default().max_subscribers)]
     pub max_subscribers: u32,
-    /// Who receives the pool (pull delivery): anyone, nobody (push only),
-    /// or uids=UID[,UID...]; the others must ask for push.
-    #[arg(long, default_value = "anyone", value_parser = parse_pull_access)]
+    /// Who receives the pool (pull delivery): auto (anyone on the host
+    /// backend, this process's uid on CUDA), anyone, nobody (push only), or
+    /// uids=UID[,UID...]; the others are served by push.
+    #[arg(long, default_value = "auto", value_parser = parse_pull_access)]
     pub pull: PullAccess,
     /// Grant write access to the pool to subscribers that ask for it.
     #[arg(long)]
@@ -181,10 +193,18 @@ pub struct ConsumerArgs {
     /// Ask to be a lossless reader (the producer must use --policy lossless).
     #[arg(long)]
     pub lossless: bool,
-    /// Push delivery (latest mode): the publisher copies frames into this
-    /// consumer's own buffers, so it does no GPU work to receive them.
-    #[arg(long)]
+    /// How frames arrive: auto (pull where the publisher hands out its
+    /// pool, push where it does not), pull, or push (the publisher copies
+    /// frames into this consumer's own buffers, so it does no GPU work to
+    /// receive them; any mode).
+    #[arg(long, value_enum, default_value_t = DeliveryArg::Auto)]
+    pub delivery: DeliveryArg,
+    /// Short for --delivery push.
+    #[arg(long, conflicts_with = "delivery")]
     pub push: bool,
+    /// Buffers of a sequential or lossless push consumer's queue.
+    #[arg(long, default_value_t = SubscriberOptions::default().push_buffers)]
+    pub push_buffers: u32,
     /// Follow the publisher across restarts: when it goes away, wait for
     /// the next instance at the same socket instead of ending.
     #[arg(long)]
@@ -346,12 +366,13 @@ impl ProducerReport {
 /// `--pull`: `anyone`, `nobody` or `uids=UID[,UID...]`.
 fn parse_pull_access(s: &str) -> Result<PullAccess, String> {
     match s {
+        "auto" => Ok(PullAccess::Auto),
         "anyone" => Ok(PullAccess::Anyone),
         "nobody" => Ok(PullAccess::Nobody),
         _ => {
             let list = s
                 .strip_prefix("uids=")
-                .ok_or_else(|| format!("{s:?} is not anyone, nobody or uids=UID[,UID...]"))?;
+                .ok_or_else(|| format!("{s:?} is not auto, anyone, nobody or uids=UID[,UID...]"))?;
             let uids = list
                 .split(',')
                 .map(|u| u.trim().parse::<u32>().map_err(|e| format!("uid {u:?}: {e}")))
@@ -584,6 +605,10 @@ pub struct ConsumerReport {
     /// ADR 0011), `host` (`global_seq` in host memory, ADR 0010) or `none`
     /// (copies start after the commit).
     pub gate: &'static str,
+    /// How frames arrived: `pull` or `push`.
+    pub delivery: &'static str,
+    /// Frames received by push delivery.
+    pub pushed: u64,
 }
 
 impl ConsumerReport {
@@ -620,6 +645,8 @@ impl ConsumerReport {
             .u64("queued_at_loan", self.queued_at_loan)
             .u64("abandoned", self.abandoned)
             .str("gate", self.gate)
+            .str("delivery", self.delivery)
+            .u64("pushed", self.pushed)
             .finish()
     }
 }
@@ -664,7 +691,12 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
         .name(args.name.clone())
         .mode(mode)
         .lossless(args.lossless)
-        .push(args.push)
+        .delivery(match (args.push, args.delivery) {
+            (true, _) | (_, DeliveryArg::Push) => Delivery::Push,
+            (_, DeliveryArg::Pull) => Delivery::Pull,
+            (_, DeliveryArg::Auto) => Delivery::Auto,
+        })
+        .push_buffers(args.push_buffers)
         .reconnect(args.reconnect)
         .pull_start(match args.pull_start {
             PullStartArg::Auto => PullStart::Auto,
@@ -796,6 +828,11 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
     report.dropped = stats.dropped;
     report.overruns = stats.overruns;
     report.queued = stats.queued;
+    report.pushed = stats.pushed;
+    report.delivery = match stats.delivery {
+        Delivery::Push => "push",
+        _ => "pull",
+    };
     report.gate = match (sub.pull_queued(), sub.info().gate_offset()) {
         (false, _) => "none",
         (true, Some(_)) => "pool",
