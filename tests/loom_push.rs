@@ -222,9 +222,14 @@ fn never_counted_lost(hold: bool) {
         } else {
             push::Take::Peek
         };
-        match push::read_pushed(&t.entry, how, &c.global_seq, 0, g, look) {
+        let bufs = push::Buffers {
+            count: PUSH_BUFFERS,
+            order: push::Order::Newest,
+        };
+        match push::read_pushed(&t.entry, how, bufs, &c.global_seq, 0, g, look) {
             push::PushRead::Took(_, seq, ()) => assert_eq!(seq, 1),
             push::PushRead::NotPushed(upto) => assert_eq!(upto, 0, "frame 1 was pushed, yet counted lost"),
+            push::PushRead::Lost(seq) => panic!("a latest reader never loses a frame's meta alone ({seq})"),
         }
         gpu.join().unwrap();
     });

@@ -1,0 +1,157 @@
+//! Model check of queued push delivery's handshake (sequential and lossless
+//! readers, `vramring::seam::protocol::push::{claim_queued, take}`) under
+//! loom: the publisher never writes a buffer whose frame the reader has not
+//! read or still holds, the reader takes frames oldest first and whole, and
+//! every frame the publisher pushed is delivered (a frame it could not push
+//! is the only gap). Buffers are modelled as in `tests/loom_push.rs`: word
+//! `i` of frame `s` holds `s * 16 + i`. Run with `.ci/loom.sh`.
+#![cfg(loom)]
+
+use loom::sync::atomic::{AtomicU64, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+
+use vramring::seam::layout::{ClientLine, SubEntry, SEQ_WRITING};
+use vramring::seam::protocol::push::{self, Order};
+
+const WORDS: usize = 2;
+
+struct Target {
+    entry: SubEntry,
+    client: ClientLine,
+    buffers: Vec<[AtomicU64; WORDS]>,
+    /// Bit `s` set: the publisher pushed frame `s` (its claim succeeded).
+    pushed: AtomicU64,
+}
+
+fn model(bound: usize, f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    if b.preemption_bound.is_none() {
+        b.preemption_bound = Some(bound);
+    }
+    b.check(f);
+}
+
+fn target(count: usize) -> Arc<Target> {
+    Arc::new(Target {
+        entry: SubEntry::default(),
+        client: ClientLine::default(),
+        buffers: (0..count).map(|_| Default::default()).collect(),
+        pushed: AtomicU64::new(0),
+    })
+}
+
+/// The publisher's side of one frame into buffer `k` it claimed: copy,
+/// complete, and note it pushed.
+fn fill(t: &Target, k: usize, seq: u64) {
+    for (i, w) in t.buffers[k].iter().enumerate() {
+        // Relaxed: the copy's plain stores.
+        w.store(seq * 16 + i as u64, Ordering::Relaxed);
+    }
+    push::complete_buffer(&t.entry, k, seq);
+    // Relaxed: read after the join.
+    t.pushed.fetch_or(1 << seq, Ordering::Relaxed);
+}
+
+/// Takes the oldest pushed frame past `last`, checks it whole twice while
+/// held, and returns its seq.
+fn take_checked(t: &Target, count: usize, last: u64) -> Option<u64> {
+    let (k, seq) = push::take(&t.entry, &t.client, Order::Oldest, count, last, u64::MAX)?;
+    assert!(seq > last, "frames come in order");
+    for _ in 0..2 {
+        for (i, w) in t.buffers[k].iter().enumerate() {
+            assert_eq!(w.load(Ordering::Relaxed), seq * 16 + i as u64, "buffer {k} torn");
+        }
+    }
+    Some(seq)
+}
+
+/// A sequential reader beside a publisher that pushes what fits: every
+/// frame pushed is delivered, in order and whole; `claim` is the
+/// publisher's choice of buffer.
+fn sequential(claim: fn(&Target, usize, u64) -> Option<usize>) {
+    model(3, move || {
+        let count = 3;
+        let t = target(count);
+        let p = Arc::clone(&t);
+        let publisher = thread::spawn(move || {
+            for seq in 1..=4 {
+                if let Some(k) = claim(&p, count, seq) {
+                    fill(&p, k, seq);
+                }
+            }
+        });
+        let mut delivered = 0u64;
+        let mut last = 0;
+        for _ in 0..2 {
+            if let Some(seq) = take_checked(&t, count, last) {
+                delivered |= 1 << seq;
+                last = seq;
+            }
+        }
+        publisher.join().unwrap();
+        // The publisher is done: what is left in the queue is read now.
+        while let Some(seq) = take_checked(&t, count, last) {
+            delivered |= 1 << seq;
+            last = seq;
+        }
+        push::release_hold(&t.client);
+        assert_eq!(delivered, t.pushed.load(Ordering::Relaxed), "a pushed frame was lost");
+    });
+}
+
+fn claim_queued(t: &Target, count: usize, seq: u64) -> Option<usize> {
+    push::claim_queued(&t.entry, &t.client, count, 0, seq)
+}
+
+#[test]
+fn a_queued_reader_gets_every_pushed_frame_in_order_and_whole() {
+    sequential(claim_queued);
+}
+
+/// The model can fail: a publisher that claims a queued reader's buffers
+/// by the latest rule (sparing only the newest and the held one) is caught
+/// overwriting a frame the reader had not read.
+#[test]
+#[should_panic(expected = "lost")]
+fn a_publisher_that_claims_by_the_latest_rule_is_caught_losing_queued_frames() {
+    sequential(|t, _, seq| {
+        let newest = (0..3).max_by_key(|&k| t.entry.push_seq[k].load(Ordering::Relaxed) & !SEQ_WRITING);
+        let newest = newest.filter(|&k| t.entry.push_seq[k].load(Ordering::Relaxed) != 0);
+        push::claim_buffer(&t.entry, &t.client, newest, seq)
+    });
+}
+
+/// A lossless reader: the publisher waits for a buffer the reader is done
+/// with (as the lossless gate does before the loan), so every frame
+/// reaches the reader, in order and whole, with 2 buffers.
+#[test]
+fn a_lossless_queued_reader_gets_every_frame_when_the_publisher_waits_for_room() {
+    model(2, || {
+        let count = 2;
+        let t = target(count);
+        let p = Arc::clone(&t);
+        let publisher = thread::spawn(move || {
+            for seq in 1..=3 {
+                let k = loop {
+                    if let Some(k) = claim_queued(&p, count, seq) {
+                        break k;
+                    }
+                    thread::yield_now();
+                };
+                fill(&p, k, seq);
+            }
+        });
+        let mut last = 0;
+        while last < 3 {
+            match take_checked(&t, count, last) {
+                Some(seq) => {
+                    assert_eq!(seq, last + 1, "a lossless reader misses no frame");
+                    last = seq;
+                }
+                None => thread::yield_now(),
+            }
+        }
+        publisher.join().unwrap();
+    });
+}
