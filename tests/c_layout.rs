@@ -399,6 +399,7 @@ fn constants(c: &mut Checks) {
     c.constant("VR_REJECT_WRITE_DENIED", msg::REJECT_WRITE_DENIED);
     c.constant("VR_REJECT_KIND", msg::REJECT_KIND);
     c.constant("VR_REJECT_PULL_DENIED", msg::REJECT_PULL_DENIED);
+    c.constant("VR_REJECT_LOSSLESS_BACKOFF", msg::REJECT_LOSSLESS_BACKOFF);
     c.push("VR_EVICT_LEASE (msg)", "VR_EVICT_LEASE", msg::EVICT_LEASE);
     c.constant("VR_EVICT_ATTACH", msg::EVICT_ATTACH);
     c.push("VR_EVICT_PROTOCOL (msg)", "VR_EVICT_PROTOCOL", msg::EVICT_PROTOCOL);

@@ -68,28 +68,11 @@ impl std::str::FromStr for BackendChoice {
 /// a publisher that does not trust its subscribers with the pool refuses
 /// pull delivery and serves push delivery only, which never hands the pool
 /// out.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum PullAccess {
-    /// Every subscriber may pull.
-    #[default]
-    Anyone,
-    /// Only subscribers with these uids (`SO_PEERCRED`) may pull; the
-    /// others must ask for push delivery.
-    Uids(Vec<u32>),
-    /// Nobody pulls: push delivery only.
-    Nobody,
-}
-
-impl PullAccess {
-    /// Whether a peer with `uid` may receive the pool.
-    pub fn allows(&self, uid: u32) -> bool {
-        match self {
-            PullAccess::Anyone => true,
-            PullAccess::Uids(list) => list.contains(&uid),
-            PullAccess::Nobody => false,
-        }
-    }
-}
+///
+/// By uid (`SO_PEERCRED`): [`UidAccess::Anyone`], [`UidAccess::Uids`] (only
+/// subscribers with these uids may pull; the others must ask for push
+/// delivery) or [`UidAccess::Nobody`] (push delivery only).
+pub type PullAccess = UidAccess;
 
 /// The shape and behaviour of a ring.
 #[derive(Debug, Clone)]

@@ -21,7 +21,7 @@ use crate::memory::{BackendKind, ExportedPool, MappedTarget, TargetMapper, Write
 use crate::ring::lossless::{Holder, LosslessGate};
 use crate::ring::serve::{self, Served, ServiceState};
 use crate::ring::table::{Assigned, Table};
-use crate::ring::{PublisherStats, ServeConfig, ServeOptions};
+use crate::ring::{PublisherStats, ServeConfig, ServeOptions, UidAccess};
 use crate::shm::{Region, SEALS_READ_ONLY};
 use crate::socket::msg::{self, Attach, Hello, Welcome};
 use crate::socket::transport::Listener;
@@ -205,6 +205,7 @@ impl Publisher {
         // SYNC: producer-state — Release: the ring is ready before any
         // subscriber can connect (the service starts below).
         header.producer.state.store(PRODUCER_LIVE, Ordering::Release);
+        let state = ServiceState::new(&cfg.serve)?;
         let shared = Arc::new(Shared {
             control,
             control_fd,
@@ -216,7 +217,7 @@ impl Publisher {
             attach_requests: Mutex::new(Vec::new()),
             mapper: pool.mapped_targets().and_then(|m| m.target_mapper()),
             unmaps: Mutex::new(Vec::new()),
-            state: ServiceState::new()?,
+            state,
         });
         let svc_shared = Arc::clone(&shared);
         // The service thread registers with the process-exit registry: a
