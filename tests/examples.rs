@@ -263,4 +263,38 @@ fn the_producer_example_refuses_what_its_access_flags_say() {
     let (_writable, socket) = producer("write", &["--allow-write"]);
     let w = connect(&socket, SubscriberOptions::default().write(true));
     assert!(w.is_ok(), "--allow-write did not grant write access: {:?}", w.err());
+
+    // Lossless kept to named uids: refused to the others (who may still
+    // connect without it), granted to a uid on the list.
+    let uid = rustix::process::getuid().as_raw();
+    let lossless = |name: &str, access: &str| producer(name, &["--policy", "lossless", "--lossless-access", access]);
+    let (_nobody, socket) = lossless("lossless-nobody", "nobody");
+    match connect(&socket, SubscriberOptions::default().lossless(true)) {
+        Err(e) => {
+            assert_eq!(e.refusal(), Some(Refusal::Policy), "{e}");
+            assert!(
+                e.to_string().contains(&format!("uid {uid}")),
+                "the reason names the uid: {e}"
+            );
+        }
+        Ok(_) => panic!("a lossless reader was served by a producer that grants lossless to nobody"),
+    }
+    let lossy = connect(&socket, SubscriberOptions::default());
+    assert!(
+        lossy.is_ok(),
+        "a reader without lossless was refused: {:?}",
+        lossy.err()
+    );
+    let (_stranger, socket) = lossless("lossless-stranger", "uids=4000000000");
+    match connect(&socket, SubscriberOptions::default().lossless(true)) {
+        Err(e) => assert_eq!(e.refusal(), Some(Refusal::Policy), "{e}"),
+        Ok(_) => panic!("a lossless reader off the uid list was served"),
+    }
+    let (_named, socket) = lossless("lossless-named", &format!("uids=4000000000,{uid}"));
+    let granted = connect(&socket, SubscriberOptions::default().lossless(true));
+    assert!(
+        granted.is_ok(),
+        "a lossless reader on the uid list was refused: {:?}",
+        granted.err()
+    );
 }
