@@ -521,6 +521,7 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
                         .u64("subscribers", subs.into())
                         .u64("evictions", stats.evictions)
                         .u64("lease_deadlines", stats.lease_deadlines)
+                        .u64("lossless_backoffs", stats.lossless_backoffs)
                         .u64("loans_blocked", report.loans_blocked)
                         .finish(),
                 );
