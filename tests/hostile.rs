@@ -822,7 +822,10 @@ fn evicted_rust_subscriber_notices_on_next_read() {
 
 fn evicted_reader_scenario(name: &str, attack: &str) {
     let allow = ONE_LOSSLESS_STALL;
-    let mut rig = Rig::start(name, allow);
+    // The lossless newcomer runs as the evicted reader's uid (every process
+    // here does): back-off off, or it would be refused lossless (that is
+    // `reconnecting_lossless_staller_*`'s subject, not this one's).
+    let mut rig = Rig::start_with(name, FPS, allow.lease_ms, &["--lossless-backoff-ms", "0"]);
     // The slow reader holds until the producer has evicted it (the test
     // tells it), at most this long.
     let hold = 20_000;
