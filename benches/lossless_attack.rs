@@ -16,6 +16,8 @@
 //! rate with no attack.
 //!
 //! `cargo bench -p vramring-benches --bench lossless_attack -- [--window-s 30] [--rounds 3] [--stallers 8] [--connections 3] [--out FILE]`
+//! (`--out`: JSON lines, one a round and scenario; a relative path is taken
+//! from `benches/`, where cargo runs a bench).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
