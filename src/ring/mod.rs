@@ -192,9 +192,10 @@ pub struct ServeConfig {
     /// uid/gid allow-list checked with `SO_PEERCRED`.
     pub access: AccessPolicy,
     /// How long the producer waits for lossless subscribers on one frame
-    /// or packet: at the end of it, every lossless subscriber that still
-    /// holds a frame or packet published before the wait began is evicted,
-    /// all at once (default 1 s).
+    /// or packet, measured from when it began to wait for it (across
+    /// timed-out loans or writes): at the end of it, every lossless
+    /// subscriber still holding that frame or packet is evicted, all at
+    /// once (default 1 s).
     pub lossless_lease: Duration,
     /// Who may ask for lossless delivery (default anyone); the others are
     /// refused with `REJECT_POLICY` and may connect without it.
