@@ -20,6 +20,16 @@
 //! ```
 //!
 //! The three push consumers start about half a second apart.
+//!
+//! Lossless delivery can be kept to named uids (`--lossless-access
+//! anyone|nobody|uids=UID[,UID...]`); a uid whose lossless reader is
+//! evicted for the lease is refused lossless for `--lossless-backoff-ms`
+//! (10 s by default, doubled per repeat; 0: never):
+//!
+//! ```text
+//! cargo run --release --example producer -- --socket /tmp/cam1.sock --backend host --policy lossless --lossless-access nobody
+//! cargo run --release --example consumer -- --socket /tmp/cam1.sock --mode sequential --lossless   # refused (REJECT_POLICY)
+//! ```
 
 use clap::Parser;
 

@@ -536,6 +536,10 @@ typedef struct vr_packet_record {
                                vs packets: VR_HELLO_PACKETS)                    */
 #define VR_REJECT_PULL_DENIED 10u /* pull delivery (the pool's descriptor) is not
                                granted to this peer: ask for VR_HELLO_PUSH      */
+#define VR_REJECT_LOSSLESS_BACKOFF 11u /* lossless refused to this uid for a while:
+                               a lossless reader of it was evicted for the
+                               lease; connect without VR_HELLO_LOSSLESS or
+                               retry after the time in the reason          */
 /* Evicted codes: VR_EVICT_LEASE, VR_EVICT_PUSH, VR_EVICT_PROTOCOL (above). */
 #define VR_EVICT_ATTACH VR_EVICT_PUSH /* older name of VR_EVICT_PUSH         */
 

@@ -220,10 +220,14 @@ pub enum Refusal {
     Kind,
     /// Pull delivery is not granted to this peer; push delivery is.
     PullDenied,
+    /// Lossless is refused to this peer's uid for a while: a lossless
+    /// reader of that uid kept the producer waiting past the lease. It may
+    /// connect without lossless, or retry after the time in the reason.
+    LosslessBackoff,
 }
 
 impl Refusal {
-    const CODES: [(u32, Refusal); 10] = [
+    const CODES: [(u32, Refusal); 11] = [
         (msg::REJECT_VERSION, Refusal::Version),
         (msg::REJECT_PERMISSION, Refusal::Permission),
         (msg::REJECT_FULL, Refusal::Full),
@@ -234,6 +238,7 @@ impl Refusal {
         (msg::REJECT_WRITE_DENIED, Refusal::WriteDenied),
         (msg::REJECT_KIND, Refusal::Kind),
         (msg::REJECT_PULL_DENIED, Refusal::PullDenied),
+        (msg::REJECT_LOSSLESS_BACKOFF, Refusal::LosslessBackoff),
     ];
 
     /// The refusal a wire reject code names; `None` for a code this build

@@ -82,7 +82,10 @@ pub use frame::{
     RingConfig, RingInfo, SlotMut, Subscriber, SubscriberOptions, SubscriberStats,
 };
 pub use memory::{BackendKind, WriteCompletion};
-pub use ring::{AttachRate, ClientConfig, ClientOptions, PublisherStats, ServeConfig, ServeOptions, WaitStrategy};
+pub use ring::{
+    AttachRate, ClientConfig, ClientOptions, LosslessBackoff, PublisherStats, ServeConfig, ServeOptions, UidAccess,
+    WaitStrategy,
+};
 pub use socket::AccessPolicy;
 pub use time::monotonic_ns;
 

@@ -219,7 +219,7 @@ fn the_consumer_example_fails_with_a_sentence_when_frames_stop_coming() {
 
 #[test]
 fn the_producer_example_refuses_what_its_access_flags_say() {
-    use vramring::{ClientOptions, Refusal, Subscriber, SubscriberOptions};
+    use vramring::{ClientOptions, Delivery, Refusal, Subscriber, SubscriberOptions};
     let dir = TempDir::new("examples-access");
     let connect = |socket: &std::path::Path, opts: SubscriberOptions| {
         let start = Instant::now();
@@ -242,12 +242,14 @@ fn the_producer_example_refuses_what_its_access_flags_say() {
     };
 
     let (_nobody, socket) = producer("pull-nobody", &["--pull", "nobody"]);
-    match connect(&socket, SubscriberOptions::default()) {
+    match connect(&socket, SubscriberOptions::default().delivery(Delivery::Pull)) {
         Err(e) => assert_eq!(e.refusal(), Some(Refusal::PullDenied), "{e}"),
         Ok(_) => panic!("a pull subscriber was served by a push-only producer"),
     }
     let pushed = connect(&socket, SubscriberOptions::default().push(true));
     assert!(pushed.is_ok(), "a push subscriber was refused: {:?}", pushed.err());
+    let auto = connect(&socket, SubscriberOptions::default()).expect("a default subscriber is served by push");
+    assert_eq!(auto.delivery(), Delivery::Push);
 
     let (_stranger, socket) = producer("allow-list", &["--allow-uid", "4000000000"]);
     match connect(&socket, SubscriberOptions::default()) {
@@ -263,4 +265,38 @@ fn the_producer_example_refuses_what_its_access_flags_say() {
     let (_writable, socket) = producer("write", &["--allow-write"]);
     let w = connect(&socket, SubscriberOptions::default().write(true));
     assert!(w.is_ok(), "--allow-write did not grant write access: {:?}", w.err());
+
+    // Lossless kept to named uids: refused to the others (who may still
+    // connect without it), granted to a uid on the list.
+    let uid = rustix::process::getuid().as_raw();
+    let lossless = |name: &str, access: &str| producer(name, &["--policy", "lossless", "--lossless-access", access]);
+    let (_nobody, socket) = lossless("lossless-nobody", "nobody");
+    match connect(&socket, SubscriberOptions::default().lossless(true)) {
+        Err(e) => {
+            assert_eq!(e.refusal(), Some(Refusal::Policy), "{e}");
+            assert!(
+                e.to_string().contains(&format!("uid {uid}")),
+                "the reason names the uid: {e}"
+            );
+        }
+        Ok(_) => panic!("a lossless reader was served by a producer that grants lossless to nobody"),
+    }
+    let lossy = connect(&socket, SubscriberOptions::default());
+    assert!(
+        lossy.is_ok(),
+        "a reader without lossless was refused: {:?}",
+        lossy.err()
+    );
+    let (_stranger, socket) = lossless("lossless-stranger", "uids=4000000000");
+    match connect(&socket, SubscriberOptions::default().lossless(true)) {
+        Err(e) => assert_eq!(e.refusal(), Some(Refusal::Policy), "{e}"),
+        Ok(_) => panic!("a lossless reader off the uid list was served"),
+    }
+    let (_named, socket) = lossless("lossless-named", &format!("uids=4000000000,{uid}"));
+    let granted = connect(&socket, SubscriberOptions::default().lossless(true));
+    assert!(
+        granted.is_ok(),
+        "a lossless reader on the uid list was refused: {:?}",
+        granted.err()
+    );
 }

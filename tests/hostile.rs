@@ -35,6 +35,12 @@
 //! elsewhere, so that the honest lossless consumer is never evicted for
 //! being slow on a busy machine.
 //!
+//! The lossless lease tests (`lossless_stallers_at_once_*`,
+//! `reconnecting_lossless_staller_*`) check structure only, never a
+//! duration or a rate: how many readers were evicted at how many lease
+//! deadlines, whether a loan ran out of time while they were, what a
+//! reconnect was answered.
+//!
 //! Protocol-specific offsets live in `hostile/layout.rs` only.
 
 use vramring_testkit::procs as common;
@@ -208,6 +214,11 @@ impl Rig {
     }
 
     fn start_at(name: &str, fps: u64, lease_ms: u64) -> Rig {
+        Rig::start_with(name, fps, lease_ms, &[])
+    }
+
+    /// As [`Rig::start_at`], with `extra` arguments for the producer.
+    fn start_with(name: &str, fps: u64, lease_ms: u64, extra: &[&str]) -> Rig {
         let gate = slot();
         let dir = TempDir::new(&format!("hostile-{name}"));
         let socket = dir.join("ring.sock");
@@ -231,6 +242,7 @@ impl Rig {
             "--report-ms",
             "20",
         ]);
+        c.args(extra);
         let mut producer = common::spawn(&dir, "producer", c);
         assert!(
             wait_for(Duration::from_secs(15), || has_event(&producer, "ready")
@@ -281,6 +293,11 @@ impl Rig {
         last_event(&self.producer, "status")
             .and_then(|j| j.u64("evictions"))
             .unwrap_or(0)
+    }
+
+    /// A number from the producer's latest status line.
+    fn status(&self, key: &str) -> Option<u64> {
+        last_event(&self.producer, "status").and_then(|j| j.u64(key))
     }
 
     /// Frames per second over `d`.
@@ -805,7 +822,10 @@ fn evicted_rust_subscriber_notices_on_next_read() {
 
 fn evicted_reader_scenario(name: &str, attack: &str) {
     let allow = ONE_LOSSLESS_STALL;
-    let mut rig = Rig::start(name, allow);
+    // The lossless newcomer runs as the evicted reader's uid (every process
+    // here does): back-off off, or it would be refused lossless (that is
+    // `reconnecting_lossless_staller_*`'s subject, not this one's).
+    let mut rig = Rig::start_with(name, FPS, allow.lease_ms, &["--lossless-backoff-ms", "0"]);
     // The slow reader holds until the producer has evicted it (the test
     // tells it), at most this long.
     let hold = 20_000;
@@ -968,4 +988,178 @@ fn attack9_stalled_lossless_packet_reader_is_evicted_and_writer_goes_on() {
         problems.join("\n  - "),
         std::fs::read_to_string(&result).unwrap_or_default()
     );
+}
+
+/// Runs `attack` (held at most `ms`) beside the rig's honest parties until
+/// the attacker exits, then waits until the producer reports at least
+/// `evictions` (both within hang guards, not timing checks), and returns
+/// what the attacker reported.
+fn run_lossless_attack(rig: &mut Rig, attack: &str, ms: u64, evictions: u64) -> Attacker {
+    let result = rig.dir.join("attacker.result");
+    let env = vec![
+        (attacks::ATTACK, attack.to_owned()),
+        (attacks::SOCK, rig.socket.display().to_string()),
+        (attacks::RESULT, result.display().to_string()),
+        (attacks::MILLIS, ms.to_string()),
+    ];
+    let mut attacker = common::spawn(&rig.dir, "attacker", common::self_command(&[], "attacker", &env));
+    attacker.wait_success(Instant::now() + Duration::from_millis(ms) + Duration::from_secs(40));
+    let report: BTreeMap<String, String> = std::fs::read_to_string(&result)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once(' ').map(|(k, v)| (k.to_owned(), v.to_owned())))
+        .collect();
+    eprintln!("[{attack}] attacker reported {report:?}");
+    // The producer reports after its next publish.
+    let reported = wait_for(Duration::from_secs(20), || rig.status("evictions") >= Some(evictions));
+    assert!(
+        reported,
+        "the producer never reported {evictions} evictions:\n{}",
+        rig.dump()
+    );
+    Attacker { report }
+}
+
+/// Loan timeout given to the producer in the lossless lease tests: longer
+/// than one lease, shorter than two. Readers evicted one lease after
+/// another (one deadline per reader) make a loan time out; all evicted at
+/// one deadline, no loan does.
+const LOAN_TIMEOUT_MS: u64 = LEASE_MS * 3 / 2;
+
+/// Six lossless readers that stall on the same frame at once cost the
+/// producer one lease, not six: all six are evicted at one deadline (the
+/// producer reports one lease deadline and six evictions, and no loan of
+/// its ran out of time while it waited, which one lease after another
+/// would make happen with a loan timeout of 1.5 leases), no frame is
+/// published between their evictions (no status line shows some of them
+/// evicted), and the honest readers of every mode (lossless included) lose
+/// nothing and end with ProducerGone. With one blocker at a time the
+/// producer evicted them a lease apart: several timed-out loans, six
+/// deadlines.
+#[test]
+fn lossless_stallers_at_once_are_evicted_at_one_deadline() {
+    let n = attacks::STALLERS as u64;
+    let allow = Allow {
+        stall_ms: 0,
+        evictions: n,
+        lease_ms: LEASE_MS,
+    };
+    let timeout = LOAN_TIMEOUT_MS.to_string();
+    // Back-off off: every staller comes from this test's uid, and nothing
+    // here is about it.
+    let extra = ["--loan-timeout-ms", timeout.as_str(), "--lossless-backoff-ms", "0"];
+    let mut rig = Rig::start_with("stall-together", FPS, LEASE_MS, &extra);
+    let a = run_lossless_attack(&mut rig, "stall_together", 20_000, n);
+    assert_eq!(
+        a.get("evicted_lease"),
+        n.to_string(),
+        "every staller must be evicted for the lease: {:?}",
+        a.report
+    );
+    let partial: Vec<u64> = json_lines(&rig.producer)
+        .iter()
+        .filter(|j| j.get("event") == Some("status"))
+        .filter_map(|j| j.u64("evictions"))
+        .filter(|&e| e != 0 && e != n)
+        .collect();
+    if !partial.is_empty() {
+        rig.problem(format!(
+            "frames were published between the stallers' evictions (status lines showed {partial:?} of {n})"
+        ));
+    }
+    if rig.status("evictions") != Some(n) || rig.status("lease_deadlines") != Some(1) {
+        rig.problem(format!(
+            "{n} stallers at once: the producer evicted {:?} at {:?} lease deadlines (want {n} at 1)",
+            rig.status("evictions"),
+            rig.status("lease_deadlines")
+        ));
+    }
+    if rig.status("loans_blocked") != Some(0) {
+        rig.problem(format!(
+            "{:?} loans ran out of time ({LOAN_TIMEOUT_MS} ms, lease {LEASE_MS} ms) while the stallers were evicted: \
+             they were not evicted together",
+            rig.status("loans_blocked")
+        ));
+    }
+    finish(rig, allow, "stall-together", Some(&a));
+}
+
+/// A lossless staller on three connections that reconnects each time one
+/// is evicted: after its first eviction (all three at one deadline) its
+/// uid is refused lossless (`REJECT_LOSSLESS_BACKOFF`, the reason naming
+/// the uid) for the back-off (10 min here, longer than the test), so the
+/// producer evicts it at that one deadline and never again; the uid may
+/// still connect without lossless; a Rust lossless subscriber of the same
+/// uid is refused with `Refusal::LosslessBackoff`; the honest readers lose
+/// nothing. Without the back-off every reconnect was welcomed and stalled
+/// the producer one lease more.
+#[test]
+fn reconnecting_lossless_staller_is_refused_for_its_backoff() {
+    use vramring::seam::socket::msg;
+    use vramring::{ClientOptions, Refusal, Subscriber, SubscriberOptions};
+    let k = attacks::RECONNECTING as u64;
+    let allow = Allow {
+        stall_ms: 0,
+        evictions: k,
+        lease_ms: LEASE_MS,
+    };
+    let extra = ["--lossless-backoff-ms", "600000", "--lossless-backoff-cap-ms", "600000"];
+    let mut rig = Rig::start_with("stall-reconnect", FPS, LEASE_MS, &extra);
+    // Reconnects for 3 s (four leases) after the first eviction.
+    let a = run_lossless_attack(&mut rig, "stall_reconnect", 3000, k);
+    let num = |key: &str| {
+        a.get(key)
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("no {key} in {:?}", a.report))
+    };
+    let uid = rustix::process::getuid().as_raw();
+    assert_eq!(num("evicted_lease"), k, "{:?}", a.report);
+    assert_eq!(
+        num("welcomed_again"),
+        0,
+        "a lossless reconnect was welcomed: {:?}",
+        a.report
+    );
+    assert_eq!(num("refused_other"), 0, "{:?}", a.report);
+    assert!(
+        num("refused_backoff") >= k && num("refused_backoff") == num("attempts"),
+        "every lossless reconnect must be refused with code {}: {:?}",
+        msg::REJECT_LOSSLESS_BACKOFF,
+        a.report
+    );
+    assert!(
+        a.get("reason")
+            .starts_with(&format!("lossless_refused_to_uid_{uid}_for_")),
+        "the reason names the uid and the time: {:?}",
+        a.report
+    );
+    assert_eq!(a.get("lossy_join"), "welcomed", "{:?}", a.report);
+    // The same refusal through the library, typed.
+    match Subscriber::connect(
+        &rig.socket,
+        SubscriberOptions::default()
+            .lossless(true)
+            .connect_timeout(Duration::from_secs(5)),
+    ) {
+        Err(e) => assert_eq!(e.refusal(), Some(Refusal::LosslessBackoff), "{e}"),
+        Ok(_) => panic!("a lossless subscriber of a uid backing off was welcomed"),
+    }
+    let backoffs = wait_for(Duration::from_secs(20), || {
+        rig.status("lossless_backoffs") > Some(num("refused_backoff"))
+    });
+    if !backoffs {
+        rig.problem(format!(
+            "the producer counted {:?} back-off refusals, not the attacker's {} and the library's one",
+            rig.status("lossless_backoffs"),
+            num("refused_backoff")
+        ));
+    }
+    if rig.status("evictions") != Some(k) || rig.status("lease_deadlines") != Some(1) {
+        rig.problem(format!(
+            "the reconnecting staller was evicted {:?} times at {:?} deadlines (want {k} at 1: once, then refused)",
+            rig.status("evictions"),
+            rig.status("lease_deadlines")
+        ));
+    }
+    finish(rig, allow, "stall-reconnect", Some(&a));
 }

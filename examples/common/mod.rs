@@ -13,8 +13,8 @@ use vramring::cuda::CommitGraph;
 use vramring::ClientOptions;
 use vramring::{
     monotonic_ns, AccessPolicy, AttachRate, BackendChoice, BackendKind, Delivery, Error as RingError, Format, Frame,
-    FrameMeta, Mode, Policy, Publisher, PullAccess, PullStart, RingConfig, ServeConfig, ServeOptions, Subscriber,
-    SubscriberOptions, WaitStrategy,
+    FrameMeta, LosslessBackoff, Mode, Policy, Publisher, PullAccess, PullStart, RingConfig, ServeConfig, ServeOptions,
+    Subscriber, SubscriberOptions, UidAccess, WaitStrategy,
 };
 // The examples' frames carry the test pattern, and their reports are the
 // test kit's JSON lines: the demo and the tests read them back.
@@ -146,6 +146,22 @@ pub struct ProducerArgs {
     /// uids=UID[,UID...]; the others are served by push.
     #[arg(long, default_value = "auto", value_parser = parse_pull_access)]
     pub pull: PullAccess,
+    /// Who may read lossless: anyone, nobody, or uids=UID[,UID...]; the
+    /// others are refused (REJECT_POLICY) and may connect without lossless.
+    #[arg(long, default_value = "anyone", value_parser = parse_uid_access)]
+    pub lossless_access: UidAccess,
+    /// How long a uid whose lossless reader was evicted for the lease is
+    /// refused lossless the first time (doubled per repeat up to
+    /// --lossless-backoff-cap-ms); 0: never refused.
+    #[arg(long, default_value_t = LosslessBackoff::DEFAULT.base.as_millis() as u64)]
+    pub lossless_backoff_ms: u64,
+    /// The longest lossless back-off.
+    #[arg(long, default_value_t = LosslessBackoff::DEFAULT.cap.as_millis() as u64)]
+    pub lossless_backoff_cap_ms: u64,
+    /// How long one loan waits for lossless subscribers before it gives up
+    /// (and is retried; the lease runs on across retries).
+    #[arg(long, default_value_t = 500)]
+    pub loan_timeout_ms: u64,
     /// Grant write access to the pool to subscribers that ask for it.
     #[arg(long)]
     pub allow_write: bool,
@@ -346,6 +362,12 @@ pub struct ProducerReport {
     pub evictions: u64,
     /// Loans that waited for a lossless subscriber.
     pub lossless_waits: u64,
+    /// Loans that gave up waiting for a lossless subscriber (retried).
+    pub loans_blocked: u64,
+    /// Lease deadlines that evicted lossless subscribers.
+    pub lease_deadlines: u64,
+    /// Lossless Hellos refused for their uid's back-off.
+    pub lossless_backoffs: u64,
     /// Push subscribers' buffers taken, and Attaches that waited for the
     /// attach rate (taken in the end or not).
     pub attaches: u64,
@@ -363,23 +385,33 @@ impl ProducerReport {
     }
 }
 
-/// `--pull`: `anyone`, `nobody` or `uids=UID[,UID...]`.
-fn parse_pull_access(s: &str) -> Result<PullAccess, String> {
+/// `--pull`, `--lossless-access`: `anyone`, `nobody` or `uids=UID[,UID...]`.
+fn parse_uid_access(s: &str) -> Result<UidAccess, String> {
     match s {
-        "auto" => Ok(PullAccess::Auto),
-        "anyone" => Ok(PullAccess::Anyone),
-        "nobody" => Ok(PullAccess::Nobody),
+        "anyone" => Ok(UidAccess::Anyone),
+        "nobody" => Ok(UidAccess::Nobody),
         _ => {
             let list = s
                 .strip_prefix("uids=")
-                .ok_or_else(|| format!("{s:?} is not auto, anyone, nobody or uids=UID[,UID...]"))?;
+                .ok_or_else(|| format!("{s:?} is not anyone, nobody or uids=UID[,UID...]"))?;
             let uids = list
                 .split(',')
                 .map(|u| u.trim().parse::<u32>().map_err(|e| format!("uid {u:?}: {e}")))
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok(PullAccess::Uids(uids))
+            Ok(UidAccess::Uids(uids))
         }
     }
+}
+
+/// `--pull`: `auto`, `anyone`, `nobody` or `uids=UID[,UID...]`.
+fn parse_pull_access(s: &str) -> Result<PullAccess, String> {
+    Ok(match parse_uid_access(s) {
+        Ok(UidAccess::Anyone) => PullAccess::Anyone,
+        Ok(UidAccess::Nobody) => PullAccess::Nobody,
+        Ok(UidAccess::Uids(list)) => PullAccess::Uids(list),
+        Err(_) if s == "auto" => PullAccess::Auto,
+        Err(e) => return Err(format!("{e}, or auto")),
+    })
 }
 
 /// `--socket-mode`: an octal file mode such as `660`.
@@ -406,6 +438,7 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
         .allow_write(args.allow_write)
         .pull(args.pull.clone())
         .lossless_lease(Duration::from_millis(args.lossless_lease_ms))
+        .lossless_access(args.lossless_access.clone())
         .max_subscribers(args.max_subscribers)
         .socket_mode(args.socket_mode)
         .access(AccessPolicy {
@@ -416,6 +449,16 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
         cfg.unbounded_attaches()
     } else {
         cfg.attach_rate(args.attach_rate, args.attach_burst)
+    };
+    let cfg = if args.lossless_backoff_ms == 0 {
+        cfg.no_lossless_backoff()
+    } else {
+        let base = Duration::from_millis(args.lossless_backoff_ms);
+        cfg.lossless_backoff(LosslessBackoff {
+            base,
+            cap: Duration::from_millis(args.lossless_backoff_cap_ms).max(base),
+            ..LosslessBackoff::DEFAULT
+        })
     };
     let mut publisher = Publisher::create(&args.socket, cfg)?;
     let frame_bytes = publisher.geometry().frame_bytes;
@@ -472,9 +515,10 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
             // followed by a burst.
             next_due = (next_due + period).max(Instant::now() - period);
         }
-        let slot = match publisher.loan(Duration::from_millis(500)) {
+        let slot = match publisher.loan(Duration::from_millis(args.loan_timeout_ms)) {
             Ok(slot) => slot,
             Err(RingError::LosslessBlocked { name, held_seq, .. }) => {
+                report.loans_blocked += 1;
                 eprintln!("producer: waiting for lossless subscriber {name} to release frame {held_seq}");
                 continue;
             }
@@ -507,6 +551,9 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
                         .f64("fps", fps)
                         .u64("subscribers", subs.into())
                         .u64("evictions", stats.evictions)
+                        .u64("lease_deadlines", stats.lease_deadlines)
+                        .u64("lossless_backoffs", stats.lossless_backoffs)
+                        .u64("loans_blocked", report.loans_blocked)
                         .finish(),
                 );
             } else {
@@ -524,6 +571,8 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
     report.connects = stats.connects;
     report.evictions = stats.evictions;
     report.lossless_waits = stats.lossless_waits;
+    report.lease_deadlines = stats.lease_deadlines;
+    report.lossless_backoffs = stats.lossless_backoffs;
     report.attaches = stats.attaches;
     report.attaches_deferred = stats.attaches_deferred;
     let stream_commit = publisher.stream_commit();
@@ -538,6 +587,9 @@ pub fn run_producer(args: &ProducerArgs) -> AnyResult<ProducerReport> {
                 .u64("connects", report.connects)
                 .u64("evictions", report.evictions)
                 .u64("lossless_waits", report.lossless_waits)
+                .u64("lease_deadlines", report.lease_deadlines)
+                .u64("lossless_backoffs", report.lossless_backoffs)
+                .u64("loans_blocked", report.loans_blocked)
                 .u64("attaches", report.attaches)
                 .u64("attaches_deferred", report.attaches_deferred)
                 .u64("stream_commit", u64::from(stream_commit))

@@ -240,13 +240,14 @@ impl PacketPublisher {
         let info = *writer.info();
         let table = Table::create("vramring-packet-subs", cfg.serve.max_subscribers, info.epoch)?;
         let ring_fd = crate::shm::Region::reopen_read_only(writer.mem().fd.as_fd())?;
+        let state = ServiceState::new(&cfg.serve)?;
         let shared = Arc::new(PacketShared {
             mem: Arc::clone(writer.mem()),
             ring_fd,
             info,
             table,
             cfg,
-            state: ServiceState::new()?,
+            state,
         });
         let svc = Arc::clone(&shared);
         let service = ExitWorker::builder(format!("vramring-packets:{}", path.display()), ExitPhase::Service)

@@ -1,6 +1,12 @@
 //! The producer's bounded wait for lossless readers, with eviction past the
 //! lease: one implementation for the frame [`crate::Publisher`] and the
 //! [`crate::packet::PacketPublisher`].
+//!
+//! One deadline per frame (or packet) for all lossless readers together
+//! (ADR 0024): readers that stall at once cost the producer one lease, not
+//! one each, and every uid evicted for it is refused lossless for a while
+//! (`serve::backoff`), so one that reconnects after each eviction cannot
+//! hold the producer one lease in every few.
 
 use std::time::{Duration, Instant};
 
@@ -24,20 +30,29 @@ pub(crate) struct Holder {
     pub(crate) held_seq: u64,
 }
 
-/// Which lossless reader the producer is waiting for, and since when: the
-/// lease is measured across calls, so a reader that keeps the producer
-/// waiting through several timed-out loans or writes is still evicted.
+/// The frame or packet the producer is waiting to overwrite, and since
+/// when: the lease is measured across calls, so readers that keep the
+/// producer waiting through several timed-out loans or writes are still
+/// evicted.
 #[derive(Debug, Default)]
 pub(crate) struct LosslessGate {
-    /// (entry, generation, key, since).
-    blocked: Option<(usize, u32, u64, Instant)>,
+    /// (key, since).
+    blocked: Option<(u64, Instant)>,
 }
 
 impl LosslessGate {
     /// Waits until `holder()` names no lossless reader, at most `timeout`.
-    /// A reader that has kept the producer waiting on the same key for
-    /// `lease` is evicted, and the wait goes on without it. Calls that had
-    /// to wait are counted in the service state's `lossless_waits`.
+    ///
+    /// The lease runs per frame (per key), for all lossless readers
+    /// together: it starts when the producer first waits on the key, and at
+    /// its end every lossless reader still holding the key is evicted at
+    /// once (one deadline, however many readers), then the wait goes on
+    /// without them. `holder` must name the first reader that holds the
+    /// key and, once that one is evicted, the next (it reads the table
+    /// again, which no longer has the evicted ones as `ACTIVE`). Calls
+    /// that had to wait are counted in the service state's
+    /// `lossless_waits`; deadlines that evicted in its `lease_deadlines`;
+    /// each uid evicted at a deadline gets one strike of back-off.
     ///
     /// # Errors
     /// [`Error::LosslessBlocked`] when `timeout` runs out first.
@@ -55,25 +70,27 @@ impl LosslessGate {
                 self.blocked = None;
                 return Ok(());
             };
-            let (k, generation) = (h.blocker.index, h.blocker.generation);
             if !counted {
                 // Relaxed: a counter for stats.
                 sh.state().lossless_waits.fetch_add(1, Ordering::Relaxed);
                 counted = true;
             }
+            // The lease of a key the producer is still waiting on goes on
+            // (a timed-out loan retries the same key); a new key starts
+            // its lease when this call began to wait on it.
             let since = match self.blocked {
-                Some((bk, bg, key, since)) if bk == k && bg == generation && key == h.key => since,
+                Some((key, since)) if key == h.key => since,
                 _ => {
-                    let now = Instant::now();
-                    self.blocked = Some((k, generation, h.key, now));
-                    now
+                    self.blocked = Some((h.key, start));
+                    start
                 }
             };
             if since.elapsed() >= lease {
-                self.evict(sh, &h);
+                self.evict_holders(sh, h, &mut holder);
                 continue;
             }
             if start.elapsed() >= timeout {
+                let k = h.blocker.index;
                 return Err(Error::LosslessBlocked {
                     index: k as u32,
                     name: sh.table().entry(k).map(|e| e.name()).unwrap_or_default(),
@@ -87,19 +104,226 @@ impl LosslessGate {
         }
     }
 
-    /// Evicts the holder through the table and has the service send
-    /// `Evicted` and close the connection. Nothing happens if the entry
-    /// changed hands meanwhile (the service freed or reassigned it).
-    fn evict<S: Served>(&mut self, sh: &S, h: &Holder) {
+    /// The deadline of `first.key`: evicts `first` and every other reader
+    /// `holder` names that still holds the same key, in one round (at most
+    /// one pass over the table), counts the deadline and gives each uid
+    /// evicted one strike.
+    fn evict_holders<S: Served>(&mut self, sh: &S, first: Holder, holder: &mut impl FnMut() -> Option<Holder>) {
         self.blocked = None;
-        let k = h.blocker.index;
-        if !sh.table().evict(k, h.blocker.generation, EVICT_LEASE) {
+        let key = first.key;
+        let mut uids: Vec<u32> = Vec::new();
+        let mut next = Some(first);
+        // An entry freed or reassigned meanwhile is skipped (`evict` finds
+        // it changed); the bound keeps such races from looping.
+        for _ in 0..sh.table().entries().len() {
+            let Some(h) = next.filter(|h| h.key == key) else {
+                break;
+            };
+            if self.evict(sh, &h) && !uids.contains(&h.blocker.uid) {
+                uids.push(h.blocker.uid);
+            }
+            next = holder();
+        }
+        if uids.is_empty() {
             return;
         }
+        // Relaxed: a counter for stats.
+        sh.state().lease_deadlines.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let mut strikes = match sh.state().strikes.lock() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        for uid in uids {
+            if let Some((n, backoff)) = strikes.strike(uid, now) {
+                tracing::warn!(
+                    uid,
+                    strikes = n,
+                    ?backoff,
+                    "refusing lossless to a uid whose reader kept the producer waiting past the lease"
+                );
+            }
+        }
+    }
+
+    /// Evicts the holder through the table and has the service send
+    /// `Evicted` and close the connection; returns whether it was evicted.
+    /// Nothing happens if the entry changed hands meanwhile (the service
+    /// freed or reassigned it).
+    fn evict<S: Served>(&mut self, sh: &S, h: &Holder) -> bool {
+        let k = h.blocker.index;
+        if !sh.table().evict(k, h.blocker.generation, EVICT_LEASE) {
+            return false;
+        }
         let name = sh.table().entry(k).map(|e| e.name()).unwrap_or_default();
-        tracing::warn!(index = k, name = %name, "evicting a lossless subscriber that kept the producer waiting past its lease");
+        tracing::warn!(index = k, name = %name, "evicting a lossless subscriber that kept the producer waiting past the lease");
         // Relaxed: a counter for stats (the service counts too).
         sh.producer().evictions.fetch_add(1, Ordering::Relaxed);
         sh.state().request_eviction(k, h.blocker.generation, EVICT_LEASE);
+        true
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::os::fd::BorrowedFd;
+
+    use super::*;
+    use crate::layout::{ProducerLine, SUBF_LOSSLESS, SUB_ACTIVE, SUB_EVICTED};
+    use crate::ring::serve::ServiceState;
+    use crate::ring::table::{Assigned, Table};
+    use crate::ring::ServeConfig;
+    use crate::socket::msg::{Hello, Welcome};
+
+    /// The gate's view of a publisher: a table, counters, no service.
+    struct Fake {
+        producer: ProducerLine,
+        table: Table,
+        cfg: ServeConfig,
+        state: ServiceState,
+    }
+
+    impl Served for Fake {
+        fn producer(&self) -> &ProducerLine {
+            &self.producer
+        }
+        fn table(&self) -> &Table {
+            &self.table
+        }
+        fn serve_config(&self) -> &ServeConfig {
+            &self.cfg
+        }
+        fn state(&self) -> &ServiceState {
+            &self.state
+        }
+        fn refuse(&self, _: &Hello, _: u32) -> Option<(u32, String)> {
+            None
+        }
+        fn entry_flags(&self, _: &Hello) -> u32 {
+            SUBF_LOSSLESS
+        }
+        fn lossless_start(&self) -> u64 {
+            0
+        }
+        fn welcome(&self, _: &Assigned, _: &Hello) -> (Welcome, BorrowedFd<'_>, Option<BorrowedFd<'_>>) {
+            unreachable!("the gate sends no Welcome")
+        }
+    }
+
+    fn fake(lease: Duration) -> Fake {
+        let cfg = ServeConfig {
+            lossless_lease: lease,
+            ..ServeConfig::default()
+        };
+        Fake {
+            // SAFETY: `ProducerLine` is `repr(C)` of atomic integers only,
+            // for which all-zero bytes are a valid value.
+            producer: unsafe { std::mem::zeroed() },
+            table: Table::create("vramring-test-gate", 8, 1).expect("table"),
+            state: ServiceState::new(&cfg).expect("service state"),
+            cfg,
+        }
+    }
+
+    /// Readers (uid, cursor) joined to `f`'s table.
+    fn join(f: &Fake, readers: &[(u32, u64)]) -> Vec<Assigned> {
+        readers
+            .iter()
+            .map(|&(uid, at)| {
+                f.table
+                    .assign(SUBF_LOSSLESS, "r", &|| at, uid)
+                    .expect("client region")
+                    .expect("free entry")
+            })
+            .collect()
+    }
+
+    fn state(f: &Fake, a: &Assigned) -> u32 {
+        // Relaxed: the test's own thread wrote it.
+        f.table
+            .entry(a.index as usize)
+            .expect("entry")
+            .state
+            .load(Ordering::Relaxed)
+    }
+
+    /// Several readers holding the frame the producer waits for are all
+    /// evicted at its one deadline; a reader past it is not. The deadline
+    /// counts once and each uid gets one strike, however many of its readers
+    /// went.
+    #[test]
+    fn every_holder_of_the_key_is_evicted_at_one_deadline() {
+        let lease = Duration::from_secs(3600);
+        let f = fake(lease);
+        let readers = join(&f, &[(7, 3), (7, 4), (8, 2), (9, 6)]);
+        let (newest, held) = (10, 5);
+        // The producer has waited on `held` for a whole lease already
+        // (earlier timed-out loans): this wait finds the deadline passed.
+        let Some(began) = Instant::now().checked_sub(lease) else {
+            return; // a clock younger than an hour: nothing to inject
+        };
+        let mut gate = LosslessGate {
+            blocked: Some((held, began)),
+        };
+        // No time to wait: every holder must go at the one deadline, or
+        // the wait times out on the next.
+        gate.wait(&f, Duration::ZERO, || {
+            f.table.holder(newest, |r| r < held).map(|blocker| Holder {
+                blocker,
+                key: held,
+                held_seq: held,
+            })
+        })
+        .expect("the wait ends once the holders are evicted");
+        let states: Vec<u32> = readers.iter().map(|a| state(&f, a)).collect();
+        assert_eq!(states, [SUB_EVICTED, SUB_EVICTED, SUB_EVICTED, SUB_ACTIVE]);
+        // Relaxed: counters, this thread's.
+        assert_eq!(f.producer.evictions.load(Ordering::Relaxed), 3);
+        assert_eq!(f.state.lease_deadlines.load(Ordering::Relaxed), 1);
+        let strikes = f.state.strikes.lock().expect("strikes");
+        let now = Instant::now();
+        assert_eq!(
+            strikes.refused(7, now).map(|r| r.strikes),
+            Some(1),
+            "one strike for two readers"
+        );
+        assert_eq!(strikes.refused(8, now).map(|r| r.strikes), Some(1));
+        assert_eq!(
+            strikes.refused(9, now),
+            None,
+            "a reader that held nothing is not struck"
+        );
+        drop(strikes);
+        let requests = f.state.evict_requests.lock().expect("requests");
+        assert_eq!(requests.len(), 3, "the service is asked to tell each one");
+    }
+
+    /// A wait that times out before the lease evicts nobody and keeps the
+    /// key's lease running: the next call on the same key does not start
+    /// it again.
+    #[test]
+    fn a_timed_out_wait_keeps_the_lease_of_its_key() {
+        let f = fake(Duration::from_secs(3600));
+        let readers = join(&f, &[(7, 1), (8, 1)]);
+        let mut gate = LosslessGate::default();
+        let holder = || {
+            f.table.holder(10, |r| r < 5).map(|blocker| Holder {
+                blocker,
+                key: 5,
+                held_seq: 5,
+            })
+        };
+        for _ in 0..2 {
+            let e = gate.wait(&f, Duration::ZERO, holder).expect_err("blocked");
+            assert!(matches!(e, Error::LosslessBlocked { held_seq: 5, .. }), "{e}");
+        }
+        let since = gate.blocked.expect("still waiting on the key");
+        assert_eq!(since.0, 5);
+        let again = gate.wait(&f, Duration::ZERO, holder);
+        assert!(again.is_err());
+        assert_eq!(gate.blocked, Some(since), "the lease started at the first wait");
+        assert!(readers.iter().all(|a| state(&f, a) == SUB_ACTIVE));
+        // Relaxed: this thread's counter.
+        assert_eq!(f.producer.evictions.load(Ordering::Relaxed), 0);
     }
 }

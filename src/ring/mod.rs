@@ -100,6 +100,78 @@ impl Default for AttachRate {
     }
 }
 
+/// The default first back-off after a lossless lease eviction
+/// ([`LosslessBackoff::base`]).
+pub const DEFAULT_LOSSLESS_BACKOFF: Duration = Duration::from_secs(10);
+/// The default longest back-off ([`LosslessBackoff::cap`]).
+pub const DEFAULT_LOSSLESS_BACKOFF_CAP: Duration = Duration::from_secs(300);
+/// The default quiet spell after which a uid's strikes are forgotten
+/// ([`LosslessBackoff::quiet`]).
+pub const DEFAULT_LOSSLESS_BACKOFF_QUIET: Duration = Duration::from_secs(600);
+
+/// How long a uid is refused lossless after one of its lossless readers
+/// kept the producer waiting past the lease and was evicted
+/// (`EVICT_LEASE`): `base` after the first such eviction (its first
+/// strike), doubled for each strike after that, at most `cap`; the strikes
+/// are forgotten once the uid has gone `quiet` past the end of its last
+/// back-off. Readers evicted together (at one deadline) count as one
+/// strike. A refused Hello gets `REJECT_LOSSLESS_BACKOFF` with the time
+/// left in its reason; the uid may still connect without lossless. The
+/// bound keeps a peer that reconnects after every eviction from holding the
+/// producer one lease in every few (ADR 0024). The default is 10 s, doubled
+/// up to 5 min, forgotten after 10 min quiet; at most 64 uids are
+/// remembered at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LosslessBackoff {
+    /// The back-off after the first strike (more than zero).
+    pub base: Duration,
+    /// The longest back-off (at least `base`).
+    pub cap: Duration,
+    /// How long after its back-off ended a uid's strikes are forgotten.
+    pub quiet: Duration,
+}
+
+impl LosslessBackoff {
+    /// The default: 10 s, doubled per strike up to 5 min, strikes forgotten
+    /// after 10 min quiet.
+    pub const DEFAULT: LosslessBackoff = LosslessBackoff {
+        base: DEFAULT_LOSSLESS_BACKOFF,
+        cap: DEFAULT_LOSSLESS_BACKOFF_CAP,
+        quiet: DEFAULT_LOSSLESS_BACKOFF_QUIET,
+    };
+}
+
+impl Default for LosslessBackoff {
+    fn default() -> Self {
+        LosslessBackoff::DEFAULT
+    }
+}
+
+/// Which peers, by uid (`SO_PEERCRED`), are granted something: pull
+/// delivery ([`crate::RingConfig::pull`]) or lossless delivery
+/// ([`ServeConfig::lossless`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum UidAccess {
+    /// Every peer.
+    #[default]
+    Anyone,
+    /// Only peers with these uids.
+    Uids(Vec<u32>),
+    /// No peer.
+    Nobody,
+}
+
+impl UidAccess {
+    /// Whether a peer with `uid` is granted it.
+    pub fn allows(&self, uid: u32) -> bool {
+        match self {
+            UidAccess::Anyone => true,
+            UidAccess::Uids(list) => list.contains(&uid),
+            UidAccess::Nobody => false,
+        }
+    }
+}
+
 /// How a publisher of either ring kind serves subscribers: the settings the
 /// frame ring's [`crate::RingConfig`] and the packet ring's
 /// [`crate::packet::PacketPublisherConfig`] share. Their builders come from
@@ -119,9 +191,19 @@ pub struct ServeConfig {
     pub socket_mode: u32,
     /// uid/gid allow-list checked with `SO_PEERCRED`.
     pub access: AccessPolicy,
-    /// A lossless subscriber that keeps the producer waiting this long is
-    /// evicted.
+    /// How long the producer waits for lossless subscribers on one frame
+    /// or packet, measured from when it began to wait for it (across
+    /// timed-out loans or writes): at the end of it, every lossless
+    /// subscriber still holding that frame or packet is evicted, all at
+    /// once (default 1 s).
     pub lossless_lease: Duration,
+    /// Who may ask for lossless delivery (default anyone); the others are
+    /// refused with `REJECT_POLICY` and may connect without it.
+    pub lossless: UidAccess,
+    /// How long a uid whose lossless reader was evicted for the lease is
+    /// refused lossless (`None`: never refused; default
+    /// [`LosslessBackoff::DEFAULT`]).
+    pub lossless_backoff: Option<LosslessBackoff>,
     /// How long a connecting subscriber has to send its Hello.
     pub handshake_timeout: Duration,
     /// The bound on push attaches served (`None`: every Attach is served
@@ -138,6 +220,8 @@ impl Default for ServeConfig {
             socket_mode: 0o660,
             access: AccessPolicy::default(),
             lossless_lease: Duration::from_secs(1),
+            lossless: UidAccess::Anyone,
+            lossless_backoff: Some(LosslessBackoff::DEFAULT),
             handshake_timeout: Duration::from_secs(2),
             attach_rate: Some(AttachRate::default()),
         }
@@ -164,6 +248,14 @@ impl ServeConfig {
                 return Err(Error::Config(format!(
                     "attach rate {} a second with a burst of {}: both must be at least 1 (no bound at all is `unbounded_attaches`)",
                     r.per_second, r.burst
+                )));
+            }
+        }
+        if let Some(b) = self.lossless_backoff {
+            if b.base.is_zero() || b.cap < b.base {
+                return Err(Error::Config(format!(
+                    "lossless back-off of {:?} up to {:?}: the base must be more than zero and the cap at least the base (no back-off at all is `no_lossless_backoff`)",
+                    b.base, b.cap
                 )));
             }
         }
@@ -207,6 +299,24 @@ pub trait ServeOptions: Sized {
         self.serve_mut().lossless_lease = d;
         self
     }
+    /// Sets who may ask for lossless delivery.
+    fn lossless_access(mut self, a: UidAccess) -> Self {
+        self.serve_mut().lossless = a;
+        self
+    }
+    /// Sets how long a uid whose lossless reader was evicted for the lease
+    /// is refused lossless (see [`LosslessBackoff`]).
+    fn lossless_backoff(mut self, b: LosslessBackoff) -> Self {
+        self.serve_mut().lossless_backoff = Some(b);
+        self
+    }
+    /// Never refuses lossless after a lease eviction: a peer may then
+    /// reconnect and stall the producer again at once. Only for trusted
+    /// subscribers.
+    fn no_lossless_backoff(mut self) -> Self {
+        self.serve_mut().lossless_backoff = None;
+        self
+    }
     /// Sets how long a connecting subscriber has to send its Hello.
     fn handshake_timeout(mut self, d: Duration) -> Self {
         self.serve_mut().handshake_timeout = d;
@@ -239,6 +349,13 @@ pub struct PublisherStats {
     pub disconnects: u64,
     /// Subscribers evicted so far (lossless lease, protocol violations).
     pub evictions: u64,
+    /// Lease deadlines that evicted lossless subscribers: one for each
+    /// frame or packet the producer waited a whole lease for, however many
+    /// subscribers it evicted then.
+    pub lease_deadlines: u64,
+    /// Lossless Hellos refused because the peer's uid was backing off
+    /// after a lease eviction ([`ServeConfig::lossless_backoff`]).
+    pub lossless_backoffs: u64,
     /// Loans or writes that had to wait for a lossless subscriber.
     pub lossless_waits: u64,
     /// Connections refused or closed before a Welcome (bad Hello, not

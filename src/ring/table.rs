@@ -82,6 +82,8 @@ pub(crate) struct Blocker {
     pub(crate) generation: u32,
     /// Its clamped lossless cursor.
     pub(crate) released: u64,
+    /// The peer's uid (`SO_PEERCRED`), for the lossless back-off.
+    pub(crate) uid: u32,
 }
 
 /// The subscriber table and the publisher's private side of each entry.
@@ -380,8 +382,8 @@ impl Table {
         }
     }
 
-    /// Producer: the first active lossless subscriber whose clamped cursor
-    /// `blocks` the write, reading every cursor as hostile: a value is
+    /// Producer: the first active lossless subscriber (lowest index) whose
+    /// clamped cursor `blocks` the write, reading every cursor as hostile: a value is
     /// capped at `newest` (nothing beyond what was published can be
     /// released) and never moves the publisher's view back.
     pub(crate) fn holder(&self, newest: u64, blocks: impl Fn(u64) -> bool) -> Option<Blocker> {
@@ -409,6 +411,7 @@ impl Table {
                     index: k,
                     generation: c.generation,
                     released: c.released,
+                    uid: c.uid,
                 });
             }
         }

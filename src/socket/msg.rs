@@ -71,6 +71,10 @@ pub const REJECT_KIND: u32 = 9;
 /// Reject code: pull delivery (the pool's descriptor) is not granted to
 /// this peer; ask for push delivery.
 pub const REJECT_PULL_DENIED: u32 = 10;
+/// Reject code: lossless asked by a uid whose lossless reader was evicted
+/// for the lease not long ago; it may connect without lossless, or ask
+/// again once the back-off in the reason has passed.
+pub const REJECT_LOSSLESS_BACKOFF: u32 = 11;
 /// Evict code: the subscriber's push buffers could not be attached.
 pub const EVICT_ATTACH: u32 = crate::layout::EVICT_PUSH;
 /// Evict code: the subscriber broke the protocol (an unexpected message,

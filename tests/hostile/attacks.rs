@@ -184,11 +184,44 @@ pub fn run() {
         "message_flood" => message_flood(&socket, dur, &mut rep),
         "slow_lossless" => slow_lossless(&socket, dur, &mut rep),
         "packet_stall" => packet_stall(&socket, dur, &mut rep),
+        "stall_together" => stall_together(&socket, dur, &mut rep),
+        "stall_reconnect" => stall_reconnect(&socket, dur, &mut rep),
         "spec_reader" => super::spec_reader::run(&socket, dur, &mut rep),
         "spec_lossless" => super::spec_reader::lossless(&socket, dur, &mut rep),
         other => panic!("unknown attack {other:?}"),
     }
     rep.save(&result);
+}
+
+/// Connects and says Hello with `flags`: the connection if welcomed, the
+/// Reject's code and reason if refused.
+pub fn try_join(socket: &Path, flags: u32, name: &str) -> Result<Conn, (u32, String)> {
+    let sock = transport::connect(socket).unwrap_or_else(|e| panic!("attacker connect: {e}"));
+    let hello = Msg::Hello(Hello {
+        flags,
+        backends: layout::BACKENDS_HOST,
+        name: name.into(),
+        device_uuid: [0; 16],
+    });
+    transport::send(sock.as_fd(), &hello.encode(), &[]).expect("sending Hello");
+    let m = transport::recv(sock.as_fd(), Duration::from_secs(5))
+        .expect("receiving the answer to Hello")
+        .expect("an answer within 5 s");
+    match Msg::decode(&m.bytes).expect("decoding the answer to Hello") {
+        Msg::Welcome(welcome) => Ok(Conn {
+            sock,
+            fds: Fds::new(
+                m.fds
+                    .into_iter()
+                    .map(vramring::seam::socket::PeerFd::into_owned)
+                    .collect(),
+                welcome.pool_bytes,
+            ),
+            welcome,
+        }),
+        Msg::Reject(n) => Err((n.code, n.reason)),
+        other => panic!("neither Welcome nor Reject: {other:?}"),
+    }
 }
 
 /// Runs `f` every `period` until `dur` passes; returns the rounds.
@@ -694,4 +727,132 @@ fn packet_stall(socket: &Path, dur: Duration, rep: &mut Report) {
     rep.put("read_before_stall", got);
     std::thread::sleep(dur);
     sub.close();
+}
+
+/// How many lossless stallers [`stall_together`] connects.
+pub const STALLERS: usize = 6;
+/// How many connections [`stall_reconnect`] keeps trying to hold.
+pub const RECONNECTING: usize = 3;
+
+/// Lossless connections that all hold the same frame, never releasing it:
+/// each sets its cursor to one seq just ahead of where every one of them
+/// started, so the producer waits for all of them on the frame after it.
+fn hold_one_frame(conns: &[Conn], rep: &mut Report) -> Vec<Option<Map>> {
+    let g = conns[0].control().read64(layout::CTRL_GLOBAL_SEQ).unwrap_or(0);
+    // Every connection started at a seq <= g (they joined before this
+    // read); the producer clamps the claim to what it has published.
+    let target = g + 2;
+    rep.put("held_after", target);
+    let (role, rel) = layout::OWN_RELEASED;
+    conns
+        .iter()
+        .map(|c| {
+            let m = c.map(role, true, rep, "mmap_rw_own_region");
+            if let Some(m) = &m {
+                m.write64(rel, target);
+            }
+            m
+        })
+        .collect()
+}
+
+/// What the publisher said on `c` within `wait`: `Some(code)` of an
+/// Evicted or Reject, `Some(0)` for Bye or EOF, `None` for nothing yet.
+fn notice(c: &Conn, wait: Duration) -> Option<u32> {
+    match transport::recv(c.sock.as_fd(), wait) {
+        Ok(None) => None,
+        Ok(Some(m)) => match Msg::decode(&m.bytes) {
+            Ok(Msg::Evicted(n)) | Ok(Msg::Reject(n)) => Some(n.code),
+            _ => Some(0),
+        },
+        Err(_) => Some(0),
+    }
+}
+
+/// [`STALLERS`] lossless readers that stall on the same frame at once, held
+/// until the publisher closes each (at most `dur`). Records how many were
+/// evicted for the lease.
+fn stall_together(socket: &Path, dur: Duration, rep: &mut Report) {
+    let conns: Vec<Conn> = (0..STALLERS)
+        .map(|k| join(socket, msg::HELLO_LOSSLESS, &format!("staller-{k}")))
+        .collect();
+    let _held = hold_one_frame(&conns, rep);
+    let end = Instant::now() + dur;
+    let (mut lease, mut other) = (0, 0);
+    for c in &conns {
+        match notice(c, end.saturating_duration_since(Instant::now())) {
+            Some(msg::EVICT_LEASE) => lease += 1,
+            _ => other += 1,
+        }
+    }
+    rep.put("evicted_lease", lease);
+    rep.put("ended_otherwise", other);
+}
+
+/// A lossless staller on [`RECONNECTING`] connections that connects again
+/// (lossless) each time one is closed, for `dur` after its first eviction:
+/// records what the publisher answered, then tries once without lossless.
+fn stall_reconnect(socket: &Path, dur: Duration, rep: &mut Report) {
+    let first: Vec<Conn> = (0..RECONNECTING)
+        .map(|k| join(socket, msg::HELLO_LOSSLESS, &format!("reconnecting-{k}")))
+        .collect();
+    let mut held = hold_one_frame(&first, rep);
+    let mut conns: Vec<Option<Conn>> = first.into_iter().map(Some).collect();
+    let (mut evicted_lease, mut ended_otherwise, mut welcomed_again) = (0u64, 0u64, 0u64);
+    let (mut refused_backoff, mut refused_other, mut attempts) = (0u64, 0u64, 0u64);
+    let mut reason = String::new();
+    // The whole attack is bounded: its first eviction within 20 s, then
+    // `dur` of reconnecting.
+    let mut end = Instant::now() + Duration::from_secs(20);
+    let mut evicted_once = false;
+    while Instant::now() < end {
+        for (k, slot) in conns.iter_mut().enumerate() {
+            if let Some(c) = slot {
+                match notice(c, Duration::ZERO) {
+                    None => continue,
+                    Some(msg::EVICT_LEASE) => evicted_lease += 1,
+                    Some(_) => ended_otherwise += 1,
+                }
+                *slot = None;
+                held[k] = None;
+                if !evicted_once {
+                    evicted_once = true;
+                    end = Instant::now() + dur;
+                }
+            }
+            if !evicted_once {
+                continue;
+            }
+            attempts += 1;
+            match try_join(socket, msg::HELLO_LOSSLESS, &format!("reconnecting-{k}")) {
+                // Welcomed again: it never releases anything (its cursor
+                // stays where it started), so it stalls again.
+                Ok(c) => {
+                    welcomed_again += 1;
+                    *slot = Some(c);
+                }
+                Err((msg::REJECT_LOSSLESS_BACKOFF, r)) => {
+                    refused_backoff += 1;
+                    reason = r;
+                }
+                Err((code, r)) => {
+                    refused_other += 1;
+                    reason = format!("code {code}: {r}");
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    rep.put("evicted_lease", evicted_lease);
+    rep.put("ended_otherwise", ended_otherwise);
+    rep.put("welcomed_again", welcomed_again);
+    rep.put("refused_backoff", refused_backoff);
+    rep.put("refused_other", refused_other);
+    rep.put("attempts", attempts);
+    rep.put("reason", reason.replace(' ', "_"));
+    let lossy = match try_join(socket, 0, "reconnecting-lossy") {
+        Ok(_) => "welcomed".to_owned(),
+        Err((code, _)) => format!("refused:{code}"),
+    };
+    rep.put("lossy_join", lossy);
 }

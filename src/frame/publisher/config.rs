@@ -10,7 +10,8 @@ pub enum Policy {
     #[default]
     Overwrite,
     /// Wait for lossless subscribers (bounded by the loan timeout), evicting
-    /// one that holds a frame longer than the lease.
+    /// every one still holding the frame a lease after the producer began
+    /// to wait for it.
     Lossless,
 }
 

@@ -205,6 +205,7 @@ impl Publisher {
         // SYNC: producer-state — Release: the ring is ready before any
         // subscriber can connect (the service starts below).
         header.producer.state.store(PRODUCER_LIVE, Ordering::Release);
+        let state = ServiceState::new(&cfg.serve)?;
         let shared = Arc::new(Shared {
             control,
             control_fd,
@@ -216,7 +217,7 @@ impl Publisher {
             attach_requests: Mutex::new(Vec::new()),
             mapper: pool.mapped_targets().and_then(|m| m.target_mapper()),
             unmaps: Mutex::new(Vec::new()),
-            state: ServiceState::new()?,
+            state,
         });
         let svc_shared = Arc::clone(&shared);
         // The service thread registers with the process-exit registry: a

@@ -1,10 +1,13 @@
 //! The handshake on a new connection: its Hello checked against the protocol
-//! version, the allow-list, the ring kind and the per-uid and table limits,
-//! answered with a Welcome and its descriptors or a Reject.
+//! version, the allow-list, the ring kind, who may read lossless (by uid,
+//! and the uid's back-off after a lease eviction) and the per-uid and table
+//! limits, answered with a Welcome and its descriptors or a Reject.
 
 use std::os::fd::{AsFd, OwnedFd};
 
-use super::Served;
+use std::time::Instant;
+
+use super::{backoff, Served};
 use crate::error::Error;
 use crate::layout::CLIENT_BYTES;
 use crate::socket::msg::{self, Msg, Notice, PROTOCOL_VERSION};
@@ -70,6 +73,26 @@ pub(super) fn handshake<S: Served>(sh: &S, fd: &OwnedFd, bytes: &[u8]) -> Result
     sh.settle(&mut hello, uid);
     if let Some((code, reason)) = sh.refuse(&hello, uid) {
         return Err(reject(fd, code, reason));
+    }
+    if hello.flags & msg::HELLO_LOSSLESS != 0 {
+        if !sh.serve_config().lossless.allows(uid) {
+            return Err(reject(
+                fd,
+                msg::REJECT_POLICY,
+                format!(
+                    "this publisher grants lossless to named uids only, not to uid {uid}; connect without lossless"
+                ),
+            ));
+        }
+        let refused = match sh.state().strikes.lock() {
+            Ok(s) => s.refused(uid, Instant::now()),
+            Err(p) => p.into_inner().refused(uid, Instant::now()),
+        };
+        if let Some(r) = refused {
+            // Relaxed: own counter (this thread).
+            sh.state().lossless_backoffs.fetch_add(1, Ordering::Relaxed);
+            return Err(reject(fd, msg::REJECT_LOSSLESS_BACKOFF, backoff::reason(uid, r)));
+        }
     }
     let table = sh.table();
     if let Some(most) = sh.serve_config().max_per_uid {

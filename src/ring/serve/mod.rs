@@ -38,6 +38,7 @@ use crate::socket::PeerFd;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 mod attach_budget;
+pub(crate) mod backoff;
 mod handshake;
 mod service;
 
@@ -125,11 +126,19 @@ pub(crate) struct ServiceState {
     /// the end or not).
     pub(crate) attaches: AtomicU64,
     pub(crate) attaches_deferred: AtomicU64,
+    /// Lease deadlines that evicted (the producer counts them).
+    pub(crate) lease_deadlines: AtomicU64,
+    /// Lossless Hellos refused for a uid's back-off (the service counts).
+    pub(crate) lossless_backoffs: AtomicU64,
+    /// Lease evictions per uid: the producer adds strikes, the service
+    /// refuses lossless Hellos from a uid backing off.
+    pub(crate) strikes: Mutex<backoff::Strikes>,
 }
 
 impl ServiceState {
-    /// Empty queues, a new eventfd.
-    pub(crate) fn new() -> crate::error::Result<ServiceState> {
+    /// Empty queues, a new eventfd, no strikes; lossless back-off as
+    /// `cfg` says.
+    pub(crate) fn new(cfg: &ServeConfig) -> crate::error::Result<ServiceState> {
         Ok(ServiceState {
             evict_requests: Mutex::new(Vec::new()),
             waker: Waker::new()?,
@@ -137,6 +146,9 @@ impl ServiceState {
             refused: AtomicU64::new(0),
             attaches: AtomicU64::new(0),
             attaches_deferred: AtomicU64::new(0),
+            lease_deadlines: AtomicU64::new(0),
+            lossless_backoffs: AtomicU64::new(0),
+            strikes: Mutex::new(backoff::Strikes::new(cfg.lossless_backoff)),
         })
     }
 
@@ -169,6 +181,8 @@ pub(crate) fn stats<S: Served>(sh: &S, published: u64) -> PublisherStats {
         refused: sh.state().refused.load(r),
         attaches: sh.state().attaches.load(r),
         attaches_deferred: sh.state().attaches_deferred.load(r),
+        lease_deadlines: sh.state().lease_deadlines.load(r),
+        lossless_backoffs: sh.state().lossless_backoffs.load(r),
     }
 }
 
