@@ -1,0 +1,1 @@
+pub fn register(_p: &gst::Plugin) -> Result<(), gst::glib::BoolError> { Ok(()) }
