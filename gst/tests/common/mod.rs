@@ -171,3 +171,32 @@ pub fn plugin_dir() -> tempfile::TempDir {
     std::fs::copy(lib, dir.path().join("libgstvramring.so")).expect("the plugin copies");
     dir
 }
+
+/// Pulls samples from the appsink named `sink` until end of stream, each
+/// within [`WAIT`].
+pub fn pull_all(p: &gst::Pipeline) -> Vec<gst::Sample> {
+    let sink = appsink(p);
+    let mut out = Vec::new();
+    loop {
+        match sink.try_pull_sample(gst::ClockTime::from_seconds(WAIT.as_secs())) {
+            Some(s) => out.push(s),
+            None if sink.is_eos() => return out,
+            None => {
+                assert_no_error(p);
+                panic!("no sample nor end of stream within {WAIT:?} after {} samples", out.len());
+            }
+        }
+    }
+}
+
+/// A sample's bytes and whether it is a keyframe (no DELTA_UNIT flag).
+pub fn access_unit(sample: &gst::Sample) -> (Vec<u8>, bool) {
+    let buffer = sample.buffer().expect("a buffer");
+    let map = buffer.map_readable().expect("readable");
+    (map.to_vec(), !buffer.flags().contains(gst::BufferFlags::DELTA_UNIT))
+}
+
+/// The clip the library's tests ship: 300 H.264 access units, an IDR every 30.
+pub fn clip() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/clip.h264")
+}
