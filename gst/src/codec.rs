@@ -110,13 +110,16 @@ mod tests {
     #[test]
     fn h264_parameter_sets_are_sps_and_pps() {
         let au = [
-            &[0, 0, 0, 1, 0x09, 0xf0][..],      // AUD
-            &[0, 0, 0, 1, 0x67, 1, 2, 3][..],   // SPS
-            &[0, 0, 1, 0x68, 4, 5][..],         // PPS
-            &[0, 0, 1, 0x65, 0x88, 0x84][..],   // IDR slice
+            &[0, 0, 0, 1, 0x09, 0xf0][..],    // AUD
+            &[0, 0, 0, 1, 0x67, 1, 2, 3][..], // SPS
+            &[0, 0, 1, 0x68, 4, 5][..],       // PPS
+            &[0, 0, 1, 0x65, 0x88, 0x84][..], // IDR slice
         ]
         .concat();
-        assert_eq!(Codec::H264.parameter_sets(&au), [&[0, 0, 0, 1, 0x67, 1, 2, 3][..], &[0, 0, 1, 0x68, 4, 5][..]].concat());
+        assert_eq!(
+            Codec::H264.parameter_sets(&au),
+            [&[0, 0, 0, 1, 0x67, 1, 2, 3][..], &[0, 0, 1, 0x68, 4, 5][..]].concat()
+        );
         assert!(Codec::H264.parameter_sets(&[0, 0, 1, 0x41, 9]).is_empty());
     }
 

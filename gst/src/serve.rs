@@ -184,7 +184,6 @@ impl ServeSettings {
             _ => glib::Value::from_type(glib::Type::INVALID),
         }
     }
-
 }
 
 /// A publisher's counters as the sinks' `stats` property shows them.

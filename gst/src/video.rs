@@ -213,7 +213,11 @@ mod tests {
         };
         assert!(copy_plane(&src, &mut dst, &p).is_err());
         assert_eq!(dst, vec![0u8; 20]);
-        let wide = PlaneCopy { row_bytes: 9, rows: 1, ..p };
+        let wide = PlaneCopy {
+            row_bytes: 9,
+            rows: 1,
+            ..p
+        };
         assert!(copy_plane(&src, &mut dst, &wide).is_err());
     }
 
@@ -221,7 +225,9 @@ mod tests {
     fn nv12_plans_two_planes_with_the_rings_pitch() {
         gst::init().unwrap();
         let g = Geometry::new(Format::Nv12, 322, 242).unwrap();
-        let info = gst_video::VideoInfo::builder(VideoFormat::Nv12, 322, 242).build().unwrap();
+        let info = gst_video::VideoInfo::builder(VideoFormat::Nv12, 322, 242)
+            .build()
+            .unwrap();
         let plan = plan(&info_planes(&info), &g, true).unwrap();
         assert_eq!(plan.len(), 2);
         assert_eq!(plan[0].rows, 242);
@@ -237,7 +243,9 @@ mod tests {
     fn odd_widths_copy_the_whole_chroma_pair() {
         gst::init().unwrap();
         let g = Geometry::new(Format::Nv12, 321, 241).unwrap();
-        let info = gst_video::VideoInfo::builder(VideoFormat::Nv12, 321, 241).build().unwrap();
+        let info = gst_video::VideoInfo::builder(VideoFormat::Nv12, 321, 241)
+            .build()
+            .unwrap();
         let plan = plan(&info_planes(&info), &g, false).unwrap();
         assert_eq!(plan[1].row_bytes, 322, "interleaved UV of 161 pairs");
         assert_eq!(plan[1].rows, 121);

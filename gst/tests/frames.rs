@@ -8,11 +8,15 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use gst::prelude::*;
-use vramring::{BackendChoice, ClientOptions, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions};
+use vramring::{
+    BackendChoice, ClientOptions, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions,
+};
 
 /// What `videotestsrc` makes for `caps` (`n` frames), straight into an appsink.
 fn reference(caps: &str, n: usize) -> Vec<Vec<Vec<u8>>> {
-    let p = play(&format!("videotestsrc num-buffers={n} pattern=smpte ! {caps} ! appsink name=sink sync=false"));
+    let p = play(&format!(
+        "videotestsrc num-buffers={n} pattern=smpte ! {caps} ! appsink name=sink sync=false"
+    ));
     let frames = pull(&p, n).iter().map(|s| sample_pixels(s).1).collect();
     stop(&p);
     frames
@@ -67,14 +71,25 @@ fn sink_to_src_and_subscriber(format: &str, width: u32, height: u32, n: usize) {
     let got = pull(&src, n);
     for (i, (sample, want)) in got.iter().zip(&expected).enumerate() {
         let (info, planes) = sample_pixels(sample);
-        assert_eq!((info.format(), info.width(), info.height()), (gst_format, width, height));
-        assert_eq!(info.fps(), gst::Fraction::new(30, 1), "the framerate travels in the trailer");
+        assert_eq!(
+            (info.format(), info.width(), info.height()),
+            (gst_format, width, height)
+        );
+        assert_eq!(
+            info.fps(),
+            gst::Fraction::new(30, 1),
+            "the framerate travels in the trailer"
+        );
         assert!(planes == *want, "vramringsrc frame {i} differs from videotestsrc's");
     }
     let from_rust = rust.join().expect("the Rust subscriber");
     for (i, ((pts, planes), want)) in from_rust.iter().zip(&expected).enumerate() {
         assert!(planes == want, "Rust subscriber frame {i} differs from videotestsrc's");
-        assert_eq!(*pts, i as i64 * 1_000_000_000 / 30, "frame {i}'s pts is the buffer's, in ns");
+        assert_eq!(
+            *pts,
+            i as i64 * 1_000_000_000 / 30,
+            "frame {i}'s pts is the buffer's, in ns"
+        );
     }
     wait_eos(&sink);
     stop(&sink);
@@ -138,7 +153,11 @@ fn a_rust_publisher_feeds_vramringsrc_frame_for_frame() {
         assert!(planes == *want, "frame {i} differs from what the publisher wrote");
         let buffer = sample.buffer().expect("a buffer");
         assert_eq!(buffer.offset(), i as u64 + 1, "the offset is the frame's seq");
-        assert_eq!(buffer.pts(), Some(gst::ClockTime::from_nseconds(1000 + i as u64)), "timestamp-mode=pts");
+        assert_eq!(
+            buffer.pts(),
+            Some(gst::ClockTime::from_nseconds(1000 + i as u64)),
+            "timestamp-mode=pts"
+        );
     }
     stop(&src);
 }
@@ -172,8 +191,14 @@ fn vramringsrc_follows_a_publisher_restart_with_new_caps() {
         assert!(planes == *want, "second publisher's frame {i} differs");
     }
     let first_after = got_after[0].buffer().expect("a buffer");
-    assert!(first_after.flags().contains(gst::BufferFlags::DISCONT), "the first frame after the gap is DISCONT");
-    let stats = src.by_name("src").expect("the source").property::<gst::Structure>("stats");
+    assert!(
+        first_after.flags().contains(gst::BufferFlags::DISCONT),
+        "the first frame after the gap is DISCONT"
+    );
+    let stats = src
+        .by_name("src")
+        .expect("the source")
+        .property::<gst::Structure>("stats");
     assert_eq!(stats.get::<u64>("reconnects").ok(), Some(1), "{stats}");
     assert_eq!(stats.get::<u64>("delivered").ok(), Some(10), "{stats}");
     stop(&src);
@@ -195,10 +220,15 @@ fn a_caps_change_recreates_the_ring_and_subscribers_follow() {
     pipeline.set_state(gst::State::Playing).expect("plays");
 
     let push = |w: u32, h: u32, fill: u8, pts: u64| {
-        let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Gray8, w, h).build().expect("info");
+        let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Gray8, w, h)
+            .build()
+            .expect("info");
         appsrc.set_caps(Some(&info.to_caps().expect("caps")));
         let mut buffer = gst::Buffer::from_mut_slice(vec![fill; info.size()]);
-        buffer.get_mut().expect("writable").set_pts(gst::ClockTime::from_nseconds(pts));
+        buffer
+            .get_mut()
+            .expect("writable")
+            .set_pts(gst::ClockTime::from_nseconds(pts));
         appsrc.push_buffer(buffer).expect("pushed");
     };
     // The first caps make the ring; a subscriber joins it.
@@ -219,7 +249,10 @@ fn a_caps_change_recreates_the_ring_and_subscribers_follow() {
         }
     };
     assert_eq!(seen, (24, 7));
-    assert!(sub.stats().reconnects >= 1, "the subscriber reconnected to the new ring");
+    assert!(
+        sub.stats().reconnects >= 1,
+        "the subscriber reconnected to the new ring"
+    );
     assert_no_error(&pipeline);
     stop(&pipeline);
 }

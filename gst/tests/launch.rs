@@ -47,7 +47,8 @@ fn finish(mut child: Child, what: &str, limit: Duration) -> Output {
 /// The `gst-launch-1.0` command lines of the README's GStreamer section
 /// that start with `needle`, as arguments, with `/tmp/cam0.sock` replaced.
 fn readme_pipeline(needle: &str, socket: &Path) -> Vec<String> {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).expect("README.md");
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).expect("README.md");
     let line = readme
         .lines()
         .find(|l| l.contains(needle))
@@ -63,7 +64,11 @@ fn readme_pipeline(needle: &str, socket: &Path) -> Vec<String> {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 #[test]
@@ -74,13 +79,23 @@ fn the_readme_gst_launch_pipelines_run() {
     let publish = readme_pipeline("gst-launch-1.0 videotestsrc", &socket);
     let read = readme_pipeline("gst-launch-1.0 vramringsrc", &socket);
 
-    let sink = tool("gst-launch-1.0", plugins.path(), &registry).args(&publish).spawn().expect("gst-launch-1.0 runs");
-    let src = tool("gst-launch-1.0", plugins.path(), &registry).args(&read).spawn().expect("gst-launch-1.0 runs");
+    let sink = tool("gst-launch-1.0", plugins.path(), &registry)
+        .args(&publish)
+        .spawn()
+        .expect("gst-launch-1.0 runs");
+    let src = tool("gst-launch-1.0", plugins.path(), &registry)
+        .args(&read)
+        .spawn()
+        .expect("gst-launch-1.0 runs");
     let sink = finish(sink, "the publishing gst-launch-1.0", WAIT * 2);
     let src = finish(src, "the reading gst-launch-1.0", WAIT * 2);
     assert!(sink.status.success(), "publishing pipeline failed:\n{}", text(&sink));
     assert!(src.status.success(), "reading pipeline failed:\n{}", text(&src));
-    assert!(text(&src).contains("EOS"), "the reader ends at end of stream:\n{}", text(&src));
+    assert!(
+        text(&src).contains("EOS"),
+        "the reader ends at end of stream:\n{}",
+        text(&src)
+    );
 }
 
 #[test]
@@ -91,7 +106,10 @@ fn gst_inspect_documents_every_element_and_property() {
     let registry = dir.path().join("registry.bin");
     let run = |arg: &str| {
         let out = finish(
-            tool("gst-inspect-1.0", plugins.path(), &registry).arg(arg).spawn().expect("gst-inspect-1.0 runs"),
+            tool("gst-inspect-1.0", plugins.path(), &registry)
+                .arg(arg)
+                .spawn()
+                .expect("gst-inspect-1.0 runs"),
             "gst-inspect-1.0",
             WAIT,
         );
@@ -106,9 +124,17 @@ fn gst_inspect_documents_every_element_and_property() {
     for e in elements {
         let page = run(e);
         let factory = gst::ElementFactory::find(e).expect("registered in this process too");
-        for key in [gst::ELEMENT_METADATA_LONGNAME, gst::ELEMENT_METADATA_KLASS, gst::ELEMENT_METADATA_AUTHOR, gst::ELEMENT_METADATA_DESCRIPTION] {
+        for key in [
+            gst::ELEMENT_METADATA_LONGNAME,
+            gst::ELEMENT_METADATA_KLASS,
+            gst::ELEMENT_METADATA_AUTHOR,
+            gst::ELEMENT_METADATA_DESCRIPTION,
+        ] {
             let value = factory.metadata(key).unwrap_or_else(|| panic!("{e} has no {key}"));
-            assert!(!value.is_empty() && page.contains(value), "{e}'s {key} {value:?} is in gst-inspect-1.0's page");
+            assert!(
+                !value.is_empty() && page.contains(value),
+                "{e}'s {key} {value:?} is in gst-inspect-1.0's page"
+            );
         }
         let element = factory.create().build().expect("the element");
         let own = element.list_properties();
@@ -118,7 +144,11 @@ fn gst_inspect_documents_every_element_and_property() {
             let blurb = p.blurb().unwrap_or_default();
             assert!(!blurb.is_empty(), "{e}.{} has a description", p.name());
             assert!(page.contains(p.name()), "gst-inspect-1.0 {e} lists {}", p.name());
-            assert!(page.contains(&blurb[..blurb.len().min(40)]), "gst-inspect-1.0 {e} describes {}", p.name());
+            assert!(
+                page.contains(&blurb[..blurb.len().min(40)]),
+                "gst-inspect-1.0 {e} describes {}",
+                p.name()
+            );
         }
     }
 }

@@ -8,14 +8,20 @@ use gst::glib;
 use gst::prelude::*;
 use gst::subclass::prelude::*;
 use gst_base::subclass::prelude::*;
-use vramring::packet::{PacketMeta, PacketPublisher, PacketPublisherConfig, PacketRingConfig, PACKET_DISCONTINUITY, PACKET_KEY};
+use vramring::packet::{
+    PacketMeta, PacketPublisher, PacketPublisherConfig, PacketRingConfig, PACKET_DISCONTINUITY, PACKET_KEY,
+};
 use vramring::Error;
 
 use crate::codec::{self, Codec};
 use crate::serve::{self, ServeSettings};
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
-    gst::DebugCategory::new("vramringpacketsink", gst::DebugColorFlags::empty(), Some("vramring packet ring sink"))
+    gst::DebugCategory::new(
+        "vramringpacketsink",
+        gst::DebugColorFlags::empty(),
+        Some("vramring packet ring sink"),
+    )
 });
 
 const DEFAULT_SOCKET: &str = "/tmp/vramring-packets.sock";
@@ -147,7 +153,11 @@ impl ObjectImpl for VramringPacketSink {
         let mut s = lock(&self.settings);
         match pspec.name() {
             "socket-path" => {
-                s.socket_path = value.get::<Option<String>>().ok().flatten().unwrap_or_else(|| DEFAULT_SOCKET.into())
+                s.socket_path = value
+                    .get::<Option<String>>()
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| DEFAULT_SOCKET.into())
             }
             "ring-bytes" => s.ring_bytes = value.get().unwrap_or(DEFAULT_RING_BYTES),
             "records" => s.records = value.get().unwrap_or(DEFAULT_RECORDS),
@@ -196,8 +206,13 @@ impl ElementImpl for VramringPacketSink {
 
     fn pad_templates() -> &'static [gst::PadTemplate] {
         static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
-            vec![gst::PadTemplate::new("sink", gst::PadDirection::Sink, gst::PadPresence::Always, &codec::template_caps())
-                .expect("a static pad template")]
+            vec![gst::PadTemplate::new(
+                "sink",
+                gst::PadDirection::Sink,
+                gst::PadPresence::Always,
+                &codec::template_caps(),
+            )
+            .expect("a static pad template")]
         });
         TEMPLATES.as_ref()
     }
@@ -239,8 +254,11 @@ impl BaseSinkImpl for VramringPacketSink {
     }
 
     fn set_caps(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
-        let s = caps.structure(0).ok_or_else(|| gst::loggable_error!(CAT, "empty caps"))?;
-        let codec = Codec::from_media_type(s.name()).ok_or_else(|| gst::loggable_error!(CAT, "caps {caps} are not H.264 or H.265"))?;
+        let s = caps
+            .structure(0)
+            .ok_or_else(|| gst::loggable_error!(CAT, "empty caps"))?;
+        let codec = Codec::from_media_type(s.name())
+            .ok_or_else(|| gst::loggable_error!(CAT, "caps {caps} are not H.264 or H.265"))?;
         let mut state = lock(&self.state);
         if state.publisher.is_some() && state.codec == Some(codec) {
             return Ok(());
@@ -256,7 +274,13 @@ impl BaseSinkImpl for VramringPacketSink {
         cfg.serve = st.serve.config.clone();
         let publisher = PacketPublisher::create(&st.socket_path, cfg)
             .map_err(|e| gst::loggable_error!(CAT, "cannot serve a packet ring at {}: {e}", st.socket_path))?;
-        gst::info!(CAT, imp = self, "serving {} access units on {}", codec.media_type(), st.socket_path);
+        gst::info!(
+            CAT,
+            imp = self,
+            "serving {} access units on {}",
+            codec.media_type(),
+            st.socket_path
+        );
         *state = State {
             publisher: Some(publisher),
             codec: Some(codec),
@@ -275,7 +299,10 @@ impl BaseSinkImpl for VramringPacketSink {
         let key = !buffer.flags().contains(gst::BufferFlags::DELTA_UNIT);
         let mut state = lock(&self.state);
         let State {
-            publisher, codec, params, ..
+            publisher,
+            codec,
+            params,
+            ..
         } = &mut *state;
         let (Some(publisher), Some(codec)) = (publisher.as_mut(), *codec) else {
             return Err(gst::FlowError::NotNegotiated);

@@ -20,5 +20,10 @@ glib::wrapper! {
 }
 
 pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
-    gst::Element::register(Some(plugin), "vramringpacketsink", gst::Rank::NONE, VramringPacketSink::static_type())
+    gst::Element::register(
+        Some(plugin),
+        "vramringpacketsink",
+        gst::Rank::NONE,
+        VramringPacketSink::static_type(),
+    )
 }

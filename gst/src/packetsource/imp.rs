@@ -17,7 +17,11 @@ use crate::codec::{self, Codec};
 use crate::source::TimestampMode;
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
-    gst::DebugCategory::new("vramringpacketsrc", gst::DebugColorFlags::empty(), Some("vramring packet ring source"))
+    gst::DebugCategory::new(
+        "vramringpacketsrc",
+        gst::DebugColorFlags::empty(),
+        Some("vramring packet ring source"),
+    )
 });
 
 const DEFAULT_SOCKET: &str = "/tmp/vramring-packets.sock";
@@ -158,7 +162,11 @@ impl ObjectImpl for VramringPacketSrc {
         let mut s = lock(&self.settings);
         match pspec.name() {
             "socket-path" => {
-                s.socket_path = value.get::<Option<String>>().ok().flatten().unwrap_or_else(|| DEFAULT_SOCKET.into())
+                s.socket_path = value
+                    .get::<Option<String>>()
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| DEFAULT_SOCKET.into())
             }
             "lossless" => s.lossless = value.get().unwrap_or(false),
             "timeout" => s.timeout_ms = value.get().unwrap_or(DEFAULT_TIMEOUT_MS),
@@ -209,8 +217,13 @@ impl ElementImpl for VramringPacketSrc {
 
     fn pad_templates() -> &'static [gst::PadTemplate] {
         static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
-            vec![gst::PadTemplate::new("src", gst::PadDirection::Src, gst::PadPresence::Always, &codec::template_caps())
-                .expect("a static pad template")]
+            vec![gst::PadTemplate::new(
+                "src",
+                gst::PadDirection::Src,
+                gst::PadPresence::Always,
+                &codec::template_caps(),
+            )
+            .expect("a static pad template")]
         });
         TEMPLATES.as_ref()
     }
@@ -239,16 +252,29 @@ impl VramringPacketSrc {
     /// before.
     fn give_up(&self, state: &State, s: &Settings) -> gst::FlowError {
         if state.connected_once {
-            gst::info!(CAT, imp = self, "no publisher came back to {}: end of stream", s.socket_path);
+            gst::info!(
+                CAT,
+                imp = self,
+                "no publisher came back to {}: end of stream",
+                s.socket_path
+            );
             return gst::FlowError::Eos;
         }
-        gst::element_imp_error!(self, gst::ResourceError::OpenRead, ["no packet publisher at {} within {} ms", s.socket_path, s.timeout_ms]);
+        gst::element_imp_error!(
+            self,
+            gst::ResourceError::OpenRead,
+            ["no packet publisher at {} within {} ms", s.socket_path, s.timeout_ms]
+        );
         gst::FlowError::Error
     }
 
     fn connect(&self, state: &mut State, s: &Settings) -> Result<bool, gst::FlowError> {
         state.waiting_since.get_or_insert_with(Instant::now);
-        let name = if s.client_name.is_empty() { self.obj().name().to_string() } else { s.client_name.clone() };
+        let name = if s.client_name.is_empty() {
+            self.obj().name().to_string()
+        } else {
+            s.client_name.clone()
+        };
         let opts = PacketSubscriberOptions::new()
             .name(name)
             .lossless(s.lossless)
@@ -260,11 +286,21 @@ impl VramringPacketSrc {
                     gst::element_imp_error!(
                         self,
                         gst::StreamError::CodecNotFound,
-                        ["the packet ring at {} carries codec {:#010x}, neither H.264 nor H.265", s.socket_path, code]
+                        [
+                            "the packet ring at {} carries codec {:#010x}, neither H.264 nor H.265",
+                            s.socket_path,
+                            code
+                        ]
                     );
                     return Err(gst::FlowError::NotNegotiated);
                 };
-                gst::info!(CAT, imp = self, "subscribed to {} ({})", s.socket_path, codec.media_type());
+                gst::info!(
+                    CAT,
+                    imp = self,
+                    "subscribed to {} ({})",
+                    s.socket_path,
+                    codec.media_type()
+                );
                 state.sub = Some(sub);
                 state.codec = Some(codec);
                 state.connected_once = true;
@@ -272,7 +308,11 @@ impl VramringPacketSrc {
                 Ok(true)
             }
             Err(e @ Error::Refused { .. }) => {
-                gst::element_imp_error!(self, gst::ResourceError::OpenRead, ["{} refused this subscriber: {}", s.socket_path, e]);
+                gst::element_imp_error!(
+                    self,
+                    gst::ResourceError::OpenRead,
+                    ["{} refused this subscriber: {}", s.socket_path, e]
+                );
                 Err(gst::FlowError::Error)
             }
             Err(e) => {
@@ -293,12 +333,15 @@ impl VramringPacketSrc {
             return Ok(Step::Again);
         }
         let State { sub, buf, .. } = &mut *state;
-        let Some(sub) = sub.as_mut() else { return Ok(Step::Again) };
+        let Some(sub) = sub.as_mut() else {
+            return Ok(Step::Again);
+        };
         match sub.next_copy(buf, SLICE) {
             Ok(packet) => {
                 let codec = state.codec.unwrap_or(Codec::H264);
                 let bytes = state.buf.get(..packet.len).ok_or(gst::FlowError::Error)?;
-                let prepend = packet.is_key() && state.joining && s.insert_params && codec.parameter_sets(bytes).is_empty();
+                let prepend =
+                    packet.is_key() && state.joining && s.insert_params && codec.parameter_sets(bytes).is_empty();
                 let mut data = Vec::with_capacity(bytes.len());
                 if packet.is_key() {
                     state.joining = false;
@@ -321,7 +364,8 @@ impl VramringPacketSrc {
                     let (pts, dts) = match s.timestamp_mode {
                         TimestampMode::Pts => (ns(packet.pts), ns(packet.dts)),
                         TimestampMode::Clock => {
-                            let dts = crate::clock::monotonic_to_running_time(self.obj().upcast_ref(), packet.commit_ns);
+                            let dts =
+                                crate::clock::monotonic_to_running_time(self.obj().upcast_ref(), packet.commit_ns);
                             let pts = match (dts, packet.pts >= 0 && packet.dts >= 0) {
                                 (Some(d), true) => u64::try_from(packet.pts - packet.dts)
                                     .ok()
@@ -367,13 +411,21 @@ impl VramringPacketSrc {
                 Ok(Step::Again)
             }
             Err(Error::ProducerGone { epoch }) => {
-                gst::info!(CAT, imp = self, "packet publisher {epoch:#x} is gone; waiting for the next one");
+                gst::info!(
+                    CAT,
+                    imp = self,
+                    "packet publisher {epoch:#x} is gone; waiting for the next one"
+                );
                 state.drop_subscriber();
                 state.waiting_since = Some(Instant::now());
                 Ok(Step::Again)
             }
             Err(Error::Evicted { reason }) => {
-                gst::warning!(CAT, imp = self, "evicted by the publisher ({reason}); subscribing again");
+                gst::warning!(
+                    CAT,
+                    imp = self,
+                    "evicted by the publisher ({reason}); subscribing again"
+                );
                 state.drop_subscriber();
                 Ok(Step::Again)
             }
@@ -418,7 +470,10 @@ impl BaseSrcImpl for VramringPacketSrc {
     fn negotiate(&self) -> Result<(), gst::LoggableError> {
         let caps = lock(&self.state).codec.map(Codec::caps);
         match caps {
-            Some(caps) => self.obj().set_caps(&caps).map_err(|_| gst::loggable_error!(CAT, "downstream refused {caps}")),
+            Some(caps) => self
+                .obj()
+                .set_caps(&caps)
+                .map_err(|_| gst::loggable_error!(CAT, "downstream refused {caps}")),
             None => Ok(()),
         }
     }

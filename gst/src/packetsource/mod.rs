@@ -20,5 +20,10 @@ glib::wrapper! {
 }
 
 pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
-    gst::Element::register(Some(plugin), "vramringpacketsrc", gst::Rank::NONE, VramringPacketSrc::static_type())
+    gst::Element::register(
+        Some(plugin),
+        "vramringpacketsrc",
+        gst::Rank::NONE,
+        VramringPacketSrc::static_type(),
+    )
 }

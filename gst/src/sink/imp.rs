@@ -20,7 +20,11 @@ use crate::trailer::FrameTrailer;
 use crate::video;
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
-    gst::DebugCategory::new("vramringsink", gst::DebugColorFlags::empty(), Some("vramring frame ring sink"))
+    gst::DebugCategory::new(
+        "vramringsink",
+        gst::DebugColorFlags::empty(),
+        Some("vramring frame ring sink"),
+    )
 });
 
 const DEFAULT_SOCKET: &str = "/tmp/vramring.sock";
@@ -153,7 +157,11 @@ impl ObjectImpl for VramringSink {
         let name = pspec.name();
         match name {
             "socket-path" => {
-                s.socket_path = value.get::<Option<String>>().ok().flatten().unwrap_or_else(|| DEFAULT_SOCKET.into())
+                s.socket_path = value
+                    .get::<Option<String>>()
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| DEFAULT_SOCKET.into())
             }
             "slots" => s.slots = value.get().unwrap_or(DEFAULT_SLOTS),
             "policy" => s.policy = value.get().unwrap_or_default(),
@@ -185,7 +193,13 @@ impl ObjectImpl for VramringSink {
             "policy" => s.policy.to_value(),
             "backend" => s.backend.to_value(),
             "pull-access" => s.pull_access.to_value(),
-            "pull-uids" => s.pull_uids.iter().map(u32::to_string).collect::<Vec<_>>().join(",").to_value(),
+            "pull-uids" => s
+                .pull_uids
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+                .to_value(),
             "allow-write" => s.allow_write.to_value(),
             "wait-subscribers" => s.wait_subscribers.to_value(),
             other => s.serve.get(other),
@@ -210,8 +224,13 @@ impl ElementImpl for VramringSink {
 
     fn pad_templates() -> &'static [gst::PadTemplate] {
         static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
-            vec![gst::PadTemplate::new("sink", gst::PadDirection::Sink, gst::PadPresence::Always, &video::template_caps())
-                .expect("a static pad template")]
+            vec![gst::PadTemplate::new(
+                "sink",
+                gst::PadDirection::Sink,
+                gst::PadPresence::Always,
+                &video::template_caps(),
+            )
+            .expect("a static pad template")]
         });
         TEMPLATES.as_ref()
     }
@@ -321,7 +340,11 @@ impl VramringSink {
             gst::FlowError::Error
         })?;
         let bytes = slot.bytes_mut().map_err(|e| {
-            gst::element_imp_error!(self, gst::ResourceError::Write, ["the slot is not in host memory: {}", e]);
+            gst::element_imp_error!(
+                self,
+                gst::ResourceError::Write,
+                ["the slot is not in host memory: {}", e]
+            );
             gst::FlowError::Error
         })?;
         for (k, p) in plan.iter().enumerate() {
@@ -373,7 +396,8 @@ impl BaseSinkImpl for VramringSink {
                     gst::warning!(CAT, imp = self, "closing the previous ring: {e}");
                 }
             }
-            let publisher = Publisher::create(&path, cfg).map_err(|e| gst::loggable_error!(CAT, "cannot serve a ring at {path}: {e}"))?;
+            let publisher = Publisher::create(&path, cfg)
+                .map_err(|e| gst::loggable_error!(CAT, "cannot serve a ring at {path}: {e}"))?;
             gst::info!(
                 CAT,
                 imp = self,
@@ -397,7 +421,11 @@ impl BaseSinkImpl for VramringSink {
         let mut state = lock(&self.state);
         let info = state.info.clone().ok_or(gst::FlowError::NotNegotiated)?;
         let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), &info).map_err(|_| {
-            gst::element_imp_error!(self, gst::StreamError::Format, ["cannot map the buffer as {}", info.format().to_str()]);
+            gst::element_imp_error!(
+                self,
+                gst::StreamError::Format,
+                ["cannot map the buffer as {}", info.format().to_str()]
+            );
             gst::FlowError::Error
         })?;
         let meta = self.frame_meta(buffer.as_ref(), &info);

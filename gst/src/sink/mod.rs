@@ -29,7 +29,10 @@ pub enum PolicySetting {
     #[enum_value(name = "Overwrite: never wait, slow subscribers lose frames", nick = "overwrite")]
     Overwrite,
     /// Wait for lossless subscribers, evicting one past its lease.
-    #[enum_value(name = "Lossless: wait for lossless subscribers (bounded by their lease)", nick = "lossless")]
+    #[enum_value(
+        name = "Lossless: wait for lossless subscribers (bounded by their lease)",
+        nick = "lossless"
+    )]
     Lossless,
 }
 
@@ -42,11 +45,17 @@ pub enum BackendSetting {
     #[enum_value(name = "Host shared memory", nick = "host")]
     Host,
     /// CUDA device memory: needs memory:CUDAMemory input, not implemented.
-    #[enum_value(name = "CUDA device memory (needs memory:CUDAMemory input: not implemented in this build)", nick = "cuda")]
+    #[enum_value(
+        name = "CUDA device memory (needs memory:CUDAMemory input: not implemented in this build)",
+        nick = "cuda"
+    )]
     Cuda,
     /// The backend that fits the input: host memory for system memory.
     #[default]
-    #[enum_value(name = "Auto: the backend that fits the input memory (host for system memory)", nick = "auto")]
+    #[enum_value(
+        name = "Auto: the backend that fits the input memory (host for system memory)",
+        nick = "auto"
+    )]
     Auto,
 }
 
@@ -72,5 +81,10 @@ glib::wrapper! {
 }
 
 pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
-    gst::Element::register(Some(plugin), "vramringsink", gst::Rank::NONE, VramringSink::static_type())
+    gst::Element::register(
+        Some(plugin),
+        "vramringsink",
+        gst::Rank::NONE,
+        VramringSink::static_type(),
+    )
 }

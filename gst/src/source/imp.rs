@@ -19,7 +19,11 @@ use crate::trailer::FrameTrailer;
 use crate::video;
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
-    gst::DebugCategory::new("vramringsrc", gst::DebugColorFlags::empty(), Some("vramring frame ring source"))
+    gst::DebugCategory::new(
+        "vramringsrc",
+        gst::DebugColorFlags::empty(),
+        Some("vramring frame ring source"),
+    )
 });
 
 const DEFAULT_SOCKET: &str = "/tmp/vramring.sock";
@@ -177,7 +181,11 @@ impl ObjectImpl for VramringSrc {
         let mut s = lock(&self.settings);
         match pspec.name() {
             "socket-path" => {
-                s.socket_path = value.get::<Option<String>>().ok().flatten().unwrap_or_else(|| DEFAULT_SOCKET.into())
+                s.socket_path = value
+                    .get::<Option<String>>()
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| DEFAULT_SOCKET.into())
             }
             "mode" => s.mode = value.get().unwrap_or_default(),
             "lossless" => s.lossless = value.get().unwrap_or(false),
@@ -233,8 +241,13 @@ impl ElementImpl for VramringSrc {
 
     fn pad_templates() -> &'static [gst::PadTemplate] {
         static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
-            vec![gst::PadTemplate::new("src", gst::PadDirection::Src, gst::PadPresence::Always, &video::template_caps())
-                .expect("a static pad template")]
+            vec![gst::PadTemplate::new(
+                "src",
+                gst::PadDirection::Src,
+                gst::PadPresence::Always,
+                &video::template_caps(),
+            )
+            .expect("a static pad template")]
         });
         TEMPLATES.as_ref()
     }
@@ -257,7 +270,11 @@ enum Step {
 impl VramringSrc {
     /// The subscriber options the settings ask for.
     fn options(&self, s: &Settings, push: bool) -> SubscriberOptions {
-        let name = if s.client_name.is_empty() { self.obj().name().to_string() } else { s.client_name.clone() };
+        let name = if s.client_name.is_empty() {
+            self.obj().name().to_string()
+        } else {
+            s.client_name.clone()
+        };
         let mode = match s.mode {
             ModeSetting::Latest => Mode::Latest,
             ModeSetting::Sequential => Mode::Sequential,
@@ -277,15 +294,24 @@ impl VramringSrc {
         let first = Subscriber::connect(&s.socket_path, self.options(s, push));
         let result = match first {
             Err(e) if s.delivery == DeliverySetting::Auto && e.refusal() == Some(Refusal::PullDenied) => {
-                gst::info!(CAT, imp = self, "the publisher grants push delivery only: subscribing by push");
+                gst::info!(
+                    CAT,
+                    imp = self,
+                    "the publisher grants push delivery only: subscribing by push"
+                );
                 Subscriber::connect(&s.socket_path, self.options(s, true))
             }
             other => other,
         };
         match result {
             Ok(sub) => Ok(Some(sub)),
-            Err(e @ Error::Refused { .. }) if e.refusal() != Some(Refusal::Full) && e.refusal() != Some(Refusal::Shutdown) => {
-                Err(gst::error_msg!(gst::ResourceError::OpenRead, ["{} refused this subscriber: {}", s.socket_path, e]))
+            Err(e @ Error::Refused { .. })
+                if e.refusal() != Some(Refusal::Full) && e.refusal() != Some(Refusal::Shutdown) =>
+            {
+                Err(gst::error_msg!(
+                    gst::ResourceError::OpenRead,
+                    ["{} refused this subscriber: {}", s.socket_path, e]
+                ))
             }
             Err(e) => {
                 gst::debug!(CAT, imp = self, "no publisher at {} yet: {e}", s.socket_path);
@@ -309,14 +335,25 @@ impl VramringSrc {
             state.waiting_since.get_or_insert_with(Instant::now);
             match self.connect(s) {
                 Ok(Some(sub)) => {
-                    gst::info!(CAT, imp = self, "subscribed to {} ({} backend)", s.socket_path, sub.backend().name());
+                    gst::info!(
+                        CAT,
+                        imp = self,
+                        "subscribed to {} ({} backend)",
+                        s.socket_path,
+                        sub.backend().name()
+                    );
                     state.sub = Some(sub);
                     state.connected_once = true;
                 }
                 Ok(None) => {
                     if Self::waited_too_long(&state, s) {
                         if state.connected_once {
-                            gst::info!(CAT, imp = self, "no publisher came back to {}: end of stream", s.socket_path);
+                            gst::info!(
+                                CAT,
+                                imp = self,
+                                "no publisher came back to {}: end of stream",
+                                s.socket_path
+                            );
                             return Err(gst::FlowError::Eos);
                         }
                         gst::element_imp_error!(
@@ -337,9 +374,13 @@ impl VramringSrc {
             }
         }
         let State { sub, scratch, .. } = &mut *state;
-        let Some(sub) = sub.as_mut() else { return Ok(Step::Again) };
+        let Some(sub) = sub.as_mut() else {
+            return Ok(Step::Again);
+        };
         let read = match sub.next(SLICE) {
-            Ok(frame) => self.to_buffer(&frame, scratch, s).map(|(buffer, caps)| (buffer, caps, frame.skipped())),
+            Ok(frame) => self
+                .to_buffer(&frame, scratch, s)
+                .map(|(buffer, caps)| (buffer, caps, frame.skipped())),
             Err(e) => Err(e),
         };
         match read {
@@ -364,19 +405,33 @@ impl VramringSrc {
             }
             Err(Error::Timeout(..)) => {
                 if Self::waited_too_long(&state, s) {
-                    gst::info!(CAT, imp = self, "no publisher came back to {}: end of stream", s.socket_path);
+                    gst::info!(
+                        CAT,
+                        imp = self,
+                        "no publisher came back to {}: end of stream",
+                        s.socket_path
+                    );
                     return Err(gst::FlowError::Eos);
                 }
                 Ok(Step::Again)
             }
             Err(Error::ProducerGone { epoch }) => {
-                gst::info!(CAT, imp = self, "publisher {epoch:#x} is gone; waiting for the next one at {}", s.socket_path);
+                gst::info!(
+                    CAT,
+                    imp = self,
+                    "publisher {epoch:#x} is gone; waiting for the next one at {}",
+                    s.socket_path
+                );
                 state.waiting_since.get_or_insert_with(Instant::now);
                 state.discont = true;
                 Ok(Step::Again)
             }
             Err(Error::Evicted { reason }) => {
-                gst::warning!(CAT, imp = self, "evicted by the publisher ({reason}); subscribing again");
+                gst::warning!(
+                    CAT,
+                    imp = self,
+                    "evicted by the publisher ({reason}); subscribing again"
+                );
                 let old = state.stats();
                 state.earlier = SubscriberStats { last_seq: 0, ..old };
                 state.sub = None;
@@ -414,11 +469,18 @@ impl VramringSrc {
         };
         let mut buffer = gst::Buffer::with_size(info.size()).map_err(|_| bad("cannot allocate a buffer".into()))?;
         {
-            let bref = buffer.get_mut().ok_or_else(|| bad("a fresh buffer is not writable".into()))?;
+            let bref = buffer
+                .get_mut()
+                .ok_or_else(|| bad("a fresh buffer is not writable".into()))?;
             let mut vf = gst_video::VideoFrameRef::from_buffer_ref_writable(bref, &info)
                 .map_err(|_| bad("cannot map the buffer".into()))?;
             let planes: Vec<(usize, usize)> = (0..vf.n_planes())
-                .map(|k| (vf.plane_stride()[k as usize].max(0) as usize, vf.plane_data(k).map_or(0, <[u8]>::len)))
+                .map(|k| {
+                    (
+                        vf.plane_stride()[k as usize].max(0) as usize,
+                        vf.plane_data(k).map_or(0, <[u8]>::len),
+                    )
+                })
                 .collect();
             let plan = video::plan(&planes, &geometry, false).map_err(|e| bad(e.0))?;
             for (k, p) in plan.iter().enumerate() {
@@ -427,10 +489,14 @@ impl VramringSrc {
             }
         }
         {
-            let b = buffer.get_mut().ok_or_else(|| bad("a fresh buffer is not writable".into()))?;
+            let b = buffer
+                .get_mut()
+                .ok_or_else(|| bad("a fresh buffer is not writable".into()))?;
             let pts = match s.timestamp_mode {
                 TimestampMode::Clock => {
-                    let mono = trailer.and_then(|t| t.presentation).unwrap_or_else(|| frame.commit_ns());
+                    let mono = trailer
+                        .and_then(|t| t.presentation)
+                        .unwrap_or_else(|| frame.commit_ns());
                     crate::clock::monotonic_to_running_time(self.obj().upcast_ref(), mono)
                 }
                 TimestampMode::Pts => u64::try_from(frame.pts()).ok().map(gst::ClockTime::from_nseconds),
@@ -487,7 +553,10 @@ impl BaseSrcImpl for VramringSrc {
     fn negotiate(&self) -> Result<(), gst::LoggableError> {
         let caps = lock(&self.state).caps.clone();
         match caps {
-            Some(caps) => self.obj().set_caps(&caps).map_err(|_| gst::loggable_error!(CAT, "downstream refused {caps}")),
+            Some(caps) => self
+                .obj()
+                .set_caps(&caps)
+                .map_err(|_| gst::loggable_error!(CAT, "downstream refused {caps}")),
             None => Ok(()),
         }
     }
@@ -516,9 +585,7 @@ impl PushSrcImpl for VramringSrc {
             };
             if let Some(caps) = out.caps {
                 gst::info!(CAT, imp = self, "caps {caps}");
-                self.obj()
-                    .set_caps(&caps)
-                    .map_err(|_| gst::FlowError::NotNegotiated)?;
+                self.obj().set_caps(&caps).map_err(|_| gst::FlowError::NotNegotiated)?;
             }
             if let Some((processed, dropped, pts)) = out.qos {
                 let msg = gst::message::Qos::builder(true)

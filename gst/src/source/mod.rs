@@ -44,7 +44,10 @@ pub enum DeliverySetting {
     Pull,
     /// The publisher copies each frame into buffers this subscriber owns
     /// (latest mode only).
-    #[enum_value(name = "Push: the publisher copies frames into our buffers (latest mode only)", nick = "push")]
+    #[enum_value(
+        name = "Push: the publisher copies frames into our buffers (latest mode only)",
+        nick = "push"
+    )]
     Push,
 }
 
@@ -57,7 +60,10 @@ pub enum TimestampMode {
     /// time, or the commit time of a frame from another publisher) on this
     /// pipeline's clock, minus its base time.
     #[default]
-    #[enum_value(name = "Clock: the publisher's presentation instant on this pipeline's running time", nick = "clock")]
+    #[enum_value(
+        name = "Clock: the publisher's presentation instant on this pipeline's running time",
+        nick = "clock"
+    )]
     Clock,
     /// The frame's pts as published, read as nanoseconds.
     #[enum_value(name = "Pts: the frame's pts as published, in nanoseconds", nick = "pts")]

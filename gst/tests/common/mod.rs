@@ -55,7 +55,12 @@ pub fn assert_no_error(p: &gst::Pipeline) {
     let bus = p.bus().expect("a bus");
     while let Some(msg) = bus.pop_filtered(&[gst::MessageType::Error]) {
         if let gst::MessageView::Error(e) = msg.view() {
-            panic!("error from {:?}: {} ({:?})", e.src().map(|s| s.path_string()), e.error(), e.debug());
+            panic!(
+                "error from {:?}: {} ({:?})",
+                e.src().map(|s| s.path_string()),
+                e.error(),
+                e.debug()
+            );
         }
     }
 }
@@ -133,7 +138,9 @@ pub fn sample_pixels(sample: &gst::Sample) -> (gst_video::VideoInfo, Vec<Vec<u8>
         .map(|(k, &(row_bytes, n))| {
             let data = frame.plane_data(k as u32).expect("a plane");
             let stride = frame.plane_stride()[k] as usize;
-            (0..n).flat_map(|r| data[r * stride..r * stride + row_bytes].iter().copied()).collect()
+            (0..n)
+                .flat_map(|r| data[r * stride..r * stride + row_bytes].iter().copied())
+                .collect()
         })
         .collect();
     (info, planes)
@@ -162,7 +169,10 @@ pub fn ring_pixels(bytes: &[u8], geometry: &vramring::Geometry, format: gst_vide
 pub fn plugin_dir() -> tempfile::TempDir {
     let exe = std::env::current_exe().expect("the test binary's path");
     let deps = exe.parent().expect("target/<profile>/deps");
-    let candidates = [deps.join("libgstvramring.so"), deps.parent().expect("target/<profile>").join("libgstvramring.so")];
+    let candidates = [
+        deps.join("libgstvramring.so"),
+        deps.parent().expect("target/<profile>").join("libgstvramring.so"),
+    ];
     let lib = candidates
         .iter()
         .find(|p| p.exists())
@@ -183,7 +193,10 @@ pub fn pull_all(p: &gst::Pipeline) -> Vec<gst::Sample> {
             None if sink.is_eos() => return out,
             None => {
                 assert_no_error(p);
-                panic!("no sample nor end of stream within {WAIT:?} after {} samples", out.len());
+                panic!(
+                    "no sample nor end of stream within {WAIT:?} after {} samples",
+                    out.len()
+                );
             }
         }
     }
