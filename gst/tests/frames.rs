@@ -256,3 +256,57 @@ fn a_caps_change_recreates_the_ring_and_subscribers_follow() {
     assert_no_error(&pipeline);
     stop(&pipeline);
 }
+
+#[test]
+fn frames_a_sequential_source_never_received_are_posted_as_qos_and_counted() {
+    init();
+    let (_dir, path) = socket("drops");
+    let cfg = RingConfig::new(Format::Nv12, 64, 48)
+        .slots(2)
+        .backend(BackendChoice::Host);
+    let mut publisher = Publisher::create(&path, cfg).expect("a ring");
+    // The appsink holds one buffer and blocks the source's next push, so
+    // until the test pulls, the source reads at most two frames.
+    let src = play(&format!(
+        "vramringsrc name=src socket-path={} mode=sequential ! appsink name=sink sync=false max-buffers=1",
+        path.display()
+    ));
+    // 2 frames the source may read, then 10 on a 2-slot ring it cannot
+    // keep up with: at least 8 are overwritten before it reads them.
+    publish_pattern(&mut publisher, 12, 0);
+    let got = pull(&src, 2);
+    let mut seqs: Vec<u64> = got.iter().map(|s| s.buffer().expect("a buffer").offset()).collect();
+    let next = pull(&src, 1).pop().expect("a sample");
+    let next = next.buffer().expect("a buffer");
+    seqs.push(next.offset());
+    assert!(
+        seqs[2] > seqs[1] + 1,
+        "the source skipped the overwritten frames: {seqs:?}"
+    );
+    assert!(
+        next.flags().contains(gst::BufferFlags::DISCONT),
+        "the buffer after the gap is DISCONT"
+    );
+
+    // Each QoS message carries the count so far; the last one, posted
+    // before the buffer after the gap left the source, has them all.
+    let bus = src.bus().expect("a bus");
+    let mut last = None;
+    while let Some(msg) = bus.pop_filtered(&[gst::MessageType::Qos]) {
+        let gst::MessageView::Qos(qos) = msg.view() else {
+            unreachable!("filtered on QoS")
+        };
+        match qos.stats().1 {
+            gst::GenericFormattedValue::Buffers(Some(n)) => last = Some(*n),
+            other => panic!("dropped counted in buffers, not {other:?}"),
+        }
+    }
+    let dropped = last.expect("a QoS message for the dropped frames");
+    assert!(dropped >= 8, "QoS reports {dropped} dropped frames");
+    let stats = src
+        .by_name("src")
+        .expect("the source")
+        .property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u64>("dropped").ok(), Some(dropped), "{stats}");
+    stop(&src);
+}
