@@ -100,3 +100,92 @@ fn h264_access_units_round_trip_unit_for_unit() {
     stop(&sink);
     stop(&src);
 }
+
+/// `n` frames of `videotestsrc` encoded as H.265 (an IDR every 10 frames,
+/// parameter sets only before the first), as an Annex-B file in `dir`.
+fn h265_clip(dir: &std::path::Path, n: u32) -> std::path::PathBuf {
+    let path = dir.join("clip.h265");
+    let p = play(&format!(
+        "videotestsrc num-buffers={n} ! video/x-raw,width=320,height=240,framerate=30/1 ! x265enc key-int-max=10 speed-preset=ultrafast ! h265parse ! video/x-h265,stream-format=byte-stream ! filesink location={}",
+        path.display()
+    ));
+    wait_eos(&p);
+    stop(&p);
+    path
+}
+
+const PARSE_H265: &str = "h265parse ! video/x-h265,stream-format=byte-stream,alignment=au";
+
+#[test]
+fn h265_access_units_round_trip_and_a_late_joiner_gets_the_parameter_sets() {
+    init();
+    let (dir, path) = socket("h265");
+    let clip = h265_clip(dir.path(), 40);
+    let reference = play(&format!(
+        "filesrc location={} ! {PARSE_H265} ! appsink name=sink sync=false",
+        clip.display()
+    ));
+    let want: Vec<_> = pull_all(&reference).iter().map(access_unit).collect();
+    stop(&reference);
+    assert_eq!(want.len(), 40, "one access unit per frame");
+    let keys: Vec<usize> = (0..want.len()).filter(|&i| want[i].1).collect();
+    assert!(keys.len() >= 3, "keyframes at {keys:?}");
+
+    let sink = play(&format!(
+        "filesrc location={} ! {PARSE_H265} ! vramringpacketsink socket-path={} wait-subscribers=1 sync=false",
+        clip.display(),
+        path.display()
+    ));
+    let src = play(&format!(
+        "vramringpacketsrc socket-path={} lossless=true timeout=20000 ! appsink name=sink sync=false",
+        path.display()
+    ));
+    let got: Vec<_> = pull(&src, want.len()).iter().map(access_unit).collect();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            g == w,
+            "access unit {i} differs ({} bytes against {})",
+            g.0.len(),
+            w.0.len()
+        );
+    }
+    let caps = appsink(&src)
+        .static_pad("sink")
+        .expect("a sink pad")
+        .current_caps()
+        .expect("caps");
+    assert_eq!(
+        caps.structure(0).map(|s| s.name().to_string()).as_deref(),
+        Some("video/x-h265")
+    );
+    wait_eos(&sink);
+
+    // Everything is written and the ring still holds it: a subscriber that
+    // joins now starts at the last keyframe, which carries no parameter
+    // sets; the source prepends the ring's (VPS, SPS, PPS of the first).
+    let last_key = &want[*keys.last().expect("a keyframe")].0;
+    let late = play(&format!(
+        "vramringpacketsrc socket-path={} ! appsink name=sink sync=false",
+        path.display()
+    ));
+    let first = access_unit(&pull(&late, 1)[0]);
+    assert!(first.1, "the late joiner starts at a keyframe");
+    assert!(first.0.ends_with(last_key), "it is the last keyframe");
+    let params = &first.0[..first.0.len() - last_key.len()];
+    assert!(!params.is_empty(), "the keyframe got the parameter sets");
+    assert!(
+        want[keys[0]].0.starts_with(params) || want[keys[0]].0.windows(params.len()).any(|w| w == params),
+        "they are the first keyframe's"
+    );
+    let nal_types: Vec<u8> = vramring::packet::annexb::nal_units(params)
+        .into_iter()
+        .map(|(s, _)| {
+            let sc = vramring::packet::annexb::start_code_len(&params[s..]).expect("a start code");
+            (params[s + sc] >> 1) & 0x3f
+        })
+        .collect();
+    assert_eq!(nal_types, vec![32, 33, 34], "VPS, SPS and PPS");
+    stop(&late);
+    stop(&sink);
+    stop(&src);
+}
