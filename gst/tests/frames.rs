@@ -310,3 +310,28 @@ fn frames_a_sequential_source_never_received_are_posted_as_qos_and_counted() {
     assert_eq!(stats.get::<u64>("dropped").ok(), Some(dropped), "{stats}");
     stop(&src);
 }
+
+#[test]
+fn a_cuda_ring_for_system_memory_is_refused_with_a_reason() {
+    init();
+    let (_dir, path) = socket("cuda");
+    let p = play(&format!(
+        "videotestsrc num-buffers=1 ! video/x-raw,format=NV12,width=64,height=48 ! vramringsink backend=cuda socket-path={}",
+        path.display()
+    ));
+    let msg = p
+        .bus()
+        .expect("a bus")
+        .timed_pop_filtered(gst::ClockTime::from_seconds(WAIT.as_secs()), &[gst::MessageType::Error])
+        .expect("an error: system memory cannot go to a CUDA ring in this build");
+    let gst::MessageView::Error(e) = msg.view() else {
+        unreachable!("filtered on errors")
+    };
+    assert!(
+        e.debug().unwrap_or_default().contains("memory:CUDAMemory")
+            || e.error().to_string().contains("memory:CUDAMemory"),
+        "{e:?}"
+    );
+    assert!(!path.exists(), "no ring was served");
+    stop(&p);
+}

@@ -272,8 +272,14 @@ impl BaseSinkImpl for VramringPacketSink {
             .allow_lossless(st.allow_lossless)
             .write_timeout(Duration::from_millis(st.write_timeout_ms));
         cfg.serve = st.serve.config.clone();
-        let publisher = PacketPublisher::create(&st.socket_path, cfg)
-            .map_err(|e| gst::loggable_error!(CAT, "cannot serve a packet ring at {}: {e}", st.socket_path))?;
+        let publisher = PacketPublisher::create(&st.socket_path, cfg).map_err(|e| {
+            gst::element_imp_error!(
+                self,
+                gst::ResourceError::OpenWrite,
+                ["cannot serve a packet ring at {}: {}", st.socket_path, e]
+            );
+            gst::loggable_error!(CAT, "cannot serve a packet ring at {}: {e}", st.socket_path)
+        })?;
         gst::info!(
             CAT,
             imp = self,

@@ -238,17 +238,18 @@ impl ElementImpl for VramringSink {
 
 impl VramringSink {
     /// The ring configuration for `info`, from the settings.
-    fn ring_config(&self, info: &gst_video::VideoInfo) -> Result<(String, RingConfig), gst::LoggableError> {
+    fn ring_config(&self, info: &gst_video::VideoInfo) -> Result<(String, RingConfig), String> {
         let s = lock(&self.settings).clone();
         let format = video::ring_format(info.format())
-            .ok_or_else(|| gst::loggable_error!(CAT, "{} has no vramring format", info.format().to_str()))?;
+            .ok_or_else(|| format!("{} has no vramring format", info.format().to_str()))?;
         let backend = match s.backend {
             BackendSetting::Host | BackendSetting::Auto => BackendChoice::Host,
             BackendSetting::Cuda => {
-                return Err(gst::loggable_error!(
-                    CAT,
-                    "backend=cuda needs memory:CUDAMemory input, which this build of vramringsink does not implement; use backend=host or auto for system memory"
-                ))
+                return Err(
+                    "backend=cuda needs memory:CUDAMemory input, which this build of vramringsink does not \
+                            implement; use backend=host or auto for system memory"
+                        .into(),
+                )
             }
         };
         let pull = match s.pull_access {
@@ -383,7 +384,10 @@ impl BaseSinkImpl for VramringSink {
     fn set_caps(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
         let info = gst_video::VideoInfo::from_caps(caps)
             .map_err(|_| gst::loggable_error!(CAT, "caps {caps} are not raw video"))?;
-        let (path, cfg) = self.ring_config(&info)?;
+        let (path, cfg) = self.ring_config(&info).map_err(|e| {
+            gst::element_imp_error!(self, gst::ResourceError::Settings, ["{}", e]);
+            gst::loggable_error!(CAT, "{e}")
+        })?;
         let mut state = lock(&self.state);
         let same = state.publisher.as_ref().is_some_and(|p| {
             let g = p.geometry();
@@ -396,8 +400,14 @@ impl BaseSinkImpl for VramringSink {
                     gst::warning!(CAT, imp = self, "closing the previous ring: {e}");
                 }
             }
-            let publisher = Publisher::create(&path, cfg)
-                .map_err(|e| gst::loggable_error!(CAT, "cannot serve a ring at {path}: {e}"))?;
+            let publisher = Publisher::create(&path, cfg).map_err(|e| {
+                gst::element_imp_error!(
+                    self,
+                    gst::ResourceError::OpenWrite,
+                    ["cannot serve a ring at {}: {}", path, e]
+                );
+                gst::loggable_error!(CAT, "cannot serve a ring at {path}: {e}")
+            })?;
             gst::info!(
                 CAT,
                 imp = self,
