@@ -335,3 +335,43 @@ fn a_cuda_ring_for_system_memory_is_refused_with_a_reason() {
     assert!(!path.exists(), "no ring was served");
     stop(&p);
 }
+
+#[test]
+fn delivery_auto_falls_back_to_push_when_the_publisher_refuses_pull() {
+    init();
+    let (_dir, path) = socket("push");
+    let cfg = RingConfig::new(Format::Nv12, 64, 48)
+        .backend(BackendChoice::Host)
+        .pull(vramring::PullAccess::Nobody);
+    let mut publisher = Publisher::create(&path, cfg).expect("a push-only ring");
+    let src = play(&format!(
+        "vramringsrc name=src socket-path={} delivery=auto ! appsink name=sink sync=false",
+        path.display()
+    ));
+    let written = publish_pattern(&mut publisher, 12, 0);
+    // A latest reader may skip frames; every frame it gets is whole and is
+    // the frame of its seq, and the newest one comes.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        assert!(Instant::now() < deadline, "the newest frame never came");
+        let sample = pull(&src, 1).pop().expect("a sample");
+        let seq = sample.buffer().expect("a buffer").offset();
+        let (_, planes) = sample_pixels(&sample);
+        assert!(
+            planes == written[seq as usize - 1],
+            "frame {seq} differs from what was written"
+        );
+        if seq == 12 {
+            break;
+        }
+    }
+    let stats = src
+        .by_name("src")
+        .expect("the source")
+        .property::<gst::Structure>("stats");
+    assert!(
+        stats.get::<u64>("pushed").expect("a pushed field") >= 1,
+        "frames came by push: {stats}"
+    );
+    stop(&src);
+}
