@@ -1,0 +1,605 @@
+//! `vramringsrc`'s implementation: properties in `Settings`, the
+//! subscriber and what was last negotiated in `State`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use gst::glib;
+use gst::prelude::*;
+use gst::subclass::prelude::*;
+use gst_base::prelude::*;
+use gst_base::subclass::base_src::CreateSuccess;
+use gst_base::subclass::prelude::*;
+use gst_video::prelude::*;
+use vramring::{ClientOptions, Error, Mode, Refusal, Subscriber, SubscriberOptions, SubscriberStats};
+
+use super::{DeliverySetting, ModeSetting, TimestampMode};
+use crate::trailer::FrameTrailer;
+use crate::video;
+
+static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
+    gst::DebugCategory::new(
+        "vramringsrc",
+        gst::DebugColorFlags::empty(),
+        Some("vramring frame ring source"),
+    )
+});
+
+const DEFAULT_SOCKET: &str = "/tmp/vramring.sock";
+const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+/// One wait for a frame or a publisher; between two, the element looks
+/// whether it is being flushed.
+const SLICE: Duration = Duration::from_millis(50);
+
+#[derive(Debug, Clone)]
+struct Settings {
+    socket_path: String,
+    mode: ModeSetting,
+    lossless: bool,
+    delivery: DeliverySetting,
+    timeout_ms: u64,
+    client_name: String,
+    timestamp_mode: TimestampMode,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            socket_path: DEFAULT_SOCKET.into(),
+            mode: ModeSetting::default(),
+            lossless: false,
+            delivery: DeliverySetting::default(),
+            timeout_ms: DEFAULT_TIMEOUT_MS,
+            client_name: String::new(),
+            timestamp_mode: TimestampMode::default(),
+        }
+    }
+}
+
+impl Settings {
+    fn timeout(&self) -> Option<Duration> {
+        (self.timeout_ms > 0).then(|| Duration::from_millis(self.timeout_ms))
+    }
+}
+
+#[derive(Default)]
+struct State {
+    sub: Option<Subscriber>,
+    /// Whether a subscriber was ever connected since start.
+    connected_once: bool,
+    /// The caps last sent downstream.
+    caps: Option<gst::Caps>,
+    /// Since when the source has had no publisher (at start, or since
+    /// ProducerGone).
+    waiting_since: Option<Instant>,
+    /// The next buffer follows a gap.
+    discont: bool,
+    /// Drops already posted as QoS.
+    reported_dropped: u64,
+    /// Counters of the subscribers before the current one (an eviction
+    /// starts a new subscriber; a reconnect keeps the counters).
+    earlier: SubscriberStats,
+    /// Where a frame of a CUDA ring is copied to host memory first.
+    scratch: Vec<u8>,
+}
+
+impl State {
+    fn stats(&self) -> SubscriberStats {
+        let now = self.sub.as_ref().map(Subscriber::stats).unwrap_or_default();
+        let e = self.earlier;
+        SubscriberStats {
+            delivered: e.delivered + now.delivered,
+            dropped: e.dropped + now.dropped,
+            overruns: e.overruns + now.overruns,
+            reconnects: e.reconnects + now.reconnects,
+            pushed: e.pushed + now.pushed,
+            last_seq: now.last_seq,
+            ..now
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct VramringSrc {
+    settings: Mutex<Settings>,
+    state: Mutex<State>,
+    flushing: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[glib::object_subclass]
+impl ObjectSubclass for VramringSrc {
+    const NAME: &'static str = "GstVramringSrc";
+    type Type = super::VramringSrc;
+    type ParentType = gst_base::PushSrc;
+}
+
+impl ObjectImpl for VramringSrc {
+    fn properties() -> &'static [glib::ParamSpec] {
+        static PROPS: LazyLock<Vec<glib::ParamSpec>> = LazyLock::new(|| {
+            vec![
+                glib::ParamSpecString::builder("socket-path")
+                    .nick("Socket path")
+                    .blurb("Unix socket of the publisher to subscribe to")
+                    .default_value(Some(DEFAULT_SOCKET))
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecEnum::builder_with_default("mode", ModeSetting::default())
+                    .nick("Mode")
+                    .blurb("Which frames to read: the newest at each read, or every frame in order")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecBoolean::builder("lossless")
+                    .nick("Lossless")
+                    .blurb("Ask the publisher (policy=lossless) to wait for this subscriber; implies mode=sequential")
+                    .default_value(false)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecEnum::builder_with_default("delivery", DeliverySetting::default())
+                    .nick("Delivery")
+                    .blurb("How frames arrive: pull (copy out of the pool), push (the publisher copies into our buffers; latest mode only), or auto")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt64::builder("timeout")
+                    .nick("Timeout")
+                    .blurb("Milliseconds to wait for a publisher at the socket, at start (then an error) and after it went away (then end of stream); 0: for ever")
+                    .default_value(DEFAULT_TIMEOUT_MS)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecString::builder("client-name")
+                    .nick("Client name")
+                    .blurb("Name this subscriber gives the publisher (shown by `vramring inspect`); empty: the element's name")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecEnum::builder_with_default("timestamp-mode", TimestampMode::default())
+                    .nick("Timestamp mode")
+                    .blurb("clock: the publisher's presentation instant on this pipeline's running time (commit time for frames without a vramringsink trailer); pts: the frame's pts as published, in ns")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
+                    .nick("Statistics")
+                    .blurb("The subscriber's counters: delivered, dropped, overruns, reconnects, pushed, last-seq")
+                    .read_only()
+                    .build(),
+            ]
+        });
+        PROPS.as_ref()
+    }
+
+    fn constructed(&self) {
+        self.parent_constructed();
+        let obj = self.obj();
+        obj.set_live(true);
+        obj.set_format(gst::Format::Time);
+    }
+
+    fn set_property(&self, _id: usize, value: &glib::Value, pspec: &glib::ParamSpec) {
+        let mut s = lock(&self.settings);
+        match pspec.name() {
+            "socket-path" => {
+                s.socket_path = value
+                    .get::<Option<String>>()
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| DEFAULT_SOCKET.into())
+            }
+            "mode" => s.mode = value.get().unwrap_or_default(),
+            "lossless" => s.lossless = value.get().unwrap_or(false),
+            "delivery" => s.delivery = value.get().unwrap_or_default(),
+            "timeout" => s.timeout_ms = value.get().unwrap_or(DEFAULT_TIMEOUT_MS),
+            "client-name" => s.client_name = value.get::<Option<String>>().ok().flatten().unwrap_or_default(),
+            "timestamp-mode" => s.timestamp_mode = value.get().unwrap_or_default(),
+            other => gst::warning!(CAT, imp = self, "no property {other}"),
+        }
+    }
+
+    fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
+        if pspec.name() == "stats" {
+            let st = lock(&self.state).stats();
+            return gst::Structure::builder("vramring-subscriber-stats")
+                .field("delivered", st.delivered)
+                .field("dropped", st.dropped)
+                .field("overruns", st.overruns)
+                .field("reconnects", st.reconnects)
+                .field("pushed", st.pushed)
+                .field("last-seq", st.last_seq)
+                .build()
+                .to_value();
+        }
+        let s = lock(&self.settings);
+        match pspec.name() {
+            "socket-path" => s.socket_path.to_value(),
+            "mode" => s.mode.to_value(),
+            "lossless" => s.lossless.to_value(),
+            "delivery" => s.delivery.to_value(),
+            "timeout" => s.timeout_ms.to_value(),
+            "client-name" => s.client_name.to_value(),
+            "timestamp-mode" => s.timestamp_mode.to_value(),
+            _ => glib::Value::from_type(glib::Type::INVALID),
+        }
+    }
+}
+
+impl GstObjectImpl for VramringSrc {}
+
+impl ElementImpl for VramringSrc {
+    fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
+        static META: LazyLock<gst::subclass::ElementMetadata> = LazyLock::new(|| {
+            gst::subclass::ElementMetadata::new(
+                "vramring frame ring source",
+                "Source/Video",
+                "Subscribes to a vramring frame ring published by another process and outputs its frames as raw video in system memory (live)",
+                "vramring developers",
+            )
+        });
+        Some(&*META)
+    }
+
+    fn pad_templates() -> &'static [gst::PadTemplate] {
+        static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
+            vec![gst::PadTemplate::new(
+                "src",
+                gst::PadDirection::Src,
+                gst::PadPresence::Always,
+                &video::template_caps(),
+            )
+            .expect("a static pad template")]
+        });
+        TEMPLATES.as_ref()
+    }
+}
+
+/// What one read produced, ready to push once the state lock is released.
+struct Output {
+    buffer: gst::Buffer,
+    caps: Option<gst::Caps>,
+    qos: Option<(u64, u64, Option<gst::ClockTime>)>,
+}
+
+enum Step {
+    /// A buffer to push.
+    Frame(Output),
+    /// Nothing yet: look again (after checking for a flush).
+    Again,
+}
+
+impl VramringSrc {
+    /// The subscriber options the settings ask for.
+    fn options(&self, s: &Settings, push: bool) -> SubscriberOptions {
+        let name = if s.client_name.is_empty() {
+            self.obj().name().to_string()
+        } else {
+            s.client_name.clone()
+        };
+        let mode = match s.mode {
+            ModeSetting::Latest => Mode::Latest,
+            ModeSetting::Sequential => Mode::Sequential,
+        };
+        SubscriberOptions::default()
+            .name(name)
+            .mode(mode)
+            .lossless(s.lossless)
+            .push(push)
+            .reconnect(true)
+            .connect_timeout(Duration::from_secs(2))
+    }
+
+    /// One attempt to subscribe. `Ok(None)`: no publisher yet, try again.
+    fn connect(&self, s: &Settings) -> Result<Option<Subscriber>, gst::ErrorMessage> {
+        let push = s.delivery == DeliverySetting::Push;
+        let first = Subscriber::connect(&s.socket_path, self.options(s, push));
+        let result = match first {
+            Err(e) if s.delivery == DeliverySetting::Auto && e.refusal() == Some(Refusal::PullDenied) => {
+                gst::info!(
+                    CAT,
+                    imp = self,
+                    "the publisher grants push delivery only: subscribing by push"
+                );
+                Subscriber::connect(&s.socket_path, self.options(s, true))
+            }
+            other => other,
+        };
+        match result {
+            Ok(sub) => Ok(Some(sub)),
+            Err(e @ Error::Refused { .. })
+                if e.refusal() != Some(Refusal::Full) && e.refusal() != Some(Refusal::Shutdown) =>
+            {
+                Err(gst::error_msg!(
+                    gst::ResourceError::OpenRead,
+                    ["{} refused this subscriber: {}", s.socket_path, e]
+                ))
+            }
+            Err(e) => {
+                gst::debug!(CAT, imp = self, "no publisher at {} yet: {e}", s.socket_path);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Whether the wait for a publisher has run out.
+    fn waited_too_long(state: &State, s: &Settings) -> bool {
+        match (state.waiting_since, s.timeout()) {
+            (Some(since), Some(limit)) => since.elapsed() >= limit,
+            _ => false,
+        }
+    }
+
+    /// One look at the ring: a frame, nothing yet, or the end.
+    fn step(&self, s: &Settings) -> Result<Step, gst::FlowError> {
+        let mut state = lock(&self.state);
+        if state.sub.is_none() {
+            state.waiting_since.get_or_insert_with(Instant::now);
+            match self.connect(s) {
+                Ok(Some(sub)) => {
+                    gst::info!(
+                        CAT,
+                        imp = self,
+                        "subscribed to {} ({} backend)",
+                        s.socket_path,
+                        sub.backend().name()
+                    );
+                    state.sub = Some(sub);
+                    state.connected_once = true;
+                }
+                Ok(None) => {
+                    if Self::waited_too_long(&state, s) {
+                        if state.connected_once {
+                            gst::info!(
+                                CAT,
+                                imp = self,
+                                "no publisher came back to {}: end of stream",
+                                s.socket_path
+                            );
+                            return Err(gst::FlowError::Eos);
+                        }
+                        gst::element_imp_error!(
+                            self,
+                            gst::ResourceError::OpenRead,
+                            ["no publisher at {} within {} ms", s.socket_path, s.timeout_ms]
+                        );
+                        return Err(gst::FlowError::Error);
+                    }
+                    drop(state);
+                    std::thread::sleep(SLICE / 5);
+                    return Ok(Step::Again);
+                }
+                Err(msg) => {
+                    self.post_error_message(msg);
+                    return Err(gst::FlowError::Error);
+                }
+            }
+        }
+        let State { sub, scratch, .. } = &mut *state;
+        let Some(sub) = sub.as_mut() else {
+            return Ok(Step::Again);
+        };
+        let read = match sub.next(SLICE) {
+            Ok(frame) => self
+                .to_buffer(&frame, scratch, s)
+                .map(|(buffer, caps)| (buffer, caps, frame.skipped())),
+            Err(e) => Err(e),
+        };
+        match read {
+            Ok((mut buffer, caps, skipped)) => {
+                let was_waiting = state.waiting_since.take().is_some();
+                if state.discont || skipped > 0 || was_waiting && state.connected_once {
+                    buffer.make_mut().set_flags(gst::BufferFlags::DISCONT);
+                }
+                state.discont = false;
+                let new_caps = (state.caps.as_ref() != Some(&caps)).then(|| caps.clone());
+                state.caps = Some(caps);
+                let stats = state.stats();
+                let qos = (stats.dropped > state.reported_dropped).then(|| {
+                    state.reported_dropped = stats.dropped;
+                    (stats.delivered, stats.dropped, buffer.pts())
+                });
+                Ok(Step::Frame(Output {
+                    buffer,
+                    caps: new_caps,
+                    qos,
+                }))
+            }
+            Err(Error::Timeout(..)) => {
+                if Self::waited_too_long(&state, s) {
+                    gst::info!(
+                        CAT,
+                        imp = self,
+                        "no publisher came back to {}: end of stream",
+                        s.socket_path
+                    );
+                    return Err(gst::FlowError::Eos);
+                }
+                Ok(Step::Again)
+            }
+            Err(Error::ProducerGone { epoch }) => {
+                gst::info!(
+                    CAT,
+                    imp = self,
+                    "publisher {epoch:#x} is gone; waiting for the next one at {}",
+                    s.socket_path
+                );
+                state.waiting_since.get_or_insert_with(Instant::now);
+                state.discont = true;
+                Ok(Step::Again)
+            }
+            Err(Error::Evicted { reason }) => {
+                gst::warning!(
+                    CAT,
+                    imp = self,
+                    "evicted by the publisher ({reason}); subscribing again"
+                );
+                let old = state.stats();
+                state.earlier = SubscriberStats { last_seq: 0, ..old };
+                state.sub = None;
+                state.discont = true;
+                Ok(Step::Again)
+            }
+            Err(e) => {
+                gst::element_imp_error!(self, gst::ResourceError::Read, ["reading {}: {}", s.socket_path, e]);
+                Err(gst::FlowError::Error)
+            }
+        }
+    }
+
+    /// The frame as a buffer of GStreamer's default layout for its caps.
+    fn to_buffer(
+        &self,
+        frame: &vramring::Frame<'_>,
+        scratch: &mut Vec<u8>,
+        s: &Settings,
+    ) -> Result<(gst::Buffer, gst::Caps), Error> {
+        let geometry = *frame.geometry();
+        let trailer = FrameTrailer::decode(&frame.user());
+        let (fps, par) = trailer.map_or(((0, 1), (1, 1)), |t| (t.fps, t.par));
+        let bad = |what: String| Error::Config(what);
+        let caps = video::caps_for(&geometry, fps, par)
+            .ok_or_else(|| bad(format!("the ring's format {} is not raw video", geometry.format.name())))?;
+        let info = gst_video::VideoInfo::from_caps(&caps).map_err(|_| bad(format!("caps {caps}")))?;
+        let src: &[u8] = match frame.host_bytes() {
+            Some(b) => b,
+            None => {
+                scratch.resize(frame.len() as usize, 0);
+                frame.copy_to_host(scratch)?;
+                scratch
+            }
+        };
+        let mut buffer = gst::Buffer::with_size(info.size()).map_err(|_| bad("cannot allocate a buffer".into()))?;
+        {
+            let bref = buffer
+                .get_mut()
+                .ok_or_else(|| bad("a fresh buffer is not writable".into()))?;
+            let mut vf = gst_video::VideoFrameRef::from_buffer_ref_writable(bref, &info)
+                .map_err(|_| bad("cannot map the buffer".into()))?;
+            let planes: Vec<(usize, usize)> = (0..vf.n_planes())
+                .map(|k| {
+                    (
+                        vf.plane_stride()[k as usize].max(0) as usize,
+                        vf.plane_data(k).map_or(0, <[u8]>::len),
+                    )
+                })
+                .collect();
+            let plan = video::plan(&planes, &geometry, false).map_err(|e| bad(e.0))?;
+            for (k, p) in plan.iter().enumerate() {
+                let dst = vf.plane_data_mut(k as u32).map_err(|_| bad(format!("plane {k}")))?;
+                video::copy_plane(src, dst, p).map_err(|e| bad(e.0))?;
+            }
+        }
+        {
+            let b = buffer
+                .get_mut()
+                .ok_or_else(|| bad("a fresh buffer is not writable".into()))?;
+            let pts = match s.timestamp_mode {
+                TimestampMode::Clock => {
+                    let mono = trailer
+                        .and_then(|t| t.presentation)
+                        .unwrap_or_else(|| frame.commit_ns());
+                    crate::clock::monotonic_to_running_time(self.obj().upcast_ref(), mono)
+                }
+                TimestampMode::Pts => u64::try_from(frame.pts()).ok().map(gst::ClockTime::from_nseconds),
+            };
+            b.set_pts(pts);
+            b.set_duration(trailer.and_then(|t| t.duration).map(gst::ClockTime::from_nseconds));
+            b.set_offset(frame.seq());
+        }
+        Ok((buffer, caps))
+    }
+}
+
+impl BaseSrcImpl for VramringSrc {
+    fn start(&self) -> Result<(), gst::ErrorMessage> {
+        self.flushing.store(false, Ordering::Release);
+        *lock(&self.state) = State::default();
+        let s = lock(&self.settings);
+        if s.delivery == DeliverySetting::Push && (s.mode == ModeSetting::Sequential || s.lossless) {
+            return Err(gst::error_msg!(
+                gst::ResourceError::Settings,
+                ["delivery=push reads the latest frame only: it cannot be sequential or lossless"]
+            ));
+        }
+        Ok(())
+    }
+
+    fn stop(&self) -> Result<(), gst::ErrorMessage> {
+        let mut state = lock(&self.state);
+        if let Some(mut sub) = state.sub.take() {
+            if let Err(e) = sub.close() {
+                gst::debug!(CAT, imp = self, "closing the subscriber: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    fn is_seekable(&self) -> bool {
+        false
+    }
+
+    fn caps(&self, filter: Option<&gst::Caps>) -> Option<gst::Caps> {
+        let caps = lock(&self.state)
+            .caps
+            .clone()
+            .unwrap_or_else(|| self.obj().src_pad().pad_template_caps());
+        Some(match filter {
+            Some(f) => f.intersect_with_mode(&caps, gst::CapsIntersectMode::First),
+            None => caps,
+        })
+    }
+
+    /// Caps come from the ring: until a frame has been read there is
+    /// nothing to negotiate (`create` sets them before the first buffer).
+    fn negotiate(&self) -> Result<(), gst::LoggableError> {
+        let caps = lock(&self.state).caps.clone();
+        match caps {
+            Some(caps) => self
+                .obj()
+                .set_caps(&caps)
+                .map_err(|_| gst::loggable_error!(CAT, "downstream refused {caps}")),
+            None => Ok(()),
+        }
+    }
+
+    fn unlock(&self) -> Result<(), gst::ErrorMessage> {
+        self.flushing.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    fn unlock_stop(&self) -> Result<(), gst::ErrorMessage> {
+        self.flushing.store(false, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl PushSrcImpl for VramringSrc {
+    fn create(&self, _buffer: Option<&mut gst::BufferRef>) -> Result<CreateSuccess, gst::FlowError> {
+        let s = lock(&self.settings).clone();
+        loop {
+            if self.flushing.load(Ordering::Acquire) {
+                return Err(gst::FlowError::Flushing);
+            }
+            let out = match self.step(&s)? {
+                Step::Again => continue,
+                Step::Frame(out) => out,
+            };
+            if let Some(caps) = out.caps {
+                gst::info!(CAT, imp = self, "caps {caps}");
+                self.obj().set_caps(&caps).map_err(|_| gst::FlowError::NotNegotiated)?;
+            }
+            if let Some((processed, dropped, pts)) = out.qos {
+                let msg = gst::message::Qos::builder(true)
+                    .running_time(pts)
+                    .timestamp(pts)
+                    .stats(
+                        gst::GenericFormattedValue::from(gst::format::Buffers::from_u64(processed)),
+                        gst::GenericFormattedValue::from(gst::format::Buffers::from_u64(dropped)),
+                    )
+                    .src(&*self.obj())
+                    .build();
+                let _ = self.obj().post_message(msg);
+            }
+            return Ok(CreateSuccess::NewBuffer(out.buffer));
+        }
+    }
+}

@@ -1,0 +1,377 @@
+//! Raw video through a frame ring: `vramringsink` to `vramringsrc` and to
+//! the Rust subscriber, a Rust publisher to `vramringsrc`, a publisher
+//! restart and a caps change.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use gst::prelude::*;
+use vramring::{
+    BackendChoice, ClientOptions, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions,
+};
+
+/// What `videotestsrc` makes for `caps` (`n` frames), straight into an appsink.
+fn reference(caps: &str, n: usize) -> Vec<Vec<Vec<u8>>> {
+    let p = play(&format!(
+        "videotestsrc num-buffers={n} pattern=smpte ! {caps} ! appsink name=sink sync=false"
+    ));
+    let frames = pull(&p, n).iter().map(|s| sample_pixels(s).1).collect();
+    stop(&p);
+    frames
+}
+
+/// A Rust subscriber connected to `path`, tried until [`WAIT`] runs out.
+fn subscribe(path: &std::path::Path, opts: SubscriberOptions) -> Subscriber {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match Subscriber::connect(path, opts.clone()) {
+            Ok(s) => return s,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("no publisher at {} within {WAIT:?}: {e}", path.display()),
+        }
+    }
+}
+
+/// `videotestsrc` through `vramringsink` reaches `vramringsrc` and a Rust
+/// subscriber bit for bit, for `format` at `width` x `height`.
+fn sink_to_src_and_subscriber(format: &str, width: u32, height: u32, n: usize) {
+    init();
+    let (_dir, path) = socket("frames");
+    let caps = format!("video/x-raw,format={format},width={width},height={height},framerate=30/1");
+    let expected = reference(&caps, n);
+    let gst_format = gst_video::VideoFormat::from_string(format);
+
+    let sink = play(&format!(
+        "videotestsrc num-buffers={n} pattern=smpte ! {caps} ! vramringsink socket-path={} policy=lossless wait-subscribers=2 sync=false",
+        path.display()
+    ));
+    let src = play(&format!(
+        "vramringsrc socket-path={} lossless=true timeout=20000 ! appsink name=sink sync=false",
+        path.display()
+    ));
+    let rust = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            let mut sub = subscribe(&path, SubscriberOptions::default().name("rust").lossless(true));
+            (0..n)
+                .map(|_| {
+                    let f = sub.next(WAIT).expect("a frame");
+                    let bytes = f.host_bytes().expect("a host ring");
+                    (f.pts(), ring_pixels(bytes, f.geometry(), gst_format))
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+
+    let got = pull(&src, n);
+    for (i, (sample, want)) in got.iter().zip(&expected).enumerate() {
+        let (info, planes) = sample_pixels(sample);
+        assert_eq!(
+            (info.format(), info.width(), info.height()),
+            (gst_format, width, height)
+        );
+        assert_eq!(
+            info.fps(),
+            gst::Fraction::new(30, 1),
+            "the framerate travels in the trailer"
+        );
+        assert!(planes == *want, "vramringsrc frame {i} differs from videotestsrc's");
+    }
+    let from_rust = rust.join().expect("the Rust subscriber");
+    for (i, ((pts, planes), want)) in from_rust.iter().zip(&expected).enumerate() {
+        assert!(planes == want, "Rust subscriber frame {i} differs from videotestsrc's");
+        assert_eq!(
+            *pts,
+            i as i64 * 1_000_000_000 / 30,
+            "frame {i}'s pts is the buffer's, in ns"
+        );
+    }
+    wait_eos(&sink);
+    stop(&sink);
+    stop(&src);
+}
+
+#[test]
+fn nv12_frames_arrive_bit_exact_in_vramringsrc_and_the_rust_subscriber() {
+    sink_to_src_and_subscriber("NV12", 320, 240, 30);
+}
+
+#[test]
+fn every_ring_format_arrives_bit_exact_at_odd_sizes() {
+    for format in ["NV12", "P010_10LE", "GRAY8", "RGB", "RGBA"] {
+        sink_to_src_and_subscriber(format, 161, 91, 5);
+    }
+}
+
+/// Publishes `n` frames of the test pattern on `publisher` once a subscriber
+/// is there; returns each frame's pixels as written.
+fn publish_pattern(publisher: &mut Publisher, n: u64, first_pts: i64) -> Vec<Vec<Vec<u8>>> {
+    let deadline = Instant::now() + WAIT;
+    while publisher.stats().subscribers == 0 {
+        assert!(Instant::now() < deadline, "no subscriber within {WAIT:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut written = Vec::new();
+    for i in 0..n {
+        let mut slot = publisher.loan(WAIT).expect("a slot");
+        let seq = slot.seq();
+        let geometry = *slot.geometry();
+        let bytes = slot.bytes_mut().expect("a host slot");
+        vramring_testkit::pattern::fill(bytes, seq);
+        written.push(ring_pixels(bytes, &geometry, gst_video::VideoFormat::Nv12));
+        slot.publish(FrameMeta::pts(first_pts + i as i64)).expect("published");
+    }
+    written
+}
+
+fn ring(width: u32, height: u32) -> RingConfig {
+    RingConfig::new(Format::Nv12, width, height)
+        .slots(4)
+        .backend(BackendChoice::Host)
+        .policy(Policy::Lossless)
+}
+
+#[test]
+fn a_rust_publisher_feeds_vramringsrc_frame_for_frame() {
+    init();
+    let (_dir, path) = socket("rust-pub");
+    let mut publisher = Publisher::create(&path, ring(64, 48)).expect("a ring");
+    let src = play(&format!(
+        "vramringsrc socket-path={} lossless=true timestamp-mode=pts ! appsink name=sink sync=false",
+        path.display()
+    ));
+    let written = publish_pattern(&mut publisher, 12, 1000);
+    let got = pull(&src, 12);
+    for (i, (sample, want)) in got.iter().zip(&written).enumerate() {
+        let (info, planes) = sample_pixels(sample);
+        assert_eq!((info.width(), info.height()), (64, 48));
+        assert!(planes == *want, "frame {i} differs from what the publisher wrote");
+        let buffer = sample.buffer().expect("a buffer");
+        assert_eq!(buffer.offset(), i as u64 + 1, "the offset is the frame's seq");
+        assert_eq!(
+            buffer.pts(),
+            Some(gst::ClockTime::from_nseconds(1000 + i as u64)),
+            "timestamp-mode=pts"
+        );
+    }
+    stop(&src);
+}
+
+#[test]
+fn vramringsrc_follows_a_publisher_restart_with_new_caps() {
+    init();
+    let (_dir, path) = socket("restart");
+    let src = play(&format!(
+        "vramringsrc name=src socket-path={} lossless=true timeout=20000 ! appsink name=sink sync=false",
+        path.display()
+    ));
+    let mut first = Publisher::create(&path, ring(64, 48)).expect("the first ring");
+    let before = publish_pattern(&mut first, 5, 0);
+    let got_before = pull(&src, 5);
+    first.close().expect("the first publisher closes");
+    drop(first);
+
+    let mut second = Publisher::create(&path, ring(96, 64)).expect("the second ring");
+    let after = publish_pattern(&mut second, 5, 0);
+    let got_after = pull(&src, 5);
+
+    for (i, (s, want)) in got_before.iter().zip(&before).enumerate() {
+        let (info, planes) = sample_pixels(s);
+        assert_eq!((info.width(), info.height()), (64, 48));
+        assert!(planes == *want, "first publisher's frame {i} differs");
+    }
+    for (i, (s, want)) in got_after.iter().zip(&after).enumerate() {
+        let (info, planes) = sample_pixels(s);
+        assert_eq!((info.width(), info.height()), (96, 64), "new caps after the restart");
+        assert!(planes == *want, "second publisher's frame {i} differs");
+    }
+    let first_after = got_after[0].buffer().expect("a buffer");
+    assert!(
+        first_after.flags().contains(gst::BufferFlags::DISCONT),
+        "the first frame after the gap is DISCONT"
+    );
+    let stats = src
+        .by_name("src")
+        .expect("the source")
+        .property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u64>("reconnects").ok(), Some(1), "{stats}");
+    assert_eq!(stats.get::<u64>("delivered").ok(), Some(10), "{stats}");
+    stop(&src);
+}
+
+#[test]
+fn a_caps_change_recreates_the_ring_and_subscribers_follow() {
+    init();
+    let (_dir, path) = socket("caps-change");
+    let pipeline = gst::Pipeline::new();
+    let appsrc = gst_app::AppSrc::builder().format(gst::Format::Time).build();
+    let sink = gst::ElementFactory::make("vramringsink")
+        .property("socket-path", path.to_str().expect("a UTF-8 path"))
+        .property("sync", false)
+        .build()
+        .expect("vramringsink");
+    pipeline.add_many([appsrc.upcast_ref(), &sink]).expect("elements add");
+    appsrc.link(&sink).expect("appsrc links to the sink");
+    pipeline.set_state(gst::State::Playing).expect("plays");
+
+    let push = |w: u32, h: u32, fill: u8, pts: u64| {
+        let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Gray8, w, h)
+            .build()
+            .expect("info");
+        appsrc.set_caps(Some(&info.to_caps().expect("caps")));
+        let mut buffer = gst::Buffer::from_mut_slice(vec![fill; info.size()]);
+        buffer
+            .get_mut()
+            .expect("writable")
+            .set_pts(gst::ClockTime::from_nseconds(pts));
+        appsrc.push_buffer(buffer).expect("pushed");
+    };
+    // The first caps make the ring; a subscriber joins it.
+    push(32, 16, 1, 0);
+    let mut sub = subscribe(&path, SubscriberOptions::default().mode(Mode::Latest).reconnect(true));
+    assert_eq!((sub.geometry().width, sub.geometry().height), (32, 16));
+    // New caps: the ring is made again at the same path, of the new size.
+    let deadline = Instant::now() + WAIT;
+    let mut pts = 1;
+    let seen = loop {
+        assert!(Instant::now() < deadline, "the subscriber never saw the new ring");
+        push(48, 24, 7, pts);
+        pts += 1;
+        match sub.next(Duration::from_millis(200)) {
+            Ok(f) if f.geometry().width == 48 => break (f.geometry().height, f.host_bytes().expect("host")[0]),
+            Ok(_) | Err(vramring::Error::Timeout(..)) | Err(vramring::Error::ProducerGone { .. }) => continue,
+            Err(e) => panic!("reading after the caps change: {e}"),
+        }
+    };
+    assert_eq!(seen, (24, 7));
+    assert!(
+        sub.stats().reconnects >= 1,
+        "the subscriber reconnected to the new ring"
+    );
+    assert_no_error(&pipeline);
+    stop(&pipeline);
+}
+
+#[test]
+fn frames_a_sequential_source_never_received_are_posted_as_qos_and_counted() {
+    init();
+    let (_dir, path) = socket("drops");
+    let cfg = RingConfig::new(Format::Nv12, 64, 48)
+        .slots(2)
+        .backend(BackendChoice::Host);
+    let mut publisher = Publisher::create(&path, cfg).expect("a ring");
+    // The appsink holds one buffer and blocks the source's next push, so
+    // until the test pulls, the source reads at most two frames.
+    let src = play(&format!(
+        "vramringsrc name=src socket-path={} mode=sequential ! appsink name=sink sync=false max-buffers=1",
+        path.display()
+    ));
+    // 2 frames the source may read, then 10 on a 2-slot ring it cannot
+    // keep up with: at least 8 are overwritten before it reads them.
+    publish_pattern(&mut publisher, 12, 0);
+    let got = pull(&src, 2);
+    let mut seqs: Vec<u64> = got.iter().map(|s| s.buffer().expect("a buffer").offset()).collect();
+    let next = pull(&src, 1).pop().expect("a sample");
+    let next = next.buffer().expect("a buffer");
+    seqs.push(next.offset());
+    assert!(
+        seqs[2] > seqs[1] + 1,
+        "the source skipped the overwritten frames: {seqs:?}"
+    );
+    assert!(
+        next.flags().contains(gst::BufferFlags::DISCONT),
+        "the buffer after the gap is DISCONT"
+    );
+
+    // Each QoS message carries the count so far; the last one, posted
+    // before the buffer after the gap left the source, has them all.
+    let bus = src.bus().expect("a bus");
+    let mut last = None;
+    while let Some(msg) = bus.pop_filtered(&[gst::MessageType::Qos]) {
+        let gst::MessageView::Qos(qos) = msg.view() else {
+            unreachable!("filtered on QoS")
+        };
+        match qos.stats().1 {
+            gst::GenericFormattedValue::Buffers(Some(n)) => last = Some(*n),
+            other => panic!("dropped counted in buffers, not {other:?}"),
+        }
+    }
+    let dropped = last.expect("a QoS message for the dropped frames");
+    assert!(dropped >= 8, "QoS reports {dropped} dropped frames");
+    let stats = src
+        .by_name("src")
+        .expect("the source")
+        .property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u64>("dropped").ok(), Some(dropped), "{stats}");
+    stop(&src);
+}
+
+#[test]
+fn a_cuda_ring_for_system_memory_is_refused_with_a_reason() {
+    init();
+    let (_dir, path) = socket("cuda");
+    let p = play(&format!(
+        "videotestsrc num-buffers=1 ! video/x-raw,format=NV12,width=64,height=48 ! vramringsink backend=cuda socket-path={}",
+        path.display()
+    ));
+    let msg = p
+        .bus()
+        .expect("a bus")
+        .timed_pop_filtered(gst::ClockTime::from_seconds(WAIT.as_secs()), &[gst::MessageType::Error])
+        .expect("an error: system memory cannot go to a CUDA ring in this build");
+    let gst::MessageView::Error(e) = msg.view() else {
+        unreachable!("filtered on errors")
+    };
+    assert!(
+        e.debug().unwrap_or_default().contains("memory:CUDAMemory")
+            || e.error().to_string().contains("memory:CUDAMemory"),
+        "{e:?}"
+    );
+    assert!(!path.exists(), "no ring was served");
+    stop(&p);
+}
+
+#[test]
+fn delivery_auto_falls_back_to_push_when_the_publisher_refuses_pull() {
+    init();
+    let (_dir, path) = socket("push");
+    let cfg = RingConfig::new(Format::Nv12, 64, 48)
+        .backend(BackendChoice::Host)
+        .pull(vramring::PullAccess::Nobody);
+    let mut publisher = Publisher::create(&path, cfg).expect("a push-only ring");
+    let src = play(&format!(
+        "vramringsrc name=src socket-path={} delivery=auto ! appsink name=sink sync=false",
+        path.display()
+    ));
+    let written = publish_pattern(&mut publisher, 12, 0);
+    // A latest reader may skip frames; every frame it gets is whole and is
+    // the frame of its seq, and the newest one comes.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        assert!(Instant::now() < deadline, "the newest frame never came");
+        let sample = pull(&src, 1).pop().expect("a sample");
+        let seq = sample.buffer().expect("a buffer").offset();
+        let (_, planes) = sample_pixels(&sample);
+        assert!(
+            planes == written[seq as usize - 1],
+            "frame {seq} differs from what was written"
+        );
+        if seq == 12 {
+            break;
+        }
+    }
+    let stats = src
+        .by_name("src")
+        .expect("the source")
+        .property::<gst::Structure>("stats");
+    assert!(
+        stats.get::<u64>("pushed").expect("a pushed field") >= 1,
+        "frames came by push: {stats}"
+    );
+    stop(&src);
+}
