@@ -98,13 +98,18 @@ class Subscriber:
     planes: list[Plane]
     epoch: int
     push_active: bool
+    delivery: Literal["pull", "push"]
     path: str
     def __init__(self, path: Union[str, "os.PathLike[str]"], *, name: Optional[str] = None,
                  mode: Optional[Mode] = None, lossless: bool = False, push: bool = False,
                  reconnect: bool = False, timeout: float = 5.0, connect_timeout: float = 5.0,
                  max_held: int = 16, spin: Optional[float] = None) -> None:
-        """``spin``: seconds ``next()`` spins before parking the thread
-        (default 50 us); longer costs CPU and saves the wake-up."""
+        """``push``: the publisher copies frames into this subscriber's own
+        buffers, in any mode; without it the subscriber pulls where the
+        publisher hands out its pool and is pushed to where it does not
+        (``delivery`` says which). ``spin``: seconds ``next()`` spins
+        before parking the thread (default 50 us); longer costs CPU and
+        saves the wake-up."""
     def next(self, timeout: float = 5.0) -> Frame:
         """Raises Timeout, ProducerGone, Evicted, FramesHeld."""
     def __iter__(self) -> Iterator[Frame]: ...
@@ -112,8 +117,9 @@ class Subscriber:
     def borrow(self, timeout: float = 5.0) -> BorrowedFrame:
         """A push subscriber lends its newest pushed buffer, without holding
         it (``intact`` says whether the publisher left it alone)."""
-    def stats(self) -> dict[str, int]:
-        """delivered, dropped, overruns, last_seq, reconnects, pushed, held,
+    def stats(self) -> dict[str, Any]:
+        """delivered, dropped, overruns, last_seq, reconnects, pushed,
+        delivery ("pull" or "push"), held,
         zero_copy (push frames handed out without a copy), allocated (frame
         buffers the pool ever allocated; reused, not made per frame)."""
     def close(self) -> None:
@@ -148,7 +154,7 @@ class Publisher:
     def __init__(self, path: Union[str, "os.PathLike[str]"], format: Format, width: int, height: int, *,
                  slots: int = 8, backend: str = "auto",
                  policy: Literal["overwrite", "lossless"] = "overwrite",
-                 max_subscribers: Optional[int] = None, lossless_lease: float = 2.0,
+                 max_subscribers: Optional[int] = None, lossless_lease: float = 1.0,
                  attach_rate: Optional[tuple[int, int]] = (8, 16),
                  commit_graph: Literal["auto", "always", "never"] = "auto") -> None:
         """``attach_rate``: ``(per_second, burst)``, how many push

@@ -199,16 +199,23 @@ impl SubscriberRow {
     pub fn write(&self) -> bool {
         self.flags & SUBF_WRITE != 0
     }
-    /// `"lossless"`, `"sequential"`, `"push"` or `"latest"`.
+    /// The read mode: `"lossless"`, `"sequential"` or `"latest"`.
     pub fn mode_name(&self) -> &'static str {
         if self.lossless() {
             "lossless"
         } else if self.sequential() {
             "sequential"
-        } else if self.push() {
-            "push"
         } else {
             "latest"
+        }
+    }
+    /// How frames reach it: `"push"` (granted, whether asked or chosen
+    /// because pull was refused) or `"pull"`.
+    pub fn delivery_name(&self) -> &'static str {
+        if self.push() {
+            "push"
+        } else {
+            "pull"
         }
     }
     /// How far a lossless subscriber's cursor is behind `newest`; `None`

@@ -93,6 +93,11 @@ const VM_BOUND_KB: u64 = 1 << 20;
 fn the_attackers_protocol_constants_agree_with_the_library() {
     assert_eq!(layout::PUSH_STRIDE_ALIGN, vramring::seam::format::SLOT_ALIGN);
     assert_eq!(layout::PUSH_BUFFERS as usize, vramring::seam::layout::PUSH_BUFFERS);
+    assert_eq!(
+        layout::PUSH_MAX_BUFFERS as usize,
+        vramring::seam::layout::PUSH_MAX_BUFFERS
+    );
+    assert_eq!(layout::PUSH_QUEUE_MIN as usize, vramring::seam::layout::PUSH_QUEUE_MIN);
     assert_eq!(layout::CLIENT_BYTES, vramring::seam::layout::CLIENT_BYTES);
 }
 
@@ -178,7 +183,7 @@ fn has_event(c: &ChildProc, event: &str) -> bool {
 // The rig: producer + honest consumers
 // ---------------------------------------------------------------------------
 
-const MODES: [&str; 4] = ["latest", "sequential", "lossless", "push"];
+const MODES: [&str; 6] = ["latest", "sequential", "lossless", "push", "seqpush", "losslesspush"];
 
 fn consumer_args(mode: &str) -> &'static [&'static str] {
     match mode {
@@ -186,6 +191,8 @@ fn consumer_args(mode: &str) -> &'static [&'static str] {
         "sequential" => &["--mode", "sequential"],
         "lossless" => &["--mode", "sequential", "--lossless"],
         "push" => &["--mode", "latest", "--push"],
+        "seqpush" => &["--mode", "sequential", "--push"],
+        "losslesspush" => &["--mode", "sequential", "--lossless", "--push"],
         other => panic!("mode {other}"),
     }
 }
@@ -270,7 +277,7 @@ impl Rig {
         };
         let connected = wait_for(Duration::from_secs(15), || {
             rig.honest.iter().all(|(_, c)| has_event(c, "ready"))
-                && last_event(&rig.producer, "status").and_then(|j| j.u64("subscribers")) >= Some(4)
+                && last_event(&rig.producer, "status").and_then(|j| j.u64("subscribers")) >= Some(MODES.len() as u64)
         });
         assert!(connected, "honest consumers did not connect:\n{}", rig.dump());
         // Let the push reader's buffers be mapped and the rates settle.
@@ -608,9 +615,9 @@ fn check_honest(rig: &mut Rig, mode: &str, c: &mut ChildProc, published: u64) {
              {skipped} lost ({first_skipped} before the first) and dropped = {dropped} ({published} published)"
         ));
     }
-    if mode == "lossless" && (dropped != 0 || missing != 0) {
+    if (mode == "lossless" || mode == "losslesspush") && (dropped != 0 || missing != 0) {
         rig.problem(format!(
-            "{name} (lossless) missed {missing} frames (dropped = {dropped})"
+            "{name} ({mode}) missed {missing} frames (dropped = {dropped}): {f:?}"
         ));
     }
 }
@@ -764,6 +771,22 @@ fn own_push_held_nonsense_harms_only_the_attacker() {
     // Nobody evicted: the attacker's Attach is valid, and what it writes
     // into its own word costs only itself.
     scenario("push-held", "own_push_held", 1500, NOTHING);
+}
+
+/// A sequential push reader with a queue of 16 buffers writing nonsense
+/// into its own `push_held` (out of range, its newest buffer, none) and
+/// never reading: the publisher may skip or rewrite only its buffers.
+#[test]
+fn own_queue_games_harm_only_the_attacker() {
+    scenario("queue", "own_queue_games", 1500, NOTHING);
+}
+
+/// A lossless push reader that never takes a frame and plays with its
+/// hold: it holds the producer for one lease at most, is evicted, and the
+/// honest readers lose nothing.
+#[test]
+fn a_stalled_lossless_push_reader_costs_one_lease() {
+    scenario("queue-lossless", "lossless_queue_stall", 2500, ONE_LOSSLESS_STALL);
 }
 
 /// A lossless attacker playing with its own released seq (u64::MAX, 0,

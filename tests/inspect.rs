@@ -194,3 +194,36 @@ fn copy_to_host_gives_the_whole_frame_pulled_or_pushed_and_refuses_a_short_buffe
         pushed_checked = f.pushed();
     }
 }
+
+#[test]
+fn an_inspector_shows_which_delivery_each_subscriber_was_granted() {
+    use vramring::{Delivery, PullAccess};
+    let path = sock("delivery");
+    let cfg = RingConfig::new(Format::Gray8, 64, 16)
+        .backend(BackendChoice::Host)
+        .pull(PullAccess::Nobody);
+    let mut p = Publisher::create(&path, cfg).unwrap();
+    // Refused the pool, the default subscriber is pushed to, in its mode.
+    let seq = Subscriber::connect(
+        &path,
+        SubscriberOptions::default().name("auto-seq").mode(Mode::Sequential),
+    )
+    .unwrap();
+    assert_eq!(seq.delivery(), Delivery::Push);
+    let mut ins = Inspector::connect(&path, InspectOptions::default()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut st = ins.status().unwrap();
+    while !st
+        .subscribers
+        .iter()
+        .any(|r| r.name == "auto-seq" && r.push_buffers != 0)
+    {
+        assert!(Instant::now() < deadline, "the push buffers were never mapped: {st:?}");
+        publish(&mut p);
+        std::thread::sleep(Duration::from_millis(5));
+        st = ins.status().unwrap();
+    }
+    let row = st.subscribers.iter().find(|r| r.name == "auto-seq").unwrap();
+    assert_eq!((row.mode_name(), row.delivery_name()), ("sequential", "push"));
+    assert_eq!(row.push_buffers, SubscriberOptions::default().push_buffers);
+}

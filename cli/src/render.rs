@@ -66,6 +66,7 @@ pub fn row_json(st: &RingStatus, r: &SubscriberRow) -> Value {
         "state": r.state.name(),
         "generation": r.generation,
         "mode": r.mode_name(),
+        "delivery": r.delivery_name(),
         "lossless": r.lossless(),
         "sequential": r.sequential(),
         "push": r.push(),
@@ -191,7 +192,7 @@ pub type RateOf<'a> = &'a dyn Fn(&SubscriberRow) -> Option<f64>;
 pub fn table_text(st: &RingStatus, rates: Option<RateOf<'_>>) -> Vec<String> {
     let mut out = Vec::new();
     let with_rate = rates.is_some();
-    let mut head = format!("{:>4}  {:<24} {:<8} {:<10}", "#", "NAME", "STATE", "MODE");
+    let mut head = format!("{:>4}  {:<24} {:<8} {:<15}", "#", "NAME", "STATE", "MODE");
     if with_rate {
         head += &format!(" {:>8}", "RATE");
     }
@@ -206,12 +207,10 @@ pub fn table_text(st: &RingStatus, rates: Option<RateOf<'_>>) -> Vec<String> {
         } else {
             r.name.clone()
         };
-        let mode = if r.push() && r.push_buffers != 0 {
-            "push".to_string()
-        } else {
-            r.mode_name().to_string()
-        };
-        let mut line = format!("{:>4}  {:<24} {:<8} {:<10}", r.index, name, r.state.name(), mode);
+        // The read mode and the delivery granted (JSON also says whether
+        // the push buffers are mapped yet).
+        let mode = format!("{}/{}", r.mode_name(), r.delivery_name());
+        let mut line = format!("{:>4}  {:<24} {:<8} {:<15}", r.index, name, r.state.name(), mode);
         if let Some(f) = rates {
             line += &format!(" {:>8}", rate(f(r)));
         }

@@ -169,7 +169,7 @@ impl PyPublisher {
     /// commit graph while the ring publishes fast), "always" or "never".
     #[new]
     #[pyo3(signature = (path, format, width, height, *, slots=8, backend="auto", policy="overwrite",
-                        max_subscribers=None, lossless_lease=2.0,
+                        max_subscribers=None, lossless_lease=1.0,
                         attach_rate=Some((vramring::AttachRate::DEFAULT.per_second, vramring::AttachRate::DEFAULT.burst)),
                         commit_graph="auto"))]
     #[allow(clippy::too_many_arguments)]

@@ -18,7 +18,10 @@
 //! pushed buffer in place instead (`Subscriber::borrow`), copies it into a
 //! pool buffer and proves the copy whole, as a pull subscriber does.
 //! With `reconnect`, every push frame takes that second way (a reconnect
-//! replaces the push buffers, which a lent frame could not survive).
+//! replaces the push buffers, which a lent frame could not survive), and
+//! so does every frame of a sequential or lossless push subscriber: its
+//! every read moves its hold on to the next frame of its queue, which
+//! frees the buffers before it.
 //!
 //! A pool buffer is reused only after the `Frame` and every tensor made from
 //! it are gone, so no later `next()` writes memory a live tensor views. At
@@ -33,7 +36,9 @@ use pyo3::exceptions::{PyStopIteration, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use vramring::ClientOptions;
-use vramring::{monotonic_ns, BackendKind, Borrow, Error, Geometry, Mode, RingInfo, Subscriber, SubscriberOptions};
+use vramring::{
+    monotonic_ns, BackendKind, Borrow, Delivery, Error, Geometry, Mode, RingInfo, Subscriber, SubscriberOptions,
+};
 
 use crate::errors::{self, FramesHeld, IntoPy};
 use crate::mem::{Buf, BufPool, Consumers, Cuda, Event, Excl};
@@ -477,6 +482,14 @@ fn read(sub: &mut Subscriber, sink: &mut Sink, lend: bool, timeout: Duration) ->
     }
 }
 
+/// A delivery's name in Python.
+fn delivery_name(d: Delivery) -> &'static str {
+    match d {
+        Delivery::Push => "push",
+        _ => "pull",
+    }
+}
+
 /// A subscriber to a vramring publisher. See the module docs for the
 /// copy each frame costs.
 #[pyclass(module = "vramring", name = "Subscriber")]
@@ -489,6 +502,7 @@ pub struct PySubscriber {
     lent: Option<Arc<Lent>>,
     /// Frames handed out zero-copy.
     lent_count: u64,
+    /// A latest push subscriber: its pushed buffer may be lent.
     push: bool,
     reconnect: bool,
     iter_timeout: Duration,
@@ -602,7 +616,10 @@ impl PySubscriber {
     /// (every frame in order, gaps counted). `lossless`: the publisher waits
     /// for this reader (its policy must be "lossless"; implies sequential).
     /// `push`: the publisher copies frames into this subscriber's buffers
-    /// (latest only). `reconnect`: follow the publisher across restarts.
+    /// (any mode); without it the subscriber pulls where the publisher
+    /// hands out its pool and is pushed to where it does not (a CUDA ring
+    /// hands its pool only to its own uid by default); `delivery` says
+    /// which. `reconnect`: follow the publisher across restarts.
     /// `timeout`: seconds `for frame in sub` waits for each frame.
     /// `max_held`: frames (and tensors made from them) alive at once.
     /// `spin`: seconds `next()` spins before it parks the thread (default
@@ -645,11 +662,6 @@ impl PySubscriber {
                 "a lossless subscriber reads every frame: use mode=\"sequential\" or leave mode out",
             ));
         }
-        if push && (mode != Mode::Latest || lossless) {
-            return Err(PyValueError::new_err(
-                "push delivery supports mode=\"latest\" without lossless only",
-            ));
-        }
         if max_held == 0 {
             return Err(PyValueError::new_err("max_held must be at least 1"));
         }
@@ -668,6 +680,9 @@ impl PySubscriber {
         }
         let shown = path.display().to_string();
         let sub = py.detach(|| Subscriber::connect(&path, opts)).py_err()?;
+        // A latest push reader's buffer can be lent to Python (see the
+        // module docs); a queued one's cannot.
+        let lendable = sub.delivery() == Delivery::Push && mode == Mode::Latest && !lossless;
         Ok(PySubscriber {
             borrow: Excl::new(None),
             sub: Excl::new(Some(Box::new(sub))),
@@ -677,7 +692,7 @@ impl PySubscriber {
             },
             lent: None,
             lent_count: 0,
-            push,
+            push: lendable,
             reconnect,
             iter_timeout,
             path: shown,
@@ -751,7 +766,8 @@ impl PySubscriber {
         })
     }
 
-    /// Counters: delivered, dropped, overruns, last_seq, reconnects, pushed;
+    /// Counters: delivered, dropped, overruns, last_seq, reconnects, pushed,
+    /// delivery ("pull" or "push", as the publisher granted);
     /// held (frame buffers alive now), zero_copy (push frames handed out
     /// without a copy) and allocated (frame buffers the pool ever
     /// allocated: they are reused, not made per frame).
@@ -766,12 +782,18 @@ impl PySubscriber {
         d.set_item("last_seq", s.last_seq)?;
         d.set_item("reconnects", s.reconnects)?;
         d.set_item("pushed", s.pushed)?;
+        d.set_item("delivery", delivery_name(s.delivery))?;
         d.set_item("held", held)?;
         d.set_item("zero_copy", self.lent_count)?;
         d.set_item("allocated", allocated)?;
         Ok(d)
     }
 
+    /// How frames arrive: "pull" or "push", as the publisher granted.
+    #[getter]
+    fn delivery(&mut self) -> PyResult<&'static str> {
+        Ok(delivery_name(self.sub()?.delivery()))
+    }
     /// "host" or "cuda".
     #[getter]
     fn backend(&mut self) -> PyResult<&'static str> {

@@ -44,7 +44,6 @@ def test_a_second_publisher_on_a_live_socket_is_address_in_use(sock):
     [
         (dict(mode="newest"), "mode must be"),
         (dict(mode="latest", lossless=True), "lossless"),
-        (dict(mode="sequential", push=True), "push"),
         (dict(timeout=-1.0), "timeout"),
         (dict(max_held=0), "max_held"),
         (dict(spin=float("nan")), "spin must be"),

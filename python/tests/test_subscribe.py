@@ -78,6 +78,31 @@ def test_push_subscriber_receives_pushed_frames_that_match_the_pattern(producer,
     assert stats["pushed"] > 0, "after the publisher mapped the buffers frames arrive by push"
 
 
+def test_lossless_push_reader_gets_every_frame_from_its_first_on(producer, sock):
+    producer(frames=60, fps=0, policy="lossless", slots=4, wait_subscribers=1)
+    with vramring.Subscriber(sock, lossless=True, push=True) as sub:
+        assert sub.delivery == "push"
+        got = drain(sub)
+        stats = sub.stats()
+    seqs = [s for s, _ in got]
+    assert seqs == list(range(seqs[0], 61)), "no frame missing once the push stream started"
+    assert stats["dropped"] == 0 and stats["pushed"] == len(seqs)
+
+
+def test_a_default_subscriber_refused_the_pool_is_pushed_to_in_its_own_mode(producer, sock):
+    producer(frames=200, fps=200, pull="nobody", wait_subscribers=1)
+    with vramring.Subscriber(sock, mode="sequential") as sub:
+        assert sub.delivery == "push"
+        got = drain(sub)
+        stats = sub.stats()
+    seqs = [s for s, _ in got]
+    assert seqs == sorted(seqs) and seqs[-1] == 200
+    assert stats["delivery"] == "push" and stats["pushed"] == len(seqs)
+    # Every frame after the first delivered one is delivered or counted
+    # dropped (a pushed frame lost before it may be counted too).
+    assert seqs[-1] - seqs[0] + 1 <= stats["delivered"] + stats["dropped"] <= seqs[-1]
+
+
 def test_iteration_ends_when_the_producer_is_gone(producer, sock):
     producer(frames=50, fps=500, wait_subscribers=1)
     sub = vramring.Subscriber(sock, mode="sequential", timeout=5.0)

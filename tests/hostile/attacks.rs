@@ -180,6 +180,14 @@ pub fn run() {
         "attach_churn" => attach_churn(&socket, dur, &mut rep),
         "own_push_held" => own_push_held(&socket, dur, &mut rep),
         "cursor_games" => cursor_games(&socket, dur, &mut rep),
+        "own_queue_games" => queue_games(&socket, msg::HELLO_SEQUENTIAL, layout::PUSH_MAX_BUFFERS, dur, &mut rep),
+        "lossless_queue_stall" => queue_games(
+            &socket,
+            msg::HELLO_SEQUENTIAL | msg::HELLO_LOSSLESS,
+            layout::PUSH_QUEUE_MIN,
+            dur,
+            &mut rep,
+        ),
         "handshake_flood" => handshake_flood(&socket, dur, &mut rep),
         "message_flood" => message_flood(&socket, dur, &mut rep),
         "slow_lossless" => slow_lossless(&socket, dur, &mut rep),
@@ -428,11 +436,11 @@ fn push_stride(c: &Conn) -> u64 {
 }
 
 fn send_attach(c: &Conn, stride: u64, bytes: u64, fd: BorrowedFd<'_>) -> bool {
-    let a = Msg::Attach(Attach {
-        count: layout::PUSH_BUFFERS,
-        stride,
-        bytes,
-    });
+    send_attach_of(c, layout::PUSH_BUFFERS, stride, bytes, fd)
+}
+
+fn send_attach_of(c: &Conn, count: u32, stride: u64, bytes: u64, fd: BorrowedFd<'_>) -> bool {
+    let a = Msg::Attach(Attach { count, stride, bytes });
     transport::send(c.sock.as_fd(), &a.encode(), &[fd]).is_ok()
 }
 
@@ -559,6 +567,35 @@ fn own_push_held(socket: &Path, dur: Duration, rep: &mut Report) {
         },
     );
     rep.put("writes", n);
+}
+
+/// A queued push reader (`flags` with `HELLO_PUSH`: sequential, maybe
+/// lossless) that attaches `count` buffers honestly, then writes nonsense
+/// into its own `push_held` (out of range, each buffer in turn, none) and
+/// never reads a frame.
+fn queue_games(socket: &Path, flags: u32, count: u32, dur: Duration, rep: &mut Report) {
+    let end = Instant::now() + dur;
+    let c = join(socket, msg::HELLO_PUSH | flags, "attacker-queue");
+    let stride = push_stride(&c);
+    let bytes = stride * u64::from(count);
+    let fd = push_memfd(bytes);
+    rep.put("attach_sent", send_attach_of(&c, count, stride, bytes, fd.as_fd()));
+    let (role, off) = layout::OWN_PUSH_HELD;
+    let own = c.map(role, true, rep, "mmap_rw_own_region");
+    let mut n = 0u32;
+    every(
+        end.saturating_duration_since(Instant::now()),
+        Duration::from_micros(200),
+        || {
+            if let Some(m) = &own {
+                let v = [0, count, count + 1, 0xffff_ffff, 1 + n % count][n as usize % 5];
+                m.write32(off, v);
+                n += 1;
+            }
+        },
+    );
+    rep.put("writes", n);
+    hold_until(&c, end, rep);
 }
 
 /// A lossless reader that never reads and writes its own released seq:

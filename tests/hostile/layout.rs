@@ -89,6 +89,10 @@ pub const STATE_ACTIVE: u32 = 1;
 pub const FLAG_LOSSLESS: u32 = 1;
 /// Push buffers per subscriber.
 pub const PUSH_BUFFERS: u32 = 3;
+/// Most push buffers of a queued (sequential or lossless) reader, v4.
+pub const PUSH_MAX_BUFFERS: u32 = 16;
+/// Fewest push buffers of a queued reader, v4.
+pub const PUSH_QUEUE_MIN: u32 = 2;
 /// Alignment of a push-buffer stride: `stride = round_up(frame_bytes,
 /// VR_SLOT_ALIGN)` (PROTOCOL.md §16.2). It was 256 here until 2026-12-03,
 /// which made every Attach of these attacks fail the publisher's checks.

@@ -12,7 +12,7 @@ use gst_base::prelude::*;
 use gst_base::subclass::base_src::CreateSuccess;
 use gst_base::subclass::prelude::*;
 use gst_video::prelude::*;
-use vramring::{ClientOptions, Error, Mode, Refusal, Subscriber, SubscriberOptions, SubscriberStats};
+use vramring::{ClientOptions, Delivery, Error, Mode, Refusal, Subscriber, SubscriberOptions, SubscriberStats};
 
 use super::{DeliverySetting, ModeSetting, TimestampMode};
 use crate::trailer::FrameTrailer;
@@ -141,7 +141,7 @@ impl ObjectImpl for VramringSrc {
                     .build(),
                 glib::ParamSpecEnum::builder_with_default("delivery", DeliverySetting::default())
                     .nick("Delivery")
-                    .blurb("How frames arrive: pull (copy out of the pool), push (the publisher copies into our buffers; latest mode only), or auto")
+                    .blurb("How frames arrive: pull (copy out of the pool), push (the publisher copies into our buffers; any mode), or auto (pull where the publisher hands out its pool, push where it does not)")
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt64::builder("timeout")
@@ -269,7 +269,7 @@ enum Step {
 
 impl VramringSrc {
     /// The subscriber options the settings ask for.
-    fn options(&self, s: &Settings, push: bool) -> SubscriberOptions {
+    fn options(&self, s: &Settings) -> SubscriberOptions {
         let name = if s.client_name.is_empty() {
             self.obj().name().to_string()
         } else {
@@ -283,28 +283,22 @@ impl VramringSrc {
             .name(name)
             .mode(mode)
             .lossless(s.lossless)
-            .push(push)
+            .delivery(match s.delivery {
+                DeliverySetting::Auto => Delivery::Auto,
+                DeliverySetting::Pull => Delivery::Pull,
+                DeliverySetting::Push => Delivery::Push,
+            })
             .reconnect(true)
             .connect_timeout(Duration::from_secs(2))
     }
 
     /// One attempt to subscribe. `Ok(None)`: no publisher yet, try again.
     fn connect(&self, s: &Settings) -> Result<Option<Subscriber>, gst::ErrorMessage> {
-        let push = s.delivery == DeliverySetting::Push;
-        let first = Subscriber::connect(&s.socket_path, self.options(s, push));
-        let result = match first {
-            Err(e) if s.delivery == DeliverySetting::Auto && e.refusal() == Some(Refusal::PullDenied) => {
-                gst::info!(
-                    CAT,
-                    imp = self,
-                    "the publisher grants push delivery only: subscribing by push"
-                );
-                Subscriber::connect(&s.socket_path, self.options(s, true))
+        match Subscriber::connect(&s.socket_path, self.options(s)) {
+            Ok(sub) => {
+                gst::info!(CAT, imp = self, "subscribed by {:?} delivery", sub.delivery());
+                Ok(Some(sub))
             }
-            other => other,
-        };
-        match result {
-            Ok(sub) => Ok(Some(sub)),
             Err(e @ Error::Refused { .. })
                 if e.refusal() != Some(Refusal::Full) && e.refusal() != Some(Refusal::Shutdown) =>
             {

@@ -35,19 +35,20 @@ pub enum ModeSetting {
 #[repr(u32)]
 #[enum_type(name = "GstVramringDelivery")]
 pub enum DeliverySetting {
-    /// Pull, and push when the publisher refuses this peer the pool.
+    /// Pull where the publisher hands this peer its pool, push where it
+    /// does not (one handshake).
     #[default]
-    #[enum_value(name = "Auto: pull, push when the publisher grants only push", nick = "auto")]
+    #[enum_value(
+        name = "Auto: pull, or push where the publisher refuses this peer its pool",
+        nick = "auto"
+    )]
     Auto,
     /// Copy each frame out of the mapped slot pool.
     #[enum_value(name = "Pull: copy each frame out of the slot pool", nick = "pull")]
     Pull,
     /// The publisher copies each frame into buffers this subscriber owns
-    /// (latest mode only).
-    #[enum_value(
-        name = "Push: the publisher copies frames into our buffers (latest mode only)",
-        nick = "push"
-    )]
+    /// (any mode).
+    #[enum_value(name = "Push: the publisher copies frames into our buffers", nick = "push")]
     Push,
 }
 

@@ -61,6 +61,11 @@ pub struct Subscriber {
     /// Push delivery was granted: this subscriber's buffers, as its reads
     /// look at them (`None`: pull).
     push: Option<protocol::push::Buffers>,
+    /// Push delivery: the publisher has mapped our buffers (its
+    /// `push_count` said so once). The words stay ours until the lease
+    /// ends, and a publisher that closes frees our entry (`push_count` 0)
+    /// while frames it pushed are still to be drained.
+    push_mapped: bool,
     /// Push delivery: the first pushed frame has been delivered. The
     /// stream of a push subscriber starts there (the frames before its
     /// buffers were mapped were never offered to it, as for a subscriber
@@ -229,6 +234,7 @@ impl Subscriber {
             path,
             drained: false,
             push: None,
+            push_mapped: false,
             push_started: false,
             unreported: 0,
             cadence: Cadence::new(),
@@ -317,7 +323,7 @@ impl Subscriber {
     pub fn push_active(&self) -> bool {
         // SYNC: push-seq — Acquire, as in `read_pushed`.
         self.push
-            .is_some_and(|b| self.entry().push_count.load(Ordering::Acquire) as usize == b.count)
+            .is_some_and(|b| self.push_mapped || self.entry().push_count.load(Ordering::Acquire) as usize == b.count)
     }
 
     /// How frames reach this subscriber, as the publisher granted:
@@ -408,7 +414,7 @@ impl Subscriber {
                 let count = entry.push_count.load(Ordering::Acquire) as usize;
                 let words = self
                     .push
-                    .filter(|b| announced && b.count == count)
+                    .filter(|b| announced && (self.push_mapped || b.count == count))
                     .map(|b| &entry.push_seq[..b.count]);
                 Bell {
                     seq: &header.seq.global_seq,

@@ -56,11 +56,12 @@ impl Subscriber {
     /// `next`) or read in place (for `borrow`; see
     /// [`protocol::push::peek_newest`]).
     pub(super) fn read_pushed(&mut self, g: u64, hold: bool) -> PushRead<SlotSnapshot> {
-        let entry = self.entry();
         let bufs = self.push.expect("read_pushed is for push subscribers");
         // SYNC: push-seq — Acquire pairs with the publisher's Release of
         // `push_count` after it mapped our buffers.
-        if entry.push_count.load(Ordering::Acquire) as usize != bufs.count {
+        self.push_mapped |= self.entry().push_count.load(Ordering::Acquire) as usize == bufs.count;
+        let entry = self.entry();
+        if !self.push_mapped {
             // Not mapped yet: nothing reaches us; what has landed is a gap.
             // SYNC: global-seq — Acquire pairs with the commit's store.
             return PushRead::NotPushed(g.min(self.header().seq.global_seq.load(Ordering::Acquire)));
