@@ -8,7 +8,7 @@
 #![cfg(loom)]
 
 use loom::sync::atomic::{AtomicU64, Ordering};
-use loom::sync::Arc;
+use loom::sync::{Arc, Condvar, Mutex};
 use loom::thread;
 
 use vramring::seam::layout::{ClientLine, SubEntry, SEQ_WRITING};
@@ -122,35 +122,47 @@ fn a_publisher_that_claims_by_the_latest_rule_is_caught_losing_queued_frames() {
     });
 }
 
-/// A lossless reader: the publisher waits for a buffer the reader is done
-/// with (as the lossless gate does before the loan), so every frame
-/// reaches the reader, in order and whole, with 2 buffers.
+/// A lossless reader: before each frame the publisher waits, as its
+/// lossless gate does, until the reader's released frame is at most
+/// `count − 1` behind it; then a claim must find a buffer, and every frame
+/// reaches the reader in order and whole. The waits use a mutex and a
+/// condition variable (the gate's polling, without the spinning loom
+/// cannot bound); the claim and the take still race on the push words.
 #[test]
 fn a_lossless_queued_reader_gets_every_frame_when_the_publisher_waits_for_room() {
     model(2, || {
-        let count = 2;
+        let count = 2usize;
         let t = target(count);
-        let p = Arc::clone(&t);
+        // (newest frame filled, newest frame released by the reader).
+        let gate = Arc::new((Mutex::new((0u64, 0u64)), Condvar::new()));
+        let (p, pg) = (Arc::clone(&t), Arc::clone(&gate));
         let publisher = thread::spawn(move || {
-            for seq in 1..=3 {
-                let k = loop {
-                    if let Some(k) = claim_queued(&p, count, seq) {
-                        break k;
-                    }
-                    thread::yield_now();
-                };
+            let (m, cv) = &*pg;
+            for seq in 1..=3u64 {
+                let mut g = m.lock().unwrap();
+                while g.1 + (count as u64 - 1) < seq {
+                    g = cv.wait(g).unwrap();
+                }
+                drop(g);
+                let k = claim_queued(&p, count, seq).expect("the gate saw room, so a buffer is free");
                 fill(&p, k, seq);
+                m.lock().unwrap().0 = seq;
+                cv.notify_all();
             }
         });
+        let (m, cv) = &*gate;
         let mut last = 0;
         while last < 3 {
-            match take_checked(&t, count, last) {
-                Some(seq) => {
-                    assert_eq!(seq, last + 1, "a lossless reader misses no frame");
-                    last = seq;
-                }
-                None => thread::yield_now(),
+            let mut g = m.lock().unwrap();
+            while g.0 <= last {
+                g = cv.wait(g).unwrap();
             }
+            drop(g);
+            let seq = take_checked(&t, count, last).expect("a filled frame is there to take");
+            assert_eq!(seq, last + 1, "a lossless reader misses no frame");
+            last = seq;
+            m.lock().unwrap().1 = seq;
+            cv.notify_all();
         }
         publisher.join().unwrap();
     });
