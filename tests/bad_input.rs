@@ -1039,3 +1039,33 @@ fn a_descriptor_whose_close_lingers_does_not_stall_the_publisher() {
     p.close().expect("close");
     assert!(t.elapsed() < Duration::from_secs(5), "close took {:?}", t.elapsed());
 }
+
+/// A publisher killed between a push word and `global_seq` (the word says
+/// frame 2, `global_seq` stays at 1, and the socket hangs up): the push
+/// reader's wait keeps ending on that word, and the reader still learns
+/// "producer gone" from the socket, instead of spinning until its timeout.
+#[test]
+fn a_push_reader_whose_publisher_died_between_a_push_word_and_global_seq_reports_producer_gone() {
+    let mut ring = Ring::valid();
+    let entry = entry_off(INDEX);
+    put32(&mut ring.subs, entry + offset_of!(SubEntry, flags), layout::SUBF_PUSH);
+    put32(
+        &mut ring.subs,
+        entry + offset_of!(SubEntry, push_count),
+        layout::PUSH_BUFFERS as u32,
+    );
+    put64(&mut ring.subs, entry + offset_of!(SubEntry, push_seq), 2);
+    ring.welcome.granted = msg::HELLO_PUSH;
+    let (bytes, mut fds, _map) = ring.served();
+    fds.truncate(3);
+    let mut opts = SubscriberOptions::default().push(true).name("victim");
+    opts.client.connect_timeout = Duration::from_millis(500);
+    // The fake hangs up once the Attach arrives: a publisher killed there.
+    against_as(opts, Reply::Send(bytes, fds), |r| {
+        let mut sub = r.expect("a push Welcome is accepted");
+        match sub.next(Duration::from_secs(10)) {
+            Err(Error::ProducerGone { .. }) => {}
+            other => panic!("expected ProducerGone, got {:?}", other.map(|f| f.seq())),
+        }
+    });
+}

@@ -77,6 +77,9 @@ pub struct Subscriber {
     /// `skipped` reports them: it counts every frame lost since the one
     /// delivered before it.
     unreported: u64,
+    /// Push delivery: since when the wait has kept ending on a push word
+    /// that `global_seq` has not reached (see `nothing_pushed`).
+    ahead_since: Option<Instant>,
     /// The publisher's cadence, for [`WaitStrategy::Cadence`](crate::WaitStrategy::Cadence).
     cadence: Cadence,
     /// A queued copy not finished yet. One whose commit had not come by
@@ -237,6 +240,7 @@ impl Subscriber {
             push_mapped: false,
             push_started: false,
             unreported: 0,
+            ahead_since: None,
             cadence: Cadence::new(),
             in_flight: None,
             loan_trigger: false,
@@ -620,7 +624,7 @@ impl Subscriber {
                         });
                     }
                     PushRead::NotPushed(upto) => {
-                        self.nothing_pushed(upto, deadline, timeout)?;
+                        self.nothing_pushed(g, upto, deadline, timeout)?;
                         continue;
                     }
                     PushRead::Lost(seq) => {
@@ -701,7 +705,7 @@ impl Subscriber {
                         });
                     }
                     PushRead::NotPushed(upto) => {
-                        self.nothing_pushed(upto, deadline, timeout)?;
+                        self.nothing_pushed(g, upto, deadline, timeout)?;
                         continue;
                     }
                     PushRead::Lost(seq) => {

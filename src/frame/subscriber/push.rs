@@ -4,6 +4,12 @@
 use super::*;
 use crate::layout::{PUSH_BUFFERS, PUSH_MAX_BUFFERS, PUSH_QUEUE_MIN};
 
+/// How long a push word may stay ahead of `global_seq` before the reader
+/// checks that its publisher still lives (a commit lands within
+/// microseconds; a publisher killed between the two stores never lands
+/// it).
+const AHEAD_CHECK: Duration = Duration::from_millis(1);
+
 /// The push buffers a subscriber with `opts` attaches to a ring of
 /// `slots` slots: 3 for a latest reader, which takes the newest frame; a
 /// queue for a sequential or lossless one, which takes the oldest (a
@@ -108,7 +114,27 @@ impl Subscriber {
     /// from: once its stream has started they are a counted gap; before, it
     /// had not joined yet. `Err` ends the read (drained, or past the
     /// deadline); `Ok` waits again.
-    pub(super) fn nothing_pushed(&mut self, g: u64, deadline: Instant, timeout: Duration) -> Result<()> {
+    ///
+    /// `woke` is what ended the wait: a push word past `g` (what has
+    /// landed) is a commit in flight, and the next wait returns at once
+    /// until it lands. A publisher killed between that word and
+    /// `global_seq` never lands it, and a wait that returns at once never
+    /// looks at the socket: past [`AHEAD_CHECK`] the lease is checked here
+    /// (one non-blocking poll), so the reader learns "producer gone".
+    pub(super) fn nothing_pushed(&mut self, woke: u64, g: u64, deadline: Instant, timeout: Duration) -> Result<()> {
+        if woke > g {
+            let now = Instant::now();
+            match self.ahead_since {
+                Some(t) if now.duration_since(t) >= AHEAD_CHECK => {
+                    self.ahead_since = Some(now);
+                    self.lease.check_or_drain()?;
+                }
+                Some(_) => {}
+                None => self.ahead_since = Some(now),
+            }
+        } else {
+            self.ahead_since = None;
+        }
         if g > self.last {
             if self.push_started {
                 self.lost(g - self.last);
