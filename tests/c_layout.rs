@@ -1332,14 +1332,16 @@ fn protocol_md_push(c: &mut Checks, md: &str) {
     }
 }
 
+/// A queued-claim case: (push_seq, held, count, skip, seq, the k it must pick).
+type QueuedClaim<'a> = (&'a [u64], u32, usize, u32, u64, Option<usize>);
+
 /// The queued-push C code of PROTOCOL.md section 16.8 compiles, and its
 /// claim and oldest-first take do what `claim_queued` and `take` do.
 fn protocol_md_push_queue(c: &mut Checks, md: &str) {
     let code = doc_c_block(md, "### 16.8 Queued push: sequential and lossless readers");
     let _ = writeln!(c.top, "/* PROTOCOL.md, section 16.8 */\n{code}\n");
     let w = layout::SEQ_WRITING;
-    // Claim: (push_seq, held, count, skip, seq, the k it must pick).
-    let claims: [(&[u64], u32, usize, u32, u64, Option<usize>); 9] = [
+    let claims: [QueuedClaim<'_>; 9] = [
         // Empty buffers: the first.
         (&[0, 0, 0, 0], 0, 4, 0, 1, Some(0)),
         // Nothing held: only an empty one, even if others are old.
