@@ -6,7 +6,10 @@
 //! (ADR 0024): readers that stall at once cost the producer one lease, not
 //! one each, and every uid evicted for it is refused lossless for a while
 //! (`serve::backoff`), so one that reconnects after each eviction cannot
-//! hold the producer one lease in every few.
+//! hold the producer one lease in every few. At that deadline the peer's
+//! other lossless readers that stalled through the whole lease go too,
+//! holding the frame or not: a peer costs one lease, not one per frame
+//! its connections joined at.
 
 use std::time::{Duration, Instant};
 
@@ -36,8 +39,18 @@ pub(crate) struct Holder {
 /// evicted.
 #[derive(Debug, Default)]
 pub(crate) struct LosslessGate {
-    /// (key, since).
-    blocked: Option<(u64, Instant)>,
+    blocked: Option<Stall>,
+}
+
+/// A wait on one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stall {
+    key: u64,
+    since: Instant,
+    /// Every lossless reader's (index, generation, cursor) when the wait
+    /// began: at the deadline, a struck peer's readers whose cursor has
+    /// not moved since, and is behind, stalled through the whole lease.
+    cursors: Vec<(usize, u32, u64)>,
 }
 
 impl LosslessGate {
@@ -56,10 +69,14 @@ impl LosslessGate {
     ///
     /// # Errors
     /// [`Error::LosslessBlocked`] when `timeout` runs out first.
+    ///
+    /// `newest` is the newest frame or packet published: a reader whose
+    /// cursor is there is caught up, not stalled.
     pub(crate) fn wait<S: Served>(
         &mut self,
         sh: &S,
         timeout: Duration,
+        newest: u64,
         mut holder: impl FnMut() -> Option<Holder>,
     ) -> Result<()> {
         let lease = sh.serve_config().lossless_lease;
@@ -78,15 +95,25 @@ impl LosslessGate {
             // The lease of a key the producer is still waiting on goes on
             // (a timed-out loan retries the same key); a new key starts
             // its lease when this call began to wait on it.
-            let since = match self.blocked {
-                Some((key, since)) if key == h.key => since,
+            let since = match &self.blocked {
+                Some(b) if b.key == h.key => b.since,
                 _ => {
-                    self.blocked = Some((h.key, start));
+                    let cursors = sh
+                        .table()
+                        .lossless_readers(newest)
+                        .iter()
+                        .map(|r| (r.index, r.generation, r.released))
+                        .collect();
+                    self.blocked = Some(Stall {
+                        key: h.key,
+                        since: start,
+                        cursors,
+                    });
                     start
                 }
             };
             if since.elapsed() >= lease {
-                self.evict_holders(sh, h, &mut holder);
+                self.evict_holders(sh, h, newest, &mut holder);
                 continue;
             }
             if start.elapsed() >= timeout {
@@ -106,10 +133,18 @@ impl LosslessGate {
 
     /// The deadline of `first.key`: evicts `first` and every other reader
     /// `holder` names that still holds the same key, in one round (at most
-    /// one pass over the table), counts the deadline and gives each uid
-    /// evicted one strike.
-    fn evict_holders<S: Served>(&mut self, sh: &S, first: Holder, holder: &mut impl FnMut() -> Option<Holder>) {
-        self.blocked = None;
+    /// one pass over the table), then the other lossless readers of the
+    /// same uids that stalled through the whole lease (cursor unmoved since
+    /// the wait began, and behind `newest`); counts the deadline and gives
+    /// each uid evicted one strike.
+    fn evict_holders<S: Served>(
+        &mut self,
+        sh: &S,
+        first: Holder,
+        newest: u64,
+        holder: &mut impl FnMut() -> Option<Holder>,
+    ) {
+        let stall = self.blocked.take();
         let key = first.key;
         let mut uids: Vec<u32> = Vec::new();
         let mut next = Some(first);
@@ -126,6 +161,20 @@ impl LosslessGate {
         }
         if uids.is_empty() {
             return;
+        }
+        // The same peers' readers that joined at later frames and never
+        // moved: they would each hold the producer for a lease of their own.
+        let before = stall.map(|s| s.cursors).unwrap_or_default();
+        for r in sh.table().lossless_readers(newest) {
+            let unmoved = before.contains(&(r.index, r.generation, r.released));
+            if unmoved && r.released < newest && uids.contains(&r.uid) {
+                let h = Holder {
+                    blocker: r,
+                    key,
+                    held_seq: r.released.saturating_add(1),
+                };
+                self.evict(sh, &h);
+            }
         }
         // Relaxed: a counter for stats.
         sh.state().lease_deadlines.fetch_add(1, Ordering::Relaxed);
@@ -263,11 +312,20 @@ mod tests {
             return; // a clock younger than an hour: nothing to inject
         };
         let mut gate = LosslessGate {
-            blocked: Some((held, began)),
+            blocked: Some(Stall {
+                key: held,
+                since: began,
+                cursors: f
+                    .table
+                    .lossless_readers(newest)
+                    .iter()
+                    .map(|r| (r.index, r.generation, r.released))
+                    .collect(),
+            }),
         };
         // No time to wait: every holder must go at the one deadline, or
         // the wait times out on the next.
-        gate.wait(&f, Duration::ZERO, || {
+        gate.wait(&f, Duration::ZERO, newest, || {
             f.table.holder(newest, |r| r < held).map(|blocker| Holder {
                 blocker,
                 key: held,
@@ -298,6 +356,51 @@ mod tests {
         assert_eq!(requests.len(), 3, "the service is asked to tell each one");
     }
 
+    /// At a deadline the struck peer's other lossless readers that never
+    /// moved through the lease go too, though they hold a later frame (they
+    /// would each cost the producer a lease of their own); one of its
+    /// readers that is caught up stays, and so does another peer's stalled
+    /// reader that held nothing yet.
+    #[test]
+    fn a_struck_peers_readers_stalled_at_later_frames_go_at_the_same_deadline() {
+        let lease = Duration::from_secs(3600);
+        let f = fake(lease);
+        let readers = join(&f, &[(7, 3), (7, 7), (7, 10), (8, 7)]);
+        let (newest, held) = (10, 5);
+        let Some(began) = Instant::now().checked_sub(lease) else {
+            return; // a clock younger than an hour: nothing to inject
+        };
+        let cursors = f
+            .table
+            .lossless_readers(newest)
+            .iter()
+            .map(|r| (r.index, r.generation, r.released))
+            .collect();
+        let mut gate = LosslessGate {
+            blocked: Some(Stall {
+                key: held,
+                since: began,
+                cursors,
+            }),
+        };
+        gate.wait(&f, Duration::ZERO, newest, || {
+            f.table.holder(newest, |r| r < held).map(|blocker| Holder {
+                blocker,
+                key: held,
+                held_seq: held,
+            })
+        })
+        .expect("the holder is evicted, so the wait ends");
+        let states: Vec<u32> = readers.iter().map(|a| state(&f, a)).collect();
+        assert_eq!(states, [SUB_EVICTED, SUB_EVICTED, SUB_ACTIVE, SUB_ACTIVE]);
+        // Relaxed: this thread's counters.
+        assert_eq!(f.producer.evictions.load(Ordering::Relaxed), 2);
+        assert_eq!(f.state.lease_deadlines.load(Ordering::Relaxed), 1);
+        let strikes = f.state.strikes.lock().expect("strikes");
+        assert_eq!(strikes.refused(7, Instant::now()).map(|r| r.strikes), Some(1));
+        assert_eq!(strikes.refused(8, Instant::now()), None);
+    }
+
     /// A wait that times out before the lease evicts nobody and keeps the
     /// key's lease running: the next call on the same key does not start
     /// it again.
@@ -314,12 +417,12 @@ mod tests {
             })
         };
         for _ in 0..2 {
-            let e = gate.wait(&f, Duration::ZERO, holder).expect_err("blocked");
+            let e = gate.wait(&f, Duration::ZERO, 10, holder).expect_err("blocked");
             assert!(matches!(e, Error::LosslessBlocked { held_seq: 5, .. }), "{e}");
         }
-        let since = gate.blocked.expect("still waiting on the key");
-        assert_eq!(since.0, 5);
-        let again = gate.wait(&f, Duration::ZERO, holder);
+        let since = gate.blocked.clone().expect("still waiting on the key");
+        assert_eq!(since.key, 5);
+        let again = gate.wait(&f, Duration::ZERO, 10, holder);
         assert!(again.is_err());
         assert_eq!(gate.blocked, Some(since), "the lease started at the first wait");
         assert!(readers.iter().all(|a| state(&f, a) == SUB_ACTIVE));

@@ -390,6 +390,29 @@ impl Table {
         self.holder_by(newest, |_, released| blocks(released))
     }
 
+    /// Every active lossless reader with its clamped cursor (advanced as
+    /// [`Table::holder`] advances it, to at most `newest`), for the gate's
+    /// per-peer sweep at a deadline.
+    pub(crate) fn lossless_readers(&self, newest: u64) -> Vec<Blocker> {
+        let mut readers = Vec::new();
+        self.holder_by(newest, |_, _| false);
+        for (k, e) in self.used().iter().enumerate() {
+            // SYNC: sub-state — Acquire pairs with the Release in `assign`.
+            if e.state.load(Ordering::Acquire) != SUB_ACTIVE || e.flags.load(Ordering::Relaxed) & SUBF_LOSSLESS == 0 {
+                continue;
+            }
+            if let Some(c) = self.lock(k).as_ref() {
+                readers.push(Blocker {
+                    index: k,
+                    generation: c.generation,
+                    released: c.released,
+                    uid: c.uid,
+                });
+            }
+        }
+        readers
+    }
+
     /// [`Table::holder`], where whether a reader blocks depends on its
     /// entry too (a push reader's window is its queue, not the ring).
     pub(crate) fn holder_by(&self, newest: u64, blocks: impl Fn(&SubEntry, u64) -> bool) -> Option<Blocker> {

@@ -343,7 +343,7 @@ impl Publisher {
         let sh = &*self.shared;
         let newest = self.next_seq - 1;
         let n = u64::from(sh.info.slot_count);
-        self.gate.wait(sh, timeout, || {
+        self.gate.wait(sh, timeout, newest, || {
             sh.table
                 .holder_by(newest, |e, released| {
                     // Relaxed: the producer (this thread) stores it.
