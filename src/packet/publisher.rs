@@ -315,8 +315,9 @@ impl PacketPublisher {
 
     fn wait_lossless(&mut self, p: &Placement) -> Result<()> {
         let (sh, writer) = (&*self.shared, &self.writer);
-        self.gate
-            .wait(sh, sh.cfg.write_timeout, writer.seq(), || lossless_holder(writer, sh, p))
+        self.gate.wait(sh, sh.cfg.write_timeout, writer.seq(), || {
+            lossless_holder(writer, sh, p)
+        })
     }
 
     /// Replaces the codec parameters (SPS/PPS/VPS or extradata) atomically.
