@@ -86,7 +86,7 @@ pub(super) struct PushTarget {
     /// Buffers attached.
     pub(super) count: usize,
     /// A queued reader (sequential or lossless): its buffers are claimed
-    /// by [`protocol::push::claim_queued`](crate::frame::protocol::push::claim_queued),
+    /// by [`protocol::push::claim_queued`],
     /// a latest reader's by the newest rule.
     pub(super) queued: bool,
     pub(super) newest: Option<usize>,
