@@ -226,7 +226,16 @@ fn run(cli: &Cli) -> Result<(), NvrError> {
             let h = std::thread::Builder::new()
                 .name(format!("cam-{}", cam.name))
                 .spawn_scoped(s, move || {
-                    supervisor::supervise(nvr, cam, &cam.name, stage, st, timing, printer, halt);
+                    let env = supervisor::Env {
+                        cams: nvr,
+                        cam,
+                        name: &cam.name,
+                        stats: st,
+                        timing,
+                        log: printer,
+                        stop: halt,
+                    };
+                    supervisor::supervise(&env, stage);
                 });
             match h {
                 Ok(h) => handles.push(h),

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use nvr::config::{self, CodecName, ConfigError, Input, PolicyName, PullSetting};
 use nvr::sources::{FileSource, PacketSource};
 use nvr::supervisor::{
-    self, CameraStats, Cameras, Decode, DecodeError, InputError, Log, Read, Source, State, Timing, Unit,
+    self, CameraStats, Cameras, Decode, DecodeError, Env, InputError, Log, Read, Source, State, Timing, Unit,
 };
 use vramring::packet::{PacketMeta, PacketPublisher, PacketPublisherConfig, PacketRingConfig, PACKET_KEY};
 use vramring_testkit::procs::TempDir;
@@ -422,7 +422,17 @@ fn run_cameras(scripts: &[Arc<Mutex<Script>>], body: impl FnOnce(&[Arc<CameraSta
             let (lines, stop) = (&lines, &stop);
             s.spawn(move || {
                 let first = FakeCameras.decoder(cam).expect("fake");
-                supervisor::supervise(&FakeCameras, cam, &format!("cam{k}"), first, st, timing(), lines, stop);
+                let name = format!("cam{k}");
+                let env = Env {
+                    cams: &FakeCameras,
+                    cam,
+                    name: &name,
+                    stats: st,
+                    timing: timing(),
+                    log: lines,
+                    stop,
+                };
+                supervisor::supervise(&env, first);
             });
         }
         body(&stats, &lines);
@@ -595,16 +605,16 @@ fn a_packet_input_whose_publisher_restarts_stalls_then_resumes_at_a_keyframe() {
     };
     std::thread::scope(|s| {
         s.spawn(|| {
-            supervisor::supervise(
-                &PacketCameras,
-                &socket,
-                "cam",
-                CountingDecoder,
-                &stats,
-                timing(),
-                &lines,
-                &stop,
-            );
+            let env = Env {
+                cams: &PacketCameras,
+                cam: &socket,
+                name: "cam",
+                stats: &stats,
+                timing: timing(),
+                log: &lines,
+                stop: &stop,
+            };
+            supervisor::supervise(&env, CountingDecoder);
         });
         // No publisher yet: the camera waits for its input.
         wait_for("the camera to wait for its input", || {

@@ -302,29 +302,40 @@ fn nap(d: Duration, stop: &AtomicBool) {
     }
 }
 
+/// One camera's surroundings: how its parts are made, its counters, where
+/// its sentences go, and the stop flag.
+pub struct Env<'a, C: Cameras> {
+    /// Makes the camera's input and decoder.
+    pub cams: &'a C,
+    /// The camera.
+    pub cam: &'a C::Camera,
+    /// Its name in logs.
+    pub name: &'a str,
+    /// Its counters.
+    pub stats: &'a CameraStats,
+    /// Stall and back-off times.
+    pub timing: Timing,
+    /// Where its sentences go.
+    pub log: &'a dyn Log,
+    /// Set to stop every camera.
+    pub stop: &'a AtomicBool,
+}
+
 /// Runs camera `name` until its input ends or `stop` is set, catching a
 /// panic of its loop and starting the camera again. `first` is its first
 /// decode step, made by the caller (so that a decoder that cannot be made
 /// at all is an error at start-up, not a retry loop).
-pub fn supervise<C: Cameras>(
-    cams: &C,
-    cam: &C::Camera,
-    name: &str,
-    first: C::Dec,
-    stats: &CameraStats,
-    timing: Timing,
-    log: &dyn Log,
-    stop: &AtomicBool,
-) {
+pub fn supervise<C: Cameras>(env: &Env<'_, C>, first: C::Dec) {
+    let (name, stats, timing, log, stop) = (env.name, env.stats, env.timing, env.log, env.stop);
     let mut dec = Some(first);
     let mut backoff = timing.retry;
     loop {
         let run = catch_unwind(AssertUnwindSafe(|| {
             let d = match dec.take() {
                 Some(d) => d,
-                None => make_decoder(cams, cam, name, stats, timing, log, stop)?,
+                None => make_decoder(env)?,
             };
-            Some(run_camera(cams, cam, name, d, stats, timing, log, stop))
+            Some(run_camera(env, d))
         }));
         match run {
             Ok(Some(end)) => {
@@ -358,15 +369,9 @@ pub fn supervise<C: Cameras>(
 }
 
 /// Makes a decode step, retrying with back-off; `None` when stopped.
-fn make_decoder<C: Cameras>(
-    cams: &C,
-    cam: &C::Camera,
-    name: &str,
-    stats: &CameraStats,
-    timing: Timing,
-    log: &dyn Log,
-    stop: &AtomicBool,
-) -> Option<C::Dec> {
+fn make_decoder<C: Cameras>(env: &Env<'_, C>) -> Option<C::Dec> {
+    let (cams, cam, name, stats, timing, log, stop) =
+        (env.cams, env.cam, env.name, env.stats, env.timing, env.log, env.stop);
     let mut backoff = timing.retry;
     // Relaxed: see `nap`.
     while !stop.load(Ordering::Relaxed) {
@@ -392,17 +397,9 @@ struct Pending {
 }
 
 /// The camera's loop. Returns the state it ended in.
-#[allow(clippy::too_many_arguments)]
-fn run_camera<C: Cameras>(
-    cams: &C,
-    cam: &C::Camera,
-    name: &str,
-    mut dec: C::Dec,
-    stats: &CameraStats,
-    timing: Timing,
-    log: &dyn Log,
-    stop: &AtomicBool,
-) -> State {
+fn run_camera<C: Cameras>(env: &Env<'_, C>, mut dec: C::Dec) -> State {
+    let (cams, cam, name, stats, timing, log, stop) =
+        (env.cams, env.cam, env.name, env.stats, env.timing, env.log, env.stop);
     let mut src: Option<C::Src> = None;
     let mut opened_once = false;
     let mut open_failed_logged = false;
