@@ -22,6 +22,7 @@
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -154,8 +155,19 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-fn packet_producer(socket: &Path) -> Child {
-    Command::new(example("packet_producer"))
+/// A child process killed and reaped when dropped (a failing phase must not
+/// leave a looping publisher behind).
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn packet_producer(socket: &Path) -> KillOnDrop {
+    let child = Command::new(example("packet_producer"))
         .arg("--socket")
         .arg(socket)
         .arg("--input")
@@ -163,7 +175,8 @@ fn packet_producer(socket: &Path) -> Child {
         .args(["--fps", "60", "--loops", "0"])
         .stdout(Stdio::null())
         .spawn()
-        .expect("packet_producer")
+        .expect("packet_producer");
+    KillOnDrop(child)
 }
 
 #[test]
@@ -197,7 +210,7 @@ fn four_file_cameras_are_bit_exact_and_a_dead_packet_input_stops_no_other_camera
     eprintln!("{toml}");
 
     let live_packets = rings.join("live.packets.sock");
-    let mut source = packet_producer(&live_packets);
+    let source = packet_producer(&live_packets);
     let mut decoder = Command::new(example("nvr_decoder"))
         .arg("--config")
         .arg(&config)
@@ -228,7 +241,7 @@ fn four_file_cameras_are_bit_exact_and_a_dead_packet_input_stops_no_other_camera
     };
 
     let seen: Vec<Seen> = (0..=FILE_CAMERAS).map(|_| Seen::default()).collect();
-    std::thread::scope(|s| {
+    let phases = std::thread::scope(|s| {
         for (k, st) in seen.iter().enumerate() {
             let refs = &refs;
             let rings = &rings;
@@ -255,39 +268,48 @@ fn four_file_cameras_are_bit_exact_and_a_dead_packet_input_stops_no_other_camera
                 read_ring(&rings.join(format!("{name}.sock")), opts, refs, by_index, st);
             });
         }
-        let file = &seen[..FILE_CAMERAS];
-        let live = &seen[FILE_CAMERAS];
-        // Phase 1: two loops of every file camera, and the live camera going.
-        wait_for("two loops on the lossless file cameras", || {
-            file[..2].iter().all(|s| get(&s.received) >= 2 * n)
-        });
-        wait_for("frames on the push file cameras", || {
-            file[2..].iter().all(|s| get(&s.received) >= n / 2)
-        });
-        wait_for("frames on the live camera", || get(&live.received) >= 30);
-        // Phase 2: the live camera's publisher dies.
-        source.kill().expect("kill packet_producer");
-        source.wait().expect("reap packet_producer");
-        wait_for("the decoder to report the live input gone", || {
-            events("live", "input-gone") >= 1
-        });
-        let at_kill: Vec<u64> = file.iter().map(|s| get(&s.received)).collect();
-        let live_at_kill = get(&live.received);
-        wait_for("the file cameras to go on without the live one", || {
-            file.iter().zip(&at_kill).all(|(s, k)| get(&s.received) >= k + n / 2)
-        });
-        // Phase 3: it comes back; its ring never went away.
-        let mut source2 = packet_producer(&live_packets);
-        wait_for("the live camera to resync", || events("live", "resync") >= 1);
-        wait_for("live frames after the restart", || {
-            get(&live.received) >= live_at_kill + 30
-        });
-        source2.kill().expect("kill packet_producer");
-        source2.wait().expect("reap");
+        let phases = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let file = &seen[..FILE_CAMERAS];
+            let live = &seen[FILE_CAMERAS];
+            // Phase 1: two loops of every file camera, and the live camera going.
+            wait_for("two loops on the lossless file cameras", || {
+                file[..2].iter().all(|s| get(&s.received) >= 2 * n)
+            });
+            wait_for("frames on the push file cameras", || {
+                file[2..].iter().all(|s| get(&s.received) >= n / 2)
+            });
+            wait_for("frames on the live camera", || get(&live.received) >= 30);
+            // Phase 2: the live camera's publisher dies.
+            drop(source);
+            wait_for("the decoder to report the live input gone", || {
+                events("live", "input-gone") >= 1
+            });
+            let at_kill: Vec<u64> = file.iter().map(|s| get(&s.received)).collect();
+            let live_at_kill = get(&live.received);
+            wait_for("the file cameras to go on without the live one", || {
+                file.iter().zip(&at_kill).all(|(s, k)| get(&s.received) >= k + n / 2)
+            });
+            // Phase 3: it comes back; its ring never went away.
+            let source2 = packet_producer(&live_packets);
+            wait_for("the live camera to resync", || events("live", "resync") >= 1);
+            wait_for("live frames after the restart", || {
+                get(&live.received) >= live_at_kill + 30
+            });
+            drop(source2);
+        }));
+        // The decoder ends (SIGINT; SIGKILL when a phase failed), its rings close
+        // and every reader thread sees ProducerGone.
+        let signal = if phases.is_ok() { libc::SIGINT } else { libc::SIGKILL };
         // SAFETY: kill(2) on our own child's pid, which has not been reaped.
-        let rc = unsafe { libc::kill(decoder.id() as libc::pid_t, libc::SIGINT) };
-        assert_eq!(rc, 0, "SIGINT to the decoder");
+        let rc = unsafe { libc::kill(decoder.id() as libc::pid_t, signal) };
+        assert_eq!(rc, 0, "signal to the decoder");
+        phases
     });
+    if let Err(panic) = phases {
+        let _ = decoder.wait();
+        eprintln!("decoder output:\n{}", lines.lock().unwrap().join("\n"));
+        std::panic::resume_unwind(panic);
+    }
     let status = decoder.wait().expect("decoder");
     reader.join().expect("stdout reader");
     let lines = lines.lock().unwrap();
