@@ -168,6 +168,12 @@ fn run(cli: &Cli) -> Result<(), NvrError> {
         source,
     })?;
     for cam in &cfg.cameras {
+        if let Some(parent) = cam.output.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| NvrError::Dir {
+                dir: parent.to_owned(),
+                source,
+            })?;
+        }
         if cam.output.parent() != Some(cfg.socket_dir.as_path()) {
             eprintln!(
                 "nvr_decoder: camera {}: its ring {} is outside {}, so `vramring top {}` will not list it",

@@ -77,7 +77,7 @@ impl Source for FileSource {
                 let wait = self.due - now;
                 if wait > POLL {
                     std::thread::sleep(POLL);
-                    return Ok(Read::Idle);
+                    return Ok(Read::Paced);
                 }
                 std::thread::sleep(wait);
             } else if now - self.due > p * 8 {

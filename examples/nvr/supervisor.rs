@@ -50,6 +50,9 @@ pub enum Read {
     Unit(Unit),
     /// Nothing within the source's poll interval.
     Idle,
+    /// Nothing yet, as scheduled (a file paced at a low frame rate): not a
+    /// stall.
+    Paced,
     /// The end of one pass of a looped file: the decoder flushes, and the
     /// next unit starts a new stream.
     EndOfStream,
@@ -541,6 +544,7 @@ fn run_camera<C: Cameras>(env: &Env<'_, C>, mut dec: C::Dec) -> State {
                     stats.set_state(State::Stalled);
                 }
             }
+            Ok(Read::Paced) => last_unit = Instant::now(),
             Ok(Read::EndOfStream) => {
                 flush(&mut dec, name, stats, log, &mut dec_ok);
                 CameraStats::bump(&stats.loops, 1);
