@@ -16,9 +16,11 @@
 //!   decode error, no resync on the file cameras, one input restart on the
 //!   packet camera.
 //!
-//! Run on a GPU machine: `cargo test --features nvdec --test gpu_nvr --
-//! --include-ignored` (needs the `nvr_decoder` and `packet_producer`
-//! examples built: `cargo build --features nvdec --examples`).
+//! Run on a GPU machine: `cargo build --features nvdec --examples && cargo
+//! test --features nvdec --test gpu_nvr -- --include-ignored` (it starts the
+//! `nvr_decoder` and `packet_producer` examples), or staged:
+//! `VRAMRING_TEST_DATA=tests/data bash .device/run.sh tests gpu_nvr` (the
+//! test's name starts with `gpu_nvr`).
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
@@ -181,7 +183,7 @@ fn packet_producer(socket: &Path) -> KillOnDrop {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn four_file_cameras_are_bit_exact_and_a_dead_packet_input_stops_no_other_camera() {
+fn gpu_nvr_four_file_cameras_stay_bit_exact_while_a_dead_packet_input_is_resynced() {
     let refs = reference(&data("clip.nv12.framemd5"));
     let n = refs.len() as u64;
     let dir = TempDir::new("gpu-nvr");
