@@ -41,6 +41,8 @@ def parse_args(argv=None):
     ap.add_argument("--size", type=int, default=320, help="the network's input: frames are resized to size x size")
     ap.add_argument("--score", type=float, default=0.5, help="detections below this score are not counted")
     ap.add_argument("--half", action="store_true", help="run the network in float16")
+    ap.add_argument("--random-weights", action="store_true",
+                    help="do not look for pretrained weights (measures cost only)")
     ap.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
     ap.add_argument("--report", type=float, default=1.0, help="seconds between status lines")
     ap.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a camera to connect")
@@ -60,17 +62,21 @@ def find_sockets(a):
         time.sleep(0.1)
 
 
-def load_model(name, device, half):
+def load_model(name, device, half, random_weights):
     """The network, eval mode, on `device`; pretrained only if available offline."""
     import torchvision
     ctor = getattr(torchvision.models.detection, name)
-    try:
-        model, pretrained = ctor(weights="DEFAULT"), True
-    except Exception as e:  # no network and nothing cached
-        print(f"nvr_detector: no pretrained weights for {name} here ({type(e).__name__}); "
-              "using RANDOM weights: the figures measure the cost of detection, not its accuracy",
+    model, pretrained = None, False
+    if not random_weights:
+        try:
+            model, pretrained = ctor(weights="DEFAULT"), True
+        except Exception as e:  # no network and nothing cached
+            print(f"nvr_detector: no pretrained weights for {name} here ({type(e).__name__}: {e})",
+                  file=sys.stderr, flush=True)
+    if model is None:
+        print("nvr_detector: using RANDOM weights: the figures measure the cost of detection, not its accuracy",
               file=sys.stderr, flush=True)
-        model, pretrained = ctor(weights=None, weights_backbone=None), False
+        model = ctor(weights=None, weights_backbone=None)
     model = model.eval().to(device)
     if half:
         model = model.half()
@@ -142,7 +148,7 @@ def main(argv=None):
         print("nvr_detector: no usable camera", file=sys.stderr)
         return 2
     dtype = torch.float16 if a.half else torch.float32
-    model, pretrained = load_model(a.model, device, a.half)
+    model, pretrained = load_model(a.model, device, a.half, a.random_weights)
     print(json.dumps({"event": "ready", "role": "nvr_detector", "cameras": [c.name for c in cams],
                       "model": a.model, "pretrained": pretrained, "fps_per_camera": a.fps, "size": a.size}),
           flush=True)

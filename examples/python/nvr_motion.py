@@ -110,6 +110,7 @@ class Reader(threading.Thread):
         self.window = []
         self.moving = False
         self.end = None
+        self.delivery = None
 
     def run(self):
         try:
@@ -133,7 +134,10 @@ class Reader(threading.Thread):
                     self.end = "frames"
                     return
         finally:
-            self.sub.close()
+            try:
+                self.delivery = self.sub.stats().get("delivery")   # how frames actually came
+            finally:
+                self.sub.close()
 
     def take(self):
         with self.lock:
@@ -192,7 +196,8 @@ def main(argv=None):
     for r in readers:
         _, frames, drops, events = r.take()
         print(json.dumps({"event": "camera-final", "camera": r.name_, "frames": frames, "drops": drops,
-                          "motion_events": events, "end": r.end or "stopped"}), flush=True)
+                          "motion_events": events, "delivery": r.delivery, "end": r.end or "stopped"}),
+              flush=True)
     print(json.dumps({"event": "final", "role": "nvr_motion", "seconds": round(time.monotonic() - start, 2),
                       "frames": sum(r.frames for r in readers)}), flush=True)
     return 0

@@ -97,5 +97,6 @@ def test_nvr_motion_reads_every_frame_of_two_host_cameras_by_push(producer, sock
     finals = {l["camera"]: l for l in lines if l["event"] == "camera-final"}
     for cam in ("cam", "cam2"):
         assert finals[cam]["frames"] == 40 and finals[cam]["end"] == "frames", finals
+        assert finals[cam]["delivery"] == "push", finals
         # The test pattern changes every pixel every frame: that is motion.
         assert finals[cam]["motion_events"] >= 1, finals
