@@ -9,11 +9,14 @@
 //! and the segment number (u32 LE). A segment is one pass of a looped file,
 //! or the run of a packet input between two resyncs; `tests/gpu_nvr.rs`
 //! matches each frame of a file camera against the clip's reference digest
-//! at that index. pts: 90 kHz at the file's frame rate for a file, the
-//! packet's pts for a packet ring.
+//! at that index. The first frame of every segment after the first carries
+//! `FRAME_DISCONTINUITY` (a reader that compares frames starts again
+//! there). pts: 90 kHz at the file's frame rate for a file, the packet's
+//! pts for a packet ring.
 
 use std::path::PathBuf;
 
+use vramring::frame::FRAME_DISCONTINUITY;
 use vramring::nvdec::{Codec, DecodedFrame, Decoder, DecoderOptions};
 use vramring::{
     BackendChoice, BackendKind, Error, Format, FrameMeta, Policy, Publisher, PullAccess, RingConfig, ServeOptions,
@@ -69,6 +72,8 @@ struct Output {
     publisher: Option<Publisher>,
     index: u32,
     segment: u32,
+    /// The next frame starts a new segment.
+    discontinuity: bool,
     /// pts of the next frame of a file (90 kHz), `None` for packets.
     file_pts: Option<f64>,
     pts_step: f64,
@@ -103,6 +108,7 @@ impl NvdecStage {
                 publisher: None,
                 index: 0,
                 segment: 0,
+                discontinuity: false,
                 file_pts,
                 pts_step: 90_000.0 / fps,
                 published: 0,
@@ -134,8 +140,7 @@ impl Decode for NvdecStage {
         if let Some(dec) = self.decoder.as_mut() {
             dec.flush(&mut |f| out.publish(f)).map_err(failed)?;
         }
-        self.out.segment = self.out.segment.wrapping_add(1);
-        self.out.index = 0;
+        self.out.new_segment();
         Ok(self.out.published - before)
     }
 
@@ -148,8 +153,7 @@ impl Decode for NvdecStage {
             }
         }
         self.decoder = Some(self.spec.make().map_err(failed)?);
-        self.out.segment = self.out.segment.wrapping_add(1);
-        self.out.index = 0;
+        self.out.new_segment();
         Ok(())
     }
 
@@ -178,6 +182,14 @@ impl Drop for NvdecStage {
 }
 
 impl Output {
+    fn new_segment(&mut self) {
+        if self.index > 0 {
+            self.segment = self.segment.wrapping_add(1);
+            self.index = 0;
+            self.discontinuity = true;
+        }
+    }
+
     fn ring_config(&self, width: u32, height: u32) -> RingConfig {
         let r = &self.ring;
         RingConfig::new(Format::Nv12, width, height)
@@ -228,8 +240,10 @@ impl Output {
         let mut user = [0u8; 8];
         user[..4].copy_from_slice(&self.index.to_le_bytes());
         user[4..].copy_from_slice(&self.segment.to_le_bytes());
+        // Every decoded picture takes its index, published or not.
         self.index = self.index.wrapping_add(1);
-        let meta = FrameMeta::pts(pts).with_user(&user)?;
+        let flags = if self.discontinuity { FRAME_DISCONTINUITY } else { 0 };
+        let meta = FrameMeta::pts(pts).with_flags(flags).with_user(&user)?;
         let mut slot = match publisher.loan(self.ring.loan_timeout) {
             Ok(s) => s,
             // Lossless readers held every slot past the timeout: this frame
@@ -249,6 +263,7 @@ impl Output {
             slot.publish(meta)?;
         }
         self.published += 1;
+        self.discontinuity = false;
         Ok(())
     }
 }

@@ -26,6 +26,10 @@ import sys
 import threading
 import time
 
+# FrameMeta flag: the stream restarted before this frame (nvr_decoder sets it
+# at a loop of a file and after a resync): no difference against the frame before.
+DISCONTINUITY = 2
+
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -68,6 +72,8 @@ class TorchDiff:
         self.scale, self.threshold, self.prev = scale, threshold, None
 
     def score(self, frame):
+        if frame.flags & DISCONTINUITY:
+            self.prev = None
         y = self.torch.from_dlpack(frame.plane(0))          # rows x width uint8, no copy
         small = self.F.avg_pool2d(y[None, None].float(), self.scale)
         prev, self.prev = self.prev, small
@@ -85,6 +91,8 @@ class NumpyDiff:
         self.scale, self.threshold, self.prev = scale, threshold, None
 
     def score(self, frame):
+        if frame.flags & DISCONTINUITY:
+            self.prev = None
         y = self.np.from_dlpack(frame.plane(0))
         s = self.scale
         h, w = (y.shape[0] // s) * s, (y.shape[1] // s) * s
