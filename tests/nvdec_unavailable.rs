@@ -2,7 +2,8 @@
 //! panic: the library is pointed at a path that does not exist
 //! (`use_library`, or `VRAMRING_NVCUVID` for the example), so this runs the same on CI and on a GPU
 //! machine. The library is loaded once per process, so the in-process check
-//! is the only one here that opens it; the producer example runs as a child.
+//! is the only one here that opens it; the producer examples run as children.
+//! `nvr_decoder` also refuses a bad config (exit 2) before it opens NVDEC.
 
 use vramring_testkit::procs as common;
 
@@ -50,4 +51,86 @@ fn nvdec_producer_without_libnvcuvid_exits_3_with_the_reason() {
         "stderr says why, as a sentence: {err}"
     );
     assert!(!err.contains("panicked"), "no panic: {err}");
+}
+
+/// A config for `nvr_decoder` with two file cameras, rings in `dir`.
+fn nvr_config(dir: &common::TempDir) -> std::path::PathBuf {
+    let clip = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/clip.h264");
+    let text = format!(
+        "[decoder]\nsocket_dir = {:?}\n[[camera]]\nname = \"a\"\ninput = {{ file = {clip:?}, loop = true }}\n[[camera]]\nname = \"b\"\ninput = {{ file = {clip:?} }}\n",
+        dir.join("rings").display().to_string()
+    );
+    let path = dir.join("cameras.toml");
+    std::fs::write(&path, text).expect("writing the config");
+    path
+}
+
+#[test]
+fn nvr_decoder_without_libnvcuvid_exits_3_with_the_reason() {
+    let dir = common::TempDir::new("nvr-unavailable");
+    for env in [Some(MISSING), None] {
+        let mut cmd = Command::new(common::example("nvr_decoder"));
+        cmd.arg("--config").arg(nvr_config(&dir));
+        if let Some(lib) = env {
+            cmd.env("VRAMRING_NVCUVID", lib);
+        } else if vramring::nvdec::available() {
+            // A GPU machine with NVDEC: only the named missing library applies.
+            continue;
+        }
+        let out = cmd.output().expect("running nvr_decoder");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "exit code 3 (no NVDEC here); stderr: {err}");
+        assert!(
+            err.contains("NVDEC hardware decoder is not usable here") || err.contains("CUDA"),
+            "stderr says why, as a sentence: {err}"
+        );
+        if env.is_some() {
+            assert!(err.contains(MISSING), "names the library: {err}");
+        }
+        assert!(!err.contains("panicked"), "no panic: {err}");
+        assert!(!dir.join("rings").join("a.sock").exists(), "no ring made");
+    }
+}
+
+#[test]
+fn nvr_decoder_refuses_a_bad_config_with_exit_2_before_touching_nvdec() {
+    let dir = common::TempDir::new("nvr-badconfig");
+    let path = dir.join("bad.toml");
+    std::fs::write(
+        &path,
+        "[[camera]]\nname = \"a\"\ninput = { file = \"x.h264\", packets = \"y.sock\" }\n",
+    )
+    .expect("writing the config");
+    let out = Command::new(common::example("nvr_decoder"))
+        .arg("--config")
+        .arg(&path)
+        .env("VRAMRING_NVCUVID", MISSING)
+        .output()
+        .expect("running nvr_decoder");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "exit code 2 (bad config); stderr: {err}");
+    assert!(
+        err.contains(&path.display().to_string()) && err.contains("camera \"a\"") && err.contains("not both"),
+        "one sentence naming the file, the camera and the key: {err}"
+    );
+    assert!(!err.contains("panicked"), "no panic: {err}");
+}
+
+#[test]
+fn nvr_decoder_check_lists_the_shipped_example_cameras_without_a_gpu() {
+    let out = Command::new(common::example("nvr_decoder"))
+        .arg("--config")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/nvr/cameras.example.toml"
+        ))
+        .arg("--check")
+        .env("VRAMRING_NVCUVID", MISSING)
+        .output()
+        .expect("running nvr_decoder");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for cam in ["front:", "garage:", "yard:", "vramring top /tmp/vramring-nvr"] {
+        assert!(text.contains(cam), "{cam}: {text}");
+    }
 }

@@ -1,0 +1,215 @@
+"""Motion on every frame of many vramring cameras, on the GPU.
+
+One reader thread per camera subscribes in `sequential` mode (every frame,
+in order; gaps are counted, never hidden) with push delivery (the
+publisher's process copies each frame into this process's own buffers; pass
+--pull to pull instead), takes the luma plane as a tensor without a copy,
+downscales it, and scores motion as the fraction of pixels whose luma moved
+more than --threshold since the previous frame. The scoring runs on the
+frame's device: torch on a CUDA ring, numpy on a host ring (or with
+--numpy). Reports per camera, as JSON lines, frames/s, the motion score
+(mean and max over the interval), motion events and drops (frames the
+reader never saw: the sum of each frame's `skipped`).
+
+    cargo run --release --features nvdec --example nvr_decoder -- --config examples/nvr/cameras.example.toml
+    python3 examples/python/nvr_motion.py --dir /tmp/vramring-nvr
+
+torch is imported only when it runs and a ring is on the GPU, so --help
+works without it. Exit status 0 at the end (--seconds, --frames, Ctrl-C, or
+every camera gone), 2 when no camera is found, 1 on other errors.
+"""
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+# FrameMeta flag: the stream restarted before this frame (nvr_decoder sets it
+# at a loop of a file and after a resync): no difference against the frame before.
+DISCONTINUITY = 2
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sockets", nargs="*", help="camera ring sockets (or use --dir)")
+    ap.add_argument("--dir", help="every frame ring in this directory (*.sock, not *.packets.sock)")
+    ap.add_argument("--expect", type=int, default=0,
+                    help="with --dir: wait up to --timeout seconds for this many rings to appear")
+    ap.add_argument("--threshold", type=float, default=25.0, help="luma change that counts as motion")
+    ap.add_argument("--min-area", type=float, default=0.005, help="fraction of pixels that makes a motion event")
+    ap.add_argument("--scale", type=int, default=4, help="downscale factor before scoring")
+    ap.add_argument("--pull", action="store_true", help="pull frames from the ring instead of push delivery")
+    ap.add_argument("--numpy", action="store_true", help="score on the CPU with numpy (host rings)")
+    ap.add_argument("--frames", type=int, default=0, help="stop each camera after this many frames (0: no limit)")
+    ap.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
+    ap.add_argument("--report", type=float, default=1.0, help="seconds between status lines")
+    ap.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a camera and for a frame")
+    return ap.parse_args(argv)
+
+
+def find_sockets(a):
+    """The sockets given, and the frame rings in --dir (waiting for --expect of them)."""
+    deadline = time.monotonic() + a.timeout
+    while True:
+        found = []
+        if a.dir and os.path.isdir(a.dir):
+            found = [os.path.join(a.dir, n) for n in sorted(os.listdir(a.dir))
+                     if n.endswith(".sock") and not n.endswith(".packets.sock")]
+        if len(found) >= a.expect or time.monotonic() >= deadline:
+            return list(a.sockets) + found
+        time.sleep(0.1)
+
+
+class TorchDiff:
+    """Frame difference on the frame's GPU: downscale, |now - before| > threshold."""
+
+    def __init__(self, scale, threshold):
+        import torch
+        import torch.nn.functional as F
+        self.torch, self.F = torch, F
+        self.scale, self.threshold, self.prev = scale, threshold, None
+
+    def score(self, frame):
+        if frame.flags & DISCONTINUITY:
+            self.prev = None
+        y = self.torch.from_dlpack(frame.plane(0))          # rows x width uint8, no copy
+        small = self.F.avg_pool2d(y[None, None].float(), self.scale)
+        prev, self.prev = self.prev, small
+        if prev is None or prev.shape != small.shape:
+            return 0.0
+        return float(((small - prev).abs() > self.threshold).float().mean())   # one sync per frame
+
+
+class NumpyDiff:
+    """The same on the host, for host rings."""
+
+    def __init__(self, scale, threshold):
+        import numpy as np
+        self.np = np
+        self.scale, self.threshold, self.prev = scale, threshold, None
+
+    def score(self, frame):
+        if frame.flags & DISCONTINUITY:
+            self.prev = None
+        y = self.np.from_dlpack(frame.plane(0))
+        s = self.scale
+        h, w = (y.shape[0] // s) * s, (y.shape[1] // s) * s
+        small = y[:h, :w].reshape(h // s, s, w // s, s).mean(axis=(1, 3))
+        prev, self.prev = self.prev, small
+        if prev is None or prev.shape != small.shape:
+            return 0.0
+        return float((self.np.abs(small - prev) > self.threshold).mean())
+
+
+class Reader(threading.Thread):
+    """Reads every frame of one camera and keeps its counters."""
+
+    def __init__(self, path, sub, a, stop):
+        super().__init__(daemon=True)
+        self.path, self.sub, self.a, self.stop = path, sub, a, stop
+        self.name_ = os.path.basename(path).removesuffix(".sock")
+        on_gpu = sub.backend == "cuda" and not a.numpy
+        self.diff = (TorchDiff if on_gpu else NumpyDiff)(a.scale, a.threshold)
+        self.scorer = "torch" if on_gpu else "numpy"
+        self.lock = threading.Lock()
+        self.frames = self.drops = self.events = 0
+        self.window = []
+        self.moving = False
+        self.end = None
+        self.delivery = None
+
+    def run(self):
+        try:
+            while not self.stop.is_set():
+                try:
+                    f = self.sub.next(timeout=self.a.timeout)
+                except Exception as e:  # vramring errors; ProducerGone ends the camera
+                    self.end = f"{type(e).__name__}: {e}"
+                    return
+                s = self.diff.score(f)
+                with self.lock:
+                    self.frames += 1
+                    self.drops += f.skipped
+                    self.window.append(s)
+                    if s >= self.a.min_area and not self.moving:
+                        self.moving, self.events = True, self.events + 1
+                    elif s < self.a.min_area / 2:
+                        self.moving = False
+                del f
+                if self.a.frames and self.frames >= self.a.frames:
+                    self.end = "frames"
+                    return
+        finally:
+            try:
+                self.delivery = self.sub.stats().get("delivery")   # how frames actually came
+            finally:
+                self.sub.close()
+
+    def take(self):
+        with self.lock:
+            w, self.window = self.window, []
+            return w, self.frames, self.drops, self.events
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    paths = find_sockets(a)
+    if not paths:
+        print("nvr_motion: no camera: give sockets or --dir", file=sys.stderr)
+        return 2
+    import vramring
+    stop = threading.Event()
+    readers = []
+    for p in paths:
+        try:
+            sub = vramring.Subscriber(p, name="nvr-motion", mode="sequential", push=not a.pull,
+                                      connect_timeout=a.timeout, timeout=a.timeout)
+        except vramring.VramringError as e:
+            print(f"nvr_motion: skipping {p}: {e}", file=sys.stderr, flush=True)
+            continue
+        readers.append(Reader(p, sub, a, stop))
+    if not readers:
+        print("nvr_motion: no usable camera", file=sys.stderr)
+        return 2
+    print(json.dumps({"event": "ready", "role": "nvr_motion", "cameras": [r.name_ for r in readers],
+                      "delivery": "pull" if a.pull else "push",
+                      "scoring": sorted({r.scorer for r in readers})}), flush=True)
+    for r in readers:
+        r.start()
+    start = last = time.monotonic()
+    prev = {r.name_: 0 for r in readers}
+    try:
+        while any(r.is_alive() for r in readers):
+            time.sleep(0.05)
+            if a.seconds and time.monotonic() - start >= a.seconds:
+                break
+            if time.monotonic() - last >= a.report:
+                dt, last = time.monotonic() - last, time.monotonic()
+                for r in readers:
+                    w, frames, drops, events = r.take()
+                    print(json.dumps({
+                        "event": "camera", "camera": r.name_, "fps": round((frames - prev[r.name_]) / dt, 2),
+                        "frames": frames, "drops": drops, "motion_mean": round(sum(w) / len(w), 4) if w else 0.0,
+                        "motion_max": round(max(w, default=0.0), 4), "motion_events": events,
+                        "alive": r.is_alive(),
+                    }), flush=True)
+                    prev[r.name_] = frames
+    except KeyboardInterrupt:
+        pass
+    stop.set()
+    for r in readers:
+        r.join(timeout=a.timeout + 1.0)
+    for r in readers:
+        _, frames, drops, events = r.take()
+        print(json.dumps({"event": "camera-final", "camera": r.name_, "frames": frames, "drops": drops,
+                          "motion_events": events, "delivery": r.delivery, "end": r.end or "stopped"}),
+              flush=True)
+    print(json.dumps({"event": "final", "role": "nvr_motion", "seconds": round(time.monotonic() - start, 2),
+                      "frames": sum(r.frames for r in readers)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
