@@ -508,3 +508,24 @@ impl Drop for Copier {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_symbol_resolves_where_libgstcuda_is_installed() {
+        // SAFETY: as in `GstCudaLib::open`.
+        if unsafe { libloading::Library::new("libgstcuda-1.0.so.0") }.is_err() {
+            return; // CI: no libgstcuda-1.0, CUDA memory is simply not offered.
+        }
+        if let Err(e) = GstCudaLib::open() {
+            panic!("libgstcuda-1.0 opens but lacks a symbol: {e}");
+        }
+    }
+
+    #[test]
+    fn gst_map_cuda_is_the_flag_after_the_last_core_one() {
+        assert_eq!(GST_MAP_CUDA, 1 << 17);
+    }
+}
