@@ -383,7 +383,7 @@ fn the_sink_template_offers_cuda_memory_first_and_backend_host_never_does() {
         .property_from_str("backend", "host")
         .build()
         .expect("a vramringsink");
-    let template = sink.pad_template("sink").expect("a sink template").caps();
+    let template = sink.pad_template("sink").expect("a sink template").caps().clone();
     let features: Vec<bool> = template
         .iter_with_features()
         .map(|(_, f)| f.contains("memory:CUDAMemory"))
