@@ -354,7 +354,7 @@ fn run_one(
     let mut sub_outs = Vec::new();
     for k in 0..subs {
         let out = dir.join(format!("{tag}.sub{k}"));
-        let mut s = Proc::spawn(
+        let s = Proc::spawn(
             &[
                 "subscribe".into(),
                 pair.into(),
@@ -365,9 +365,11 @@ fn run_one(
             ],
             env,
         )?;
-        s.wait_ready()?;
         subscribers.push(s);
         sub_outs.push(out);
+    }
+    for s in &mut subscribers {
+        s.wait_ready()?;
     }
     // Let every subscriber connect before the first frame.
     std::thread::sleep(Duration::from_millis(1000));
@@ -480,7 +482,7 @@ fn bench(args: &[String]) -> Res<()> {
             .unwrap_or_else(|_| PathBuf::from(".")),
     )?;
     let fast: u64 = arg(args, "--frames-fast", 1000)?;
-    let slow: u64 = arg(args, "--frames-slow", 125)?;
+    let slow: u64 = arg(args, "--frames-slow", 100)?;
     let subs_list: String = arg(args, "--subs", "1,4,8".to_string())?;
     let pairs: String = arg(args, "--pairs", PAIRS.join(","))?;
     let mps: String = arg(args, "--mps", "auto".to_string())?;
