@@ -486,6 +486,10 @@ fn bench(args: &[String]) -> Res<()> {
     let subs_list: String = arg(args, "--subs", "1,4,8".to_string())?;
     let pairs: String = arg(args, "--pairs", PAIRS.join(","))?;
     let mps: String = arg(args, "--mps", "auto".to_string())?;
+    // Runs that would start past this many seconds are skipped (listed as
+    // such), so the whole command ends in time on a leased machine.
+    let budget = Duration::from_secs(arg(args, "--budget-s", 300)?);
+    let began = Instant::now();
     let subs_list: Vec<u32> = subs_list.split(',').map(str::parse).collect::<Result<_, _>>()?;
     std::fs::create_dir_all(&out)?;
     let dir = tempfile::tempdir()?;
@@ -538,7 +542,12 @@ fn bench(args: &[String]) -> Res<()> {
         for pair in pairs.split(',') {
             for (interval_us, frames, pace) in [(2000u64, fast, "2 ms"), (40_000, slow, "25 fps")] {
                 for &subs in &subs_list {
-                    let row = match run_one(dir.path(), pair, interval_us, frames, subs, &env) {
+                    let row = if began.elapsed() > budget {
+                        Err(format!("skipped: past the {budget:?} budget").into())
+                    } else {
+                        run_one(dir.path(), pair, interval_us, frames, subs, &env)
+                    };
+                    let row = match row {
                         Ok(r) => format!(
                             "| {pair} | {pace} | {subs} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
                             if on { "on" } else { "off" },
