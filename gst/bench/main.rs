@@ -185,6 +185,8 @@ fn publish(args: &[String]) -> Res<()> {
         &[gst::MessageType::Eos, gst::MessageType::Error],
     );
     bus_error(&p)?;
+    // Subscribers read what is in flight before the server goes away.
+    std::thread::sleep(Duration::from_millis(500));
     p.set_state(gst::State::Null)?;
     let mut f = std::io::BufWriter::new(std::fs::File::create(out)?);
     for (i, t) in stamps.lock().unwrap_or_else(|e| e.into_inner()).iter() {
@@ -589,6 +591,11 @@ fn gpu_name() -> String {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if matches!(args.first().map(String::as_str), Some("publish" | "subscribe")) {
+        // A child dies with the bench (a timeout kills the bench).
+        // SAFETY: prctl with an integer argument; no memory is passed.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    }
     match args.first().map(String::as_str) {
         Some("publish") => publish(&args[1..]),
         Some("subscribe") => subscribe(&args[1..]),
