@@ -29,4 +29,5 @@ rm -rf "$dev/gst/gstreamer/prefix/lib/x86_64-linux-gnu/pkgconfig"
 cp tests/data/clip.h264 tests/data/clip.nv12.framemd5 "$dev/gst/data/"
 cp gst/bench/run.sh "$dev/gst/run.sh"
 chmod +x "$dev/gst/run.sh"
-du -sh "$dev" "$dev"/* "$dev"/gst/*
+du -sh "$dev"/gst/* "$dev"/tests "$dev"/examples
+du -sh "$dev"

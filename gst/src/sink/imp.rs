@@ -228,7 +228,7 @@ impl ElementImpl for VramringSink {
             gst::subclass::ElementMetadata::new(
                 "vramring frame ring sink",
                 "Sink/Video",
-                "Publishes raw video frames (system memory) on a vramring shared-memory frame ring that subscribers in other processes read",
+                "Publishes raw video frames (system or CUDA memory) on a vramring shared-memory frame ring that subscribers in other processes read",
                 "vramring developers",
             )
         });
