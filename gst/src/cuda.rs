@@ -524,6 +524,18 @@ mod tests {
         }
     }
 
+    /// Offsets `offsetof(GstCudaMemory, …)` gives with gstcudamemory.h of
+    /// GStreamer 1.28.6 on x86_64 (a C program compiled against its
+    /// headers printed them).
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn the_cuda_memory_struct_matches_the_c_header() {
+        assert_eq!(std::mem::size_of::<gst::ffi::GstMemory>(), 112);
+        assert_eq!(std::mem::offset_of!(GstCudaMemoryRaw, context), 112);
+        assert_eq!(std::mem::offset_of!(GstCudaMemoryRaw, info), 120);
+        assert_eq!(std::mem::offset_of!(GstCudaMemoryRaw, private), 272);
+    }
+
     #[test]
     fn gst_map_cuda_is_the_flag_after_the_last_core_one() {
         assert_eq!(GST_MAP_CUDA, 1 << 17);
