@@ -539,7 +539,19 @@ fn bench(args: &[String]) -> Res<()> {
     ));
     let path = out.join("gst-ipc-bench.md");
     for &on in &mps_modes {
-        let mps_guard = if on { Some(Mps::start()?) } else { None };
+        let mps_guard = match on.then(Mps::start).transpose() {
+            Ok(g) => g,
+            Err(e) => {
+                let row = format!(
+                    "| (all) | | | on | MPS did not start: {} | | | | | | |\n",
+                    e.to_string().replace('|', "/")
+                );
+                eprint!("{row}");
+                table.push_str(&row);
+                std::fs::write(&path, &table)?;
+                continue;
+            }
+        };
         let env = mps_guard.as_ref().map(|m| m.env.clone()).unwrap_or_default();
         for pair in pairs.split(',') {
             for (interval_us, frames, pace) in [(2000u64, fast, "2 ms"), (40_000, slow, "25 fps")] {
