@@ -1,7 +1,8 @@
 //! GStreamer elements for vramring (`gst-inspect-1.0 vramring`):
 //!
-//! * `vramringsink` publishes raw video (`video/x-raw` in system memory) on
-//!   a vramring frame ring ([`vramring::Publisher`]);
+//! * `vramringsink` publishes raw video (`video/x-raw` in system memory on
+//!   a host ring, `video/x-raw(memory:CUDAMemory)` on a CUDA ring) on a
+//!   vramring frame ring ([`vramring::Publisher`]);
 //! * `vramringsrc` subscribes to a frame ring ([`vramring::Subscriber`]) and
 //!   outputs raw video in system memory, as a live source;
 //! * `vramringpacketsink` / `vramringpacketsrc` carry H.264 / H.265 access
@@ -16,6 +17,7 @@
 
 mod clock;
 mod codec;
+mod cuda;
 mod packetsink;
 mod packetsource;
 mod serve;

@@ -36,6 +36,27 @@ pub fn template_caps() -> gst::Caps {
         .build()
 }
 
+/// The same formats and sizes in GStreamer's CUDA memory
+/// (`video/x-raw(memory:CUDAMemory)`), first, then [`template_caps`]:
+/// upstream CUDA elements (`nvh264dec`, `cudaupload`) negotiate CUDA
+/// memory, everything else system memory.
+pub fn template_caps_with_cuda() -> gst::Caps {
+    let mut caps = gst_video::VideoCapsBuilder::new()
+        .features([crate::cuda::CUDA_MEMORY_FEATURE])
+        .format_list(FORMATS.iter().map(|(_, v)| *v))
+        .width_range(1..=MAX_DIMENSION)
+        .height_range(1..=MAX_DIMENSION)
+        .build();
+    caps.merge(template_caps());
+    caps
+}
+
+/// Whether `caps` (fixed) are in GStreamer's CUDA memory.
+pub fn is_cuda_memory(caps: &gst::CapsRef) -> bool {
+    caps.features(0)
+        .is_some_and(|f| f.contains(crate::cuda::CUDA_MEMORY_FEATURE))
+}
+
 /// The largest side a ring accepts ([`Geometry::new`] refuses more; the
 /// library does not export its constant).
 const MAX_DIMENSION: i32 = 16384;
@@ -62,36 +83,48 @@ impl std::fmt::Display for CopyError {
     }
 }
 
+impl PlaneCopy {
+    /// Whether the plane's rows lie within `src_len` bytes on the source
+    /// side and `dst_len` on the destination side, and a row within each
+    /// stride. An empty copy always fits.
+    ///
+    /// # Errors
+    /// What does not fit, in words.
+    pub fn fits(&self, src_len: usize, dst_len: usize) -> Result<(), CopyError> {
+        let p = self;
+        if p.rows == 0 || p.row_bytes == 0 {
+            return Ok(());
+        }
+        if p.row_bytes > p.src_stride || p.row_bytes > p.dst_stride {
+            return Err(CopyError(format!(
+                "a row of {} bytes exceeds a stride ({} source, {} destination)",
+                p.row_bytes, p.src_stride, p.dst_stride
+            )));
+        }
+        let end = |offset: usize, stride: usize| {
+            (p.rows - 1)
+                .checked_mul(stride)
+                .and_then(|v| v.checked_add(offset))
+                .and_then(|v| v.checked_add(p.row_bytes))
+        };
+        match (end(p.src_offset, p.src_stride), end(p.dst_offset, p.dst_stride)) {
+            (Some(s), Some(d)) if s <= src_len && d <= dst_len => Ok(()),
+            _ => Err(CopyError(format!(
+                "plane of {} rows x {} bytes does not fit ({} source bytes, {} destination bytes)",
+                p.rows, p.row_bytes, src_len, dst_len
+            ))),
+        }
+    }
+}
+
 /// Copies `p.rows` rows of `p.row_bytes` bytes from `src` to `dst`, each
-/// side at its own offset and stride. Checks every bound first: nothing is
-/// written unless the whole plane fits on both sides.
+/// side at its own offset and stride. Checks every bound first
+/// ([`PlaneCopy::fits`]): nothing is written unless the whole plane fits on
+/// both sides.
 pub fn copy_plane(src: &[u8], dst: &mut [u8], p: &PlaneCopy) -> Result<(), CopyError> {
+    p.fits(src.len(), dst.len())?;
     if p.rows == 0 || p.row_bytes == 0 {
         return Ok(());
-    }
-    if p.row_bytes > p.src_stride || p.row_bytes > p.dst_stride {
-        return Err(CopyError(format!(
-            "a row of {} bytes exceeds a stride ({} source, {} destination)",
-            p.row_bytes, p.src_stride, p.dst_stride
-        )));
-    }
-    let end = |offset: usize, stride: usize| {
-        (p.rows - 1)
-            .checked_mul(stride)
-            .and_then(|v| v.checked_add(offset))
-            .and_then(|v| v.checked_add(p.row_bytes))
-    };
-    match (end(p.src_offset, p.src_stride), end(p.dst_offset, p.dst_stride)) {
-        (Some(s), Some(d)) if s <= src.len() && d <= dst.len() => {}
-        _ => {
-            return Err(CopyError(format!(
-                "plane of {} rows x {} bytes does not fit ({} source bytes, {} destination bytes)",
-                p.rows,
-                p.row_bytes,
-                src.len(),
-                dst.len()
-            )))
-        }
     }
     for r in 0..p.rows {
         let s = p.src_offset + r * p.src_stride;

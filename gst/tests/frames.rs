@@ -375,3 +375,29 @@ fn delivery_auto_falls_back_to_push_when_the_publisher_refuses_pull() {
     );
     stop(&src);
 }
+
+#[test]
+fn the_sink_template_offers_cuda_memory_first_and_backend_host_never_does() {
+    init();
+    let sink = gst::ElementFactory::make("vramringsink")
+        .property_from_str("backend", "host")
+        .build()
+        .expect("a vramringsink");
+    let template = sink.pad_template("sink").expect("a sink template").caps().clone();
+    let features: Vec<bool> = template
+        .iter_with_features()
+        .map(|(_, f)| f.contains("memory:CUDAMemory"))
+        .collect();
+    assert_eq!(
+        features,
+        [true, false],
+        "CUDA memory first, then system memory: {template}"
+    );
+    let pad = sink.static_pad("sink").expect("a sink pad");
+    let caps = pad.query_caps(None);
+    assert!(!caps.is_empty());
+    assert!(
+        caps.iter_with_features().all(|(_, f)| !f.contains("memory:CUDAMemory")),
+        "backend=host offers system memory only: {caps}"
+    );
+}

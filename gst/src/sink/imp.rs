@@ -12,9 +12,10 @@ use gst_base::prelude::*;
 use gst_base::subclass::prelude::*;
 use gst_video::prelude::*;
 use vramring::frame::{FRAME_DISCONTINUITY, FRAME_KEY};
-use vramring::{BackendChoice, Error, FrameMeta, Policy, Publisher, PullAccess, RingConfig, SlotMut};
+use vramring::{BackendChoice, BackendKind, Error, FrameMeta, Policy, Publisher, PullAccess, RingConfig, SlotMut};
 
 use super::{BackendSetting, PolicySetting, PullAccessSetting};
+use crate::cuda::{self, Copier, MappedCuda, Primary};
 use crate::serve::{self, ServeSettings};
 use crate::trailer::FrameTrailer;
 use crate::video;
@@ -39,6 +40,7 @@ struct Settings {
     slots: u32,
     policy: PolicySetting,
     backend: BackendSetting,
+    cuda_device_id: u32,
     pull_access: PullAccessSetting,
     pull_uids: Vec<u32>,
     allow_write: bool,
@@ -53,6 +55,7 @@ impl Default for Settings {
             slots: DEFAULT_SLOTS,
             policy: PolicySetting::default(),
             backend: BackendSetting::default(),
+            cuda_device_id: 0,
             pull_access: PullAccessSetting::default(),
             pull_uids: Vec::new(),
             allow_write: false,
@@ -66,6 +69,8 @@ impl Default for Settings {
 struct State {
     publisher: Option<Publisher>,
     info: Option<gst_video::VideoInfo>,
+    /// The device-side copier while the input is CUDA memory.
+    cuda: Option<Copier>,
     /// Whether `wait-subscribers` has been met for this ring.
     waited: bool,
 }
@@ -113,7 +118,13 @@ impl ObjectImpl for VramringSink {
                     .build(),
                 glib::ParamSpecEnum::builder_with_default("backend", BackendSetting::default())
                     .nick("Backend")
-                    .blurb("Memory the ring lives in; system-memory input is published on a host ring (cuda needs memory:CUDAMemory input, which this build does not implement)")
+                    .blurb("Memory the ring lives in: host for system-memory input, cuda (on cuda-device-id) for memory:CUDAMemory input; auto follows the input")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("cuda-device-id")
+                    .nick("CUDA device")
+                    .blurb("Ordinal of the GPU a CUDA ring lives on; the sink offers upstream CUDA elements this device's primary context")
+                    .default_value(0)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecEnum::builder_with_default("pull-access", PullAccessSetting::default())
@@ -166,6 +177,7 @@ impl ObjectImpl for VramringSink {
             "slots" => s.slots = value.get().unwrap_or(DEFAULT_SLOTS),
             "policy" => s.policy = value.get().unwrap_or_default(),
             "backend" => s.backend = value.get().unwrap_or_default(),
+            "cuda-device-id" => s.cuda_device_id = value.get().unwrap_or(0),
             "pull-access" => s.pull_access = value.get().unwrap_or_default(),
             "pull-uids" => {
                 let text = value.get::<Option<String>>().ok().flatten().unwrap_or_default();
@@ -192,6 +204,7 @@ impl ObjectImpl for VramringSink {
             "slots" => s.slots.to_value(),
             "policy" => s.policy.to_value(),
             "backend" => s.backend.to_value(),
+            "cuda-device-id" => s.cuda_device_id.to_value(),
             "pull-access" => s.pull_access.to_value(),
             "pull-uids" => s
                 .pull_uids
@@ -215,7 +228,7 @@ impl ElementImpl for VramringSink {
             gst::subclass::ElementMetadata::new(
                 "vramring frame ring sink",
                 "Sink/Video",
-                "Publishes raw video frames (system memory) on a vramring shared-memory frame ring that subscribers in other processes read",
+                "Publishes raw video frames (system or CUDA memory) on a vramring shared-memory frame ring that subscribers in other processes read",
                 "vramring developers",
             )
         });
@@ -228,7 +241,7 @@ impl ElementImpl for VramringSink {
                 "sink",
                 gst::PadDirection::Sink,
                 gst::PadPresence::Always,
-                &video::template_caps(),
+                &video::template_caps_with_cuda(),
             )
             .expect("a static pad template")]
         });
@@ -237,17 +250,27 @@ impl ElementImpl for VramringSink {
 }
 
 impl VramringSink {
-    /// The ring configuration for `info`, from the settings.
-    fn ring_config(&self, info: &gst_video::VideoInfo) -> Result<(String, RingConfig), String> {
+    /// The ring configuration for `info` in system memory or (`cuda_input`)
+    /// in CUDA memory, from the settings.
+    fn ring_config(&self, info: &gst_video::VideoInfo, cuda_input: bool) -> Result<(String, RingConfig), String> {
         let s = lock(&self.settings).clone();
         let format = video::ring_format(info.format())
             .ok_or_else(|| format!("{} has no vramring format", info.format().to_str()))?;
-        let backend = match s.backend {
-            BackendSetting::Host | BackendSetting::Auto => BackendChoice::Host,
-            BackendSetting::Cuda => {
+        let backend = match (s.backend, cuda_input) {
+            (BackendSetting::Host | BackendSetting::Auto, false) => BackendChoice::Host,
+            (BackendSetting::Cuda | BackendSetting::Auto, true) => BackendChoice::Cuda(s.cuda_device_id),
+            (BackendSetting::Cuda, false) => {
                 return Err(
-                    "backend=cuda needs memory:CUDAMemory input, which this build of vramringsink does not \
-                            implement; use backend=host or auto for system memory"
+                    "backend=cuda needs memory:CUDAMemory input (the ring's slots are device memory and \
+                            the sink copies on the GPU); put cudaupload before the sink, or use backend=host or \
+                            auto for system memory"
+                        .into(),
+                )
+            }
+            (BackendSetting::Host, true) => {
+                return Err(
+                    "backend=host with memory:CUDAMemory input: put cudadownload before the sink, or use \
+                            backend=cuda or auto"
                         .into(),
                 )
             }
@@ -362,6 +385,66 @@ impl VramringSink {
         gst::trace!(CAT, imp = self, "published frame {seq}");
         Ok(gst::FlowSuccess::Ok)
     }
+
+    /// Copies CUDA memory `src` into `slot` on the GPU and commits it in
+    /// stream order ([`Copier::copy`], then `SlotMut::publish_cuda`): the
+    /// element does not wait for the GPU.
+    fn copy_and_publish_cuda(
+        &self,
+        mut slot: SlotMut<'_>,
+        copier: &mut Copier,
+        src: &MappedCuda,
+        meta: FrameMeta,
+    ) -> Result<gst::FlowSuccess, gst::FlowError> {
+        let planes: Vec<(usize, usize)> = src.planes.iter().map(|&(_, stride, bytes)| (stride, bytes)).collect();
+        let plan = video::plan(&planes, slot.geometry(), true).map_err(|e| {
+            gst::element_imp_error!(self, gst::StreamError::Format, ["{}", e]);
+            gst::FlowError::Error
+        })?;
+        let (dst, dst_len) = match slot.device_mut() {
+            Ok(view) => (view.as_raw(), view.len()),
+            Err(e) => {
+                gst::element_imp_error!(
+                    self,
+                    gst::ResourceError::Write,
+                    ["the slot is not device memory: {}", e]
+                );
+                return Err(gst::FlowError::Error);
+            }
+        };
+        // SAFETY: `dst..dst + dst_len` is the loaned slot, device memory of
+        // the ring's (primary) context, which stays allocated: the slot is
+        // committed on the returned stream below, or dropped unpublished
+        // (the ring reuses it only behind later stream-ordered work).
+        let stream = unsafe { copier.copy(src, &plan, dst, dst_len) }.map_err(|e| {
+            gst::element_imp_error!(self, gst::ResourceError::Write, ["CUDA copy into the slot: {}", e]);
+            gst::FlowError::Error
+        })?;
+        // SAFETY: `stream` is a stream of the primary context, the ring's
+        // context (`Copier::copy` returns its own stream or the memory's
+        // when the memory is of that context), alive for the call: the
+        // copier's lives in `State`, the memory's as long as `src` is
+        // mapped.
+        let seq = unsafe { slot.publish_cuda(meta, vramring::cuda::Stream::from_raw(stream)) }.map_err(|e| {
+            gst::element_imp_error!(self, gst::ResourceError::Write, ["publish failed: {}", e]);
+            gst::FlowError::Error
+        })?;
+        gst::trace!(CAT, imp = self, "published frame {seq} (CUDA)");
+        Ok(gst::FlowSuccess::Ok)
+    }
+
+    /// Whether the sink may take CUDA memory: its backend allows it and
+    /// CUDA memory is usable in this process.
+    fn cuda_possible(&self) -> bool {
+        lock(&self.settings).backend != BackendSetting::Host && cuda::available()
+    }
+}
+
+/// A buffer mapped for the copy: in system memory, or CUDA memory for the
+/// device.
+enum Input<'a> {
+    System(gst_video::VideoFrameRef<&'a gst::BufferRef>),
+    Cuda(MappedCuda),
 }
 
 impl BaseSinkImpl for VramringSink {
@@ -384,14 +467,32 @@ impl BaseSinkImpl for VramringSink {
     fn set_caps(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
         let info = gst_video::VideoInfo::from_caps(caps)
             .map_err(|_| gst::loggable_error!(CAT, "caps {caps} are not raw video"))?;
-        let (path, cfg) = self.ring_config(&info).map_err(|e| {
+        let cuda_input = video::is_cuda_memory(caps);
+        let (path, cfg) = self.ring_config(&info, cuda_input).map_err(|e| {
             gst::element_imp_error!(self, gst::ResourceError::Settings, ["{}", e]);
             gst::loggable_error!(CAT, "{e}")
         })?;
+        let copier = if cuda_input {
+            let ordinal = lock(&self.settings).cuda_device_id;
+            let copier = Primary::get(ordinal).and_then(Copier::new).map_err(|e| {
+                gst::element_imp_error!(self, gst::ResourceError::Settings, ["CUDA memory input: {}", e]);
+                gst::loggable_error!(CAT, "CUDA memory input: {e}")
+            })?;
+            Some(copier)
+        } else {
+            None
+        };
+        let kind = if cuda_input {
+            BackendKind::Cuda
+        } else {
+            BackendKind::Host
+        };
         let mut state = lock(&self.state);
+        // The copier goes before any ring it wrote into.
+        state.cuda = copier;
         let same = state.publisher.as_ref().is_some_and(|p| {
             let g = p.geometry();
-            g.format == cfg.format && g.width == cfg.width && g.height == cfg.height
+            g.format == cfg.format && g.width == cfg.width && g.height == cfg.height && p.backend() == kind
         });
         if !same {
             if let Some(mut old) = state.publisher.take() {
@@ -430,19 +531,35 @@ impl BaseSinkImpl for VramringSink {
         }
         let mut state = lock(&self.state);
         let info = state.info.clone().ok_or(gst::FlowError::NotNegotiated)?;
-        let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), &info).map_err(|_| {
-            gst::element_imp_error!(
-                self,
-                gst::StreamError::Format,
-                ["cannot map the buffer as {}", info.format().to_str()]
-            );
-            gst::FlowError::Error
-        })?;
+        let frame = if state.cuda.is_some() {
+            Input::Cuda(MappedCuda::map(buffer.as_ref(), &info).map_err(|e| {
+                gst::element_imp_error!(self, gst::StreamError::Format, ["{}", e]);
+                gst::FlowError::Error
+            })?)
+        } else {
+            Input::System(
+                gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), &info).map_err(|_| {
+                    gst::element_imp_error!(
+                        self,
+                        gst::StreamError::Format,
+                        ["cannot map the buffer as {}", info.format().to_str()]
+                    );
+                    gst::FlowError::Error
+                })?,
+            )
+        };
         let meta = self.frame_meta(buffer.as_ref(), &info);
-        let publisher = state.publisher.as_mut().ok_or(gst::FlowError::NotNegotiated)?;
+        let State { publisher, cuda, .. } = &mut *state;
+        let publisher = publisher.as_mut().ok_or(gst::FlowError::NotNegotiated)?;
         loop {
             match publisher.loan(SLICE) {
-                Ok(slot) => return self.fill_and_publish(slot, &frame, meta),
+                Ok(slot) => {
+                    return match (&frame, cuda.as_mut()) {
+                        (Input::Cuda(src), Some(copier)) => self.copy_and_publish_cuda(slot, copier, src, meta),
+                        (Input::System(frame), _) => self.fill_and_publish(slot, frame, meta),
+                        (Input::Cuda(_), None) => Err(gst::FlowError::NotNegotiated),
+                    }
+                }
                 // A lossless subscriber still holds the slot: it frees it or
                 // is evicted past its lease; go on waiting unless flushing.
                 Err(Error::LosslessBlocked { .. } | Error::Timeout(..)) => {
@@ -456,6 +573,40 @@ impl BaseSinkImpl for VramringSink {
                 }
             }
         }
+    }
+
+    fn caps(&self, filter: Option<&gst::Caps>) -> Option<gst::Caps> {
+        let caps = if self.cuda_possible() {
+            video::template_caps_with_cuda()
+        } else {
+            video::template_caps()
+        };
+        Some(match filter {
+            Some(f) => f.intersect_with_mode(&caps, gst::CapsIntersectMode::First),
+            None => caps,
+        })
+    }
+
+    fn query(&self, query: &mut gst::QueryRef) -> bool {
+        if let gst::QueryViewMut::Context(q) = query.view_mut() {
+            if q.context_type() == cuda::CONTEXT_TYPE && self.cuda_possible() {
+                let ordinal = lock(&self.settings).cuda_device_id;
+                match Primary::get(ordinal) {
+                    Ok(p) => {
+                        if p.answer_context_query(self.obj().upcast_ref(), query) {
+                            gst::debug!(
+                                CAT,
+                                imp = self,
+                                "gave upstream the primary CUDA context of device {ordinal}"
+                            );
+                            return true;
+                        }
+                    }
+                    Err(e) => gst::debug!(CAT, imp = self, "no CUDA context to share: {e}"),
+                }
+            }
+        }
+        BaseSinkImplExt::parent_query(self, query)
     }
 
     fn unlock(&self) -> Result<(), gst::ErrorMessage> {

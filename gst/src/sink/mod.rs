@@ -1,18 +1,15 @@
 //! `vramringsink`: publishes raw video on a vramring frame ring.
 //!
-//! Input is `video/x-raw` in system memory, in every format a ring holds
-//! (`video::FORMATS`). Each buffer is copied plane by plane, row by row,
-//! into a loaned slot (honouring the buffer's strides and the slot's 512-byte
-//! pitches) and published with the buffer's PTS as the frame's pts and a
-//! trailer of stream facts in its user bytes (`trailer.rs`). A caps change
-//! recreates the ring at the same path; subscribers that reconnect follow.
-//!
-//! **Only system memory is implemented.** `memory:CUDAMemory` input (a
-//! device-to-device copy into the loaned slot on the element's CUDA
-//! stream, then `SlotMut::publish_cuda`) needs the gstreamer-cuda bindings
-//! and a GPU; the element is shaped for it (the ring is made in `set_caps`,
-//! where the caps' memory feature would choose a CUDA ring, and the copy is
-//! one function per memory kind), but it is not built here.
+//! Input is `video/x-raw` in system memory or in GStreamer's CUDA memory
+//! (`memory:CUDAMemory`, offered first), in every format a ring holds
+//! (`video::FORMATS`). Each buffer is copied plane by plane into a loaned
+//! slot (honouring the buffer's strides and the slot's 512-byte pitches):
+//! row by row on the host into a host ring, or with 2-D device copies into
+//! a CUDA ring, committed in stream order (`SlotMut::publish_cuda`, no
+//! host wait; `cuda.rs` says which stream and context). Each frame carries
+//! the buffer's PTS as its pts and a trailer of stream facts in its user
+//! bytes (`trailer.rs`). A caps change recreates the ring at the same path;
+//! subscribers that reconnect follow.
 
 use gst::glib;
 use gst::prelude::*;
@@ -44,16 +41,14 @@ pub enum BackendSetting {
     /// Host shared memory.
     #[enum_value(name = "Host shared memory", nick = "host")]
     Host,
-    /// CUDA device memory: needs memory:CUDAMemory input, not implemented.
-    #[enum_value(
-        name = "CUDA device memory (needs memory:CUDAMemory input: not implemented in this build)",
-        nick = "cuda"
-    )]
+    /// CUDA device memory: needs memory:CUDAMemory input.
+    #[enum_value(name = "CUDA device memory (needs memory:CUDAMemory input)", nick = "cuda")]
     Cuda,
-    /// The backend that fits the input: host memory for system memory.
+    /// The backend that fits the input: host memory for system memory,
+    /// CUDA memory for memory:CUDAMemory.
     #[default]
     #[enum_value(
-        name = "Auto: the backend that fits the input memory (host for system memory)",
+        name = "Auto: the backend that fits the input memory (host for system memory, cuda for memory:CUDAMemory)",
         nick = "auto"
     )]
     Auto,

@@ -1,0 +1,616 @@
+//! Inter-process delivery of 1080p NV12 in CUDA memory between GStreamer
+//! pipelines: `cudaipcsink ipc-mode=mmap` → `cudaipcsrc`,
+//! `cudaipcsink ipc-mode=legacy` → `cudaipcsrc` and `vramringsink` →
+//! `vramringsrc`, with 1, 4 and 8 subscriber processes, a frame every 2 ms
+//! and at 25 fps, optionally under MPS. Writes a Markdown table
+//! (`--out DIR`, `$OUT` by default). How to build, stage and run it on the
+//! GPU machine: `gst/bench/README.md`.
+//!
+//! One process publishes: `appsrc ! cudaupload ! <sink>`, each buffer a
+//! pooled system-memory frame whose first 8 luma bytes carry its index; a
+//! pad probe on the sink's pad records when each buffer reaches the sink
+//! (`CLOCK_MONOTONIC`). Each subscriber process
+//! runs `<src> ! appsink` (`cudaipcsrc ! cudadownload ! appsink`: both
+//! pairs hand the appsink system memory, `vramringsrc` copying from the
+//! ring itself), reads the index from the pixels and records the arrival
+//! instant. Latency is arrival minus sink entry, same host, same clock;
+//! the first `WARMUP` frames are left out of every figure. The producer's
+//! CPU per frame is its process's user + system time over the paced
+//! pushes (the upload's share is the same for every pair).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gst::prelude::*;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+const WIDTH: u32 = 1920;
+const HEIGHT: u32 = 1080;
+/// Frames at the start of each run left out of every figure (first
+/// imports, lazy CUDA set-up).
+const WARMUP: u64 = 30;
+const PAIRS: [&str; 3] = ["cudaipc-mmap", "cudaipc-legacy", "vramring"];
+
+/// `CLOCK_MONOTONIC` now, ns.
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// User + system CPU time of this process, ns.
+fn cpu_ns() -> u64 {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `ru` is a writable rusage.
+    let ru = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr());
+        ru.assume_init()
+    };
+    let t = |tv: libc::timeval| tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1000;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+fn init() -> Res<()> {
+    gst::init()?;
+    if gst::ElementFactory::find("vramringsink").is_none() {
+        // No libgstvramring.so on GST_PLUGIN_PATH: this binary's own copy.
+        gstvramring::plugin_register_static()?;
+    }
+    Ok(())
+}
+
+fn sink_desc(pair: &str, addr: &str, subs: u32) -> String {
+    match pair {
+        "cudaipc-mmap" => format!("cudaipcsink name=sink address={addr} ipc-mode=mmap sync=false"),
+        "cudaipc-legacy" => format!("cudaipcsink name=sink address={addr} ipc-mode=legacy sync=false"),
+        "vramring-host" => {
+            format!("vramringsink name=sink socket-path={addr} wait-subscribers={subs} sync=false backend=host")
+        }
+        _ => format!("vramringsink name=sink socket-path={addr} wait-subscribers={subs} sync=false"),
+    }
+}
+
+/// What puts the frames in CUDA memory: nothing for `vramring-host` (system
+/// memory on a host ring: a check of this harness on a machine without a
+/// GPU, not part of the table).
+fn upload(pair: &str) -> &'static str {
+    if pair == "vramring-host" {
+        ""
+    } else {
+        "cudaupload ! "
+    }
+}
+
+fn src_desc(pair: &str, addr: &str) -> String {
+    match pair {
+        "vramring" | "vramring-host" => format!("vramringsrc socket-path={addr} timeout=10000"),
+        _ => format!("cudaipcsrc address={addr} ! cudadownload"),
+    }
+}
+
+fn launch(line: &str) -> Res<gst::Pipeline> {
+    Ok(gst::parse::launch(line)?
+        .downcast::<gst::Pipeline>()
+        .map_err(|_| "not a pipeline")?)
+}
+
+/// Fails with the first error on the bus, if any.
+fn bus_error(p: &gst::Pipeline) -> Res<()> {
+    let bus = p.bus().ok_or("no bus")?;
+    while let Some(msg) = bus.pop_filtered(&[gst::MessageType::Error]) {
+        if let gst::MessageView::Error(e) = msg.view() {
+            return Err(format!("{}: {:?}", e.error(), e.debug()).into());
+        }
+    }
+    Ok(())
+}
+
+/// `publish PAIR ADDR INTERVAL_US FRAMES SUBS OUT_FILE`: waits for a line
+/// on stdin, then pushes; writes `index sink_ns` lines and a last
+/// `cpu_ns_per_frame N` line.
+fn publish(args: &[String]) -> Res<()> {
+    let [pair, addr, interval_us, frames, subs, out] = args else {
+        return Err("publish PAIR ADDR INTERVAL_US FRAMES SUBS OUT".into());
+    };
+    let (interval, frames, subs) = (
+        Duration::from_micros(interval_us.parse()?),
+        frames.parse::<u64>()?,
+        subs.parse::<u32>()?,
+    );
+    init()?;
+    let caps = format!("video/x-raw,format=NV12,width={WIDTH},height={HEIGHT},framerate=0/1");
+    let p = launch(&format!(
+        "appsrc name=src is-live=true format=time caps={caps} max-buffers=4 block=true ! {}{}",
+        upload(pair),
+        sink_desc(pair, addr, subs)
+    ))?;
+    let src = p
+        .by_name("src")
+        .ok_or("no appsrc")?
+        .downcast::<gst_app::AppSrc>()
+        .map_err(|_| "not an appsrc")?;
+    let stamps = Arc::new(Mutex::new(Vec::<(u64, u64)>::with_capacity(frames as usize)));
+    {
+        let stamps = stamps.clone();
+        let pad = p
+            .by_name("sink")
+            .and_then(|s| s.static_pad("sink"))
+            .ok_or("no sink pad")?;
+        pad.add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+            if let Some(b) = info.buffer() {
+                let t = now_ns();
+                stamps.lock().unwrap_or_else(|e| e.into_inner()).push((b.offset(), t));
+            }
+            gst::PadProbeReturn::Ok
+        });
+    }
+    let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Nv12, WIDTH, HEIGHT).build()?;
+    let pool = gst_video::VideoBufferPool::new();
+    let mut config = pool.config();
+    config.set_params(Some(&info.to_caps()?), info.size() as u32, 8, 0);
+    pool.set_config(config)?;
+    pool.set_active(true)?;
+    p.set_state(gst::State::Playing)?;
+    println!("ready");
+    std::io::stdout().flush()?;
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    let cpu0 = cpu_ns();
+    let start = Instant::now();
+    for i in 0..frames {
+        let next = start + interval * i as u32;
+        if let Some(d) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(d);
+        }
+        let mut buffer = pool.acquire_buffer(None)?;
+        {
+            let b = buffer.get_mut().ok_or("a pooled buffer is shared")?;
+            b.set_pts(gst::ClockTime::from_nseconds(i * interval.as_nanos() as u64));
+            b.set_offset(i);
+            let mut map = b.map_writable()?;
+            map[..8].copy_from_slice(&i.to_le_bytes());
+        }
+        src.push_buffer(buffer)?;
+    }
+    let cpu = cpu_ns() - cpu0;
+    src.end_of_stream()?;
+    let bus = p.bus().ok_or("no bus")?;
+    let _ = bus.timed_pop_filtered(
+        gst::ClockTime::from_seconds(5),
+        &[gst::MessageType::Eos, gst::MessageType::Error],
+    );
+    bus_error(&p)?;
+    // Subscribers read what is in flight before the server goes away.
+    std::thread::sleep(Duration::from_millis(500));
+    p.set_state(gst::State::Null)?;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(out)?);
+    for (i, t) in stamps.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        writeln!(f, "{i} {t}")?;
+    }
+    writeln!(f, "cpu_ns_per_frame {}", cpu / frames.max(1))?;
+    Ok(())
+}
+
+/// `subscribe PAIR ADDR FRAMES DEADLINE_MS OUT_FILE`: records `index
+/// arrival_ns` lines until the last frame, end of stream or the deadline.
+fn subscribe(args: &[String]) -> Res<()> {
+    let [pair, addr, frames, deadline_ms, out] = args else {
+        return Err("subscribe PAIR ADDR FRAMES DEADLINE_MS OUT".into());
+    };
+    let frames: u64 = frames.parse()?;
+    init()?;
+    let p = launch(&format!(
+        "{} ! appsink name=sink sync=false max-buffers=2 drop=false",
+        src_desc(pair, addr)
+    ))?;
+    let sink = p
+        .by_name("sink")
+        .ok_or("no appsink")?
+        .downcast::<gst_app::AppSink>()
+        .map_err(|_| "not an appsink")?;
+    p.set_state(gst::State::Playing)?;
+    println!("ready");
+    std::io::stdout().flush()?;
+    let deadline = Instant::now() + Duration::from_millis(deadline_ms.parse()?);
+    let mut got = Vec::with_capacity(frames as usize);
+    while Instant::now() < deadline {
+        let Some(s) = sink.try_pull_sample(gst::ClockTime::from_mseconds(100)) else {
+            if sink.is_eos() {
+                break;
+            }
+            continue;
+        };
+        let t = now_ns();
+        let Some(b) = s.buffer() else { continue };
+        let map = b.map_readable()?;
+        let idx = u64::from_le_bytes(map[..8].try_into()?);
+        got.push((idx, t));
+        if idx + 1 >= frames {
+            break;
+        }
+    }
+    let _ = p.set_state(gst::State::Null);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(out)?);
+    for (i, t) in got {
+        writeln!(f, "{i} {t}")?;
+    }
+    Ok(())
+}
+
+/// A child process of ours, killed (by its own id) if it outlives us.
+struct Proc {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl Proc {
+    fn spawn(args: &[String], env: &[(String, String)]) -> Res<Proc> {
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn()?;
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().ok_or("no stdout")?);
+        Ok(Proc { child, stdin, stdout })
+    }
+
+    fn wait_ready(&mut self) -> Res<()> {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line)?;
+        if line.trim() != "ready" {
+            return Err(format!("a child did not start: {line:?}").into());
+        }
+        Ok(())
+    }
+
+    /// Waits up to `limit` for the exit; kills it past that.
+    fn finish(&mut self, limit: Duration) -> Res<()> {
+        let end = Instant::now() + limit;
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                return if st.success() {
+                    Ok(())
+                } else {
+                    Err(format!("a child exited with {st}").into())
+                };
+            }
+            if Instant::now() >= end {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return Err("a child did not finish in time (killed)".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+struct RunResult {
+    frames: u64,
+    delivered: Vec<u64>,
+    dropped: u64,
+    lat_us: Vec<f64>,
+    cpu_us: f64,
+}
+
+/// A record file: (frame index, instant ns) lines, and the producer's CPU
+/// per frame where the file has it.
+type Records = (Vec<(u64, u64)>, Option<u64>);
+
+fn read_pairs(path: &Path) -> Res<Records> {
+    let mut v = Vec::new();
+    let mut cpu = None;
+    for line in std::fs::read_to_string(path)?.lines() {
+        let mut it = line.split_whitespace();
+        match (it.next(), it.next()) {
+            (Some("cpu_ns_per_frame"), Some(n)) => cpu = Some(n.parse()?),
+            (Some(a), Some(b)) => v.push((a.parse()?, b.parse()?)),
+            _ => {}
+        }
+    }
+    Ok((v, cpu))
+}
+
+fn run_one(
+    dir: &Path,
+    pair: &str,
+    interval_us: u64,
+    frames: u64,
+    subs: u32,
+    env: &[(String, String)],
+) -> Res<RunResult> {
+    let tag = format!("{pair}-{interval_us}-{subs}");
+    let addr = dir.join(format!("{tag}.sock")).display().to_string();
+    let pub_out = dir.join(format!("{tag}.pub"));
+    let run_ms = frames * interval_us / 1000;
+    let mut publisher = Proc::spawn(
+        &[
+            "publish".into(),
+            pair.into(),
+            addr.clone(),
+            interval_us.to_string(),
+            frames.to_string(),
+            subs.to_string(),
+            pub_out.display().to_string(),
+        ],
+        env,
+    )?;
+    publisher.wait_ready()?;
+    let mut subscribers = Vec::new();
+    let mut sub_outs = Vec::new();
+    for k in 0..subs {
+        let out = dir.join(format!("{tag}.sub{k}"));
+        let s = Proc::spawn(
+            &[
+                "subscribe".into(),
+                pair.into(),
+                addr.clone(),
+                frames.to_string(),
+                (run_ms + 6000).to_string(),
+                out.display().to_string(),
+            ],
+            env,
+        )?;
+        subscribers.push(s);
+        sub_outs.push(out);
+    }
+    for s in &mut subscribers {
+        s.wait_ready()?;
+    }
+    // Let every subscriber connect before the first frame.
+    std::thread::sleep(Duration::from_millis(1000));
+    if let Some(mut w) = publisher.stdin.take() {
+        writeln!(w, "go")?;
+    }
+    let limit = Duration::from_millis(run_ms + 10_000);
+    publisher.finish(limit)?;
+    for s in &mut subscribers {
+        s.finish(limit)?;
+    }
+    let (sink_in, cpu) = read_pairs(&pub_out)?;
+    let mut at_sink = vec![None; frames as usize];
+    for (i, t) in sink_in {
+        if let Some(slot) = at_sink.get_mut(i as usize) {
+            *slot = Some(t);
+        }
+    }
+    let mut res = RunResult {
+        frames: frames.saturating_sub(WARMUP),
+        delivered: Vec::new(),
+        dropped: 0,
+        lat_us: Vec::new(),
+        cpu_us: cpu.unwrap_or(0) as f64 / 1000.0,
+    };
+    for out in &sub_outs {
+        let (got, _) = read_pairs(out)?;
+        let mut seen = std::collections::HashSet::new();
+        for (i, t) in got {
+            if i < WARMUP || i >= frames || !seen.insert(i) {
+                continue;
+            }
+            if let Some(Some(t0)) = at_sink.get(i as usize) {
+                res.lat_us.push(t.saturating_sub(*t0) as f64 / 1000.0);
+            }
+        }
+        res.delivered.push(seen.len() as u64);
+        res.dropped += res.frames - seen.len() as u64;
+    }
+    res.lat_us.sort_by(f64::total_cmp);
+    Ok(res)
+}
+
+fn pct(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Starts an MPS control daemon with a private pipe directory; `quit` on
+/// drop.
+struct Mps {
+    env: Vec<(String, String)>,
+}
+
+impl Mps {
+    fn start() -> Res<Mps> {
+        let base = PathBuf::from(format!("/tmp/gst-ipc-bench-mps-{}", std::process::id()));
+        let (pipe, log) = (base.join("pipe"), base.join("log"));
+        std::fs::create_dir_all(&pipe)?;
+        std::fs::create_dir_all(&log)?;
+        let env = vec![
+            ("CUDA_MPS_PIPE_DIRECTORY".to_string(), pipe.display().to_string()),
+            ("CUDA_MPS_LOG_DIRECTORY".to_string(), log.display().to_string()),
+        ];
+        let st = Command::new("nvidia-cuda-mps-control")
+            .arg("-d")
+            .envs(env.iter().cloned())
+            .status()?;
+        if !st.success() {
+            return Err(format!("nvidia-cuda-mps-control -d: {st}").into());
+        }
+        Ok(Mps { env })
+    }
+}
+
+impl Drop for Mps {
+    fn drop(&mut self) {
+        if let Ok(mut c) = Command::new("nvidia-cuda-mps-control")
+            .envs(self.env.iter().cloned())
+            .stdin(Stdio::piped())
+            .spawn()
+        {
+            if let Some(mut w) = c.stdin.take() {
+                let _ = writeln!(w, "quit");
+            }
+            let _ = c.wait();
+        }
+    }
+}
+
+fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> Res<T> {
+    match args.iter().position(|a| a == name) {
+        Some(k) => args
+            .get(k + 1)
+            .ok_or_else(|| format!("{name} needs a value"))?
+            .parse()
+            .map_err(|_| format!("{name}: not a valid value").into()),
+        None => Ok(default),
+    }
+}
+
+fn bench(args: &[String]) -> Res<()> {
+    let out: PathBuf = arg(
+        args,
+        "--out",
+        std::env::var("OUT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| PathBuf::from(".")),
+    )?;
+    let fast: u64 = arg(args, "--frames-fast", 1000)?;
+    let slow: u64 = arg(args, "--frames-slow", 100)?;
+    let subs_list: String = arg(args, "--subs", "1,4,8".to_string())?;
+    let pairs: String = arg(args, "--pairs", PAIRS.join(","))?;
+    let mps: String = arg(args, "--mps", "auto".to_string())?;
+    // Runs that would start past this many seconds are skipped (listed as
+    // such), so the whole command ends in time on a leased machine.
+    let budget = Duration::from_secs(arg(args, "--budget-s", 300)?);
+    let began = Instant::now();
+    let subs_list: Vec<u32> = subs_list.split(',').map(str::parse).collect::<Result<_, _>>()?;
+    std::fs::create_dir_all(&out)?;
+    let dir = tempfile::tempdir()?;
+    init()?;
+    let needed: &[&str] = if pairs == "vramring-host" {
+        &["vramringsink"]
+    } else {
+        &[
+            "cudaupload",
+            "cudadownload",
+            "cudaipcsink",
+            "cudaipcsrc",
+            "vramringsink",
+        ]
+    };
+    for &f in needed {
+        if gst::ElementFactory::find(f).is_none() {
+            return Err(format!("no element {f}: run with the GStreamer of build.sh (env.sh) on a GPU machine").into());
+        }
+    }
+    let have_mps = Command::new("nvidia-cuda-mps-control")
+        .arg("-h")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    let mps_modes: Vec<bool> = match mps.as_str() {
+        "off" => vec![false],
+        "on" => vec![true],
+        _ if have_mps => vec![false, true],
+        _ => vec![false],
+    };
+    let mut table = String::new();
+    table.push_str(&format!(
+        "# GStreamer CUDA IPC: 1080p NV12, publish → subscriber appsink\n\n\
+         `gst_ipc_bench {}` on {} ({}), {} frames at 2 ms, {} at 25 fps, the first {WARMUP} left out.\n\
+         Latency: sink pad entry → subscriber appsink, CLOCK_MONOTONIC. cudaipcsrc feeds the appsink through cudadownload; vramringsrc copies from the ring to system memory itself.\n\n\
+         | pair | pace | subs | MPS | frames | delivered per sub (min) | dropped (all subs) | p50 µs | p99 µs | max µs | producer CPU µs/frame |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        args.join(" "),
+        gpu_name(),
+        gst::version_string(),
+        fast,
+        slow
+    ));
+    let path = out.join("gst-ipc-bench.md");
+    for &on in &mps_modes {
+        let mps_guard = match on.then(Mps::start).transpose() {
+            Ok(g) => g,
+            Err(e) => {
+                let row = format!(
+                    "| (all) | | | on | MPS did not start: {} | | | | | | |\n",
+                    e.to_string().replace('|', "/")
+                );
+                eprint!("{row}");
+                table.push_str(&row);
+                std::fs::write(&path, &table)?;
+                continue;
+            }
+        };
+        let env = mps_guard.as_ref().map(|m| m.env.clone()).unwrap_or_default();
+        for pair in pairs.split(',') {
+            for (interval_us, frames, pace) in [(2000u64, fast, "2 ms"), (40_000, slow, "25 fps")] {
+                for &subs in &subs_list {
+                    let row = if began.elapsed() > budget {
+                        Err(format!("skipped: past the {budget:?} budget").into())
+                    } else {
+                        run_one(dir.path(), pair, interval_us, frames, subs, &env)
+                    };
+                    let row = match row {
+                        Ok(r) => format!(
+                            "| {pair} | {pace} | {subs} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+                            if on { "on" } else { "off" },
+                            r.frames,
+                            r.delivered.iter().min().copied().unwrap_or(0),
+                            r.dropped,
+                            pct(&r.lat_us, 0.5),
+                            pct(&r.lat_us, 0.99),
+                            pct(&r.lat_us, 1.0),
+                            r.cpu_us
+                        ),
+                        Err(e) => format!(
+                            "| {pair} | {pace} | {subs} | {} | failed: {} | | | | | | |\n",
+                            if on { "on" } else { "off" },
+                            e.to_string().replace('|', "/")
+                        ),
+                    };
+                    eprint!("{row}");
+                    table.push_str(&row);
+                    std::fs::write(&path, &table)?;
+                }
+            }
+        }
+        drop(mps_guard);
+    }
+    println!("{table}\nwritten to {}", path.display());
+    Ok(())
+}
+
+fn gpu_name() -> String {
+    Command::new("nvidia-smi")
+        .args(["--query-gpu=name,driver_version", "--format=csv,noheader"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.lines().next().unwrap_or("").trim().to_owned())
+        .unwrap_or_else(|| "an unknown GPU".into())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if matches!(args.first().map(String::as_str), Some("publish" | "subscribe")) {
+        // A child dies with the bench (a timeout kills the bench).
+        // SAFETY: prctl with an integer argument; no memory is passed.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    }
+    match args.first().map(String::as_str) {
+        Some("publish") => publish(&args[1..]),
+        Some("subscribe") => subscribe(&args[1..]),
+        _ => bench(&args),
+    }
+}

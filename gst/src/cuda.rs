@@ -1,0 +1,543 @@
+//! GStreamer's CUDA memory, reached without linking against it: the few
+//! calls of `libgstcuda-1.0` that gstreamer-rs does not bind, opened with
+//! `dlopen` at run time, and the driver calls of the copy (through
+//! `cudarc`'s dynamically loaded driver). Where `libgstcuda-1.0` or the
+//! NVIDIA driver is missing, [`available`] is false and the elements work
+//! with system memory only; nothing here is called then.
+//!
+//! The contexts (ADR 0025, "CUDA memory input"): a vramring CUDA ring lives
+//! in its device's **primary** context, and `SlotMut::publish_cuda` needs a
+//! stream of that context. GStreamer's elements make their own contexts
+//! (`cuCtxCreate`) unless a neighbour hands them one through the
+//! `gst.cuda.context` context query, so `vramringsink` answers that query
+//! with a `GstCudaContext` that wraps the primary context
+//! ([`Primary::gst_context`]): a decoder or `cudaupload` upstream then
+//! allocates in the ring's context and the frame is copied on the memory's
+//! own stream. Memory of another context (one the application set on the
+//! pipeline) is copied on the element's stream in the primary context with
+//! `cuMemcpy3DPeerAsync`, fenced both ways with events
+//! ([`Copier::copy`]); no path waits on the host.
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::{Mutex, OnceLock};
+
+use cudarc::driver::sys::{self as cu, CUcontext, CUdevice, CUdeviceptr, CUevent, CUresult, CUstream};
+use gst::glib;
+use gst::glib::translate::ToGlibPtr;
+
+use crate::video::PlaneCopy;
+
+/// The caps feature of GStreamer's CUDA memory.
+pub const CUDA_MEMORY_FEATURE: &str = "memory:CUDAMemory";
+/// The context type of `GstCudaContext` (`GST_CUDA_CONTEXT_TYPE`).
+pub const CONTEXT_TYPE: &str = "gst.cuda.context";
+/// `GST_MAP_CUDA` (`gstcudamemory.h`): map a `GstCudaMemory` for its
+/// `CUdeviceptr` instead of a host copy.
+const GST_MAP_CUDA: gst::ffi::GstMapFlags = gst::ffi::GST_MAP_FLAG_LAST << 1;
+
+/// `struct _GstCudaMemory` (`gstcudamemory.h`, public since 1.22): the
+/// `GstMemory`, then the public `context` and `info`.
+#[repr(C)]
+struct GstCudaMemoryRaw {
+    mem: gst::ffi::GstMemory,
+    context: *mut c_void,
+    info: gst_video::ffi::GstVideoInfo,
+    private: *mut c_void,
+}
+
+/// The functions of `libgstcuda-1.0` the sink calls.
+struct GstCudaLib {
+    _lib: libloading::Library,
+    is_cuda_memory: unsafe extern "C" fn(*mut gst::ffi::GstMemory) -> glib::ffi::gboolean,
+    /// Since 1.24; absent means every memory uses the default stream.
+    memory_get_stream: Option<unsafe extern "C" fn(*mut GstCudaMemoryRaw) -> *mut c_void>,
+    stream_get_handle: Option<unsafe extern "C" fn(*mut c_void) -> CUstream>,
+    context_get_handle: unsafe extern "C" fn(*mut c_void) -> CUcontext,
+    context_new_wrapped: unsafe extern "C" fn(CUcontext, CUdevice) -> *mut c_void,
+    handle_context_query:
+        unsafe extern "C" fn(*mut gst::ffi::GstElement, *mut gst::ffi::GstQuery, *mut c_void) -> glib::ffi::gboolean,
+}
+
+impl GstCudaLib {
+    fn open() -> Result<Self, String> {
+        // SAFETY: libgstcuda-1.0 runs no code at load that depends on us;
+        // it is loaded (or already is, by the nvcodec plugin) once.
+        let lib = unsafe { libloading::Library::new("libgstcuda-1.0.so.0") }.map_err(|e| e.to_string())?;
+        macro_rules! sym {
+            ($name:literal) => {
+                // SAFETY: the type is the C prototype of `$name` in
+                // gst-libs/gst/cuda (1.22 or later).
+                *unsafe { lib.get(concat!($name, "\0").as_bytes()) }.map_err(|e| format!("{}: {e}", $name))?
+            };
+        }
+        macro_rules! opt {
+            ($name:literal) => {
+                // SAFETY: as for `sym!`.
+                unsafe { lib.get(concat!($name, "\0").as_bytes()) }
+                    .ok()
+                    .map(|s| *s)
+            };
+        }
+        Ok(GstCudaLib {
+            is_cuda_memory: sym!("gst_is_cuda_memory"),
+            memory_get_stream: opt!("gst_cuda_memory_get_stream"),
+            stream_get_handle: opt!("gst_cuda_stream_get_handle"),
+            context_get_handle: sym!("gst_cuda_context_get_handle"),
+            context_new_wrapped: sym!("gst_cuda_context_new_wrapped"),
+            handle_context_query: sym!("gst_cuda_handle_context_query"),
+            _lib: lib,
+        })
+    }
+}
+
+fn gst_cuda() -> Option<&'static GstCudaLib> {
+    static LIB: OnceLock<Option<GstCudaLib>> = OnceLock::new();
+    LIB.get_or_init(|| GstCudaLib::open().ok()).as_ref()
+}
+
+/// Whether CUDA memory can be taken here: `libgstcuda-1.0` opens and a GPU
+/// the CUDA backend can use is present (which also means `cudarc` finds
+/// the driver). Probed once.
+pub fn available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| gst_cuda().is_some() && vramring::cuda::cuda_usable())
+}
+
+fn check(call: &'static str, r: CUresult) -> Result<(), String> {
+    if r == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{call} failed: {r:?}"))
+    }
+}
+
+/// A device's primary context, retained for the life of the process, and
+/// a `GstCudaContext` that wraps it (handed to upstream elements). Never
+/// released: GStreamer elements may hold the wrapper (and memory of the
+/// context) past any one sink, and the wrapper does not retain.
+pub struct Primary {
+    pub ordinal: u32,
+    ctx: CUcontext,
+    gst_context: *mut c_void,
+}
+
+// SAFETY: a CUcontext is a process-wide handle usable from any thread, and
+// a GstCudaContext is a thread-safe GObject; neither is ever freed.
+unsafe impl Send for Primary {}
+// SAFETY: as above; `Primary` is immutable after creation.
+unsafe impl Sync for Primary {}
+
+impl Primary {
+    /// The primary context of device `ordinal`, made once per process.
+    ///
+    /// # Errors
+    /// Without [`available`], or a driver call's failure.
+    pub fn get(ordinal: u32) -> Result<&'static Primary, String> {
+        static ALL: Mutex<Vec<&'static Primary>> = Mutex::new(Vec::new());
+        if !available() {
+            return Err("CUDA memory needs libgstcuda-1.0 and a CUDA GPU; neither is usable here".into());
+        }
+        let lib = gst_cuda().ok_or("libgstcuda-1.0 is not loaded")?;
+        let mut all = ALL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(p) = all.iter().find(|p| p.ordinal == ordinal) {
+            return Ok(p);
+        }
+        let mut dev: CUdevice = 0;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: `available()` saw the driver, so cudarc's lazy loader
+        // finds it; out-parameters are valid locals.
+        unsafe {
+            check("cuInit", cu::cuInit(0))?;
+            check("cuDeviceGet", cu::cuDeviceGet(&mut dev, ordinal as c_int))?;
+            check("cuDevicePrimaryCtxRetain", cu::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
+        }
+        // SAFETY: `ctx` and `dev` stay alive for ever (never released), as
+        // `gst_cuda_context_new_wrapped` requires.
+        let gst_context = unsafe { (lib.context_new_wrapped)(ctx, dev) };
+        if gst_context.is_null() {
+            return Err(format!("gst_cuda_context_new_wrapped failed for device {ordinal}"));
+        }
+        let p: &'static Primary = Box::leak(Box::new(Primary {
+            ordinal,
+            ctx,
+            gst_context,
+        }));
+        all.push(p);
+        Ok(p)
+    }
+
+    /// Answers a `gst.cuda.context` query with this context. Returns
+    /// whether it did.
+    pub fn answer_context_query(&self, element: &gst::Element, query: &mut gst::QueryRef) -> bool {
+        let Some(lib) = gst_cuda() else { return false };
+        // SAFETY: `element` and `query` are live for the call; the query
+        // is writable (`&mut`); the context is a live GstCudaContext.
+        unsafe {
+            (lib.handle_context_query)(element.to_glib_none().0, query.as_mut_ptr(), self.gst_context)
+                != glib::ffi::GFALSE
+        }
+    }
+}
+
+/// The context pushed on this thread, popped on drop.
+struct Pushed;
+
+impl Pushed {
+    fn push(ctx: CUcontext) -> Result<Pushed, String> {
+        // SAFETY: `ctx` is a live context (the primary context, retained
+        // for ever, or a GstCudaContext's, whose object the caller holds).
+        check("cuCtxPushCurrent", unsafe { cu::cuCtxPushCurrent_v2(ctx) })?;
+        Ok(Pushed)
+    }
+}
+
+impl Drop for Pushed {
+    fn drop(&mut self) {
+        let mut old: CUcontext = std::ptr::null_mut();
+        // SAFETY: pops the context `push` pushed on this thread.
+        let _ = unsafe { cu::cuCtxPopCurrent_v2(&mut old) };
+    }
+}
+
+/// A buffer of CUDA memory mapped with `GST_MAP_CUDA`: each plane's device
+/// address, stride and bytes to the end of the memory, its context and
+/// stream. Unmapped on drop.
+pub struct MappedCuda {
+    frame: gst_video::ffi::GstVideoFrame,
+    /// (device address, stride, bytes from the address to the memory's end)
+    pub planes: Vec<(CUdeviceptr, usize, usize)>,
+    context: CUcontext,
+    /// The memory's `GstCudaContext` (a GObject; referenced while mapped).
+    gst_context: *mut c_void,
+    stream: CUstream,
+}
+
+impl MappedCuda {
+    /// Maps `buffer` (one `GstCudaMemory`) as a frame of `info` for the
+    /// device.
+    ///
+    /// # Errors
+    /// Without [`available`], when the buffer is not one CUDA memory, or
+    /// when the map fails.
+    pub fn map(buffer: &gst::BufferRef, info: &gst_video::VideoInfo) -> Result<MappedCuda, String> {
+        let lib = gst_cuda()
+            .filter(|_| available())
+            .ok_or("CUDA memory is not usable here")?;
+        if buffer.n_memory() != 1 {
+            return Err(format!(
+                "a CUDA buffer of {} memories (one expected)",
+                buffer.n_memory()
+            ));
+        }
+        let mem = buffer.peek_memory(0);
+        let mem_ptr = mem.as_ptr() as *mut gst::ffi::GstMemory;
+        // SAFETY: `mem_ptr` is a live memory of `buffer`.
+        if unsafe { (lib.is_cuda_memory)(mem_ptr) } == glib::ffi::GFALSE {
+            return Err("the buffer's memory is not CUDA memory".into());
+        }
+        let cmem = mem_ptr as *mut GstCudaMemoryRaw;
+        // SAFETY: a CUDA memory is a `GstCudaMemory` (checked above), whose
+        // public `context` field is a live GstCudaContext.
+        let gst_context = unsafe { (*cmem).context };
+        // SAFETY: as above.
+        let context = unsafe { (lib.context_get_handle)(gst_context) };
+        let stream = match (lib.memory_get_stream, lib.stream_get_handle) {
+            // SAFETY: `cmem` is a GstCudaMemory; the GstCudaStream it
+            // returns (or null) lives as long as the memory.
+            (Some(get), Some(handle)) => unsafe {
+                let s = get(cmem);
+                if s.is_null() {
+                    std::ptr::null_mut()
+                } else {
+                    handle(s)
+                }
+            },
+            _ => std::ptr::null_mut(),
+        };
+        let mut frame = std::mem::MaybeUninit::<gst_video::ffi::GstVideoFrame>::zeroed();
+        // SAFETY: `frame` is writable; `info` and `buffer` are live; the
+        // flags ask for device addresses (the memory's map function
+        // uploads pending host writes first).
+        let ok = unsafe {
+            gst_video::ffi::gst_video_frame_map(
+                frame.as_mut_ptr(),
+                info.to_glib_none().0,
+                buffer.as_ptr() as *mut gst::ffi::GstBuffer,
+                gst::ffi::GST_MAP_READ | GST_MAP_CUDA,
+            )
+        };
+        if ok == glib::ffi::GFALSE {
+            return Err("cannot map the CUDA memory for the device".into());
+        }
+        // SAFETY: mapped successfully above.
+        let frame = unsafe { frame.assume_init() };
+        let base = frame.map[0].data as usize;
+        let size = frame.map[0].size;
+        let n = info.n_planes() as usize;
+        let planes = (0..n)
+            .map(|k| {
+                let addr = frame.data[k] as usize;
+                let stride = frame.info.stride[k].max(0) as usize;
+                let bytes = (base + size).saturating_sub(addr);
+                (addr as CUdeviceptr, stride, bytes)
+            })
+            .collect();
+        // SAFETY: a live GObject; unreferenced in `drop`.
+        unsafe { glib::gobject_ffi::g_object_ref(gst_context as *mut glib::gobject_ffi::GObject) };
+        Ok(MappedCuda {
+            frame,
+            planes,
+            context,
+            gst_context,
+            stream,
+        })
+    }
+}
+
+impl Drop for MappedCuda {
+    fn drop(&mut self) {
+        // SAFETY: mapped in `map`, unmapped once here; the reference was
+        // taken in `map`.
+        unsafe {
+            gst_video::ffi::gst_video_frame_unmap(&mut self.frame);
+            glib::gobject_ffi::g_object_unref(self.gst_context as *mut glib::gobject_ffi::GObject);
+        }
+    }
+}
+
+/// An event made in a foreign context, and that context's GstCudaContext
+/// (referenced, so the context outlives the event).
+struct Fence {
+    context: CUcontext,
+    gst_context: *mut c_void,
+    event: CUevent,
+}
+
+/// The sink's device-side copier: a stream and an event of the primary
+/// context, and one event per foreign context it met.
+pub struct Copier {
+    primary: &'static Primary,
+    stream: CUstream,
+    done: CUevent,
+    fences: Vec<Fence>,
+}
+
+// SAFETY: CUDA handles are process-wide; the copier is used by one thread
+// at a time (behind the sink's state mutex).
+unsafe impl Send for Copier {}
+
+impl Copier {
+    /// # Errors
+    /// A driver call's failure.
+    pub fn new(primary: &'static Primary) -> Result<Copier, String> {
+        let _ctx = Pushed::push(primary.ctx)?;
+        let mut stream: CUstream = std::ptr::null_mut();
+        let mut done: CUevent = std::ptr::null_mut();
+        // SAFETY: out-parameters are valid locals; the primary context is
+        // current.
+        unsafe {
+            check(
+                "cuStreamCreate",
+                cu::cuStreamCreate(&mut stream, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint),
+            )?;
+            if let Err(e) = check(
+                "cuEventCreate",
+                cu::cuEventCreate(&mut done, cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint),
+            ) {
+                let _ = cu::cuStreamDestroy_v2(stream);
+                return Err(e);
+            }
+        }
+        Ok(Copier {
+            primary,
+            stream,
+            done,
+            fences: Vec::new(),
+        })
+    }
+
+    fn fence_for(&mut self, src: &MappedCuda) -> Result<CUevent, String> {
+        if let Some(f) = self.fences.iter().find(|f| f.context == src.context) {
+            return Ok(f.event);
+        }
+        let _ctx = Pushed::push(src.context)?;
+        let mut event: CUevent = std::ptr::null_mut();
+        // SAFETY: valid out-parameter; the memory's context is current.
+        check("cuEventCreate", unsafe {
+            cu::cuEventCreate(&mut event, cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint)
+        })?;
+        // SAFETY: a live GObject; unreferenced in `drop`.
+        unsafe { glib::gobject_ffi::g_object_ref(src.gst_context as *mut glib::gobject_ffi::GObject) };
+        self.fences.push(Fence {
+            context: src.context,
+            gst_context: src.gst_context,
+            event,
+        });
+        Ok(event)
+    }
+
+    /// Enqueues the copies of `plan` from `src` into the slot at `dst`
+    /// (`dst_len` bytes) and returns the stream, of the primary context,
+    /// to commit the frame on.
+    ///
+    /// Memory of the primary context with a stream of its own is copied on
+    /// that stream (later work on the memory is ordered after the copy by
+    /// stream order). Any other memory is copied on the copier's stream
+    /// after an event recorded on the memory's stream, and the memory's
+    /// stream then waits for the copy (`cuStreamWaitEvent` takes events of
+    /// other contexts), so upstream cannot overwrite the buffer before the
+    /// copy has read it. The host never waits.
+    ///
+    /// # Safety
+    /// `dst..dst + dst_len` is device memory of the primary context that
+    /// stays allocated until the copy completes (a loaned slot, committed
+    /// on the returned stream).
+    ///
+    /// # Errors
+    /// A plane that does not fit either side, or a driver call's failure
+    /// (some planes may have been enqueued: do not publish the slot).
+    pub unsafe fn copy(
+        &mut self,
+        src: &MappedCuda,
+        plan: &[PlaneCopy],
+        dst: CUdeviceptr,
+        dst_len: u64,
+    ) -> Result<CUstream, String> {
+        for (k, p) in plan.iter().enumerate() {
+            let src_len = src.planes.get(k).map_or(0, |pl| pl.2);
+            p.fits(src_len, dst_len as usize)
+                .map_err(|e| format!("plane {k}: {e}"))?;
+        }
+        let same = src.context == self.primary.ctx;
+        let direct = same && !src.stream.is_null();
+        let stream = if direct { src.stream } else { self.stream };
+        if !direct {
+            let fence = self.fence_for(src)?;
+            let _ctx = Pushed::push(src.context)?;
+            // SAFETY: `fence` belongs to the memory's context (current);
+            // `src.stream` is the memory's stream (or null: its default).
+            check("cuEventRecord", unsafe { cu::cuEventRecord(fence, src.stream) })?;
+            // SAFETY: our stream, and an event of another context, which
+            // cuStreamWaitEvent allows.
+            check("cuStreamWaitEvent", unsafe {
+                cu::cuStreamWaitEvent(self.stream, fence, 0)
+            })?;
+        }
+        let _ctx = Pushed::push(self.primary.ctx)?;
+        for (k, p) in plan.iter().enumerate() {
+            if p.rows == 0 || p.row_bytes == 0 {
+                continue;
+            }
+            let (addr, _, _) = src.planes[k];
+            let src_dev = addr + p.src_offset as CUdeviceptr;
+            let dst_dev = dst + p.dst_offset as CUdeviceptr;
+            let r = if same {
+                let copy = cu::CUDA_MEMCPY2D {
+                    srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    srcDevice: src_dev,
+                    srcPitch: p.src_stride,
+                    dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    dstDevice: dst_dev,
+                    dstPitch: p.dst_stride,
+                    WidthInBytes: p.row_bytes,
+                    Height: p.rows,
+                    // SAFETY: all-zero is a valid CUDA_MEMCPY2D (the rest
+                    // unused for device-to-device).
+                    ..unsafe { std::mem::zeroed() }
+                };
+                // SAFETY: both ranges were checked against their memory
+                // (`fits`); the stream is of the current context.
+                unsafe { cu::cuMemcpy2DAsync_v2(&copy, stream) }
+            } else {
+                let copy = cu::CUDA_MEMCPY3D_PEER {
+                    srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    srcDevice: src_dev,
+                    srcContext: src.context,
+                    srcPitch: p.src_stride,
+                    srcHeight: p.rows,
+                    dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    dstDevice: dst_dev,
+                    dstContext: self.primary.ctx,
+                    dstPitch: p.dst_stride,
+                    dstHeight: p.rows,
+                    WidthInBytes: p.row_bytes,
+                    Height: p.rows,
+                    Depth: 1,
+                    // SAFETY: all-zero is a valid CUDA_MEMCPY3D_PEER.
+                    ..unsafe { std::mem::zeroed() }
+                };
+                // SAFETY: as above; each side names its own context.
+                unsafe { cu::cuMemcpy3DPeerAsync(&copy, stream) }
+            };
+            check("cuMemcpy2DAsync", r).map_err(|e| format!("plane {k}: {e}"))?;
+        }
+        if !direct {
+            // SAFETY: our event and stream, of the current context.
+            check("cuEventRecord", unsafe { cu::cuEventRecord(self.done, self.stream) })?;
+            drop(_ctx);
+            let _ctx = Pushed::push(src.context)?;
+            // SAFETY: the memory's stream (or its context's default
+            // stream) waits for our copy; the event may be of another
+            // context.
+            check("cuStreamWaitEvent", unsafe {
+                cu::cuStreamWaitEvent(src.stream, self.done, 0)
+            })?;
+        }
+        Ok(stream)
+    }
+}
+
+impl Drop for Copier {
+    fn drop(&mut self) {
+        // The driver finishes enqueued work before it frees a stream.
+        if let Ok(_ctx) = Pushed::push(self.primary.ctx) {
+            // SAFETY: made in `new`, destroyed once.
+            unsafe {
+                let _ = cu::cuEventDestroy_v2(self.done);
+                let _ = cu::cuStreamDestroy_v2(self.stream);
+            }
+        }
+        for f in self.fences.drain(..) {
+            if let Ok(_ctx) = Pushed::push(f.context) {
+                // SAFETY: made in `fence_for`, destroyed once, while its
+                // context is alive (we hold its GstCudaContext).
+                let _ = unsafe { cu::cuEventDestroy_v2(f.event) };
+            }
+            // SAFETY: the reference taken in `fence_for`.
+            unsafe { glib::gobject_ffi::g_object_unref(f.gst_context as *mut glib::gobject_ffi::GObject) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_symbol_resolves_where_libgstcuda_is_installed() {
+        // SAFETY: as in `GstCudaLib::open`.
+        if unsafe { libloading::Library::new("libgstcuda-1.0.so.0") }.is_err() {
+            return; // CI: no libgstcuda-1.0, CUDA memory is simply not offered.
+        }
+        if let Err(e) = GstCudaLib::open() {
+            panic!("libgstcuda-1.0 opens but lacks a symbol: {e}");
+        }
+    }
+
+    /// Offsets `offsetof(GstCudaMemory, …)` gives with gstcudamemory.h of
+    /// GStreamer 1.28.6 on x86_64 (a C program compiled against its
+    /// headers printed them).
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn the_cuda_memory_struct_matches_the_c_header() {
+        assert_eq!(std::mem::size_of::<gst::ffi::GstMemory>(), 112);
+        assert_eq!(std::mem::offset_of!(GstCudaMemoryRaw, context), 112);
+        assert_eq!(std::mem::offset_of!(GstCudaMemoryRaw, info), 120);
+        assert_eq!(std::mem::offset_of!(GstCudaMemoryRaw, private), 272);
+    }
+
+    #[test]
+    fn gst_map_cuda_is_the_flag_after_the_last_core_one() {
+        assert_eq!(GST_MAP_CUDA, 1 << 17);
+    }
+}

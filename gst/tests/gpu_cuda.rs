@@ -1,0 +1,188 @@
+//! CUDA memory through the plugin, on a GPU with GStreamer's nvcodec
+//! elements (`nvh264dec`, `cudaupload`, `cudadownload`: GStreamer 1.28
+//! built by `shared/vendor/gstreamer/build.sh`; see `gst/bench/README.md`).
+//! Every test is ignored without one:
+//! `cargo test -p gst-plugin-vramring --test gpu_cuda -- --ignored`.
+//!
+//! * `nvh264dec_frames_reach_a_rust_subscriber_bit_exact`: `nvh264dec`
+//!   negotiates `memory:CUDAMemory` with `vramringsink` unasked (the CUDA
+//!   structure comes first on its template), the ring is a CUDA ring, and
+//!   every frame a Rust `Subscriber` reads has the MD5 that ffmpeg's
+//!   software decoder wrote into `tests/data/clip.nv12.framemd5`.
+//! * `cudaupload_frames_cross_a_cuda_ring_bit_exact_*`: `videotestsrc !
+//!   cudaupload ! vramringsink` (CUDA memory, a CUDA ring) reaches
+//!   `vramringsrc ! cudaupload ! cudadownload ! appsink` bit for bit, for
+//!   NV12, P010 and RGBA at even and odd sizes; once with upstream in the
+//!   primary context the sink hands out (the copy on the memory's stream)
+//!   and once with a context of GStreamer's own making set on the pipeline
+//!   (`cuMemcpy3DPeerAsync` on the sink's stream, fenced by events).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use gst::prelude::*;
+use md5::{Digest, Md5};
+use vramring::{BackendKind, ClientOptions, SubscriberOptions};
+
+/// `tests/data` of the workspace, or `VRAMRING_TEST_DATA` (a GPU machine
+/// that runs staged binaries).
+fn data(name: &str) -> PathBuf {
+    match std::env::var_os("VRAMRING_TEST_DATA") {
+        Some(d) => PathBuf::from(d).join(name),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data").join(name),
+    }
+}
+
+/// The per-frame MD5s of a framemd5 file, in display order.
+fn reference_md5s(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.rsplit(',').next().expect("a hash field").trim().to_owned())
+        .collect()
+}
+
+/// Whether the sink pad of the element named `name` in `p` negotiated
+/// CUDA memory.
+fn negotiated_cuda(p: &gst::Pipeline, name: &str) -> bool {
+    let caps = p
+        .by_name(name)
+        .and_then(|e| e.static_pad("sink"))
+        .and_then(|pad| pad.current_caps())
+        .unwrap_or_else(|| panic!("{name} has negotiated caps"));
+    caps.features(0).is_some_and(|f| f.contains("memory:CUDAMemory"))
+}
+
+fn subscribe(path: &Path) -> vramring::Subscriber {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        match vramring::Subscriber::connect(path, SubscriberOptions::default().name("rust").lossless(true)) {
+            Ok(s) => return s,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => panic!("no publisher at {} within {WAIT:?}: {e}", path.display()),
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn nvh264dec_frames_reach_a_rust_subscriber_bit_exact() {
+    init();
+    let refs = reference_md5s(&data("clip.nv12.framemd5"));
+    let (_dir, path) = socket("nvdec");
+    let sink = play(&format!(
+        "filesrc location={} ! h264parse ! nvh264dec ! vramringsink name=vsink socket-path={} policy=lossless wait-subscribers=1 sync=false",
+        data("clip.h264").display(),
+        path.display()
+    ));
+    let mut sub = subscribe(&path);
+    assert_eq!(sub.backend(), BackendKind::Cuda, "CUDA memory input makes a CUDA ring");
+    let mut host = Vec::new();
+    for (i, want) in refs.iter().enumerate() {
+        let f = sub.next(WAIT).unwrap_or_else(|e| {
+            assert_no_error(&sink);
+            panic!("frame {i} of {}: {e}", refs.len())
+        });
+        host.resize(f.len() as usize, 0);
+        f.copy_to_host(&mut host).expect("the frame copies to the host");
+        let mut h = Md5::new();
+        for plane in ring_pixels(&host, f.geometry(), gst_video::VideoFormat::Nv12) {
+            h.update(&plane);
+        }
+        let got = format!("{:x}", h.finalize());
+        assert_eq!(&got, want, "frame {i} differs from ffmpeg's decode");
+        if i == 0 {
+            assert!(
+                negotiated_cuda(&sink, "vsink"),
+                "nvh264dec and vramringsink negotiated CUDA memory"
+            );
+        }
+    }
+    wait_eos(&sink);
+    stop(&sink);
+}
+
+/// `n` frames of `caps` from `videotestsrc` (a moving pattern), uploaded
+/// to CUDA memory into `vramringsink`, read back through `vramringsrc !
+/// cudaupload ! cudadownload`; with `foreign`, the publishing pipeline
+/// gets a CUDA context GStreamer made (not the sink's primary one) before
+/// it starts.
+fn through_a_cuda_ring(format: &str, width: u32, height: u32, foreign: bool) {
+    init();
+    let n = 12;
+    let caps = format!("video/x-raw,format={format},width={width},height={height},framerate=30/1");
+    let pattern = format!("videotestsrc num-buffers={n} pattern=smpte horizontal-speed=3");
+    let expected: Vec<Vec<Vec<u8>>> = {
+        let p = play(&format!("{pattern} ! {caps} ! appsink name=sink sync=false"));
+        let v = pull(&p, n).iter().map(|s| sample_pixels(s).1).collect();
+        stop(&p);
+        v
+    };
+    let (_dir, path) = socket("cuda");
+    let line = format!(
+        "{pattern} ! {caps} ! cudaupload name=up ! vramringsink name=vsink socket-path={} policy=lossless wait-subscribers=1 sync=false",
+        path.display()
+    );
+    let sink = gst::parse::launch(&line)
+        .expect("the publishing pipeline")
+        .downcast::<gst::Pipeline>()
+        .expect("a pipeline");
+    if foreign {
+        // A context of GStreamer's own making (cuCtxCreate), taken from a
+        // pipeline that made it, set on ours before anything queries.
+        let donor = gst::parse::launch("videotestsrc num-buffers=1 ! cudaupload name=up ! fakesink")
+            .expect("a donor pipeline")
+            .downcast::<gst::Pipeline>()
+            .expect("a pipeline");
+        donor.set_state(gst::State::Paused).expect("the donor pauses");
+        let _ = donor.state(gst::ClockTime::from_seconds(WAIT.as_secs()));
+        let ctx = donor
+            .by_name("up")
+            .and_then(|e| e.context("gst.cuda.context"))
+            .expect("cudaupload made a CUDA context");
+        sink.set_context(&ctx);
+        stop(&donor);
+    }
+    sink.set_state(gst::State::Playing).expect("the publisher starts");
+    let src = play(&format!(
+        "vramringsrc socket-path={} lossless=true timeout=20000 ! cudaupload ! cudadownload ! {caps} ! appsink name=sink sync=false",
+        path.display()
+    ));
+    let got = pull(&src, n);
+    assert!(
+        negotiated_cuda(&sink, "vsink"),
+        "cudaupload and vramringsink negotiated CUDA memory"
+    );
+    for (i, (sample, want)) in got.iter().zip(&expected).enumerate() {
+        let (info, planes) = sample_pixels(sample);
+        assert_eq!((info.width(), info.height()), (width, height));
+        assert!(
+            planes == *want,
+            "{format} {width}x{height} frame {i} differs from videotestsrc's"
+        );
+    }
+    wait_eos(&sink);
+    stop(&sink);
+    stop(&src);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cudaupload_frames_cross_a_cuda_ring_bit_exact_in_the_sinks_context() {
+    through_a_cuda_ring("NV12", 320, 240, false);
+    through_a_cuda_ring("NV12", 321, 241, false);
+    through_a_cuda_ring("P010_10LE", 162, 91, false);
+    through_a_cuda_ring("RGBA", 161, 91, false);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cudaupload_frames_cross_a_cuda_ring_bit_exact_from_a_foreign_context() {
+    through_a_cuda_ring("NV12", 320, 240, true);
+    through_a_cuda_ring("RGBA", 161, 91, true);
+}
