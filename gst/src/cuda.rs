@@ -432,39 +432,56 @@ impl Copier {
             let src_dev = addr + p.src_offset as CUdeviceptr;
             let dst_dev = dst + p.dst_offset as CUdeviceptr;
             let r = if same {
+                // Every field spelled out: `CUmemorytype` has no zero
+                // value, so a zeroed descriptor is not a valid one.
                 let copy = cu::CUDA_MEMCPY2D {
+                    srcXInBytes: 0,
+                    srcY: 0,
                     srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    srcHost: std::ptr::null(),
                     srcDevice: src_dev,
+                    srcArray: std::ptr::null_mut(),
                     srcPitch: p.src_stride,
+                    dstXInBytes: 0,
+                    dstY: 0,
                     dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    dstHost: std::ptr::null_mut(),
                     dstDevice: dst_dev,
+                    dstArray: std::ptr::null_mut(),
                     dstPitch: p.dst_stride,
                     WidthInBytes: p.row_bytes,
                     Height: p.rows,
-                    // SAFETY: all-zero is a valid CUDA_MEMCPY2D (the rest
-                    // unused for device-to-device).
-                    ..unsafe { std::mem::zeroed() }
                 };
                 // SAFETY: both ranges were checked against their memory
                 // (`fits`); the stream is of the current context.
                 unsafe { cu::cuMemcpy2DAsync_v2(&copy, stream) }
             } else {
                 let copy = cu::CUDA_MEMCPY3D_PEER {
+                    srcXInBytes: 0,
+                    srcY: 0,
+                    srcZ: 0,
+                    srcLOD: 0,
                     srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    srcHost: std::ptr::null(),
                     srcDevice: src_dev,
+                    srcArray: std::ptr::null_mut(),
                     srcContext: src.context,
                     srcPitch: p.src_stride,
                     srcHeight: p.rows,
+                    dstXInBytes: 0,
+                    dstY: 0,
+                    dstZ: 0,
+                    dstLOD: 0,
                     dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    dstHost: std::ptr::null_mut(),
                     dstDevice: dst_dev,
+                    dstArray: std::ptr::null_mut(),
                     dstContext: self.primary.ctx,
                     dstPitch: p.dst_stride,
                     dstHeight: p.rows,
                     WidthInBytes: p.row_bytes,
                     Height: p.rows,
                     Depth: 1,
-                    // SAFETY: all-zero is a valid CUDA_MEMCPY3D_PEER.
-                    ..unsafe { std::mem::zeroed() }
                 };
                 // SAFETY: as above; each side names its own context.
                 unsafe { cu::cuMemcpy3DPeerAsync(&copy, stream) }
