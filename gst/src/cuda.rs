@@ -56,6 +56,8 @@ struct GstCudaLib {
     context_new_wrapped: unsafe extern "C" fn(CUcontext, CUdevice) -> *mut c_void,
     handle_context_query:
         unsafe extern "C" fn(*mut gst::ffi::GstElement, *mut gst::ffi::GstQuery, *mut c_void) -> glib::ffi::gboolean,
+    /// `vramringsrc`'s CUDA output: a pool of `GstCudaMemory` buffers.
+    buffer_pool_new: unsafe extern "C" fn(*mut c_void) -> *mut gst::ffi::GstBufferPool,
 }
 
 impl GstCudaLib {
@@ -85,6 +87,7 @@ impl GstCudaLib {
             context_get_handle: sym!("gst_cuda_context_get_handle"),
             context_new_wrapped: sym!("gst_cuda_context_new_wrapped"),
             handle_context_query: sym!("gst_cuda_handle_context_query"),
+            buffer_pool_new: sym!("gst_cuda_buffer_pool_new"),
             _lib: lib,
         })
     }
@@ -220,6 +223,24 @@ impl MappedCuda {
     /// Without [`available`], when the buffer is not one CUDA memory, or
     /// when the map fails.
     pub fn map(buffer: &gst::BufferRef, info: &gst_video::VideoInfo) -> Result<MappedCuda, String> {
+        Self::map_with(buffer, info, gst::ffi::GST_MAP_READ)
+    }
+
+    /// Maps `buffer` (one `GstCudaMemory`, writable) as a frame of `info`
+    /// for device writes: on unmap the memory knows its device copy is the
+    /// newer one.
+    ///
+    /// # Errors
+    /// As [`MappedCuda::map`]; also when the buffer is not writable.
+    pub fn map_writable(buffer: &mut gst::BufferRef, info: &gst_video::VideoInfo) -> Result<MappedCuda, String> {
+        Self::map_with(buffer, info, gst::ffi::GST_MAP_WRITE)
+    }
+
+    fn map_with(
+        buffer: &gst::BufferRef,
+        info: &gst_video::VideoInfo,
+        access: gst::ffi::GstMapFlags,
+    ) -> Result<MappedCuda, String> {
         let lib = gst_cuda()
             .filter(|_| available())
             .ok_or("CUDA memory is not usable here")?;
@@ -255,7 +276,8 @@ impl MappedCuda {
             _ => std::ptr::null_mut(),
         };
         let mut frame = std::mem::MaybeUninit::<gst_video::ffi::GstVideoFrame>::zeroed();
-        // SAFETY: `frame` is writable; `info` and `buffer` are live; the
+        // SAFETY: `frame` is writable; `info` and `buffer` are live (a
+        // write map is asked for through `map_writable`'s `&mut`); the
         // flags ask for device addresses (the memory's map function
         // uploads pending host writes first).
         let ok = unsafe {
@@ -263,7 +285,7 @@ impl MappedCuda {
                 frame.as_mut_ptr(),
                 info.to_glib_none().0,
                 buffer.as_ptr() as *mut gst::ffi::GstBuffer,
-                gst::ffi::GST_MAP_READ | GST_MAP_CUDA,
+                access | GST_MAP_CUDA,
             )
         };
         if ok == glib::ffi::GFALSE {
@@ -522,6 +544,187 @@ impl Drop for Copier {
             }
             // SAFETY: the reference taken in `fence_for`.
             unsafe { glib::gobject_ffi::g_object_unref(f.gst_context as *mut glib::gobject_ffi::GObject) };
+        }
+    }
+}
+
+/// The ordinal of the GPU whose UUID is `uuid` (a ring's
+/// `RingInfo::device_uuid`), as this process numbers its devices.
+///
+/// # Errors
+/// Without [`available`], a failed probe, or no such GPU here.
+pub fn ordinal_of(uuid: [u8; 16]) -> Result<u32, String> {
+    if !available() {
+        return Err("CUDA memory is not usable here".into());
+    }
+    let devices = vramring::cuda::probe().map_err(|e| e.to_string())?;
+    devices
+        .iter()
+        .find(|d| d.uuid == uuid)
+        .and_then(|d| u32::try_from(d.ordinal).ok())
+        .ok_or_else(|| format!("no GPU {} here", vramring::cuda::format_uuid(&uuid)))
+}
+
+/// `vramringsrc`'s CUDA output: a `GstCudaBufferPool` in the primary
+/// context (the one the source offers downstream) and a stream of that
+/// context. Each frame is copied device to device, plane by plane, from
+/// the subscriber's own copy into a pooled `GstCudaMemory` buffer.
+///
+/// The copy is waited for on the host before the buffer is pushed
+/// ([`Filler::fill`]): the subscriber's copy is rewritten by the next
+/// `Subscriber::next` on the library's own stream, which cannot be made to
+/// wait for ours, so our copy must have read it by then anyway; and a
+/// finished copy leaves downstream (`cudadownload`, `nvh264enc`,
+/// `cudaconvert`, whichever stream they read on) nothing to wait for.
+pub struct Filler {
+    primary: &'static Primary,
+    stream: CUstream,
+    pool: gst::BufferPool,
+    info: gst_video::VideoInfo,
+}
+
+// SAFETY: CUDA handles are process-wide; the pool is a thread-safe
+// GObject; the filler is used by one thread at a time (behind the
+// source's state mutex).
+unsafe impl Send for Filler {}
+
+impl Filler {
+    /// A pool of `caps` (`video/x-raw(memory:CUDAMemory)`, fixed) in
+    /// `primary`'s context, active, and a stream.
+    ///
+    /// # Errors
+    /// Caps that are not raw video, or a pool or driver call's failure.
+    pub fn new(primary: &'static Primary, caps: &gst::Caps) -> Result<Filler, String> {
+        use glib::translate::FromGlibPtrFull;
+        use gst::prelude::*;
+        let lib = gst_cuda().ok_or("libgstcuda-1.0 is not loaded")?;
+        let info = gst_video::VideoInfo::from_caps(caps).map_err(|_| format!("caps {caps} are not raw video"))?;
+        // SAFETY: the primary context's wrapper is a live GstCudaContext
+        // (never freed).
+        let raw = unsafe { (lib.buffer_pool_new)(primary.gst_context) };
+        if raw.is_null() {
+            return Err("gst_cuda_buffer_pool_new failed".into());
+        }
+        // SAFETY: a new GstBufferPool (a GstObject): its floating
+        // reference, if it is one, is sunk into the one we take over.
+        let pool = unsafe {
+            if glib::gobject_ffi::g_object_is_floating(raw as *mut glib::gobject_ffi::GObject) != glib::ffi::GFALSE {
+                glib::gobject_ffi::g_object_ref_sink(raw as *mut glib::gobject_ffi::GObject);
+            }
+            gst::BufferPool::from_glib_full(raw)
+        };
+        let mut config = pool.config();
+        config.set_params(Some(caps), info.size() as u32, 2, 0);
+        pool.set_config(config)
+            .map_err(|e| format!("the CUDA buffer pool refused {caps}: {e}"))?;
+        pool.set_active(true)
+            .map_err(|e| format!("the CUDA buffer pool does not start: {e}"))?;
+        let _ctx = Pushed::push(primary.ctx)?;
+        let mut stream: CUstream = std::ptr::null_mut();
+        // SAFETY: valid out-parameter; the primary context is current.
+        check("cuStreamCreate", unsafe {
+            cu::cuStreamCreate(&mut stream, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint)
+        })?;
+        Ok(Filler {
+            primary,
+            stream,
+            pool,
+            info,
+        })
+    }
+
+    /// The video info the pool's buffers are made for.
+    pub fn info(&self) -> &gst_video::VideoInfo {
+        &self.info
+    }
+
+    /// A pooled CUDA buffer holding the frame at `src` (`src_len` bytes,
+    /// laid out as `geometry`), complete when this returns.
+    ///
+    /// The copy runs on the memory's own stream when it has one (it is of
+    /// the primary context: the pool's), so that it follows whatever
+    /// downstream last enqueued on the buffer; else on the filler's stream.
+    ///
+    /// # Safety
+    /// `src..src + src_len` is device memory of the primary context's
+    /// device, readable in that context, not written until this returns.
+    ///
+    /// # Errors
+    /// No buffer from the pool, planes that do not fit, or a driver call's
+    /// failure.
+    pub unsafe fn fill(
+        &mut self,
+        src: CUdeviceptr,
+        src_len: u64,
+        geometry: &vramring::Geometry,
+    ) -> Result<gst::Buffer, String> {
+        use gst::prelude::*;
+        let mut buffer = self
+            .pool
+            .acquire_buffer(None)
+            .map_err(|e| format!("no buffer from the CUDA pool: {e:?}"))?;
+        {
+            let bref = buffer.get_mut().ok_or("a pooled buffer is shared")?;
+            let dst = MappedCuda::map_writable(bref, &self.info)?;
+            let gst_planes: Vec<(usize, usize)> = dst.planes.iter().map(|p| (p.1, p.2)).collect();
+            let plan = crate::video::plan(&gst_planes, geometry, false).map_err(|e| e.0)?;
+            for (k, p) in plan.iter().enumerate() {
+                p.fits(src_len as usize, dst.planes[k].2)
+                    .map_err(|e| format!("plane {k}: {e}"))?;
+            }
+            let stream = if dst.context == self.primary.ctx && !dst.stream.is_null() {
+                dst.stream
+            } else {
+                self.stream
+            };
+            let _ctx = Pushed::push(self.primary.ctx)?;
+            for (k, p) in plan.iter().enumerate() {
+                if p.rows == 0 || p.row_bytes == 0 {
+                    continue;
+                }
+                // Every field spelled out: `CUmemorytype` has no zero
+                // value, so a zeroed descriptor is not a valid one.
+                let copy = cu::CUDA_MEMCPY2D {
+                    srcXInBytes: 0,
+                    srcY: 0,
+                    srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    srcHost: std::ptr::null(),
+                    srcDevice: src + p.src_offset as CUdeviceptr,
+                    srcArray: std::ptr::null_mut(),
+                    srcPitch: p.src_stride,
+                    dstXInBytes: 0,
+                    dstY: 0,
+                    dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    dstHost: std::ptr::null_mut(),
+                    dstDevice: dst.planes[k].0 + p.dst_offset as CUdeviceptr,
+                    dstArray: std::ptr::null_mut(),
+                    dstPitch: p.dst_stride,
+                    WidthInBytes: p.row_bytes,
+                    Height: p.rows,
+                };
+                // SAFETY: both ranges were checked against their memory
+                // (`fits`; the source's by the caller's contract); the
+                // stream is of the current (primary) context, the one the
+                // pool allocates in.
+                check("cuMemcpy2DAsync", unsafe { cu::cuMemcpy2DAsync_v2(&copy, stream) })
+                    .map_err(|e| format!("plane {k}: {e}"))?;
+            }
+            // SAFETY: a stream of the current context (ours, or the
+            // memory's, alive while the memory is mapped).
+            check("cuStreamSynchronize", unsafe { cu::cuStreamSynchronize(stream) })?;
+        }
+        Ok(buffer)
+    }
+}
+
+impl Drop for Filler {
+    fn drop(&mut self) {
+        use gst::prelude::*;
+        let _ = self.pool.set_active(false);
+        if let Ok(_ctx) = Pushed::push(self.primary.ctx) {
+            // SAFETY: made in `new`, destroyed once; the driver finishes
+            // enqueued work (none: every fill waited) before freeing it.
+            let _ = unsafe { cu::cuStreamDestroy_v2(self.stream) };
         }
     }
 }

@@ -16,6 +16,15 @@
 //!   primary context the sink hands out (the copy on the memory's stream)
 //!   and once with a context of GStreamer's own making set on the pipeline
 //!   (`cuMemcpy3DPeerAsync` on the sink's stream, fenced by events).
+//! * `vramringsrc_hands_cuda_memory_of_a_rust_publishers_frames_bit_exact`:
+//!   a Rust `Publisher` on a CUDA ring writes the test pattern on the GPU;
+//!   `vramringsrc ! cudadownload ! appsink` negotiates
+//!   `memory:CUDAMemory` out of `vramringsrc` (a device-to-device copy into
+//!   a `GstCudaBufferPool` buffer) and every frame's pixels are the
+//!   pattern's.
+//! * `nvh264dec_frames_cross_two_pipelines_in_cuda_memory_bit_exact`:
+//!   `nvh264dec ! vramringsink` → `vramringsrc ! cudadownload ! appsink`,
+//!   CUDA memory on both sides, every frame against `clip.nv12.framemd5`.
 
 mod common;
 
@@ -24,7 +33,7 @@ use std::path::{Path, PathBuf};
 use common::*;
 use gst::prelude::*;
 use md5::{Digest, Md5};
-use vramring::{BackendKind, ClientOptions, SubscriberOptions};
+use vramring::{BackendChoice, BackendKind, ClientOptions, Format, Policy, Publisher, RingConfig, SubscriberOptions};
 
 /// `tests/data` of the workspace, or `VRAMRING_TEST_DATA` (a GPU machine
 /// that runs staged binaries).
@@ -185,4 +194,108 @@ fn cudaupload_frames_cross_a_cuda_ring_bit_exact_in_the_sinks_context() {
 fn cudaupload_frames_cross_a_cuda_ring_bit_exact_from_a_foreign_context() {
     through_a_cuda_ring("NV12", 320, 240, true);
     through_a_cuda_ring("RGBA", 161, 91, true);
+}
+
+/// Whether the src pad of the element named `name` in `p` negotiated CUDA
+/// memory.
+fn src_negotiated_cuda(p: &gst::Pipeline, name: &str) -> bool {
+    let caps = p
+        .by_name(name)
+        .and_then(|e| e.static_pad("src"))
+        .and_then(|pad| pad.current_caps())
+        .unwrap_or_else(|| panic!("{name} has negotiated caps"));
+    caps.features(0).is_some_and(|f| f.contains("memory:CUDAMemory"))
+}
+
+fn cuda_ring_to_vramringsrc(width: u32, height: u32) {
+    init();
+    let n = 12u64;
+    let (_dir, path) = socket("cuda-src");
+    let cfg = RingConfig::new(Format::Nv12, width, height)
+        .slots(4)
+        .backend(BackendChoice::Cuda(0))
+        .policy(Policy::Lossless);
+    let mut publisher = Publisher::create(&path, cfg).expect("a CUDA ring on GPU 0");
+    assert_eq!(publisher.backend(), BackendKind::Cuda);
+    let gpu =
+        vramring_testkit::gpu::GpuTestPattern::for_uuid(publisher.info().device_uuid()).expect("the GPU test pattern");
+    let caps = format!("video/x-raw,format=NV12,width={width},height={height}");
+    let src = play(&format!(
+        "vramringsrc name=vsrc socket-path={} lossless=true timestamp-mode=pts timeout=20000 ! cudadownload ! {caps} ! appsink name=sink sync=false",
+        path.display()
+    ));
+    // Wait for the subscriber: a lossless publisher keeps every frame for it.
+    let deadline = std::time::Instant::now() + WAIT;
+    while publisher.stats().subscribers == 0 {
+        assert!(std::time::Instant::now() < deadline, "vramringsrc did not subscribe");
+        assert_no_error(&src);
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let mut written = Vec::new();
+    for _ in 0..n {
+        let mut slot = publisher.loan(WAIT).expect("a slot");
+        let seq = slot.seq();
+        let geometry = *slot.geometry();
+        let len = slot.device_mut().expect("a device slot").len() as usize;
+        let mut host = vec![0u8; len];
+        vramring_testkit::pattern::fill(&mut host, seq);
+        written.push(ring_pixels(&host, &geometry, gst_video::VideoFormat::Nv12));
+        vramring_testkit::gpu::fill_cuda(&gpu, slot, seq).expect("the pattern is written and published");
+    }
+    let got = pull(&src, n as usize);
+    assert!(src_negotiated_cuda(&src, "vsrc"), "vramringsrc put out CUDA memory");
+    for (i, (sample, want)) in got.iter().zip(&written).enumerate() {
+        let (info, planes) = sample_pixels(sample);
+        assert_eq!((info.width(), info.height()), (width, height));
+        assert!(
+            planes == *want,
+            "{width}x{height} frame {i} differs from the pattern the publisher wrote"
+        );
+    }
+    stop(&src);
+    publisher.close().expect("the publisher closes");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn vramringsrc_hands_cuda_memory_of_a_rust_publishers_frames_bit_exact() {
+    cuda_ring_to_vramringsrc(320, 240);
+    cuda_ring_to_vramringsrc(321, 241);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn nvh264dec_frames_cross_two_pipelines_in_cuda_memory_bit_exact() {
+    init();
+    let refs = reference_md5s(&data("clip.nv12.framemd5"));
+    let (_dir, path) = socket("nvdec-src");
+    let sink = play(&format!(
+        "filesrc location={} ! h264parse ! nvh264dec ! vramringsink name=vsink socket-path={} policy=lossless wait-subscribers=1 sync=false",
+        data("clip.h264").display(),
+        path.display()
+    ));
+    let src = play(&format!(
+        "vramringsrc name=vsrc socket-path={} lossless=true timeout=20000 ! cudadownload ! video/x-raw,format=NV12 ! appsink name=sink sync=false",
+        path.display()
+    ));
+    let got = pull(&src, refs.len());
+    assert!(
+        negotiated_cuda(&sink, "vsink"),
+        "nvh264dec ! vramringsink in CUDA memory"
+    );
+    assert!(src_negotiated_cuda(&src, "vsrc"), "vramringsrc put out CUDA memory");
+    for (i, (sample, want)) in got.iter().zip(&refs).enumerate() {
+        let mut h = Md5::new();
+        for plane in sample_pixels(sample).1 {
+            h.update(&plane);
+        }
+        assert_eq!(
+            &format!("{:x}", h.finalize()),
+            want,
+            "frame {i} differs from ffmpeg's decode"
+        );
+    }
+    wait_eos(&sink);
+    stop(&sink);
+    stop(&src);
 }

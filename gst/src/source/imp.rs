@@ -15,6 +15,7 @@ use gst_video::prelude::*;
 use vramring::{ClientOptions, Delivery, Error, Mode, Refusal, Subscriber, SubscriberOptions, SubscriberStats};
 
 use super::{DeliverySetting, ModeSetting, TimestampMode};
+use crate::cuda::{self, Filler, Primary};
 use crate::trailer::FrameTrailer;
 use crate::video;
 
@@ -41,6 +42,7 @@ struct Settings {
     timeout_ms: u64,
     client_name: String,
     timestamp_mode: TimestampMode,
+    cuda_device_id: u32,
 }
 
 impl Default for Settings {
@@ -53,6 +55,7 @@ impl Default for Settings {
             timeout_ms: DEFAULT_TIMEOUT_MS,
             client_name: String::new(),
             timestamp_mode: TimestampMode::default(),
+            cuda_device_id: 0,
         }
     }
 }
@@ -82,6 +85,27 @@ struct State {
     earlier: SubscriberStats,
     /// Where a frame of a CUDA ring is copied to host memory first.
     scratch: Vec<u8>,
+    /// What memory the frames of the current ring go out in, decided once
+    /// per ring format and size ([`VramringSrc::decide`]).
+    output: Option<OutputMemory>,
+    /// The pool and stream of CUDA output, made for the caps it holds.
+    filler: Option<Filler>,
+}
+
+/// The ring a memory decision was made for: backend, format and size.
+type RingKey = (vramring::BackendKind, vramring::Format, u32, u32);
+
+/// Which memory the frames of one ring go out in.
+#[derive(Clone, Copy)]
+struct OutputMemory {
+    key: RingKey,
+    /// `Some`: GStreamer CUDA memory, in the primary context of this GPU.
+    cuda: Option<&'static Primary>,
+}
+
+fn ring_key(sub: &Subscriber) -> RingKey {
+    let g = sub.geometry();
+    (sub.backend(), g.format, g.width, g.height)
 }
 
 impl State {
@@ -160,6 +184,12 @@ impl ObjectImpl for VramringSrc {
                     .blurb("clock: the publisher's presentation instant on this pipeline's running time (commit time for frames without a vramringsink trailer); pts: the frame's pts as published, in ns")
                     .mutable_ready()
                     .build(),
+                glib::ParamSpecUInt::builder("cuda-device-id")
+                    .nick("CUDA device id")
+                    .blurb("GPU whose primary context the source offers downstream CUDA elements before a CUDA ring is known (once it is, the ring's GPU)")
+                    .default_value(0)
+                    .mutable_ready()
+                    .build(),
                 glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
                     .nick("Statistics")
                     .blurb("The subscriber's counters: delivered, dropped, overruns, reconnects, pushed, last-seq")
@@ -193,6 +223,7 @@ impl ObjectImpl for VramringSrc {
             "timeout" => s.timeout_ms = value.get().unwrap_or(DEFAULT_TIMEOUT_MS),
             "client-name" => s.client_name = value.get::<Option<String>>().ok().flatten().unwrap_or_default(),
             "timestamp-mode" => s.timestamp_mode = value.get().unwrap_or_default(),
+            "cuda-device-id" => s.cuda_device_id = value.get().unwrap_or(0),
             other => gst::warning!(CAT, imp = self, "no property {other}"),
         }
     }
@@ -219,6 +250,7 @@ impl ObjectImpl for VramringSrc {
             "timeout" => s.timeout_ms.to_value(),
             "client-name" => s.client_name.to_value(),
             "timestamp-mode" => s.timestamp_mode.to_value(),
+            "cuda-device-id" => s.cuda_device_id.to_value(),
             _ => glib::Value::from_type(glib::Type::INVALID),
         }
     }
@@ -232,7 +264,7 @@ impl ElementImpl for VramringSrc {
             gst::subclass::ElementMetadata::new(
                 "vramring frame ring source",
                 "Source/Video",
-                "Subscribes to a vramring frame ring published by another process and outputs its frames as raw video in system memory (live)",
+                "Subscribes to a vramring frame ring published by another process and outputs its frames as raw video (live): in CUDA memory from a CUDA ring where downstream takes it, else in system memory",
                 "vramring developers",
             )
         });
@@ -245,12 +277,22 @@ impl ElementImpl for VramringSrc {
                 "src",
                 gst::PadDirection::Src,
                 gst::PadPresence::Always,
-                &video::template_caps(),
+                &video::template_caps_with_cuda(),
             )
             .expect("a static pad template")]
         });
         TEMPLATES.as_ref()
     }
+}
+
+fn frame_key(frame: &vramring::Frame<'_>) -> RingKey {
+    let g = frame.geometry();
+    let backend = if frame.device().is_some() {
+        vramring::BackendKind::Cuda
+    } else {
+        vramring::BackendKind::Host
+    };
+    (backend, g.format, g.width, g.height)
 }
 
 /// What one read produced, ready to push once the state lock is released.
@@ -367,14 +409,33 @@ impl VramringSrc {
                 }
             }
         }
-        let State { sub, scratch, .. } = &mut *state;
+        let key = state.sub.as_ref().map(ring_key);
+        if let Some(key) = key.filter(|k| state.output.map(|o| o.key) != Some(*k)) {
+            let uuid = state.sub.as_ref().map(|sub| sub.info().device_uuid());
+            // Downstream is asked without the state lock: it may query us.
+            drop(state);
+            let cuda = self.decide(key, uuid, s);
+            let mut state = lock(&self.state);
+            state.output = Some(OutputMemory { key, cuda });
+            state.filler = None;
+            return Ok(Step::Again);
+        }
+        let State {
+            sub,
+            scratch,
+            output,
+            filler,
+            ..
+        } = &mut *state;
         let Some(sub) = sub.as_mut() else {
             return Ok(Step::Again);
         };
         let read = match sub.next(SLICE) {
-            Ok(frame) => self
-                .to_buffer(&frame, scratch, s)
-                .map(|(buffer, caps)| (buffer, caps, frame.skipped())),
+            Ok(frame) => {
+                let cuda = output.filter(|o| o.key == frame_key(&frame)).and_then(|o| o.cuda);
+                self.to_buffer(&frame, scratch, cuda.map(|p| (p, filler)), s)
+                    .map(|(buffer, caps)| (buffer, caps, frame.skipped()))
+            }
             Err(e) => Err(e),
         };
         match read {
@@ -439,20 +500,90 @@ impl VramringSrc {
         }
     }
 
-    /// The frame as a buffer of GStreamer's default layout for its caps.
+    /// Whether the frames of a ring of `key` go out in CUDA memory, and
+    /// in which GPU's primary context: a CUDA ring, CUDA memory usable
+    /// here (libgstcuda-1.0 and the driver), the ring's GPU found, and
+    /// downstream taking `video/x-raw(memory:CUDAMemory)` of the ring's
+    /// format and size. Otherwise system memory, as for a host ring.
+    fn decide(&self, key: RingKey, uuid: Option<[u8; 16]>, s: &Settings) -> Option<&'static Primary> {
+        let (backend, format, width, height) = key;
+        if backend != vramring::BackendKind::Cuda || !cuda::available() {
+            return None;
+        }
+        let vformat = video::video_format(format)?;
+        let probe = gst_video::VideoCapsBuilder::new()
+            .features([cuda::CUDA_MEMORY_FEATURE])
+            .format(vformat)
+            .width(width as i32)
+            .height(height as i32)
+            .build();
+        let peer = self.obj().src_pad().peer_query_caps(Some(&probe));
+        if peer.is_empty() {
+            gst::info!(CAT, imp = self, "downstream takes no CUDA memory: system memory out");
+            return None;
+        }
+        let ordinal = match uuid.map(cuda::ordinal_of) {
+            Some(Ok(o)) => o,
+            Some(Err(e)) => {
+                gst::warning!(CAT, imp = self, "the CUDA ring's GPU: {e}; system memory out");
+                return None;
+            }
+            None => s.cuda_device_id,
+        };
+        match Primary::get(ordinal) {
+            Ok(p) => {
+                gst::info!(
+                    CAT,
+                    imp = self,
+                    "CUDA memory out, in the primary context of GPU {ordinal}"
+                );
+                Some(p)
+            }
+            Err(e) => {
+                gst::warning!(
+                    CAT,
+                    imp = self,
+                    "no primary context of GPU {ordinal}: {e}; system memory out"
+                );
+                None
+            }
+        }
+    }
+
+    /// The frame as a buffer of GStreamer's default layout for its caps:
+    /// with `cuda`, a `GstCudaMemory` buffer of `filler`'s pool (made or
+    /// remade for the caps), else system memory.
     fn to_buffer(
         &self,
         frame: &vramring::Frame<'_>,
         scratch: &mut Vec<u8>,
+        cuda: Option<(&'static Primary, &mut Option<Filler>)>,
         s: &Settings,
     ) -> Result<(gst::Buffer, gst::Caps), Error> {
         let geometry = *frame.geometry();
         let trailer = FrameTrailer::decode(&frame.user());
         let (fps, par) = trailer.map_or(((0, 1), (1, 1)), |t| (t.fps, t.par));
         let bad = |what: String| Error::Config(what);
-        let caps = video::caps_for(&geometry, fps, par)
+        let mut caps = video::caps_for(&geometry, fps, par)
             .ok_or_else(|| bad(format!("the ring's format {} is not raw video", geometry.format.name())))?;
         let info = gst_video::VideoInfo::from_caps(&caps).map_err(|_| bad(format!("caps {caps}")))?;
+        if let (Some((primary, filler)), Some(view)) = (cuda, frame.device()) {
+            caps.make_mut()
+                .set_features(0, Some(gst::CapsFeatures::new([cuda::CUDA_MEMORY_FEATURE])));
+            if filler.as_ref().is_none_or(|f| *f.info() != info) {
+                *filler = None;
+                *filler = Some(Filler::new(primary, &caps).map_err(bad)?);
+            }
+            let f = filler.as_mut().ok_or_else(|| bad("no CUDA pool".into()))?;
+            // SAFETY: the view is the subscriber's own copy of the frame
+            // (or its push buffer), device memory of the ring's GPU (the
+            // primary context's: `decide` found it by the ring's UUID),
+            // which nothing rewrites before the next `Subscriber::next`;
+            // `fill` returns only once its copy is done.
+            let mut buffer = unsafe { f.fill(view.as_raw(), view.len(), &geometry) }.map_err(bad)?;
+            self.stamp(&mut buffer, frame, trailer, s)?;
+            return Ok((buffer, caps));
+        }
         let src: &[u8] = match frame.host_bytes() {
             Some(b) => b,
             None => {
@@ -482,10 +613,22 @@ impl VramringSrc {
                 video::copy_plane(src, dst, p).map_err(|e| bad(e.0))?;
             }
         }
+        self.stamp(&mut buffer, frame, trailer, s)?;
+        Ok((buffer, caps))
+    }
+
+    /// Sets the buffer's timestamps and offset from the frame.
+    fn stamp(
+        &self,
+        buffer: &mut gst::Buffer,
+        frame: &vramring::Frame<'_>,
+        trailer: Option<FrameTrailer>,
+        s: &Settings,
+    ) -> Result<(), Error> {
         {
             let b = buffer
                 .get_mut()
-                .ok_or_else(|| bad("a fresh buffer is not writable".into()))?;
+                .ok_or_else(|| Error::Config("a fresh buffer is not writable".into()))?;
             let pts = match s.timestamp_mode {
                 TimestampMode::Clock => {
                     let mono = trailer
@@ -499,7 +642,7 @@ impl VramringSrc {
             b.set_duration(trailer.and_then(|t| t.duration).map(gst::ClockTime::from_nseconds));
             b.set_offset(frame.seq());
         }
-        Ok((buffer, caps))
+        Ok(())
     }
 }
 
@@ -553,6 +696,38 @@ impl BaseSrcImpl for VramringSrc {
                 .map_err(|_| gst::loggable_error!(CAT, "downstream refused {caps}")),
             None => Ok(()),
         }
+    }
+
+    /// Answers downstream's `gst.cuda.context` query with the primary
+    /// context the CUDA output allocates in (the `cuda-device-id` GPU's
+    /// until a CUDA ring is read), so that `cudadownload`, `cudaconvert` or
+    /// `nvh264enc` work in that context and read our memory without a
+    /// copy between contexts.
+    fn query(&self, query: &mut gst::QueryRef) -> bool {
+        if let gst::QueryViewMut::Context(q) = query.view_mut() {
+            if q.context_type() == cuda::CONTEXT_TYPE && cuda::available() {
+                let chosen = lock(&self.state).output.and_then(|o| o.cuda);
+                let primary = match chosen {
+                    Some(p) => Ok(p),
+                    None => Primary::get(lock(&self.settings).cuda_device_id),
+                };
+                match primary {
+                    Ok(p) => {
+                        if p.answer_context_query(self.obj().upcast_ref(), query) {
+                            gst::debug!(
+                                CAT,
+                                imp = self,
+                                "gave downstream the primary CUDA context of device {}",
+                                p.ordinal
+                            );
+                            return true;
+                        }
+                    }
+                    Err(e) => gst::debug!(CAT, imp = self, "no CUDA context to share: {e}"),
+                }
+            }
+        }
+        BaseSrcImplExt::parent_query(self, query)
     }
 
     fn unlock(&self) -> Result<(), gst::ErrorMessage> {
