@@ -9,11 +9,15 @@
 //! One process publishes: `appsrc ! cudaupload ! <sink>`, each buffer a
 //! pooled system-memory frame whose first 8 luma bytes carry its index; a
 //! pad probe on the sink's pad records when each buffer reaches the sink
-//! (`CLOCK_MONOTONIC`). Each subscriber process
-//! runs `<src> ! appsink` (`cudaipcsrc ! cudadownload ! appsink`: both
-//! pairs hand the appsink system memory, `vramringsrc` copying from the
-//! ring itself), reads the index from the pixels and records the arrival
-//! instant. Latency is arrival minus sink entry, same host, same clock;
+//! (`CLOCK_MONOTONIC`). Each subscriber process runs `<src> ! appsink`,
+//! records the arrival instant, then reads the index from the pixels. Two
+//! tables (`--memory cuda,system`): with `cuda`, both pairs hand the
+//! appsink CUDA memory (`cudaipcsrc ! video/x-raw(memory:CUDAMemory)`,
+//! `vramringsrc ! video/x-raw(memory:CUDAMemory)`, its device-to-device
+//! copy from the ring), no download, the index read back as 8 bytes from
+//! the device; with `system`, both hand it system memory
+//! (`cudaipcsrc ! cudadownload`, `vramringsrc ! video/x-raw`, its own copy
+//! from the ring to the host). Latency is arrival minus sink entry, same host, same clock;
 //! the first `WARMUP` frames are left out of every figure. The producer's
 //! CPU per frame is its process's user + system time over the paced
 //! pushes (the upload's share is the same for every pair).
@@ -34,6 +38,12 @@ const HEIGHT: u32 = 1080;
 /// imports, lazy CUDA set-up).
 const WARMUP: u64 = 30;
 const PAIRS: [&str; 3] = ["cudaipc-mmap", "cudaipc-legacy", "vramring"];
+/// What the subscribers' appsinks get: `cuda` (GStreamer CUDA memory, no
+/// download) and `system` (system memory).
+const MEMORIES: [&str; 2] = ["cuda", "system"];
+/// `GST_MAP_CUDA` (`gstcudamemory.h`): map a `GstCudaMemory` for its
+/// device address.
+const GST_MAP_CUDA: gst::ffi::GstMapFlags = gst::ffi::GST_MAP_FLAG_LAST << 1;
 
 /// `CLOCK_MONOTONIC` now, ns.
 fn now_ns() -> u64 {
@@ -86,11 +96,68 @@ fn upload(pair: &str) -> &'static str {
     }
 }
 
-fn src_desc(pair: &str, addr: &str) -> String {
-    match pair {
-        "vramring" | "vramring-host" => format!("vramringsrc socket-path={addr} timeout=10000"),
+fn src_desc(pair: &str, addr: &str, memory: &str) -> String {
+    match (pair, memory) {
+        ("vramring" | "vramring-host", "cuda") => {
+            format!("vramringsrc socket-path={addr} timeout=10000 ! video/x-raw(memory:CUDAMemory)")
+        }
+        ("vramring" | "vramring-host", _) => format!("vramringsrc socket-path={addr} timeout=10000 ! video/x-raw"),
+        (_, "cuda") => format!("cudaipcsrc address={addr} ! video/x-raw(memory:CUDAMemory)"),
         _ => format!("cudaipcsrc address={addr} ! cudadownload"),
     }
+}
+
+/// Makes device 0's primary context current on this thread, for
+/// [`cuda_index`]'s read-back.
+fn cuda_thread() -> Res<()> {
+    use cudarc::driver::sys as cu;
+    let ok = |call: &str, r: cu::CUresult| -> Res<()> {
+        if r == cu::CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(format!("{call}: {r:?}").into())
+        }
+    };
+    let mut dev: cu::CUdevice = 0;
+    let mut ctx: cu::CUcontext = std::ptr::null_mut();
+    // SAFETY: out-parameters are valid locals; the context is retained for
+    // the life of the process (never released).
+    unsafe {
+        ok("cuInit", cu::cuInit(0))?;
+        ok("cuDeviceGet", cu::cuDeviceGet(&mut dev, 0))?;
+        ok("cuDevicePrimaryCtxRetain", cu::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
+        ok("cuCtxSetCurrent", cu::cuCtxSetCurrent(ctx))?;
+    }
+    Ok(())
+}
+
+/// The frame index in the first 8 luma bytes of a buffer of CUDA memory:
+/// its memory mapped for the device (`GST_MAP_CUDA`, no download) and 8
+/// bytes copied back (unified addressing: the copy finds the memory's
+/// context from the address).
+fn cuda_index(b: &gst::BufferRef) -> Res<u64> {
+    use cudarc::driver::sys as cu;
+    let mem = b.peek_memory(0);
+    let mut info = std::mem::MaybeUninit::<gst::ffi::GstMapInfo>::zeroed();
+    let mem_ptr = mem.as_ptr() as *mut gst::ffi::GstMemory;
+    // SAFETY: a live memory of `b`; `info` is writable.
+    let mapped = unsafe { gst::ffi::gst_memory_map(mem_ptr, info.as_mut_ptr(), gst::ffi::GST_MAP_READ | GST_MAP_CUDA) };
+    if mapped == gst::glib::ffi::GFALSE {
+        return Err("cannot map the CUDA memory for the device".into());
+    }
+    // SAFETY: mapped successfully above.
+    let mut info = unsafe { info.assume_init() };
+    let mut idx = [0u8; 8];
+    // SAFETY: `info.data` is the memory's device address (a frame: more
+    // than 8 bytes); `idx` holds 8 bytes; a context is current
+    // (`cuda_thread`).
+    let r = unsafe { cu::cuMemcpyDtoH_v2(idx.as_mut_ptr().cast(), info.data as cu::CUdeviceptr, 8) };
+    // SAFETY: mapped above, unmapped once.
+    unsafe { gst::ffi::gst_memory_unmap(mem_ptr, &mut info) };
+    if r != cu::CUresult::CUDA_SUCCESS {
+        return Err(format!("cuMemcpyDtoH: {r:?}").into());
+    }
+    Ok(u64::from_le_bytes(idx))
 }
 
 fn launch(line: &str) -> Res<gst::Pipeline> {
@@ -196,17 +263,22 @@ fn publish(args: &[String]) -> Res<()> {
     Ok(())
 }
 
-/// `subscribe PAIR ADDR FRAMES DEADLINE_MS OUT_FILE`: records `index
-/// arrival_ns` lines until the last frame, end of stream or the deadline.
+/// `subscribe PAIR ADDR MEMORY FRAMES DEADLINE_MS OUT_FILE`: records
+/// `index arrival_ns` lines until the last frame, end of stream or the
+/// deadline.
 fn subscribe(args: &[String]) -> Res<()> {
-    let [pair, addr, frames, deadline_ms, out] = args else {
-        return Err("subscribe PAIR ADDR FRAMES DEADLINE_MS OUT".into());
+    let [pair, addr, memory, frames, deadline_ms, out] = args else {
+        return Err("subscribe PAIR ADDR MEMORY FRAMES DEADLINE_MS OUT".into());
     };
     let frames: u64 = frames.parse()?;
+    let cuda = memory == "cuda";
     init()?;
+    if cuda {
+        cuda_thread()?;
+    }
     let p = launch(&format!(
         "{} ! appsink name=sink sync=false max-buffers=2 drop=false",
-        src_desc(pair, addr)
+        src_desc(pair, addr, memory)
     ))?;
     let sink = p
         .by_name("sink")
@@ -227,8 +299,12 @@ fn subscribe(args: &[String]) -> Res<()> {
         };
         let t = now_ns();
         let Some(b) = s.buffer() else { continue };
-        let map = b.map_readable()?;
-        let idx = u64::from_le_bytes(map[..8].try_into()?);
+        let idx = if cuda {
+            cuda_index(b)?
+        } else {
+            let map = b.map_readable()?;
+            u64::from_le_bytes(map[..8].try_into()?)
+        };
         got.push((idx, t));
         if idx + 1 >= frames {
             break;
@@ -327,15 +403,17 @@ fn read_pairs(path: &Path) -> Res<Records> {
     Ok((v, cpu))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_one(
     dir: &Path,
     pair: &str,
+    memory: &str,
     interval_us: u64,
     frames: u64,
     subs: u32,
     env: &[(String, String)],
 ) -> Res<RunResult> {
-    let tag = format!("{pair}-{interval_us}-{subs}");
+    let tag = format!("{pair}-{memory}-{interval_us}-{subs}");
     let addr = dir.join(format!("{tag}.sock")).display().to_string();
     let pub_out = dir.join(format!("{tag}.pub"));
     let run_ms = frames * interval_us / 1000;
@@ -361,6 +439,7 @@ fn run_one(
                 "subscribe".into(),
                 pair.into(),
                 addr.clone(),
+                memory.into(),
                 frames.to_string(),
                 (run_ms + 6000).to_string(),
                 out.display().to_string(),
@@ -524,13 +603,12 @@ fn bench(args: &[String]) -> Res<()> {
         _ if have_mps => vec![false, true],
         _ => vec![false],
     };
+    let memories: String = arg(args, "--memory", MEMORIES.join(","))?;
     let mut table = String::new();
     table.push_str(&format!(
         "# GStreamer CUDA IPC: 1080p NV12, publish → subscriber appsink\n\n\
          `gst_ipc_bench {}` on {} ({}), {} frames at 2 ms, {} at 25 fps, the first {WARMUP} left out.\n\
-         Latency: sink pad entry → subscriber appsink, CLOCK_MONOTONIC. cudaipcsrc feeds the appsink through cudadownload; vramringsrc copies from the ring to system memory itself.\n\n\
-         | pair | pace | subs | MPS | frames | delivered per sub (min) | dropped (all subs) | p50 µs | p99 µs | max µs | producer CPU µs/frame |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         Latency: sink pad entry → subscriber appsink, CLOCK_MONOTONIC.\n",
         args.join(" "),
         gpu_name(),
         gst::version_string(),
@@ -538,54 +616,74 @@ fn bench(args: &[String]) -> Res<()> {
         slow
     ));
     let path = out.join("gst-ipc-bench.md");
-    for &on in &mps_modes {
-        let mps_guard = match on.then(Mps::start).transpose() {
-            Ok(g) => g,
-            Err(e) => {
-                let row = format!(
-                    "| (all) | | | on | MPS did not start: {} | | | | | | |\n",
-                    e.to_string().replace('|', "/")
-                );
-                eprint!("{row}");
-                table.push_str(&row);
-                std::fs::write(&path, &table)?;
-                continue;
-            }
+    for memory in memories.split(',') {
+        let heading = match memory {
+            "cuda" => "## CUDA memory out (no download)\n\n\
+                       Both sources hand the appsink `video/x-raw(memory:CUDAMemory)`: `cudaipcsrc` the imported memory, \
+                       `vramringsrc` a GstCudaBufferPool buffer it copied the frame into on the GPU (waited for before the push). \
+                       The subscriber reads the index back as 8 bytes from the device after taking the arrival instant.\n\n",
+            "system" => "## System memory out (download)\n\n\
+                         `cudaipcsrc ! cudadownload`; `vramringsrc ! video/x-raw` copies from the ring to system memory itself.\n\n",
+            other => return Err(format!("--memory: {other} is neither cuda nor system").into()),
         };
-        let env = mps_guard.as_ref().map(|m| m.env.clone()).unwrap_or_default();
-        for pair in pairs.split(',') {
-            for (interval_us, frames, pace) in [(2000u64, fast, "2 ms"), (40_000, slow, "25 fps")] {
-                for &subs in &subs_list {
-                    let row = if began.elapsed() > budget {
-                        Err(format!("skipped: past the {budget:?} budget").into())
-                    } else {
-                        run_one(dir.path(), pair, interval_us, frames, subs, &env)
-                    };
-                    let row = match row {
-                        Ok(r) => format!(
-                            "| {pair} | {pace} | {subs} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
-                            if on { "on" } else { "off" },
-                            r.frames,
-                            r.delivered.iter().min().copied().unwrap_or(0),
-                            r.dropped,
-                            pct(&r.lat_us, 0.5),
-                            pct(&r.lat_us, 0.99),
-                            pct(&r.lat_us, 1.0),
-                            r.cpu_us
-                        ),
-                        Err(e) => format!(
-                            "| {pair} | {pace} | {subs} | {} | failed: {} | | | | | | |\n",
-                            if on { "on" } else { "off" },
-                            e.to_string().replace('|', "/")
-                        ),
-                    };
+        table.push_str(heading);
+        table.push_str(
+            "| pair | pace | subs | MPS | frames | delivered per sub (min) | dropped (all subs) | p50 µs | p99 µs | max µs | producer CPU µs/frame |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        );
+        for &on in &mps_modes {
+            let mps_guard = match on.then(Mps::start).transpose() {
+                Ok(g) => g,
+                Err(e) => {
+                    let row = format!(
+                        "| (all) | | | on | MPS did not start: {} | | | | | | |\n",
+                        e.to_string().replace('|', "/")
+                    );
                     eprint!("{row}");
                     table.push_str(&row);
                     std::fs::write(&path, &table)?;
+                    continue;
+                }
+            };
+            let env = mps_guard.as_ref().map(|m| m.env.clone()).unwrap_or_default();
+            for pair in pairs.split(',') {
+                if pair == "vramring-host" && memory == "cuda" {
+                    continue; // a host ring has no CUDA memory to hand out
+                }
+                for (interval_us, frames, pace) in [(2000u64, fast, "2 ms"), (40_000, slow, "25 fps")] {
+                    for &subs in &subs_list {
+                        let row = if began.elapsed() > budget {
+                            Err(format!("skipped: past the {budget:?} budget").into())
+                        } else {
+                            run_one(dir.path(), pair, memory, interval_us, frames, subs, &env)
+                        };
+                        let row = match row {
+                            Ok(r) => format!(
+                                "| {pair} | {pace} | {subs} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+                                if on { "on" } else { "off" },
+                                r.frames,
+                                r.delivered.iter().min().copied().unwrap_or(0),
+                                r.dropped,
+                                pct(&r.lat_us, 0.5),
+                                pct(&r.lat_us, 0.99),
+                                pct(&r.lat_us, 1.0),
+                                r.cpu_us
+                            ),
+                            Err(e) => format!(
+                                "| {pair} | {pace} | {subs} | {} | failed: {} | | | | | | |\n",
+                                if on { "on" } else { "off" },
+                                e.to_string().replace('|', "/")
+                            ),
+                        };
+                        eprint!("{row}");
+                        table.push_str(&row);
+                        std::fs::write(&path, &table)?;
+                    }
                 }
             }
+            drop(mps_guard);
         }
-        drop(mps_guard);
+        table.push('\n');
     }
     println!("{table}\nwritten to {}", path.display());
     Ok(())
