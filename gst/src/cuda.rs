@@ -17,6 +17,12 @@
 //! pipeline) is copied on the element's stream in the primary context with
 //! `cuMemcpy3DPeerAsync`, fenced both ways with events
 //! ([`Copier::copy`]); no path waits on the host.
+//!
+//! The source side (ADR 0027, "The source side"): `vramringsrc` on a CUDA
+//! ring answers downstream's query with the same wrapper and copies each
+//! frame from the subscriber's buffer into a `GstCudaBufferPool` buffer
+//! of the primary context ([`Filler::fill`]), waiting for that copy
+//! before the push.
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::{Mutex, OnceLock};
@@ -621,9 +627,13 @@ impl Filler {
             .map_err(|e| format!("the CUDA buffer pool does not start: {e}"))?;
         let _ctx = Pushed::push(primary.ctx)?;
         let mut stream: CUstream = std::ptr::null_mut();
+        // A blocking stream (not CU_STREAM_NON_BLOCKING): memory without a
+        // stream of its own is read by downstream on the context's legacy
+        // default stream, and a blocking stream's copy waits for that work
+        // before it overwrites a recycled buffer.
         // SAFETY: valid out-parameter; the primary context is current.
         check("cuStreamCreate", unsafe {
-            cu::cuStreamCreate(&mut stream, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint)
+            cu::cuStreamCreate(&mut stream, cu::CUstream_flags::CU_STREAM_DEFAULT as c_uint)
         })?;
         Ok(Filler {
             primary,

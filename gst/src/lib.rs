@@ -4,7 +4,8 @@
 //!   a host ring, `video/x-raw(memory:CUDAMemory)` on a CUDA ring) on a
 //!   vramring frame ring ([`vramring::Publisher`]);
 //! * `vramringsrc` subscribes to a frame ring ([`vramring::Subscriber`]) and
-//!   outputs raw video in system memory, as a live source;
+//!   outputs raw video as a live source (system memory, or
+//!   `memory:CUDAMemory` from a CUDA ring where downstream takes it);
 //! * `vramringpacketsink` / `vramringpacketsrc` carry H.264 / H.265 access
 //!   units (`stream-format=byte-stream, alignment=au`) on a packet ring
 //!   ([`vramring::packet`]).

@@ -401,3 +401,37 @@ fn the_sink_template_offers_cuda_memory_first_and_backend_host_never_does() {
         "backend=host offers system memory only: {caps}"
     );
 }
+
+/// A host ring has no device memory: even an appsink that takes anything
+/// (CUDA memory included) gets system memory from it.
+#[test]
+fn the_source_template_offers_cuda_memory_first_and_a_host_ring_gives_system_memory() {
+    init();
+    let probe = gst::ElementFactory::make("vramringsrc").build().expect("a vramringsrc");
+    let template = probe.pad_template("src").expect("a src template").caps().clone();
+    let features: Vec<bool> = template
+        .iter_with_features()
+        .map(|(_, f)| f.contains("memory:CUDAMemory"))
+        .collect();
+    assert_eq!(
+        features,
+        [true, false],
+        "CUDA memory first, then system memory: {template}"
+    );
+    let (_dir, path) = socket("host-any");
+    let mut publisher = Publisher::create(&path, ring(64, 48)).expect("a ring");
+    let src = play(&format!(
+        "vramringsrc name=vsrc socket-path={} lossless=true ! appsink name=sink sync=false",
+        path.display()
+    ));
+    publish_pattern(&mut publisher, 2, 0);
+    let got = pull(&src, 2);
+    for sample in &got {
+        let caps = sample.caps().expect("caps");
+        assert!(
+            caps.iter_with_features().all(|(_, f)| !f.contains("memory:CUDAMemory")),
+            "a host ring gives system memory: {caps}"
+        );
+    }
+    stop(&src);
+}

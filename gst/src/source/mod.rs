@@ -1,5 +1,7 @@
 //! `vramringsrc`: a live source that subscribes to a vramring frame ring
-//! and outputs raw video in system memory.
+//! and outputs raw video: in system memory, or from a CUDA ring in
+//! GStreamer's CUDA memory where downstream takes it (ADR 0027, "The
+//! source side").
 //!
 //! Caps come from the ring's geometry (format, width, height) and, when
 //! the publisher is `vramringsink`, the framerate and pixel aspect ratio of
