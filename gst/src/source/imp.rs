@@ -432,7 +432,26 @@ impl VramringSrc {
         };
         let read = match sub.next(SLICE) {
             Ok(frame) => {
-                let cuda = output.filter(|o| o.key == frame_key(&frame)).and_then(|o| o.cuda);
+                let key = frame_key(&frame);
+                let cuda = match *output {
+                    Some(o) if o.key == key => o.cuda,
+                    // The ring changed within this read (a reconnect to a
+                    // publisher of another format or size). CUDA output
+                    // stays CUDA output, on the new ring's GPU, without
+                    // asking downstream again (a caps filter for CUDA
+                    // memory would refuse system memory); system output
+                    // stays system memory for this frame and the next step
+                    // decides afresh.
+                    Some(o) if o.cuda.is_some() => {
+                        let cuda = (key.0 == vramring::BackendKind::Cuda)
+                            .then(|| cuda::ordinal_of(frame.info().device_uuid()).ok())
+                            .flatten()
+                            .and_then(|n| Primary::get(n).ok());
+                        *output = Some(OutputMemory { key, cuda });
+                        cuda
+                    }
+                    _ => None,
+                };
                 self.to_buffer(&frame, scratch, cuda.map(|p| (p, filler)), s)
                     .map(|(buffer, caps)| (buffer, caps, frame.skipped()))
             }
