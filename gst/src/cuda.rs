@@ -621,6 +621,9 @@ impl Filler {
         };
         let mut config = pool.config();
         config.set_params(Some(caps), info.size() as u32, 2, 0);
+        // The pool pitches its planes (cuMemAllocPitch): the video meta
+        // carries the strides, to our map and to downstream.
+        config.add_option(gst_video::BUFFER_POOL_OPTION_VIDEO_META);
         pool.set_config(config)
             .map_err(|e| format!("the CUDA buffer pool refused {caps}: {e}"))?;
         pool.set_active(true)
