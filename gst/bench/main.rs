@@ -92,7 +92,9 @@ fn upload(pair: &str) -> &'static str {
     if pair == "vramring-host" {
         ""
     } else {
-        "cudaupload ! "
+        // The caps filter: without it cudaupload passes system memory
+        // through to a sink that takes both (seen on the H200, 2026-12-05).
+        "cudaupload ! video/x-raw(memory:CUDAMemory) ! "
     }
 }
 

@@ -134,7 +134,7 @@ fn through_a_cuda_ring(format: &str, width: u32, height: u32, foreign: bool) {
     };
     let (_dir, path) = socket("cuda");
     let line = format!(
-        "{pattern} ! {caps} ! cudaupload name=up ! vramringsink name=vsink socket-path={} policy=lossless wait-subscribers=1 sync=false",
+        "{pattern} ! {caps} ! cudaupload name=up ! video/x-raw(memory:CUDAMemory) ! vramringsink name=vsink socket-path={} policy=lossless wait-subscribers=1 sync=false",
         path.display()
     );
     let sink = gst::parse::launch(&line)
