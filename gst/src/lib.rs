@@ -19,6 +19,7 @@
 mod clock;
 mod codec;
 mod cuda;
+mod element;
 mod packetsink;
 mod packetsource;
 mod serve;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use gst::prelude::*;
+use vramring::ServeOptions;
 use vramring::{
     BackendChoice, ClientOptions, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions,
 };
@@ -47,7 +48,7 @@ fn sink_to_src_and_subscriber(format: &str, width: u32, height: u32, n: usize) {
     let gst_format = gst_video::VideoFormat::from_string(format);
 
     let sink = play(&format!(
-        "videotestsrc num-buffers={n} pattern=smpte ! {caps} ! vramringsink socket-path={} policy=lossless wait-subscribers=2 sync=false",
+        "videotestsrc num-buffers={n} pattern=smpte ! {caps} ! vramringsink socket-path={} policy=lossless wait-subscribers=2 lossless-lease=60000 sync=false",
         path.display()
     ));
     let src = play(&format!(
@@ -129,11 +130,15 @@ fn publish_pattern(publisher: &mut Publisher, n: u64, first_pts: i64) -> Vec<Vec
     written
 }
 
+/// A lossless host ring whose lease is long: a reader that a loaded
+/// machine leaves unscheduled for a second is not evicted (these tests
+/// check frames, not the lease).
 fn ring(width: u32, height: u32) -> RingConfig {
     RingConfig::new(Format::Nv12, width, height)
         .slots(4)
         .backend(BackendChoice::Host)
         .policy(Policy::Lossless)
+        .lossless_lease(std::time::Duration::from_secs(60))
 }
 
 #[test]

@@ -26,7 +26,7 @@ fn h264_access_units_round_trip_unit_for_unit() {
     assert!(want.len() >= 100, "the clip parses into {} access units", want.len());
 
     let sink = play(&format!(
-        "filesrc location={} ! {PARSE} ! vramringpacketsink name=psink socket-path={} wait-subscribers=2 sync=false",
+        "filesrc location={} ! {PARSE} ! vramringpacketsink name=psink socket-path={} wait-subscribers=2 lossless-lease=60000 sync=false",
         clip.display(),
         path.display()
     ));
@@ -132,7 +132,7 @@ fn h265_access_units_round_trip_and_a_late_joiner_gets_the_parameter_sets() {
     assert!(keys.len() >= 3, "keyframes at {keys:?}");
 
     let sink = play(&format!(
-        "filesrc location={} ! {PARSE_H265} ! vramringpacketsink socket-path={} wait-subscribers=1 sync=false",
+        "filesrc location={} ! {PARSE_H265} ! vramringpacketsink socket-path={} wait-subscribers=1 lossless-lease=60000 sync=false",
         clip.display(),
         path.display()
     ));

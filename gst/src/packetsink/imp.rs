@@ -194,26 +194,14 @@ impl GstObjectImpl for VramringPacketSink {}
 impl ElementImpl for VramringPacketSink {
     fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
         static META: LazyLock<gst::subclass::ElementMetadata> = LazyLock::new(|| {
-            gst::subclass::ElementMetadata::new(
-                "vramring packet ring sink",
-                "Sink/Video",
-                "Publishes H.264 / H.265 access units (byte-stream, one access unit per buffer) on a vramring shared-memory packet ring",
-                "vramring developers",
-            )
+            crate::element::metadata("vramring packet ring sink", "Sink/Video", "Publishes H.264 / H.265 access units (byte-stream, one access unit per buffer) on a vramring shared-memory packet ring")
         });
         Some(&*META)
     }
 
     fn pad_templates() -> &'static [gst::PadTemplate] {
-        static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
-            vec![gst::PadTemplate::new(
-                "sink",
-                gst::PadDirection::Sink,
-                gst::PadPresence::Always,
-                &codec::template_caps(),
-            )
-            .expect("a static pad template")]
-        });
+        static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> =
+            LazyLock::new(|| crate::element::one_pad("sink", gst::PadDirection::Sink, &codec::template_caps()));
         TEMPLATES.as_ref()
     }
 }

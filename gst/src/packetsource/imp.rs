@@ -205,26 +205,14 @@ impl GstObjectImpl for VramringPacketSrc {}
 impl ElementImpl for VramringPacketSrc {
     fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
         static META: LazyLock<gst::subclass::ElementMetadata> = LazyLock::new(|| {
-            gst::subclass::ElementMetadata::new(
-                "vramring packet ring source",
-                "Source/Video",
-                "Subscribes to a vramring packet ring and outputs its H.264 / H.265 access units (byte-stream, one per buffer), joining at a keyframe (live)",
-                "vramring developers",
-            )
+            crate::element::metadata("vramring packet ring source", "Source/Video", "Subscribes to a vramring packet ring and outputs its H.264 / H.265 access units (byte-stream, one per buffer), joining at a keyframe (live)")
         });
         Some(&*META)
     }
 
     fn pad_templates() -> &'static [gst::PadTemplate] {
-        static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
-            vec![gst::PadTemplate::new(
-                "src",
-                gst::PadDirection::Src,
-                gst::PadPresence::Always,
-                &codec::template_caps(),
-            )
-            .expect("a static pad template")]
-        });
+        static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> =
+            LazyLock::new(|| crate::element::one_pad("src", gst::PadDirection::Src, &codec::template_caps()));
         TEMPLATES.as_ref()
     }
 }

@@ -225,25 +225,14 @@ impl GstObjectImpl for VramringSink {}
 impl ElementImpl for VramringSink {
     fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
         static META: LazyLock<gst::subclass::ElementMetadata> = LazyLock::new(|| {
-            gst::subclass::ElementMetadata::new(
-                "vramring frame ring sink",
-                "Sink/Video",
-                "Publishes raw video frames (system or CUDA memory) on a vramring shared-memory frame ring that subscribers in other processes read",
-                "vramring developers",
-            )
+            crate::element::metadata("vramring frame ring sink", "Sink/Video", "Publishes raw video frames (system or CUDA memory) on a vramring shared-memory frame ring that subscribers in other processes read")
         });
         Some(&*META)
     }
 
     fn pad_templates() -> &'static [gst::PadTemplate] {
         static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
-            vec![gst::PadTemplate::new(
-                "sink",
-                gst::PadDirection::Sink,
-                gst::PadPresence::Always,
-                &video::template_caps_with_cuda(),
-            )
-            .expect("a static pad template")]
+            crate::element::one_pad("sink", gst::PadDirection::Sink, &video::template_caps_with_cuda())
         });
         TEMPLATES.as_ref()
     }

@@ -261,26 +261,14 @@ impl GstObjectImpl for VramringSrc {}
 impl ElementImpl for VramringSrc {
     fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
         static META: LazyLock<gst::subclass::ElementMetadata> = LazyLock::new(|| {
-            gst::subclass::ElementMetadata::new(
-                "vramring frame ring source",
-                "Source/Video",
-                "Subscribes to a vramring frame ring published by another process and outputs its frames as raw video (live): in CUDA memory from a CUDA ring where downstream takes it, else in system memory",
-                "vramring developers",
-            )
+            crate::element::metadata("vramring frame ring source", "Source/Video", "Subscribes to a vramring frame ring published by another process and outputs its frames as raw video (live): in CUDA memory from a CUDA ring where downstream takes it, else in system memory")
         });
         Some(&*META)
     }
 
     fn pad_templates() -> &'static [gst::PadTemplate] {
-        static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
-            vec![gst::PadTemplate::new(
-                "src",
-                gst::PadDirection::Src,
-                gst::PadPresence::Always,
-                &video::template_caps_with_cuda(),
-            )
-            .expect("a static pad template")]
-        });
+        static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> =
+            LazyLock::new(|| crate::element::one_pad("src", gst::PadDirection::Src, &video::template_caps_with_cuda()));
         TEMPLATES.as_ref()
     }
 }
