@@ -26,8 +26,6 @@ import os
 import sys
 import time
 
-from nvr_rings import find_sockets
-
 MODELS = ("ssdlite320_mobilenet_v3_large", "fasterrcnn_mobilenet_v3_large_320_fpn",
           "fasterrcnn_mobilenet_v3_large_fpn")
 
@@ -49,6 +47,19 @@ def parse_args(argv=None):
     ap.add_argument("--report", type=float, default=1.0, help="seconds between status lines")
     ap.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a camera to connect")
     return ap.parse_args(argv)
+
+
+def find_sockets(a):
+    """The sockets given, and the frame rings in --dir (waiting for --expect of them)."""
+    deadline = time.monotonic() + a.timeout
+    while True:
+        found = []
+        if a.dir and os.path.isdir(a.dir):
+            found = [os.path.join(a.dir, n) for n in sorted(os.listdir(a.dir))
+                     if n.endswith(".sock") and not n.endswith(".packets.sock")]
+        if len(found) >= a.expect or time.monotonic() >= deadline:
+            return list(a.sockets) + found
+        time.sleep(0.1)
 
 
 def load_model(name, device, half, random_weights):

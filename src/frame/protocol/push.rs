@@ -87,7 +87,7 @@ pub fn claim_buffer_avoiding(entry: &SubEntry, client: &ClientLine, skip: u32, s
 pub fn complete_buffer(entry: &SubEntry, k: usize, seq: u64) {
     // SYNC: push-seq — Release after the copy into buffer `k` completed
     // (the writing stream was synchronised), paired with the reader's
-    // Acquire in `take_newest`.
+    // Acquire in `between`.
     entry.push_seq[k % PUSH_MAX_BUFFERS].store(seq, Ordering::Release);
 }
 
@@ -136,7 +136,8 @@ fn read_before(entry: &SubEntry, count: usize, held: usize, old: u64) -> bool {
     if held == 0 || held > count {
         return false;
     }
-    // Relaxed: a publisher-owned word.
+    // Relaxed: a publisher-written word (or the commit kernel's, for a
+    // frame in flight, which still reads as `SEQ_WRITING` and is refused).
     let hs = entry.push_seq[held - 1].load(Ordering::Relaxed);
     hs & SEQ_WRITING == 0 && old < hs
 }

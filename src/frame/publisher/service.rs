@@ -129,7 +129,9 @@ impl PushTarget {
 impl Shared {
     /// The ring's backend.
     pub(super) fn backend(&self) -> BackendKind {
-        BackendKind::from_code(self.info.backend).unwrap_or(BackendKind::Host)
+        // Unknown (never: the publisher wrote it) counts as CUDA, whose
+        // pool is handed out more sparingly.
+        BackendKind::from_code(self.info.backend).unwrap_or(BackendKind::Cuda)
     }
 
     /// Evicts the push subscriber at `index`/`generation` whose buffers

@@ -105,7 +105,20 @@ impl Subscriber {
         self.push_started = true;
         self.lost(n);
         self.last = seq;
+        self.release_lost();
         self.publish_counters();
+    }
+
+    /// A lossless push reader that counted frames up to `last` as lost
+    /// (a failed push copy, a reused slot) is done with them: its cursor
+    /// moves there, or the publisher, whose window counts from the cursor,
+    /// would wait for a frame that never comes and evict it at the lease.
+    fn release_lost(&self) {
+        if self.opts.client.lossless && self.push_started {
+            // SYNC: release-cursor — Release, as in `deliver`; paired with
+            // the producer's Acquire in `Table::holder`.
+            self.client().released_seq.store(self.last, Ordering::Release);
+        }
     }
 
     /// Push delivery found nothing pushed past `last` although the ring
@@ -140,6 +153,7 @@ impl Subscriber {
                 self.lost(g - self.last);
             }
             self.last = g;
+            self.release_lost();
             self.publish_counters();
         }
         if self.lease.draining() {
