@@ -1,7 +1,7 @@
 //! `vramringpacketsink`'s implementation.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use gst::glib;
@@ -14,6 +14,7 @@ use vramring::packet::{
 use vramring::Error;
 
 use crate::codec::{self, Codec};
+use crate::element::lock;
 use crate::serve::{self, ServeSettings};
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -74,10 +75,6 @@ pub struct VramringPacketSink {
     flushing: AtomicBool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 #[glib::object_subclass]
 impl ObjectSubclass for VramringPacketSink {
     const NAME: &'static str = "GstVramringPacketSink";
@@ -89,12 +86,7 @@ impl ObjectImpl for VramringPacketSink {
     fn properties() -> &'static [glib::ParamSpec] {
         static PROPS: LazyLock<Vec<glib::ParamSpec>> = LazyLock::new(|| {
             let mut v = vec![
-                glib::ParamSpecString::builder("socket-path")
-                    .nick("Socket path")
-                    .blurb("Unix socket the packet ring is served on")
-                    .default_value(Some(DEFAULT_SOCKET))
-                    .mutable_ready()
-                    .build(),
+                crate::element::socket_path("Unix socket the packet ring is served on", DEFAULT_SOCKET),
                 glib::ParamSpecUInt64::builder("ring-bytes")
                     .nick("Ring bytes")
                     .blurb("Bytes of the ring's data area (a power of two, at least twice max-packet)")

@@ -1,7 +1,7 @@
 //! `vramringpacketsrc`'s implementation.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use gst::glib;
@@ -14,6 +14,7 @@ use vramring::packet::{PacketReaderStats, PacketSubscriber, PacketSubscriberOpti
 use vramring::{ClientOptions, Error};
 
 use crate::codec::{self, Codec};
+use crate::element::lock;
 use crate::source::TimestampMode;
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -92,10 +93,6 @@ pub struct VramringPacketSrc {
     flushing: AtomicBool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 #[glib::object_subclass]
 impl ObjectSubclass for VramringPacketSrc {
     const NAME: &'static str = "GstVramringPacketSrc";
@@ -107,12 +104,7 @@ impl ObjectImpl for VramringPacketSrc {
     fn properties() -> &'static [glib::ParamSpec] {
         static PROPS: LazyLock<Vec<glib::ParamSpec>> = LazyLock::new(|| {
             vec![
-                glib::ParamSpecString::builder("socket-path")
-                    .nick("Socket path")
-                    .blurb("Unix socket of the packet publisher to subscribe to")
-                    .default_value(Some(DEFAULT_SOCKET))
-                    .mutable_ready()
-                    .build(),
+                crate::element::socket_path("Unix socket of the packet publisher to subscribe to", DEFAULT_SOCKET),
                 glib::ParamSpecBoolean::builder("lossless")
                     .nick("Lossless")
                     .blurb("Ask the publisher to never overwrite a packet this subscriber has not read (it waits, and evicts a reader that stalls past its lease): for recorders")

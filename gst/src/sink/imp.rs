@@ -2,7 +2,7 @@
 //! the negotiated video in `State`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use gst::glib;
@@ -16,6 +16,7 @@ use vramring::{BackendChoice, BackendKind, Error, FrameMeta, Policy, Publisher, 
 
 use super::{BackendSetting, PolicySetting, PullAccessSetting};
 use crate::cuda::{self, Copier, MappedCuda, Primary};
+use crate::element::lock;
 use crate::serve::{self, ServeSettings};
 use crate::trailer::FrameTrailer;
 use crate::video;
@@ -82,10 +83,6 @@ pub struct VramringSink {
     flushing: AtomicBool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 #[glib::object_subclass]
 impl ObjectSubclass for VramringSink {
     const NAME: &'static str = "GstVramringSink";
@@ -97,12 +94,7 @@ impl ObjectImpl for VramringSink {
     fn properties() -> &'static [glib::ParamSpec] {
         static PROPS: LazyLock<Vec<glib::ParamSpec>> = LazyLock::new(|| {
             let mut v = vec![
-                glib::ParamSpecString::builder("socket-path")
-                    .nick("Socket path")
-                    .blurb("Unix socket the ring is served on (a <path>.lock file is made beside it)")
-                    .default_value(Some(DEFAULT_SOCKET))
-                    .mutable_ready()
-                    .build(),
+                crate::element::socket_path("Unix socket the ring is served on (a <path>.lock file is made beside it)", DEFAULT_SOCKET),
                 glib::ParamSpecUInt::builder("slots")
                     .nick("Slots")
                     .blurb("Frames in the ring, a power of two in 2..=1024")

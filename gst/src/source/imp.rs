@@ -2,7 +2,7 @@
 //! subscriber and what was last negotiated in `State`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use gst::glib;
@@ -16,6 +16,7 @@ use vramring::{ClientOptions, Delivery, Error, Mode, Refusal, Subscriber, Subscr
 
 use super::{DeliverySetting, ModeSetting, TimestampMode};
 use crate::cuda::{self, Filler, Primary};
+use crate::element::lock;
 use crate::trailer::FrameTrailer;
 use crate::video;
 
@@ -131,10 +132,6 @@ pub struct VramringSrc {
     flushing: AtomicBool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 #[glib::object_subclass]
 impl ObjectSubclass for VramringSrc {
     const NAME: &'static str = "GstVramringSrc";
@@ -146,12 +143,7 @@ impl ObjectImpl for VramringSrc {
     fn properties() -> &'static [glib::ParamSpec] {
         static PROPS: LazyLock<Vec<glib::ParamSpec>> = LazyLock::new(|| {
             vec![
-                glib::ParamSpecString::builder("socket-path")
-                    .nick("Socket path")
-                    .blurb("Unix socket of the publisher to subscribe to")
-                    .default_value(Some(DEFAULT_SOCKET))
-                    .mutable_ready()
-                    .build(),
+                crate::element::socket_path("Unix socket of the publisher to subscribe to", DEFAULT_SOCKET),
                 glib::ParamSpecEnum::builder_with_default("mode", ModeSetting::default())
                     .nick("Mode")
                     .blurb("Which frames to read: the newest at each read, or every frame in order")
