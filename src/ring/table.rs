@@ -395,27 +395,23 @@ impl Table {
     /// per-peer sweep at a deadline.
     pub(crate) fn lossless_readers(&self, newest: u64) -> Vec<Blocker> {
         let mut readers = Vec::new();
-        self.holder_by(newest, |_, _| false);
-        for (k, e) in self.used().iter().enumerate() {
-            // SYNC: sub-state — Acquire pairs with the Release in `assign`.
-            if e.state.load(Ordering::Acquire) != SUB_ACTIVE || e.flags.load(Ordering::Relaxed) & SUBF_LOSSLESS == 0 {
-                continue;
-            }
-            if let Some(c) = self.lock(k).as_ref() {
-                readers.push(Blocker {
-                    index: k,
-                    generation: c.generation,
-                    released: c.released,
-                    uid: c.uid,
-                });
-            }
-        }
+        self.scan_lossless(newest, |_, r| {
+            readers.push(r);
+            false
+        });
         readers
     }
 
     /// [`Table::holder`], where whether a reader blocks depends on its
     /// entry too (a push reader's window is its queue, not the ring).
     pub(crate) fn holder_by(&self, newest: u64, blocks: impl Fn(&SubEntry, u64) -> bool) -> Option<Blocker> {
+        self.scan_lossless(newest, |e, r| blocks(e, r.released))
+    }
+
+    /// One pass over the active lossless readers: advances each one's
+    /// clamped cursor (to at most `newest`, never back), and returns the
+    /// first for which `stop` says so.
+    fn scan_lossless(&self, newest: u64, mut stop: impl FnMut(&SubEntry, Blocker) -> bool) -> Option<Blocker> {
         for (k, e) in self.used().iter().enumerate() {
             // SYNC: sub-state — Acquire pairs with the Release in `assign`.
             if e.state.load(Ordering::Acquire) != SUB_ACTIVE || e.flags.load(Ordering::Relaxed) & SUBF_LOSSLESS == 0 {
@@ -429,13 +425,14 @@ impl Table {
             c.released = c.released.max(claimed.min(newest));
             // Relaxed: informational mirror, single writer (the producer).
             e.released_seq.store(c.released, Ordering::Relaxed);
-            if blocks(e, c.released) {
-                return Some(Blocker {
-                    index: k,
-                    generation: c.generation,
-                    released: c.released,
-                    uid: c.uid,
-                });
+            let r = Blocker {
+                index: k,
+                generation: c.generation,
+                released: c.released,
+                uid: c.uid,
+            };
+            if stop(e, r) {
+                return Some(r);
             }
         }
         None
