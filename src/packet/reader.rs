@@ -109,10 +109,10 @@ impl PacketReader {
         let acked = entry.get().released_seq.load(Ordering::Relaxed);
         let mut r = Self::open_inner(fd, Some(Progress { entry, lossless, acked }))?;
         if lossless {
-            match r.cursor {
-                Cursor::At(k) if k > acked => {}
-                _ => r.cursor = Cursor::Resync { after: acked },
-            }
+            // The first keyframe after the service's cursor, not the newest
+            // one: packets written between the assignment and this mapping
+            // are ours, and the lossless gate keeps them in the ring.
+            r.cursor = Cursor::Resync { after: acked };
         }
         Ok(r)
     }

@@ -381,3 +381,37 @@ proptest! {
         prop_assert!(!matches!(borrowed, Err(Error::Timeout(..))));
     }
 }
+
+/// A lossless reader's stream starts at the first keyframe after the cursor
+/// the service gave it, even when the writer got further (past newer
+/// keyframes) before the reader mapped the ring: it loses nothing.
+#[test]
+fn a_lossless_reader_starts_at_the_first_keyframe_after_its_cursor_not_the_newest() {
+    let max = 100;
+    let (mut w, _) = ring(1 << 16, 64, max);
+    let meta = key_every(10);
+    let mut buf = Vec::new();
+    for seq in 1..=25u64 {
+        fill(seq, packet_len(seq, max), &mut buf);
+        w.write(&buf, meta(seq)).unwrap();
+    }
+    for (cursor, first) in [(0, 1), (5, 11), (11, 21)] {
+        let (client, _) = Region::create("packet-test-client", crate::layout::CLIENT_BYTES).unwrap();
+        client
+            .at::<crate::layout::ClientLine>(0)
+            .released_seq
+            .store(cursor, std::sync::atomic::Ordering::Relaxed);
+        let entry = crate::ring::lease::ClientRef::for_tests(client);
+        let mut r = PacketReader::open_for(w.fd(), entry, true).unwrap();
+        let mut out = Vec::new();
+        for seq in first..=25 {
+            let p = r.next_copy(&mut out, T).unwrap();
+            assert_eq!(
+                (p.seq, p.skipped),
+                (seq, 0),
+                "a reader given cursor {cursor} reads every packet from keyframe {first}"
+            );
+            check(seq, &out, max);
+        }
+    }
+}

@@ -323,6 +323,12 @@ impl Lease {
 pub(crate) struct ClientRef(Arc<Region>);
 
 impl ClientRef {
+    /// A handle on a region of the caller's, for tests of a reader alone.
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn for_tests(region: Region) -> ClientRef {
+        ClientRef(Arc::new(region))
+    }
+
     /// The client line.
     pub(crate) fn get(&self) -> &ClientLine {
         self.0.at(0)
