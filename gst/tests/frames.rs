@@ -381,6 +381,39 @@ fn delivery_auto_falls_back_to_push_when_the_publisher_refuses_pull() {
     stop(&src);
 }
 
+/// `delivery=push` serves every read mode: a lossless source is pushed
+/// every frame from its first one, in order and whole.
+#[test]
+fn a_lossless_push_source_gets_every_frame_in_order() {
+    init();
+    let (_dir, path) = socket("lossless-push");
+    let mut publisher = Publisher::create(&path, ring(64, 48).pull(vramring::PullAccess::Nobody)).expect("a push-only ring");
+    let src = play(&format!(
+        "vramringsrc name=src socket-path={} lossless=true delivery=push ! appsink name=sink sync=false",
+        path.display()
+    ));
+    let written = publish_pattern(&mut publisher, 12, 0);
+    // The stream starts at the first frame pushed after the source's
+    // buffers were attached; from there on nothing is skipped.
+    let mut seqs = Vec::new();
+    while seqs.last() != Some(&12) {
+        let sample = pull(&src, 1).pop().expect("a sample");
+        let seq = sample.buffer().expect("a buffer").offset();
+        let (_, planes) = sample_pixels(&sample);
+        assert!(planes == written[seq as usize - 1], "frame {seq} differs from what was written");
+        seqs.push(seq);
+    }
+    let first = seqs[0];
+    assert_eq!(seqs, (first..=12).collect::<Vec<_>>(), "every frame from the first, in order");
+    let stats = src
+        .by_name("src")
+        .expect("the source")
+        .property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u64>("pushed").ok(), Some(seqs.len() as u64), "{stats}");
+    assert_eq!(stats.get::<u64>("dropped").ok(), Some(0), "{stats}");
+    stop(&src);
+}
+
 #[test]
 fn the_sink_template_offers_cuda_memory_first_and_backend_host_never_does() {
     init();

@@ -649,13 +649,6 @@ impl BaseSrcImpl for VramringSrc {
     fn start(&self) -> Result<(), gst::ErrorMessage> {
         self.flushing.store(false, Ordering::Release);
         *lock(&self.state) = State::default();
-        let s = lock(&self.settings);
-        if s.delivery == DeliverySetting::Push && (s.mode == ModeSetting::Sequential || s.lossless) {
-            return Err(gst::error_msg!(
-                gst::ResourceError::Settings,
-                ["delivery=push reads the latest frame only: it cannot be sequential or lossless"]
-            ));
-        }
         Ok(())
     }
 
