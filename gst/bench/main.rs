@@ -37,7 +37,17 @@ const HEIGHT: u32 = 1080;
 /// Frames at the start of each run left out of every figure (first
 /// imports, lazy CUDA set-up).
 const WARMUP: u64 = 30;
-const PAIRS: [&str; 3] = ["cudaipc-mmap", "cudaipc-legacy", "vramring"];
+/// `vramring` is `vramringsrc` as it comes (delivery=auto: pull for the
+/// publisher's own uid); `vramring-push` asks for push delivery;
+/// `vramring-rust` is no GStreamer on the subscriber side: the library's
+/// own `Subscriber` (push), the frame in hand when `next` returns.
+const PAIRS: [&str; 5] = [
+    "cudaipc-mmap",
+    "cudaipc-legacy",
+    "vramring",
+    "vramring-push",
+    "vramring-rust",
+];
 /// What the subscribers' appsinks get: `cuda` (GStreamer CUDA memory, no
 /// download) and `system` (system memory).
 const MEMORIES: [&str; 2] = ["cuda", "system"];
@@ -104,6 +114,10 @@ fn src_desc(pair: &str, addr: &str, memory: &str) -> String {
             format!("vramringsrc socket-path={addr} timeout=10000 ! video/x-raw(memory:CUDAMemory)")
         }
         ("vramring" | "vramring-host", _) => format!("vramringsrc socket-path={addr} timeout=10000 ! video/x-raw"),
+        ("vramring-push", "cuda") => {
+            format!("vramringsrc socket-path={addr} timeout=10000 delivery=push ! video/x-raw(memory:CUDAMemory)")
+        }
+        ("vramring-push", _) => format!("vramringsrc socket-path={addr} timeout=10000 delivery=push ! video/x-raw"),
         (_, "cuda") => format!("cudaipcsrc address={addr} ! video/x-raw(memory:CUDAMemory)"),
         _ => format!("cudaipcsrc address={addr} ! cudadownload"),
     }
@@ -274,6 +288,9 @@ fn subscribe(args: &[String]) -> Res<()> {
     };
     let frames: u64 = frames.parse()?;
     let cuda = memory == "cuda";
+    if pair == "vramring-rust" {
+        return subscribe_rust(addr, cuda, frames, deadline_ms.parse()?, out);
+    }
     init()?;
     if cuda {
         cuda_thread()?;
@@ -313,6 +330,66 @@ fn subscribe(args: &[String]) -> Res<()> {
         }
     }
     let _ = p.set_state(gst::State::Null);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(out)?);
+    for (i, t) in got {
+        writeln!(f, "{i} {t}")?;
+    }
+    Ok(())
+}
+
+/// `subscribe vramring-rust ...`: the library's `Subscriber` with push
+/// delivery, no GStreamer; the arrival instant is taken when `next`
+/// returns, then the index is read from the subscriber's own copy (8 bytes
+/// back from the device with `cuda`, the whole frame to the host without,
+/// as `cudadownload` does).
+fn subscribe_rust(addr: &str, cuda: bool, frames: u64, deadline_ms: u64, out: &str) -> Res<()> {
+    use vramring::{ClientOptions, Delivery, Error, Subscriber, SubscriberOptions};
+    if cuda {
+        cuda_thread()?;
+    }
+    let opts = SubscriberOptions::default()
+        .delivery(Delivery::Push)
+        .name("bench-rust")
+        .connect_timeout(Duration::from_secs(10));
+    let mut sub = Subscriber::connect(addr, opts)?;
+    println!("ready");
+    std::io::stdout().flush()?;
+    let deadline = Instant::now() + Duration::from_millis(deadline_ms);
+    let mut host = Vec::new();
+    let mut got = Vec::with_capacity(frames as usize);
+    while Instant::now() < deadline {
+        let frame = match sub.next(Duration::from_millis(100)) {
+            Ok(f) => f,
+            Err(Error::Timeout(..)) => continue,
+            Err(Error::ProducerGone { .. }) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let t = now_ns();
+        let idx = match frame.device().filter(|_| cuda) {
+            Some(view) => {
+                use cudarc::driver::sys as cu;
+                let mut idx = [0u8; 8];
+                // SAFETY: `view` is the subscriber's own copy of the frame
+                // (more than 8 bytes), alive while `frame` is; `idx` holds
+                // 8 bytes; the primary context is current (`cuda_thread`).
+                let r = unsafe { cu::cuMemcpyDtoH_v2(idx.as_mut_ptr().cast(), view.as_raw(), 8) };
+                if r != cu::CUresult::CUDA_SUCCESS {
+                    return Err(format!("cuMemcpyDtoH: {r:?}").into());
+                }
+                u64::from_le_bytes(idx)
+            }
+            None => {
+                host.resize(frame.len() as usize, 0);
+                frame.copy_to_host(&mut host)?;
+                u64::from_le_bytes(host[..8].try_into()?)
+            }
+        };
+        got.push((idx, t));
+        if idx + 1 >= frames {
+            break;
+        }
+    }
+    let _ = sub.close();
     let mut f = std::io::BufWriter::new(std::fs::File::create(out)?);
     for (i, t) in got {
         writeln!(f, "{i} {t}")?;
@@ -545,8 +622,9 @@ impl Drop for Mps {
     }
 }
 
+/// The value after the last `name` in `args` (a later one wins), or `default`.
 fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> Res<T> {
-    match args.iter().position(|a| a == name) {
+    match args.iter().rposition(|a| a == name) {
         Some(k) => args
             .get(k + 1)
             .ok_or_else(|| format!("{name} needs a value"))?

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root (stage.sh copies this to
-# .device/gst/run.sh):  bash .device/gst/run.sh
-# The plugin's GPU tests, then the bench; logs and the table go to $OUT.
-# At most 8.5 minutes: the tests within 150 s, the bench within 340 s (it
-# skips runs that would start past 300 s: --budget-s). The bench's two
-# tables, CUDA memory out (no download) first, then system memory out, with
-# MPS off: 36 runs, as many as the single table with MPS on and off had.
-# Arguments to run.sh come first, so they win (e.g. --mps on --memory cuda).
+# .device/gst/run.sh):  bash .device/gst/run.sh [BENCH ARGS...]
+# The plugin's GPU tests (TESTS=0 skips them), the GPU floor of benches/wake.rs
+# (one copy plus a stream write, busy-polled: 1080p NV12 at 2 ms and 25 fps,
+# when .device/benches/wake is staged), then the bench; logs and tables go
+# to $OUT. At most 9.5 minutes: tests within 150 s, the floor within 60 s,
+# the bench within 340 s (it skips runs that would start past --budget-s,
+# 300 by default). By default the CUDA-memory table (no download) with MPS
+# off; arguments to run.sh come after these defaults, so they win
+# (e.g. `TESTS=0 bash .device/gst/run.sh --mps on`).
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 dev=$(dirname "$here")
@@ -21,11 +23,17 @@ gst-inspect-1.0 nvcodec 2>&1 | grep -E 'nvh264dec|cudaupload|cudadownload|cudaip
 GST_PLUGIN_PATH=$here/plugin gst-inspect-1.0 vramringsink > "$OUT/inspect-vramringsink.txt" 2>&1 || rc=1
 GST_PLUGIN_PATH=$here/plugin gst-inspect-1.0 vramringsrc > "$OUT/inspect-vramringsrc.txt" 2>&1 || rc=1
 # The tests register the plugin statically (no GST_PLUGIN_PATH).
-echo "== gpu_cuda tests"
-timeout 150 "$dev/tests/test-gpu_cuda" --include-ignored --test-threads=1 2>&1 | tee "$OUT/gpu_cuda.log"
-[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+if [ "${TESTS:-1}" != 0 ]; then
+  echo "== gpu_cuda tests"
+  timeout 150 "$dev/tests/test-gpu_cuda" --include-ignored --test-threads=1 2>&1 | tee "$OUT/gpu_cuda.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
+if [ -x "$dev/benches/wake" ]; then
+  echo "== GPU floor (benches/wake.rs)"
+  timeout 60 "$dev/benches/wake" --backend cuda --waits gpu,spin --cadences 2000,40000 --frames 300 --out "$OUT/wake" 2>&1 | tail -30 | tee "$OUT/floor.log"
+fi
 echo "== bench"
-GST_PLUGIN_PATH=$here/plugin timeout 340 "$dev/examples/gst_ipc_bench" --out "$OUT" "$@" --memory cuda,system --mps off 2>&1 | tee "$OUT/bench.log"
+GST_PLUGIN_PATH=$here/plugin timeout 340 "$dev/examples/gst_ipc_bench" --memory cuda --mps off --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 # An MPS daemon the bench could not stop (killed by timeout) is stopped here.
 for d in /tmp/gst-ipc-bench-mps-*/pipe; do

@@ -387,7 +387,8 @@ fn delivery_auto_falls_back_to_push_when_the_publisher_refuses_pull() {
 fn a_lossless_push_source_gets_every_frame_in_order() {
     init();
     let (_dir, path) = socket("lossless-push");
-    let mut publisher = Publisher::create(&path, ring(64, 48).pull(vramring::PullAccess::Nobody)).expect("a push-only ring");
+    let mut publisher =
+        Publisher::create(&path, ring(64, 48).pull(vramring::PullAccess::Nobody)).expect("a push-only ring");
     let src = play(&format!(
         "vramringsrc name=src socket-path={} lossless=true delivery=push ! appsink name=sink sync=false",
         path.display()
@@ -400,11 +401,18 @@ fn a_lossless_push_source_gets_every_frame_in_order() {
         let sample = pull(&src, 1).pop().expect("a sample");
         let seq = sample.buffer().expect("a buffer").offset();
         let (_, planes) = sample_pixels(&sample);
-        assert!(planes == written[seq as usize - 1], "frame {seq} differs from what was written");
+        assert!(
+            planes == written[seq as usize - 1],
+            "frame {seq} differs from what was written"
+        );
         seqs.push(seq);
     }
     let first = seqs[0];
-    assert_eq!(seqs, (first..=12).collect::<Vec<_>>(), "every frame from the first, in order");
+    assert_eq!(
+        seqs,
+        (first..=12).collect::<Vec<_>>(),
+        "every frame from the first, in order"
+    );
     let stats = src
         .by_name("src")
         .expect("the source")
