@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Adds to .device/ what the plugin's GPU tests and bench need beyond the
-# binaries `device-stage` staged: the plugin library, GStreamer 1.28 with
+# binaries `device-stage` staged: the GPU floor (benches/wake.rs), the plugin
+# library, GStreamer 1.28 with
 # nvcodec (built by shared/vendor/gstreamer/build.sh, without headers and
 # pkg-config files), the test clip and its framemd5, and gst/run.sh.
 #
@@ -28,6 +29,14 @@ cp -a "$gst/prefix/bin" "$gst/prefix/lib" "$dev/gst/gstreamer/prefix/"
 rm -rf "$dev/gst/gstreamer/prefix/lib/x86_64-linux-gnu/pkgconfig"
 cp tests/data/clip.h264 tests/data/clip.nv12.framemd5 "$dev/gst/data/"
 cp gst/bench/run.sh "$dev/gst/run.sh"
+# The GPU floor run.sh measures in the same run: benches/wake.rs.
+wake=$(cargo bench --no-run -p vramring-benches --bench wake --message-format=json 2>/dev/null \
+  | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "wake":
+        print(m["executable"])')
+mkdir -p "$dev/benches"; cp "$wake" "$dev/benches/wake"; strip "$dev/benches/wake"
 chmod +x "$dev/gst/run.sh"
-du -sh "$dev"/gst/* "$dev"/tests "$dev"/examples
+du -sh "$dev"/gst/* "$dev"/tests "$dev"/examples "$dev"/benches
 du -sh "$dev"
