@@ -341,6 +341,23 @@ fn a_cuda_ring_for_system_memory_is_refused_with_a_reason() {
     stop(&p);
 }
 
+/// Pulls samples from `src` until frame `last` comes, checking each
+/// against what the publisher `written` for its seq; returns their seqs.
+fn frames_through(src: &gst::Pipeline, written: &[Vec<Vec<u8>>], last: u64) -> Vec<u64> {
+    let mut seqs = Vec::new();
+    while seqs.last() != Some(&last) {
+        let sample = pull(src, 1).pop().expect("a sample");
+        let seq = sample.buffer().expect("a buffer").offset();
+        let (_, planes) = sample_pixels(&sample);
+        assert!(
+            planes == written[seq as usize - 1],
+            "frame {seq} differs from what was written"
+        );
+        seqs.push(seq);
+    }
+    seqs
+}
+
 #[test]
 fn delivery_auto_falls_back_to_push_when_the_publisher_refuses_pull() {
     init();
@@ -356,20 +373,7 @@ fn delivery_auto_falls_back_to_push_when_the_publisher_refuses_pull() {
     let written = publish_pattern(&mut publisher, 12, 0);
     // A latest reader may skip frames; every frame it gets is whole and is
     // the frame of its seq, and the newest one comes.
-    let deadline = Instant::now() + WAIT;
-    loop {
-        assert!(Instant::now() < deadline, "the newest frame never came");
-        let sample = pull(&src, 1).pop().expect("a sample");
-        let seq = sample.buffer().expect("a buffer").offset();
-        let (_, planes) = sample_pixels(&sample);
-        assert!(
-            planes == written[seq as usize - 1],
-            "frame {seq} differs from what was written"
-        );
-        if seq == 12 {
-            break;
-        }
-    }
+    frames_through(&src, &written, 12);
     let stats = src
         .by_name("src")
         .expect("the source")
@@ -396,17 +400,7 @@ fn a_lossless_push_source_gets_every_frame_in_order() {
     let written = publish_pattern(&mut publisher, 12, 0);
     // The stream starts at the first frame pushed after the source's
     // buffers were attached; from there on nothing is skipped.
-    let mut seqs = Vec::new();
-    while seqs.last() != Some(&12) {
-        let sample = pull(&src, 1).pop().expect("a sample");
-        let seq = sample.buffer().expect("a buffer").offset();
-        let (_, planes) = sample_pixels(&sample);
-        assert!(
-            planes == written[seq as usize - 1],
-            "frame {seq} differs from what was written"
-        );
-        seqs.push(seq);
-    }
+    let seqs = frames_through(&src, &written, 12);
     let first = seqs[0];
     assert_eq!(
         seqs,
