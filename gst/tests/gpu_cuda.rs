@@ -25,6 +25,8 @@
 //! * `nvh264dec_frames_cross_two_pipelines_in_cuda_memory_bit_exact`:
 //!   `nvh264dec ! vramringsink` → `vramringsrc ! cudadownload ! appsink`,
 //!   CUDA memory on both sides, every frame against `clip.nv12.framemd5`.
+//! * `vramringsrc_feeds_nvh264enc_in_cuda_memory`: `vramringsrc !
+//!   nvh264enc` negotiates CUDA memory and encodes every decoded frame once.
 
 mod common;
 
@@ -297,5 +299,36 @@ fn nvh264dec_frames_cross_two_pipelines_in_cuda_memory_bit_exact() {
     }
     wait_eos(&sink);
     stop(&sink);
+    stop(&src);
+}
+
+/// `vramringsrc` feeds an encoder in CUDA memory: `nvh264dec !
+/// vramringsink` → `vramringsrc ! nvh264enc`, every decoded frame encoded
+/// once, the source's output negotiated as `memory:CUDAMemory` (no
+/// download between the ring and NVENC).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn vramringsrc_feeds_nvh264enc_in_cuda_memory() {
+    init();
+    let frames = reference_md5s(&data("clip.nv12.framemd5")).len();
+    let (_dir, path) = socket("nvenc");
+    let sink = play(&format!(
+        "filesrc location={} ! h264parse ! nvh264dec ! vramringsink name=vsink socket-path={} policy=lossless wait-subscribers=1 sync=false",
+        data("clip.h264").display(),
+        path.display()
+    ));
+    // timeout: the source ends the stream 2 s after the publisher goes.
+    let src = play(&format!(
+        "vramringsrc name=vsrc socket-path={} lossless=true timeout=2000 ! nvh264enc ! h264parse ! video/x-h264,stream-format=byte-stream,alignment=au ! appsink name=sink sync=false",
+        path.display()
+    ));
+    wait_eos(&sink);
+    assert!(negotiated_cuda(&sink, "vsink"), "nvh264dec ! vramringsink in CUDA memory");
+    assert!(src_negotiated_cuda(&src, "vsrc"), "vramringsrc ! nvh264enc in CUDA memory");
+    stop(&sink);
+    let encoded: Vec<_> = pull_all(&src).iter().map(access_unit).collect();
+    assert_eq!(encoded.len(), frames, "one access unit per decoded frame");
+    assert!(encoded[0].1, "the encoded stream starts at a keyframe");
+    assert!(encoded.iter().all(|(au, _)| !au.is_empty()));
     stop(&src);
 }
