@@ -208,6 +208,12 @@ impl Api {
             Err(why) => return Ok(Err(why.to_string())),
         };
         let alias = self.alias(base)?;
+        if alias.is(base) {
+            return Ok(Err(format!(
+                "{} returned the base itself, not an alias",
+                self.consumer.name()
+            )));
+        }
         let with = self.uses(base)?.unwrap_or(alone);
         drop(alias);
         let after = self.uses(base)?.unwrap_or(alone);
