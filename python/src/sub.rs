@@ -27,6 +27,11 @@
 //! it are gone, so no later `next()` writes memory a live tensor views. At
 //! most `max_held` buffers (lent ones included) are out at once; past that
 //! `next()` raises `FramesHeld` instead of allocating without bound.
+//!
+//! With `tensors=` ([`crate::cache`]) each buffer's plane tensors are made
+//! once and handed out again; buffers then stay shared with those tensors,
+//! and a check in `next()`, before its wait, proves a buffer unreferenced
+//! before it is copied into or its push hold moves on (`next_cached`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
