@@ -355,8 +355,10 @@ impl TensorCache {
         self.api.consumer
     }
 
-    /// Forgets every entry (their bases and aliases; tensors the user holds
-    /// keep their buffers, which are then never written again).
+    /// Forgets every entry: the cache's bases and aliases go. A buffer the
+    /// user still holds tensors of stays with them (its DLPack contexts
+    /// hold it): a pool buffer goes back to its pool, and a push buffer's
+    /// hold is let go, only when they are gone (the rule of `mem`).
     pub fn clear(&mut self) {
         self.entries.clear();
         self.push_keep = None;
@@ -364,7 +366,7 @@ impl TensorCache {
     }
 
     /// Whether entry `i` is free, without acting on it.
-    fn probe(&mut self, py: Python<'_>, i: usize) -> PyResult<bool> {
+    fn probe(&self, py: Python<'_>, i: usize) -> PyResult<bool> {
         let e = &self.entries[i];
         if e.spare.is_some() {
             return Ok(true);
@@ -405,7 +407,11 @@ impl TensorCache {
         let declared = self.stream.filter(|&s| s > 0).map(|s| s as usize);
         let e = &mut self.entries[i];
         let mut wait = None;
-        if let Some(c) = &e.cuda {
+        if let Some(c) = e
+            .cuda
+            .as_ref()
+            .filter(|_| declared.is_some() || !e.consumers.is_empty())
+        {
             let mut streams = e.consumers.take();
             if let Some(s) = declared {
                 if !streams.contains(&s) {
@@ -448,7 +454,7 @@ impl TensorCache {
 
     /// How many pool buffers of `pool` are free, and whether the push
     /// buffer handed out last is busy; nothing is fenced or made.
-    pub fn count_free(&mut self, py: Python<'_>, pool: Option<&Arc<BufPool>>) -> PyResult<(usize, bool)> {
+    pub fn count_free(&self, py: Python<'_>, pool: Option<&Arc<BufPool>>) -> PyResult<(usize, bool)> {
         let mut free = 0;
         for i in 0..self.entries.len() {
             let e = &self.entries[i];

@@ -85,6 +85,11 @@ impl Consumers {
         }
     }
 
+    /// Whether no stream is noted.
+    pub fn is_empty(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+
     /// The noted streams, forgotten here.
     pub fn take(&self) -> Vec<usize> {
         std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
