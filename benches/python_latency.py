@@ -27,9 +27,14 @@ and then push delivery:
     parking between frames;
   * python-capsule: the Python subscriber alone, importing each plane as
     `torch.from_dlpack(frame.plane(k).__dlpack__(stream=s))` with its stream
-    looked up once, which skips torch's per-call `current_stream` lookup.
-`--phases` picks among rust, python, both, python-spin, python-capsule;
-`--kinds` among pull and push.
+    looked up once, which skips torch's per-call `current_stream` lookup;
+  * python-cached: the Python subscriber alone with
+    `Subscriber(tensors="torch")` (numpy on a host ring): `y, uv =
+    frame.tensors`, tensors made once per buffer and handed out again, no
+    DLPack import on the frame's path. Its row also gives the cache's
+    counters (tensors_made, tensors_reused, tensors_busy, tensors_cache).
+`--phases` picks among rust, python, both, python-spin, python-capsule,
+python-cached; `--kinds` among pull and push.
 Then torch IPC (unless --no-ipc): a producer process fills a ring of 16 preallocated CUDA
 tensors (device copy + synchronize, then timestamp) and puts them on a
 `torch.multiprocessing` queue; the consumer takes each one ("get") and, as a
@@ -39,7 +44,7 @@ clone": what a vramring pull Frame gives you).
 Every Python row also itemises its p50 from `Frame.timing`: wake (commit to
 the end of the wait), copy, check (proving the copy whole), gil (to holding
 the GIL again), ret (to Python having the Frame), y and uv (each
-`torch.from_dlpack`). With --split the Y plane's `torch.from_dlpack` is done
+`torch.from_dlpack`; python-cached: y is `frame.tensors`, uv 0). With --split the Y plane's `torch.from_dlpack` is done
 step by step as torch does it: y_plane (`frame.plane(0)`), y_device
 (`__dlpack_device__`), y_stream (`torch.cuda.current_stream`, which torch
 calls for every CUDA producer), y_export (`__dlpack__`), y_import
@@ -50,6 +55,9 @@ alone and `torch.from_dlpack(capsule)`: torch's own cost when warm.
 
     PYTHONPATH=/tmp/site python3 benches/python_latency.py \
         --examples .device/examples --frames 2000 --fps 200 --out "$OUT"
+    # the goal's comparison: Rust, Python with cached tensors, torch IPC
+    PYTHONPATH=/tmp/site python3 benches/python_latency.py --examples .device/examples \
+        --frames 2000 --fps 200 --phases rust,python-capsule,python-cached --out "$OUT"
 
 Needs a GPU, torch and the vramring wheel (on a CPU machine add
 `--backend host`: numpy instead of torch, no IPC phase). Prints a table and
@@ -85,7 +93,7 @@ def summary(name, lat_ns, **extra):
                 max_us=round(max(u), 1) if u else None, **extra)
 
 
-def role_python(name, sock, push, frames, warmup, verify, spin, split, capsule):
+def role_python(name, sock, push, frames, warmup, verify, spin, split, capsule, tensors):
     import vramring
     # torch (or numpy) is imported before connecting: importing torch takes
     # seconds, and frames published meanwhile would be missed.
@@ -98,12 +106,15 @@ def role_python(name, sock, push, frames, warmup, verify, spin, split, capsule):
         import numpy as np
     except ImportError:
         np = None
-    sub = vramring.Subscriber(sock, push=push, name=name, connect_timeout=20, spin=spin)
+    # tensors: "torch" or "numpy" for python-cached (frame.tensors, made once
+    # per buffer; the stream is torch's current one, looked up by the cache).
+    sub = vramring.Subscriber(sock, push=push, name=name, connect_timeout=20, spin=spin, tensors=tensors)
     cuda = sub.backend == "cuda"
     if not cuda:
         from_dlpack = np.from_dlpack
-    split = split and cuda
-    capsule = capsule and cuda
+    cached = tensors is not None
+    split = split and cuda and not cached
+    capsule = capsule and cuda and not cached
     if capsule:
         # The consumer's stream, looked up once (a detector's loop knows its
         # stream): torch.from_dlpack of a capsule skips torch's per-call
@@ -138,12 +149,15 @@ def role_python(name, sock, push, frames, warmup, verify, spin, split, capsule):
             s4 = time.clock_gettime_ns(CLOCK)
             y = torch._C._from_dlpack(cap)
             del v, cap
+        elif cached:
+            y, uv = f.tensors
         elif capsule:
             y = from_dlpack(f.plane(0).__dlpack__(stream=stream))
         else:
             y = from_dlpack(f.plane(0))
         t_y = time.clock_gettime_ns(CLOCK)
-        uv = from_dlpack(f.plane(1).__dlpack__(stream=stream)) if capsule else from_dlpack(f.plane(1))
+        if not cached:
+            uv = from_dlpack(f.plane(1).__dlpack__(stream=stream)) if capsule else from_dlpack(f.plane(1))
         now = time.clock_gettime_ns(CLOCK)
         n += 1
         if n > warmup:
@@ -173,6 +187,8 @@ def role_python(name, sock, push, frames, warmup, verify, spin, split, capsule):
     if cuda:
         torch.cuda.synchronize()
     s = sub.stats()
+    if cached:
+        warm.update({k: s[k] for k in ("tensors_cache", "tensors_made", "tensors_reused", "tensors_busy")})
     out = summary(name, t["hand"], delivered=s["delivered"], pushed=s["pushed"], zero_copy=zero_copy,
                   overruns=s["overruns"], allocated=s["allocated"],
                   torn=int(torn.item()) if torn is not None else None,
@@ -262,7 +278,8 @@ def phase_ipc(frames, fps, nbytes, warmup):
 def run_phase(a, kind, who):
     """One producer and the subscribers `who` ("rust", "python", "both", or
     "python-spin": Python alone spinning --spin seconds instead of parking,
-    "python-capsule": Python alone, `torch.from_dlpack(plane.__dlpack__(stream=s))`)
+    "python-capsule": Python alone, `torch.from_dlpack(plane.__dlpack__(stream=s))`,
+    "python-cached": Python alone, `frame.tensors` of `Subscriber(tensors=...)`)
     of delivery `kind` ("pull" or "push"); returns (rows, frame_bytes)."""
     d = tempfile.mkdtemp(prefix="vrb")
     sock = os.path.join(d, "cam.sock")
@@ -276,7 +293,7 @@ def run_phase(a, kind, who):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ready = json.loads(prod.stdout.readline())
     suffix = {"both": "with the other", "python-spin": "alone, spin",
-              "python-capsule": "alone, capsule"}.get(who, "alone")
+              "python-capsule": "alone, capsule", "python-cached": "alone, cached"}.get(who, "alone")
     subs = []
     if who in ("rust", "both"):
         name = f"rust-{kind}"
@@ -285,13 +302,14 @@ def run_phase(a, kind, who):
              "--timeout-ms", "20000"] + (["--push"] if kind == "push" else [])
             + ([] if a.verify else ["--no-verify"]),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
-    if who in ("python", "both", "python-spin", "python-capsule"):
+    if who in ("python", "both", "python-spin", "python-capsule", "python-cached"):
         name = f"python-{kind}"
         subs.append((f"{name} {suffix}", subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--role", name, "--socket", sock,
              "--frames", str(total), "--warmup", str(a.warmup)] + (["--verify"] if a.verify else [])
             + (["--spin", str(a.spin)] if who == "python-spin" else [])
-            + (["--split"] if a.split else []) + (["--capsule"] if who == "python-capsule" else []),
+            + (["--split"] if a.split else []) + (["--capsule"] if who == "python-capsule" else [])
+            + (["--tensors", "torch" if a.backend == "cuda" else "numpy"] if who == "python-cached" else []),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     rows = []
     for row, p in subs:
@@ -323,8 +341,9 @@ def main():
                     help="host: the CPU machine (numpy, no torch IPC phase)")
     ap.add_argument("--kinds", default="pull,push", help="which of pull,push to run")
     ap.add_argument("--no-ipc", action="store_true", help="skip the torch CUDA IPC phase")
-    ap.add_argument("--phases", default="rust,python,both,python-spin",
-                    help="which of rust,python,both,python-spin,python-capsule to run for each delivery kind")
+    ap.add_argument("--phases", default="rust,python,both,python-spin,python-cached",
+                    help="which of rust,python,both,python-spin,python-capsule,python-cached to run for each "
+                         "delivery kind")
     ap.add_argument("--spin", type=float, default=0.01,
                     help="python-spin phase: seconds next() spins before parking (longer than a frame period)")
     ap.add_argument("--out", default=".")
@@ -333,12 +352,13 @@ def main():
     ap.add_argument("--verify", action="store_true",
                     help="also check every frame on the GPU, in the Rust and the Python subscriber")
     ap.add_argument("--capsule", action="store_true", help=argparse.SUPPRESS)  # set for python-capsule roles
+    ap.add_argument("--tensors", choices=["torch", "numpy"], help=argparse.SUPPRESS)  # python-cached roles
     ap.add_argument("--split", action="store_true",
                     help="time torch.from_dlpack of the Y plane step by step (device, stream, export, import)")
     a = ap.parse_args()
     if a.role:
         return role_python(a.role, a.socket, a.role == "python-push", a.frames, a.warmup, a.verify,
-                           a.spin if "--spin" in sys.argv else None, a.split, a.capsule)
+                           a.spin if "--spin" in sys.argv else None, a.split, a.capsule, a.tensors)
 
     results = []
     nbytes = 0
@@ -356,7 +376,8 @@ def main():
     by = {r["name"]: r for r in results}
     added = {}
     for kind in ("pull", "push"):
-        for suffix, rs in (("alone", "alone"), ("with the other", "with the other"), ("alone, capsule", "alone")):
+        for suffix, rs in (("alone", "alone"), ("with the other", "with the other"), ("alone, capsule", "alone"),
+                           ("alone, cached", "alone")):
             r, p = by.get(f"rust-{kind} {rs}"), by.get(f"python-{kind} {suffix}")
             if r and p and "p50_us" in r and "p50_us" in p:
                 added[f"{kind} {suffix}"] = dict(in_hand=round(p["p50_us"] - r["p50_us"], 1),
@@ -376,6 +397,9 @@ def main():
         if "stages_p50_us" in r:
             print(f"  {r['name']:<26}{r['stages_p50_us']}  warm {r.get('warm_from_dlpack_us')} / "
                   f"{r.get('warm_export_us')} / {r.get('warm_from_capsule_us')}")
+            if "tensors_cache" in r:
+                print(f"  {'':<26}tensor cache {r['tensors_cache']}: made {r['tensors_made']}, "
+                      f"reused {r['tensors_reused']}, busy {r['tensors_busy']}")
     print("Python minus Rust, p50 us (goal: <= 10 in hand):", json.dumps(added))
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "python_latency.json"), "w") as fh:

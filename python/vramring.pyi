@@ -63,6 +63,11 @@ class Frame:
     planes: list[Plane]
     nbytes: int
     data_ptr: int
+    tensors: tuple[Any, ...]
+    """One tensor per plane (``Subscriber(tensors=)``; ValueError without),
+    shaped as ``plane(k)``: made once per buffer and handed out again as
+    fresh aliases. The buffer is not written again while this frame, these
+    tensors, any view of them or an export of the frame is alive."""
     def plane(self, k: int) -> View:
         """NV12: plane(0) is Y, ``rows x width`` uint8 with the pitch as row
         stride; plane(1) is UV, ``rows x width/2 x 2``. P010 is uint16;
@@ -103,13 +108,21 @@ class Subscriber:
     def __init__(self, path: Union[str, "os.PathLike[str]"], *, name: Optional[str] = None,
                  mode: Optional[Mode] = None, lossless: bool = False, push: bool = False,
                  reconnect: bool = False, timeout: float = 5.0, connect_timeout: float = 5.0,
-                 max_held: int = 16, spin: Optional[float] = None) -> None:
+                 max_held: int = 16, spin: Optional[float] = None,
+                 tensors: Optional[Literal["torch", "numpy"]] = None,
+                 stream: Optional[Any] = None) -> None:
         """``push``: the publisher copies frames into this subscriber's own
         buffers, in any mode; without it the subscriber pulls where the
         publisher hands out its pool and is pushed to where it does not
         (``delivery`` says which). ``spin``: seconds ``next()`` spins
         before parking the thread (default 50 us); longer costs CPU and
-        saves the wake-up."""
+        saves the wake-up. ``tensors``: ``frame.tensors`` holds the planes
+        as torch tensors (or numpy arrays, host rings), imported once per
+        buffer and handed out again; a buffer is written again only once
+        nothing of its last frame is alive (tensors, views of them,
+        exports). ``stream``: the CUDA stream they are used on (an int
+        ``CUstream`` or a ``torch.cuda.Stream``; default torch's current
+        stream; -1: none, you order your own work)."""
     def next(self, timeout: float = 5.0) -> Frame:
         """Raises Timeout, ProducerGone, Evicted, FramesHeld."""
     def __iter__(self) -> Iterator[Frame]: ...
@@ -121,7 +134,12 @@ class Subscriber:
         """delivered, dropped, overruns, last_seq, reconnects, pushed,
         delivery ("pull" or "push"), held,
         zero_copy (push frames handed out without a copy), allocated (frame
-        buffers the pool ever allocated; reused, not made per frame)."""
+        buffers the pool ever allocated; reused, not made per frame);
+        tensors ("torch", "numpy" or None), tensors_cache ("on", or "off:
+        why" when tensors are imported per frame instead), tensors_made
+        (plane imports: once per buffer), tensors_reused (frames handed
+        tensors made for an earlier frame), tensors_busy (checks that found
+        a buffer still referenced, which was skipped)."""
     def close(self) -> None:
         """A zero-copy push frame still alive keeps the connection (and its
         buffer held) until it and its tensors are gone."""

@@ -12,7 +12,12 @@ and the check kernels may still be reading a buffer when the next `next()`
 lets the publisher have it back: the frame stays whole only because the
 subscriber waits for the consumer stream's work first.
 
-    python3 check_gpu.py --socket /tmp/cam.sock --mode pull --frames 10000
+With --tensors the subscriber caches its tensors (`Subscriber(tensors="torch")`):
+each frame's `frame.tensors` (Y and UV, made once per buffer and handed out
+again) are checked against the pattern's bytes instead, and the buffer's
+reuse depends on the cache's check and its event on torch's stream.
+
+    python3 check_gpu.py --socket /tmp/cam.sock --mode pull --frames 10000 [--tensors]
 """
 
 import argparse
@@ -54,6 +59,26 @@ class GpuPattern:
         head_bad = (w[0] != (seq & M)).int() + (w[1] != (seq >> 32)).int() + (w[3] != self.n).int()
         return body_bad + checksum.int() + head_bad
 
+    def expected_bytes(self, seq):
+        """The frame of `seq` as uint8 on the GPU (its first n * 4 bytes)."""
+        lo = (seq * 0x9E3779B1) & M
+        w = mix32(lo ^ ((self.i + (seq >> 32)) & M))
+        w[0], w[1], w[3] = seq & M, seq >> 32, self.n
+        w[2] = w[4:].sum() & M
+        return torch.stack([(w >> s) & 0xFF for s in (0, 8, 16, 24)], dim=1).to(torch.uint8).reshape(-1)
+
+
+def bad_plane_bytes(pat, f, y, uv):
+    """A 0-d GPU tensor: bytes of the plane tensors `y`, `uv` of frame `f`
+    that differ from the pattern of its seq."""
+    exp = pat.expected_bytes(f.seq)
+    bad = None
+    for t, p in zip((y, uv), f.planes):
+        e = exp[p.offset : p.offset + p.pitch * p.rows].view(p.rows, p.pitch)[:, : p.row_bytes].reshape(t.shape)
+        n = (t != e).sum()
+        bad = n if bad is None else bad + n
+    return bad
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -61,8 +86,11 @@ def main():
     ap.add_argument("--mode", choices=["pull", "push", "lossless"], default="pull")
     ap.add_argument("--frames", type=int, default=10000)
     ap.add_argument("--timeout", type=float, default=10.0)
+    ap.add_argument("--tensors", action="store_true", help="Subscriber(tensors='torch'): check frame.tensors")
     a = ap.parse_args()
     kw = dict(name=f"py-{a.mode}", connect_timeout=a.timeout)
+    if a.tensors:
+        kw["tensors"] = "torch"
     if a.mode == "push":
         kw["push"] = True
     elif a.mode == "lossless":
@@ -85,6 +113,21 @@ def main():
         except vramring.ProducerGone:
             end = "producer gone"
             break
+        if a.tensors:
+            y, uv = f.tensors
+            p0, p1 = f.planes
+            assert y.data_ptr() == f.data_ptr + p0.offset and uv.data_ptr() == f.data_ptr + p1.offset
+            if pat is None:
+                dev = y.device
+                assert y.is_cuda and y.shape == (f.height, f.width) and y.stride() == (p0.pitch, 1)
+                assert uv.shape == (f.height // 2, f.width // 2, 2) and uv.stride() == (p1.pitch, 2, 1)
+                pat = GpuPattern(f.nbytes, dev)
+                torn = torch.zeros((), dtype=torch.int64, device=dev)
+            torn += (bad_plane_bytes(pat, f, y, uv) > 0).long()
+            delivered += 1
+            zero_copy += f.zero_copy
+            del y, uv, f  # the check kernels may still be queued
+            continue
         t = torch.from_dlpack(f)
         if pat is None:
             dev = t.device
@@ -117,9 +160,13 @@ def main():
         planes_checked=planes_checked, seconds=round(secs, 3), fps=round(delivered / secs, 1) if secs else 0,
         end=end, device=str(dev), gpu=torch.cuda.get_device_name(0),
     )
+    bad_cache = False
+    if a.tensors:
+        out.update({k: s[k] for k in ("tensors_cache", "tensors_made", "tensors_reused", "tensors_busy")})
+        bad_cache = s["tensors_cache"] != "on" or s["tensors_reused"] == 0
     sub.close()
     print(json.dumps(out), flush=True)
-    sys.exit(1 if out["torn"] or delivered == 0 else 0)
+    sys.exit(1 if out["torn"] or delivered == 0 or bad_cache else 0)
 
 
 if __name__ == "__main__":

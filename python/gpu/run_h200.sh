@@ -25,7 +25,15 @@ P=$!
 timeout 120 python3 "$G"/check_gpu.py --socket $S --mode pull --frames 11000 & A=$!
 timeout 120 python3 "$G"/check_gpu.py --socket $S --mode push --frames 11000 & B=$!
 wait $A || rc=1; wait $B || rc=1; wait $P || rc=1; tail -1 /tmp/p2.json
-echo "== 3. python CUDA publisher (publish + loan) -> Rust consumer checking on the GPU"
+echo "== 3. cached tensors (tensors='torch'), overwrite producer at 1000 fps: python sequential pull + python push, frame.tensors checked"
+S=/tmp/g4.sock
+timeout 120 "$D"/examples/producer --socket $S --backend cuda --width 1920 --height 1080 --slots 16 --fps 1000 --frames 11000 \
+  --wait-subscribers 2 --json --report-ms 0 > /tmp/p4.json &
+P=$!
+timeout 120 python3 "$G"/check_gpu.py --socket $S --mode pull --frames 11000 --tensors & A=$!
+timeout 120 python3 "$G"/check_gpu.py --socket $S --mode push --frames 11000 --tensors & B=$!
+wait $A || rc=1; wait $B || rc=1; wait $P || rc=1; tail -1 /tmp/p4.json
+echo "== 4. python CUDA publisher (publish + loan) -> Rust consumer checking on the GPU"
 S=/tmp/g3.sock
 timeout 120 python3 "$G"/publish_gpu.py --socket $S --frames 2000 & A=$!
 sleep 0.5

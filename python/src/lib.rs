@@ -7,6 +7,7 @@
 //! driver is loaded at run time (cudarc's dynamic loading), so the same
 //! wheel works on machines with and without a GPU.
 
+mod cache;
 mod errors;
 mod mem;
 mod packet;

@@ -4,9 +4,12 @@
 //! Every `Frame` handed to Python owns one [`Buf`] through an `Arc`; every
 //! DLPack capsule made from the frame holds another clone of that `Arc`, so a
 //! tensor keeps the bytes it views alive, and the subscriber never writes a
-//! buffer while any clone lives: `next()` always copies into a buffer taken
-//! from the pool's free list (or a fresh allocation), and a buffer goes back
-//! to the free list only when its last `Arc` drops.
+//! buffer while any clone lives: `next()` copies into a buffer taken from
+//! the pool's free list (or a fresh allocation), and a buffer goes back to
+//! the free list only when its last `Arc` drops. The one exception is a
+//! subscriber that caches tensors (`Subscriber(tensors=)`): its buffers stay
+//! shared with their cached tensors, and `cache` proves one unreferenced
+//! before it is written again.
 //!
 //! On the GPU, a tensor's last Python reference can go while work reading
 //! it is still queued on the consumer's stream (`del t` right after
@@ -18,6 +21,7 @@
 //! buffer, the host ([`Cuda::sync_events`]) before a push buffer is let go
 //! to the publisher or memory is freed.
 
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -79,6 +83,11 @@ impl Consumers {
         if !v.contains(&stream) {
             v.push(stream);
         }
+    }
+
+    /// Whether no stream is noted.
+    pub fn is_empty(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
     }
 
     /// The noted streams, forgotten here.
@@ -387,11 +396,51 @@ impl Drop for Cuda {
     }
 }
 
+/// Host memory of one buffer (8-byte aligned, zeroed when made): a
+/// `Box<[u64]>` taken apart, so that its bytes are reached through a raw
+/// pointer only. Consumers view them through that pointer (numpy arrays),
+/// and a buffer whose tensors are cached is written again while its `Buf`
+/// is shared (see `cache`); a `Vec` reached through `&` would not allow it.
+#[derive(Debug)]
+pub struct HostMem {
+    ptr: NonNull<u64>,
+    words: usize,
+}
+
+// SAFETY: an owned heap allocation, like the `Box<[u64]>` it was; moving
+// the handle to another thread moves only its address.
+unsafe impl Send for HostMem {}
+// SAFETY: `&HostMem` gives out the address, never a reference to the bytes;
+// who may read or write them when is what `Buf::host_ptr`'s callers prove
+// (an exclusive `&mut Buf`, or the tensor cache's check).
+unsafe impl Sync for HostMem {}
+
+impl HostMem {
+    fn zeroed(bytes: u64) -> HostMem {
+        let b = vec![0u64; (bytes as usize).div_ceil(8)].into_boxed_slice();
+        let words = b.len();
+        HostMem {
+            ptr: NonNull::from(Box::leak(b)).cast::<u64>(),
+            words,
+        }
+    }
+}
+
+impl Drop for HostMem {
+    fn drop(&mut self) {
+        let slice = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.words);
+        // SAFETY: `ptr` and `words` are the `Box<[u64]>` `zeroed` leaked,
+        // rebuilt once, here; nothing reads the bytes any more (the `Buf`
+        // owning this is gone, and with it every tensor's reference).
+        drop(unsafe { Box::from_raw(slice) });
+    }
+}
+
 /// Where a buffer lives.
 #[derive(Debug)]
 pub enum Mem {
-    /// Host memory (8-byte aligned).
-    Host(Vec<u64>),
+    /// Host memory.
+    Host(HostMem),
     /// A `cuMemAlloc` buffer in [`BufPool::cuda`]'s context.
     Cuda(DevicePtr),
 }
@@ -475,7 +524,7 @@ impl BufPool {
             None => {
                 let m = match &self.cuda {
                     Some(c) => Mem::Cuda(c.alloc(self.bytes)?),
-                    None => Mem::Host(vec![0u64; (self.bytes as usize).div_ceil(8)]),
+                    None => Mem::Host(HostMem::zeroed(self.bytes)),
                 };
                 // Relaxed: see `live`.
                 self.allocated.fetch_add(1, Ordering::Relaxed);
@@ -530,15 +579,10 @@ impl Buf {
     /// Host pointer or `CUdeviceptr` of the buffer.
     pub fn addr(&self) -> u64 {
         match &self.mem {
-            Some(Mem::Host(v)) => v.as_ptr() as u64,
+            Some(Mem::Host(h)) => h.ptr.as_ptr() as u64,
             Some(Mem::Cuda(p)) => *p,
             None => 0,
         }
-    }
-
-    /// Bytes of the buffer.
-    pub fn len(&self) -> u64 {
-        self.pool.bytes
     }
 
     /// The pool.
@@ -549,32 +593,24 @@ impl Buf {
     /// The buffer as bytes, when it is host memory. Needs `&mut`: only a
     /// buffer nobody else references yet (before it goes into an `Arc`).
     pub fn host_mut(&mut self) -> Option<&mut [u8]> {
-        let n = self.pool.bytes as usize;
-        match &mut self.mem {
-            Some(Mem::Host(v)) => Some(&mut bytemuck_bytes(v)[..n]),
-            _ => None,
-        }
+        let p = self.host_ptr()?;
+        // SAFETY: `host_ptr`'s bytes; `&mut self` is exclusive: no `Arc`
+        // of this buffer exists, so no tensor or export views it.
+        Some(unsafe { std::slice::from_raw_parts_mut(p, self.pool.bytes as usize) })
     }
 
-    /// The buffer as bytes, when it is host memory.
-    pub fn host(&self) -> Option<&[u8]> {
-        let n = self.pool.bytes as usize;
+    /// The buffer's first byte, when it is host memory: valid for reads
+    /// and writes of the pool's `bytes` (initialised: zeroed when made),
+    /// with the allocation's provenance (taken from the leaked `Box`, never
+    /// from a reference), for as long as the `Buf` lives. Who may write
+    /// through it when is the caller's to prove: `host_mut`, or a buffer
+    /// whose cached tensors were proven unreferenced (see `cache`).
+    pub fn host_ptr(&self) -> Option<*mut u8> {
         match &self.mem {
-            Some(Mem::Host(v)) => {
-                // SAFETY: `v` holds `ceil(n / 8)` u64s, so at least `n`
-                // initialised bytes; u8 has no alignment or validity rules.
-                Some(unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), n) })
-            }
+            Some(Mem::Host(h)) => Some(h.ptr.as_ptr().cast::<u8>()),
             _ => None,
         }
     }
-}
-
-fn bytemuck_bytes(v: &mut [u64]) -> &mut [u8] {
-    let n = v.len() * 8;
-    // SAFETY: the slice's `n` bytes are initialised u64s; u8 has no
-    // alignment or validity rules; the borrow is exclusive as `v` is.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), n) }
 }
 
 impl Drop for Buf {

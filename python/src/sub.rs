@@ -27,6 +27,11 @@
 //! it are gone, so no later `next()` writes memory a live tensor views. At
 //! most `max_held` buffers (lent ones included) are out at once; past that
 //! `next()` raises `FramesHeld` instead of allocating without bound.
+//!
+//! With `tensors=` ([`crate::cache`]) each buffer's plane tensors are made
+//! once and handed out again; buffers then stay shared with those tensors,
+//! and a check in `next()`, before its wait, proves a buffer unreferenced
+//! before it is copied into or its push hold moves on (`next_cached`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,12 +39,13 @@ use std::time::{Duration, Instant};
 use dlpark::ffi::DLDevice;
 use pyo3::exceptions::{PyStopIteration, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 use vramring::ClientOptions;
 use vramring::{
     monotonic_ns, BackendKind, Borrow, Delivery, Error, Geometry, Mode, RingInfo, Subscriber, SubscriberOptions,
 };
 
+use crate::cache::{Check, Consumer, TensorCache};
 use crate::errors::{self, FramesHeld, IntoPy};
 use crate::mem::{Buf, BufPool, Consumers, Cuda, Event, Excl};
 use crate::view::{self, Keep, View};
@@ -117,6 +123,8 @@ pub struct Frame {
     zero_copy: bool,
     /// `CLOCK_MONOTONIC` ns: woke, copied, checked, returned (see `timing`).
     timing: [u64; 4],
+    /// One array per plane (`Subscriber(tensors=)`), `None` without.
+    tensors: Option<Py<PyTuple>>,
 }
 
 #[pymethods]
@@ -130,6 +138,19 @@ impl Frame {
     fn timing(&self) -> (u64, u64, u64, u64) {
         let [a, b, c, d] = self.timing;
         (a, b, c, d)
+    }
+    /// One tensor per plane, of the library `Subscriber(tensors=)` named
+    /// (NV12: `(y, uv)`, shaped as `plane(k)`). Made once per buffer and
+    /// handed out again for later frames in the same buffer: no DLPack
+    /// import per frame. The buffer is not written again while this frame,
+    /// any of these tensors, or any view of them is alive.
+    #[getter]
+    fn tensors(&self, py: Python<'_>) -> PyResult<Py<PyTuple>> {
+        self.tensors.as_ref().map(|t| t.clone_ref(py)).ok_or_else(|| {
+            PyValueError::new_err(
+                "this frame has no tensors: make the Subscriber with tensors=\"torch\" or tensors=\"numpy\"",
+            )
+        })
     }
     /// The user metadata (up to 64 bytes) the publisher attached.
     #[getter]
@@ -226,9 +247,9 @@ impl Sink {
         }
     }
 
-    /// A buffer for a frame of ring `info`; a new pool when the ring changed
+    /// The pool for frames of ring `info`; a new one when the ring changed
     /// (a reconnect to a publisher with another geometry or device).
-    fn buf_for(&mut self, info: &RingInfo) -> vramring::Result<Buf> {
+    fn pool_for(&mut self, info: &RingInfo) -> vramring::Result<Arc<BufPool>> {
         let cuda = self.cuda_for(info)?;
         let bytes = info.geometry().frame_bytes;
         let fits = self.pool.as_ref().is_some_and(|p| {
@@ -242,7 +263,57 @@ impl Sink {
         if !fits {
             self.pool = Some(BufPool::new(cuda, bytes, self.keep));
         }
-        self.pool.as_ref().ok_or(Error::Closed)?.take()
+        self.pool.clone().ok_or(Error::Closed)
+    }
+
+    /// Where a frame of ring `info` is copied to: `dest` (a cached buffer)
+    /// when it belongs to the ring's pool, else a buffer from the pool.
+    fn dst_for<'a>(&mut self, info: &RingInfo, dest: Option<&'a Buf>) -> vramring::Result<Dst<'a>> {
+        let pool = self.pool_for(info)?;
+        match dest {
+            Some(d) if Arc::ptr_eq(d.pool(), &pool) => Ok(Dst::Cached(d)),
+            _ => Ok(Dst::Own(pool.take()?)),
+        }
+    }
+}
+
+/// Where a read copies a frame to.
+enum Dst<'a> {
+    /// A buffer just taken from the pool: nobody else references it.
+    Own(Buf),
+    /// A buffer of the tensor cache, proven unreferenced (`crate::cache`).
+    Cached(&'a Buf),
+}
+
+impl Dst<'_> {
+    fn buf(&self) -> &Buf {
+        match self {
+            Dst::Own(b) => b,
+            Dst::Cached(b) => b,
+        }
+    }
+
+    /// The bytes to write, when the buffer is host memory.
+    fn host(&mut self) -> Option<&mut [u8]> {
+        match self {
+            Dst::Own(b) => b.host_mut(),
+            Dst::Cached(b) => {
+                let p = b.host_ptr()?;
+                // SAFETY: `host_ptr`'s bytes (the pool's `bytes` of them);
+                // the cache's check found no frame, export, tensor or view
+                // of this buffer alive, and the cache hands out nothing of
+                // it until this read has returned; the slice is the only
+                // one (`&mut self`).
+                Some(unsafe { std::slice::from_raw_parts_mut(p, b.pool().bytes as usize) })
+            }
+        }
+    }
+
+    fn held(self) -> Held {
+        match self {
+            Dst::Own(b) => Held::Buf(b),
+            Dst::Cached(_) => Held::Cached,
+        }
     }
 }
 
@@ -304,6 +375,8 @@ impl Drop for Lent {
 enum Held {
     /// A buffer of the subscriber's pool, holding a copy.
     Buf(Buf),
+    /// The cached buffer the read was given, holding a copy.
+    Cached,
     /// The push buffer at `addr` (host pointer or device address), held by
     /// the subscriber; `cuda` is its GPU's context, `None` on the host.
     Lent { addr: u64, cuda: Option<Arc<Cuda>> },
@@ -325,19 +398,8 @@ struct Got {
 }
 
 impl Got {
-    /// The Python frame; `lent` makes the token a lent push buffer gets.
-    fn into_frame(self, lent: impl FnOnce(Option<Arc<Cuda>>) -> Arc<Lent>) -> Frame {
-        let (keep, base, dev, zero_copy) = match self.mem {
-            Held::Buf(buf) => {
-                let dev = view::device(buf.pool().cuda.as_ref().map(|c| c.ordinal));
-                let base = buf.addr();
-                (Keep::Buf(Arc::new(buf)), base, dev, false)
-            }
-            Held::Lent { addr, cuda } => {
-                let dev = view::device(cuda.as_ref().map(|c| c.ordinal));
-                (Keep::Lent(lent(cuda)), addr, dev, true)
-            }
-        };
+    /// The Python frame in memory `keep` (at `base`, on `dev`).
+    fn frame(self, keep: Arc<Keep>, base: u64, dev: DLDevice, zero_copy: bool, tensors: Option<Py<PyTuple>>) -> Frame {
         let [woke, copied, checked] = self.timing;
         Frame {
             seq: self.seq,
@@ -348,12 +410,37 @@ impl Got {
             pushed: self.pushed,
             user: self.user,
             geometry: self.geometry,
-            keep: Arc::new(keep),
+            keep,
             base,
             dev,
             zero_copy,
             timing: [woke, copied, checked, monotonic_ns()],
+            tensors,
         }
+    }
+
+    /// Takes the memory out (`Held::Cached` is left behind).
+    fn take_mem(&mut self) -> Held {
+        std::mem::replace(&mut self.mem, Held::Cached)
+    }
+
+    /// The Python frame of a read into a buffer of its own or a lent push
+    /// buffer (`None` for a read into a cached buffer); `lent` makes the
+    /// token a lent push buffer gets.
+    fn into_frame(mut self, lent: impl FnOnce(Option<Arc<Cuda>>) -> Arc<Lent>) -> Option<Frame> {
+        let (keep, base, dev, zero_copy) = match self.take_mem() {
+            Held::Buf(buf) => {
+                let dev = view::device(buf.pool().cuda.as_ref().map(|c| c.ordinal));
+                let base = buf.addr();
+                (Keep::Buf(Arc::new(buf)), base, dev, false)
+            }
+            Held::Lent { addr, cuda } => {
+                let dev = view::device(cuda.as_ref().map(|c| c.ordinal));
+                (Keep::Lent(lent(cuda)), addr, dev, true)
+            }
+            Held::Cached => return None,
+        };
+        Some(self.frame(Arc::new(keep), base, dev, zero_copy, None))
     }
 }
 
@@ -372,30 +459,41 @@ fn seconds(what: &str, secs: f64) -> PyResult<Duration> {
         .map_err(|_| PyValueError::new_err(format!("{what} of {secs} seconds is too long")))
 }
 
-/// Copies what `src` (host pointer or device address of ring `info`) holds
-/// into `buf`.
+/// Copies what `src` (host pointer or device address of the ring) holds
+/// into `dst`.
 ///
 /// # Safety
-/// `src` is valid for `frame_bytes` bytes (host memory, or device memory
-/// of the primary context) for the call.
-unsafe fn copy_into(buf: &mut Buf, src: u64, len: u64) -> vramring::Result<()> {
-    if let Some(dst) = buf.host_mut() {
-        // SAFETY: the caller's contract on `src`; `dst` is our own buffer
-        // of at least `len` bytes (pool buffers hold frame_bytes); they do
-        // not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src as usize as *const u8, dst.as_mut_ptr(), len as usize) };
+/// `src` is valid for `len` bytes (host memory, or device memory of the
+/// primary context) for the call.
+unsafe fn copy_into(dst: &mut Dst<'_>, src: u64, len: u64) -> vramring::Result<()> {
+    if let Some(d) = dst.host() {
+        // SAFETY: the caller's contract on `src`; `d` is our own buffer of
+        // at least `len` bytes (pool buffers hold frame_bytes); they do not
+        // overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src as usize as *const u8, d.as_mut_ptr(), len as usize) };
         return Ok(());
     }
+    let buf = dst.buf();
     let cuda = buf.pool().cuda.clone().ok_or(Error::Closed)?;
     // SAFETY: the caller's contract on `src`; the destination is a pool
-    // buffer of `len` bytes nobody else references (not yet in an Arc).
+    // buffer of `len` bytes that nobody else references (not yet in an
+    // Arc), or a cached one the cache proved unreferenced, whose last
+    // consumers' work our stream already waits for (`TensorCache::claim`).
     unsafe { cuda.copy_dtod(buf.addr(), src, len) }
 }
 
 /// Reads one frame (see the module docs): with `lend` (a push subscriber
 /// with no lent frame alive), the pushed buffer itself; otherwise borrow in
 /// place + copy into a pool buffer + release, which proves the copy whole.
-fn read(sub: &mut Subscriber, sink: &mut Sink, lend: bool, timeout: Duration) -> vramring::Result<Got> {
+/// A copy goes into `dest` (a cached buffer proven free) when it is given
+/// and belongs to the ring's pool (`Held::Cached`).
+fn read(
+    sub: &mut Subscriber,
+    sink: &mut Sink,
+    lend: bool,
+    dest: Option<&Buf>,
+    timeout: Duration,
+) -> vramring::Result<Got> {
     let deadline = Instant::now() + timeout;
     let timed_out = |e: Error| match e {
         Error::Timeout(_, what) => Error::Timeout(timeout, what),
@@ -417,17 +515,17 @@ fn read(sub: &mut Subscriber, sink: &mut Sink, lend: bool, timeout: Duration) ->
             } else {
                 // A frame in the subscriber's own buffer, which its next
                 // read overwrites: copy it.
-                let mut buf = sink.buf_for(&info)?;
+                let mut dst = sink.dst_for(&info, dest)?;
                 match f.host_bytes() {
                     Some(h) if h.len() as u64 >= len => {
-                        let dst = buf.host_mut().ok_or(Error::Closed)?;
-                        dst[..len as usize].copy_from_slice(&h[..len as usize]);
+                        let d = dst.host().ok_or(Error::Closed)?;
+                        d[..len as usize].copy_from_slice(&h[..len as usize]);
                     }
                     // SAFETY: the subscriber's buffer holds `len` bytes in
                     // the primary context and stays untouched while `f` lives.
-                    _ => unsafe { copy_into(&mut buf, frame_addr(&f), len) }?,
+                    _ => unsafe { copy_into(&mut dst, frame_addr(&f), len) }?,
                 }
-                (Held::Buf(buf), monotonic_ns())
+                (dst.held(), monotonic_ns())
             };
             return Ok(Got {
                 seq: f.seq(),
@@ -445,16 +543,16 @@ fn read(sub: &mut Subscriber, sink: &mut Sink, lend: bool, timeout: Duration) ->
         let b: Borrow<'_> = sub.borrow(left).map_err(timed_out)?;
         let woke = monotonic_ns();
         let info = *b.info();
-        let mut buf = sink.buf_for(&info)?;
+        let mut dst = sink.dst_for(&info, dest)?;
         let len = info.geometry().frame_bytes;
-        if let Some(dst) = buf.host_mut() {
-            b.copy_to(dst)?;
+        if let Some(d) = dst.host() {
+            b.copy_to(d)?;
         } else {
             // SAFETY: the borrowed slot (or push buffer) is `len` bytes of
             // memory mapped in the primary context until the subscriber
             // closes; bytes may change under the copy, which `release`
             // detects.
-            unsafe { copy_into(&mut buf, borrow_addr(&b), len) }?;
+            unsafe { copy_into(&mut dst, borrow_addr(&b), len) }?;
         }
         let copied = monotonic_ns();
         let mut got = Got {
@@ -466,7 +564,7 @@ fn read(sub: &mut Subscriber, sink: &mut Sink, lend: bool, timeout: Duration) ->
             pushed: b.pushed(),
             user: b.user(),
             geometry: *info.geometry(),
-            mem: Held::Buf(buf),
+            mem: dst.held(),
             timing: [woke, copied, 0],
         };
         match b.release() {
@@ -507,11 +605,18 @@ pub struct PySubscriber {
     reconnect: bool,
     iter_timeout: Duration,
     path: String,
+    /// `Subscriber(tensors=)`: tensors made once per buffer (`crate::cache`).
+    cache: Option<TensorCache>,
 }
 
 impl Drop for PySubscriber {
     fn drop(&mut self) {
         self.end_borrow();
+        // The cache's tensors first: what of them the user still holds is
+        // all that may keep a push buffer (and so the subscriber) now.
+        if let Some(c) = &mut self.cache {
+            c.clear();
+        }
         // A lent frame outlives us: it keeps the Rust subscriber (its hold
         // and its mapping of the buffer); otherwise it closes here.
         if let Some(s) = self.sub.get_mut().take() {
@@ -565,6 +670,9 @@ impl PySubscriber {
     }
 
     fn next_frame(&mut self, py: Python<'_>, timeout: Duration) -> PyResult<Frame> {
+        if self.cache.as_ref().is_some_and(TensorCache::on) {
+            return self.next_cached(py, timeout);
+        }
         let held = self.held();
         if held >= self.sink.keep {
             return Err(FramesHeld::new_err(format!(
@@ -593,18 +701,180 @@ impl PySubscriber {
             if let Some(p) = &sink.pool {
                 p.settle();
             }
-            read(sub, &mut sink, lend, timeout)
+            read(sub, &mut sink, lend, None, timeout)
         });
         self.sink = sink;
         let got = got.py_err()?;
         let lent = &mut self.lent;
         let count = &mut self.lent_count;
-        Ok(got.into_frame(|cuda| {
-            let l = Lent::new(cuda);
-            *lent = Some(Arc::clone(&l));
-            *count += 1;
-            l
-        }))
+        let mut frame = got
+            .into_frame(|cuda| {
+                let l = Lent::new(cuda);
+                *lent = Some(Arc::clone(&l));
+                *count += 1;
+                l
+            })
+            .ok_or_else(|| internal("an uncached read returned a cached buffer"))?;
+        // `tensors=` with the cache off: imported per frame, each holding
+        // the frame's memory through its DLPack context.
+        if let Some(c) = &mut self.cache {
+            frame.tensors = Some(c.per_frame(py, &frame.keep, frame.base, &frame.geometry, frame.dev)?);
+        }
+        Ok(frame)
+    }
+
+    /// `next()` with tensors cached (`crate::cache`). The checks that let
+    /// a buffer be written again, and the aliases handed out next, are made
+    /// here, before the wait and with the GIL; after the wait the frame's
+    /// path calls nothing in Python but the `Frame`'s allocation.
+    fn next_cached(&mut self, py: Python<'_>, timeout: Duration) -> PyResult<Frame> {
+        let info = *self.sub()?.info();
+        let pool = self.sink.pool_for(&info).py_err()?;
+        let cache = self.cache.as_mut().ok_or_else(|| internal("no tensor cache"))?;
+        let (mut dest, free) = cache.scan_pool(py, &pool)?;
+        let lent = cache.check_lent(py)?;
+        let lent_busy = matches!(lent, Check::Busy);
+        // The host waits for the consumers' work on the push buffer lent
+        // last before `Subscriber::next` moves the hold off it.
+        let wait = match lent {
+            Check::Free(w) => w,
+            _ => None,
+        };
+        let held = pool.live().saturating_sub(free) + usize::from(lent_busy);
+        if held >= self.sink.keep {
+            if let Some((c, evs)) = wait {
+                py.detach(|| c.sync_events(evs));
+            }
+            return Err(FramesHeld::new_err(format!(
+                "{held} frames (or tensors made from them, or views of those) are still alive, the \
+                 subscriber's max_held; drop some (del frame, tensor) or raise max_held"
+            )));
+        }
+        // A push buffer is lent only when nothing of the one lent before is
+        // alive: `Subscriber::next` moves the hold off it.
+        let lend = self.push && !self.reconnect && !lent_busy;
+        if dest.is_none() && !lend {
+            // A new pool buffer for the copy, its tensors made now.
+            let buf = pool.take().py_err()?;
+            let addr = buf.addr();
+            let dev = view::device(pool.cuda.as_ref().map(|c| c.ordinal));
+            let mem = Arc::new(Keep::Buf(Arc::new(buf)));
+            dest = cache.add(py, mem, addr, info.geometry(), dev, pool.cuda.clone())?;
+            if !cache.on() {
+                // Its count could not be proven: per frame from now on.
+                if let Some((c, evs)) = wait {
+                    py.detach(|| c.sync_events(evs));
+                }
+                return self.next_frame(py, timeout);
+            }
+        }
+        let dest_buf = dest.and_then(|i| cache.buf(i));
+        let mut sink = std::mem::take(&mut self.sink);
+        let sub = match self.sub() {
+            Ok(s) => s,
+            Err(e) => {
+                self.sink = sink;
+                return Err(e);
+            }
+        };
+        let got = py.detach(|| {
+            if let Some((c, evs)) = wait {
+                c.sync_events(evs);
+            }
+            if let Some(p) = &sink.pool {
+                p.settle();
+            }
+            read(sub, &mut sink, lend, dest_buf.as_deref(), timeout)
+        });
+        self.sink = sink;
+        let mut got = got.py_err()?;
+        let cache = self.cache.as_mut().ok_or_else(|| internal("no tensor cache"))?;
+        // The entry of the buffer the frame is in; a buffer seen first (a
+        // push buffer, or a copy the cache had not prepared for: the ring
+        // changed during the wait) gets its tensors made now.
+        let (i, zero_copy) = match got.take_mem() {
+            Held::Cached => (dest.ok_or_else(|| internal("a copy into no cached buffer"))?, false),
+            Held::Buf(buf) => {
+                let addr = buf.addr();
+                let cuda = buf.pool().cuda.clone();
+                let dev = view::device(cuda.as_ref().map(|c| c.ordinal));
+                let mem = Arc::new(Keep::Buf(Arc::new(buf)));
+                match cache.add(py, Arc::clone(&mem), addr, &got.geometry, dev, cuda)? {
+                    Some(i) => (i, false),
+                    None => {
+                        let t = cache.per_frame(py, &mem, addr, &got.geometry, dev)?;
+                        return Ok(got.frame(mem, addr, dev, false, Some(t)));
+                    }
+                }
+            }
+            Held::Lent { addr, cuda } => {
+                self.lent_count += 1;
+                match cache.find_push(addr) {
+                    Some(i) => (i, true),
+                    None => {
+                        let dev = view::device(cuda.as_ref().map(|c| c.ordinal));
+                        let lent = &mut self.lent;
+                        let keep = cache.push_keep(|| {
+                            // The push buffers' owner: where the Rust
+                            // subscriber is parked when it closes with
+                            // tensors of them alive (`park`).
+                            let l = Lent::new(cuda.clone());
+                            *lent = Some(Arc::clone(&l));
+                            l
+                        });
+                        match cache.add(py, Arc::clone(&keep), addr, &got.geometry, dev, cuda)? {
+                            Some(i) => (i, true),
+                            None => {
+                                let t = cache.per_frame(py, &keep, addr, &got.geometry, dev)?;
+                                return Ok(got.frame(keep, addr, dev, true, Some(t)));
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        let h = cache.hand_out(i)?;
+        Ok(got.frame(h.keep, h.addr, h.dev, zero_copy, Some(h.tensors)))
+    }
+
+    /// Frame buffers alive now, for `stats()`.
+    fn held_now(&mut self, py: Python<'_>) -> PyResult<usize> {
+        match self.cache.as_mut().filter(|c| c.on()) {
+            Some(c) => {
+                let pool = self.sink.pool.clone();
+                let (free, lent_busy) = c.count_free(py, pool.as_ref())?;
+                let live = pool.as_ref().map_or(0, |p| p.live());
+                Ok(live.saturating_sub(free) + usize::from(lent_busy))
+            }
+            None => Ok(self.held()),
+        }
+    }
+}
+
+/// An error for a broken invariant of this module.
+fn internal(what: &str) -> PyErr {
+    pyo3::exceptions::PyRuntimeError::new_err(format!("vramring internal error: {what}"))
+}
+
+/// `Subscriber(stream=)`: an int (`CUstream`; 0, torch's name for the
+/// legacy default stream, is 1 as DLPack names it; -1: none) or an object
+/// with `cuda_stream` (a `torch.cuda.Stream`).
+fn stream_arg(s: Option<&Bound<'_, PyAny>>) -> PyResult<Option<isize>> {
+    let Some(s) = s.filter(|s| !s.is_none()) else {
+        return Ok(None);
+    };
+    let v: isize = match s.extract() {
+        Ok(v) => v,
+        Err(_) => s.getattr("cuda_stream").and_then(|a| a.extract()).map_err(|_| {
+            PyValueError::new_err("stream must be an int (a CUstream) or have cuda_stream (a torch.cuda.Stream)")
+        })?,
+    };
+    match v {
+        0 => Ok(Some(1)),
+        v if v >= -1 => Ok(Some(v)),
+        v => Err(PyValueError::new_err(format!(
+            "stream must be -1 or a CUstream (>= 0), got {v}"
+        ))),
     }
 }
 
@@ -624,9 +894,15 @@ impl PySubscriber {
     /// `max_held`: frames (and tensors made from them) alive at once.
     /// `spin`: seconds `next()` spins before it parks the thread (default
     /// 50 µs, as in Rust); longer costs CPU and saves the wake-up.
+    /// `tensors`: "torch" or "numpy": `frame.tensors` holds one array per
+    /// plane, made once per buffer and handed out again (no DLPack import
+    /// per frame); a buffer is written again only when nothing of its last
+    /// frame (tensors, views of them, exports) is alive. `stream`: the CUDA
+    /// stream those tensors are used on (an int, or a `torch.cuda.Stream`;
+    /// default: torch's current stream when the first tensors are made).
     #[new]
     #[pyo3(signature = (path, *, name=None, mode=None, lossless=false, push=false, reconnect=false,
-                        timeout=5.0, connect_timeout=5.0, max_held=16, spin=None))]
+                        timeout=5.0, connect_timeout=5.0, max_held=16, spin=None, tensors=None, stream=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -640,6 +916,8 @@ impl PySubscriber {
         connect_timeout: f64,
         max_held: usize,
         spin: Option<f64>,
+        tensors: Option<String>,
+        stream: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mode = match mode.as_deref() {
             None => {
@@ -678,8 +956,24 @@ impl PySubscriber {
         if let Some(s) = spin {
             opts.client.spin = seconds("spin", s)?;
         }
+        let stream = stream_arg(stream.as_ref())?;
+        let consumer = tensors.as_deref().map(Consumer::parse).transpose()?;
+        if stream.is_some() && consumer.is_none() {
+            return Err(PyValueError::new_err(
+                "stream names the stream of Frame.tensors: give tensors=\"torch\" too",
+            ));
+        }
+        // The library is imported before connecting: importing torch takes
+        // seconds, which a lossless publisher would wait for.
+        let cache = consumer.map(|c| TensorCache::new(py, c, stream)).transpose()?;
         let shown = path.display().to_string();
         let sub = py.detach(|| Subscriber::connect(&path, opts)).py_err()?;
+        if consumer == Some(Consumer::Numpy) && sub.backend() == BackendKind::Cuda {
+            return Err(errors::to_py(Error::WrongBackend {
+                what: "tensors=\"numpy\" (numpy arrays are host memory; use tensors=\"torch\")",
+                backend: "cuda",
+            }));
+        }
         // A latest push reader's buffer can be lent to Python (see the
         // module docs); a queued one's cannot.
         let lendable = sub.delivery() == Delivery::Push && mode == Mode::Latest && !lossless;
@@ -696,6 +990,7 @@ impl PySubscriber {
             reconnect,
             iter_timeout,
             path: shown,
+            cache,
         })
     }
 
@@ -770,9 +1065,16 @@ impl PySubscriber {
     /// delivery ("pull" or "push", as the publisher granted);
     /// held (frame buffers alive now), zero_copy (push frames handed out
     /// without a copy) and allocated (frame buffers the pool ever
-    /// allocated: they are reused, not made per frame).
+    /// allocated: they are reused, not made per frame); with `tensors=`:
+    /// tensors ("torch" or "numpy", else None), tensors_cache ("on", or
+    /// "off: " and why, when tensors are imported per frame instead),
+    /// tensors_made (plane tensors imported: once per buffer while the
+    /// cache is on), tensors_reused (frames handed tensors made for an
+    /// earlier frame in the same buffer), tensors_busy (checks that found a
+    /// buffer still referenced, so that it was skipped: the frame went to
+    /// another buffer, or was a copy instead of a zero-copy push buffer).
     fn stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let held = self.held();
+        let held = self.held_now(py)?;
         let allocated = self.sink.pool.as_ref().map_or(0, |p| p.allocated());
         let s = self.sub()?.stats();
         let d = PyDict::new(py);
@@ -786,6 +1088,12 @@ impl PySubscriber {
         d.set_item("held", held)?;
         d.set_item("zero_copy", self.lent_count)?;
         d.set_item("allocated", allocated)?;
+        let c = self.cache.as_ref();
+        d.set_item("tensors", c.map(|c| c.consumer().name()))?;
+        d.set_item("tensors_cache", c.map(TensorCache::state))?;
+        d.set_item("tensors_made", c.map_or(0, |c| c.made))?;
+        d.set_item("tensors_reused", c.map_or(0, |c| c.reused))?;
+        d.set_item("tensors_busy", c.map_or(0, |c| c.busy))?;
         Ok(d)
     }
 
@@ -841,6 +1149,11 @@ impl PySubscriber {
     /// gone. Idempotent.
     fn close(&mut self, py: Python<'_>) -> PyResult<()> {
         self.end_borrow();
+        // The cache's own tensors go; those the user holds keep their
+        // buffers (and a push buffer's hold, through `park`).
+        if let Some(c) = &mut self.cache {
+            c.clear();
+        }
         let parked = self.sub.get_mut().take().map(|s| self.park(s));
         if let Some(Some(mut s)) = parked {
             let r = py.detach(|| s.close());

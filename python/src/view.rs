@@ -16,7 +16,7 @@ use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use vramring::{Format, Geometry};
 
-use crate::mem::Buf;
+use crate::mem::{Buf, Consumers};
 
 /// What keeps a view's memory alive.
 pub enum Keep {
@@ -25,6 +25,17 @@ pub enum Keep {
     /// A push buffer lent as it is (the subscriber keeps holding it while
     /// this lives).
     Lent(Arc<crate::sub::Lent>),
+    /// A frame in a buffer whose tensors are cached (`crate::cache`): the
+    /// buffer's owner (a `Buf` or `Lent` keep, shared with the cached
+    /// tensors), and the streams this frame's own exports were promised
+    /// to, which the cache fences before the buffer is written again. The
+    /// cache watches this token: while it lives, the buffer is not reused.
+    Cached {
+        /// The buffer's owner.
+        mem: Arc<Keep>,
+        /// Streams of this frame's exports, for the cache's next check.
+        consumers: Arc<Consumers>,
+    },
     /// A loaned publisher slot: the publisher object (kept alive, so its
     /// mapping is) and its count of live slot views (`close()` refuses while
     /// it is not zero).
@@ -44,9 +55,19 @@ impl Keep {
             CudaStreamRequest::PerThreadDefault => 2,
             CudaStreamRequest::Pointer(p) => p,
         };
+        self.note(stream);
+    }
+
+    fn note(&self, stream: usize) {
         match self {
             Keep::Buf(b) => b.consumers.note(stream),
             Keep::Lent(l) => l.consumers.note(stream),
+            Keep::Cached { mem, consumers } => {
+                // For the cache's check before reuse, and for the buffer's
+                // own fence when its last reference goes.
+                consumers.note(stream);
+                mem.note(stream);
+            }
             // The publisher's own slot: its publish orders the writer.
             Keep::Slot(_) => {}
         }
