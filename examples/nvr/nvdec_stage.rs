@@ -1,8 +1,16 @@
 //! The real decode step: one NVDEC [`Decoder`] per camera, on the primary
 //! context of the configured device (every camera's decoder and ring share
-//! that one context), and the camera's CUDA frame ring, made at the first
+//! that one context), and the camera's frame ring, made at the first
 //! picture (its size is the stream's) and kept across decoder resets and
 //! input restarts, so its subscribers stay connected.
+//!
+//! The ring is in GPU memory ([`FrameMemory::Cuda`], the default): each
+//! picture is one device-to-device copy into the loaned slot, committed on
+//! the decoder's stream. With [`FrameMemory::Host`] (`[decoder] memory =
+//! "host"`, or `--host-memory`) it is a host shared-memory ring: each
+//! picture is copied device-to-host into the loaned slot (the decoder's
+//! stream is synchronised) and committed from the CPU; readers that want
+//! it on the GPU upload it themselves, the way a host-memory NVR works.
 //!
 //! Frames carry, as `nvdec_producer` does, 8 bytes of user metadata: the
 //! picture's index in display order within the current segment (u32 LE)
@@ -22,7 +30,7 @@ use vramring::{
     BackendChoice, BackendKind, Error, Format, FrameMeta, Policy, Publisher, PullAccess, RingConfig, ServeOptions,
 };
 
-use crate::nvr::config::{CameraConfig, CodecName, Input, PolicyName, PullSetting, RingSettings};
+use crate::nvr::config::{CameraConfig, CodecName, FrameMemory, Input, PolicyName, PullSetting, RingSettings};
 use crate::nvr::supervisor::{Decode, DecodeError, Unit};
 
 /// What the camera's decoder needs to be made again.
@@ -69,6 +77,7 @@ struct Output {
     socket: PathBuf,
     ring: RingSettings,
     device: u32,
+    memory: FrameMemory,
     publisher: Option<Publisher>,
     index: u32,
     segment: u32,
@@ -89,11 +98,12 @@ pub struct NvdecStage {
 }
 
 impl NvdecStage {
-    /// Makes the camera's decoder (its ring comes with the first picture).
+    /// Makes the camera's decoder (its ring, in `memory`, comes with the
+    /// first picture).
     ///
     /// # Errors
     /// As [`DecoderSpec::make`].
-    pub fn new(cam: &CameraConfig, spec: DecoderSpec) -> vramring::Result<NvdecStage> {
+    pub fn new(cam: &CameraConfig, spec: DecoderSpec, memory: FrameMemory) -> vramring::Result<NvdecStage> {
         let decoder = spec.make()?;
         let (file_pts, fps) = match &cam.input {
             Input::File { fps, .. } => (Some(0.0), if *fps > 0.0 { *fps } else { 30.0 }),
@@ -105,6 +115,7 @@ impl NvdecStage {
                 socket: cam.output.clone(),
                 ring: cam.ring.clone(),
                 device: spec.device,
+                memory,
                 publisher: None,
                 index: 0,
                 segment: 0,
@@ -194,7 +205,10 @@ impl Output {
         let r = &self.ring;
         RingConfig::new(Format::Nv12, width, height)
             .slots(r.slots)
-            .backend(BackendChoice::Cuda(self.device))
+            .backend(match self.memory {
+                FrameMemory::Cuda => BackendChoice::Cuda(self.device),
+                FrameMemory::Host => BackendChoice::Host,
+            })
             .policy(match r.policy {
                 PolicyName::Overwrite => Policy::Overwrite,
                 PolicyName::Lossless => Policy::Lossless,
@@ -210,8 +224,9 @@ impl Output {
     }
 
     /// The sink: (re)makes the ring when the picture size is new, then one
-    /// device-to-device copy into a loaned slot and the commit behind it on
-    /// the decoder's stream.
+    /// copy into a loaned slot and its commit: device to device and the
+    /// commit behind it on the decoder's stream (CUDA ring), or device to
+    /// host, waited for, then committed (host ring).
     fn publish(&mut self, f: &DecodedFrame<'_>) -> vramring::Result<()> {
         let size = (f.width(), f.height());
         let same = self
