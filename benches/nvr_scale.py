@@ -535,7 +535,7 @@ def run_point(a, pipeline, mps, n, env, work, mps_daemon):
         pt["gpu_mem_before_mib"] = before[3] if before else None
         log(f"{name}: starting the decoder ({n} cameras)")
         procs["decoder"] = Proc("decoder", dec_cmd, env, d)
-        ready = procs["decoder"].wait_event("ready", a.startup_timeout)
+        ready = procs["decoder"].wait_event("ready", startup_wait(a))
         if ready is None:
             return fail(pt, procs, f"the decoder did not start: exit {procs['decoder'].p.poll()}: "
                                f"{procs['decoder'].stderr_tail()}")
@@ -543,7 +543,7 @@ def run_point(a, pipeline, mps, n, env, work, mps_daemon):
         if ready.get("memory") != want_mem:
             return fail(pt, procs, f"misconfigured: the decoder says memory {ready.get('memory')!r}, "
                                f"not {want_mem!r}")
-        end = time.monotonic() + a.startup_timeout
+        end = time.monotonic() + startup_wait(a)
         while len([x for x in os.listdir(rings) if x.endswith(".sock")]) < n:
             if not procs["decoder"].alive() or time.monotonic() > end:
                 return fail(pt, procs, f"the decoder made {len(os.listdir(rings))} of {n} rings: "
@@ -554,13 +554,15 @@ def run_point(a, pipeline, mps, n, env, work, mps_daemon):
         procs["motion"] = Proc("motion", mot_cmd, env, d)
         want_det, want_mot = expected_inputs(a, pipeline)
         for role, key, want in (("detector", "input", want_det), ("motion", "scoring", want_mot)):
-            r = procs[role].wait_event("ready", a.startup_timeout)
+            r = procs[role].wait_event("ready", startup_wait(a))
             if r is None:
                 return fail(pt, procs, f"the {role} did not start: exit {procs[role].p.poll()}: "
                                    f"{procs[role].stderr_tail()}")
-            if r.get(key) != want or len(r.get("cameras", [])) != n:
-                return fail(pt, procs, f"misconfigured: the {role} reads {len(r.get('cameras', []))} of {n} "
-                                   f"cameras with {key} {r.get(key)}, not {want}")
+            if r.get(key) != want:
+                return fail(pt, procs, f"misconfigured: the {role} says {key} {r.get(key)}, not {want}")
+            joined = len(r.get("cameras", []))
+            if joined != n:
+                return fail(pt, procs, f"the {role} joined {joined} of {n} cameras: {procs[role].stderr_tail()}")
         pt["pids"] = {k: p.pid for k, p in procs.items()}
         pt["startup_s"] = round(time.monotonic() - started, 1)
         dead = sleep_alive(procs, a.warmup)
@@ -596,6 +598,14 @@ def run_point(a, pipeline, mps, n, env, work, mps_daemon):
         pt["duration_s"] = round(time.monotonic() - started, 1)
     pt["verdict"] = "sustained" if not gave else "; ".join(gave)
     return pt
+
+
+def startup_wait(a):
+    """How long a process may take to be ready: --startup-timeout, less
+    when the run's hard end (--budget-s plus the time to stop and quit
+    MPS) comes first."""
+    left = a.hard_end - time.monotonic() - a.warmup - a.seconds - a.stop_grace - 30.0
+    return max(5.0, min(a.startup_timeout, left))
 
 
 def fail(pt, procs, why):
@@ -707,9 +717,10 @@ def parse_args(argv=None):
     ap.add_argument("--device", type=int, default=0, help="CUDA device of the decoder (and nvidia-smi -i)")
     ap.add_argument("--out", default=None, help="the JSON result: a file, or a directory to write it in")
     ap.add_argument("--budget-s", type=float, default=540.0,
-                    help="points that would end later than this after the start are not run")
+                    help="points that would end later than this after the start are not run, and a point's "
+                         "waits are cut short so that the run ends soon after it (one 10-minute command)")
     ap.add_argument("--startup-timeout", type=float, default=180.0, help="seconds for each process to be ready")
-    ap.add_argument("--stop-grace", type=float, default=15.0, help="seconds after SIGINT before SIGKILL")
+    ap.add_argument("--stop-grace", type=float, default=10.0, help="seconds after SIGINT before SIGKILL")
     ap.add_argument("--keep-going", action="store_true", help="run every count even after one gave")
     ap.add_argument("--work-dir", default=None, help="configs, sockets and logs (default: a new dir in /tmp)")
     ap.add_argument("--keep-work", action="store_true", help="leave the work dir (logs) in place")
@@ -816,6 +827,7 @@ def main(argv=None):
                               "processes of the mps=off runs may run under it")
         log(results["warning"])
     start = time.monotonic()
+    a.hard_end = start + a.budget_s
     rc = 0
     daemon = None
     try:
