@@ -26,8 +26,11 @@ Per point it reports:
   (cameras x rate x window);
 * frames dropped: the decoder's (lossless loans that timed out) and the
   motion reader's (frames of its sequential rings it never saw);
-* the latency from the decoder's commit of a frame to the detections of it
-  being on the host, p50 and p99, over the window's detections;
+* the latency from the decoded picture reaching the decoder's sink (its
+  time is in the frame's metadata) to the detections of it being on the
+  host, p50 and p99, over the window's detections: the same span for both
+  pipelines (it includes the host pipeline's device-to-host copy and
+  upload and the vram pipeline's device-to-device copy);
 * CPU % per camera: the utime + stime (/proc/<pid>/stat) of every process
   of the pipeline (and the MPS server under MPS) over the window, over the
   window, per camera (100 = one core);
@@ -952,7 +955,8 @@ def fake_decoder(argv):
             if nowm - due > 8 * period:
                 due = nowm   # far behind: pace from now, as nvr_decoder's file input does
             due += period
-            pubs[k].publish(frames[index % 2], pts=index, meta=struct.pack("<II", index, 0))
+            meta = struct.pack("<IIQ", index, 0, now_ns())   # as nvr_decoder: index, segment, decoded_ns
+            pubs[k].publish(frames[index % 2], pts=index, meta=meta)
             index += 1
             counts[k] = index
 

@@ -6,7 +6,9 @@
 //!   lossless pull readers on lossless rings, two push readers on
 //!   push-only rings) equals, bit for bit, FFmpeg's software decode of the
 //!   clip at the frame's index (`tests/data/clip.nv12.framemd5`, the
-//!   reference `tests/gpu_nvdec.rs` uses), across at least two loops.
+//!   reference `tests/gpu_nvdec.rs` uses), across at least two loops;
+//!   every frame's decode time (user metadata bytes 8..16) is set and
+//!   precedes its commit.
 //! * The packet camera's publisher (`packet_producer`) is killed: the four
 //!   file cameras keep delivering verified frames; the decoder reports the
 //!   input gone; the publisher is started again and the packet camera
@@ -71,6 +73,8 @@ struct Seen {
     matched: AtomicU64,
     mismatched: AtomicU64,
     pushed: AtomicU64,
+    /// Frames whose decode time (user bytes 8..16) is 0 or after their commit.
+    bad_times: AtomicU64,
     /// Highest segment (loop) number seen plus one.
     segments: AtomicU64,
     first_bad: Mutex<String>,
@@ -126,6 +130,12 @@ fn read_ring(
         let user = f.user();
         let idx = u32::from_le_bytes(user[..4].try_into().expect("8 user bytes")) as usize;
         let segment = u32::from_le_bytes(user[4..8].try_into().expect("8 user bytes"));
+        // When the decoded picture reached the decoder's sink: before the
+        // frame's commit, whatever the ring's memory.
+        let decoded_ns = u64::from_le_bytes(user[8..16].try_into().expect("16 user bytes"));
+        if decoded_ns == 0 || decoded_ns > f.commit_ns() {
+            seen.bad_times.fetch_add(1, Ordering::Relaxed);
+        }
         seen.pushed.fetch_add(u64::from(f.pushed()), Ordering::Relaxed);
         if let Some((d, _, ctx)) = &gpu {
             // SAFETY: `ctx` is retained above, released at the end.
@@ -377,6 +387,7 @@ fn gpu_nvr_four_file_cameras_stay_bit_exact_while_a_dead_packet_input_is_resynce
             st.first_bad.lock().unwrap()
         );
         assert_eq!(get(&st.mismatched), 0, "{name}: {}", st.first_bad.lock().unwrap());
+        assert_eq!(get(&st.bad_times), 0, "{name}: decode times before the commit");
         assert_eq!(get(&st.matched), get(&st.received), "{name}");
         assert_eq!(*st.end.lock().unwrap(), "producer gone", "{name}");
         if (2..FILE_CAMERAS).contains(&k) || k == FILE_CAMERAS {
@@ -492,6 +503,7 @@ fn gpu_nvr_host_memory_rings_carry_the_same_bit_exact_frames() {
             st.first_bad.lock().unwrap()
         );
         assert_eq!(get(&st.mismatched), 0, "cam{k}: {}", st.first_bad.lock().unwrap());
+        assert_eq!(get(&st.bad_times), 0, "cam{k}: decode times before the commit");
         assert_eq!(get(&st.matched), get(&st.received), "cam{k}");
         assert!(get(&st.segments) >= 2, "cam{k}: at least two loops");
         assert_eq!(*st.end.lock().unwrap(), "producer gone", "cam{k}");

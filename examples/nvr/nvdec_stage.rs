@@ -12,9 +12,13 @@
 //! stream is synchronised) and committed from the CPU; readers that want
 //! it on the GPU upload it themselves, the way a host-memory NVR works.
 //!
-//! Frames carry, as `nvdec_producer` does, 8 bytes of user metadata: the
+//! Frames carry 16 bytes of user metadata: as `nvdec_producer` does, the
 //! picture's index in display order within the current segment (u32 LE)
-//! and the segment number (u32 LE). A segment is one pass of a looped file,
+//! and the segment number (u32 LE); then the `CLOCK_MONOTONIC` time (u64
+//! LE, ns) when the decoded picture reached this sink, before its copy into
+//! the slot (the start of a decode-to-result latency that is the same
+//! measure for a CUDA and a host ring: the frame's commit time comes after
+//! a host ring's device-to-host copy, but before a CUDA ring's copy runs). A segment is one pass of a looped file,
 //! or the run of a packet input between two resyncs; `tests/gpu_nvr.rs`
 //! matches each frame of a file camera against the clip's reference digest
 //! at that index. The first frame of every segment after the first carries
@@ -228,6 +232,7 @@ impl Output {
     /// commit behind it on the decoder's stream (CUDA ring), or device to
     /// host, waited for, then committed (host ring).
     fn publish(&mut self, f: &DecodedFrame<'_>) -> vramring::Result<()> {
+        let decoded_ns = vramring::monotonic_ns();
         let size = (f.width(), f.height());
         let same = self
             .publisher
@@ -252,9 +257,10 @@ impl Output {
             }
             None => f.timestamp(),
         };
-        let mut user = [0u8; 8];
+        let mut user = [0u8; 16];
         user[..4].copy_from_slice(&self.index.to_le_bytes());
-        user[4..].copy_from_slice(&self.segment.to_le_bytes());
+        user[4..8].copy_from_slice(&self.segment.to_le_bytes());
+        user[8..].copy_from_slice(&decoded_ns.to_le_bytes());
         // Every decoded picture takes its index, published or not.
         self.index = self.index.wrapping_add(1);
         let flags = if self.discontinuity { FRAME_DISCONTINUITY } else { 0 };
