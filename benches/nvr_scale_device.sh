@@ -39,7 +39,10 @@ mkdir -p "$out"
 log="$out/nvr_scale_$(date +%Y%m%d-%H%M%S).log"
 # The bench in the background so that a signal to this script reaches it
 # (it then stops its processes and quits MPS); its output also in $log.
-"$py" benches/nvr_scale.py --examples .device/examples --python "$py" --out "$out/" "$@" \
+# --budget-s 500: the sweep, its last point and the MPS quit end within the
+# 10 minutes of one command, this script's checks included (later
+# arguments win).
+"$py" benches/nvr_scale.py --examples .device/examples --python "$py" --out "$out/" --budget-s 500 "$@" \
     > >(tee -a "$log") 2>&1 &
 bench=$!
 trap 'kill -TERM "$bench" 2>/dev/null' TERM INT HUP
