@@ -592,6 +592,11 @@ def run_point(a, pipeline, mps, n, env, work, mps_daemon):
         for role in ("detector", "motion", "decoder"):
             rc = procs[role].stop(a.stop_grace)
             pt.setdefault("exit", {})[role] = rc
+            if rc != 0:
+                # Not a verdict on the rates, but the lead should see it.
+                why = f"the {role} ended with code {rc} when stopped: {procs[role].stderr_tail()}"
+                pt.setdefault("stop_problems", []).append(why)
+                log(f"{name}: {why}")
         measure(pt, procs, smi, t0, t1, c0, c1, n, a, gave)
     finally:
         for p in procs.values():
