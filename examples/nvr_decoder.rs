@@ -8,6 +8,13 @@
 //! vramring top /tmp/vramring-nvr        # the config's socket_dir: every camera's ring
 //! ```
 //!
+//! With `[decoder] memory = "host"` in the config, or `--host-memory`, the
+//! rings are in host shared memory instead: each decoded picture is copied
+//! device-to-host into its loaned slot and committed from the CPU, and a
+//! reader that wants the frame on the GPU uploads it itself (the
+//! host-memory way of Frigate-style NVRs, kept as the peer to compare
+//! with: `benches/nvr_scale.py`).
+//!
 //! Cameras come from a TOML file (`examples/nvr/config.rs` documents it;
 //! `examples/nvr/cameras.example.toml` is an example): each has an input
 //! (an Annex-B H.264/H.265 file played at a frame rate, looped as a camera
@@ -22,8 +29,9 @@
 //!
 //! Output: a sentence on stderr per camera event (resync, stall, input
 //! gone, decoder made again); every `report_ms` one line per camera
-//! (`--json`: `{"event":"camera",...}` objects), and at the end one per
-//! camera and `{"event":"final",...}`. `--check` reads the config, prints
+//! (`--json`: `{"event":"camera",...}` objects, then one
+//! `{"event":"tick",...}` with the totals and the `CLOCK_MONOTONIC` time
+//! `t_ns`), and at the end one per camera and `{"event":"final",...}`. `--check` reads the config, prints
 //! the cameras and exits without opening anything.
 //!
 //! Exit codes: 0 done (stopped by SIGINT/SIGTERM, `--seconds`, or every
@@ -49,11 +57,11 @@ mod nvr;
 mod nvdec_stage;
 
 use nvdec_stage::{DecoderSpec, NvdecStage};
-use nvr::config::{self, CameraConfig, Config, ConfigError, Input};
+use nvr::config::{self, CameraConfig, Config, ConfigError, FrameMemory, Input};
 use nvr::sources::{FileSource, PacketSource};
 use nvr::supervisor::{self, CameraStats, Cameras, DecodeError, InputError, Log, Source, Timing};
 
-/// Decode many cameras with NVDEC into one CUDA frame ring each.
+/// Decode many cameras with NVDEC into one frame ring each (GPU memory, or host memory).
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Cli {
@@ -63,6 +71,10 @@ struct Cli {
     /// The socket directory when the config names none.
     #[arg(long, env = "VRAMRING_DIR", default_value = config::DEFAULT_SOCKET_DIR)]
     run_dir: PathBuf,
+    /// Put every ring in host shared memory, whatever the config's
+    /// `[decoder] memory` says: each picture is copied device-to-host.
+    #[arg(long)]
+    host_memory: bool,
     /// Read and check the config, print the cameras, and exit.
     #[arg(long)]
     check: bool,
@@ -114,6 +126,7 @@ fn main() {
 struct Nvr {
     device: u32,
     display_delay: u32,
+    memory: FrameMemory,
 }
 
 impl Cameras for Nvr {
@@ -129,7 +142,7 @@ impl Cameras for Nvr {
     }
 
     fn decoder(&self, cam: &CameraConfig) -> Result<NvdecStage, DecodeError> {
-        NvdecStage::new(cam, DecoderSpec::of(cam, self.device, self.display_delay))
+        NvdecStage::new(cam, DecoderSpec::of(cam, self.device, self.display_delay), self.memory)
             .map_err(|e| DecodeError(e.to_string()))
     }
 }
@@ -155,7 +168,10 @@ impl Log for Printer {
 }
 
 fn run(cli: &Cli) -> Result<(), NvrError> {
-    let cfg = config::load(&cli.config, &cli.run_dir)?;
+    let mut cfg = config::load(&cli.config, &cli.run_dir)?;
+    if cli.host_memory {
+        cfg.memory = FrameMemory::Host;
+    }
     if cli.check {
         print_check(&cfg, cli.json);
         return Ok(());
@@ -187,16 +203,16 @@ fn run(cli: &Cli) -> Result<(), NvrError> {
     let nvr = Nvr {
         device: cfg.device,
         display_delay: cfg.display_delay,
+        memory: cfg.memory,
     };
     // Every camera's decoder is made here, before any thread starts: a
     // process without NVDEC or a GPU stops now with the reason.
     let mut first = Vec::with_capacity(cfg.cameras.len());
     for cam in &cfg.cameras {
-        let stage = NvdecStage::new(cam, DecoderSpec::of(cam, cfg.device, cfg.display_delay)).map_err(|error| {
-            NvrError::Camera {
-                camera: cam.name.clone(),
-                error,
-            }
+        let spec = DecoderSpec::of(cam, cfg.device, cfg.display_delay);
+        let stage = NvdecStage::new(cam, spec, cfg.memory).map_err(|error| NvrError::Camera {
+            camera: cam.name.clone(),
+            error,
         })?;
         first.push(stage);
     }
@@ -215,13 +231,15 @@ fn run(cli: &Cli) -> Result<(), NvrError> {
                 .u64("cameras", cfg.cameras.len() as u64)
                 .str("socket_dir", &dir)
                 .u64("device", cfg.device.into())
+                .str("memory", cfg.memory.name())
                 .finish(),
         );
     } else {
         println!(
-            "nvr_decoder: {} cameras on CUDA device {}; rings in {dir} (watch them with `vramring top {dir}`)",
+            "nvr_decoder: {} cameras on CUDA device {}; rings in {} memory in {dir} (watch them with `vramring top {dir}`)",
             cfg.cameras.len(),
-            cfg.device
+            cfg.device,
+            cfg.memory.name()
         );
     }
     let start = Instant::now();
@@ -272,6 +290,9 @@ fn run(cli: &Cli) -> Result<(), NvrError> {
                     *p = frames;
                     report(cli.json, "camera", cam, st, fps);
                 }
+                if cli.json {
+                    tick(&stats);
+                }
             }
         }
     });
@@ -287,7 +308,9 @@ fn run(cli: &Cli) -> Result<(), NvrError> {
             &Json::event("final")
                 .str("role", "nvr_decoder")
                 .u64("cameras", cfg.cameras.len() as u64)
+                .str("memory", cfg.memory.name())
                 .u64("frames", total)
+                .u64("dropped", stats.iter().map(|s| CameraStats::get(&s.dropped)).sum())
                 .f64("seconds", secs)
                 .finish(),
         );
@@ -298,6 +321,27 @@ fn run(cli: &Cli) -> Result<(), NvrError> {
         );
     }
     Ok(())
+}
+
+/// The totals over every camera after a round of status lines, stamped
+/// with `CLOCK_MONOTONIC` (the clock of the frames' commit times), so that
+/// a bench can take the rates over a window of its choosing.
+fn tick(stats: &[Arc<CameraStats>]) {
+    let sum = |f: fn(&CameraStats) -> &std::sync::atomic::AtomicU64| -> u64 {
+        stats.iter().map(|s| CameraStats::get(f(s))).sum()
+    };
+    let running = stats.iter().filter(|s| s.state() == supervisor::State::Running).count();
+    emit(
+        &Json::event("tick")
+            .str("role", "nvr_decoder")
+            .u64("t_ns", vramring::monotonic_ns())
+            .u64("frames", sum(|s| &s.frames))
+            .u64("dropped", sum(|s| &s.dropped))
+            .u64("resyncs", sum(|s| &s.resyncs))
+            .u64("decode_errors", sum(|s| &s.decode_errors))
+            .u64("running", running as u64)
+            .finish(),
+    );
 }
 
 /// One camera's status line.
@@ -372,10 +416,20 @@ fn print_check(cfg: &Config, json: bool) {
         }
     }
     let dir: &Path = &cfg.socket_dir;
-    if !json {
+    if json {
+        emit(
+            &Json::event("config")
+                .u64("cameras", cfg.cameras.len() as u64)
+                .str("socket_dir", &dir.display().to_string())
+                .u64("device", cfg.device.into())
+                .str("memory", cfg.memory.name())
+                .finish(),
+        );
+    } else {
         println!(
-            "{} cameras; rings in {} (`vramring top {}`)",
+            "{} cameras; rings in {} memory in {} (`vramring top {}`)",
             cfg.cameras.len(),
+            cfg.memory.name(),
             dir.display(),
             dir.display()
         );

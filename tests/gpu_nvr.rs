@@ -6,7 +6,9 @@
 //!   lossless pull readers on lossless rings, two push readers on
 //!   push-only rings) equals, bit for bit, FFmpeg's software decode of the
 //!   clip at the frame's index (`tests/data/clip.nv12.framemd5`, the
-//!   reference `tests/gpu_nvdec.rs` uses), across at least two loops.
+//!   reference `tests/gpu_nvdec.rs` uses), across at least two loops;
+//!   every frame's decode time (user metadata bytes 8..16) is set and
+//!   precedes its commit.
 //! * The packet camera's publisher (`packet_producer`) is killed: the four
 //!   file cameras keep delivering verified frames; the decoder reports the
 //!   input gone; the publisher is started again and the packet camera
@@ -16,11 +18,17 @@
 //!   decode error, no resync on the file cameras, one input restart on the
 //!   packet camera.
 //!
+//! And the host-memory mode (`[decoder] memory = "host"`): two file cameras
+//! decoded into host shared-memory rings (each picture copied
+//! device-to-host into its slot), read by a lossless pull reader and a push
+//! reader, every frame equal to the same reference at its index, across at
+//! least two loops, exactly as the CUDA rings' frames are.
+//!
 //! Run on a GPU machine: `cargo build --features nvdec --examples && cargo
 //! test --features nvdec --test gpu_nvr -- --include-ignored` (it starts the
 //! `nvr_decoder` and `packet_producer` examples), or staged:
 //! `VRAMRING_TEST_DATA=tests/data bash .device/run.sh tests gpu_nvr` (the
-//! test's name starts with `gpu_nvr`).
+//! tests' names start with `gpu_nvr`).
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
@@ -33,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use md5::{Digest, Md5};
 use vramring::seam::cuda::{find_device_by_uuid, ContextGuard, Driver, RealDriver};
-use vramring::{ClientOptions, Error, Mode, Subscriber, SubscriberOptions};
+use vramring::{BackendKind, ClientOptions, Error, Mode, Subscriber, SubscriberOptions};
 use vramring_testkit::json::JsonLine;
 use vramring_testkit::procs::{example, TempDir};
 
@@ -65,6 +73,8 @@ struct Seen {
     matched: AtomicU64,
     mismatched: AtomicU64,
     pushed: AtomicU64,
+    /// Frames whose decode time (user bytes 8..16) is 0 or after their commit.
+    bad_times: AtomicU64,
     /// Highest segment (loop) number seen plus one.
     segments: AtomicU64,
     first_bad: Mutex<String>,
@@ -79,7 +89,16 @@ fn get(c: &AtomicU64) -> u64 {
 /// Reads `socket` until its publisher is gone, hashing the displayed rows
 /// of every frame. `by_index`: match the reference at the frame's index
 /// (file cameras); otherwise any frame of the clip (the packet camera).
-fn read_ring(socket: &Path, opts: SubscriberOptions, refs: &[String], by_index: bool, seen: &Seen) {
+/// The ring must be on `backend`: a CUDA ring's frames are copied to the
+/// host in the ring's GPU context, a host ring's straight from its memory.
+fn read_ring(
+    socket: &Path,
+    opts: SubscriberOptions,
+    refs: &[String],
+    by_index: bool,
+    backend: BackendKind,
+    seen: &Seen,
+) {
     let deadline = Instant::now() + DEADLINE;
     let mut sub = loop {
         match Subscriber::connect(socket, opts.clone()) {
@@ -92,9 +111,13 @@ fn read_ring(socket: &Path, opts: SubscriberOptions, refs: &[String], by_index: 
         }
     };
     let any: HashSet<&str> = refs.iter().map(String::as_str).collect();
-    let d = RealDriver::shared().expect("driver");
-    let dev = find_device_by_uuid(&*d, &sub.info().device_uuid()).expect("the ring's GPU");
-    let ctx = d.primary_ctx_retain(dev).expect("primary context");
+    assert_eq!(sub.backend(), backend, "{}: the ring's memory", socket.display());
+    let gpu = (backend == BackendKind::Cuda).then(|| {
+        let d = RealDriver::shared().expect("driver");
+        let dev = find_device_by_uuid(&*d, &sub.info().device_uuid()).expect("the ring's GPU");
+        let ctx = d.primary_ctx_retain(dev).expect("primary context");
+        (d, dev, ctx)
+    });
     let g = *sub.geometry();
     let (y, uv) = (g.planes()[0], g.planes()[1]);
     let mut host = vec![0u8; g.frame_bytes as usize];
@@ -107,16 +130,24 @@ fn read_ring(socket: &Path, opts: SubscriberOptions, refs: &[String], by_index: 
         let user = f.user();
         let idx = u32::from_le_bytes(user[..4].try_into().expect("8 user bytes")) as usize;
         let segment = u32::from_le_bytes(user[4..8].try_into().expect("8 user bytes"));
+        // When the decoded picture reached the decoder's sink: before the
+        // frame's commit, whatever the ring's memory.
+        let decoded_ns = u64::from_le_bytes(user[8..16].try_into().expect("16 user bytes"));
+        if decoded_ns == 0 || decoded_ns > f.commit_ns() {
+            seen.bad_times.fetch_add(1, Ordering::Relaxed);
+        }
         seen.pushed.fetch_add(u64::from(f.pushed()), Ordering::Relaxed);
-        {
+        if let Some((d, _, ctx)) = &gpu {
             // SAFETY: `ctx` is retained above, released at the end.
-            let guard = unsafe { ContextGuard::push(&*d, ctx) }.expect("push context");
+            let guard = unsafe { ContextGuard::push(&**d, *ctx) }.expect("push context");
             // SAFETY: the frame's device buffer is this subscriber's copy
             // (`frame_bytes` long) in its primary context, valid until the
             // next `next`.
             unsafe { d.memcpy_dtoh(&mut host, f.device().expect("a CUDA frame").as_raw()) }
                 .expect("device to host copy");
             guard.restore().expect("restore context");
+        } else {
+            f.copy_to_host(&mut host).expect("the host frame");
         }
         let w = g.width as usize;
         let mut h = Md5::new();
@@ -145,7 +176,9 @@ fn read_ring(socket: &Path, opts: SubscriberOptions, refs: &[String], by_index: 
         seen.received.fetch_add(1, Ordering::Relaxed);
     };
     drop(sub);
-    d.primary_ctx_release(dev).expect("release");
+    if let Some((d, dev, _)) = gpu {
+        d.primary_ctx_release(dev).expect("release");
+    }
     *seen.end.lock().unwrap() = end;
 }
 
@@ -181,6 +214,32 @@ fn packet_producer(socket: &Path) -> KillOnDrop {
     KillOnDrop(child)
 }
 
+/// Lines the decoder printed, collected by a thread.
+type Lines = Arc<Mutex<Vec<String>>>;
+
+/// Starts `nvr_decoder --config config --json`; a thread collects its
+/// stdout lines until it exits.
+fn start_decoder(config: &Path) -> (Child, Lines, std::thread::JoinHandle<()>) {
+    let mut decoder = Command::new(example("nvr_decoder"))
+        .arg("--config")
+        .arg(config)
+        .arg("--json")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("nvr_decoder");
+    let lines: Lines = Arc::default();
+    let reader = {
+        let out = decoder.stdout.take().expect("piped");
+        let lines = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(l);
+            }
+        })
+    };
+    (decoder, lines, reader)
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_nvr_four_file_cameras_stay_bit_exact_while_a_dead_packet_input_is_resynced() {
@@ -213,23 +272,7 @@ fn gpu_nvr_four_file_cameras_stay_bit_exact_while_a_dead_packet_input_is_resynce
 
     let live_packets = rings.join("live.packets.sock");
     let source = packet_producer(&live_packets);
-    let mut decoder = Command::new(example("nvr_decoder"))
-        .arg("--config")
-        .arg(&config)
-        .arg("--json")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("nvr_decoder");
-    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
-    let reader = {
-        let out = decoder.stdout.take().expect("piped");
-        let lines = Arc::clone(&lines);
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                lines.lock().unwrap().push(l);
-            }
-        })
-    };
+    let (mut decoder, lines, reader) = start_decoder(&config);
     let events = |camera: &str, kind: &str| -> usize {
         lines
             .lock()
@@ -267,7 +310,14 @@ fn gpu_nvr_four_file_cameras_stay_bit_exact_while_a_dead_packet_input_is_resynce
                         true,
                     )
                 };
-                read_ring(&rings.join(format!("{name}.sock")), opts, refs, by_index, st);
+                read_ring(
+                    &rings.join(format!("{name}.sock")),
+                    opts,
+                    refs,
+                    by_index,
+                    BackendKind::Cuda,
+                    st,
+                );
             });
         }
         let phases = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -337,6 +387,7 @@ fn gpu_nvr_four_file_cameras_stay_bit_exact_while_a_dead_packet_input_is_resynce
             st.first_bad.lock().unwrap()
         );
         assert_eq!(get(&st.mismatched), 0, "{name}: {}", st.first_bad.lock().unwrap());
+        assert_eq!(get(&st.bad_times), 0, "{name}: decode times before the commit");
         assert_eq!(get(&st.matched), get(&st.received), "{name}");
         assert_eq!(*st.end.lock().unwrap(), "producer gone", "{name}");
         if (2..FILE_CAMERAS).contains(&k) || k == FILE_CAMERAS {
@@ -364,5 +415,108 @@ fn gpu_nvr_four_file_cameras_stay_bit_exact_while_a_dead_packet_input_is_resynce
             assert_eq!(j.u64("input_restarts"), Some(0), "{cam}: {j:?}");
             assert!(j.u64("loops").unwrap_or(0) >= 2, "{cam}: {j:?}");
         }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_nvr_host_memory_rings_carry_the_same_bit_exact_frames() {
+    let refs = reference(&data("clip.nv12.framemd5"));
+    let n = refs.len() as u64;
+    let dir = TempDir::new("gpu-nvr-host");
+    let rings = dir.join("rings");
+    std::fs::create_dir_all(&rings).expect("rings dir");
+    let clip = data("clip.h264").display().to_string();
+    // cam0: a lossless ring read by a lossless pull reader (every frame);
+    // cam1: a push-only ring read by a push reader.
+    let toml = format!(
+        "[decoder]\nsocket_dir = {:?}\nmemory = \"host\"\nreport_ms = 500\n\
+         [[camera]]\nname = \"cam0\"\ninput = {{ file = {clip:?}, loop = true, fps = 100 }}\n\
+         ring = {{ slots = 8, policy = \"lossless\", loan_timeout_ms = 5000 }}\n\
+         [[camera]]\nname = \"cam1\"\ninput = {{ file = {clip:?}, loop = true, fps = 100 }}\n\
+         ring = {{ slots = 8, pull = \"nobody\" }}\n",
+        rings.display().to_string()
+    );
+    let config = dir.join("cameras.toml");
+    std::fs::write(&config, &toml).expect("config");
+    eprintln!("{toml}");
+    let (mut decoder, lines, reader) = start_decoder(&config);
+    let seen = [Seen::default(), Seen::default()];
+    let phases = std::thread::scope(|s| {
+        for (k, st) in seen.iter().enumerate() {
+            let (refs, rings) = (&refs, &rings);
+            s.spawn(move || {
+                let opts = if k == 0 {
+                    SubscriberOptions::default()
+                        .mode(Mode::Sequential)
+                        .lossless(true)
+                        .name("gpu_nvr-host-lossless")
+                } else {
+                    SubscriberOptions::default().push(true).name("gpu_nvr-host-push")
+                };
+                let socket = rings.join(format!("cam{k}.sock"));
+                read_ring(&socket, opts, refs, true, BackendKind::Host, st);
+            });
+        }
+        let phases = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            wait_for("two loops on the lossless host camera", || {
+                get(&seen[0].received) >= 2 * n
+            });
+            wait_for("two loops on the push host camera", || get(&seen[1].segments) >= 2);
+        }));
+        let signal = if phases.is_ok() { libc::SIGINT } else { libc::SIGKILL };
+        // SAFETY: kill(2) on our own child's pid, which has not been reaped.
+        let rc = unsafe { libc::kill(decoder.id() as libc::pid_t, signal) };
+        assert_eq!(rc, 0, "signal to the decoder");
+        phases
+    });
+    if let Err(panic) = phases {
+        let _ = decoder.wait();
+        eprintln!("decoder output:\n{}", lines.lock().unwrap().join("\n"));
+        std::panic::resume_unwind(panic);
+    }
+    let status = decoder.wait().expect("decoder");
+    reader.join().expect("stdout reader");
+    let lines = lines.lock().unwrap();
+    assert!(
+        status.success(),
+        "nvr_decoder exit {status:?}; output:\n{}",
+        lines.join("\n")
+    );
+    let parsed: Vec<JsonLine> = lines.iter().filter_map(|l| JsonLine::parse(l)).collect();
+    for event in ["ready", "final"] {
+        let j = parsed
+            .iter()
+            .find(|j| j.get("event") == Some(event))
+            .unwrap_or_else(|| panic!("a {event} line"));
+        assert_eq!(j.get("memory"), Some("host"), "{event}: {j:?}");
+    }
+    for (k, st) in seen.iter().enumerate() {
+        eprintln!(
+            "cam{k}: received {} matched {} mismatched {} pushed {} segments {} end {:?} first bad {:?}",
+            get(&st.received),
+            get(&st.matched),
+            get(&st.mismatched),
+            get(&st.pushed),
+            get(&st.segments),
+            st.end.lock().unwrap(),
+            st.first_bad.lock().unwrap()
+        );
+        assert_eq!(get(&st.mismatched), 0, "cam{k}: {}", st.first_bad.lock().unwrap());
+        assert_eq!(get(&st.bad_times), 0, "cam{k}: decode times before the commit");
+        assert_eq!(get(&st.matched), get(&st.received), "cam{k}");
+        assert!(get(&st.segments) >= 2, "cam{k}: at least two loops");
+        assert_eq!(*st.end.lock().unwrap(), "producer gone", "cam{k}");
+    }
+    assert!(get(&seen[1].pushed) > 0, "the push reader got pushed frames");
+    let finals: Vec<&JsonLine> = parsed
+        .iter()
+        .filter(|j| j.get("event") == Some("camera-final"))
+        .collect();
+    assert_eq!(finals.len(), 2, "a final line per camera");
+    for j in finals {
+        assert_eq!(j.u64("decode_errors"), Some(0), "{j:?}");
+        assert_eq!(j.u64("resyncs"), Some(0), "{j:?}");
+        assert_eq!(j.u64("panics"), Some(0), "{j:?}");
     }
 }

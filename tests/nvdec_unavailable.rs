@@ -134,3 +134,34 @@ fn nvr_decoder_check_lists_the_shipped_example_cameras_without_a_gpu() {
         assert!(text.contains(cam), "{cam}: {text}");
     }
 }
+
+#[test]
+fn nvr_decoder_check_says_where_the_rings_live_from_the_memory_key_or_the_flag() {
+    let dir = common::TempDir::new("nvr-memory");
+    let check = |config: &std::path::Path, flag: bool| -> String {
+        let mut cmd = Command::new(common::example("nvr_decoder"));
+        cmd.arg("--config").arg(config).args(["--check", "--json"]);
+        if flag {
+            cmd.arg("--host-memory");
+        }
+        let out = cmd
+            .env("VRAMRING_NVCUVID", MISSING)
+            .output()
+            .expect("running nvr_decoder");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = text
+            .lines()
+            .filter_map(vramring_testkit::json::JsonLine::parse)
+            .find(|j| j.get("event") == Some("config"))
+            .unwrap_or_else(|| panic!("a config line: {text}"));
+        line.get("memory").expect("memory").to_owned()
+    };
+    let plain = nvr_config(&dir);
+    assert_eq!(check(&plain, false), "cuda", "GPU memory by default");
+    assert_eq!(check(&plain, true), "host", "--host-memory");
+    let host = dir.join("host.toml");
+    let text = std::fs::read_to_string(&plain).expect("config");
+    std::fs::write(&host, text.replacen("[decoder]\n", "[decoder]\nmemory = \"host\"\n", 1)).expect("config");
+    assert_eq!(check(&host, false), "host", "[decoder] memory = \"host\"");
+}

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nvr::config::{self, CodecName, ConfigError, Input, PolicyName, PullSetting};
+use nvr::config::{self, CodecName, ConfigError, FrameMemory, Input, PolicyName, PullSetting};
 use nvr::sources::{FileSource, PacketSource};
 use nvr::supervisor::{
     self, CameraStats, Cameras, Decode, DecodeError, Env, InputError, Log, Read, Source, State, Timing, Unit,
@@ -169,6 +169,10 @@ fn bad_config_files_are_refused_with_a_sentence_naming_the_camera_and_key() {
         ("[[camera]]\nname = \"../a\"\ninput = { file = \"x\" }\n", &["camera name \"../a\""]),
         ("[[camera]]\nname = \"a\"\ninput = { file = \"x\" }\ncodec = \"vp9\"\n", &["codec"]),
         ("[decoder]\nretry_ms = 0\n[[camera]]\nname = \"a\"\ninput = { file = \"x\" }\n", &["retry_ms"]),
+        (
+            "[decoder]\nmemory = \"gpu\"\n[[camera]]\nname = \"a\"\ninput = { file = \"x\" }\n",
+            &["memory", "cuda", "host", "line 2"],
+        ),
     ];
     for (text, needles) in cases {
         let s = invalid(text);
@@ -177,6 +181,24 @@ fn bad_config_files_are_refused_with_a_sentence_naming_the_camera_and_key() {
         }
         assert!(!s.contains('\n'), "one line: {s:?}");
     }
+}
+
+#[test]
+fn frame_rings_are_in_gpu_memory_unless_the_decoder_section_says_host() {
+    let camera = "[[camera]]\nname = \"a\"\ninput = { file = \"x.h264\", loop = true, fps = 25 }\n";
+    assert_eq!(parse(camera).expect("default").memory, FrameMemory::Cuda);
+    for (value, want) in [("cuda", FrameMemory::Cuda), ("host", FrameMemory::Host)] {
+        let cfg = parse(&format!("[decoder]\nmemory = \"{value}\"\n{camera}")).expect("memory key");
+        assert_eq!(cfg.memory, want, "memory = {value:?}");
+        assert_eq!(cfg.memory.name(), value);
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/nvr/cameras.example.toml");
+    let shipped = config::load(&path, Path::new("/run/vramring")).expect("the example config");
+    assert_eq!(
+        shipped.memory,
+        FrameMemory::Cuda,
+        "the shipped example stays in GPU memory"
+    );
 }
 
 #[test]

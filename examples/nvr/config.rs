@@ -4,7 +4,8 @@
 //! ```toml
 //! [decoder]
 //! socket_dir = "/run/vramring"   # every ring is made here: `vramring top /run/vramring`
-//! device = 0                     # CUDA device of every decoder and ring
+//! device = 0                     # CUDA device of every decoder (and of every ring in GPU memory)
+//! memory = "cuda"                # where the frame rings are: "cuda" (GPU memory) or "host"
 //!
 //! [[camera]]
 //! name = "front"                 # the ring is front.sock in socket_dir
@@ -99,6 +100,30 @@ pub enum PolicyName {
     Lossless,
 }
 
+/// Where every camera's frame ring lives (`[decoder] memory`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FrameMemory {
+    /// GPU memory of the decoder's device: one device-to-device copy per
+    /// frame, readers get CUDA frames.
+    #[default]
+    Cuda,
+    /// Host shared memory: each decoded picture is copied device-to-host
+    /// into the loaned slot, and readers that want it on the GPU upload it
+    /// themselves (how a host-memory NVR such as Frigate moves frames).
+    Host,
+}
+
+impl FrameMemory {
+    /// The name as written in the config.
+    pub fn name(self) -> &'static str {
+        match self {
+            FrameMemory::Cuda => "cuda",
+            FrameMemory::Host => "host",
+        }
+    }
+}
+
 /// Who may pull from the ring's pool (the others get push delivery).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PullSetting {
@@ -182,8 +207,10 @@ pub struct CameraConfig {
 pub struct Config {
     /// The directory of every ring; `vramring top` on it lists them all.
     pub socket_dir: PathBuf,
-    /// CUDA device ordinal of every decoder and ring.
+    /// CUDA device ordinal of every decoder (and ring, in GPU memory).
     pub device: u32,
+    /// Where the frame rings live.
+    pub memory: FrameMemory,
     /// Status line period; 0: only at the end.
     pub report: Duration,
     /// A packet input with nothing for this long is reported stalled.
@@ -215,6 +242,7 @@ struct FileConfig {
 struct DecoderSection {
     socket_dir: Option<PathBuf>,
     device: Option<u32>,
+    memory: Option<FrameMemory>,
     report_ms: Option<u64>,
     stall_ms: Option<u64>,
     retry_ms: Option<u64>,
@@ -339,6 +367,7 @@ pub fn parse(text: &str, path: &Path, default_dir: &Path) -> Result<Config, Conf
     Ok(Config {
         socket_dir,
         device: d.device.unwrap_or(0),
+        memory: d.memory.unwrap_or_default(),
         report: Duration::from_millis(d.report_ms.unwrap_or(1000)),
         stall: Duration::from_millis(d.stall_ms.unwrap_or(2000).max(1)),
         retry: Duration::from_millis(retry_ms),

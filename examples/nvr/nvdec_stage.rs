@@ -1,12 +1,24 @@
 //! The real decode step: one NVDEC [`Decoder`] per camera, on the primary
 //! context of the configured device (every camera's decoder and ring share
-//! that one context), and the camera's CUDA frame ring, made at the first
+//! that one context), and the camera's frame ring, made at the first
 //! picture (its size is the stream's) and kept across decoder resets and
 //! input restarts, so its subscribers stay connected.
 //!
-//! Frames carry, as `nvdec_producer` does, 8 bytes of user metadata: the
+//! The ring is in GPU memory ([`FrameMemory::Cuda`], the default): each
+//! picture is one device-to-device copy into the loaned slot, committed on
+//! the decoder's stream. With [`FrameMemory::Host`] (`[decoder] memory =
+//! "host"`, or `--host-memory`) it is a host shared-memory ring: each
+//! picture is copied device-to-host into the loaned slot (the decoder's
+//! stream is synchronised) and committed from the CPU; readers that want
+//! it on the GPU upload it themselves, the way a host-memory NVR works.
+//!
+//! Frames carry 16 bytes of user metadata: as `nvdec_producer` does, the
 //! picture's index in display order within the current segment (u32 LE)
-//! and the segment number (u32 LE). A segment is one pass of a looped file,
+//! and the segment number (u32 LE); then the `CLOCK_MONOTONIC` time (u64
+//! LE, ns) when the decoded picture reached this sink, before its copy into
+//! the slot (the start of a decode-to-result latency that is the same
+//! measure for a CUDA and a host ring: the frame's commit time comes after
+//! a host ring's device-to-host copy, but before a CUDA ring's copy runs). A segment is one pass of a looped file,
 //! or the run of a packet input between two resyncs; `tests/gpu_nvr.rs`
 //! matches each frame of a file camera against the clip's reference digest
 //! at that index. The first frame of every segment after the first carries
@@ -22,7 +34,7 @@ use vramring::{
     BackendChoice, BackendKind, Error, Format, FrameMeta, Policy, Publisher, PullAccess, RingConfig, ServeOptions,
 };
 
-use crate::nvr::config::{CameraConfig, CodecName, Input, PolicyName, PullSetting, RingSettings};
+use crate::nvr::config::{CameraConfig, CodecName, FrameMemory, Input, PolicyName, PullSetting, RingSettings};
 use crate::nvr::supervisor::{Decode, DecodeError, Unit};
 
 /// What the camera's decoder needs to be made again.
@@ -69,6 +81,7 @@ struct Output {
     socket: PathBuf,
     ring: RingSettings,
     device: u32,
+    memory: FrameMemory,
     publisher: Option<Publisher>,
     index: u32,
     segment: u32,
@@ -89,11 +102,12 @@ pub struct NvdecStage {
 }
 
 impl NvdecStage {
-    /// Makes the camera's decoder (its ring comes with the first picture).
+    /// Makes the camera's decoder (its ring, in `memory`, comes with the
+    /// first picture).
     ///
     /// # Errors
     /// As [`DecoderSpec::make`].
-    pub fn new(cam: &CameraConfig, spec: DecoderSpec) -> vramring::Result<NvdecStage> {
+    pub fn new(cam: &CameraConfig, spec: DecoderSpec, memory: FrameMemory) -> vramring::Result<NvdecStage> {
         let decoder = spec.make()?;
         let (file_pts, fps) = match &cam.input {
             Input::File { fps, .. } => (Some(0.0), if *fps > 0.0 { *fps } else { 30.0 }),
@@ -105,6 +119,7 @@ impl NvdecStage {
                 socket: cam.output.clone(),
                 ring: cam.ring.clone(),
                 device: spec.device,
+                memory,
                 publisher: None,
                 index: 0,
                 segment: 0,
@@ -194,7 +209,10 @@ impl Output {
         let r = &self.ring;
         RingConfig::new(Format::Nv12, width, height)
             .slots(r.slots)
-            .backend(BackendChoice::Cuda(self.device))
+            .backend(match self.memory {
+                FrameMemory::Cuda => BackendChoice::Cuda(self.device),
+                FrameMemory::Host => BackendChoice::Host,
+            })
             .policy(match r.policy {
                 PolicyName::Overwrite => Policy::Overwrite,
                 PolicyName::Lossless => Policy::Lossless,
@@ -210,9 +228,11 @@ impl Output {
     }
 
     /// The sink: (re)makes the ring when the picture size is new, then one
-    /// device-to-device copy into a loaned slot and the commit behind it on
-    /// the decoder's stream.
+    /// copy into a loaned slot and its commit: device to device and the
+    /// commit behind it on the decoder's stream (CUDA ring), or device to
+    /// host, waited for, then committed (host ring).
     fn publish(&mut self, f: &DecodedFrame<'_>) -> vramring::Result<()> {
+        let decoded_ns = vramring::monotonic_ns();
         let size = (f.width(), f.height());
         let same = self
             .publisher
@@ -237,9 +257,10 @@ impl Output {
             }
             None => f.timestamp(),
         };
-        let mut user = [0u8; 8];
+        let mut user = [0u8; 16];
         user[..4].copy_from_slice(&self.index.to_le_bytes());
-        user[4..].copy_from_slice(&self.segment.to_le_bytes());
+        user[4..8].copy_from_slice(&self.segment.to_le_bytes());
+        user[8..].copy_from_slice(&decoded_ns.to_le_bytes());
         // Every decoded picture takes its index, published or not.
         self.index = self.index.wrapping_add(1);
         let flags = if self.discontinuity { FRAME_DISCONTINUITY } else { 0 };

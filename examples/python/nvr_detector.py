@@ -1,16 +1,33 @@
-"""An object detector over many vramring cameras, all on the GPU.
+"""An object detector over many vramring cameras, on the GPU.
 
 Subscribes to every camera ring (push delivery, latest frame: the decoder's
-process copies each frame into this process's own GPU buffers), and at a
-configurable rate per camera (default 5 fps) takes each due camera's newest
-frame, converts NV12 to RGB and resizes it on the GPU with torch ops on the
-DLPack tensors (no host copy of a frame), batches the cameras that are due
-into one forward pass of a torchvision detection network, and reports per
+process copies each frame into this process's own buffers; --pull to pull
+instead), and at a configurable rate per camera (default 5 fps) takes each
+due camera's newest frame, converts NV12 to RGB and resizes it on the GPU
+with torch ops on the DLPack tensors, batches the cameras that are due into
+one forward pass of a torchvision detection network, and reports per
 camera, as JSON lines, detections per second and the latency from the
-decoder's commit of the frame to the detections being on the host.
+decoded picture reaching nvr_decoder's sink (the CLOCK_MONOTONIC time in
+bytes 8..16 of the frame's metadata; the frame's commit time for a ring
+without it) to the detections being on the host.
+
+The frame's memory decides the path (each ring's `backend`): a CUDA ring's
+frame is already on the GPU (no host copy of a frame); a host ring's frame
+(`nvr_decoder --host-memory`, the host-memory way) is uploaded to the GPU
+here, both planes, before the same conversion ("input" in the ready line:
+"cuda" or "host-upload"). With --device cpu the work stays on the CPU
+(host rings only); --model none runs no network (each frame is converted
+and reduced to one number: the cost of delivery and conversion), and with
+--device cpu it needs numpy only, not torch.
 
     cargo run --release --features nvdec --example nvr_decoder -- --config examples/nvr/cameras.example.toml
     python3 examples/python/nvr_detector.py --dir /tmp/vramring-nvr
+
+Besides the per-camera lines, every --report seconds one
+{"event":"tick"} line with the CLOCK_MONOTONIC time t_ns, the totals so far
+and the latencies of the detections since the last tick (what
+benches/nvr_scale.py measures over its window), and at the end
+{"event":"final"}.
 
 Pretrained weights are used only if torchvision has them offline (its
 cache); otherwise the network runs with random weights, which measures the
@@ -21,13 +38,14 @@ no camera is found, 1 on other errors.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 
 MODELS = ("ssdlite320_mobilenet_v3_large", "fasterrcnn_mobilenet_v3_large_320_fpn",
-          "fasterrcnn_mobilenet_v3_large_fpn")
+          "fasterrcnn_mobilenet_v3_large_fpn", "none")
 
 
 def parse_args(argv=None):
@@ -37,7 +55,11 @@ def parse_args(argv=None):
     ap.add_argument("--expect", type=int, default=0,
                     help="with --dir: wait up to --timeout seconds for this many rings to appear")
     ap.add_argument("--fps", type=float, default=5.0, help="detections per second per camera")
-    ap.add_argument("--model", choices=MODELS, default=MODELS[0], help="torchvision detection network")
+    ap.add_argument("--model", choices=MODELS, default=MODELS[0],
+                    help="torchvision detection network (none: convert and reduce each frame, no network)")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="where the work runs: cuda (a host ring's frames are uploaded) or cpu (host rings only)")
+    ap.add_argument("--pull", action="store_true", help="pull frames from the ring instead of push delivery")
     ap.add_argument("--size", type=int, default=320, help="the network's input: frames are resized to size x size")
     ap.add_argument("--score", type=float, default=0.5, help="detections below this score are not counted")
     ap.add_argument("--half", action="store_true", help="run the network in float16")
@@ -83,13 +105,23 @@ def load_model(name, device, half, random_weights):
     return model, pretrained
 
 
-def nv12_to_rgb(frame, size, dtype):
-    """NV12 frame (DLPack, on the GPU) -> 3 x size x size RGB in [0, 1], BT.709
-    limited range, resized on the GPU. No host copy."""
+def planes(frame, upload_to):
+    """The NV12 frame's Y (rows x width, pitch stride) and UV (rows/2 x
+    width/2 x 2) planes as torch tensors where the frame is (DLPack, no
+    copy), then, for a host frame going to the GPU, uploaded there."""
+    import torch
+    y = torch.from_dlpack(frame.plane(0))
+    uv = torch.from_dlpack(frame.plane(1))
+    if upload_to is not None:
+        y, uv = y.to(upload_to), uv.to(upload_to)   # host -> GPU: the host-memory way's upload
+    return y, uv
+
+
+def nv12_to_rgb(y, uv, size, dtype):
+    """NV12 planes (torch, on the device) -> 3 x size x size RGB in [0, 1],
+    BT.709 limited range, resized where the planes are."""
     import torch
     import torch.nn.functional as F
-    y = torch.from_dlpack(frame.plane(0))           # rows x width, pitch stride
-    uv = torch.from_dlpack(frame.plane(1))          # rows/2 x width/2 x 2
     y = F.interpolate(y[None, None].to(dtype), size=(size, size), mode="bilinear", align_corners=False)[0, 0]
     uv = F.interpolate(uv.permute(2, 0, 1)[None].to(dtype), size=(size, size), mode="bilinear",
                        align_corners=False)[0]
@@ -101,14 +133,75 @@ def nv12_to_rgb(frame, size, dtype):
     return (torch.stack((r, g, b)) / 255.0).clamp_(0.0, 1.0)
 
 
+class TorchWork:
+    """Detection with torch: the network (or, with --model none, the
+    conversion and a mean) on `device`; a host frame for the GPU is
+    uploaded first."""
+
+    def __init__(self, a, device):
+        import torch
+        self.torch, self.a, self.device = torch, a, device
+        self.dtype = torch.float16 if a.half else torch.float32
+        self.model, self.pretrained = (None, False) if a.model == "none" else \
+            load_model(a.model, device, a.half, a.random_weights)
+
+    def input_of(self, backend):
+        """How a frame of a ring on `backend` reaches the work, or None when it cannot."""
+        gpu = self.device.type == "cuda"
+        if backend == "cuda":
+            return "cuda" if gpu else None
+        return "host-upload" if gpu else "host"
+
+    def prepare(self, frame, how):
+        y, uv = planes(frame, self.device if how == "host-upload" else None)
+        return nv12_to_rgb(y, uv, self.a.size, self.dtype)
+
+    def run(self, batch):
+        """One forward pass; the per-image scores on the host (this syncs)."""
+        if self.model is None:
+            return [m.reshape(1) for m in self.torch.stack(batch).mean(dim=(1, 2, 3)).float().cpu()]
+        return [o["scores"].float().cpu() for o in self.model(batch)]
+
+
+class NumpyWork:
+    """--model none --device cpu on host rings: the luma's mean with numpy,
+    no torch (measures delivery alone)."""
+
+    def __init__(self, a):
+        import numpy as np
+        self.np, self.model, self.pretrained = np, None, False
+
+    def input_of(self, backend):
+        return "host" if backend == "host" else None
+
+    def prepare(self, frame, how):
+        y = self.np.from_dlpack(frame.plane(0))
+        return self.np.array([y[::4, ::4].mean()], dtype=self.np.float32)
+
+    def run(self, batch):
+        return batch
+
+
 class Camera:
-    def __init__(self, path, sub):
-        self.path, self.sub = path, sub
+    def __init__(self, path, sub, how):
+        self.path, self.sub, self.how = path, sub, how
         self.name = os.path.basename(path).removesuffix(".sock")
         self.due = time.monotonic()
         self.gone = False
         self.window = {"detections": 0, "objects": 0, "latency_ms": [], "missed": 0}
         self.total = 0
+        self.missed = 0
+
+
+def decoded_ns(frame):
+    """When nvr_decoder's sink got the decoded picture (CLOCK_MONOTONIC,
+    metadata bytes 8..16), else when the frame was committed."""
+    meta = frame.meta
+    if len(meta) >= 16:
+        t = int.from_bytes(meta[8:16], "little")
+        if 0 < frame.commit_ns - t < 10_000_000_000:   # not some other program's metadata
+            return t
+    return frame.commit_ns
 
 
 def percentile(v, p):
@@ -118,45 +211,70 @@ def percentile(v, p):
     return s[min(len(s) - 1, int(round((len(s) - 1) * p)))]
 
 
+class Unavailable(Exception):
+    """What --model/--device need is not here (a sentence)."""
+
+
+def make_work(a):
+    """The detection work of --model/--device; Unavailable says why not."""
+    if a.model == "none" and a.device == "cpu":
+        return NumpyWork(a)
+    try:
+        import torch
+    except ImportError as e:
+        raise Unavailable(f"torch is not installed here ({e}); --model {a.model} on --device {a.device} "
+                          "needs it (only --model none --device cpu runs with numpy alone)") from e
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise Unavailable("torch sees no CUDA GPU; this example runs on the GPU (--device cpu reads "
+                          "host rings without one)")
+    return TorchWork(a, torch.device(a.device))
+
+
 def main(argv=None):
     a = parse_args(argv)
     paths = find_sockets(a)
     if not paths:
         print("nvr_detector: no camera: give sockets or --dir", file=sys.stderr)
         return 2
-    import torch
     import vramring
-    if not torch.cuda.is_available():
-        print("nvr_detector: torch sees no CUDA GPU; this example runs on the GPU only", file=sys.stderr)
+    try:
+        # torch and the network before subscribing: they take seconds.
+        work = make_work(a)
+    except Unavailable as e:
+        print(f"nvr_detector: {e}", file=sys.stderr, flush=True)
         return 1
-    device = torch.device("cuda")
     cams = []
     for p in paths:
         try:
-            sub = vramring.Subscriber(p, name="nvr-detector", mode="latest", push=True,
+            sub = vramring.Subscriber(p, name="nvr-detector", mode="latest", push=not a.pull,
                                       connect_timeout=a.timeout, timeout=a.timeout)
         except vramring.VramringError as e:
             print(f"nvr_detector: skipping {p}: {e}", file=sys.stderr, flush=True)
             continue
-        if sub.backend != "cuda" or sub.format != "nv12":
-            print(f"nvr_detector: skipping {p}: a {sub.format} ring on {sub.backend}; this reads NV12 on CUDA",
-                  file=sys.stderr, flush=True)
+        how = work.input_of(sub.backend)
+        if how is None or sub.format != "nv12":
+            where = "in GPU or host memory" if a.device == "cuda" else "in host memory only"
+            print(f"nvr_detector: skipping {p}: a {sub.format} ring in {sub.backend} memory; --device {a.device} "
+                  f"reads NV12 rings {where}", file=sys.stderr, flush=True)
             sub.close()
             continue
-        cams.append(Camera(p, sub))
+        cams.append(Camera(p, sub, how))
     if not cams:
         print("nvr_detector: no usable camera", file=sys.stderr)
         return 2
-    dtype = torch.float16 if a.half else torch.float32
-    model, pretrained = load_model(a.model, device, a.half, a.random_weights)
+    pretrained = work.pretrained
     print(json.dumps({"event": "ready", "role": "nvr_detector", "cameras": [c.name for c in cams],
-                      "model": a.model, "pretrained": pretrained, "fps_per_camera": a.fps, "size": a.size}),
+                      "model": a.model, "pretrained": pretrained, "fps_per_camera": a.fps, "size": a.size,
+                      "device": a.device, "input": sorted({c.how for c in cams}),
+                      "delivery": "pull" if a.pull else "push"}),
           flush=True)
     period = 1.0 / a.fps if a.fps > 0 else 0.0
     start = last_report = time.monotonic()
     batches, batch_sizes = 0, 0
+    tick_latency, all_latency = [], []
+    inference = getattr(work, "torch", None)
     try:
-        with torch.inference_mode():
+        with (inference.inference_mode() if inference else contextlib.nullcontext()):
             while True:
                 now = time.monotonic()
                 if a.seconds and now - start >= a.seconds:
@@ -171,30 +289,32 @@ def main(argv=None):
                         f = c.sub.next(timeout=0.001)     # the newest frame, if one came since the last
                     except vramring.Timeout:
                         c.window["missed"] += 1         # nothing new yet: try again at the next tick
+                        c.missed += 1
                         continue
                     except (vramring.ProducerGone, vramring.Evicted) as e:
                         print(f"nvr_detector: camera {c.name}: {e}", file=sys.stderr, flush=True)
                         c.gone = True
                         continue
                     c.due = max(c.due + period, now)    # behind: no burst to catch up
-                    batch.append(nv12_to_rgb(f, a.size, dtype))
-                    taken.append((c, f.commit_ns))
+                    batch.append(work.prepare(f, c.how))
+                    taken.append((c, decoded_ns(f)))
                     del f                                # the tensor made from it keeps what it needs
                 if batch:
-                    out = model(batch)                   # one forward pass for every due camera
-                    scores = [o["scores"].float().cpu() for o in out]   # the results, to the host (syncs)
+                    scores = work.run(batch)             # one forward pass for every due camera; on the host
                     done = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
                     batches += 1
                     batch_sizes += len(batch)
-                    for (c, commit_ns), s in zip(taken, scores):
+                    for (c, since_ns), sc in zip(taken, scores):
+                        ms = (done - since_ns) / 1e6
                         c.window["detections"] += 1
                         c.total += 1
-                        c.window["objects"] += int((s >= a.score).sum())
-                        c.window["latency_ms"].append((done - commit_ns) / 1e6)
+                        c.window["objects"] += int((sc >= a.score).sum())
+                        c.window["latency_ms"].append(ms)
+                        tick_latency.append(round(ms, 3))
                 else:
                     nxt = min((c.due for c in live), default=now + 0.01)
                     time.sleep(min(max(nxt - time.monotonic(), 0.0005), 0.01))
-                if time.monotonic() - last_report >= a.report:
+                if a.report > 0 and time.monotonic() - last_report >= a.report:
                     dt = time.monotonic() - last_report
                     last_report = time.monotonic()
                     for c in cams:
@@ -207,17 +327,33 @@ def main(argv=None):
                             "no_new_frame": w["missed"], "gone": c.gone, "pretrained": pretrained,
                         }), flush=True)
                         c.window = {"detections": 0, "objects": 0, "latency_ms": [], "missed": 0}
+                    print(json.dumps(tick(cams, tick_latency)), flush=True)
+                    all_latency += tick_latency
+                    tick_latency = []
     except KeyboardInterrupt:
         pass
     finally:
         for c in cams:
             c.sub.close()
+    all_latency += tick_latency
+    print(json.dumps(tick(cams, tick_latency)), flush=True)
     secs = time.monotonic() - start
     print(json.dumps({"event": "final", "role": "nvr_detector", "seconds": round(secs, 2),
                       "detections": sum(c.total for c in cams), "batches": batches,
                       "mean_batch": round(batch_sizes / batches, 2) if batches else 0.0,
+                      "no_new_frame": sum(c.missed for c in cams),
+                      "latency_p50_ms": round(percentile(all_latency, 0.5), 2),
+                      "latency_p99_ms": round(percentile(all_latency, 0.99), 2),
+                      "gone": sum(c.gone for c in cams), "input": sorted({c.how for c in cams}),
                       "pretrained": pretrained}), flush=True)
     return 0
+
+
+def tick(cams, latency):
+    """The totals now, and the latencies (ms) of the detections since the last tick."""
+    return {"event": "tick", "role": "nvr_detector", "t_ns": time.clock_gettime_ns(time.CLOCK_MONOTONIC),
+            "detections": sum(c.total for c in cams), "no_new_frame": sum(c.missed for c in cams),
+            "gone": sum(c.gone for c in cams), "latency_ms": latency}
 
 
 if __name__ == "__main__":

@@ -5,17 +5,24 @@ in order; gaps are counted, never hidden) with push delivery (the
 publisher's process copies each frame into this process's own buffers; pass
 --pull to pull instead), takes the luma plane as a tensor without a copy,
 downscales it, and scores motion as the fraction of pixels whose luma moved
-more than --threshold since the previous frame. The scoring runs on the
-frame's device: torch on a CUDA ring, numpy on a host ring (or with
---numpy). Reports per camera, as JSON lines, frames/s, the motion score
-(mean and max over the interval), motion events and drops (frames the
-reader never saw: the sum of each frame's `skipped`).
+more than --threshold since the previous frame. Where the scoring runs
+follows each ring's memory (`backend`) and --device: a CUDA ring's luma is
+scored where it is, on the GPU with torch ("torch"); a host ring's luma
+(`nvr_decoder --host-memory`, the host-memory way) is uploaded to the GPU
+and scored there ("torch-upload"), or scored on the CPU with numpy
+("numpy": --device cpu, alias --numpy; and what --device auto does for a
+host ring when torch has no CUDA GPU here). The ready line's "scoring" says
+which. Reports per camera, as JSON lines, frames/s, the motion score (mean
+and max over the interval), motion events and drops (frames the reader
+never saw: the sum of each frame's `skipped`); every --report seconds one
+{"event":"tick"} line with the CLOCK_MONOTONIC time t_ns and the totals
+(what benches/nvr_scale.py measures over its window).
 
     cargo run --release --features nvdec --example nvr_decoder -- --config examples/nvr/cameras.example.toml
     python3 examples/python/nvr_motion.py --dir /tmp/vramring-nvr
 
-torch is imported only when it runs and a ring is on the GPU, so --help
-works without it. Exit status 0 at the end (--seconds, --frames, Ctrl-C, or
+torch is imported only when it runs (and not at all with --device cpu), so
+--help works without it. Exit status 0 at the end (--seconds, --frames, Ctrl-C, or
 every camera gone), 2 when no camera is found, 1 on other errors.
 """
 
@@ -41,7 +48,10 @@ def parse_args(argv=None):
     ap.add_argument("--min-area", type=float, default=0.005, help="fraction of pixels that makes a motion event")
     ap.add_argument("--scale", type=int, default=4, help="downscale factor before scoring")
     ap.add_argument("--pull", action="store_true", help="pull frames from the ring instead of push delivery")
-    ap.add_argument("--numpy", action="store_true", help="score on the CPU with numpy (host rings)")
+    ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                    help="where to score: cuda (a host ring's luma is uploaded), cpu (numpy, host rings only), "
+                         "auto (cuda when torch sees a GPU, else cpu for host rings)")
+    ap.add_argument("--numpy", dest="device", action="store_const", const="cpu", help="the same as --device cpu")
     ap.add_argument("--frames", type=int, default=0, help="stop each camera after this many frames (0: no limit)")
     ap.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
     ap.add_argument("--report", type=float, default=1.0, help="seconds between status lines")
@@ -63,18 +73,23 @@ def find_sockets(a):
 
 
 class TorchDiff:
-    """Frame difference on the frame's GPU: downscale, |now - before| > threshold."""
+    """Frame difference on the GPU: downscale, |now - before| > threshold.
+    `upload_to`: the GPU a host frame's luma is uploaded to (None: the frame
+    is on the GPU already)."""
 
-    def __init__(self, scale, threshold):
+    def __init__(self, scale, threshold, upload_to=None):
         import torch
         import torch.nn.functional as F
         self.torch, self.F = torch, F
         self.scale, self.threshold, self.prev = scale, threshold, None
+        self.upload_to = upload_to
 
     def score(self, frame):
         if frame.flags & DISCONTINUITY:
             self.prev = None
         y = self.torch.from_dlpack(frame.plane(0))          # rows x width uint8, no copy
+        if self.upload_to is not None:
+            y = y.to(self.upload_to)                        # host -> GPU: the host-memory way's upload
         small = self.F.avg_pool2d(y[None, None].float(), self.scale)
         prev, self.prev = self.prev, small
         if prev is None or prev.shape != small.shape:
@@ -106,13 +121,15 @@ class NumpyDiff:
 class Reader(threading.Thread):
     """Reads every frame of one camera and keeps its counters."""
 
-    def __init__(self, path, sub, a, stop):
+    def __init__(self, path, sub, a, stop, scorer):
         super().__init__(daemon=True)
         self.path, self.sub, self.a, self.stop = path, sub, a, stop
         self.name_ = os.path.basename(path).removesuffix(".sock")
-        on_gpu = sub.backend == "cuda" and not a.numpy
-        self.diff = (TorchDiff if on_gpu else NumpyDiff)(a.scale, a.threshold)
-        self.scorer = "torch" if on_gpu else "numpy"
+        self.scorer = scorer
+        if scorer == "numpy":
+            self.diff = NumpyDiff(a.scale, a.threshold)
+        else:
+            self.diff = TorchDiff(a.scale, a.threshold, "cuda" if scorer == "torch-upload" else None)
         self.lock = threading.Lock()
         self.frames = self.drops = self.events = 0
         self.window = []
@@ -153,6 +170,32 @@ class Reader(threading.Thread):
             return w, self.frames, self.drops, self.events
 
 
+def gpu_here(device):
+    """Whether torch sees a CUDA GPU (imported here, before any ring is
+    joined: importing torch takes seconds, and a sequential reader joined
+    before would count the frames it missed meanwhile as drops). None when
+    --device cpu asks for none; a sentence (str) when --device cuda cannot
+    be had."""
+    if device == "cpu":
+        return None
+    try:
+        import torch
+        ok = torch.cuda.is_available()
+        why = "torch sees no CUDA GPU"
+    except ImportError as e:
+        ok, why = False, f"torch is not installed here ({e})"
+    if device == "cuda" and not ok:
+        return f"{why}; --device cuda scores on the GPU (--device cpu scores host rings with numpy)"
+    return ok
+
+
+def scorer_for(backend, device, gpu):
+    """The scorer of a ring on `backend`, or None when --device rules it out."""
+    if backend == "cuda":
+        return "torch" if device != "cpu" and gpu else None
+    return "torch-upload" if device != "cpu" and gpu else "numpy"
+
+
 def main(argv=None):
     a = parse_args(argv)
     paths = find_sockets(a)
@@ -160,6 +203,10 @@ def main(argv=None):
         print("nvr_motion: no camera: give sockets or --dir", file=sys.stderr)
         return 2
     import vramring
+    gpu = gpu_here(a.device)
+    if isinstance(gpu, str):
+        print(f"nvr_motion: {gpu}", file=sys.stderr, flush=True)
+        return 1
     stop = threading.Event()
     readers = []
     for p in paths:
@@ -169,7 +216,13 @@ def main(argv=None):
         except vramring.VramringError as e:
             print(f"nvr_motion: skipping {p}: {e}", file=sys.stderr, flush=True)
             continue
-        readers.append(Reader(p, sub, a, stop))
+        scorer = scorer_for(sub.backend, a.device, gpu)
+        if scorer is None:
+            print(f"nvr_motion: skipping {p}: a ring in {sub.backend} memory needs the GPU "
+                  f"({'--device cpu' if a.device == 'cpu' else 'torch sees none'})", file=sys.stderr, flush=True)
+            sub.close()
+            continue
+        readers.append(Reader(p, sub, a, stop, scorer))
     if not readers:
         print("nvr_motion: no usable camera", file=sys.stderr)
         return 2
@@ -196,6 +249,7 @@ def main(argv=None):
                         "alive": r.is_alive(),
                     }), flush=True)
                     prev[r.name_] = frames
+                print(json.dumps(tick(readers)), flush=True)
     except KeyboardInterrupt:
         pass
     stop.set()
@@ -206,9 +260,22 @@ def main(argv=None):
         print(json.dumps({"event": "camera-final", "camera": r.name_, "frames": frames, "drops": drops,
                           "motion_events": events, "delivery": r.delivery, "end": r.end or "stopped"}),
               flush=True)
+    print(json.dumps(tick(readers)), flush=True)
     print(json.dumps({"event": "final", "role": "nvr_motion", "seconds": round(time.monotonic() - start, 2),
-                      "frames": sum(r.frames for r in readers)}), flush=True)
+                      "frames": sum(r.frames for r in readers), "drops": sum(r.drops for r in readers),
+                      "ended": sum(r.end is not None for r in readers),
+                      "scoring": sorted({r.scorer for r in readers})}), flush=True)
     return 0
+
+
+def tick(readers):
+    """Every camera's totals now, with the CLOCK_MONOTONIC time."""
+    frames = drops = 0
+    for r in readers:
+        with r.lock:
+            frames, drops = frames + r.frames, drops + r.drops
+    return {"event": "tick", "role": "nvr_motion", "t_ns": time.clock_gettime_ns(time.CLOCK_MONOTONIC),
+            "frames": frames, "drops": drops, "alive": sum(r.is_alive() for r in readers)}
 
 
 if __name__ == "__main__":

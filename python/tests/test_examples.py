@@ -100,3 +100,91 @@ def test_nvr_motion_reads_every_frame_of_two_host_cameras_by_push(producer, sock
         assert finals[cam]["delivery"] == "push", finals
         # The test pattern changes every pixel every frame: that is motion.
         assert finals[cam]["motion_events"] >= 1, finals
+
+
+def _torch_here():
+    import importlib.util
+    return importlib.util.find_spec("torch") is not None
+
+
+def _json_lines(text):
+    return [json.loads(l) for l in text.splitlines() if l.startswith("{")]
+
+
+def _two_host_cameras(producer, sock, examples):
+    """The fixture's host producer and a second beside it, as nvr_decoder --host-memory makes them."""
+    producer(frames=0, fps=100)
+    d = os.path.dirname(sock)
+    second = conftest.Producer(examples / "producer", os.path.join(d, "cam2.sock"), backend="host",
+                               format="nv12", width=320, height=240, frames=0, fps=100)
+    return d, second
+
+
+def _ticks_are_cumulative(ticks, key):
+    assert len(ticks) >= 2, ticks
+    t = [x["t_ns"] for x in ticks]
+    assert t == sorted(t), "t_ns only grows"
+    v = [x[key] for x in ticks]
+    assert v == sorted(v), f"{key} is a running total"
+
+
+def test_nvr_detector_reads_host_cameras_with_numpy_and_reports_ticks(producer, sock, examples):
+    d, second = _two_host_cameras(producer, sock, examples)
+    try:
+        r = subprocess.run([sys.executable, str(EX / "nvr_detector.py"), "--dir", d, "--model", "none",
+                            "--device", "cpu", "--fps", "20", "--seconds", "2", "--report", "0.3"],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        second.kill()
+    assert r.returncode == 0, r.stderr
+    lines = _json_lines(r.stdout)
+    ready = lines[0]
+    assert ready["event"] == "ready" and sorted(ready["cameras"]) == ["cam", "cam2"], ready
+    assert (ready["input"], ready["device"], ready["delivery"]) == (["host"], "cpu", "push"), ready
+    ticks = [l for l in lines if l["event"] == "tick"]
+    _ticks_are_cumulative(ticks, "detections")
+    latencies = [ms for t in ticks for ms in t["latency_ms"]]
+    final = lines[-1]
+    assert final["event"] == "final" and final["detections"] >= 2, final
+    assert len(latencies) == final["detections"], "each detection's latency is in exactly one tick"
+    assert all(ms >= 0 for ms in latencies), latencies
+    assert final["input"] == ["host"] and final["gone"] == 0, final
+
+
+def test_nvr_motion_on_host_cameras_reports_ticks_and_scores_where_asked(producer, sock, examples):
+    d, second = _two_host_cameras(producer, sock, examples)
+    try:
+        r = subprocess.run([sys.executable, str(EX / "nvr_motion.py"), "--dir", d, "--device", "cpu",
+                            "--frames", "30", "--report", "0.2"], capture_output=True, text=True, timeout=120)
+        auto = None
+        if not _torch_here():
+            # --device auto on a host ring, torch absent: numpy on the CPU.
+            auto = subprocess.run([sys.executable, str(EX / "nvr_motion.py"), "--dir", d, "--frames", "5"],
+                                  capture_output=True, text=True, timeout=120)
+    finally:
+        second.kill()
+    assert r.returncode == 0, r.stderr
+    lines = _json_lines(r.stdout)
+    assert lines[0]["scoring"] == ["numpy"], lines[0]
+    _ticks_are_cumulative([l for l in lines if l["event"] == "tick"], "frames")
+    final = lines[-1]
+    assert final["event"] == "final" and final["frames"] == 60 and final["scoring"] == ["numpy"], final
+    last_tick = [l for l in lines if l["event"] == "tick"][-1]
+    assert (last_tick["frames"], last_tick["drops"]) == (final["frames"], final["drops"]), (last_tick, final)
+    if auto is not None:
+        assert auto.returncode == 0, auto.stderr
+        assert _json_lines(auto.stdout)[0]["scoring"] == ["numpy"], auto.stdout
+
+
+def test_nvr_readers_asked_for_the_gpu_without_torch_say_why_and_exit_1(producer, sock):
+    if _torch_here():
+        import pytest
+        pytest.skip("torch is installed here: this is about a machine without it")
+    producer(frames=0, fps=50)
+    d = os.path.dirname(sock)
+    for name, args in (("nvr_detector.py", []), ("nvr_detector.py", ["--model", "none"]),
+                       ("nvr_motion.py", ["--device", "cuda"])):
+        r = subprocess.run([sys.executable, str(EX / name), "--dir", d, "--seconds", "1", *args],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1, (name, args, r.returncode, r.stderr)
+        assert "torch is not installed" in r.stderr and "Traceback" not in r.stderr, (name, r.stderr)

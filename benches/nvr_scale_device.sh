@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs benches/nvr_scale.py on the GPU machine from .device/ as
+# benches/nvr_stage.sh staged it: installs the staged vramring wheel into a
+# private directory, checks the Python (torch with CUDA, torchvision), the
+# decoder and nvidia-smi, then runs the bench with the arguments given.
+# Results (one JSON file) and the table go to --out, by default $OUT.
+#
+#   bash benches/nvr_scale_device.sh --mps off          # both pipelines, no MPS
+#   bash benches/nvr_scale_device.sh --mps on           # both pipelines, under MPS
+#   bash benches/nvr_scale_device.sh --mps off --pipelines host --counts 64,128,192
+#
+# The Python is $NVR_PYTHON, else /opt/torch/.venv/bin/python, else python3.
+# Exit: the bench's (0 done, 2 bad arguments or missing files, 128+N on signal N).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+py=${NVR_PYTHON:-/opt/torch/.venv/bin/python}
+[[ -x "$py" ]] || py=$(command -v python3)
+whl=$(ls -t .device/wheels/vramring-*.whl 2>/dev/null | head -1)
+if [[ -z "$whl" || ! -x .device/examples/nvr_decoder ]]; then
+    echo "nvr_scale_device: .device/ lacks the wheel or nvr_decoder: stage with benches/nvr_stage.sh" \
+         "and carry .device" >&2
+    exit 2
+fi
+site=$(mktemp -d /tmp/nvr-site-XXXXXX)
+# A wheel with no dependencies is a zip: unpacked where PYTHONPATH looks
+# (pip --target does the same, where the venv has pip).
+"$py" -m zipfile -e "$whl" "$site" || exit 1
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+"$py" - <<'PY' || exit 1
+import sys, torch, torchvision, vramring
+print(f"python {sys.version.split()[0]} torch {torch.__version__} torchvision {torchvision.__version__} "
+      f"vramring {vramring.__version__} from {vramring.__file__}")
+if not torch.cuda.is_available():
+    sys.exit("nvr_scale_device: torch sees no CUDA GPU")
+PY
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader || exit 1
+out=${OUT:-/tmp/nvr-scale-out}
+mkdir -p "$out"
+log="$out/nvr_scale_$(date +%Y%m%d-%H%M%S).log"
+# The bench in the background so that a signal to this script reaches it
+# (it then stops its processes and quits MPS); its output also in $log.
+# --budget-s 500: the sweep, its last point and the MPS quit end within the
+# 10 minutes of one command, this script's checks included (later
+# arguments win).
+"$py" benches/nvr_scale.py --examples .device/examples --python "$py" --out "$out/" --budget-s 500 "$@" \
+    > >(tee -a "$log") 2>&1 &
+bench=$!
+trap 'kill -TERM "$bench" 2>/dev/null' TERM INT HUP
+wait "$bench"
+rc=$?
+while kill -0 "$bench" 2>/dev/null; do   # a trapped signal ended the wait, not the bench
+    wait "$bench"
+    rc=$?
+done
+rm -rf "$site"
+exit "$rc"

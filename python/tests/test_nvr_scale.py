@@ -1,0 +1,235 @@
+"""benches/nvr_scale.py's orchestration without a GPU: --smoke runs the host
+pipeline with the bench's stand-in decoder and the real Python readers on
+the CPU; fakes of nvidia-smi and nvidia-cuda-mps-control on PATH stand in
+for the driver's tools and log how they were called. What is proven: every
+point is measured and parsed, the MPS daemon is started once and quit once
+per setting (also when the bench is interrupted), and no process the bench
+started outlives it. No test here asserts a rate or a duration."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from conftest import REPO
+
+BENCH = REPO / "benches" / "nvr_scale.py"
+
+FAKE_SMI = """#!/bin/bash
+# nvidia-smi stand-in: the sampled query prints a row every 0.2 s.
+case " $* " in
+  *" -lms "*) while true; do echo "37, 12, 2048"; sleep 0.2; done ;;
+  *) echo "Fake GPU, 580.00, 143771 MiB" ;;
+esac
+"""
+
+# The MPS control stand-in: -d starts a "server" (a copy of sleep named
+# nvidia-cuda-mps-server, in the daemon's environment) and makes the control
+# pipe; quit stops the server (unless FAKE_MPS_STUBBORN is set). Every call
+# is logged with the pipe directory.
+FAKE_MPS = """#!/bin/bash
+log="$FAKE_MPS_LOG"
+if [ "$1" = "-d" ]; then
+  echo "start $CUDA_MPS_PIPE_DIRECTORY" >> "$log"
+  "$(dirname "$0")/nvidia-cuda-mps-server" 600 > /dev/null 2>&1 &
+  echo $! > "$CUDA_MPS_PIPE_DIRECTORY/server.pid"
+  touch "$CUDA_MPS_PIPE_DIRECTORY/control"
+  exit 0
+fi
+read -r cmd
+echo "$cmd $CUDA_MPS_PIPE_DIRECTORY" >> "$log"
+case "$cmd" in
+  get_server_list) cat "$CUDA_MPS_PIPE_DIRECTORY/server.pid" ;;
+  quit) [ -n "$FAKE_MPS_STUBBORN" ] || kill "$(cat "$CUDA_MPS_PIPE_DIRECTORY/server.pid")"
+        rm -f "$CUDA_MPS_PIPE_DIRECTORY/control" ;;
+esac
+"""
+
+
+@pytest.fixture
+def fake_gpu(tmp_path):
+    """PATH with the fake tools first; the MPS calls' log."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name, text in (("nvidia-smi", FAKE_SMI), ("nvidia-cuda-mps-control", FAKE_MPS)):
+        (tools / name).write_text(text)
+        (tools / name).chmod(0o755)
+    shutil.copy(shutil.which("sleep"), tools / "nvidia-cuda-mps-server")
+    mps_log = tmp_path / "mps.log"
+    env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}", FAKE_MPS_LOG=str(mps_log))
+    yield env, mps_log
+    for pid in _pids_of("nvidia-cuda-mps"):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def work():
+    # Socket paths are limited to 107 bytes: a short directory.
+    d = tempfile.mkdtemp(prefix="vrs")
+    yield d
+    leftovers = _pids_with(d)
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _pids_with(text):
+    """Live (not zombie) processes whose command line contains `text`."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{d}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmd and state != "Z":
+            found.append(int(d))
+    return found
+
+
+def _pids_of(comm_prefix):
+    """Live (not zombie) processes whose name starts with `comm_prefix`."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                s = f.read()
+        except OSError:
+            continue
+        comm, state = s[s.index("(") + 1:s.rindex(")")], s.rsplit(")", 1)[1].split()[0]
+        if comm.startswith(comm_prefix) and state != "Z":
+            found.append(int(d))
+    return found
+
+
+def _mps_calls(mps_log):
+    if not mps_log.exists():
+        return []
+    return [l.split() for l in mps_log.read_text().splitlines() if l.strip()]
+
+
+def _assert_each_daemon_started_and_quit_once(calls, settings):
+    starts = [c[1] for c in calls if c[0] == "start"]
+    quits = [c[1] for c in calls if c[0] == "quit"]
+    assert len(starts) == settings and sorted(starts) == sorted(quits), calls
+    for pipe in starts:
+        mine = [c[0] for c in calls if c[-1] == pipe]
+        assert mine[0] == "start" and mine[-1] == "quit" and mine.count("quit") == 1, mine
+        assert pipe.startswith("/tmp/") and not os.path.exists(pipe), "private under /tmp, removed after"
+
+
+def test_smoke_sweep_measures_every_point_and_leaves_nothing_running(fake_gpu, work, tmp_path):
+    env, mps_log = fake_gpu
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(BENCH), "--smoke", "--counts", "2,3", "--seconds", "2",
+                        "--warmup", "0.5", "--mps", "off,on", "--keep-going", "--out", f"{out}/",
+                        "--work-dir", work], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads((out / "nvr_scale_host_mps-off+on_smoke.json").read_text())
+    assert res["complete"] and res["smoke"] and res["gpu"].startswith("Fake GPU"), res
+    points = res["points"]
+    assert [(p["mps"], p["cameras"]) for p in points] == [("off", 2), ("off", 3), ("on", 2), ("on", 3)]
+    for p in points:
+        where = f"{p['mps']} {p['cameras']}: {p['verdict']}"
+        assert not p["verdict"].startswith(("failed", "not run")), where
+        for k in ("decoded", "detected", "motion_checked"):
+            assert p[k] > 0 and p[f"{k}_schedule"] > 0 and p[f"{k}_ratio"] > 0, (k, where)
+        assert p["dropped"] == p["decoder_dropped"] + p["motion_dropped"], where
+        assert 0 <= p["latency_p50_ms"] <= p["latency_p99_ms"] <= p["latency_max_ms"], where
+        assert {"decoder", "detector", "motion"} <= set(p["cpu_pct"]), where
+        assert p["cpu_pct_per_camera"] >= 0 and p["exit"] == {"detector": 0, "motion": 0, "decoder": 0}, where
+        # The fake nvidia-smi's figures, parsed.
+        assert p["gpu_samples"] > 0, where
+        assert (p["sm_util_mean"], p["nvdec_util_max"], p["gpu_mem_peak_mib"]) == (37, 12, 2048), where
+        assert set(p["pids"]) == {"decoder", "detector", "motion"}, where
+        if p["mps"] == "on":
+            assert len(p["mps_server_pids"]) == 1 and "NOT under MPS" not in p["verdict"], where
+            assert any(k.startswith("mps-server") for k in p["cpu_pct"]), where
+    _assert_each_daemon_started_and_quit_once(_mps_calls(mps_log), 1)
+    assert not _pids_with(work), "no process of the bench is left"
+    assert not _pids_of("nvidia-cuda-mps"), "the MPS server stand-in is gone"
+    assert "verdict" in r.stdout and "results:" in r.stdout, r.stdout
+
+
+def test_an_interrupted_sweep_stops_its_processes_and_quits_mps(fake_gpu, work, tmp_path):
+    env, mps_log = fake_gpu
+    out = tmp_path / "res.json"
+    p = subprocess.Popen([sys.executable, str(BENCH), "--smoke", "--counts", "2", "--seconds", "300",
+                          "--warmup", "0.5", "--mps", "on", "--out", str(out), "--work-dir", work],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        deadline = time.monotonic() + 300
+        for line in p.stderr:
+            seen.append(line)
+            if "measuring" in line:
+                break
+            assert time.monotonic() < deadline, "".join(seen)
+        else:
+            pytest.fail("the bench ended before measuring:\n" + "".join(seen))
+        running = _pids_with(work)
+        assert len(running) >= 3, "decoder, detector and motion are running"
+        p.send_signal(signal.SIGTERM)
+        rest_out, rest_err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 128 + signal.SIGTERM, "".join(seen) + rest_err
+    assert "interrupted by SIGTERM" in rest_err, rest_err
+    res = json.loads(out.read_text())
+    assert res["interrupted"] == "SIGTERM" and not res["complete"], res
+    _assert_each_daemon_started_and_quit_once(_mps_calls(mps_log), 1)
+    assert not _pids_with(work), "no process of the bench is left"
+    assert not _pids_of("nvidia-cuda-mps"), "the MPS server stand-in is gone"
+
+
+def test_without_the_mps_program_the_mps_points_say_not_run(work, tmp_path):
+    if shutil.which("nvidia-cuda-mps-control"):
+        pytest.skip("the real MPS control program is here")
+    out = tmp_path / "res.json"
+    r = subprocess.run([sys.executable, str(BENCH), "--smoke", "--counts", "2", "--seconds", "1", "--warmup", "0",
+                        "--mps", "on", "--out", str(out), "--work-dir", work],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (pt,) = json.loads(out.read_text())["points"]
+    assert pt["verdict"].startswith("not run: the MPS control daemon did not start"), pt
+    assert "nvidia-cuda-mps-control is not on PATH" in pt["verdict"], pt
+
+
+def test_dry_run_prints_each_points_commands_and_starts_nothing(work):
+    r = subprocess.run([sys.executable, str(BENCH), "--dry-run", "--counts", "16,32", "--mps", "off,on",
+                        "--work-dir", work], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    heads = [l for l in r.stdout.splitlines() if l.startswith("== ")]
+    assert len(heads) == 8, r.stdout          # 2 pipelines x 2 MPS settings x 2 counts
+    assert 'memory = "host"' in r.stdout and 'memory = "cuda"' in r.stdout
+    assert "nvr_decoder --config" in r.stdout and "--random-weights --device cuda" in r.stdout
+    assert os.listdir(work) == []
+
+
+def test_an_mps_server_that_outlives_quit_is_terminated_by_the_bench(fake_gpu, work, tmp_path):
+    env, mps_log = fake_gpu
+    env = dict(env, FAKE_MPS_STUBBORN="1")
+    out = tmp_path / "res.json"
+    r = subprocess.run([sys.executable, str(BENCH), "--smoke", "--counts", "2", "--seconds", "1", "--warmup", "0",
+                        "--mps", "on", "--out", str(out), "--work-dir", work],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    problems = res["mps"]["on"]["quit_problems"]
+    assert any("still running after quit: SIGTERM" in p for p in problems), problems
+    _assert_each_daemon_started_and_quit_once(_mps_calls(mps_log), 1)
+    assert not _pids_of("nvidia-cuda-mps"), "the bench terminated the MPS server stand-in"
