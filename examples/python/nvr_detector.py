@@ -107,11 +107,10 @@ def load_model(name, device, half, random_weights):
 
 def planes(frame, upload_to):
     """The NV12 frame's Y (rows x width, pitch stride) and UV (rows/2 x
-    width/2 x 2) planes as torch tensors where the frame is (DLPack, no
-    copy), then, for a host frame going to the GPU, uploaded there."""
-    import torch
-    y = torch.from_dlpack(frame.plane(0))
-    uv = torch.from_dlpack(frame.plane(1))
+    width/2 x 2) planes as torch tensors where the frame is (no copy: made
+    once per buffer, `Subscriber(tensors="torch")`), then, for a host frame
+    going to the GPU, uploaded there."""
+    y, uv = frame.tensors
     if upload_to is not None:
         y, uv = y.to(upload_to), uv.to(upload_to)   # host -> GPU: the host-memory way's upload
     return y, uv
@@ -247,7 +246,8 @@ def main(argv=None):
     for p in paths:
         try:
             sub = vramring.Subscriber(p, name="nvr-detector", mode="latest", push=not a.pull,
-                                      connect_timeout=a.timeout, timeout=a.timeout)
+                                      connect_timeout=a.timeout, timeout=a.timeout,
+                                      tensors="torch" if isinstance(work, TorchWork) else None)
         except vramring.VramringError as e:
             print(f"nvr_detector: skipping {p}: {e}", file=sys.stderr, flush=True)
             continue

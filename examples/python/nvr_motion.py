@@ -87,7 +87,7 @@ class TorchDiff:
     def score(self, frame):
         if frame.flags & DISCONTINUITY:
             self.prev = None
-        y = self.torch.from_dlpack(frame.plane(0))          # rows x width uint8, no copy
+        y = frame.tensors[0]                                # rows x width uint8, no copy, made once per buffer
         if self.upload_to is not None:
             y = y.to(self.upload_to)                        # host -> GPU: the host-memory way's upload
         small = self.F.avg_pool2d(y[None, None].float(), self.scale)
@@ -211,8 +211,11 @@ def main(argv=None):
     readers = []
     for p in paths:
         try:
+            # torch scorers take the planes as tensors made once per buffer
+            # (`frame.tensors`): no DLPack import per frame.
             sub = vramring.Subscriber(p, name="nvr-motion", mode="sequential", push=not a.pull,
-                                      connect_timeout=a.timeout, timeout=a.timeout)
+                                      connect_timeout=a.timeout, timeout=a.timeout,
+                                      tensors="torch" if gpu else None)
         except vramring.VramringError as e:
             print(f"nvr_motion: skipping {p}: {e}", file=sys.stderr, flush=True)
             continue
