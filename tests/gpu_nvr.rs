@@ -240,6 +240,39 @@ fn start_decoder(config: &Path) -> (Child, Lines, std::thread::JoinHandle<()>) {
     (decoder, lines, reader)
 }
 
+/// Ends the decoder: SIGINT when the test's phases passed (it exits 0
+/// and closes its rings), SIGKILL when one failed.
+fn stop_decoder(decoder: &Child, phases_passed: bool) {
+    let signal = if phases_passed { libc::SIGINT } else { libc::SIGKILL };
+    // SAFETY: kill(2) on our own child's pid, which has not been reaped.
+    let rc = unsafe { libc::kill(decoder.id() as libc::pid_t, signal) };
+    assert_eq!(rc, 0, "signal to the decoder");
+}
+
+/// Waits for the signalled decoder: re-raises a failed phase with the
+/// decoder's output, else checks it exited 0 and returns its lines.
+fn finish_decoder(
+    mut decoder: Child,
+    phases: std::thread::Result<()>,
+    lines: &Lines,
+    reader: std::thread::JoinHandle<()>,
+) -> Vec<String> {
+    if let Err(panic) = phases {
+        let _ = decoder.wait();
+        eprintln!("decoder output:\n{}", lines.lock().unwrap().join("\n"));
+        std::panic::resume_unwind(panic);
+    }
+    let status = decoder.wait().expect("decoder");
+    reader.join().expect("stdout reader");
+    let lines = lines.lock().unwrap().clone();
+    assert!(
+        status.success(),
+        "nvr_decoder exit {status:?}; output:\n{}",
+        lines.join("\n")
+    );
+    lines
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_nvr_four_file_cameras_stay_bit_exact_while_a_dead_packet_input_is_resynced() {
@@ -272,7 +305,7 @@ fn gpu_nvr_four_file_cameras_stay_bit_exact_while_a_dead_packet_input_is_resynce
 
     let live_packets = rings.join("live.packets.sock");
     let source = packet_producer(&live_packets);
-    let (mut decoder, lines, reader) = start_decoder(&config);
+    let (decoder, lines, reader) = start_decoder(&config);
     let events = |camera: &str, kind: &str| -> usize {
         lines
             .lock()
@@ -351,25 +384,10 @@ fn gpu_nvr_four_file_cameras_stay_bit_exact_while_a_dead_packet_input_is_resynce
         }));
         // The decoder ends (SIGINT; SIGKILL when a phase failed), its rings close
         // and every reader thread sees ProducerGone.
-        let signal = if phases.is_ok() { libc::SIGINT } else { libc::SIGKILL };
-        // SAFETY: kill(2) on our own child's pid, which has not been reaped.
-        let rc = unsafe { libc::kill(decoder.id() as libc::pid_t, signal) };
-        assert_eq!(rc, 0, "signal to the decoder");
+        stop_decoder(&decoder, phases.is_ok());
         phases
     });
-    if let Err(panic) = phases {
-        let _ = decoder.wait();
-        eprintln!("decoder output:\n{}", lines.lock().unwrap().join("\n"));
-        std::panic::resume_unwind(panic);
-    }
-    let status = decoder.wait().expect("decoder");
-    reader.join().expect("stdout reader");
-    let lines = lines.lock().unwrap();
-    assert!(
-        status.success(),
-        "nvr_decoder exit {status:?}; output:\n{}",
-        lines.join("\n")
-    );
+    let lines = finish_decoder(decoder, phases, &lines, reader);
     for (k, st) in seen.iter().enumerate() {
         let name = if k == FILE_CAMERAS {
             "live".to_owned()
@@ -440,7 +458,7 @@ fn gpu_nvr_host_memory_rings_carry_the_same_bit_exact_frames() {
     let config = dir.join("cameras.toml");
     std::fs::write(&config, &toml).expect("config");
     eprintln!("{toml}");
-    let (mut decoder, lines, reader) = start_decoder(&config);
+    let (decoder, lines, reader) = start_decoder(&config);
     let seen = [Seen::default(), Seen::default()];
     let phases = std::thread::scope(|s| {
         for (k, st) in seen.iter().enumerate() {
@@ -464,25 +482,10 @@ fn gpu_nvr_host_memory_rings_carry_the_same_bit_exact_frames() {
             });
             wait_for("two loops on the push host camera", || get(&seen[1].segments) >= 2);
         }));
-        let signal = if phases.is_ok() { libc::SIGINT } else { libc::SIGKILL };
-        // SAFETY: kill(2) on our own child's pid, which has not been reaped.
-        let rc = unsafe { libc::kill(decoder.id() as libc::pid_t, signal) };
-        assert_eq!(rc, 0, "signal to the decoder");
+        stop_decoder(&decoder, phases.is_ok());
         phases
     });
-    if let Err(panic) = phases {
-        let _ = decoder.wait();
-        eprintln!("decoder output:\n{}", lines.lock().unwrap().join("\n"));
-        std::panic::resume_unwind(panic);
-    }
-    let status = decoder.wait().expect("decoder");
-    reader.join().expect("stdout reader");
-    let lines = lines.lock().unwrap();
-    assert!(
-        status.success(),
-        "nvr_decoder exit {status:?}; output:\n{}",
-        lines.join("\n")
-    );
+    let lines = finish_decoder(decoder, phases, &lines, reader);
     let parsed: Vec<JsonLine> = lines.iter().filter_map(|l| JsonLine::parse(l)).collect();
     for event in ["ready", "final"] {
         let j = parsed

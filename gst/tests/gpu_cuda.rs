@@ -323,8 +323,14 @@ fn vramringsrc_feeds_nvh264enc_in_cuda_memory() {
         path.display()
     ));
     wait_eos(&sink);
-    assert!(negotiated_cuda(&sink, "vsink"), "nvh264dec ! vramringsink in CUDA memory");
-    assert!(src_negotiated_cuda(&src, "vsrc"), "vramringsrc ! nvh264enc in CUDA memory");
+    assert!(
+        negotiated_cuda(&sink, "vsink"),
+        "nvh264dec ! vramringsink in CUDA memory"
+    );
+    assert!(
+        src_negotiated_cuda(&src, "vsrc"),
+        "vramringsrc ! nvh264enc in CUDA memory"
+    );
     stop(&sink);
     let encoded: Vec<_> = pull_all(&src).iter().map(access_unit).collect();
     assert_eq!(encoded.len(), frames, "one access unit per decoded frame");
