@@ -657,6 +657,10 @@ impl PySubscriber {
     /// when there is none.
     fn park(&mut self, s: Box<Subscriber>) -> Option<Box<Subscriber>> {
         if !self.lent_alive() {
+            // The frame lent last is gone; the work its consumers queued on
+            // the buffer completes before `s` (and its mapping) can go:
+            // dropping our last `Arc` settles its events.
+            drop(self.lent.take());
             return Some(s);
         }
         let l = self.lent.take()?;
