@@ -760,7 +760,9 @@ def out_path(a):
         return None
     if os.path.isdir(a.out) or a.out.endswith("/"):
         os.makedirs(a.out, exist_ok=True)
-        name = f"nvr_scale_{'+'.join(a.pipelines)}_mps-{'+'.join(a.mps)}{'_smoke' if a.smoke else ''}.json"
+        # Letters, digits, '.', '_' and '-' only: the GPU machine returns
+        # no file whose name has any other character.
+        name = f"nvr_scale_{'-'.join(a.pipelines)}_mps-{'-'.join(a.mps)}{'_smoke' if a.smoke else ''}.json"
         return os.path.join(a.out, name)
     return a.out
 

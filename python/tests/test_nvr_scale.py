@@ -6,8 +6,10 @@ point is measured and parsed, the MPS daemon is started once and quit once
 per setting (also when the bench is interrupted), and no process the bench
 started outlives it. No test here asserts a rate or a duration."""
 
+import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,6 +22,14 @@ import pytest
 from conftest import REPO
 
 BENCH = REPO / "benches" / "nvr_scale.py"
+
+
+def _bench():
+    """benches/nvr_scale.py as a module (importing it starts nothing)."""
+    spec = importlib.util.spec_from_file_location("nvr_scale", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 FAKE_SMI = """#!/bin/bash
 # nvidia-smi stand-in: the sampled query prints a row every 0.2 s.
@@ -137,7 +147,7 @@ def test_smoke_sweep_measures_every_point_and_leaves_nothing_running(fake_gpu, w
                         "--warmup", "0.5", "--mps", "off,on", "--keep-going", "--out", f"{out}/",
                         "--work-dir", work], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    res = json.loads((out / "nvr_scale_host_mps-off+on_smoke.json").read_text())
+    res = json.loads((out / "nvr_scale_host_mps-off-on_smoke.json").read_text())
     assert res["complete"] and res["smoke"] and res["gpu"].startswith("Fake GPU"), res
     points = res["points"]
     assert [(p["mps"], p["cameras"]) for p in points] == [("off", 2), ("off", 3), ("on", 2), ("on", 3)]
@@ -233,3 +243,17 @@ def test_an_mps_server_that_outlives_quit_is_terminated_by_the_bench(fake_gpu, w
     assert any("still running after quit: SIGTERM" in p for p in problems), problems
     _assert_each_daemon_started_and_quit_once(_mps_calls(mps_log), 1)
     assert not _pids_of("nvidia-cuda-mps"), "the bench terminated the MPS server stand-in"
+
+
+def test_results_file_names_use_only_characters_the_gpu_machine_returns(tmp_path):
+    bench = _bench()
+    names = set()
+    for pipelines in ("vram,host", "vram", "host"):
+        for mps in ("off", "on", "off,on"):
+            a = bench.parse_args(["--pipelines", pipelines, "--mps", mps, "--out", f"{tmp_path}/"])
+            names.add(os.path.basename(bench.out_path(a)))
+    a = bench.parse_args(["--smoke", "--mps", "off,on", "--out", f"{tmp_path}/"])
+    names.add(os.path.basename(bench.out_path(a)))
+    assert len(names) == 10, names                   # one file per sweep, none overwritten by another
+    for name in names:
+        assert re.fullmatch(r"[A-Za-z0-9._-]+", name), name
