@@ -76,6 +76,7 @@ test_nvr_scale.py runs it with fakes of both). --dry-run prints the plan.
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -831,7 +832,7 @@ def main(argv=None):
     results = {"bench": "nvr_scale", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                "host": " ".join(os.uname()), "cpus": os.cpu_count(), "gpu": gpu_identity(base_env, a.device),
                "smoke": a.smoke, "args": {k: v for k, v in vars(a).items()}, "points": [], "mps": {},
-               "complete": False}
+               "open_files_limit": list(resource.getrlimit(resource.RLIMIT_NOFILE)), "complete": False}
     if os.path.exists("/tmp/nvidia-mps/control"):
         results["warning"] = ("a system MPS daemon's control pipe /tmp/nvidia-mps/control exists: "
                               "processes of the mps=off runs may run under it")

@@ -26,13 +26,26 @@ site=$(mktemp -d /tmp/nvr-site-XXXXXX)
 # (pip --target does the same, where the venv has pip).
 "$py" -m zipfile -e "$whl" "$site" || exit 1
 export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
-"$py" - <<'PY' || exit 1
-import sys, torch, torchvision, vramring
+NVR_WHEEL=$whl "$py" - <<'PY' || exit 1
+import os, sys, torch, torchvision, vramring
 print(f"python {sys.version.split()[0]} torch {torch.__version__} torchvision {torchvision.__version__} "
       f"vramring {vramring.__version__} from {vramring.__file__}")
+if not hasattr(vramring.Frame, "tensors"):
+    sys.exit(f"nvr_scale_device: the staged wheel {os.environ['NVR_WHEEL']} lacks Frame.tensors, which the "
+             "readers use: rerun `bash benches/nvr_stage.sh` without --no-wheel and carry .device again")
 if not torch.cuda.is_available():
     sys.exit("nvr_scale_device: torch sees no CUDA GPU")
 PY
+# Every ring the readers join holds file descriptors (its socket, the
+# memory it maps, push buffers): raise the soft limit to the hard one.
+soft=$(ulimit -Sn) hard=$(ulimit -Hn)
+if [[ "$hard" == unlimited ]]; then
+    hard=$(cat /proc/sys/fs/nr_open 2>/dev/null || echo 1048576)
+fi
+if ! ulimit -Sn "$hard" 2>/dev/null; then
+    echo "nvr_scale_device: could not raise the open-files limit from $soft to $hard" >&2
+fi
+echo "nvr_scale_device: open files: soft limit $(ulimit -Sn) (was $soft), hard limit $(ulimit -Hn)"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader || exit 1
 out=${OUT:-/tmp/nvr-scale-out}
 mkdir -p "$out"

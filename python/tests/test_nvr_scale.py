@@ -149,6 +149,7 @@ def test_smoke_sweep_measures_every_point_and_leaves_nothing_running(fake_gpu, w
     assert r.returncode == 0, r.stderr
     res = json.loads((out / "nvr_scale_host_mps-off-on_smoke.json").read_text())
     assert res["complete"] and res["smoke"] and res["gpu"].startswith("Fake GPU"), res
+    assert len(res["open_files_limit"]) == 2, res
     points = res["points"]
     assert [(p["mps"], p["cameras"]) for p in points] == [("off", 2), ("off", 3), ("on", 2), ("on", 3)]
     for p in points:
