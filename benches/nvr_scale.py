@@ -43,8 +43,10 @@ Per point it reports:
 
 A sweep over --counts stops at the first point that is not sustained
 (--keep-going runs them all), and points that would not end within
---budget-s of the start are not run (said so in the results), so one
-invocation fits one 10-minute command. Every process the bench starts is
+--budget-s of the start are not run (said so in the results; a point's
+time is estimated from the points before it, scaled to its cameras, and a
+point whose start the budget cuts short is also recorded as not run, not
+as a failure), so one invocation fits one 10-minute command. Every process the bench starts is
 stopped on every way out (SIGINT first, then SIGKILL to its process group;
 each child also gets SIGKILL if the bench dies: PR_SET_PDEATHSIG), and the
 MPS control daemon of --mps on (private CUDA_MPS_PIPE_DIRECTORY and
@@ -539,18 +541,22 @@ def run_point(a, pipeline, mps, n, env, work, mps_daemon):
         pt["gpu_mem_before_mib"] = before[3] if before else None
         log(f"{name}: starting the decoder ({n} cameras)")
         procs["decoder"] = Proc("decoder", dec_cmd, env, d)
-        ready = procs["decoder"].wait_event("ready", startup_wait(a))
+        wait, cut = startup_wait(a, mps)
+        ready = procs["decoder"].wait_event("ready", wait)
         if ready is None:
-            return fail(pt, procs, f"the decoder did not start: exit {procs['decoder'].p.poll()}: "
-                               f"{procs['decoder'].stderr_tail()}")
+            return not_ready(a, pt, procs, "decoder", wait, cut)
         want_mem = "cuda" if pipeline == "vram" else "host"
         if ready.get("memory") != want_mem:
             return fail(pt, procs, f"misconfigured: the decoder says memory {ready.get('memory')!r}, "
                                f"not {want_mem!r}")
-        end = time.monotonic() + startup_wait(a)
-        while len([x for x in os.listdir(rings) if x.endswith(".sock")]) < n:
-            if not procs["decoder"].alive() or time.monotonic() > end:
-                return fail(pt, procs, f"the decoder made {len(os.listdir(rings))} of {n} rings: "
+        wait, cut = startup_wait(a, mps)
+        end = time.monotonic() + wait
+        while (made := len([x for x in os.listdir(rings) if x.endswith(".sock")])) < n:
+            alive = procs["decoder"].alive()
+            if alive and cut and time.monotonic() > end:
+                return out_of_budget(a, pt, f"the decoder had made {made} of {n} rings")
+            if not alive or time.monotonic() > end:
+                return fail(pt, procs, f"the decoder made {made} of {n} rings in {wait:.0f} s: "
                                    f"{procs['decoder'].stderr_tail()}")
             time.sleep(0.1)
         log(f"{name}: {n} rings up; starting the detector and the motion reader")
@@ -558,10 +564,10 @@ def run_point(a, pipeline, mps, n, env, work, mps_daemon):
         procs["motion"] = Proc("motion", mot_cmd, env, d)
         want_det, want_mot = expected_inputs(a, pipeline)
         for role, key, want in (("detector", "input", want_det), ("motion", "scoring", want_mot)):
-            r = procs[role].wait_event("ready", startup_wait(a))
+            wait, cut = startup_wait(a, mps)
+            r = procs[role].wait_event("ready", wait)
             if r is None:
-                return fail(pt, procs, f"the {role} did not start: exit {procs[role].p.poll()}: "
-                                   f"{procs[role].stderr_tail()}")
+                return not_ready(a, pt, procs, role, wait, cut)
             if r.get(key) != want:
                 return fail(pt, procs, f"misconfigured: the {role} says {key} {r.get(key)}, not {want}")
             joined = len(r.get("cameras", []))
@@ -609,12 +615,31 @@ def run_point(a, pipeline, mps, n, env, work, mps_daemon):
     return pt
 
 
-def startup_wait(a):
-    """How long a process may take to be ready: --startup-timeout, less
-    when the run's hard end (--budget-s plus the time to stop and quit
-    MPS) comes first."""
+def startup_wait(a, mps):
+    """How long a process may take to be ready, and whether the budget cut
+    that short: --startup-timeout (under MPS at most --mps-startup-timeout),
+    less when the run's hard end (--budget-s, less the rest of the point)
+    comes first."""
+    limit = a.startup_timeout if mps == "off" else min(a.startup_timeout, a.mps_startup_timeout)
     left = a.hard_end - time.monotonic() - a.warmup - a.seconds - a.stop_grace - 30.0
-    return max(5.0, min(a.startup_timeout, left))
+    return max(5.0, min(limit, left)), left < limit
+
+
+def not_ready(a, pt, procs, role, wait, cut):
+    """The verdict on a process that was not ready within `wait`: not run
+    when it is still starting and the budget cut the wait short, else a
+    failure."""
+    p = procs[role]
+    if cut and p.alive():
+        return out_of_budget(a, pt, f"the {role} was still starting")
+    return fail(pt, procs, f"the {role} was not ready within {wait:.0f} s: exit {p.p.poll()}: {p.stderr_tail()}")
+
+
+def out_of_budget(a, pt, what):
+    why = f"not run: --budget-s {a.budget_s:.0f} ran out while {what}"
+    log(f"{pt['pipeline']}-mps{pt['mps']}-{pt['cameras']}: {why}")
+    pt["verdict"] = why
+    return pt
 
 
 def fail(pt, procs, why):
@@ -729,6 +754,8 @@ def parse_args(argv=None):
                     help="points that would end later than this after the start are not run, and a point's "
                          "waits are cut short so that the run ends soon after it (one 10-minute command)")
     ap.add_argument("--startup-timeout", type=float, default=180.0, help="seconds for each process to be ready")
+    ap.add_argument("--mps-startup-timeout", type=float, default=60.0,
+                    help="under MPS, at most this many seconds for each process to be ready")
     ap.add_argument("--stop-grace", type=float, default=10.0, help="seconds after SIGINT before SIGKILL")
     ap.add_argument("--keep-going", action="store_true", help="run every count even after one gave")
     ap.add_argument("--work-dir", default=None, help="configs, sockets and logs (default: a new dir in /tmp)")
@@ -754,6 +781,17 @@ def parse_args(argv=None):
         staged = os.path.join(REPO, ".device", "examples")
         a.examples = staged if os.path.isdir(staged) else os.path.join(REPO, "target", "release", "examples")
     return a
+
+
+def estimate_s(a, n, done):
+    """How long a point of `n` cameras will take, from the points `done`
+    ((cameras, seconds) each): the fixed part (--warmup, --seconds, the
+    last ticks) plus starting and stopping the processes, which grows with
+    the cameras: the most seconds per camera any point took for it, times
+    `n`, a fifth more to spare. At least 30 s besides the fixed part."""
+    fixed = a.warmup + a.seconds + TICK_S + 0.2
+    per_camera = max((max(0.0, secs - fixed) / k for k, secs in done), default=0.0)
+    return fixed + max(30.0, 1.2 * per_camera * n)
 
 
 def out_path(a):
@@ -864,10 +902,10 @@ def main(argv=None):
                 # Count by count, each pipeline in turn: a budget that runs
                 # out cuts both sweeps at the same count.
                 gave_at = {p: None for p in a.pipelines}
-                longest = 0.0
+                done = []   # (cameras, seconds) of the points run
                 for n in a.counts:
                     for pipeline in a.pipelines:
-                        est = max(longest * 1.5, 30.0 + a.warmup + a.seconds)
+                        est = estimate_s(a, n, done)
                         skip = None
                         if gave_at[pipeline] is not None:
                             skip = (f"not run: the {pipeline} pipeline gave at {gave_at[pipeline]} cameras "
@@ -879,10 +917,13 @@ def main(argv=None):
                                                       "verdict": skip})
                             continue
                         pt = run_point(a, pipeline, mps, n, env, work, daemon)
-                        longest = max(longest, pt.get("duration_s", 0.0))
+                        pt["estimate_s"] = round(est, 1)
                         results["points"].append(pt)
                         write(path, results)
                         log(f"{pipeline} mps={mps} {n} cameras: {pt['verdict']}")
+                        if pt["verdict"].startswith("not run"):
+                            continue   # the budget ran out: no figure, and no verdict on the pipeline
+                        done.append((n, pt["duration_s"]))
                         if pt["verdict"] != "sustained" and not a.keep_going:
                             gave_at[pipeline] = n
             finally:

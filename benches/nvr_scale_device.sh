@@ -5,8 +5,8 @@
 # decoder and nvidia-smi, then runs the bench with the arguments given.
 # Results (one JSON file) and the table go to --out, by default $OUT.
 #
-#   bash benches/nvr_scale_device.sh --mps off          # both pipelines, no MPS
-#   bash benches/nvr_scale_device.sh --mps on           # both pipelines, under MPS
+#   bash benches/nvr_scale_device.sh --mps off          # both pipelines, 32 to 192 cameras, no MPS
+#   bash benches/nvr_scale_device.sh --mps on           # the same under MPS
 #   bash benches/nvr_scale_device.sh --mps off --pipelines host --counts 64,128,192
 #
 # The Python is $NVR_PYTHON, else /opt/torch/.venv/bin/python, else python3.
@@ -52,10 +52,12 @@ mkdir -p "$out"
 log="$out/nvr_scale_$(date +%Y%m%d-%H%M%S).log"
 # The bench in the background so that a signal to this script reaches it
 # (it then stops its processes and quits MPS); its output also in $log.
-# --budget-s 500: the sweep, its last point and the MPS quit end within the
-# 10 minutes of one command, this script's checks included (later
-# arguments win).
-"$py" benches/nvr_scale.py --examples .device/examples --python "$py" --out "$out/" --budget-s 500 "$@" \
+# The sweep 32 to 192 cameras; --budget-s 430 and --stop-grace 5: the
+# sweep, its last point, stopping every process and quitting MPS end well
+# within the 10 minutes of one command, this script's checks included
+# (later arguments win).
+"$py" benches/nvr_scale.py --examples .device/examples --python "$py" --out "$out/" \
+    --counts 32,64,128,192 --budget-s 430 --stop-grace 5 "$@" \
     > >(tee -a "$log") 2>&1 &
 bench=$!
 trap 'kill -TERM "$bench" 2>/dev/null' TERM INT HUP

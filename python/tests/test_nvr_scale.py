@@ -258,3 +258,97 @@ def test_results_file_names_use_only_characters_the_gpu_machine_returns(tmp_path
     assert len(names) == 10, names                   # one file per sweep, none overwritten by another
     for name in names:
         assert re.fullmatch(r"[A-Za-z0-9._-]+", name), name
+
+
+def test_the_time_a_point_is_given_grows_with_its_cameras():
+    bench = _bench()
+    a = bench.parse_args(["--seconds", "8", "--warmup", "4"])
+    fixed = bench.estimate_s(a, 32, [])             # nothing run yet: the fixed part and 30 s
+    assert fixed == bench.estimate_s(a, 192, [])
+    # 32 cameras took the fixed part plus 40 s to start and stop: twice the
+    # cameras are given about twice that (a fifth more to spare).
+    done = [(32, fixed - 30.0 + 40.0)]
+    var32, var64 = (bench.estimate_s(a, n, done) - (fixed - 30.0) for n in (32, 64))
+    assert var32 == pytest.approx(1.2 * 40.0) and var64 == pytest.approx(2 * var32)
+    # The costliest point per camera decides.
+    done.append((64, fixed - 30.0 + 40.0))
+    assert bench.estimate_s(a, 64, done) - (fixed - 30.0) == pytest.approx(var64)
+
+
+def test_a_point_whose_start_the_budget_cuts_short_is_not_run_not_failed(work, tmp_path):
+    # The detector's Python takes 8 s to start; with --budget-s 40 the bench
+    # gives each process 5 s (the budget has no more left for a start).
+    slow = tmp_path / "python"
+    slow.write_text(f"""#!/bin/bash
+case "$*" in *nvr_detector.py*) sleep 8 ;; esac
+exec {sys.executable} "$@"
+""")
+    slow.chmod(0o755)
+    out = tmp_path / "res.json"
+    r = subprocess.run([sys.executable, str(BENCH), "--smoke", "--counts", "2,3", "--seconds", "2",
+                        "--warmup", "0.5", "--budget-s", "40", "--python", str(slow), "--out", str(out),
+                        "--work-dir", work], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    first, second = json.loads(out.read_text())["points"]
+    assert first["verdict"] == "not run: --budget-s 40 ran out while the detector was still starting", first
+    assert second["verdict"].startswith("not run: it would end past --budget-s 40"), second
+    assert not _pids_with(work), "no process of the bench is left"
+
+
+def _device_tree(tmp_path, frame_has_tensors):
+    """A copy of benches/nvr_scale_device.sh beside a stand-in .device/ (a
+    vramring wheel with or without Frame.tensors, an nvr_decoder) and a
+    stand-in benches/nvr_scale.py that prints its arguments and open-files
+    limit; stand-ins of torch, torchvision and nvidia-smi."""
+    root = tmp_path / "tree"
+    (root / "benches").mkdir(parents=True)
+    shutil.copy(REPO / "benches" / "nvr_scale_device.sh", root / "benches")
+    (root / "benches" / "nvr_scale.py").write_text(
+        "import json, resource, sys\n"
+        "print(json.dumps({'argv': sys.argv[1:], 'nofile': resource.getrlimit(resource.RLIMIT_NOFILE)}))\n")
+    (root / ".device" / "examples").mkdir(parents=True)
+    (root / ".device" / "examples" / "nvr_decoder").write_text("#!/bin/sh\n")
+    (root / ".device" / "examples" / "nvr_decoder").chmod(0o755)
+    (root / ".device" / "wheels").mkdir()
+    import zipfile
+    with zipfile.ZipFile(root / ".device" / "wheels" / "vramring-0.1.0-cp311-abi3-linux_x86_64.whl", "w") as z:
+        z.writestr("vramring/__init__.py", "__version__ = '0.1.0'\nclass Frame:\n"
+                   + ("    tensors = ()\n" if frame_has_tensors else "    pass\n"))
+    fakes = tmp_path / "fakes"
+    (fakes / "torch").mkdir(parents=True)
+    (fakes / "torch" / "__init__.py").write_text(
+        "__version__ = '0'\nclass cuda:\n    @staticmethod\n    def is_available():\n        return True\n")
+    (fakes / "torchvision").mkdir()
+    (fakes / "torchvision" / "__init__.py").write_text("__version__ = '0'\n")
+    (fakes / "nvidia-smi").write_text("#!/bin/sh\necho 'Fake GPU, 580.00, 0 MiB, 143771 MiB'\n")
+    (fakes / "nvidia-smi").chmod(0o755)
+    env = dict(os.environ, NVR_PYTHON=sys.executable, PYTHONPATH=str(fakes), OUT=str(tmp_path / "out"),
+               PATH=f"{fakes}:{os.environ['PATH']}")
+    return root, env
+
+
+def test_the_device_script_refuses_a_wheel_without_frame_tensors(tmp_path):
+    root, env = _device_tree(tmp_path, frame_has_tensors=False)
+    r = subprocess.run(["bash", str(root / "benches" / "nvr_scale_device.sh"), "--mps", "off"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "lacks Frame.tensors" in r.stderr and "benches/nvr_stage.sh` without --no-wheel" in r.stderr, r.stderr
+    assert "argv" not in r.stdout, "the bench did not run"
+
+
+def test_the_device_script_sweeps_32_to_192_cameras_in_budget_with_every_fd_it_may_have(tmp_path):
+    root, env = _device_tree(tmp_path, frame_has_tensors=True)
+    r = subprocess.run(["bash", str(root / "benches" / "nvr_scale_device.sh"), "--mps", "on", "--counts", "8"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "open files: soft limit" in r.stdout, r.stdout
+    (ran,) = [json.loads(l) for l in r.stdout.splitlines() if l.startswith('{"argv"')]
+    argv = ran["argv"]
+
+    def value(flag):                                  # argparse: the last one given wins
+        return argv[len(argv) - 1 - argv[::-1].index(flag) + 1]
+
+    assert argv[argv.index("--counts") + 1] == "32,64,128,192" and value("--counts") == "8", argv
+    assert (value("--budget-s"), value("--stop-grace"), value("--mps")) == ("430", "5", "on"), argv
+    soft, hard = ran["nofile"]
+    assert soft == hard or "could not raise the open-files limit" in r.stderr, (ran, r.stderr)
