@@ -104,8 +104,11 @@ def log(msg):
     print(f"nvr_scale: {msg}", file=sys.stderr, flush=True)
 
 
-class Interrupted(Exception):
-    """SIGTERM, SIGHUP or SIGINT reached the bench."""
+class Interrupted(BaseException):
+    """SIGTERM, SIGHUP or SIGINT reached the bench. A BaseException, as
+    KeyboardInterrupt is: no `except Exception` on the way (a failed MPS
+    start, a failed point) takes it for an error of its own; main's
+    finally stops every process and quits MPS."""
 
     def __init__(self, signum):
         super().__init__(signal.Signals(signum).name)

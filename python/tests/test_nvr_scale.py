@@ -41,12 +41,14 @@ esac
 
 # The MPS control stand-in: -d starts a "server" (a copy of sleep named
 # nvidia-cuda-mps-server, in the daemon's environment) and makes the control
-# pipe; quit stops the server (unless FAKE_MPS_STUBBORN is set). Every call
-# is logged with the pipe directory.
+# pipe (FAKE_MPS_SLOW_START seconds after it is called); quit stops the
+# server (unless FAKE_MPS_STUBBORN is set). Every call is logged with the
+# pipe directory.
 FAKE_MPS = """#!/bin/bash
 log="$FAKE_MPS_LOG"
 if [ "$1" = "-d" ]; then
   echo "start $CUDA_MPS_PIPE_DIRECTORY" >> "$log"
+  for _ in $(seq 1 $((${FAKE_MPS_SLOW_START:-0} * 10))); do sleep 0.1; done
   "$(dirname "$0")/nvidia-cuda-mps-server" 600 > /dev/null 2>&1 &
   echo $! > "$CUDA_MPS_PIPE_DIRECTORY/server.pid"
   touch "$CUDA_MPS_PIPE_DIRECTORY/control"
@@ -205,6 +207,34 @@ def test_an_interrupted_sweep_stops_its_processes_and_quits_mps(fake_gpu, work, 
     _assert_each_daemon_started_and_quit_once(_mps_calls(mps_log), 1)
     assert not _pids_with(work), "no process of the bench is left"
     assert not _pids_of("nvidia-cuda-mps"), "the MPS server stand-in is gone"
+
+
+def test_a_signal_while_mps_starts_interrupts_the_sweep_and_quits_mps(fake_gpu, work, tmp_path):
+    assert issubclass(_bench().Interrupted, BaseException) and not issubclass(_bench().Interrupted, Exception)
+    env, mps_log = fake_gpu
+    env = dict(env, FAKE_MPS_SLOW_START="20")
+    out = tmp_path / "res.json"
+    p = subprocess.Popen([sys.executable, str(BENCH), "--smoke", "--counts", "2", "--seconds", "1",
+                          "--warmup", "0", "--mps", "on", "--out", str(out), "--work-dir", work],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(c[0] == "start" for c in _mps_calls(mps_log)):
+            assert p.poll() is None and time.monotonic() < deadline, "the bench never started MPS"
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 128 + signal.SIGTERM, err
+    res = json.loads(out.read_text())
+    assert res["interrupted"] == "SIGTERM" and not res["complete"], res
+    assert not any("did not start" in pt["verdict"] for pt in res["points"]), res["points"]
+    _assert_each_daemon_started_and_quit_once(_mps_calls(mps_log), 1)
+    assert not _pids_with(work), "no process of the bench is left"
+    assert not _pids_of("nvidia-cuda-mps"), "no MPS stand-in is left"
 
 
 def test_without_the_mps_program_the_mps_points_say_not_run(work, tmp_path):
