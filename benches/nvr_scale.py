@@ -52,7 +52,11 @@ each child also gets SIGKILL if the bench dies: PR_SET_PDEATHSIG), and the
 MPS control daemon of --mps on (private CUDA_MPS_PIPE_DIRECTORY and
 CUDA_MPS_LOG_DIRECTORY under /tmp) is always quit with `echo quit |
 nvidia-cuda-mps-control`, in a finally that SIGTERM, SIGHUP and SIGINT
-also reach. The results go, one JSON file, to --out (updated after each
+also reach. Before the MPS sweep a probe runs under the daemon (torch's
+CUDA init within 30 s, then a one-camera decoder for 3 s); if it fails,
+the MPS points are recorded as "not run: MPS probe failed: <why>" and the
+daemon is quit. Under MPS each process has at most --mps-startup-timeout
+to be ready. The results go, one JSON file, to --out (updated after each
 point), and a table to stdout.
 
 On the H200 (staged with benches/nvr_stage.sh; torch in /opt/torch/.venv;
@@ -461,6 +465,58 @@ class Mps:
         for p in problems:
             log(p)
         return problems
+
+
+# What the MPS probe runs in the readers' Python: torch's CUDA init and one
+# kernel (--smoke: that Python starting, no CUDA).
+PROBE_CUDA = ("import json, torch; x = torch.ones(1, device='cuda') + 1; torch.cuda.synchronize(); "
+              "print(json.dumps({'event': 'probe', 'gpu': torch.cuda.get_device_name(), 'sum': float(x)}), "
+              "flush=True)")
+PROBE_SMOKE = ("import json, sys; "
+               "print(json.dumps({'event': 'probe', 'python': sys.version.split()[0]}), flush=True)")
+PROBE_WAIT_S = 30.0
+PROBE_DECODE_S = 3.0
+
+
+def mps_probe(a, env, work):
+    """Whether CUDA works under the MPS daemon at all, before its sweep:
+    torch's CUDA init in the readers' Python, then a one-camera decoder
+    (as the sweep's first pipeline runs it) that must be ready and decode
+    for PROBE_DECODE_S, each within PROBE_WAIT_S. Returns (why it failed or
+    None, what it saw)."""
+    d = os.path.join(work, "mps-probe")
+    rings = os.path.join(d, "r")
+    os.makedirs(rings)
+    seen, procs = {}, {}
+    try:
+        what = "the readers' Python starting (--smoke: no CUDA)" if a.smoke else "torch's CUDA init"
+        log(f"MPS probe: {what}")
+        procs["cuda"] = p = Proc("probe-cuda", [a.python, "-c", PROBE_SMOKE if a.smoke else PROBE_CUDA], env, d)
+        got = p.wait_event("probe", PROBE_WAIT_S)
+        if got is None:
+            return f"{what} gave no answer within {PROBE_WAIT_S:.0f} s (exit {p.p.poll()}): {p.stderr_tail()}", seen
+        seen["cuda"] = {k: v for k, v in got.items() if k not in ("event", "_recv_ns")}
+        pipeline = a.pipelines[0]
+        cfg = os.path.join(d, "cameras.toml")
+        with open(cfg, "w") as f:
+            f.write(camera_config(a, pipeline, 1, rings))
+        log(f"MPS probe: a one-camera decoder ({pipeline} pipeline) for {PROBE_DECODE_S:.0f} s")
+        procs["decoder"] = p = Proc("probe-decoder", commands(a, pipeline, 1, cfg, rings)[0], env, d)
+        if p.wait_event("ready", PROBE_WAIT_S) is None:
+            return (f"a one-camera decoder was not ready within {PROBE_WAIT_S:.0f} s (exit {p.p.poll()}): "
+                    f"{p.stderr_tail()}"), seen
+        dead = sleep_alive({"one-camera decoder": p}, PROBE_DECODE_S)
+        ticks = p.events("tick")
+        seen["decoder_frames"] = frames = ticks[-1].get("frames", 0) if ticks else 0
+        if dead:
+            return dead, seen
+        if frames < 1:
+            return f"a one-camera decoder decoded no frame in {PROBE_DECODE_S:.0f} s: {p.stderr_tail()}", seen
+        log(f"MPS probe: CUDA and the decoder work ({frames} frames)")
+        return None, seen
+    finally:
+        for role, p in procs.items():
+            seen.setdefault("exit", {})[role] = p.stop(a.stop_grace)
 
 
 # ------------------------------------------------------------------ one point
@@ -884,23 +940,30 @@ def main(argv=None):
     daemon = None
     try:
         for mps in a.mps:
-            env, daemon = base_env, None
+            env, daemon, probe = base_env, None, None
             if mps == "on":
                 daemon = Mps(base_env)
                 try:
                     daemon.start()
                 except Exception as e:
                     why = f"not run: the MPS control daemon did not start: {e}"
+                else:
+                    env = daemon.env(base_env)
+                    failed, probe = mps_probe(a, env, work)
+                    why = f"not run: MPS probe failed: {failed}" if failed else None
+                if why:
                     log(why)
                     for pipeline in a.pipelines:
                         for n in a.counts:
                             results["points"].append({"pipeline": pipeline, "mps": mps, "cameras": n,
                                                       "verdict": why})
-                    daemon.quit()
+                    results["mps"][mps] = {"probe": probe, "control_log_tail": daemon.log_tail()}
+                    problems = daemon.quit()
+                    if problems:
+                        results["mps"][mps]["quit_problems"] = problems
                     daemon = None
                     write(path, results)
                     continue
-                env = daemon.env(base_env)
             try:
                 # Count by count, each pipeline in turn: a budget that runs
                 # out cuts both sweeps at the same count.
@@ -931,7 +994,7 @@ def main(argv=None):
                             gave_at[pipeline] = n
             finally:
                 if daemon is not None:
-                    results["mps"][mps] = {"clients_logged": daemon.clients_logged(),
+                    results["mps"][mps] = {"probe": probe, "clients_logged": daemon.clients_logged(),
                                            "control_log_tail": daemon.log_tail()}
                     problems = daemon.quit()
                     if problems:

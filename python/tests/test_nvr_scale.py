@@ -170,6 +170,10 @@ def test_smoke_sweep_measures_every_point_and_leaves_nothing_running(fake_gpu, w
         if p["mps"] == "on":
             assert len(p["mps_server_pids"]) == 1 and "NOT under MPS" not in p["verdict"], where
             assert any(k.startswith("mps-server") for k in p["cpu_pct"]), where
+    # The probe ran under the daemon before its points: the readers' Python and a decoder that decoded.
+    probe = res["mps"]["on"]["probe"]
+    assert "python" in probe["cuda"] and probe["decoder_frames"] > 0, probe
+    assert probe["exit"] == {"cuda": 0, "decoder": 0}, probe
     _assert_each_daemon_started_and_quit_once(_mps_calls(mps_log), 1)
     assert not _pids_with(work), "no process of the bench is left"
     assert not _pids_of("nvidia-cuda-mps"), "the MPS server stand-in is gone"
@@ -235,6 +239,31 @@ def test_a_signal_while_mps_starts_interrupts_the_sweep_and_quits_mps(fake_gpu, 
     _assert_each_daemon_started_and_quit_once(_mps_calls(mps_log), 1)
     assert not _pids_with(work), "no process of the bench is left"
     assert not _pids_of("nvidia-cuda-mps"), "no MPS stand-in is left"
+
+
+def test_when_the_mps_probe_fails_the_mps_points_say_why_and_mps_is_quit(fake_gpu, work, tmp_path):
+    # A Python that cannot start under MPS (as a CUDA init that fails there would).
+    broken = tmp_path / "python"
+    broken.write_text(f"""#!/bin/bash
+if [ -n "$CUDA_MPS_PIPE_DIRECTORY" ]; then echo "fake: cuInit failed under MPS" >&2; exit 1; fi
+exec {sys.executable} "$@"
+""")
+    broken.chmod(0o755)
+    env, mps_log = fake_gpu
+    out = tmp_path / "res.json"
+    r = subprocess.run([sys.executable, str(BENCH), "--smoke", "--counts", "2", "--seconds", "1", "--warmup", "0",
+                        "--mps", "off,on", "--python", str(broken), "--out", str(out), "--work-dir", work],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    off, on = res["points"]
+    assert off["mps"] == "off" and not off["verdict"].startswith(("failed", "not run")), off
+    assert on["mps"] == "on" and on["verdict"].startswith("not run: MPS probe failed: "), on
+    assert "fake: cuInit failed under MPS" in on["verdict"], on
+    assert res["mps"]["on"]["probe"]["exit"] == {"cuda": 1}, res["mps"]
+    _assert_each_daemon_started_and_quit_once(_mps_calls(mps_log), 1)
+    assert not _pids_with(work), "no process of the bench is left"
+    assert not _pids_of("nvidia-cuda-mps"), "the MPS server stand-in is gone"
 
 
 def test_without_the_mps_program_the_mps_points_say_not_run(work, tmp_path):
