@@ -34,6 +34,11 @@ Per point it reports:
 * CPU % per camera: the utime + stime (/proc/<pid>/stat) of every process
   of the pipeline (and the MPS server under MPS) over the window, over the
   window, per camera (100 = one core);
+* the readers' tensor cache, from their final lines (tensors_cache,
+  tensors_made, tensors_reused, tensors_busy): "on" in the table when
+  every camera's planes were imported once per buffer, else "off N" and a
+  note under the table with the state (a run that fell back to imports
+  per frame shows);
 * GPU memory used (peak in the window, and before the point started), SM
   and NVDEC utilisation (mean and peak), sampled by `nvidia-smi
   --query-gpu=utilization.gpu,utilization.decoder,memory.used -lms 500`;
@@ -97,6 +102,7 @@ READERS = os.path.join(REPO, "examples", "python")
 MPS_CONTROL = "nvidia-cuda-mps-control"
 MPS_VARS = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 SUSTAINED = 0.98
+TENSOR_KEYS = ("tensors_cache", "tensors_made", "tensors_reused", "tensors_busy")
 TICK_S = 0.5
 
 
@@ -629,6 +635,8 @@ def run_point(a, pipeline, mps, n, env, work, mps_daemon):
                 return not_ready(a, pt, procs, role, wait, cut)
             if r.get(key) != want:
                 return fail(pt, procs, f"misconfigured: the {role} says {key} {r.get(key)}, not {want}")
+            if role == "detector":
+                pt["detector_postprocess"] = r.get("postprocess")
             joined = len(r.get("cameras", []))
             if joined != n:
                 return fail(pt, procs, f"the {role} joined {joined} of {n} cameras: {procs[role].stderr_tail()}")
@@ -758,6 +766,12 @@ def measure(pt, procs, smi, t0, t1, c0, c1, n, a, gave):
         pt["motion_dropped"] = last["drops"] - first["drops"]
         dropped += pt["motion_dropped"]
     pt["dropped"] = dropped
+    # The readers' final lines (after SIGINT): whether each camera's planes
+    # were imported once per buffer (tensors_cache "on") or per frame.
+    pt["tensors"] = {}
+    for role in ("detector", "motion"):
+        fin = procs[role].events("final")
+        pt["tensors"][role] = {k: fin[-1].get(k) for k in TENSOR_KEYS} if fin else None
     if dropped:
         gave.append(f"{dropped} frames dropped (decoder {pt.get('decoder_dropped')}, "
                     f"motion {pt.get('motion_dropped')})")
@@ -874,23 +888,47 @@ def write(path, results):
     os.replace(tmp, path)
 
 
+def tensors_cell(pt):
+    """The readers' tensor cache in a word: "on" (every camera's planes
+    imported once per buffer), "none" (no tensors, --smoke), "off N" (N
+    camera subscriptions imported them per frame, or were not reported),
+    "-" (no final line); and a note per state other than on/none."""
+    t = pt.get("tensors")
+    if not t:
+        return "-", []
+    states, notes = {}, []
+    for role, got in t.items():
+        for state, cams in ((got or {}).get("tensors_cache") or {"unknown (no final line)": pt["cameras"]}).items():
+            states[state] = states.get(state, 0) + cams
+            if state not in ("on", "none"):
+                notes.append(f"{pt['pipeline']} mps={pt['mps']} {pt['cameras']} cameras: the {role}'s "
+                             f"tensors_cache is {state!r} on {cams} camera(s)")
+    off = sum(n for state, n in states.items() if state not in ("on", "none"))
+    return (f"off {off}" if off else "on" if "on" in states else "none"), notes
+
+
 def table(results):
     head = (f"{'pipeline':<8} {'mps':<3} {'cams':>4} {'decoded':>8} {'detected':>8} {'motion':>8} {'drop':>5} "
-            f"{'lat p50/p99 ms':>15} {'CPU%/cam':>8} {'GPU MiB':>8} {'SM%':>5} {'NVDEC%':>6}  verdict")
+            f"{'lat p50/p99 ms':>15} {'CPU%/cam':>8} {'GPU MiB':>8} {'SM%':>5} {'NVDEC%':>6} {'tensors':>7}  verdict")
     rows = [head, "-" * len(head)]
+    notes = []
 
     def r(pt, k):
         v = pt.get(k)
         return f"{100 * v:.1f}%" if isinstance(v, (int, float)) else "-"
 
     for pt in results["points"]:
+        cache, why = tensors_cell(pt)
+        notes += why
         lat = (f"{pt['latency_p50_ms']:.0f}/{pt['latency_p99_ms']:.0f}"
                if pt.get("latency_p50_ms") is not None else "-")
         rows.append(f"{pt['pipeline']:<8} {pt['mps']:<3} {pt['cameras']:>4} {r(pt, 'decoded_ratio'):>8} "
                     f"{r(pt, 'detected_ratio'):>8} {r(pt, 'motion_checked_ratio'):>8} "
                     f"{pt.get('dropped', '-')!s:>5} {lat:>15} {pt.get('cpu_pct_per_camera', '-')!s:>8} "
                     f"{pt.get('gpu_mem_peak_mib', '-')!s:>8} {pt.get('sm_util_mean', '-')!s:>5} "
-                    f"{pt.get('nvdec_util_mean', '-')!s:>6}  {pt['verdict']}")
+                    f"{pt.get('nvdec_util_mean', '-')!s:>6} {cache:>7}  {pt['verdict']}")
+    if notes:
+        rows += ["", "tensors: 'on' = each camera's planes imported once per buffer; otherwise per frame:", *notes]
     return "\n".join(rows)
 
 

@@ -27,7 +27,9 @@ Besides the per-camera lines, every --report seconds one
 {"event":"tick"} line with the CLOCK_MONOTONIC time t_ns, the totals so far
 and the latencies of the detections since the last tick (what
 benches/nvr_scale.py measures over its window), and at the end
-{"event":"final"}.
+{"event":"final"}, with the tensor cache's state over the cameras
+(tensors_cache: cameras per state, "on" when each buffer's planes were
+imported once; tensors_made, tensors_reused, tensors_busy summed).
 
 Pretrained weights are used only if torchvision has them offline (its
 cache); otherwise the network runs with random weights, which measures the
@@ -227,6 +229,7 @@ class Camera:
         self.window = {"detections": 0, "objects": 0, "latency_ms": [], "missed": 0}
         self.total = 0
         self.missed = 0
+        self.stats = None   # the subscriber's last stats(), read before it closes
 
 
 def decoded_ns(frame):
@@ -238,6 +241,22 @@ def decoded_ns(frame):
         if 0 < frame.commit_ns - t < 10_000_000_000:   # not some other program's metadata
             return t
     return frame.commit_ns
+
+
+TENSOR_COUNTERS = ("tensors_made", "tensors_reused", "tensors_busy")
+
+
+def tensor_cache(stats):
+    """The tensor cache over the cameras' last `stats()` (None: not read):
+    tensors_cache counts the cameras in each state ("on"; "off: why" when
+    the planes were imported per frame instead; "none" without tensors=;
+    "unknown" when not read), the counters are summed. nvr_detector.py and
+    nvr_motion.py each have this, so that each example stands alone."""
+    states = {}
+    for s in stats:
+        state = "unknown" if s is None else (s.get("tensors_cache") or "none")
+        states[state] = states.get(state, 0) + 1
+    return {"tensors_cache": states, **{k: sum((s or {}).get(k, 0) for s in stats) for k in TENSOR_COUNTERS}}
 
 
 def percentile(v, p):
@@ -372,6 +391,10 @@ def main(argv=None):
         pass
     finally:
         for c in cams:
+            try:
+                c.stats = c.sub.stats()
+            except vramring.VramringError as e:
+                print(f"nvr_detector: camera {c.name}: no stats: {e}", file=sys.stderr, flush=True)
             c.sub.close()
     all_latency += tick_latency
     print(json.dumps(tick(cams, tick_latency)), flush=True)
@@ -383,7 +406,7 @@ def main(argv=None):
                       "latency_p50_ms": round(percentile(all_latency, 0.5), 2),
                       "latency_p99_ms": round(percentile(all_latency, 0.99), 2),
                       "gone": sum(c.gone for c in cams), "input": sorted({c.how for c in cams}),
-                      "pretrained": pretrained}), flush=True)
+                      "pretrained": pretrained, **tensor_cache([c.stats for c in cams])}), flush=True)
     return 0
 
 

@@ -124,6 +124,19 @@ def test_nvr_detector_limits_post_processing_for_random_weights_only(monkeypatch
     assert (pretrained, post) == (True, {}) and (model.score_thresh, model.topk_candidates) == (0.001, 300)
 
 
+def test_nvr_readers_sum_the_tensor_cache_over_their_cameras():
+    stats = [{"tensors_cache": "on", "tensors_made": 8, "tensors_reused": 100, "tensors_busy": 1},
+             {"tensors_cache": "on", "tensors_made": 8, "tensors_reused": 90, "tensors_busy": 0},
+             {"tensors_cache": "off: the consumer kept a tensor", "tensors_made": 50, "tensors_reused": 0,
+              "tensors_busy": 0},
+             {"tensors_cache": None, "tensors_made": 0, "tensors_reused": 0, "tensors_busy": 0},
+             None]
+    want = {"tensors_cache": {"on": 2, "off: the consumer kept a tensor": 1, "none": 1, "unknown": 1},
+            "tensors_made": 66, "tensors_reused": 190, "tensors_busy": 1}
+    for name in NVR_EXAMPLES:
+        assert _example(name)["tensor_cache"](stats) == want, name
+
+
 def test_nvr_examples_without_a_camera_exit_2(tmp_path):
     for name in NVR_EXAMPLES:
         r = subprocess.run([sys.executable, str(EX / name), "--dir", str(tmp_path)],
@@ -203,6 +216,9 @@ def test_nvr_detector_reads_host_cameras_with_numpy_and_reports_ticks(producer, 
     assert len(latencies) == final["detections"], "each detection's latency is in exactly one tick"
     assert all(ms >= 0 for ms in latencies), latencies
     assert final["input"] == ["host"] and final["gone"] == 0, final
+    # The tensor cache of each camera's subscriber (numpy asks for no tensors).
+    assert final["tensors_cache"] == {"none": 2}, final
+    assert all(final[k] == 0 for k in ("tensors_made", "tensors_reused", "tensors_busy")), final
 
 
 def test_nvr_motion_on_host_cameras_reports_ticks_and_scores_where_asked(producer, sock, examples):
@@ -225,6 +241,12 @@ def test_nvr_motion_on_host_cameras_reports_ticks_and_scores_where_asked(produce
     assert final["event"] == "final" and final["frames"] == 60 and final["scoring"] == ["numpy"], final
     last_tick = [l for l in lines if l["event"] == "tick"][-1]
     assert (last_tick["frames"], last_tick["drops"]) == (final["frames"], final["drops"]), (last_tick, final)
+    # The tensor cache, per camera and over both (numpy asks for no tensors).
+    assert final["tensors_cache"] == {"none": 2}, final
+    cams = [l for l in lines if l["event"] == "camera-final"]
+    assert [c["tensors_cache"] for c in cams] == ["none", "none"], cams
+    for line in (final, *cams):
+        assert all(line[k] == 0 for k in ("tensors_made", "tensors_reused", "tensors_busy")), line
     if auto is not None:
         assert auto.returncode == 0, auto.stderr
         assert _json_lines(auto.stdout)[0]["scoring"] == ["numpy"], auto.stdout

@@ -167,6 +167,10 @@ def test_smoke_sweep_measures_every_point_and_leaves_nothing_running(fake_gpu, w
         assert p["gpu_samples"] > 0, where
         assert (p["sm_util_mean"], p["nvdec_util_max"], p["gpu_mem_peak_mib"]) == (37, 12, 2048), where
         assert set(p["pids"]) == {"decoder", "detector", "motion"}, where
+        # The readers' tensor cache, from their final lines (numpy: no tensors asked).
+        for role in ("detector", "motion"):
+            assert p["tensors"][role]["tensors_cache"] == {"none": p["cameras"]}, (role, where)
+            assert p["tensors"][role]["tensors_made"] == 0, (role, where)
         if p["mps"] == "on":
             assert len(p["mps_server_pids"]) == 1 and "NOT under MPS" not in p["verdict"], where
             assert any(k.startswith("mps-server") for k in p["cpu_pct"]), where
@@ -177,7 +181,7 @@ def test_smoke_sweep_measures_every_point_and_leaves_nothing_running(fake_gpu, w
     _assert_each_daemon_started_and_quit_once(_mps_calls(mps_log), 1)
     assert not _pids_with(work), "no process of the bench is left"
     assert not _pids_of("nvidia-cuda-mps"), "the MPS server stand-in is gone"
-    assert "verdict" in r.stdout and "results:" in r.stdout, r.stdout
+    assert "verdict" in r.stdout and "tensors" in r.stdout and "results:" in r.stdout, r.stdout
 
 
 def test_an_interrupted_sweep_stops_its_processes_and_quits_mps(fake_gpu, work, tmp_path):
@@ -411,3 +415,21 @@ def test_the_device_script_sweeps_32_to_192_cameras_in_budget_with_every_fd_it_m
     assert (value("--budget-s"), value("--stop-grace"), value("--mps")) == ("430", "5", "on"), argv
     soft, hard = ran["nofile"]
     assert soft == hard or "could not raise the open-files limit" in r.stderr, (ran, r.stderr)
+
+
+def test_the_table_shows_a_tensor_cache_that_fell_back_to_imports_per_frame():
+    bench = _bench()
+    on = {"tensors_cache": {"on": 4}, "tensors_made": 32, "tensors_reused": 900, "tensors_busy": 0}
+    half = {"tensors_cache": {"on": 3, "off: no torch stream": 1}, "tensors_made": 300, "tensors_reused": 700,
+            "tensors_busy": 0}
+    base = {"pipeline": "vram", "mps": "off", "cameras": 4, "verdict": "sustained"}
+    points = [dict(base, tensors={"detector": on, "motion": on}),
+              dict(base, cameras=8, tensors={"detector": on, "motion": half}),
+              dict(base, cameras=16, tensors={"detector": on, "motion": None}),
+              dict(base, cameras=32, verdict="failed: the decoder was not ready")]
+    assert [bench.tensors_cell(p)[0] for p in points] == ["on", "off 1", "off 16", "-"]
+    text = bench.table({"points": points})
+    rows = [l for l in text.splitlines() if l.startswith("vram")]
+    assert [r.split()[-2] for r in rows[:1]] == ["on"], text
+    assert "the motion's tensors_cache is 'off: no torch stream' on 1 camera(s)" in text, text
+    assert "the motion's tensors_cache is 'unknown (no final line)' on 16 camera(s)" in text, text
