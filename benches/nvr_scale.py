@@ -277,21 +277,33 @@ def rss_mib(pid):
 
 # ------------------------------------------------------------------ GPU
 
+def parse_smi_row(line):
+    """An nvidia-smi CSV row (utilization.gpu, utilization.decoder,
+    memory.used) as (sm, dec, mem), each a float or None where the row has
+    none ("[N/A]", "[Not Supported]"); None for a line that is no such row."""
+    parts = [x.strip() for x in line.split(",")]
+    if len(parts) != 3:
+        return None
+    vals = []
+    for x in parts:
+        try:
+            vals.append(float(x))
+        except ValueError:
+            vals.append(None)
+    return None if all(v is None for v in vals) else tuple(vals)
+
+
 class SmiProc(Proc):
-    """A Proc whose stdout lines are nvidia-smi CSV rows (utilization.gpu,
-    utilization.decoder, memory.used), kept as (arrival ns, sm, dec, mem)."""
+    """A Proc whose stdout lines are nvidia-smi CSV rows, kept as (arrival
+    ns, sm, dec, mem) (parse_smi_row: a field without a number is None)."""
 
     def _read(self):
         with open(self.out_path, "w") as raw:
             for line in self.p.stdout:
                 raw.write(line)
-                parts = [x.strip() for x in line.split(",")]
-                if len(parts) != 3:
+                vals = parse_smi_row(line)
+                if vals is None:
                     continue
-                try:
-                    vals = [float(x) for x in parts]
-                except ValueError:
-                    continue   # "[N/A]", headers
                 with self.cond:
                     self.lines.append((now_ns(), *vals))
                     self.cond.notify_all()
@@ -314,11 +326,12 @@ class GpuSampler:
                                            "--query-gpu=utilization.gpu,utilization.decoder,memory.used",
                                            "--format=csv,noheader,nounits", "-lms", "500"], env, logdir)
 
-    def first(self, timeout):
-        """The newest sample, waiting up to `timeout` for one (None without)."""
+    def memory_now(self, timeout):
+        """memory.used (MiB) of the newest sample that has it, waiting up to
+        `timeout` for one; None when none came (no nvidia-smi, a slow start)."""
         end = time.monotonic() + timeout
         while self.proc is not None and time.monotonic() < end:
-            got = self.proc.samples()
+            got = [x[3] for x in self.proc.samples() if x[3] is not None]
             if got:
                 return got[-1]
             time.sleep(0.05)
@@ -602,8 +615,9 @@ def run_point(a, pipeline, mps, n, env, work, mps_daemon):
     smi = GpuSampler(a.device, d, env)
     procs = {}
     try:
-        before = smi.first(5.0)
-        pt["gpu_mem_before_mib"] = before[3] if before else None
+        pt["gpu_mem_before_mib"] = smi.memory_now(5.0)
+        if pt["gpu_mem_before_mib"] is None:
+            pt["gpu_mem_before_note"] = smi.why or "nvidia-smi gave no memory.used within 5 s of its start"
         log(f"{name}: starting the decoder ({n} cameras)")
         procs["decoder"] = Proc("decoder", dec_cmd, env, d)
         wait, cut = startup_wait(a, mps)
@@ -791,11 +805,16 @@ def measure(pt, procs, smi, t0, t1, c0, c1, n, a, gave):
     pt["cpu_pct_per_camera"] = round(sum(cpu.values()) / n, 2)
     samples = smi.window(t0, t1)
     if samples:
-        sm, dec, mem = zip(*samples)
         pt["gpu_samples"] = len(samples)
-        pt["sm_util_mean"], pt["sm_util_max"] = round(sum(sm) / len(sm), 1), max(sm)
-        pt["nvdec_util_mean"], pt["nvdec_util_max"] = round(sum(dec) / len(dec), 1), max(dec)
-        pt["gpu_mem_peak_mib"] = max(mem)
+        sm, dec, mem = ([x for x in field if x is not None] for field in zip(*samples))
+        for key, vals in (("sm_util", sm), ("nvdec_util", dec)):
+            pt[f"{key}_mean"] = round(sum(vals) / len(vals), 1) if vals else None
+            pt[f"{key}_max"] = max(vals) if vals else None
+        pt["gpu_mem_peak_mib"] = max(mem) if mem else None
+        missing = [name for name, vals in (("utilization.gpu", sm), ("utilization.decoder", dec),
+                                           ("memory.used", mem)) if not vals]
+        if missing:
+            pt["gpu_note"] = f"nvidia-smi gave no number for {', '.join(missing)} in the window ([N/A])"
     else:
         pt["gpu_samples"] = 0
         pt["gpu_note"] = smi.why or "no nvidia-smi sample in the window"
@@ -917,6 +936,10 @@ def table(results):
         v = pt.get(k)
         return f"{100 * v:.1f}%" if isinstance(v, (int, float)) else "-"
 
+    def val(pt, k):
+        v = pt.get(k)
+        return "-" if v is None else str(v)
+
     for pt in results["points"]:
         cache, why = tensors_cell(pt)
         notes += why
@@ -924,9 +947,9 @@ def table(results):
                if pt.get("latency_p50_ms") is not None else "-")
         rows.append(f"{pt['pipeline']:<8} {pt['mps']:<3} {pt['cameras']:>4} {r(pt, 'decoded_ratio'):>8} "
                     f"{r(pt, 'detected_ratio'):>8} {r(pt, 'motion_checked_ratio'):>8} "
-                    f"{pt.get('dropped', '-')!s:>5} {lat:>15} {pt.get('cpu_pct_per_camera', '-')!s:>8} "
-                    f"{pt.get('gpu_mem_peak_mib', '-')!s:>8} {pt.get('sm_util_mean', '-')!s:>5} "
-                    f"{pt.get('nvdec_util_mean', '-')!s:>6} {cache:>7}  {pt['verdict']}")
+                    f"{val(pt, 'dropped'):>5} {lat:>15} {val(pt, 'cpu_pct_per_camera'):>8} "
+                    f"{val(pt, 'gpu_mem_peak_mib'):>8} {val(pt, 'sm_util_mean'):>5} "
+                    f"{val(pt, 'nvdec_util_mean'):>6} {cache:>7}  {pt['verdict']}")
     if notes:
         rows += ["", "tensors: 'on' = each camera's planes imported once per buffer; otherwise per frame:", *notes]
     return "\n".join(rows)

@@ -32,9 +32,11 @@ def _bench():
     return mod
 
 FAKE_SMI = """#!/bin/bash
-# nvidia-smi stand-in: the sampled query prints a row every 0.2 s.
+# nvidia-smi stand-in: the sampled query prints a row every 0.1 s, every
+# other one with utilization.gpu [N/A], after FAKE_SMI_SLOW_START seconds.
 case " $* " in
-  *" -lms "*) while true; do echo "37, 12, 2048"; sleep 0.2; done ;;
+  *" -lms "*) sleep "${FAKE_SMI_SLOW_START:-0}"
+              while true; do echo "37, 12, 2048"; sleep 0.1; echo "[N/A], 14, 2050"; sleep 0.1; done ;;
   *) echo "Fake GPU, 580.00, 143771 MiB" ;;
 esac
 """
@@ -163,9 +165,10 @@ def test_smoke_sweep_measures_every_point_and_leaves_nothing_running(fake_gpu, w
         assert 0 <= p["latency_p50_ms"] <= p["latency_p99_ms"] <= p["latency_max_ms"], where
         assert {"decoder", "detector", "motion"} <= set(p["cpu_pct"]), where
         assert p["cpu_pct_per_camera"] >= 0 and p["exit"] == {"detector": 0, "motion": 0, "decoder": 0}, where
-        # The fake nvidia-smi's figures, parsed.
-        assert p["gpu_samples"] > 0, where
-        assert (p["sm_util_mean"], p["nvdec_util_max"], p["gpu_mem_peak_mib"]) == (37, 12, 2048), where
+        # The fake nvidia-smi's figures, parsed field by field: a row with
+        # utilization.gpu [N/A] still gives its decoder and memory figures.
+        assert p["gpu_samples"] > 0 and p["gpu_mem_before_mib"] in (2048, 2050), where
+        assert (p["sm_util_mean"], p["nvdec_util_max"], p["gpu_mem_peak_mib"]) == (37, 14, 2050), where
         assert set(p["pids"]) == {"decoder", "detector", "motion"}, where
         # The readers' tensor cache, from their final lines (numpy: no tensors asked).
         for role in ("detector", "motion"):
@@ -433,3 +436,25 @@ def test_the_table_shows_a_tensor_cache_that_fell_back_to_imports_per_frame():
     assert [r.split()[-2] for r in rows[:1]] == ["on"], text
     assert "the motion's tensors_cache is 'off: no torch stream' on 1 camera(s)" in text, text
     assert "the motion's tensors_cache is 'unknown (no final line)' on 16 camera(s)" in text, text
+
+
+def test_an_nvidia_smi_row_keeps_every_field_it_has():
+    parse = _bench().parse_smi_row
+    assert parse("37, 12, 2048\n") == (37.0, 12.0, 2048.0)
+    assert parse("[N/A], 12, 2048") == (None, 12.0, 2048.0)
+    assert parse("37, [Not Supported], [N/A]") == (37.0, None, None)
+    assert parse("[N/A], [N/A], [N/A]") is None and parse("Fake GPU, 580.00") is None and parse("") is None
+
+
+def test_a_slow_nvidia_smi_start_gives_no_baseline_and_no_error(fake_gpu, work, tmp_path):
+    env, _ = fake_gpu
+    bench = _bench()
+    slow = bench.GpuSampler(0, work, dict(env, FAKE_SMI_SLOW_START="2"))
+    try:
+        assert slow.memory_now(0.3) is None            # nothing yet
+        assert slow.memory_now(30.0) in (2048, 2050)   # then its first rows
+    finally:
+        slow.stop()
+    none = bench.GpuSampler(0, work, dict(env, PATH="/nonexistent"))
+    assert none.memory_now(5.0) is None and "not on PATH" in none.why
+    none.stop()
