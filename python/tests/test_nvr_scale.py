@@ -154,13 +154,19 @@ def test_smoke_sweep_measures_every_point_and_leaves_nothing_running(fake_gpu, w
     res = json.loads((out / "nvr_scale_host_mps-off-on_smoke.json").read_text())
     assert res["complete"] and res["smoke"] and res["gpu"].startswith("Fake GPU"), res
     assert len(res["open_files_limit"]) == 2, res
+    rule = res["sustained_rule"]
+    assert (rule["min_ratio"], rule["slack_per_camera"], rule["dropped_max"]) == (0.98, 1, 0), rule
     points = res["points"]
     assert [(p["mps"], p["cameras"]) for p in points] == [("off", 2), ("off", 3), ("on", 2), ("on", 3)]
     for p in points:
         where = f"{p['mps']} {p['cameras']}: {p['verdict']}"
         assert not p["verdict"].startswith(("failed", "not run")), where
-        for k in ("decoded", "detected", "motion_checked"):
+        for k, what in (("decoded", "decode at"), ("detected", "detection at"), ("motion_checked", "motion at")):
             assert p[k] > 0 and p[f"{k}_schedule"] > 0 and p[f"{k}_ratio"] > 0, (k, where)
+            # The verdict follows the stated rule: 98 % of the schedule less one per camera.
+            least = 0.98 * p[f"{k}_schedule"] - p["cameras"]   # the schedule is rounded to 0.1
+            assert p[f"{k}_needed"] == 0 if least <= 0 else abs(p[f"{k}_needed"] - least) < 1.1, (k, where)
+            assert (p[k] < p[f"{k}_needed"]) == (what in p["verdict"]), (k, where)
         assert p["dropped"] == p["decoder_dropped"] + p["motion_dropped"], where
         assert 0 <= p["latency_p50_ms"] <= p["latency_p99_ms"] <= p["latency_max_ms"], where
         assert {"decoder", "detector", "motion"} <= set(p["cpu_pct"]), where
