@@ -53,18 +53,18 @@ A sweep over --counts stops at the first point that is not sustained
 --budget-s of the start are not run (said so in the results; a point's
 time is estimated from the points before it, scaled to its cameras, and a
 point whose start the budget cuts short is also recorded as not run, not
-as a failure), so one invocation fits one 10-minute command. Every process the bench starts is
-stopped on every way out (SIGINT first, then SIGKILL to its process group;
-each child also gets SIGKILL if the bench dies: PR_SET_PDEATHSIG), and the
-MPS control daemon of --mps on (private CUDA_MPS_PIPE_DIRECTORY and
-CUDA_MPS_LOG_DIRECTORY under /tmp) is always quit with `echo quit |
-nvidia-cuda-mps-control`, in a finally that SIGTERM, SIGHUP and SIGINT
-also reach. Before the MPS sweep a probe runs under the daemon (torch's
-CUDA init within 30 s, then a one-camera decoder for 3 s); if it fails,
-the MPS points are recorded as "not run: MPS probe failed: <why>" and the
-daemon is quit. Under MPS each process has at most --mps-startup-timeout
-to be ready. The results go, one JSON file, to --out (updated after each
-point), and a table to stdout.
+as a failure), so one invocation fits one 10-minute command. Every process
+the bench starts is stopped on every way out (SIGINT first, then SIGKILL
+to its process group; each child also gets SIGKILL if the bench dies:
+PR_SET_PDEATHSIG), and the MPS control daemon of --mps on (private
+CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY under /tmp) is always
+quit with `echo quit | nvidia-cuda-mps-control`, in a finally that
+SIGTERM, SIGHUP and SIGINT also reach. Before the MPS sweep a probe runs
+under the daemon (torch's CUDA init within 30 s, then a one-camera decoder
+for 3 s); if it fails, the MPS points are recorded as "not run: MPS probe
+failed: <why>" and the daemon is quit. Under MPS each process has at most
+--mps-startup-timeout to be ready. The results go, one JSON file, to --out
+(updated after each point), and a table to stdout.
 
 On the H200 (staged with benches/nvr_stage.sh; torch in /opt/torch/.venv;
 one command per MPS setting, each under 10 minutes):
@@ -728,7 +728,9 @@ def not_ready(a, pt, procs, role, wait, cut):
     p = procs[role]
     if cut and p.alive():
         return out_of_budget(a, pt, f"the {role} was still starting")
-    return fail(pt, procs, f"the {role} was not ready within {wait:.0f} s: exit {p.p.poll()}: {p.stderr_tail()}")
+    rc = p.p.poll()
+    state = "still running" if rc is None else f"exit {rc}"
+    return fail(pt, procs, f"the {role} was not ready within {wait:.0f} s ({state}): {p.stderr_tail()}")
 
 
 def out_of_budget(a, pt, what):
@@ -798,15 +800,15 @@ def measure(pt, procs, smi, t0, t1, c0, c1, n, a, gave):
         pt["motion_dropped"] = last["drops"] - first["drops"]
         dropped += pt["motion_dropped"]
     pt["dropped"] = dropped
+    if dropped:
+        gave.append(f"{dropped} frames dropped (decoder {pt.get('decoder_dropped')}, "
+                    f"motion {pt.get('motion_dropped')})")
     # The readers' final lines (after SIGINT): whether each camera's planes
     # were imported once per buffer (tensors_cache "on") or per frame.
     pt["tensors"] = {}
     for role in ("detector", "motion"):
         fin = procs[role].events("final")
         pt["tensors"][role] = {k: fin[-1].get(k) for k in TENSOR_KEYS} if fin else None
-    if dropped:
-        gave.append(f"{dropped} frames dropped (decoder {pt.get('decoder_dropped')}, "
-                    f"motion {pt.get('motion_dropped')})")
     if parts["detector"]:
         _, _, first, last = parts["detector"]
         ticks = procs["detector"].events("tick")
