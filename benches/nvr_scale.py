@@ -34,24 +34,37 @@ Per point it reports:
 * CPU % per camera: the utime + stime (/proc/<pid>/stat) of every process
   of the pipeline (and the MPS server under MPS) over the window, over the
   window, per camera (100 = one core);
+* the readers' tensor cache, from their final lines (tensors_cache,
+  tensors_made, tensors_reused, tensors_busy): "on" in the table when
+  every camera's planes were imported once per buffer, else "off N" and a
+  note under the table with the state (a run that fell back to imports
+  per frame shows);
 * GPU memory used (peak in the window, and before the point started), SM
   and NVDEC utilisation (mean and peak), sampled by `nvidia-smi
   --query-gpu=utilization.gpu,utilization.decoder,memory.used -lms 500`;
 * a verdict: "sustained" (nothing dropped and each of decode, detection
-  and motion at >= 98 % of its schedule, give or take one frame per camera
-  for where the window cuts each camera's period), else what gave.
+  and motion at >= 98 % of its schedule, less one frame per camera for
+  where the window cuts each camera's period), else what gave; the
+  results' "sustained_rule" states the test, and each point's
+  <count>_needed the least count that passed it.
 
 A sweep over --counts stops at the first point that is not sustained
 (--keep-going runs them all), and points that would not end within
---budget-s of the start are not run (said so in the results), so one
-invocation fits one 10-minute command. Every process the bench starts is
-stopped on every way out (SIGINT first, then SIGKILL to its process group;
-each child also gets SIGKILL if the bench dies: PR_SET_PDEATHSIG), and the
-MPS control daemon of --mps on (private CUDA_MPS_PIPE_DIRECTORY and
-CUDA_MPS_LOG_DIRECTORY under /tmp) is always quit with `echo quit |
-nvidia-cuda-mps-control`, in a finally that SIGTERM, SIGHUP and SIGINT
-also reach. The results go, one JSON file, to --out (updated after each
-point), and a table to stdout.
+--budget-s of the start are not run (said so in the results; a point's
+time is estimated from the points before it, scaled to its cameras, and a
+point whose start the budget cuts short is also recorded as not run, not
+as a failure), so one invocation fits one 10-minute command. Every process
+the bench starts is stopped on every way out (SIGINT first, then SIGKILL
+to its process group; each child also gets SIGKILL if the bench dies:
+PR_SET_PDEATHSIG), and the MPS control daemon of --mps on (private
+CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY under /tmp) is always
+quit with `echo quit | nvidia-cuda-mps-control`, in a finally that
+SIGTERM, SIGHUP and SIGINT also reach. Before the MPS sweep a probe runs
+under the daemon (torch's CUDA init within 30 s, then a one-camera decoder
+for 3 s); if it fails, the MPS points are recorded as "not run: MPS probe
+failed: <why>" and the daemon is quit. Under MPS each process has at most
+--mps-startup-timeout to be ready. The results go, one JSON file, to --out
+(updated after each point), and a table to stdout.
 
 On the H200 (staged with benches/nvr_stage.sh; torch in /opt/torch/.venv;
 one command per MPS setting, each under 10 minutes):
@@ -75,7 +88,9 @@ test_nvr_scale.py runs it with fakes of both). --dry-run prints the plan.
 
 import argparse
 import json
+import math
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -89,7 +104,17 @@ REPO = os.path.dirname(HERE)
 READERS = os.path.join(REPO, "examples", "python")
 MPS_CONTROL = "nvidia-cuda-mps-control"
 MPS_VARS = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
+# "Sustained": nothing dropped, and each of decode, detection and motion
+# done >= SUSTAINED x schedule - SLACK_PER_CAMERA x cameras (measure()).
 SUSTAINED = 0.98
+SLACK_PER_CAMERA = 1
+SUSTAINED_RULE = {
+    "min_ratio": SUSTAINED, "slack_per_camera": SLACK_PER_CAMERA, "dropped_max": 0,
+    "test": "for each of decoded, detected and motion_checked: count + slack_per_camera x cameras "
+            ">= min_ratio x schedule (each point's <count>_needed is the least count that passes); "
+            "and dropped <= dropped_max",
+}
+TENSOR_KEYS = ("tensors_cache", "tensors_made", "tensors_reused", "tensors_busy")
 TICK_S = 0.5
 
 
@@ -101,8 +126,11 @@ def log(msg):
     print(f"nvr_scale: {msg}", file=sys.stderr, flush=True)
 
 
-class Interrupted(Exception):
-    """SIGTERM, SIGHUP or SIGINT reached the bench."""
+class Interrupted(BaseException):
+    """SIGTERM, SIGHUP or SIGINT reached the bench. A BaseException, as
+    KeyboardInterrupt is: no `except Exception` on the way (a failed MPS
+    start, a failed point) takes it for an error of its own; main's
+    finally stops every process and quits MPS."""
 
     def __init__(self, signum):
         super().__init__(signal.Signals(signum).name)
@@ -261,21 +289,33 @@ def rss_mib(pid):
 
 # ------------------------------------------------------------------ GPU
 
+def parse_smi_row(line):
+    """An nvidia-smi CSV row (utilization.gpu, utilization.decoder,
+    memory.used) as (sm, dec, mem), each a float or None where the row has
+    none ("[N/A]", "[Not Supported]"); None for a line that is no such row."""
+    parts = [x.strip() for x in line.split(",")]
+    if len(parts) != 3:
+        return None
+    vals = []
+    for x in parts:
+        try:
+            vals.append(float(x))
+        except ValueError:
+            vals.append(None)
+    return None if all(v is None for v in vals) else tuple(vals)
+
+
 class SmiProc(Proc):
-    """A Proc whose stdout lines are nvidia-smi CSV rows (utilization.gpu,
-    utilization.decoder, memory.used), kept as (arrival ns, sm, dec, mem)."""
+    """A Proc whose stdout lines are nvidia-smi CSV rows, kept as (arrival
+    ns, sm, dec, mem) (parse_smi_row: a field without a number is None)."""
 
     def _read(self):
         with open(self.out_path, "w") as raw:
             for line in self.p.stdout:
                 raw.write(line)
-                parts = [x.strip() for x in line.split(",")]
-                if len(parts) != 3:
+                vals = parse_smi_row(line)
+                if vals is None:
                     continue
-                try:
-                    vals = [float(x) for x in parts]
-                except ValueError:
-                    continue   # "[N/A]", headers
                 with self.cond:
                     self.lines.append((now_ns(), *vals))
                     self.cond.notify_all()
@@ -298,11 +338,12 @@ class GpuSampler:
                                            "--query-gpu=utilization.gpu,utilization.decoder,memory.used",
                                            "--format=csv,noheader,nounits", "-lms", "500"], env, logdir)
 
-    def first(self, timeout):
-        """The newest sample, waiting up to `timeout` for one (None without)."""
+    def memory_now(self, timeout):
+        """memory.used (MiB) of the newest sample that has it, waiting up to
+        `timeout` for one; None when none came (no nvidia-smi, a slow start)."""
         end = time.monotonic() + timeout
         while self.proc is not None and time.monotonic() < end:
-            got = self.proc.samples()
+            got = [x[3] for x in self.proc.samples() if x[3] is not None]
             if got:
                 return got[-1]
             time.sleep(0.05)
@@ -457,6 +498,58 @@ class Mps:
         return problems
 
 
+# What the MPS probe runs in the readers' Python: torch's CUDA init and one
+# kernel (--smoke: that Python starting, no CUDA).
+PROBE_CUDA = ("import json, torch; x = torch.ones(1, device='cuda') + 1; torch.cuda.synchronize(); "
+              "print(json.dumps({'event': 'probe', 'gpu': torch.cuda.get_device_name(), 'sum': float(x)}), "
+              "flush=True)")
+PROBE_SMOKE = ("import json, sys; "
+               "print(json.dumps({'event': 'probe', 'python': sys.version.split()[0]}), flush=True)")
+PROBE_WAIT_S = 30.0
+PROBE_DECODE_S = 3.0
+
+
+def mps_probe(a, env, work):
+    """Whether CUDA works under the MPS daemon at all, before its sweep:
+    torch's CUDA init in the readers' Python, then a one-camera decoder
+    (as the sweep's first pipeline runs it) that must be ready and decode
+    for PROBE_DECODE_S, each within PROBE_WAIT_S. Returns (why it failed or
+    None, what it saw)."""
+    d = os.path.join(work, "mps-probe")
+    rings = os.path.join(d, "r")
+    os.makedirs(rings)
+    seen, procs = {}, {}
+    try:
+        what = "the readers' Python starting (--smoke: no CUDA)" if a.smoke else "torch's CUDA init"
+        log(f"MPS probe: {what}")
+        procs["cuda"] = p = Proc("probe-cuda", [a.python, "-c", PROBE_SMOKE if a.smoke else PROBE_CUDA], env, d)
+        got = p.wait_event("probe", PROBE_WAIT_S)
+        if got is None:
+            return f"{what} gave no answer within {PROBE_WAIT_S:.0f} s (exit {p.p.poll()}): {p.stderr_tail()}", seen
+        seen["cuda"] = {k: v for k, v in got.items() if k not in ("event", "_recv_ns")}
+        pipeline = a.pipelines[0]
+        cfg = os.path.join(d, "cameras.toml")
+        with open(cfg, "w") as f:
+            f.write(camera_config(a, pipeline, 1, rings))
+        log(f"MPS probe: a one-camera decoder ({pipeline} pipeline) for {PROBE_DECODE_S:.0f} s")
+        procs["decoder"] = p = Proc("probe-decoder", commands(a, pipeline, 1, cfg, rings)[0], env, d)
+        if p.wait_event("ready", PROBE_WAIT_S) is None:
+            return (f"a one-camera decoder was not ready within {PROBE_WAIT_S:.0f} s (exit {p.p.poll()}): "
+                    f"{p.stderr_tail()}"), seen
+        dead = sleep_alive({"one-camera decoder": p}, PROBE_DECODE_S)
+        ticks = p.events("tick")
+        seen["decoder_frames"] = frames = ticks[-1].get("frames", 0) if ticks else 0
+        if dead:
+            return dead, seen
+        if frames < 1:
+            return f"a one-camera decoder decoded no frame in {PROBE_DECODE_S:.0f} s: {p.stderr_tail()}", seen
+        log(f"MPS probe: CUDA and the decoder work ({frames} frames)")
+        return None, seen
+    finally:
+        for role, p in procs.items():
+            seen.setdefault("exit", {})[role] = p.stop(a.stop_grace)
+
+
 # ------------------------------------------------------------------ one point
 
 def camera_config(a, pipeline, n, rings):
@@ -534,22 +627,27 @@ def run_point(a, pipeline, mps, n, env, work, mps_daemon):
     smi = GpuSampler(a.device, d, env)
     procs = {}
     try:
-        before = smi.first(5.0)
-        pt["gpu_mem_before_mib"] = before[3] if before else None
+        pt["gpu_mem_before_mib"] = smi.memory_now(5.0)
+        if pt["gpu_mem_before_mib"] is None:
+            pt["gpu_mem_before_note"] = smi.why or "nvidia-smi gave no memory.used within 5 s of its start"
         log(f"{name}: starting the decoder ({n} cameras)")
         procs["decoder"] = Proc("decoder", dec_cmd, env, d)
-        ready = procs["decoder"].wait_event("ready", startup_wait(a))
+        wait, cut = startup_wait(a, mps)
+        ready = procs["decoder"].wait_event("ready", wait)
         if ready is None:
-            return fail(pt, procs, f"the decoder did not start: exit {procs['decoder'].p.poll()}: "
-                               f"{procs['decoder'].stderr_tail()}")
+            return not_ready(a, pt, procs, "decoder", wait, cut)
         want_mem = "cuda" if pipeline == "vram" else "host"
         if ready.get("memory") != want_mem:
             return fail(pt, procs, f"misconfigured: the decoder says memory {ready.get('memory')!r}, "
                                f"not {want_mem!r}")
-        end = time.monotonic() + startup_wait(a)
-        while len([x for x in os.listdir(rings) if x.endswith(".sock")]) < n:
-            if not procs["decoder"].alive() or time.monotonic() > end:
-                return fail(pt, procs, f"the decoder made {len(os.listdir(rings))} of {n} rings: "
+        wait, cut = startup_wait(a, mps)
+        end = time.monotonic() + wait
+        while (made := len([x for x in os.listdir(rings) if x.endswith(".sock")])) < n:
+            alive = procs["decoder"].alive()
+            if alive and cut and time.monotonic() > end:
+                return out_of_budget(a, pt, f"the decoder had made {made} of {n} rings")
+            if not alive or time.monotonic() > end:
+                return fail(pt, procs, f"the decoder made {made} of {n} rings in {wait:.0f} s: "
                                    f"{procs['decoder'].stderr_tail()}")
             time.sleep(0.1)
         log(f"{name}: {n} rings up; starting the detector and the motion reader")
@@ -557,12 +655,14 @@ def run_point(a, pipeline, mps, n, env, work, mps_daemon):
         procs["motion"] = Proc("motion", mot_cmd, env, d)
         want_det, want_mot = expected_inputs(a, pipeline)
         for role, key, want in (("detector", "input", want_det), ("motion", "scoring", want_mot)):
-            r = procs[role].wait_event("ready", startup_wait(a))
+            wait, cut = startup_wait(a, mps)
+            r = procs[role].wait_event("ready", wait)
             if r is None:
-                return fail(pt, procs, f"the {role} did not start: exit {procs[role].p.poll()}: "
-                                   f"{procs[role].stderr_tail()}")
+                return not_ready(a, pt, procs, role, wait, cut)
             if r.get(key) != want:
                 return fail(pt, procs, f"misconfigured: the {role} says {key} {r.get(key)}, not {want}")
+            if role == "detector":
+                pt["detector_postprocess"] = r.get("postprocess")
             joined = len(r.get("cameras", []))
             if joined != n:
                 return fail(pt, procs, f"the {role} joined {joined} of {n} cameras: {procs[role].stderr_tail()}")
@@ -604,16 +704,40 @@ def run_point(a, pipeline, mps, n, env, work, mps_daemon):
         smi.stop()
         pt["stderr_tail"] = {role: p.stderr_tail(5) for role, p in procs.items()}
         pt["duration_s"] = round(time.monotonic() - started, 1)
+    # Sustained: nothing dropped, and decode, detection and motion each at
+    # least 98 % of its schedule with one frame per camera of slack
+    # (SUSTAINED_RULE; measure() adds to `gave` what fell short).
     pt["verdict"] = "sustained" if not gave else "; ".join(gave)
     return pt
 
 
-def startup_wait(a):
-    """How long a process may take to be ready: --startup-timeout, less
-    when the run's hard end (--budget-s plus the time to stop and quit
-    MPS) comes first."""
+def startup_wait(a, mps):
+    """How long a process may take to be ready, and whether the budget cut
+    that short: --startup-timeout (under MPS at most --mps-startup-timeout),
+    less when the run's hard end (--budget-s, less the rest of the point)
+    comes first."""
+    limit = a.startup_timeout if mps == "off" else min(a.startup_timeout, a.mps_startup_timeout)
     left = a.hard_end - time.monotonic() - a.warmup - a.seconds - a.stop_grace - 30.0
-    return max(5.0, min(a.startup_timeout, left))
+    return max(5.0, min(limit, left)), left < limit
+
+
+def not_ready(a, pt, procs, role, wait, cut):
+    """The verdict on a process that was not ready within `wait`: not run
+    when it is still starting and the budget cut the wait short, else a
+    failure."""
+    p = procs[role]
+    if cut and p.alive():
+        return out_of_budget(a, pt, f"the {role} was still starting")
+    rc = p.p.poll()
+    state = "still running" if rc is None else f"exit {rc}"
+    return fail(pt, procs, f"the {role} was not ready within {wait:.0f} s ({state}): {p.stderr_tail()}")
+
+
+def out_of_budget(a, pt, what):
+    why = f"not run: --budget-s {a.budget_s:.0f} ran out while {what}"
+    log(f"{pt['pipeline']}-mps{pt['mps']}-{pt['cameras']}: {why}")
+    pt["verdict"] = why
+    return pt
 
 
 def fail(pt, procs, why):
@@ -654,12 +778,15 @@ def measure(pt, procs, smi, t0, t1, c0, c1, n, a, gave):
         pt[label] = delta
         pt[f"{label}_schedule"] = round(sched, 1)
         pt[f"{label}_ratio"] = round(delta / sched, 4) if sched else None
-        # One frame (detection) per camera of slack: the window's two ends
-        # cut each camera's periodic work at any phase, so a camera that
-        # keeps up shows rate x window +- 1 (the detector's cameras run in
-        # step, one batch every 1/--detect-fps, so without the slack an
-        # 8 s window could read 97.5 % for a detector that keeps up).
-        if sched and (delta + n) / sched < SUSTAINED:
+        # SLACK_PER_CAMERA (one frame, or detection, per camera) besides the
+        # 2 % (SUSTAINED): the window's two ends cut each camera's periodic
+        # work at any phase, so a camera that keeps up shows rate x window
+        # +- 1 (the detector's cameras run in step, one batch every
+        # 1/--detect-fps, so without the slack an 8 s window could read
+        # 97.5 % for a detector that keeps up).
+        needed = max(0, math.ceil(SUSTAINED * sched - SLACK_PER_CAMERA * n - 1e-9))
+        pt[f"{label}_needed"] = needed
+        if delta < needed:
             what = {"decoder": "decode", "detector": "detection", "motion": "motion"}[role]
             gave.append(f"{what} at {100 * delta / sched:.1f} % of schedule")
     dropped = 0
@@ -676,6 +803,12 @@ def measure(pt, procs, smi, t0, t1, c0, c1, n, a, gave):
     if dropped:
         gave.append(f"{dropped} frames dropped (decoder {pt.get('decoder_dropped')}, "
                     f"motion {pt.get('motion_dropped')})")
+    # The readers' final lines (after SIGINT): whether each camera's planes
+    # were imported once per buffer (tensors_cache "on") or per frame.
+    pt["tensors"] = {}
+    for role in ("detector", "motion"):
+        fin = procs[role].events("final")
+        pt["tensors"][role] = {k: fin[-1].get(k) for k in TENSOR_KEYS} if fin else None
     if parts["detector"]:
         _, _, first, last = parts["detector"]
         ticks = procs["detector"].events("tick")
@@ -692,11 +825,16 @@ def measure(pt, procs, smi, t0, t1, c0, c1, n, a, gave):
     pt["cpu_pct_per_camera"] = round(sum(cpu.values()) / n, 2)
     samples = smi.window(t0, t1)
     if samples:
-        sm, dec, mem = zip(*samples)
         pt["gpu_samples"] = len(samples)
-        pt["sm_util_mean"], pt["sm_util_max"] = round(sum(sm) / len(sm), 1), max(sm)
-        pt["nvdec_util_mean"], pt["nvdec_util_max"] = round(sum(dec) / len(dec), 1), max(dec)
-        pt["gpu_mem_peak_mib"] = max(mem)
+        sm, dec, mem = ([x for x in field if x is not None] for field in zip(*samples))
+        for key, vals in (("sm_util", sm), ("nvdec_util", dec)):
+            pt[f"{key}_mean"] = round(sum(vals) / len(vals), 1) if vals else None
+            pt[f"{key}_max"] = max(vals) if vals else None
+        pt["gpu_mem_peak_mib"] = max(mem) if mem else None
+        missing = [name for name, vals in (("utilization.gpu", sm), ("utilization.decoder", dec),
+                                           ("memory.used", mem)) if not vals]
+        if missing:
+            pt["gpu_note"] = f"nvidia-smi gave no number for {', '.join(missing)} in the window ([N/A])"
     else:
         pt["gpu_samples"] = 0
         pt["gpu_note"] = smi.why or "no nvidia-smi sample in the window"
@@ -728,6 +866,8 @@ def parse_args(argv=None):
                     help="points that would end later than this after the start are not run, and a point's "
                          "waits are cut short so that the run ends soon after it (one 10-minute command)")
     ap.add_argument("--startup-timeout", type=float, default=180.0, help="seconds for each process to be ready")
+    ap.add_argument("--mps-startup-timeout", type=float, default=60.0,
+                    help="under MPS, at most this many seconds for each process to be ready")
     ap.add_argument("--stop-grace", type=float, default=10.0, help="seconds after SIGINT before SIGKILL")
     ap.add_argument("--keep-going", action="store_true", help="run every count even after one gave")
     ap.add_argument("--work-dir", default=None, help="configs, sockets and logs (default: a new dir in /tmp)")
@@ -755,12 +895,25 @@ def parse_args(argv=None):
     return a
 
 
+def estimate_s(a, n, done):
+    """How long a point of `n` cameras will take, from the points `done`
+    ((cameras, seconds) each): the fixed part (--warmup, --seconds, the
+    last ticks) plus starting and stopping the processes, which grows with
+    the cameras: the most seconds per camera any point took for it, times
+    `n`, a fifth more to spare. At least 30 s besides the fixed part."""
+    fixed = a.warmup + a.seconds + TICK_S + 0.2
+    per_camera = max((max(0.0, secs - fixed) / k for k, secs in done), default=0.0)
+    return fixed + max(30.0, 1.2 * per_camera * n)
+
+
 def out_path(a):
     if not a.out:
         return None
     if os.path.isdir(a.out) or a.out.endswith("/"):
         os.makedirs(a.out, exist_ok=True)
-        name = f"nvr_scale_{'+'.join(a.pipelines)}_mps-{'+'.join(a.mps)}{'_smoke' if a.smoke else ''}.json"
+        # Letters, digits, '.', '_' and '-' only: the GPU machine returns
+        # no file whose name has any other character.
+        name = f"nvr_scale_{'-'.join(a.pipelines)}_mps-{'-'.join(a.mps)}{'_smoke' if a.smoke else ''}.json"
         return os.path.join(a.out, name)
     return a.out
 
@@ -774,23 +927,51 @@ def write(path, results):
     os.replace(tmp, path)
 
 
+def tensors_cell(pt):
+    """The readers' tensor cache in a word: "on" (every camera's planes
+    imported once per buffer), "none" (no tensors, --smoke), "off N" (N
+    camera subscriptions imported them per frame, or were not reported),
+    "-" (no final line); and a note per state other than on/none."""
+    t = pt.get("tensors")
+    if not t:
+        return "-", []
+    states, notes = {}, []
+    for role, got in t.items():
+        for state, cams in ((got or {}).get("tensors_cache") or {"unknown (no final line)": pt["cameras"]}).items():
+            states[state] = states.get(state, 0) + cams
+            if state not in ("on", "none"):
+                notes.append(f"{pt['pipeline']} mps={pt['mps']} {pt['cameras']} cameras: the {role}'s "
+                             f"tensors_cache is {state!r} on {cams} camera(s)")
+    off = sum(n for state, n in states.items() if state not in ("on", "none"))
+    return (f"off {off}" if off else "on" if "on" in states else "none"), notes
+
+
 def table(results):
     head = (f"{'pipeline':<8} {'mps':<3} {'cams':>4} {'decoded':>8} {'detected':>8} {'motion':>8} {'drop':>5} "
-            f"{'lat p50/p99 ms':>15} {'CPU%/cam':>8} {'GPU MiB':>8} {'SM%':>5} {'NVDEC%':>6}  verdict")
+            f"{'lat p50/p99 ms':>15} {'CPU%/cam':>8} {'GPU MiB':>8} {'SM%':>5} {'NVDEC%':>6} {'tensors':>7}  verdict")
     rows = [head, "-" * len(head)]
+    notes = []
 
     def r(pt, k):
         v = pt.get(k)
         return f"{100 * v:.1f}%" if isinstance(v, (int, float)) else "-"
 
+    def val(pt, k):
+        v = pt.get(k)
+        return "-" if v is None else str(v)
+
     for pt in results["points"]:
+        cache, why = tensors_cell(pt)
+        notes += why
         lat = (f"{pt['latency_p50_ms']:.0f}/{pt['latency_p99_ms']:.0f}"
                if pt.get("latency_p50_ms") is not None else "-")
         rows.append(f"{pt['pipeline']:<8} {pt['mps']:<3} {pt['cameras']:>4} {r(pt, 'decoded_ratio'):>8} "
                     f"{r(pt, 'detected_ratio'):>8} {r(pt, 'motion_checked_ratio'):>8} "
-                    f"{pt.get('dropped', '-')!s:>5} {lat:>15} {pt.get('cpu_pct_per_camera', '-')!s:>8} "
-                    f"{pt.get('gpu_mem_peak_mib', '-')!s:>8} {pt.get('sm_util_mean', '-')!s:>5} "
-                    f"{pt.get('nvdec_util_mean', '-')!s:>6}  {pt['verdict']}")
+                    f"{val(pt, 'dropped'):>5} {lat:>15} {val(pt, 'cpu_pct_per_camera'):>8} "
+                    f"{val(pt, 'gpu_mem_peak_mib'):>8} {val(pt, 'sm_util_mean'):>5} "
+                    f"{val(pt, 'nvdec_util_mean'):>6} {cache:>7}  {pt['verdict']}")
+    if notes:
+        rows += ["", "tensors: 'on' = each camera's planes imported once per buffer; otherwise per frame:", *notes]
     return "\n".join(rows)
 
 
@@ -829,7 +1010,8 @@ def main(argv=None):
     results = {"bench": "nvr_scale", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                "host": " ".join(os.uname()), "cpus": os.cpu_count(), "gpu": gpu_identity(base_env, a.device),
                "smoke": a.smoke, "args": {k: v for k, v in vars(a).items()}, "points": [], "mps": {},
-               "complete": False}
+               "open_files_limit": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
+               "sustained_rule": SUSTAINED_RULE, "complete": False}
     if os.path.exists("/tmp/nvidia-mps/control"):
         results["warning"] = ("a system MPS daemon's control pipe /tmp/nvidia-mps/control exists: "
                               "processes of the mps=off runs may run under it")
@@ -840,31 +1022,38 @@ def main(argv=None):
     daemon = None
     try:
         for mps in a.mps:
-            env, daemon = base_env, None
+            env, daemon, probe = base_env, None, None
             if mps == "on":
                 daemon = Mps(base_env)
                 try:
                     daemon.start()
                 except Exception as e:
                     why = f"not run: the MPS control daemon did not start: {e}"
+                else:
+                    env = daemon.env(base_env)
+                    failed, probe = mps_probe(a, env, work)
+                    why = f"not run: MPS probe failed: {failed}" if failed else None
+                if why:
                     log(why)
                     for pipeline in a.pipelines:
                         for n in a.counts:
                             results["points"].append({"pipeline": pipeline, "mps": mps, "cameras": n,
                                                       "verdict": why})
-                    daemon.quit()
+                    results["mps"][mps] = {"probe": probe, "control_log_tail": daemon.log_tail()}
+                    problems = daemon.quit()
+                    if problems:
+                        results["mps"][mps]["quit_problems"] = problems
                     daemon = None
                     write(path, results)
                     continue
-                env = daemon.env(base_env)
             try:
                 # Count by count, each pipeline in turn: a budget that runs
                 # out cuts both sweeps at the same count.
                 gave_at = {p: None for p in a.pipelines}
-                longest = 0.0
+                done = []   # (cameras, seconds) of the points run
                 for n in a.counts:
                     for pipeline in a.pipelines:
-                        est = max(longest * 1.5, 30.0 + a.warmup + a.seconds)
+                        est = estimate_s(a, n, done)
                         skip = None
                         if gave_at[pipeline] is not None:
                             skip = (f"not run: the {pipeline} pipeline gave at {gave_at[pipeline]} cameras "
@@ -876,15 +1065,18 @@ def main(argv=None):
                                                       "verdict": skip})
                             continue
                         pt = run_point(a, pipeline, mps, n, env, work, daemon)
-                        longest = max(longest, pt.get("duration_s", 0.0))
+                        pt["estimate_s"] = round(est, 1)
                         results["points"].append(pt)
                         write(path, results)
                         log(f"{pipeline} mps={mps} {n} cameras: {pt['verdict']}")
+                        if pt["verdict"].startswith("not run"):
+                            continue   # the budget ran out: no figure, and no verdict on the pipeline
+                        done.append((n, pt["duration_s"]))
                         if pt["verdict"] != "sustained" and not a.keep_going:
                             gave_at[pipeline] = n
             finally:
                 if daemon is not None:
-                    results["mps"][mps] = {"clients_logged": daemon.clients_logged(),
+                    results["mps"][mps] = {"probe": probe, "clients_logged": daemon.clients_logged(),
                                            "control_log_tail": daemon.log_tail()}
                     problems = daemon.quit()
                     if problems:

@@ -27,12 +27,20 @@ Besides the per-camera lines, every --report seconds one
 {"event":"tick"} line with the CLOCK_MONOTONIC time t_ns, the totals so far
 and the latencies of the detections since the last tick (what
 benches/nvr_scale.py measures over its window), and at the end
-{"event":"final"}.
+{"event":"final"}, with the tensor cache's state over the cameras
+(tensors_cache: cameras per state, "on" when each buffer's planes were
+imported once; tensors_made, tensors_reused, tensors_busy summed).
 
 Pretrained weights are used only if torchvision has them offline (its
 cache); otherwise the network runs with random weights, which measures the
-cost of detection, not its accuracy (the script says so). torch and
-torchvision are imported only when it runs, so --help works without them.
+cost of detection, not its accuracy (the script says so). With random
+weights the network's own post-processing keeps only boxes scoring above
+--score (and ssdlite/ssd only a few candidates per class), as a trained
+model's few confident boxes would: every random class score is about 1/91,
+above ssdlite's own threshold of 0.001, so it would otherwise keep some
+27 000 boxes per image and run NMS on them class by class, a CPU cost no
+trained model has. torch and torchvision are imported only when it runs,
+so --help works without them.
 Exit status 0 at the end (--seconds, Ctrl-C, or every camera gone), 2 when
 no camera is found, 1 on other errors.
 """
@@ -46,6 +54,8 @@ import time
 
 MODELS = ("ssdlite320_mobilenet_v3_large", "fasterrcnn_mobilenet_v3_large_320_fpn",
           "fasterrcnn_mobilenet_v3_large_fpn", "none")
+# With random weights: the candidates per class ssdlite/ssd keeps before NMS.
+RANDOM_TOPK = 10
 
 
 def parse_args(argv=None):
@@ -61,7 +71,9 @@ def parse_args(argv=None):
                     help="where the work runs: cuda (a host ring's frames are uploaded) or cpu (host rings only)")
     ap.add_argument("--pull", action="store_true", help="pull frames from the ring instead of push delivery")
     ap.add_argument("--size", type=int, default=320, help="the network's input: frames are resized to size x size")
-    ap.add_argument("--score", type=float, default=0.5, help="detections below this score are not counted")
+    ap.add_argument("--score", type=float, default=0.5,
+                    help="detections below this score are not counted (with random weights the network's "
+                         "post-processing drops them)")
     ap.add_argument("--half", action="store_true", help="run the network in float16")
     ap.add_argument("--random-weights", action="store_true",
                     help="do not look for pretrained weights (measures cost only)")
@@ -84,8 +96,31 @@ def find_sockets(a):
         time.sleep(0.1)
 
 
-def load_model(name, device, half, random_weights):
-    """The network, eval mode, on `device`; pretrained only if available offline."""
+def limit_random_postprocess(model, score, topk=RANDOM_TOPK):
+    """Makes a randomly initialised network's post-processing keep only
+    boxes scoring above `score` (never loosening a threshold it has), and
+    ssdlite/ssd keep at most `topk` candidates per class: the few boxes a
+    trained model would keep, not every one of its random ~1/91 scores.
+    Returns what it set, {attribute: value}."""
+    done = {}
+    if hasattr(model, "score_thresh"):                  # ssdlite, ssd
+        model.score_thresh = max(model.score_thresh, score)
+        done["score_thresh"] = model.score_thresh
+        if hasattr(model, "topk_candidates"):
+            model.topk_candidates = min(model.topk_candidates, topk)
+            done["topk_candidates"] = model.topk_candidates
+    roi = getattr(model, "roi_heads", None)
+    if roi is not None and hasattr(roi, "score_thresh"):  # faster-rcnn
+        roi.score_thresh = max(roi.score_thresh, score)
+        done["roi_heads.score_thresh"] = roi.score_thresh
+    return done
+
+
+def load_model(name, device, half, random_weights, score):
+    """The network, eval mode, on `device`, and what was set on its
+    post-processing ({} when pretrained); pretrained only if available
+    offline, else random weights post-processed as limit_random_postprocess
+    says."""
     import torchvision
     ctor = getattr(torchvision.models.detection, name)
     model, pretrained = None, False
@@ -95,14 +130,18 @@ def load_model(name, device, half, random_weights):
         except Exception as e:  # no network and nothing cached
             print(f"nvr_detector: no pretrained weights for {name} here ({type(e).__name__}: {e})",
                   file=sys.stderr, flush=True)
+    postprocess = {}
     if model is None:
-        print("nvr_detector: using RANDOM weights: the figures measure the cost of detection, not its accuracy",
-              file=sys.stderr, flush=True)
         model = ctor(weights=None, weights_backbone=None)
+        postprocess = limit_random_postprocess(model, score)
+        print("nvr_detector: using RANDOM weights: the figures measure the cost of detection, not its accuracy; "
+              f"its post-processing keeps only boxes scoring above --score {score} ({postprocess}), as a trained "
+              "model's few confident boxes would (every random score, about 1/91, passes the network's own "
+              "threshold)", file=sys.stderr, flush=True)
     model = model.eval().to(device)
     if half:
         model = model.half()
-    return model, pretrained
+    return model, pretrained, postprocess
 
 
 def planes(frame, upload_to):
@@ -141,8 +180,8 @@ class TorchWork:
         import torch
         self.torch, self.a, self.device = torch, a, device
         self.dtype = torch.float16 if a.half else torch.float32
-        self.model, self.pretrained = (None, False) if a.model == "none" else \
-            load_model(a.model, device, a.half, a.random_weights)
+        self.model, self.pretrained, self.postprocess = (None, False, {}) if a.model == "none" else \
+            load_model(a.model, device, a.half, a.random_weights, a.score)
 
     def input_of(self, backend):
         """How a frame of a ring on `backend` reaches the work, or None when it cannot."""
@@ -168,7 +207,7 @@ class NumpyWork:
 
     def __init__(self, a):
         import numpy as np
-        self.np, self.model, self.pretrained = np, None, False
+        self.np, self.model, self.pretrained, self.postprocess = np, None, False, {}
 
     def input_of(self, backend):
         return "host" if backend == "host" else None
@@ -190,6 +229,7 @@ class Camera:
         self.window = {"detections": 0, "objects": 0, "latency_ms": [], "missed": 0}
         self.total = 0
         self.missed = 0
+        self.stats = None   # the subscriber's last stats(), read before it closes
 
 
 def decoded_ns(frame):
@@ -201,6 +241,22 @@ def decoded_ns(frame):
         if 0 < frame.commit_ns - t < 10_000_000_000:   # not some other program's metadata
             return t
     return frame.commit_ns
+
+
+TENSOR_COUNTERS = ("tensors_made", "tensors_reused", "tensors_busy")
+
+
+def tensor_cache(stats):
+    """The tensor cache over the cameras' last `stats()` (None: not read):
+    tensors_cache counts the cameras in each state ("on"; "off: why" when
+    the planes were imported per frame instead; "none" without tensors=;
+    "unknown" when not read), the counters are summed. nvr_detector.py and
+    nvr_motion.py each have this, so that each example stands alone."""
+    states = {}
+    for s in stats:
+        state = "unknown" if s is None else (s.get("tensors_cache") or "none")
+        states[state] = states.get(state, 0) + 1
+    return {"tensors_cache": states, **{k: sum((s or {}).get(k, 0) for s in stats) for k in TENSOR_COUNTERS}}
 
 
 def percentile(v, p):
@@ -264,7 +320,8 @@ def main(argv=None):
         return 2
     pretrained = work.pretrained
     print(json.dumps({"event": "ready", "role": "nvr_detector", "cameras": [c.name for c in cams],
-                      "model": a.model, "pretrained": pretrained, "fps_per_camera": a.fps, "size": a.size,
+                      "model": a.model, "pretrained": pretrained, "postprocess": work.postprocess,
+                      "fps_per_camera": a.fps, "size": a.size,
                       "device": a.device, "input": sorted({c.how for c in cams}),
                       "delivery": "pull" if a.pull else "push"}),
           flush=True)
@@ -334,6 +391,10 @@ def main(argv=None):
         pass
     finally:
         for c in cams:
+            try:
+                c.stats = c.sub.stats()
+            except vramring.VramringError as e:
+                print(f"nvr_detector: camera {c.name}: no stats: {e}", file=sys.stderr, flush=True)
             c.sub.close()
     all_latency += tick_latency
     print(json.dumps(tick(cams, tick_latency)), flush=True)
@@ -345,7 +406,7 @@ def main(argv=None):
                       "latency_p50_ms": round(percentile(all_latency, 0.5), 2),
                       "latency_p99_ms": round(percentile(all_latency, 0.99), 2),
                       "gone": sum(c.gone for c in cams), "input": sorted({c.how for c in cams}),
-                      "pretrained": pretrained}), flush=True)
+                      "pretrained": pretrained, **tensor_cache([c.stats for c in cams])}), flush=True)
     return 0
 
 

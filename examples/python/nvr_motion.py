@@ -16,7 +16,11 @@ which. Reports per camera, as JSON lines, frames/s, the motion score (mean
 and max over the interval), motion events and drops (frames the reader
 never saw: the sum of each frame's `skipped`); every --report seconds one
 {"event":"tick"} line with the CLOCK_MONOTONIC time t_ns and the totals
-(what benches/nvr_scale.py measures over its window).
+(what benches/nvr_scale.py measures over its window). The last lines, per
+camera and {"event":"final"}, carry the tensor cache's state
+(tensors_cache: "on" when each buffer's planes were imported once; per
+camera in "camera-final", cameras per state in "final"; tensors_made,
+tensors_reused, tensors_busy).
 
     cargo run --release --features nvdec --example nvr_decoder -- --config examples/nvr/cameras.example.toml
     python3 examples/python/nvr_motion.py --dir /tmp/vramring-nvr
@@ -70,6 +74,22 @@ def find_sockets(a):
         if len(found) >= a.expect or time.monotonic() >= deadline:
             return list(a.sockets) + found
         time.sleep(0.1)
+
+
+TENSOR_COUNTERS = ("tensors_made", "tensors_reused", "tensors_busy")
+
+
+def tensor_cache(stats):
+    """The tensor cache over the cameras' last `stats()` (None: not read):
+    tensors_cache counts the cameras in each state ("on"; "off: why" when
+    the planes were imported per frame instead; "none" without tensors=;
+    "unknown" when not read), the counters are summed. nvr_detector.py and
+    nvr_motion.py each have this, so that each example stands alone."""
+    states = {}
+    for s in stats:
+        state = "unknown" if s is None else (s.get("tensors_cache") or "none")
+        states[state] = states.get(state, 0) + 1
+    return {"tensors_cache": states, **{k: sum((s or {}).get(k, 0) for s in stats) for k in TENSOR_COUNTERS}}
 
 
 class TorchDiff:
@@ -135,7 +155,7 @@ class Reader(threading.Thread):
         self.window = []
         self.moving = False
         self.end = None
-        self.delivery = None
+        self.stats = None   # the subscriber's last stats(), read before it closes
 
     def run(self):
         try:
@@ -160,7 +180,9 @@ class Reader(threading.Thread):
                     return
         finally:
             try:
-                self.delivery = self.sub.stats().get("delivery")   # how frames actually came
+                self.stats = self.sub.stats()   # how frames actually came, the tensor cache
+            except Exception as e:  # vramring errors: the camera's tensor cache reads "unknown"
+                print(f"nvr_motion: camera {self.name_}: no stats: {e}", file=sys.stderr, flush=True)
             finally:
                 self.sub.close()
 
@@ -260,14 +282,17 @@ def main(argv=None):
         r.join(timeout=a.timeout + 1.0)
     for r in readers:
         _, frames, drops, events = r.take()
+        st = r.stats or {}
         print(json.dumps({"event": "camera-final", "camera": r.name_, "frames": frames, "drops": drops,
-                          "motion_events": events, "delivery": r.delivery, "end": r.end or "stopped"}),
-              flush=True)
+                          "motion_events": events, "delivery": st.get("delivery"), "end": r.end or "stopped",
+                          "tensors_cache": (st.get("tensors_cache") or "none") if r.stats else "unknown",
+                          **{k: st.get(k, 0) for k in TENSOR_COUNTERS}}), flush=True)
     print(json.dumps(tick(readers)), flush=True)
     print(json.dumps({"event": "final", "role": "nvr_motion", "seconds": round(time.monotonic() - start, 2),
                       "frames": sum(r.frames for r in readers), "drops": sum(r.drops for r in readers),
                       "ended": sum(r.end is not None for r in readers),
-                      "scoring": sorted({r.scorer for r in readers})}), flush=True)
+                      "scoring": sorted({r.scorer for r in readers}),
+                      **tensor_cache([r.stats for r in readers])}), flush=True)
     return 0
 
 

@@ -71,6 +71,72 @@ def test_nvr_examples_print_help_without_importing_torch():
         assert r.returncode == 0, r.stderr
 
 
+def _example(name):
+    """An example's globals, imported without running it."""
+    import runpy
+    return runpy.run_path(str(EX / name), run_name="not_main")
+
+
+def test_nvr_detector_with_random_weights_keeps_only_boxes_above_its_score():
+    from types import SimpleNamespace
+    limit = _example("nvr_detector.py")["limit_random_postprocess"]
+    # ssdlite320's own post-processing: threshold 0.001, 300 candidates per class.
+    ssd = SimpleNamespace(score_thresh=0.001, topk_candidates=300)
+    assert limit(ssd, 0.5) == {"score_thresh": 0.5, "topk_candidates": 10}
+    assert (ssd.score_thresh, ssd.topk_candidates) == (0.5, 10)
+    rcnn = SimpleNamespace(roi_heads=SimpleNamespace(score_thresh=0.05))
+    assert limit(rcnn, 0.5) == {"roi_heads.score_thresh": 0.5} and rcnn.roi_heads.score_thresh == 0.5
+    # Never looser than the network's own.
+    strict = SimpleNamespace(score_thresh=0.7, topk_candidates=5)
+    assert limit(strict, 0.5) == {"score_thresh": 0.7, "topk_candidates": 5}
+
+
+def test_nvr_detector_limits_post_processing_for_random_weights_only(monkeypatch, capsys):
+    """load_model with a stand-in torchvision: random weights get the
+    network's threshold at --score and say so; pretrained ones are left as
+    they are."""
+    from types import ModuleType, SimpleNamespace
+
+    class Net(SimpleNamespace):
+        def eval(self):
+            return self
+
+        def to(self, _device):
+            return self
+
+    def ssdlite(weights=None, weights_backbone=None):
+        if weights == "DEFAULT" and not pretrained_here:
+            raise RuntimeError("no network")
+        return Net(score_thresh=0.001, topk_candidates=300, weights=weights)
+
+    tv = ModuleType("torchvision")
+    tv.models = SimpleNamespace(detection=SimpleNamespace(ssdlite320_mobilenet_v3_large=ssdlite))
+    monkeypatch.setitem(sys.modules, "torchvision", tv)
+    load = _example("nvr_detector.py")["load_model"]
+    pretrained_here = False
+    model, pretrained, post = load("ssdlite320_mobilenet_v3_large", "cpu", False, False, 0.4)
+    assert (pretrained, post) == (False, {"score_thresh": 0.4, "topk_candidates": 10})
+    assert (model.score_thresh, model.topk_candidates) == (0.4, 10)
+    err = capsys.readouterr().err
+    assert "RANDOM weights" in err and "keeps only boxes scoring above --score 0.4" in err, err
+    pretrained_here = True
+    model, pretrained, post = load("ssdlite320_mobilenet_v3_large", "cpu", False, False, 0.4)
+    assert (pretrained, post) == (True, {}) and (model.score_thresh, model.topk_candidates) == (0.001, 300)
+
+
+def test_nvr_readers_sum_the_tensor_cache_over_their_cameras():
+    stats = [{"tensors_cache": "on", "tensors_made": 8, "tensors_reused": 100, "tensors_busy": 1},
+             {"tensors_cache": "on", "tensors_made": 8, "tensors_reused": 90, "tensors_busy": 0},
+             {"tensors_cache": "off: the consumer kept a tensor", "tensors_made": 50, "tensors_reused": 0,
+              "tensors_busy": 0},
+             {"tensors_cache": None, "tensors_made": 0, "tensors_reused": 0, "tensors_busy": 0},
+             None]
+    want = {"tensors_cache": {"on": 2, "off: the consumer kept a tensor": 1, "none": 1, "unknown": 1},
+            "tensors_made": 66, "tensors_reused": 190, "tensors_busy": 1}
+    for name in NVR_EXAMPLES:
+        assert _example(name)["tensor_cache"](stats) == want, name
+
+
 def test_nvr_examples_without_a_camera_exit_2(tmp_path):
     for name in NVR_EXAMPLES:
         r = subprocess.run([sys.executable, str(EX / name), "--dir", str(tmp_path)],
@@ -141,6 +207,7 @@ def test_nvr_detector_reads_host_cameras_with_numpy_and_reports_ticks(producer, 
     ready = lines[0]
     assert ready["event"] == "ready" and sorted(ready["cameras"]) == ["cam", "cam2"], ready
     assert (ready["input"], ready["device"], ready["delivery"]) == (["host"], "cpu", "push"), ready
+    assert ready["postprocess"] == {}, "--model none has no post-processing to limit"
     ticks = [l for l in lines if l["event"] == "tick"]
     _ticks_are_cumulative(ticks, "detections")
     latencies = [ms for t in ticks for ms in t["latency_ms"]]
@@ -149,6 +216,9 @@ def test_nvr_detector_reads_host_cameras_with_numpy_and_reports_ticks(producer, 
     assert len(latencies) == final["detections"], "each detection's latency is in exactly one tick"
     assert all(ms >= 0 for ms in latencies), latencies
     assert final["input"] == ["host"] and final["gone"] == 0, final
+    # The tensor cache of each camera's subscriber (numpy asks for no tensors).
+    assert final["tensors_cache"] == {"none": 2}, final
+    assert all(final[k] == 0 for k in ("tensors_made", "tensors_reused", "tensors_busy")), final
 
 
 def test_nvr_motion_on_host_cameras_reports_ticks_and_scores_where_asked(producer, sock, examples):
@@ -171,6 +241,12 @@ def test_nvr_motion_on_host_cameras_reports_ticks_and_scores_where_asked(produce
     assert final["event"] == "final" and final["frames"] == 60 and final["scoring"] == ["numpy"], final
     last_tick = [l for l in lines if l["event"] == "tick"][-1]
     assert (last_tick["frames"], last_tick["drops"]) == (final["frames"], final["drops"]), (last_tick, final)
+    # The tensor cache, per camera and over both (numpy asks for no tensors).
+    assert final["tensors_cache"] == {"none": 2}, final
+    cams = [l for l in lines if l["event"] == "camera-final"]
+    assert [c["tensors_cache"] for c in cams] == ["none", "none"], cams
+    for line in (final, *cams):
+        assert all(line[k] == 0 for k in ("tensors_made", "tensors_reused", "tensors_busy")), line
     if auto is not None:
         assert auto.returncode == 0, auto.stderr
         assert _json_lines(auto.stdout)[0]["scoring"] == ["numpy"], auto.stdout
