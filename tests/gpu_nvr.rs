@@ -240,6 +240,26 @@ fn start_decoder(config: &Path) -> (Child, Lines, std::thread::JoinHandle<()>) {
     (decoder, lines, reader)
 }
 
+/// Prints what camera `name`'s reader saw, and checks that every frame it
+/// received matched the clip, carried a decode time before its commit, and
+/// that its ring ended as the decoder closed it.
+fn check_camera(name: &str, st: &Seen) {
+    eprintln!(
+        "{name}: received {} matched {} mismatched {} pushed {} segments {} end {:?} first bad {:?}",
+        get(&st.received),
+        get(&st.matched),
+        get(&st.mismatched),
+        get(&st.pushed),
+        get(&st.segments),
+        st.end.lock().unwrap(),
+        st.first_bad.lock().unwrap()
+    );
+    assert_eq!(get(&st.mismatched), 0, "{name}: {}", st.first_bad.lock().unwrap());
+    assert_eq!(get(&st.bad_times), 0, "{name}: decode times before the commit");
+    assert_eq!(get(&st.matched), get(&st.received), "{name}");
+    assert_eq!(*st.end.lock().unwrap(), "producer gone", "{name}");
+}
+
 /// Ends the decoder: SIGINT when the test's phases passed (it exits 0
 /// and closes its rings), SIGKILL when one failed.
 fn stop_decoder(decoder: &Child, phases_passed: bool) {
@@ -394,20 +414,7 @@ fn gpu_nvr_four_file_cameras_stay_bit_exact_while_a_dead_packet_input_is_resynce
         } else {
             format!("cam{k}")
         };
-        eprintln!(
-            "{name}: received {} matched {} mismatched {} pushed {} segments {} end {:?} first bad {:?}",
-            get(&st.received),
-            get(&st.matched),
-            get(&st.mismatched),
-            get(&st.pushed),
-            get(&st.segments),
-            st.end.lock().unwrap(),
-            st.first_bad.lock().unwrap()
-        );
-        assert_eq!(get(&st.mismatched), 0, "{name}: {}", st.first_bad.lock().unwrap());
-        assert_eq!(get(&st.bad_times), 0, "{name}: decode times before the commit");
-        assert_eq!(get(&st.matched), get(&st.received), "{name}");
-        assert_eq!(*st.end.lock().unwrap(), "producer gone", "{name}");
+        check_camera(&name, st);
         if (2..FILE_CAMERAS).contains(&k) || k == FILE_CAMERAS {
             assert!(get(&st.pushed) > 0, "{name}: a push reader got pushed frames");
         }
@@ -495,21 +502,8 @@ fn gpu_nvr_host_memory_rings_carry_the_same_bit_exact_frames() {
         assert_eq!(j.get("memory"), Some("host"), "{event}: {j:?}");
     }
     for (k, st) in seen.iter().enumerate() {
-        eprintln!(
-            "cam{k}: received {} matched {} mismatched {} pushed {} segments {} end {:?} first bad {:?}",
-            get(&st.received),
-            get(&st.matched),
-            get(&st.mismatched),
-            get(&st.pushed),
-            get(&st.segments),
-            st.end.lock().unwrap(),
-            st.first_bad.lock().unwrap()
-        );
-        assert_eq!(get(&st.mismatched), 0, "cam{k}: {}", st.first_bad.lock().unwrap());
-        assert_eq!(get(&st.bad_times), 0, "cam{k}: decode times before the commit");
-        assert_eq!(get(&st.matched), get(&st.received), "cam{k}");
+        check_camera(&format!("cam{k}"), st);
         assert!(get(&st.segments) >= 2, "cam{k}: at least two loops");
-        assert_eq!(*st.end.lock().unwrap(), "producer gone", "cam{k}");
     }
     assert!(get(&seen[1].pushed) > 0, "the push reader got pushed frames");
     let finals: Vec<&JsonLine> = parsed
