@@ -77,10 +77,7 @@ fn args() -> Args {
 
 fn clip() -> Vec<u8> {
     // `VRAMRING_TEST_DATA` overrides `tests/data` (staged binaries).
-    let p = match std::env::var_os("VRAMRING_TEST_DATA") {
-        Some(d) => PathBuf::from(d).join("clip1080.h264"),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip1080.h264"),
-    };
+    let p = vramring_testkit::data::path("clip1080.h264");
     std::fs::read(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
 }
 

@@ -19,9 +19,10 @@
 use vramring::ClientOptions;
 use vramring_testkit::procs as common;
 
+use vramring_testkit::data::{framemd5, path as data};
 use vramring_testkit::finals;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -36,15 +37,6 @@ use vramring::{Error, Subscriber, SubscriberOptions};
 /// `socket|push-or-pull|reference|png-path-or-empty`.
 const SUB_ENV: &str = "VRAMRING_NVDEC_SUB";
 const SELF_TEST: &str = "ring_subscribers_match_ffmpeg_pull_push_and_namespaced";
-
-/// `tests/data`, or `VRAMRING_TEST_DATA` (a GPU machine that runs staged
-/// binaries from another checkout).
-fn data(name: &str) -> PathBuf {
-    match std::env::var_os("VRAMRING_TEST_DATA") {
-        Some(d) => PathBuf::from(d).join(name),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name),
-    }
-}
 
 struct Clip {
     file: &'static str,
@@ -67,15 +59,6 @@ const CLIPS: [Clip; 2] = [
         height: 1080,
     },
 ];
-
-/// The per-frame MD5s of a framemd5 file, in display order.
-fn reference(path: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| l.rsplit(',').next().expect("a hash field").trim().to_owned())
-        .collect()
-}
 
 fn md5_rows<'a>(rows: impl Iterator<Item = &'a [u8]>) -> String {
     let mut h = Md5::new();
@@ -112,7 +95,7 @@ fn write_png(path: &Path, w: usize, h: usize, luma: &[u8], lp: usize, chroma: &[
 #[ignore = "needs a CUDA GPU"]
 fn decoder_alone_matches_ffmpeg_on_both_clips() {
     for clip in &CLIPS {
-        let refs = reference(&data(clip.reference));
+        let refs = framemd5(&data(clip.reference));
         let stream = std::fs::read(data(clip.file)).expect("clip");
         let units = vramring::packet::annexb::access_units(&stream);
         let mut dec = Decoder::new(DecoderOptions::new(Codec::H264)).expect("an NVDEC decoder");
@@ -162,7 +145,7 @@ fn decoder_alone_matches_ffmpeg_on_both_clips() {
 /// frame, then prints a final JSON line.
 fn subscriber(spec: &str) -> ! {
     let parts: Vec<&str> = spec.split('|').collect();
-    let (socket, mode, refs, png_path) = (parts[0], parts[1], reference(Path::new(parts[2])), parts[3]);
+    let (socket, mode, refs, png_path) = (parts[0], parts[1], framemd5(Path::new(parts[2])), parts[3]);
     let push = mode == "push";
     let opts = if push {
         SubscriberOptions::default().push(true).name("nvdec-push")
@@ -261,7 +244,7 @@ fn ring_subscribers_match_ffmpeg_pull_push_and_namespaced() {
     for clip in &CLIPS {
         let dir = TempDir::new(&format!("nvdec-{}", clip.file));
         let socket = dir.join("cam.sock").display().to_string();
-        let refs = reference(&data(clip.reference));
+        let refs = framemd5(&data(clip.reference));
         let n = refs.len() as u64;
         let t = Instant::now();
         let producer = Command::new(example("nvdec_producer"))

@@ -33,7 +33,7 @@
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
 use std::panic::AssertUnwindSafe;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -42,29 +42,12 @@ use std::time::{Duration, Instant};
 use md5::{Digest, Md5};
 use vramring::seam::cuda::{find_device_by_uuid, ContextGuard, Driver, RealDriver};
 use vramring::{BackendKind, ClientOptions, Error, Mode, Subscriber, SubscriberOptions};
+use vramring_testkit::data::{framemd5, path as data};
 use vramring_testkit::json::JsonLine;
 use vramring_testkit::procs::{example, TempDir};
 
 const FILE_CAMERAS: usize = 4;
 const DEADLINE: Duration = Duration::from_secs(120);
-
-/// `tests/data`, or `VRAMRING_TEST_DATA` (a GPU machine that runs staged
-/// binaries from another checkout).
-fn data(name: &str) -> PathBuf {
-    match std::env::var_os("VRAMRING_TEST_DATA") {
-        Some(d) => PathBuf::from(d).join(name),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name),
-    }
-}
-
-/// The per-frame MD5s of a framemd5 file, in display order.
-fn reference(path: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| l.rsplit(',').next().expect("a hash field").trim().to_owned())
-        .collect()
-}
 
 /// What one subscriber thread saw.
 #[derive(Default)]
@@ -296,7 +279,7 @@ fn finish_decoder(
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_nvr_four_file_cameras_stay_bit_exact_while_a_dead_packet_input_is_resynced() {
-    let refs = reference(&data("clip.nv12.framemd5"));
+    let refs = framemd5(&data("clip.nv12.framemd5"));
     let n = refs.len() as u64;
     let dir = TempDir::new("gpu-nvr");
     let rings = dir.join("rings");
@@ -446,7 +429,7 @@ fn gpu_nvr_four_file_cameras_stay_bit_exact_while_a_dead_packet_input_is_resynce
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_nvr_host_memory_rings_carry_the_same_bit_exact_frames() {
-    let refs = reference(&data("clip.nv12.framemd5"));
+    let refs = framemd5(&data("clip.nv12.framemd5"));
     let n = refs.len() as u64;
     let dir = TempDir::new("gpu-nvr-host");
     let rings = dir.join("rings");

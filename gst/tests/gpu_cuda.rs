@@ -30,30 +30,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::*;
 use gst::prelude::*;
 use md5::{Digest, Md5};
 use vramring::{BackendChoice, BackendKind, ClientOptions, Format, Policy, Publisher, RingConfig, SubscriberOptions};
-
-/// `tests/data` of the workspace, or `VRAMRING_TEST_DATA` (a GPU machine
-/// that runs staged binaries).
-fn data(name: &str) -> PathBuf {
-    match std::env::var_os("VRAMRING_TEST_DATA") {
-        Some(d) => PathBuf::from(d).join(name),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data").join(name),
-    }
-}
-
-/// The per-frame MD5s of a framemd5 file, in display order.
-fn reference_md5s(path: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| l.rsplit(',').next().expect("a hash field").trim().to_owned())
-        .collect()
-}
+use vramring_testkit::data::{framemd5, path as data};
 
 /// Whether the sink pad of the element named `name` in `p` negotiated
 /// CUDA memory.
@@ -84,7 +67,7 @@ fn subscribe(path: &Path) -> vramring::Subscriber {
 #[ignore = "needs a CUDA GPU"]
 fn nvh264dec_frames_reach_a_rust_subscriber_bit_exact() {
     init();
-    let refs = reference_md5s(&data("clip.nv12.framemd5"));
+    let refs = framemd5(&data("clip.nv12.framemd5"));
     let (_dir, path) = socket("nvdec");
     let sink = play(&format!(
         "filesrc location={} ! h264parse ! nvh264dec ! vramringsink name=vsink socket-path={} policy=lossless wait-subscribers=1 sync=false",
@@ -269,7 +252,7 @@ fn vramringsrc_hands_cuda_memory_of_a_rust_publishers_frames_bit_exact() {
 #[ignore = "needs a CUDA GPU"]
 fn nvh264dec_frames_cross_two_pipelines_in_cuda_memory_bit_exact() {
     init();
-    let refs = reference_md5s(&data("clip.nv12.framemd5"));
+    let refs = framemd5(&data("clip.nv12.framemd5"));
     let (_dir, path) = socket("nvdec-src");
     let sink = play(&format!(
         "filesrc location={} ! h264parse ! nvh264dec ! vramringsink name=vsink socket-path={} policy=lossless wait-subscribers=1 sync=false",
@@ -310,7 +293,7 @@ fn nvh264dec_frames_cross_two_pipelines_in_cuda_memory_bit_exact() {
 #[ignore = "needs a CUDA GPU"]
 fn vramringsrc_feeds_nvh264enc_in_cuda_memory() {
     init();
-    let frames = reference_md5s(&data("clip.nv12.framemd5")).len();
+    let frames = framemd5(&data("clip.nv12.framemd5")).len();
     let (_dir, path) = socket("nvenc");
     let sink = play(&format!(
         "filesrc location={} ! h264parse ! nvh264dec ! vramringsink name=vsink socket-path={} policy=lossless wait-subscribers=1 sync=false",

@@ -11,12 +11,14 @@
 //! * [`procs`]: multi-process tests: the test binary re-executed as a child
 //!   in a named role, subscriber roles that verify every frame, temporary
 //!   directories, the examples' binaries.
+//! * [`data`]: `tests/data` (or `VRAMRING_TEST_DATA`) and framemd5 files.
 //! * [`json`], [`finals`]: the examples' one-line JSON reports, read back.
 //! * [`marks`]: the library's TRACE stage marks, collected per thread.
 //!
 //! The library's internals it needs come through `vramring::seam`, which
 //! is hidden from the API and carries no stability promise.
 
+pub mod data;
 pub mod fake;
 pub mod finals;
 pub mod gpu;
