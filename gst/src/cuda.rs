@@ -112,6 +112,31 @@ pub fn available() -> bool {
     *OK.get_or_init(|| gst_cuda().is_some() && vramring::cuda::cuda_usable())
 }
 
+/// The descriptor of plane copy `p` from device memory at `src` to device
+/// memory at `dst` (both already at the plane's offset). Every field is
+/// spelled out: `CUmemorytype` has no zero value, so a zeroed descriptor
+/// is not a valid one.
+fn device_copy_2d(src: CUdeviceptr, dst: CUdeviceptr, p: &PlaneCopy) -> cu::CUDA_MEMCPY2D {
+    cu::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: p.src_stride,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: p.dst_stride,
+        WidthInBytes: p.row_bytes,
+        Height: p.rows,
+    }
+}
+
 fn check(call: &'static str, r: CUresult) -> Result<(), String> {
     if r == CUresult::CUDA_SUCCESS {
         Ok(())
@@ -460,26 +485,7 @@ impl Copier {
             let src_dev = addr + p.src_offset as CUdeviceptr;
             let dst_dev = dst + p.dst_offset as CUdeviceptr;
             let r = if same {
-                // Every field spelled out: `CUmemorytype` has no zero
-                // value, so a zeroed descriptor is not a valid one.
-                let copy = cu::CUDA_MEMCPY2D {
-                    srcXInBytes: 0,
-                    srcY: 0,
-                    srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-                    srcHost: std::ptr::null(),
-                    srcDevice: src_dev,
-                    srcArray: std::ptr::null_mut(),
-                    srcPitch: p.src_stride,
-                    dstXInBytes: 0,
-                    dstY: 0,
-                    dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-                    dstHost: std::ptr::null_mut(),
-                    dstDevice: dst_dev,
-                    dstArray: std::ptr::null_mut(),
-                    dstPitch: p.dst_stride,
-                    WidthInBytes: p.row_bytes,
-                    Height: p.rows,
-                };
+                let copy = device_copy_2d(src_dev, dst_dev, p);
                 // SAFETY: both ranges were checked against their memory
                 // (`fits`); the stream is of the current context.
                 unsafe { cu::cuMemcpy2DAsync_v2(&copy, stream) }
@@ -695,26 +701,11 @@ impl Filler {
                 if p.rows == 0 || p.row_bytes == 0 {
                     continue;
                 }
-                // Every field spelled out: `CUmemorytype` has no zero
-                // value, so a zeroed descriptor is not a valid one.
-                let copy = cu::CUDA_MEMCPY2D {
-                    srcXInBytes: 0,
-                    srcY: 0,
-                    srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-                    srcHost: std::ptr::null(),
-                    srcDevice: src + p.src_offset as CUdeviceptr,
-                    srcArray: std::ptr::null_mut(),
-                    srcPitch: p.src_stride,
-                    dstXInBytes: 0,
-                    dstY: 0,
-                    dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-                    dstHost: std::ptr::null_mut(),
-                    dstDevice: dst.planes[k].0 + p.dst_offset as CUdeviceptr,
-                    dstArray: std::ptr::null_mut(),
-                    dstPitch: p.dst_stride,
-                    WidthInBytes: p.row_bytes,
-                    Height: p.rows,
-                };
+                let copy = device_copy_2d(
+                    src + p.src_offset as CUdeviceptr,
+                    dst.planes[k].0 + p.dst_offset as CUdeviceptr,
+                    p,
+                );
                 // SAFETY: both ranges were checked against their memory
                 // (`fits`; the source's by the caller's contract); the
                 // stream is of the current (primary) context, the one the
