@@ -416,14 +416,9 @@ fn a_lossless_push_source_gets_every_frame_in_order() {
     stop(&src);
 }
 
-#[test]
-fn the_sink_template_offers_cuda_memory_first_and_backend_host_never_does() {
-    init();
-    let sink = gst::ElementFactory::make("vramringsink")
-        .property_from_str("backend", "host")
-        .build()
-        .expect("a vramringsink");
-    let template = sink.pad_template("sink").expect("a sink template").caps().clone();
+/// A pad template's caps: CUDA memory first, then system memory, and
+/// nothing else.
+fn assert_cuda_memory_first(template: &gst::Caps) {
     let features: Vec<bool> = template
         .iter_with_features()
         .map(|(_, f)| f.contains("memory:CUDAMemory"))
@@ -433,6 +428,16 @@ fn the_sink_template_offers_cuda_memory_first_and_backend_host_never_does() {
         [true, false],
         "CUDA memory first, then system memory: {template}"
     );
+}
+
+#[test]
+fn the_sink_template_offers_cuda_memory_first_and_backend_host_never_does() {
+    init();
+    let sink = gst::ElementFactory::make("vramringsink")
+        .property_from_str("backend", "host")
+        .build()
+        .expect("a vramringsink");
+    assert_cuda_memory_first(&sink.pad_template("sink").expect("a sink template").caps());
     let pad = sink.static_pad("sink").expect("a sink pad");
     let caps = pad.query_caps(None);
     assert!(!caps.is_empty());
@@ -448,16 +453,7 @@ fn the_sink_template_offers_cuda_memory_first_and_backend_host_never_does() {
 fn the_source_template_offers_cuda_memory_first_and_a_host_ring_gives_system_memory() {
     init();
     let probe = gst::ElementFactory::make("vramringsrc").build().expect("a vramringsrc");
-    let template = probe.pad_template("src").expect("a src template").caps().clone();
-    let features: Vec<bool> = template
-        .iter_with_features()
-        .map(|(_, f)| f.contains("memory:CUDAMemory"))
-        .collect();
-    assert_eq!(
-        features,
-        [true, false],
-        "CUDA memory first, then system memory: {template}"
-    );
+    assert_cuda_memory_first(&probe.pad_template("src").expect("a src template").caps());
     let (_dir, path) = socket("host-any");
     let mut publisher = Publisher::create(&path, ring(64, 48)).expect("a ring");
     let src = play(&format!(
