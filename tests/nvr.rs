@@ -609,8 +609,8 @@ fn a_packet_input_whose_publisher_restarts_stalls_then_resumes_at_a_keyframe() {
     let stats = CameraStats::default();
     let lines = Lines::default();
     let stop = AtomicBool::new(false);
-    let write = |p: &mut PacketPublisher, n: u64| {
-        for k in 0..n {
+    let write = |p: &mut PacketPublisher, units: std::ops::Range<u64>| {
+        for k in units {
             let flags = if k % 10 == 0 { PACKET_KEY } else { 0 };
             p.write(
                 b"\0\0\0\x01\x65unit",
@@ -644,7 +644,7 @@ fn a_packet_input_whose_publisher_restarts_stalls_then_resumes_at_a_keyframe() {
         });
         let mut p = packet_publisher(&socket);
         wait_for("the camera to connect", || p.stats().subscribers == 1);
-        write(&mut p, 50);
+        write(&mut p, 0..50);
         wait_for("frames", || frames(&stats) >= 40);
         // Silence: a stall, reported once.
         wait_for("a stall", || CameraStats::get(&stats.stalls) == 1);
@@ -656,19 +656,7 @@ fn a_packet_input_whose_publisher_restarts_stalls_then_resumes_at_a_keyframe() {
         wait_for("the camera to reconnect", || p.stats().subscribers == 1);
         let f = frames(&stats);
         // Starts mid-GOP: units before the keyframe are skipped.
-        for k in 5..40u64 {
-            let flags = if k % 10 == 0 { PACKET_KEY } else { 0 };
-            p.write(
-                b"\0\0\0\x01\x65unit",
-                PacketMeta {
-                    pts: k as i64,
-                    dts: k as i64,
-                    flags,
-                    codec: 0,
-                },
-            )
-            .expect("write");
-        }
+        write(&mut p, 5..40);
         wait_for("frames after the restart", || frames(&stats) >= f + 30);
         assert_eq!(CameraStats::get(&stats.input_restarts), 1);
         assert!(CameraStats::get(&stats.resyncs) >= 1);
