@@ -437,7 +437,7 @@ fn the_sink_template_offers_cuda_memory_first_and_backend_host_never_does() {
         .property_from_str("backend", "host")
         .build()
         .expect("a vramringsink");
-    assert_cuda_memory_first(&sink.pad_template("sink").expect("a sink template").caps());
+    assert_cuda_memory_first(sink.pad_template("sink").expect("a sink template").caps());
     let pad = sink.static_pad("sink").expect("a sink pad");
     let caps = pad.query_caps(None);
     assert!(!caps.is_empty());
@@ -453,7 +453,7 @@ fn the_sink_template_offers_cuda_memory_first_and_backend_host_never_does() {
 fn the_source_template_offers_cuda_memory_first_and_a_host_ring_gives_system_memory() {
     init();
     let probe = gst::ElementFactory::make("vramringsrc").build().expect("a vramringsrc");
-    assert_cuda_memory_first(&probe.pad_template("src").expect("a src template").caps());
+    assert_cuda_memory_first(probe.pad_template("src").expect("a src template").caps());
     let (_dir, path) = socket("host-any");
     let mut publisher = Publisher::create(&path, ring(64, 48)).expect("a ring");
     let src = play(&format!(
