@@ -541,6 +541,25 @@ fn attach_churn(socket: &Path, dur: Duration, rep: &mut Report) {
     rep.put("elapsed_ms", start.elapsed().as_millis());
 }
 
+/// Writes `value(n)` into the connection's own `push_held` word every
+/// 200 µs until `end` (the n-th write), and reports how many it wrote.
+fn scribble_push_held(c: &Conn, end: Instant, rep: &mut Report, value: impl Fn(u32) -> u32) {
+    let (role, off) = layout::OWN_PUSH_HELD;
+    let own = c.map(role, true, rep, "mmap_rw_own_region");
+    let mut n = 0u32;
+    every(
+        end.saturating_duration_since(Instant::now()),
+        Duration::from_micros(200),
+        || {
+            if let Some(m) = &own {
+                m.write32(off, value(n));
+                n += 1;
+            }
+        },
+    );
+    rep.put("writes", n);
+}
+
 /// A push reader that attaches honestly, then writes nonsense into the
 /// word it owns (`push_held`: out of range, all ones) and never reads.
 fn own_push_held(socket: &Path, dur: Duration, rep: &mut Report) {
@@ -552,21 +571,7 @@ fn own_push_held(socket: &Path, dur: Duration, rep: &mut Report) {
         "attach_sent",
         send_attach(&c, stride, stride * u64::from(layout::PUSH_BUFFERS), fd.as_fd()),
     );
-    let (role, off) = layout::OWN_PUSH_HELD;
-    let own = c.map(role, true, rep, "mmap_rw_own_region");
-    let mut n = 0u32;
-    every(
-        end.saturating_duration_since(Instant::now()),
-        Duration::from_micros(200),
-        || {
-            if let Some(m) = &own {
-                let v = [4, 0xffff_ffff, 1, 2, 3, 0x8000_0001][n as usize % 6];
-                m.write32(off, v);
-                n += 1;
-            }
-        },
-    );
-    rep.put("writes", n);
+    scribble_push_held(&c, end, rep, |n| [4, 0xffff_ffff, 1, 2, 3, 0x8000_0001][n as usize % 6]);
 }
 
 /// A queued push reader (`flags` with `HELLO_PUSH`: sequential, maybe
@@ -580,21 +585,9 @@ fn queue_games(socket: &Path, flags: u32, count: u32, dur: Duration, rep: &mut R
     let bytes = stride * u64::from(count);
     let fd = push_memfd(bytes);
     rep.put("attach_sent", send_attach_of(&c, count, stride, bytes, fd.as_fd()));
-    let (role, off) = layout::OWN_PUSH_HELD;
-    let own = c.map(role, true, rep, "mmap_rw_own_region");
-    let mut n = 0u32;
-    every(
-        end.saturating_duration_since(Instant::now()),
-        Duration::from_micros(200),
-        || {
-            if let Some(m) = &own {
-                let v = [0, count, count + 1, 0xffff_ffff, 1 + n % count][n as usize % 5];
-                m.write32(off, v);
-                n += 1;
-            }
-        },
-    );
-    rep.put("writes", n);
+    scribble_push_held(&c, end, rep, |n| {
+        [0, count, count + 1, 0xffff_ffff, 1 + n % count][n as usize % 5]
+    });
     hold_until(&c, end, rep);
 }
 
