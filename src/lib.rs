@@ -78,8 +78,8 @@ pub mod cuda {
 pub use error::{Error, Refusal, Result};
 pub use format::{Format, Geometry, Plane};
 pub use frame::{
-    BackendChoice, Borrow, CommitMode, Delivery, Frame, FrameMeta, Mode, Policy, Publisher, PullAccess, PullStart,
-    RingConfig, RingInfo, SlotMut, Subscriber, SubscriberOptions, SubscriberStats,
+    BackendChoice, Borrow, CommitMode, Delivery, Frame, FrameHold, FrameMeta, Mode, Policy, Publisher, PullAccess,
+    PullStart, RingConfig, RingInfo, SlotMut, Subscriber, SubscriberOptions, SubscriberStats,
 };
 pub use memory::{BackendKind, WriteCompletion};
 pub use ring::{

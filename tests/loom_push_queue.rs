@@ -167,3 +167,91 @@ fn a_lossless_queued_reader_gets_every_frame_when_the_publisher_waits_for_room()
         publisher.join().unwrap();
     });
 }
+
+/// Checks buffer `k` still holds frame `seq` whole.
+fn assert_whole(t: &Target, k: usize, seq: u64, what: &str) {
+    for (i, w) in t.buffers[k].iter().enumerate() {
+        assert_eq!(
+            w.load(Ordering::Relaxed),
+            seq * 16 + i as u64,
+            "{what}: buffer {k} rewritten"
+        );
+    }
+}
+
+/// A reader that keeps frames (`Frame::hold`): it holds frame 1, keeps
+/// it, reads newer frames in place under that hold (`Take::Peek`), then
+/// moves the hold forward to a newer kept frame (`keep_hold`). `how` is
+/// how it reads the newer frames. The kept frames stay whole throughout,
+/// and every frame it reads is whole.
+fn keeping(how: fn(&ClientLine) -> push::Take<'_>) {
+    model(3, move || {
+        let count = 3;
+        let t = target(count);
+        let global = Arc::new(AtomicU64::new(0));
+        // Frame 1 pushed and taken before the race: the reader keeps it.
+        let k1 = claim_queued(&t, count, 1).unwrap();
+        fill(&t, k1, 1);
+        global.store(1, Ordering::Release);
+        let (k1, _) = push::take(&t.entry, &t.client, Order::Oldest, count, 0, 1).unwrap();
+        let (p, pg) = (Arc::clone(&t), Arc::clone(&global));
+        let publisher = thread::spawn(move || {
+            for seq in 2..=4 {
+                if let Some(k) = claim_queued(&p, count, seq) {
+                    fill(&p, k, seq);
+                }
+                pg.store(seq, Ordering::Release);
+            }
+        });
+        let bufs = push::Buffers {
+            count,
+            order: Order::Oldest,
+        };
+        let read = |last: u64| {
+            let landed = global.load(Ordering::Acquire);
+            match push::read_pushed(&t.entry, how(&t.client), bufs, &global, last, landed, |k, s| {
+                Some((k, s))
+            }) {
+                push::PushRead::Took(_, _, (k, s)) => Some((k, s)),
+                _ => None,
+            }
+        };
+        let mut last = 1;
+        let mut newer_kept = None;
+        for _ in 0..2 {
+            if let Some((k, s)) = read(last) {
+                assert_whole(&t, k, s, "a frame read in place");
+                assert_whole(&t, k1, 1, "the kept frame");
+                last = s;
+                newer_kept.get_or_insert((k, s));
+            }
+        }
+        assert_whole(&t, k1, 1, "the kept frame");
+        if let Some((k, s)) = newer_kept {
+            // Frame 1 is let go; the hold moves to the next kept frame.
+            assert!(
+                push::keep_hold(&t.entry, &t.client, k, s),
+                "the newer kept frame was still there"
+            );
+            if let Some((k2, s2)) = read(last) {
+                assert_whole(&t, k2, s2, "a frame read in place");
+            }
+            assert_whole(&t, k, s, "the newer kept frame");
+        }
+        publisher.join().unwrap();
+    });
+}
+
+#[test]
+fn a_kept_frame_stays_whole_while_the_reader_reads_newer_frames_in_place() {
+    keeping(|_| push::Take::Peek);
+}
+
+/// The model can fail: a reader that moves its hold to each frame it
+/// reads while it still keeps an older one is caught with the kept buffer
+/// rewritten.
+#[test]
+#[should_panic(expected = "rewritten")]
+fn a_reader_that_holds_what_it_reads_while_keeping_an_older_frame_is_caught() {
+    keeping(|c| push::Take::Hold(c));
+}

@@ -223,3 +223,117 @@ fn push_with_write_access_is_refused_before_anything_is_sent() {
     let e = Subscriber::connect(sock("never-bound"), opts).unwrap_err();
     assert!(matches!(e, Error::Config(_)), "{e}");
 }
+
+/// Reads the next frame, checks it is `want` and whole, and keeps it.
+fn read_and_hold(s: &mut Subscriber, want: u64) -> vramring::FrameHold {
+    let f = s.next(Duration::from_secs(1)).unwrap();
+    assert_eq!(f.seq(), want);
+    f.hold().expect("a queued push reader's frame can be kept")
+}
+
+#[test]
+fn a_held_frame_stays_whole_while_the_reader_reads_on_and_its_queue_is_the_limit() {
+    let path = sock("hold");
+    let mut p = Publisher::create(&path, host(32)).unwrap();
+    let opts = SubscriberOptions::default()
+        .mode(Mode::Sequential)
+        .push(true)
+        .push_buffers(4);
+    let mut s = Subscriber::connect(&path, opts).unwrap();
+    let start = until_push_active(&mut p, &s);
+    let kept = read_and_hold(&mut s, start + 1);
+    // The other 3 buffers keep serving the reader, in place.
+    for _ in 0..3 {
+        let seq = publish(&mut p);
+        let f = s.next(Duration::from_secs(1)).unwrap();
+        assert_eq!((f.seq(), f.skipped()), (seq, 0));
+        testpattern::verify(f.host_bytes().unwrap(), seq).unwrap();
+    }
+    // Then every buffer has a frame newer than the kept one: nothing more
+    // is pushed, and the kept frame is still whole.
+    for _ in 0..5 {
+        publish(&mut p);
+    }
+    assert!(matches!(s.next(Duration::from_millis(30)), Err(Error::Timeout(..))));
+    testpattern::verify(kept.host_bytes().unwrap(), start + 1).unwrap();
+    assert_eq!((kept.seq(), kept.pts()), (start + 1, (start + 1) as i64));
+    // Let go: at the reader's next read the queue moves again, and the 5
+    // frames are a counted gap.
+    drop(kept);
+    assert!(matches!(s.next(Duration::from_millis(10)), Err(Error::Timeout(..))));
+    let seq = publish(&mut p);
+    let f = s.next(Duration::from_secs(1)).unwrap();
+    assert_eq!((f.seq(), f.skipped()), (seq, 5));
+    // Keeping every other frame for a while, nothing is lost.
+    let mut held = std::collections::VecDeque::new();
+    for _ in 0..60 {
+        let seq = publish(&mut p);
+        let f = s.next(Duration::from_secs(1)).unwrap();
+        assert_eq!((f.seq(), f.skipped()), (seq, 0));
+        if seq % 2 == 0 {
+            held.push_back(f.hold().unwrap());
+        }
+        if held.len() > 1 {
+            let h = held.pop_front().unwrap();
+            testpattern::verify(h.host_bytes().unwrap(), h.seq()).unwrap();
+        }
+    }
+    assert_eq!(s.stats().dropped, 5);
+}
+
+#[test]
+fn a_lossless_reader_that_keeps_a_frame_holds_the_producer_and_loses_nothing() {
+    let path = sock("hold-lossless");
+    let cfg = host(16)
+        .policy(Policy::Lossless)
+        .lossless_lease(Duration::from_secs(30));
+    let mut p = Publisher::create(&path, cfg).unwrap();
+    let opts = SubscriberOptions::default().lossless(true).push(true).push_buffers(4);
+    let mut s = Subscriber::connect(&path, opts).unwrap();
+    let start = until_push_active(&mut p, &s);
+    let kept = read_and_hold(&mut s, start + 1);
+    for want in start + 2..=start + 4 {
+        publish(&mut p);
+        let f = s.next(Duration::from_secs(1)).unwrap();
+        assert_eq!((f.seq(), f.skipped()), (want, 0));
+    }
+    // Its cursor stays at the kept frame: the window of 3 is used up.
+    assert!(
+        matches!(p.loan(Duration::from_millis(20)), Err(Error::LosslessBlocked { .. })),
+        "the producer must wait for the kept buffer"
+    );
+    testpattern::verify(kept.host_bytes().unwrap(), start + 1).unwrap();
+    drop(kept);
+    // The next read releases the cursor; the producer goes on.
+    assert!(matches!(s.next(Duration::from_millis(10)), Err(Error::Timeout(..))));
+    for _ in 0..20 {
+        let seq = publish(&mut p);
+        let f = s.next(Duration::from_secs(1)).unwrap();
+        assert_eq!((f.seq(), f.skipped()), (seq, 0));
+        testpattern::verify(f.host_bytes().unwrap(), seq).unwrap();
+    }
+    assert_eq!((s.stats().dropped, p.stats().evictions), (0, 0));
+}
+
+#[test]
+fn a_held_frame_outlives_its_subscriber_and_a_latest_push_frame_cannot_be_held() {
+    let path = sock("hold-close");
+    let mut p = Publisher::create(&path, host(8)).unwrap();
+    let opts = SubscriberOptions::default().mode(Mode::Sequential).push(true);
+    let mut s = Subscriber::connect(&path, opts).unwrap();
+    let start = until_push_active(&mut p, &s);
+    let kept = read_and_hold(&mut s, start + 1);
+    drop(s);
+    for _ in 0..20 {
+        publish(&mut p);
+    }
+    testpattern::verify(kept.host_bytes().unwrap(), start + 1).unwrap();
+    drop(kept);
+
+    let mut latest = Subscriber::connect(&path, SubscriberOptions::default().push(true)).unwrap();
+    until_push_active(&mut p, &latest);
+    publish(&mut p);
+    let f = latest.next(Duration::from_secs(1)).unwrap();
+    assert!(f.pushed());
+    assert!(f.hold().is_none(), "three latest buffers cannot spare one");
+}

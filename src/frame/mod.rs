@@ -14,4 +14,6 @@ mod subscriber;
 
 pub use crate::layout::{RingInfo, FRAME_DISCONTINUITY, FRAME_KEY};
 pub use publisher::{BackendChoice, CommitMode, FrameMeta, Policy, Publisher, PullAccess, RingConfig, SlotMut};
-pub use subscriber::{Borrow, Delivery, Frame, Mode, PullStart, Subscriber, SubscriberOptions, SubscriberStats};
+pub use subscriber::{
+    Borrow, Delivery, Frame, FrameHold, Mode, PullStart, Subscriber, SubscriberOptions, SubscriberStats,
+};

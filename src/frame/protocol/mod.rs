@@ -37,6 +37,10 @@
 //! * **park** / **doorbell**: see [`crate::ring::wait`]; each subscriber
 //!   parks on the doorbell of its own client region.
 //! * **push-seq / push-hold**: push delivery, see [`push`].
+//! * **frame-hold**: within one subscriber process, a `FrameHold`'s drop
+//!   (Release decrement of its buffer's count) and the subscriber's Acquire
+//!   load of the counts before it moves `push_held` off that buffer
+//!   (`frame/subscriber/hold.rs`).
 //!
 //! Sequence numbers are free-running `u64`; 0 means never written; the slot
 //! of seq `s` is `s & (slot_count - 1)`.

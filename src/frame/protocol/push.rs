@@ -317,6 +317,43 @@ pub fn still_complete(entry: &SubEntry, k: usize, seq: u64) -> bool {
     entry.push_seq[k % PUSH_MAX_BUFFERS].load(Ordering::Relaxed) == seq
 }
 
+/// Queued reader that keeps frames past its read (`Frame::hold`): puts its
+/// hold on buffer `k`, whose frame `seq` it keeps, and says whether the
+/// buffer still has it. The hold stays on the oldest kept frame; the
+/// queued rule ([`claim_queued`]) then spares that buffer and every buffer
+/// with a newer frame, so the reader reads newer frames in place
+/// ([`Take::Peek`]) without moving it. Moving it forward, from one kept
+/// frame to a newer one, spares the newer frame throughout: it is newer
+/// than the frame held before and is the frame held after.
+pub fn keep_hold(entry: &SubEntry, client: &ClientLine, k: usize, seq: u64) -> bool {
+    let k = k % PUSH_MAX_BUFFERS;
+    // Relaxed: our own word.
+    if client.push_held.load(Ordering::Relaxed) as usize != k + 1 {
+        // SYNC: push-hold — Release then SeqCst fence, as in `take`: the
+        // publisher's claim loads this hold after its own fence.
+        client.push_held.store(k as u32 + 1, Ordering::Release);
+        fence(Ordering::SeqCst);
+    }
+    for _ in 0..64 {
+        // Relaxed: ordered by the fence above (or by the one of the `take`
+        // that first held `k`).
+        let now = entry.push_seq[k].load(Ordering::Relaxed);
+        if now & SEQ_WRITING == 0 {
+            return now == seq;
+        }
+        // A claim's mark, which it takes back once it sees the buffer
+        // spared: wait for that.
+        crate::sync::spin_hint();
+    }
+    false
+}
+
+/// Queued reader: among its first `count` buffers, the complete one with
+/// the newest frame it has read (`s <= last`), as `(k, s)`.
+pub fn newest_read(entry: &SubEntry, count: usize, last: u64) -> Option<(usize, u64)> {
+    between(entry, Order::Newest, count, 0, last)
+}
+
 /// Reader: lets go of whatever buffer it holds.
 pub fn release_hold(client: &ClientLine) {
     // SYNC: push-hold — Release, as in `take_newest`.

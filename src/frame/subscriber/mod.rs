@@ -26,11 +26,14 @@ use crate::socket::transport;
 use crate::sync::atomic::Ordering;
 use crate::time::monotonic_ns;
 
+mod hold;
 mod options;
 mod push;
 mod queued;
 mod views;
 
+pub use hold::FrameHold;
+use hold::Holds;
 pub use options::{Delivery, PullStart, SubscriberOptions, SubscriberStats};
 use queued::InFlight;
 pub use views::{Borrow, Frame};
@@ -92,6 +95,14 @@ pub struct Subscriber {
     /// line and its publisher is not in this process (whose context a
     /// publisher's `cuCtxSynchronize` would share with the copy).
     loan_trigger: bool,
+    /// Push frames kept past the next read ([`Frame::hold`]), shared with
+    /// their holds.
+    holds: std::sync::Arc<Holds>,
+    /// A close parked the pool with kept frames: the hold stays where it is
+    /// for good (a later close must not free the kept buffers).
+    parked: bool,
+    /// A read under a kept frame left the hold on it (see `catch_up_hold`).
+    hold_behind: bool,
 }
 
 impl std::fmt::Debug for Subscriber {
@@ -244,6 +255,9 @@ impl Subscriber {
             cadence: Cadence::new(),
             in_flight: None,
             loan_trigger: false,
+            holds: Holds::new(),
+            parked: false,
+            hold_behind: false,
         };
         sub.loan_trigger = sub.info.gate_offset().is_some() && !super::publisher::published_here(sub.info.epoch);
         if !push && sub.opts.pull_start != PullStart::AfterCommit {
@@ -535,7 +549,9 @@ impl Subscriber {
         if self.opts.client.lossless {
             // SYNC: release-cursor — Release after the copy completed, paired
             // with the producer's Acquire in `Table::holder`.
-            self.client().released_seq.store(snap.seq, Ordering::Release);
+            self.client()
+                .released_seq
+                .store(self.release_cursor(snap.seq), Ordering::Release);
         }
         self.client().reading_seq.store(0, Ordering::Relaxed);
         self.publish_counters();
@@ -555,6 +571,7 @@ impl Subscriber {
         let deadline = crate::time::deadline_after(Instant::now(), timeout);
         self.reconnect_if_gone(deadline, timeout)?;
         self.lease.ensure_or_drain()?;
+        self.release_kept();
         loop {
             if let Some(f) = self.in_flight {
                 // A copy an earlier call queued, whose commit had not come
@@ -685,6 +702,7 @@ impl Subscriber {
         let deadline = crate::time::deadline_after(Instant::now(), timeout);
         self.reconnect_if_gone(deadline, timeout)?;
         self.lease.ensure_or_drain()?;
+        self.release_kept();
         loop {
             let g = self.wait(deadline, timeout, false)?;
             if let Some(bufs) = self.push {
@@ -819,8 +837,14 @@ impl Subscriber {
     ///
     /// # Errors
     /// The backend's release error.
+    ///
+    /// Frames still kept by a [`FrameHold`] stay whole: their buffers stay
+    /// mapped (and spared) until the last hold drops.
     pub fn close(&mut self) -> Result<()> {
         self.settle_in_flight()?;
+        if self.parked || self.park_if_kept() {
+            return Ok(());
+        }
         protocol::push::release_hold(self.client());
         self.lease.bye();
         self.pool.close()

@@ -66,17 +66,18 @@ impl Subscriber {
         // SYNC: push-seq — Acquire pairs with the publisher's Release of
         // `push_count` after it mapped our buffers.
         self.push_mapped |= self.entry().push_count.load(Ordering::Acquire) as usize == bufs.count;
-        let entry = self.entry();
         if !self.push_mapped {
             // Not mapped yet: nothing reaches us; what has landed is a gap.
             // SYNC: global-seq — Acquire pairs with the commit's store.
             return PushRead::NotPushed(g.min(self.header().seq.global_seq.load(Ordering::Acquire)));
         }
-        let how = if hold {
-            protocol::push::Take::Hold(self.lease.client())
-        } else {
-            protocol::push::Take::Peek
+        let kept = if hold { self.read_under_kept() } else { None };
+        let how = match kept {
+            Some(under) => under,
+            None if hold => protocol::push::Take::Hold(self.lease.client()),
+            None => protocol::push::Take::Peek,
         };
+        let entry = self.entry();
         let header = self.header();
         protocol::push::read_pushed(entry, how, bufs, &header.seq.global_seq, self.last, g, |_, seq| {
             // The meta lives in the ring's slot; read it under the seqlock.
@@ -117,7 +118,9 @@ impl Subscriber {
         if self.opts.client.lossless && self.push_started {
             // SYNC: release-cursor — Release, as in `deliver`; paired with
             // the producer's Acquire in `Table::holder`.
-            self.client().released_seq.store(self.last, Ordering::Release);
+            self.client()
+                .released_seq
+                .store(self.release_cursor(self.last), Ordering::Release);
         }
     }
 

@@ -110,6 +110,46 @@ impl Frame<'_> {
         };
         self.sub.pool.read_own(buf, &mut dst[..len])
     }
+    /// Keeps this pushed frame past the next read, without a copy: the
+    /// returned [`FrameHold`] reads the same bytes until it drops, however
+    /// many frames the subscriber reads meanwhile, and even after the
+    /// subscriber closed. For a push subscriber that reads a queue
+    /// ([`Mode::Sequential`] or lossless); `None` for a pulled frame or a
+    /// latest push reader's (whose three buffers cannot spare one).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use vramring::{Delivery, Mode, Subscriber, SubscriberOptions};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let opts = SubscriberOptions::default().mode(Mode::Sequential).delivery(Delivery::Push);
+    /// let mut sub = Subscriber::connect("/run/vramring/cam0.sock", opts)?;
+    /// let kept = sub.next(Duration::from_secs(1))?.hold().expect("a queued push frame");
+    /// let newer = sub.next(Duration::from_secs(1))?; // `kept` is still whole
+    /// assert!(newer.seq() > kept.seq());
+    /// # Ok(()) }
+    /// ```
+    pub fn hold(&self) -> Option<FrameHold> {
+        let k = self.push?;
+        if !self.sub.push_queued() {
+            return None;
+        }
+        let backend = self.sub.backend();
+        let addr = match backend {
+            // Checked like `host_bytes`: the buffer has the frame's bytes.
+            BackendKind::Host => self.host_bytes().map_or(0, |b| b.as_ptr() as u64),
+            BackendKind::Cuda => self.sub.pool.push_addr(k),
+        };
+        Some(FrameHold::new(
+            &self.sub.holds,
+            k,
+            self.snap.seq,
+            self.snap.pts,
+            addr,
+            self.len(),
+            backend,
+        ))
+    }
     /// Whether the frame arrived by push delivery.
     pub fn pushed(&self) -> bool {
         self.push.is_some()

@@ -1,0 +1,249 @@
+//! Pushed frames kept past the next read ([`Frame::hold`]): a queued push
+//! reader leaves its `push_held` word on the oldest frame it keeps, which
+//! the publisher's queued rule spares together with every newer frame
+//! (PROTOCOL.md §16.8), so a frame handed on without a copy (a GStreamer
+//! buffer, a tensor) stays whole until its [`FrameHold`] drops.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::*;
+use crate::layout::PUSH_MAX_BUFFERS;
+use crate::sync::atomic::{AtomicU32, AtomicU64};
+
+/// What a subscriber and its [`FrameHold`]s share: which push buffers are
+/// kept, and the subscriber's pool once it closed with some still kept.
+pub(super) struct Holds {
+    /// Per push buffer: the live holds of its frame.
+    count: [AtomicU32; PUSH_MAX_BUFFERS],
+    /// Per push buffer: the seq of the frame kept (meaningful while its
+    /// count is above 0; a kept buffer is never rewritten).
+    seq: [AtomicU64; PUSH_MAX_BUFFERS],
+    /// The subscriber's pool (its push buffers' mapping), parked here by a
+    /// close that found holds alive; released when the last one drops.
+    parked: Mutex<Option<Box<dyn ImportedPool>>>,
+}
+
+impl Holds {
+    pub(super) fn new() -> Arc<Holds> {
+        Arc::new(Holds {
+            count: std::array::from_fn(|_| AtomicU32::new(0)),
+            seq: std::array::from_fn(|_| AtomicU64::new(0)),
+            parked: Mutex::new(None),
+        })
+    }
+
+    /// The oldest kept frame, as `(k, seq)`.
+    pub(super) fn oldest(&self) -> Option<(usize, u64)> {
+        let mut best: Option<(usize, u64)> = None;
+        for k in 0..PUSH_MAX_BUFFERS {
+            // SYNC: frame-hold — Acquire pairs with the Release of a hold's
+            // drop: whatever its owner read of the buffer happens before we
+            // let the publisher rewrite it.
+            if self.count[k].load(Ordering::Acquire) == 0 {
+                continue;
+            }
+            // Relaxed: written by this subscriber's thread before the count.
+            let s = self.seq[k].load(Ordering::Relaxed);
+            if best.is_none_or(|(_, b)| s < b) {
+                best = Some((k, s));
+            }
+        }
+        best
+    }
+
+    /// Parks `pool` until the last hold drops.
+    pub(super) fn park(&self, pool: Box<dyn ImportedPool>) {
+        *self.parked.lock().unwrap_or_else(PoisonError::into_inner) = Some(pool);
+    }
+}
+
+impl Drop for Holds {
+    fn drop(&mut self) {
+        let parked = self.parked.get_mut().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(mut pool) = parked {
+            if let Err(e) = pool.close() {
+                tracing::warn!(error = %e, "releasing a closed subscriber's push buffers after its last held frame");
+            }
+        }
+    }
+}
+
+/// A pushed frame kept past the subscriber's next read, from
+/// [`Frame::hold`]: its bytes stay in the subscriber's push buffer, which
+/// the publisher does not rewrite until every hold of it has dropped (and
+/// which outlives the subscriber's close until then). `Send`, so it can go
+/// where the frame goes: a GStreamer buffer, another thread.
+///
+/// While a hold is alive the publisher spares its buffer and every buffer
+/// with a newer frame, so a reader keeps taking frames, in place, until
+/// its queue is full of frames it has read; then frames are not pushed to
+/// it (a counted gap, or for a lossless reader the publisher waits, as for
+/// any slow lossless reader). Drop holds as soon as the frame is used.
+pub struct FrameHold {
+    holds: Arc<Holds>,
+    k: usize,
+    seq: u64,
+    pts: i64,
+    addr: u64,
+    len: u64,
+    backend: BackendKind,
+}
+
+impl std::fmt::Debug for FrameHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrameHold")
+            .field("seq", &self.seq)
+            .field("buffer", &self.k)
+            .finish()
+    }
+}
+
+impl FrameHold {
+    /// Keeps frame `seq` of push buffer `k` (at `addr`, `len` bytes).
+    pub(super) fn new(
+        holds: &Arc<Holds>,
+        k: usize,
+        seq: u64,
+        pts: i64,
+        addr: u64,
+        len: u64,
+        backend: BackendKind,
+    ) -> Self {
+        let k = k % PUSH_MAX_BUFFERS;
+        // Relaxed: published by the count's increment below, which the
+        // subscriber's own thread (the only writer of `seq`) makes.
+        holds.seq[k].store(seq, Ordering::Relaxed);
+        holds.count[k].fetch_add(1, Ordering::Release);
+        FrameHold {
+            holds: Arc::clone(holds),
+            k,
+            seq,
+            pts,
+            addr,
+            len,
+            backend,
+        }
+    }
+    /// The frame's seq.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+    /// The frame's presentation timestamp.
+    pub fn pts(&self) -> i64 {
+        self.pts
+    }
+    /// Bytes of the frame (planes at the offsets of the ring's geometry).
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    /// Whether the frame is empty (never: frames have at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The frame as device memory in the subscriber's context, on a CUDA
+    /// ring (`None` on a host ring: see [`FrameHold::host_bytes`]).
+    pub fn device(&self) -> Option<DeviceView<'_>> {
+        (self.backend == BackendKind::Cuda).then(|| DeviceView::new(self.addr, self.len))
+    }
+    /// The frame's bytes, on a host ring.
+    pub fn host_bytes(&self) -> Option<&[u8]> {
+        if self.backend != BackendKind::Host || self.addr == 0 {
+            return None;
+        }
+        // SAFETY: `addr` is push buffer `k` of the subscriber's own host
+        // mapping, at least `len` bytes (`Frame::host_bytes` checked it);
+        // the mapping lives while `holds` does (in the subscriber, or
+        // parked here by its close), and the publisher writes this buffer
+        // only after our count dropped to 0, so the bytes do not change.
+        Some(unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len as usize) })
+    }
+}
+
+impl Drop for FrameHold {
+    fn drop(&mut self) {
+        // SYNC: frame-hold — Release: our reads of the buffer happen before
+        // the subscriber moves its hold off it (its Acquire in `oldest`).
+        self.holds.count[self.k].fetch_sub(1, Ordering::Release);
+    }
+}
+
+impl Subscriber {
+    /// Whether this push subscriber reads a queue (sequential or lossless),
+    /// whose buffers the publisher claims by the queued rule: the only
+    /// kind whose frames [`Frame::hold`] can keep.
+    pub(super) fn push_queued(&self) -> bool {
+        self.push.is_some() && (self.opts.mode == Mode::Sequential || self.opts.client.lossless)
+    }
+
+    /// The cursor a lossless reader releases after reading up to `seq`: no
+    /// further than the oldest frame it keeps (the publisher's window counts
+    /// from it, and a kept buffer is not free).
+    pub(super) fn release_cursor(&self, seq: u64) -> u64 {
+        self.holds.oldest().map_or(seq, |(_, kept)| kept.min(seq))
+    }
+
+    /// A lossless queued push reader, before each read: its cursor moves up
+    /// to the frames it has read, past holds dropped since (the publisher's
+    /// lossless window counts from it).
+    pub(super) fn release_kept(&mut self) {
+        if !self.push_queued() {
+            return;
+        }
+        self.catch_up_hold();
+        if self.opts.client.lossless && self.push_started {
+            // SYNC: release-cursor — Release, as in `deliver`.
+            self.client()
+                .released_seq
+                .store(self.release_cursor(self.last), Ordering::Release);
+        }
+    }
+
+    /// Before a push read that holds: with frames kept, puts the hold on
+    /// the oldest one and reads in place under it; else `None` (the read
+    /// holds what it takes).
+    pub(super) fn read_under_kept(&mut self) -> Option<protocol::push::Take<'static>> {
+        let Some((k, seq)) = self.holds.oldest() else {
+            self.catch_up_hold();
+            return None;
+        };
+        if !protocol::push::keep_hold(self.entry(), self.client(), k, seq) {
+            // Cannot happen under the queued rule; the frame stays kept
+            // and its owner reads what it holds.
+            tracing::error!(seq, buffer = k, "a kept push buffer no longer has its frame");
+        }
+        self.hold_behind = true;
+        Some(protocol::push::Take::Peek)
+    }
+
+    /// Once the last kept frame dropped, the hold left behind on it moves
+    /// to the newest frame read (which it spared, being newer), so the
+    /// buffers of the frames between are free again. Without this the
+    /// publisher would find every buffer newer than a stale hold and push
+    /// nothing more (and a lossless reader's window would promise room it
+    /// does not have).
+    fn catch_up_hold(&mut self) {
+        if !self.hold_behind || self.holds.oldest().is_some() {
+            return;
+        }
+        self.hold_behind = false;
+        if let Some((k, seq)) = protocol::push::newest_read(self.entry(), self.push.map_or(0, |b| b.count), self.last) {
+            protocol::push::keep_hold(self.entry(), self.client(), k, seq);
+        }
+    }
+
+    /// Closes with frames still kept: says goodbye but leaves the hold
+    /// where it is and parks the pool (the push buffers' mapping) with the
+    /// holds, which release it when the last one drops. `false` when
+    /// nothing is kept.
+    pub(super) fn park_if_kept(&mut self) -> bool {
+        if self.holds.oldest().is_none() {
+            return false;
+        }
+        self.lease.bye();
+        let pool = std::mem::replace(&mut self.pool, Box::new(crate::memory::host::HostImport::push_only()));
+        self.holds.park(pool);
+        self.holds = Holds::new();
+        self.parked = true;
+        true
+    }
+}
