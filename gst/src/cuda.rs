@@ -64,6 +64,19 @@ struct GstCudaLib {
         unsafe extern "C" fn(*mut gst::ffi::GstElement, *mut gst::ffi::GstQuery, *mut c_void) -> glib::ffi::gboolean,
     /// `vramringsrc`'s CUDA output: a pool of `GstCudaMemory` buffers.
     buffer_pool_new: unsafe extern "C" fn(*mut c_void) -> *mut gst::ffi::GstBufferPool,
+    /// `vramringsrc`'s zero-copy output: a `GstCudaMemory` around device
+    /// memory it does not own (since 1.24).
+    alloc_wrapped: Option<
+        unsafe extern "C" fn(
+            *mut c_void,
+            *mut c_void,
+            *mut c_void,
+            *const gst_video::ffi::GstVideoInfo,
+            CUdeviceptr,
+            glib::ffi::gpointer,
+            glib::ffi::GDestroyNotify,
+        ) -> *mut gst::ffi::GstMemory,
+    >,
 }
 
 impl GstCudaLib {
@@ -94,6 +107,7 @@ impl GstCudaLib {
             context_new_wrapped: sym!("gst_cuda_context_new_wrapped"),
             handle_context_query: sym!("gst_cuda_handle_context_query"),
             buffer_pool_new: sym!("gst_cuda_buffer_pool_new"),
+            alloc_wrapped: opt!("gst_cuda_allocator_alloc_wrapped"),
             _lib: lib,
         })
     }
@@ -198,6 +212,60 @@ impl Primary {
         }));
         all.push(p);
         Ok(p)
+    }
+
+    /// A read-only `GstCudaMemory` of this context around `ptr`, laid out
+    /// as `info` (its strides, offsets and size), that owns `keep` and
+    /// drops it when GStreamer frees the memory: no copy, no GPU work.
+    ///
+    /// # Safety
+    /// `ptr..ptr + info.size` is device memory readable in this context
+    /// that nothing writes while `keep` lives.
+    ///
+    /// # Errors
+    /// A `libgstcuda-1.0` older than 1.24 (no
+    /// `gst_cuda_allocator_alloc_wrapped`), or its failure.
+    pub unsafe fn wrap<T: Send + 'static>(
+        &self,
+        info: &gst_video::ffi::GstVideoInfo,
+        ptr: CUdeviceptr,
+        keep: T,
+    ) -> Result<gst::Memory, String> {
+        unsafe extern "C" fn drop_keep<T>(data: glib::ffi::gpointer) {
+            // SAFETY: `data` is the `Box<T>` leaked below, freed once
+            // (GStreamer calls the notify once, when the memory goes).
+            drop(unsafe { Box::from_raw(data.cast::<T>()) });
+        }
+        let lib = gst_cuda().ok_or("libgstcuda-1.0 is not loaded")?;
+        let alloc = lib
+            .alloc_wrapped
+            .ok_or("this libgstcuda-1.0 has no gst_cuda_allocator_alloc_wrapped")?;
+        let data = Box::into_raw(Box::new(keep));
+        // SAFETY: default allocator (null), our live context wrapper, no
+        // stream (the memory is complete: nothing to wait for), a valid
+        // info (the caller's contract); a memory made calls `drop_keep`
+        // with `data` once, when freed (gstcudamemory.cpp, 1.24).
+        let raw = unsafe {
+            alloc(
+                std::ptr::null_mut(),
+                self.gst_context,
+                std::ptr::null_mut(),
+                info,
+                ptr,
+                data.cast(),
+                Some(drop_keep::<T>),
+            )
+        };
+        if raw.is_null() {
+            // SAFETY: not taken by a memory that failed to be made.
+            drop(unsafe { Box::from_raw(data) });
+            return Err("gst_cuda_allocator_alloc_wrapped failed".into());
+        }
+        // SAFETY: a new GstMemory nobody else sees yet: its flags are ours
+        // to set. Read-only: downstream copies before it writes.
+        unsafe { (*raw).mini_object.flags |= gst::ffi::GST_MEMORY_FLAG_READONLY };
+        // SAFETY: a new GstMemory, full ownership.
+        Ok(unsafe { gst::Memory::from_glib_full(raw) })
     }
 
     /// Answers a `gst.cuda.context` query with this context. Returns

@@ -416,6 +416,59 @@ fn a_lossless_push_source_gets_every_frame_in_order() {
     stop(&src);
 }
 
+/// `zero-copy` (the default) with a queue read by push: each buffer is
+/// the subscriber's own push buffer (memory GStreamer did not allocate),
+/// and a buffer kept downstream stays whole while later frames flow (as
+/// many as the source's queue has room for: a lossless publisher waits for
+/// the kept buffer beyond that); with
+/// `zero-copy=false` every buffer is a copy in system memory. 512 wide: the
+/// ring's pitch is GStreamer's default stride, so the appsink (which
+/// asks for no video meta) can take the ring's layout as it is.
+#[test]
+fn a_queued_push_source_hands_downstream_its_push_buffers_and_a_kept_one_stays_whole() {
+    init();
+    for zero_copy in [true, false] {
+        let (_dir, path) = socket(&format!("zero-copy-{zero_copy}"));
+        let mut publisher = Publisher::create(&path, ring(512, 64)).expect("a ring");
+        let src = play(&format!(
+            "vramringsrc name=src socket-path={} lossless=true delivery=push zero-copy={zero_copy} ! appsink name=sink sync=false max-buffers=2",
+            path.display()
+        ));
+        // Published from another thread: a lossless ring waits for the
+        // source, which waits for the appsink to be read.
+        let writer = std::thread::spawn(move || publish_pattern(&mut publisher, 40, 0));
+        let mut kept: Option<gst::Sample> = None;
+        let mut got = Vec::new();
+        let mut checked = false;
+        while got.last() != Some(&40) {
+            let sample = pull(&src, 1).pop().expect("a sample");
+            let buffer = sample.buffer().expect("a buffer");
+            let ours = buffer.peek_memory(0).is_type("RustGlobalAllocatorMemory");
+            assert_eq!(
+                ours, zero_copy,
+                "zero-copy={zero_copy}: the push buffer itself, or a copy"
+            );
+            let seq = buffer.offset();
+            got.push(seq);
+            if seq == 20 {
+                kept = Some(sample);
+            } else if seq == 23 {
+                // Three frames went by: its bytes are still frame 20's
+                // (the pattern of a seq is checked against the seq).
+                let sample = kept.take().expect("frame 20 came");
+                let bytes = sample.buffer().expect("a buffer").map_readable().expect("readable");
+                vramring_testkit::pattern::verify(&bytes, 20).expect("the kept frame 20 is whole");
+                checked = true;
+            }
+        }
+        let written = writer.join().expect("the writer");
+        assert!(checked, "frames 20 and 23 came");
+        assert_eq!(got, (got[0]..=40).collect::<Vec<_>>(), "every frame, in order");
+        assert_eq!(written.len(), 40);
+        stop(&src);
+    }
+}
+
 /// A pad template's caps: CUDA memory first, then system memory, and
 /// nothing else.
 fn assert_cuda_memory_first(template: &gst::Caps) {

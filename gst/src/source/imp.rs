@@ -14,6 +14,7 @@ use gst_base::subclass::prelude::*;
 use gst_video::prelude::*;
 use vramring::{ClientOptions, Delivery, Error, Mode, Refusal, Subscriber, SubscriberOptions, SubscriberStats};
 
+use super::kept::{self, Facts};
 use super::{DeliverySetting, ModeSetting, TimestampMode};
 use crate::cuda::{self, Filler, Primary};
 use crate::element::lock;
@@ -44,6 +45,7 @@ struct Settings {
     client_name: String,
     timestamp_mode: TimestampMode,
     cuda_device_id: u32,
+    zero_copy: bool,
 }
 
 impl Default for Settings {
@@ -57,6 +59,7 @@ impl Default for Settings {
             client_name: String::new(),
             timestamp_mode: TimestampMode::default(),
             cuda_device_id: 0,
+            zero_copy: true,
         }
     }
 }
@@ -91,6 +94,18 @@ struct State {
     output: Option<OutputMemory>,
     /// The pool and stream of CUDA output, made for the caps it holds.
     filler: Option<Filler>,
+    /// The subscriber was made for zero-copy output (ADR 0028): push into
+    /// a queue, draining to the newest frame in `mode=latest`.
+    zero_copy_sub: bool,
+    /// Frames read but passed over for a newer one (a latest source
+    /// draining its queue): counted as dropped, not delivered.
+    superseded: u64,
+    /// An error met while draining, reported at the next read (the frame
+    /// in hand goes out first).
+    deferred: Option<Error>,
+    /// Downstream reads `GstVideoMeta` (its allocation query says so), so
+    /// system memory may go out in the ring's layout.
+    video_meta: bool,
 }
 
 /// The ring a memory decision was made for: backend, format and size.
@@ -114,8 +129,8 @@ impl State {
         let now = self.sub.as_ref().map(Subscriber::stats).unwrap_or_default();
         let e = self.earlier;
         SubscriberStats {
-            delivered: e.delivered + now.delivered,
-            dropped: e.dropped + now.dropped,
+            delivered: (e.delivered + now.delivered).saturating_sub(self.superseded),
+            dropped: e.dropped + now.dropped + self.superseded,
             overruns: e.overruns + now.overruns,
             reconnects: e.reconnects + now.reconnects,
             pushed: e.pushed + now.pushed,
@@ -187,6 +202,12 @@ impl ObjectImpl for VramringSrc {
                     .blurb("The subscriber's counters: delivered, dropped, overruns, reconnects, pushed, last-seq")
                     .read_only()
                     .build(),
+                glib::ParamSpecBoolean::builder("zero-copy")
+                    .nick("Zero copy")
+                    .blurb("Hand downstream the subscriber's own push buffer instead of a copy (no GPU work in this process per frame): on a CUDA ring with CUDA memory out it subscribes by push (a queue, drained to the newest frame in mode=latest) unless delivery=pull; on a host ring when delivery=push reads a queue (mode=sequential or lossless). Off: every frame is copied into a buffer of our own")
+                    .default_value(true)
+                    .mutable_ready()
+                    .build(),
             ]
         });
         PROPS.as_ref()
@@ -216,6 +237,7 @@ impl ObjectImpl for VramringSrc {
             "client-name" => s.client_name = value.get::<Option<String>>().ok().flatten().unwrap_or_default(),
             "timestamp-mode" => s.timestamp_mode = value.get().unwrap_or_default(),
             "cuda-device-id" => s.cuda_device_id = value.get().unwrap_or(0),
+            "zero-copy" => s.zero_copy = value.get().unwrap_or(true),
             other => gst::warning!(CAT, imp = self, "no property {other}"),
         }
     }
@@ -243,6 +265,7 @@ impl ObjectImpl for VramringSrc {
             "client-name" => s.client_name.to_value(),
             "timestamp-mode" => s.timestamp_mode.to_value(),
             "cuda-device-id" => s.cuda_device_id.to_value(),
+            "zero-copy" => s.zero_copy.to_value(),
             _ => glib::Value::from_type(glib::Type::INVALID),
         }
     }
@@ -290,22 +313,26 @@ enum Step {
 }
 
 impl VramringSrc {
-    /// The subscriber options the settings ask for.
-    fn options(&self, s: &Settings) -> SubscriberOptions {
+    /// The subscriber options the settings ask for; with `zero_copy`, push
+    /// into a queue (a latest source reads it as sequential and drains it
+    /// to the newest frame), whose frames can be kept past the read.
+    fn options(&self, s: &Settings, zero_copy: bool) -> SubscriberOptions {
         let name = if s.client_name.is_empty() {
             self.obj().name().to_string()
         } else {
             s.client_name.clone()
         };
         let mode = match s.mode {
-            ModeSetting::Latest => Mode::Latest,
             ModeSetting::Sequential => Mode::Sequential,
+            ModeSetting::Latest if zero_copy && !s.lossless => Mode::Sequential,
+            ModeSetting::Latest => Mode::Latest,
         };
         SubscriberOptions::default()
             .name(name)
             .mode(mode)
             .lossless(s.lossless)
             .delivery(match s.delivery {
+                _ if zero_copy => Delivery::Push,
                 DeliverySetting::Auto => Delivery::Auto,
                 DeliverySetting::Pull => Delivery::Pull,
                 DeliverySetting::Push => Delivery::Push,
@@ -315,8 +342,8 @@ impl VramringSrc {
     }
 
     /// One attempt to subscribe. `Ok(None)`: no publisher yet, try again.
-    fn connect(&self, s: &Settings) -> Result<Option<Subscriber>, gst::ErrorMessage> {
-        match Subscriber::connect(&s.socket_path, self.options(s)) {
+    fn connect(&self, s: &Settings, zero_copy: bool) -> Result<Option<Subscriber>, gst::ErrorMessage> {
+        match Subscriber::connect(&s.socket_path, self.options(s, zero_copy)) {
             Ok(sub) => {
                 gst::info!(CAT, imp = self, "subscribed by {:?} delivery", sub.delivery());
                 Ok(Some(sub))
@@ -349,7 +376,8 @@ impl VramringSrc {
         let mut state = lock(&self.state);
         if state.sub.is_none() {
             state.waiting_since.get_or_insert_with(Instant::now);
-            match self.connect(s) {
+            let zero_copy = state.zero_copy_sub;
+            match self.connect(s, zero_copy) {
                 Ok(Some(sub)) => {
                     gst::info!(
                         CAT,
@@ -398,6 +426,26 @@ impl VramringSrc {
             let mut state = lock(&self.state);
             state.output = Some(OutputMemory { key, cuda });
             state.filler = None;
+            let zero_copy = s.zero_copy && cuda.is_some() && s.delivery != DeliverySetting::Pull;
+            if zero_copy != state.zero_copy_sub {
+                // Subscribe again with the options of this output; the
+                // decision stays (same ring), so it is not asked again.
+                gst::info!(
+                    CAT,
+                    imp = self,
+                    "subscribing again for {} output",
+                    if zero_copy { "zero-copy" } else { "copied" }
+                );
+                state.zero_copy_sub = zero_copy;
+                let old = state.stats();
+                state.earlier = SubscriberStats { last_seq: 0, ..old };
+                state.superseded = 0;
+                if let Some(mut sub) = state.sub.take() {
+                    if let Err(e) = sub.close() {
+                        gst::debug!(CAT, imp = self, "closing the subscriber: {e}");
+                    }
+                }
+            }
             return Ok(Step::Again);
         }
         let State {
@@ -405,12 +453,20 @@ impl VramringSrc {
             scratch,
             output,
             filler,
+            zero_copy_sub,
+            superseded,
+            deferred,
+            video_meta,
             ..
         } = &mut *state;
         let Some(sub) = sub.as_mut() else {
             return Ok(Step::Again);
         };
-        let read = match sub.next(SLICE) {
+        let next = match deferred.take() {
+            Some(e) => Err(e),
+            None => sub.next(SLICE),
+        };
+        let read = match next {
             Ok(frame) => {
                 let key = frame_key(&frame);
                 let cuda = match *output {
@@ -432,8 +488,27 @@ impl VramringSrc {
                     }
                     _ => None,
                 };
-                self.to_buffer(&frame, scratch, cuda.map(|p| (p, filler)), s)
-                    .map(|(buffer, caps)| (buffer, caps, frame.skipped()))
+                let host = key.0 == vramring::BackendKind::Host;
+                let hold = if s.zero_copy && (cuda.is_some() || host) {
+                    frame.hold()
+                } else {
+                    None
+                };
+                match hold {
+                    Some(hold) => {
+                        let facts = Facts::of(&frame);
+                        let (hold, facts) = if *zero_copy_sub && s.mode == ModeSetting::Latest && !s.lossless {
+                            Self::newest(sub, hold, facts, superseded, deferred)
+                        } else {
+                            (hold, facts)
+                        };
+                        self.kept_buffer(hold, &facts, cuda, *video_meta, s)
+                            .map(|(buffer, caps)| (buffer, caps, facts.skipped))
+                    }
+                    None => self
+                        .to_buffer(&frame, scratch, cuda.map(|p| (p, filler)), s)
+                        .map(|(buffer, caps)| (buffer, caps, frame.skipped())),
+                }
             }
             Err(e) => Err(e),
         };
@@ -580,7 +655,7 @@ impl VramringSrc {
             // which nothing rewrites before the next `Subscriber::next`;
             // `fill` returns only once its copy is done.
             let mut buffer = unsafe { f.fill(view.as_raw(), view.len(), &geometry) }.map_err(bad)?;
-            self.stamp(&mut buffer, frame, trailer, s)?;
+            self.stamp(&mut buffer, &Facts::of(frame), trailer, s)?;
             return Ok((buffer, caps));
         }
         let src: &[u8] = match frame.host_bytes() {
@@ -591,12 +666,25 @@ impl VramringSrc {
                 scratch
             }
         };
+        let mut buffer = Self::system_copy(src, &info, &geometry)?;
+        self.stamp(&mut buffer, &Facts::of(frame), trailer, s)?;
+        Ok((buffer, caps))
+    }
+
+    /// A buffer of GStreamer's default layout for `info` holding the frame
+    /// `src` (laid out as `geometry`).
+    fn system_copy(
+        src: &[u8],
+        info: &gst_video::VideoInfo,
+        geometry: &vramring::Geometry,
+    ) -> Result<gst::Buffer, Error> {
+        let bad = |what: String| Error::Config(what);
         let mut buffer = gst::Buffer::with_size(info.size()).map_err(|_| bad("cannot allocate a buffer".into()))?;
         {
             let bref = buffer
                 .get_mut()
                 .ok_or_else(|| bad("a fresh buffer is not writable".into()))?;
-            let mut vf = gst_video::VideoFrameRef::from_buffer_ref_writable(bref, &info)
+            let mut vf = gst_video::VideoFrameRef::from_buffer_ref_writable(bref, info)
                 .map_err(|_| bad("cannot map the buffer".into()))?;
             let planes: Vec<(usize, usize)> = (0..vf.n_planes())
                 .map(|k| {
@@ -606,13 +694,104 @@ impl VramringSrc {
                     )
                 })
                 .collect();
-            let plan = video::plan(&planes, &geometry, false).map_err(|e| bad(e.0))?;
+            let plan = video::plan(&planes, geometry, false).map_err(|e| bad(e.0))?;
             for (k, p) in plan.iter().enumerate() {
                 let dst = vf.plane_data_mut(k as u32).map_err(|_| bad(format!("plane {k}")))?;
                 video::copy_plane(src, dst, p).map_err(|e| bad(e.0))?;
             }
         }
-        self.stamp(&mut buffer, frame, trailer, s)?;
+        Ok(buffer)
+    }
+
+    /// A latest source reading a queue (zero-copy): the newest frame
+    /// pushed so far, keeping it. The frames passed over are let go (their
+    /// buffers come back at the next read) and counted in `superseded`; an
+    /// error is kept for the next read.
+    fn newest(
+        sub: &mut Subscriber,
+        mut hold: vramring::FrameHold,
+        mut facts: Facts,
+        superseded: &mut u64,
+        deferred: &mut Option<Error>,
+    ) -> (vramring::FrameHold, Facts) {
+        loop {
+            match sub.next(Duration::ZERO) {
+                Ok(frame) => {
+                    let Some(newer) = frame.hold() else { break };
+                    let f = Facts::of(&frame);
+                    *superseded += 1;
+                    facts = Facts {
+                        skipped: facts.skipped + 1 + f.skipped,
+                        ..f
+                    };
+                    hold = newer;
+                }
+                Err(Error::Timeout(..)) => break,
+                Err(e) => {
+                    *deferred = Some(e);
+                    break;
+                }
+            }
+        }
+        (hold, facts)
+    }
+
+    /// The kept frame `hold` as a buffer without a copy: CUDA memory around
+    /// the push buffer (`cuda`), or system memory that is the host push
+    /// buffer, in the ring's layout (a video meta says it). System memory
+    /// in a layout downstream cannot read (no video meta, not GStreamer's
+    /// default) is copied.
+    fn kept_buffer(
+        &self,
+        hold: vramring::FrameHold,
+        facts: &Facts,
+        cuda: Option<&'static Primary>,
+        video_meta: bool,
+        s: &Settings,
+    ) -> Result<(gst::Buffer, gst::Caps), Error> {
+        let geometry = facts.geometry;
+        let trailer = FrameTrailer::decode(&facts.user);
+        let (fps, par) = trailer.map_or(((0, 1), (1, 1)), |t| (t.fps, t.par));
+        let bad = |what: String| Error::Config(what);
+        let mut caps = video::caps_for(&geometry, fps, par)
+            .ok_or_else(|| bad(format!("the ring's format {} is not raw video", geometry.format.name())))?;
+        let info = gst_video::VideoInfo::from_caps(&caps).map_err(|_| bad(format!("caps {caps}")))?;
+        if cuda.is_none() && !video_meta && !kept::default_layout(&info, &geometry) {
+            let src = hold
+                .host_bytes()
+                .ok_or_else(|| bad("a kept frame of a host ring has no bytes".into()))?;
+            let mut buffer = Self::system_copy(src, &info, &geometry)?;
+            self.stamp(&mut buffer, facts, trailer, s)?;
+            return Ok((buffer, caps));
+        }
+        let mem = match cuda {
+            Some(primary) => {
+                caps.make_mut()
+                    .set_features(0, Some(gst::CapsFeatures::new([cuda::CUDA_MEMORY_FEATURE])));
+                let ptr = hold
+                    .device()
+                    .ok_or_else(|| bad("a kept frame of a CUDA ring has no device memory".into()))?
+                    .as_raw();
+                let layout = kept::ring_info(&info, &geometry);
+                // SAFETY: `ptr` is the subscriber's push buffer, device
+                // memory of the ring's GPU mapped in its primary context
+                // (`decide` found `primary` by the ring's UUID), at least
+                // `frame_bytes` long (the layout's size); the publisher
+                // does not write it while `hold`, which the memory owns,
+                // lives.
+                unsafe { primary.wrap(&layout, ptr, hold) }.map_err(bad)?
+            }
+            None => kept::host_memory(hold).ok_or_else(|| bad("a kept frame of a host ring has no bytes".into()))?,
+        };
+        let mut buffer = gst::Buffer::new();
+        {
+            let b = buffer
+                .get_mut()
+                .ok_or_else(|| bad("a fresh buffer is not writable".into()))?;
+            b.append_memory(mem);
+            kept::add_ring_meta(b, &info, &geometry).map_err(bad)?;
+        }
+        self.stamp(&mut buffer, facts, trailer, s)?;
         Ok((buffer, caps))
     }
 
@@ -620,7 +799,7 @@ impl VramringSrc {
     fn stamp(
         &self,
         buffer: &mut gst::Buffer,
-        frame: &vramring::Frame<'_>,
+        frame: &Facts,
         trailer: Option<FrameTrailer>,
         s: &Settings,
     ) -> Result<(), Error> {
@@ -630,16 +809,14 @@ impl VramringSrc {
                 .ok_or_else(|| Error::Config("a fresh buffer is not writable".into()))?;
             let pts = match s.timestamp_mode {
                 TimestampMode::Clock => {
-                    let mono = trailer
-                        .and_then(|t| t.presentation)
-                        .unwrap_or_else(|| frame.commit_ns());
+                    let mono = trailer.and_then(|t| t.presentation).unwrap_or(frame.commit_ns);
                     crate::clock::monotonic_to_running_time(self.obj().upcast_ref(), mono)
                 }
-                TimestampMode::Pts => u64::try_from(frame.pts()).ok().map(gst::ClockTime::from_nseconds),
+                TimestampMode::Pts => u64::try_from(frame.pts).ok().map(gst::ClockTime::from_nseconds),
             };
             b.set_pts(pts);
             b.set_duration(trailer.and_then(|t| t.duration).map(gst::ClockTime::from_nseconds));
-            b.set_offset(frame.seq());
+            b.set_offset(frame.seq);
         }
         Ok(())
     }
@@ -720,6 +897,13 @@ impl BaseSrcImpl for VramringSrc {
             }
         }
         BaseSrcImplExt::parent_query(self, query)
+    }
+
+    /// Notes whether downstream reads `GstVideoMeta`, for zero-copy system
+    /// memory in the ring's layout.
+    fn decide_allocation(&self, query: &mut gst::query::Allocation) -> Result<(), gst::LoggableError> {
+        lock(&self.state).video_meta = query.find_allocation_meta::<gst_video::VideoMeta>().is_some();
+        self.parent_decide_allocation(query)
     }
 
     fn unlock(&self) -> Result<(), gst::ErrorMessage> {

@@ -17,6 +17,7 @@ use gst::glib;
 use gst::prelude::*;
 
 mod imp;
+mod kept;
 
 /// Which frames the subscriber reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, glib::Enum, Default)]

@@ -1,0 +1,95 @@
+//! `vramringsrc`'s zero-copy output (ADR 0028): a frame a queued push
+//! subscriber keeps (`Frame::hold`) goes downstream as the subscriber's own
+//! push buffer, laid out as the ring lays it out (a `GstVideoMeta` and,
+//! for CUDA memory, the memory's own video info say where the planes are),
+//! and the buffer is let go when GStreamer frees the memory.
+
+use gst::glib::translate::ToGlibPtr;
+use vramring::{FrameHold, Geometry};
+
+/// What a buffer needs of a frame besides its bytes.
+pub(super) struct Facts {
+    pub seq: u64,
+    pub pts: i64,
+    pub commit_ns: u64,
+    pub user: Vec<u8>,
+    pub skipped: u64,
+    pub geometry: Geometry,
+}
+
+impl Facts {
+    pub fn of(frame: &vramring::Frame<'_>) -> Facts {
+        Facts {
+            seq: frame.seq(),
+            pts: frame.pts(),
+            commit_ns: frame.commit_ns(),
+            user: frame.user(),
+            skipped: frame.skipped(),
+            geometry: *frame.geometry(),
+        }
+    }
+}
+
+/// `info` (the caps' video info) with the ring's plane offsets, strides
+/// and size: the layout of a frame in a slot or push buffer.
+pub(super) fn ring_info(info: &gst_video::VideoInfo, geometry: &Geometry) -> gst_video::ffi::GstVideoInfo {
+    let ptr: *const gst_video::ffi::GstVideoInfo = info.to_glib_none().0;
+    // SAFETY: a valid GstVideoInfo, copied by value (a plain C struct).
+    let mut raw = unsafe { *ptr };
+    for (k, p) in geometry.planes().iter().enumerate().take(raw.offset.len()) {
+        raw.offset[k] = p.offset as usize;
+        raw.stride[k] = p.pitch as i32;
+    }
+    raw.size = geometry.frame_bytes as usize;
+    raw
+}
+
+/// Whether the ring lays a frame out as GStreamer's default layout for
+/// `info` does (then downstream needs no video meta to read it).
+pub(super) fn default_layout(info: &gst_video::VideoInfo, geometry: &Geometry) -> bool {
+    let planes = geometry.planes();
+    planes.len() == info.n_planes() as usize
+        && planes
+            .iter()
+            .enumerate()
+            .all(|(k, p)| info.offset()[k] == p.offset as usize && info.stride()[k] as u64 == p.pitch)
+}
+
+/// Tells downstream where the ring's planes are.
+pub(super) fn add_ring_meta(
+    buffer: &mut gst::BufferRef,
+    info: &gst_video::VideoInfo,
+    geometry: &Geometry,
+) -> Result<(), String> {
+    let offsets: Vec<usize> = geometry.planes().iter().map(|p| p.offset as usize).collect();
+    let strides: Vec<i32> = geometry.planes().iter().map(|p| p.pitch as i32).collect();
+    gst_video::VideoMeta::add_full(
+        buffer,
+        gst_video::VideoFrameFlags::empty(),
+        info.format(),
+        info.width(),
+        info.height(),
+        &offsets,
+        &strides,
+    )
+    .map(|_| ())
+    .map_err(|e| format!("video meta of the ring's layout: {e}"))
+}
+
+/// A host frame's bytes, kept by their hold for as long as GStreamer keeps
+/// the memory.
+struct HostKept(FrameHold);
+
+impl AsRef<[u8]> for HostKept {
+    fn as_ref(&self) -> &[u8] {
+        self.0.host_bytes().unwrap_or_default()
+    }
+}
+
+/// System memory that is the kept host frame itself (`None` for a frame
+/// of a CUDA ring).
+pub(super) fn host_memory(hold: FrameHold) -> Option<gst::Memory> {
+    hold.host_bytes()?;
+    // Locked read-only: downstream copies before it writes.
+    Some(gst::Memory::from_slice(HostKept(hold)))
+}
