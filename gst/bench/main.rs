@@ -1,26 +1,27 @@
 //! Inter-process delivery of 1080p NV12 in CUDA memory between GStreamer
-//! pipelines: `cudaipcsink ipc-mode=mmap` → `cudaipcsrc`,
-//! `cudaipcsink ipc-mode=legacy` → `cudaipcsrc` and `vramringsink` →
-//! `vramringsrc`, with 1, 4 and 8 subscriber processes, a frame every 2 ms
-//! and at 25 fps, optionally under MPS. Writes a Markdown table
-//! (`--out DIR`, `$OUT` by default). How to build, stage and run it on the
-//! GPU machine: `gst/bench/README.md`.
+//! pipelines: `cudaipcsink ipc-mode=mmap` → `cudaipcsrc` (its default
+//! `io-mode=copy`, and `io-mode=import`), `cudaipcsink ipc-mode=legacy` →
+//! `cudaipcsrc` and `vramringsink` → `vramringsrc` (zero-copy, its default,
+//! and `zero-copy=false`), and the library's own Rust subscriber, with 1,
+//! 4 and 8 subscriber processes, a frame every 2 ms and at 25 fps,
+//! optionally under MPS. Writes a Markdown table (`--out DIR`, `$OUT` by
+//! default). How to build, stage and run it on the GPU machine:
+//! `gst/bench/README.md`.
 //!
 //! One process publishes: `appsrc ! cudaupload ! <sink>`, each buffer a
 //! pooled system-memory frame whose first 8 luma bytes carry its index; a
 //! pad probe on the sink's pad records when each buffer reaches the sink
 //! (`CLOCK_MONOTONIC`). Each subscriber process runs `<src> ! appsink`,
 //! records the arrival instant, then reads the index from the pixels. Two
-//! tables (`--memory cuda,system`): with `cuda`, both pairs hand the
-//! appsink CUDA memory (`cudaipcsrc ! video/x-raw(memory:CUDAMemory)`,
-//! `vramringsrc ! video/x-raw(memory:CUDAMemory)`, its device-to-device
-//! copy from the ring), no download, the index read back as 8 bytes from
-//! the device; with `system`, both hand it system memory
-//! (`cudaipcsrc ! cudadownload`, `vramringsrc ! video/x-raw`, its own copy
-//! from the ring to the host). Latency is arrival minus sink entry, same host, same clock;
-//! the first `WARMUP` frames are left out of every figure. The producer's
-//! CPU per frame is its process's user + system time over the paced
-//! pushes (the upload's share is the same for every pair).
+//! tables (`--memory cuda,system`): with `cuda`, every source hands the
+//! appsink CUDA memory (`... ! video/x-raw(memory:CUDAMemory)`), no
+//! download, the index read back as 8 bytes from the device; with
+//! `system`, system memory (`cudaipcsrc ! cudadownload`, `vramringsrc !
+//! video/x-raw`, its own copy from the ring to the host). Latency is
+//! arrival minus sink entry, same host, same clock; the first `WARMUP`
+//! frames are left out of every figure. The producer's CPU per frame is its
+//! process's user + system time over the paced pushes (the upload's share
+//! is the same for every pair).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -37,15 +38,21 @@ const HEIGHT: u32 = 1080;
 /// Frames at the start of each run left out of every figure (first
 /// imports, lazy CUDA set-up).
 const WARMUP: u64 = 30;
-/// `vramring` is `vramringsrc` as it comes (delivery=auto: pull for the
-/// publisher's own uid); `vramring-push` asks for push delivery;
-/// `vramring-rust` is no GStreamer on the subscriber side: the library's
-/// own `Subscriber` (push), the frame in hand when `next` returns.
-const PAIRS: [&str; 5] = [
+/// `cudaipc-*` are `cudaipcsrc` as it comes (`io-mode=copy`);
+/// `cudaipc-import` is its zero-copy mode (`ipc-mode=mmap`,
+/// `io-mode=import`). `vramring` is `vramringsrc` as it comes (zero-copy:
+/// the subscriber's push buffer, ADR 0028); `vramring-copy` is
+/// `zero-copy=false` (delivery=auto: pull for the publisher's own uid,
+/// each frame copied into a pool buffer); `vramring-rust` is no GStreamer
+/// on the subscriber side: the library's own `Subscriber` (push), the
+/// frame in hand when `next` returns. `vramring-push` (push, then copied:
+/// `delivery=push zero-copy=false`) runs when named.
+const PAIRS: [&str; 6] = [
     "cudaipc-mmap",
     "cudaipc-legacy",
+    "cudaipc-import",
     "vramring",
-    "vramring-push",
+    "vramring-copy",
     "vramring-rust",
 ];
 /// What the subscribers' appsinks get: `cuda` (GStreamer CUDA memory, no
@@ -86,7 +93,7 @@ fn init() -> Res<()> {
 
 fn sink_desc(pair: &str, addr: &str, subs: u32) -> String {
     match pair {
-        "cudaipc-mmap" => format!("cudaipcsink name=sink address={addr} ipc-mode=mmap sync=false"),
+        "cudaipc-mmap" | "cudaipc-import" => format!("cudaipcsink name=sink address={addr} ipc-mode=mmap sync=false"),
         "cudaipc-legacy" => format!("cudaipcsink name=sink address={addr} ipc-mode=legacy sync=false"),
         "vramring-host" => {
             format!("vramringsink name=sink socket-path={addr} wait-subscribers={subs} sync=false backend=host")
@@ -114,10 +121,19 @@ fn src_desc(pair: &str, addr: &str, memory: &str) -> String {
             format!("vramringsrc socket-path={addr} timeout=10000 ! video/x-raw(memory:CUDAMemory)")
         }
         ("vramring" | "vramring-host", _) => format!("vramringsrc socket-path={addr} timeout=10000 ! video/x-raw"),
-        ("vramring-push", "cuda") => {
-            format!("vramringsrc socket-path={addr} timeout=10000 delivery=push ! video/x-raw(memory:CUDAMemory)")
+        ("vramring-copy" | "vramring-push", _) => {
+            let delivery = if pair == "vramring-push" { "push" } else { "auto" };
+            let caps = if memory == "cuda" {
+                "video/x-raw(memory:CUDAMemory)"
+            } else {
+                "video/x-raw"
+            };
+            format!("vramringsrc socket-path={addr} timeout=10000 zero-copy=false delivery={delivery} ! {caps}")
         }
-        ("vramring-push", _) => format!("vramringsrc socket-path={addr} timeout=10000 delivery=push ! video/x-raw"),
+        ("cudaipc-import", "cuda") => {
+            format!("cudaipcsrc address={addr} io-mode=import ! video/x-raw(memory:CUDAMemory)")
+        }
+        ("cudaipc-import", _) => format!("cudaipcsrc address={addr} io-mode=import ! cudadownload"),
         (_, "cuda") => format!("cudaipcsrc address={addr} ! video/x-raw(memory:CUDAMemory)"),
         _ => format!("cudaipcsrc address={addr} ! cudadownload"),
     }
@@ -699,8 +715,9 @@ fn bench(args: &[String]) -> Res<()> {
     for memory in memories.split(',') {
         let heading = match memory {
             "cuda" => "## CUDA memory out (no download)\n\n\
-                       Both sources hand the appsink `video/x-raw(memory:CUDAMemory)`: `cudaipcsrc` the imported memory, \
-                       `vramringsrc` a GstCudaBufferPool buffer it copied the frame into on the GPU (waited for before the push). \
+                       Both sources hand the appsink `video/x-raw(memory:CUDAMemory)`: `cudaipcsrc` a copy of the imported memory \
+                       (`io-mode=copy`) or the imported memory itself (`cudaipc-import`), `vramringsrc` the subscriber's own push buffer \
+                       (zero-copy) or a GstCudaBufferPool buffer it copied the frame into on the GPU (`vramring-copy`, waited for before the push). \
                        The subscriber reads the index back as 8 bytes from the device after taking the arrival instant.\n\n",
             "system" => "## System memory out (download)\n\n\
                          `cudaipcsrc ! cudadownload`; `vramringsrc ! video/x-raw` copies from the ring to system memory itself.\n\n",
