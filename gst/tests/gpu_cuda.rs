@@ -248,6 +248,76 @@ fn vramringsrc_hands_cuda_memory_of_a_rust_publishers_frames_bit_exact() {
     cuda_ring_to_vramringsrc(321, 241);
 }
 
+/// `vramringsrc` as it comes on a CUDA ring (`mode=latest`,
+/// `zero-copy=true`, ADR 0028): it subscribes by push into a queue and
+/// hands downstream its push buffers as CUDA memory. Every frame it
+/// delivers is the one the publisher wrote for that seq, bit-exact after
+/// `cudadownload`, in seq order, and every one arrived by push.
+fn zero_copy_latest_source(width: u32, height: u32) {
+    init();
+    let (_dir, path) = socket("zero-copy");
+    let cfg = RingConfig::new(Format::Nv12, width, height)
+        .slots(8)
+        .backend(BackendChoice::Cuda(0));
+    let mut publisher = Publisher::create(&path, cfg).expect("a CUDA ring on GPU 0");
+    let gpu =
+        vramring_testkit::gpu::GpuTestPattern::for_uuid(publisher.info().device_uuid()).expect("the GPU test pattern");
+    let caps = format!("video/x-raw,format=NV12,width={width},height={height}");
+    let src = play(&format!(
+        "vramringsrc name=vsrc socket-path={} timestamp-mode=pts timeout=20000 ! cudadownload ! {caps} ! appsink name=sink sync=false",
+        path.display()
+    ));
+    let sink = appsink(&src);
+    let mut written = std::collections::HashMap::new();
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + WAIT;
+    // A frame every 20 ms until ten have arrived: the first ones may go to
+    // the subscription the source makes before it knows its output.
+    while got.len() < 10 {
+        assert!(std::time::Instant::now() < deadline, "only {} frames came", got.len());
+        assert_no_error(&src);
+        let mut slot = publisher.loan(WAIT).expect("a slot");
+        let seq = slot.seq();
+        let geometry = *slot.geometry();
+        let len = slot.device_mut().expect("a device slot").len() as usize;
+        let mut host = vec![0u8; len];
+        vramring_testkit::pattern::fill(&mut host, seq);
+        written.insert(seq, ring_pixels(&host, &geometry, gst_video::VideoFormat::Nv12));
+        vramring_testkit::gpu::fill_cuda(&gpu, slot, seq).expect("the pattern is written and published");
+        if let Some(sample) = sink.try_pull_sample(gst::ClockTime::from_mseconds(20)) {
+            got.push(sample);
+        }
+    }
+    assert!(src_negotiated_cuda(&src, "vsrc"), "vramringsrc put out CUDA memory");
+    let mut last = 0;
+    for sample in &got {
+        let seq = sample.buffer().expect("a buffer").offset();
+        assert!(seq > last, "frames in seq order");
+        last = seq;
+        let (_, planes) = sample_pixels(sample);
+        assert!(
+            Some(&planes) == written.get(&seq),
+            "{width}x{height} frame {seq} differs from the pattern the publisher wrote"
+        );
+    }
+    let stats = src
+        .by_name("vsrc")
+        .expect("the source")
+        .property::<gst::Structure>("stats");
+    let pushed = stats.get::<u64>("pushed").expect("pushed");
+    let delivered = stats.get::<u64>("delivered").expect("delivered");
+    assert!(pushed >= delivered && delivered >= got.len() as u64, "{stats}");
+    stop(&src);
+    publisher.close().expect("the publisher closes");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_zero_copy_vramringsrc_hands_out_its_push_buffers_bit_exact() {
+    zero_copy_latest_source(320, 240);
+    zero_copy_latest_source(321, 241);
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn nvh264dec_frames_cross_two_pipelines_in_cuda_memory_bit_exact() {

@@ -119,6 +119,24 @@ struct OutputMemory {
     cuda: Option<&'static Primary>,
 }
 
+/// The mode and delivery a subscriber is made with; for zero-copy output,
+/// push into a queue (`mode=latest`: a sequential queue, drained to the
+/// newest frame at each read).
+fn reading(s: &Settings, zero_copy: bool) -> (Mode, Delivery) {
+    let mode = match s.mode {
+        ModeSetting::Sequential => Mode::Sequential,
+        ModeSetting::Latest if zero_copy && !s.lossless => Mode::Sequential,
+        ModeSetting::Latest => Mode::Latest,
+    };
+    let delivery = match s.delivery {
+        _ if zero_copy => Delivery::Push,
+        DeliverySetting::Auto => Delivery::Auto,
+        DeliverySetting::Pull => Delivery::Pull,
+        DeliverySetting::Push => Delivery::Push,
+    };
+    (mode, delivery)
+}
+
 fn ring_key(sub: &Subscriber) -> RingKey {
     let g = sub.geometry();
     (sub.backend(), g.format, g.width, g.height)
@@ -322,21 +340,12 @@ impl VramringSrc {
         } else {
             s.client_name.clone()
         };
-        let mode = match s.mode {
-            ModeSetting::Sequential => Mode::Sequential,
-            ModeSetting::Latest if zero_copy && !s.lossless => Mode::Sequential,
-            ModeSetting::Latest => Mode::Latest,
-        };
+        let (mode, delivery) = reading(s, zero_copy);
         SubscriberOptions::default()
             .name(name)
             .mode(mode)
             .lossless(s.lossless)
-            .delivery(match s.delivery {
-                _ if zero_copy => Delivery::Push,
-                DeliverySetting::Auto => Delivery::Auto,
-                DeliverySetting::Pull => Delivery::Pull,
-                DeliverySetting::Push => Delivery::Push,
-            })
+            .delivery(delivery)
             .reconnect(true)
             .connect_timeout(Duration::from_secs(2))
     }
@@ -426,8 +435,20 @@ impl VramringSrc {
             let mut state = lock(&self.state);
             state.output = Some(OutputMemory { key, cuda });
             state.filler = None;
-            let zero_copy = s.zero_copy && cuda.is_some() && s.delivery != DeliverySetting::Pull;
-            if zero_copy != state.zero_copy_sub {
+            // A lossless source is moved to push only when asked: a push
+            // reader's stream starts at its first pushed frame, a pull
+            // reader's at its cursor (ADR 0026), and a recorder that
+            // subscribed before the first frame expects that frame.
+            let zero_copy = s.zero_copy
+                && cuda.is_some()
+                && match s.delivery {
+                    DeliverySetting::Pull => false,
+                    DeliverySetting::Push => true,
+                    DeliverySetting::Auto => !s.lossless,
+                };
+            let before = reading(s, state.zero_copy_sub);
+            state.zero_copy_sub = zero_copy;
+            if reading(s, zero_copy) != before {
                 // Subscribe again with the options of this output; the
                 // decision stays (same ring), so it is not asked again.
                 gst::info!(
@@ -436,7 +457,6 @@ impl VramringSrc {
                     "subscribing again for {} output",
                     if zero_copy { "zero-copy" } else { "copied" }
                 );
-                state.zero_copy_sub = zero_copy;
                 let old = state.stats();
                 state.earlier = SubscriberStats { last_seq: 0, ..old };
                 state.superseded = 0;
