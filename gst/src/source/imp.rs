@@ -222,7 +222,7 @@ impl ObjectImpl for VramringSrc {
                     .build(),
                 glib::ParamSpecBoolean::builder("zero-copy")
                     .nick("Zero copy")
-                    .blurb("Hand downstream the subscriber's own push buffer instead of a copy (no GPU work in this process per frame): on a CUDA ring with CUDA memory out it subscribes by push (a queue, drained to the newest frame in mode=latest) unless delivery=pull; on a host ring when delivery=push reads a queue (mode=sequential or lossless). Off: every frame is copied into a buffer of our own")
+                    .blurb("Hand downstream the subscriber's own push buffer instead of a copy (no GPU work in this process per frame): on a CUDA ring with CUDA memory out it subscribes by push (a queue, drained to the newest frame in mode=latest) unless delivery=pull, or lossless=true without delivery=push; on a host ring when delivery=push reads a queue (mode=sequential or lossless). Off: every frame is copied into a buffer of our own")
                     .default_value(true)
                     .mutable_ready()
                     .build(),
