@@ -106,6 +106,52 @@ struct State {
     /// Downstream reads `GstVideoMeta` (its allocation query says so), so
     /// system memory may go out in the ring's layout.
     video_meta: bool,
+    /// The caps and video info of the frames last read.
+    shape: Option<Shape>,
+}
+
+/// The caps (with or without the CUDA memory feature) and video info of a
+/// ring's frames, kept while the geometry, framerate and aspect ratio stay
+/// (made afresh, they cost about 2 µs a frame).
+struct Shape {
+    geometry: vramring::Geometry,
+    fps: (u32, u32),
+    par: (u32, u32),
+    cuda: bool,
+    caps: gst::Caps,
+    info: gst_video::VideoInfo,
+}
+
+impl Shape {
+    /// `cache` made to fit a frame of `geometry` with `trailer`.
+    fn of<'a>(
+        cache: &'a mut Option<Shape>,
+        geometry: &vramring::Geometry,
+        trailer: Option<FrameTrailer>,
+        cuda: bool,
+    ) -> Result<&'a Shape, Error> {
+        let (fps, par) = trailer.map_or(((0, 1), (1, 1)), |t| (t.fps, t.par));
+        let fits = |s: &Shape| s.geometry == *geometry && s.fps == fps && s.par == par && s.cuda == cuda;
+        if !cache.as_ref().is_some_and(fits) {
+            let bad = |what: String| Error::Config(what);
+            let mut caps = video::caps_for(geometry, fps, par)
+                .ok_or_else(|| bad(format!("the ring's format {} is not raw video", geometry.format.name())))?;
+            let info = gst_video::VideoInfo::from_caps(&caps).map_err(|_| bad(format!("caps {caps}")))?;
+            if cuda {
+                caps.make_mut()
+                    .set_features(0, Some(gst::CapsFeatures::new([cuda::CUDA_MEMORY_FEATURE])));
+            }
+            *cache = Some(Shape {
+                geometry: *geometry,
+                fps,
+                par,
+                cuda,
+                caps,
+                info,
+            });
+        }
+        cache.as_ref().ok_or(Error::Closed)
+    }
 }
 
 /// The ring a memory decision was made for: backend, format and size.
@@ -477,6 +523,7 @@ impl VramringSrc {
             superseded,
             deferred,
             video_meta,
+            shape,
             ..
         } = &mut *state;
         let Some(sub) = sub.as_mut() else {
@@ -522,11 +569,11 @@ impl VramringSrc {
                         } else {
                             (hold, facts)
                         };
-                        self.kept_buffer(hold, &facts, cuda, *video_meta, s)
+                        self.kept_buffer(hold, &facts, cuda, *video_meta, shape, s)
                             .map(|(buffer, caps)| (buffer, caps, facts.skipped))
                     }
                     None => self
-                        .to_buffer(&frame, scratch, cuda.map(|p| (p, filler)), s)
+                        .to_buffer(&frame, scratch, cuda.map(|p| (p, filler)), shape, s)
                         .map(|(buffer, caps)| (buffer, caps, frame.skipped())),
                 }
             }
@@ -652,19 +699,17 @@ impl VramringSrc {
         frame: &vramring::Frame<'_>,
         scratch: &mut Vec<u8>,
         cuda: Option<(&'static Primary, &mut Option<Filler>)>,
+        shape: &mut Option<Shape>,
         s: &Settings,
     ) -> Result<(gst::Buffer, gst::Caps), Error> {
         let geometry = *frame.geometry();
         let trailer = FrameTrailer::decode(&frame.user());
-        let (fps, par) = trailer.map_or(((0, 1), (1, 1)), |t| (t.fps, t.par));
         let bad = |what: String| Error::Config(what);
-        let mut caps = video::caps_for(&geometry, fps, par)
-            .ok_or_else(|| bad(format!("the ring's format {} is not raw video", geometry.format.name())))?;
-        let info = gst_video::VideoInfo::from_caps(&caps).map_err(|_| bad(format!("caps {caps}")))?;
-        if let (Some((primary, filler)), Some(view)) = (cuda, frame.device()) {
-            caps.make_mut()
-                .set_features(0, Some(gst::CapsFeatures::new([cuda::CUDA_MEMORY_FEATURE])));
-            if filler.as_ref().is_none_or(|f| *f.info() != info) {
+        let device = cuda.and_then(|c| frame.device().map(|v| (c, v)));
+        let Shape { caps, info, .. } = Shape::of(shape, &geometry, trailer, device.is_some())?;
+        let (caps, info) = (caps.clone(), info);
+        if let Some(((primary, filler), view)) = device {
+            if filler.as_ref().is_none_or(|f| f.info() != info) {
                 *filler = None;
                 *filler = Some(Filler::new(primary, &caps).map_err(bad)?);
             }
@@ -686,7 +731,7 @@ impl VramringSrc {
                 scratch
             }
         };
-        let mut buffer = Self::system_copy(src, &info, &geometry)?;
+        let mut buffer = Self::system_copy(src, info, &geometry)?;
         self.stamp(&mut buffer, &Facts::of(frame), trailer, s)?;
         Ok((buffer, caps))
     }
@@ -767,32 +812,29 @@ impl VramringSrc {
         facts: &Facts,
         cuda: Option<&'static Primary>,
         video_meta: bool,
+        shape: &mut Option<Shape>,
         s: &Settings,
     ) -> Result<(gst::Buffer, gst::Caps), Error> {
         let geometry = facts.geometry;
         let trailer = FrameTrailer::decode(&facts.user);
-        let (fps, par) = trailer.map_or(((0, 1), (1, 1)), |t| (t.fps, t.par));
         let bad = |what: String| Error::Config(what);
-        let mut caps = video::caps_for(&geometry, fps, par)
-            .ok_or_else(|| bad(format!("the ring's format {} is not raw video", geometry.format.name())))?;
-        let info = gst_video::VideoInfo::from_caps(&caps).map_err(|_| bad(format!("caps {caps}")))?;
-        if cuda.is_none() && !video_meta && !kept::default_layout(&info, &geometry) {
+        let Shape { caps, info, .. } = Shape::of(shape, &geometry, trailer, cuda.is_some())?;
+        let caps = caps.clone();
+        if cuda.is_none() && !video_meta && !kept::default_layout(info, &geometry) {
             let src = hold
                 .host_bytes()
                 .ok_or_else(|| bad("a kept frame of a host ring has no bytes".into()))?;
-            let mut buffer = Self::system_copy(src, &info, &geometry)?;
+            let mut buffer = Self::system_copy(src, info, &geometry)?;
             self.stamp(&mut buffer, facts, trailer, s)?;
             return Ok((buffer, caps));
         }
         let mem = match cuda {
             Some(primary) => {
-                caps.make_mut()
-                    .set_features(0, Some(gst::CapsFeatures::new([cuda::CUDA_MEMORY_FEATURE])));
                 let ptr = hold
                     .device()
                     .ok_or_else(|| bad("a kept frame of a CUDA ring has no device memory".into()))?
                     .as_raw();
-                let layout = kept::ring_info(&info, &geometry);
+                let layout = kept::ring_info(info, &geometry);
                 // SAFETY: `ptr` is the subscriber's push buffer, device
                 // memory of the ring's GPU mapped in its primary context
                 // (`decide` found `primary` by the ring's UUID), at least
@@ -809,7 +851,7 @@ impl VramringSrc {
                 .get_mut()
                 .ok_or_else(|| bad("a fresh buffer is not writable".into()))?;
             b.append_memory(mem);
-            kept::add_ring_meta(b, &info, &geometry).map_err(bad)?;
+            kept::add_ring_meta(b, info, &geometry).map_err(bad)?;
         }
         self.stamp(&mut buffer, facts, trailer, s)?;
         Ok((buffer, caps))
