@@ -45,6 +45,20 @@ fn until_push_active(p: &mut Publisher, s: &Subscriber) -> u64 {
     p.next_seq() - 2
 }
 
+/// A lossless host ring (16 slots, a long lease) and a lossless push reader
+/// with 4 buffers, pushed to from `start + 1` on.
+fn lossless_push_reader(name: &str) -> (Publisher, Subscriber, u64) {
+    let path = sock(name);
+    let cfg = host(16)
+        .policy(Policy::Lossless)
+        .lossless_lease(Duration::from_secs(30));
+    let mut p = Publisher::create(&path, cfg).unwrap();
+    let opts = SubscriberOptions::default().lossless(true).push(true).push_buffers(4);
+    let s = Subscriber::connect(&path, opts).unwrap();
+    let start = until_push_active(&mut p, &s);
+    (p, s, start)
+}
+
 #[test]
 fn a_sequential_push_reader_gets_every_queued_frame_in_order_and_counts_a_full_queue_as_a_gap() {
     let path = sock("seq");
@@ -123,14 +137,7 @@ fn a_sequential_push_reader_a_ring_behind_loses_the_frames_whose_meta_is_gone_an
 
 #[test]
 fn a_lossless_push_reader_holds_the_producer_at_its_queue_and_never_misses_a_frame() {
-    let path = sock("lossless");
-    let cfg = host(16)
-        .policy(Policy::Lossless)
-        .lossless_lease(Duration::from_secs(30));
-    let mut p = Publisher::create(&path, cfg).unwrap();
-    let opts = SubscriberOptions::default().lossless(true).push(true).push_buffers(4);
-    let mut s = Subscriber::connect(&path, opts).unwrap();
-    let start = until_push_active(&mut p, &s);
+    let (mut p, mut s, start) = lossless_push_reader("lossless");
     // 4 buffers: 3 frames go ahead of a reader that took nothing yet; the
     // 4th waits for it.
     for _ in 1..3 {
@@ -283,14 +290,7 @@ fn a_held_frame_stays_whole_while_the_reader_reads_on_and_its_queue_is_the_limit
 
 #[test]
 fn a_lossless_reader_that_keeps_a_frame_holds_the_producer_and_loses_nothing() {
-    let path = sock("hold-lossless");
-    let cfg = host(16)
-        .policy(Policy::Lossless)
-        .lossless_lease(Duration::from_secs(30));
-    let mut p = Publisher::create(&path, cfg).unwrap();
-    let opts = SubscriberOptions::default().lossless(true).push(true).push_buffers(4);
-    let mut s = Subscriber::connect(&path, opts).unwrap();
-    let start = until_push_active(&mut p, &s);
+    let (mut p, mut s, start) = lossless_push_reader("hold-lossless");
     let kept = read_and_hold(&mut s, start + 1);
     for want in start + 2..=start + 4 {
         publish(&mut p);

@@ -192,41 +192,68 @@ fn src_negotiated_cuda(p: &gst::Pipeline, name: &str) -> bool {
     caps.features(0).is_some_and(|f| f.contains("memory:CUDAMemory"))
 }
 
-fn cuda_ring_to_vramringsrc(width: u32, height: u32) {
-    init();
-    let n = 12u64;
-    let (_dir, path) = socket("cuda-src");
-    let cfg = RingConfig::new(Format::Nv12, width, height)
-        .slots(4)
-        .backend(BackendChoice::Cuda(0))
-        .policy(Policy::Lossless);
-    let mut publisher = Publisher::create(&path, cfg).expect("a CUDA ring on GPU 0");
-    assert_eq!(publisher.backend(), BackendKind::Cuda);
-    let gpu =
-        vramring_testkit::gpu::GpuTestPattern::for_uuid(publisher.info().device_uuid()).expect("the GPU test pattern");
-    let caps = format!("video/x-raw,format=NV12,width={width},height={height}");
-    let src = play(&format!(
-        "vramringsrc name=vsrc socket-path={} lossless=true timestamp-mode=pts timeout=20000 ! cudadownload ! {caps} ! appsink name=sink sync=false",
-        path.display()
-    ));
-    // Wait for the subscriber: a lossless publisher keeps every frame for it.
-    let deadline = std::time::Instant::now() + WAIT;
-    while publisher.stats().subscribers == 0 {
-        assert!(std::time::Instant::now() < deadline, "vramringsrc did not subscribe");
-        assert_no_error(&src);
-        std::thread::sleep(std::time::Duration::from_millis(10));
+/// An NV12 ring on GPU 0 (`cfg` gives slots and policy) written by a Rust
+/// `Publisher`, and `vramringsrc <props> ! cudadownload ! appsink` reading
+/// it; keep the directory for the socket's life.
+struct CudaRingSource {
+    _dir: tempfile::TempDir,
+    publisher: Publisher,
+    gpu: vramring_testkit::gpu::GpuTestPattern,
+    src: gst::Pipeline,
+}
+
+impl CudaRingSource {
+    fn new(name: &str, cfg: RingConfig, props: &str) -> CudaRingSource {
+        init();
+        let (dir, path) = socket(name);
+        let (width, height) = (cfg.width, cfg.height);
+        let publisher = Publisher::create(&path, cfg.backend(BackendChoice::Cuda(0))).expect("a CUDA ring on GPU 0");
+        assert_eq!(publisher.backend(), BackendKind::Cuda);
+        let gpu = vramring_testkit::gpu::GpuTestPattern::for_uuid(publisher.info().device_uuid())
+            .expect("the GPU test pattern");
+        let caps = format!("video/x-raw,format=NV12,width={width},height={height}");
+        let src = play(&format!(
+            "vramringsrc name=vsrc socket-path={} {props} timestamp-mode=pts timeout=20000 ! cudadownload ! {caps} ! appsink name=sink sync=false",
+            path.display()
+        ));
+        CudaRingSource {
+            _dir: dir,
+            publisher,
+            gpu,
+            src,
+        }
     }
-    let mut written = Vec::new();
-    for _ in 0..n {
-        let mut slot = publisher.loan(WAIT).expect("a slot");
+
+    /// Writes the test pattern of the next seq on the GPU and publishes it;
+    /// returns the seq and the pixels written.
+    fn write(&mut self) -> (u64, Vec<Vec<u8>>) {
+        let mut slot = self.publisher.loan(WAIT).expect("a slot");
         let seq = slot.seq();
         let geometry = *slot.geometry();
         let len = slot.device_mut().expect("a device slot").len() as usize;
         let mut host = vec![0u8; len];
         vramring_testkit::pattern::fill(&mut host, seq);
-        written.push(ring_pixels(&host, &geometry, gst_video::VideoFormat::Nv12));
-        vramring_testkit::gpu::fill_cuda(&gpu, slot, seq).expect("the pattern is written and published");
+        let pixels = ring_pixels(&host, &geometry, gst_video::VideoFormat::Nv12);
+        vramring_testkit::gpu::fill_cuda(&self.gpu, slot, seq).expect("the pattern is written and published");
+        (seq, pixels)
     }
+}
+
+fn cuda_ring_to_vramringsrc(width: u32, height: u32) {
+    let n = 12u64;
+    let cfg = RingConfig::new(Format::Nv12, width, height)
+        .slots(4)
+        .policy(Policy::Lossless);
+    let mut ring = CudaRingSource::new("cuda-src", cfg, "lossless=true");
+    let src = ring.src.clone();
+    // Wait for the subscriber: a lossless publisher keeps every frame for it.
+    let deadline = std::time::Instant::now() + WAIT;
+    while ring.publisher.stats().subscribers == 0 {
+        assert!(std::time::Instant::now() < deadline, "vramringsrc did not subscribe");
+        assert_no_error(&src);
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let written: Vec<_> = (0..n).map(|_| ring.write().1).collect();
     let got = pull(&src, n as usize);
     assert!(src_negotiated_cuda(&src, "vsrc"), "vramringsrc put out CUDA memory");
     for (i, (sample, want)) in got.iter().zip(&written).enumerate() {
@@ -238,7 +265,7 @@ fn cuda_ring_to_vramringsrc(width: u32, height: u32) {
         );
     }
     stop(&src);
-    publisher.close().expect("the publisher closes");
+    ring.publisher.close().expect("the publisher closes");
 }
 
 #[test]
@@ -254,19 +281,8 @@ fn vramringsrc_hands_cuda_memory_of_a_rust_publishers_frames_bit_exact() {
 /// delivers is the one the publisher wrote for that seq, bit-exact after
 /// `cudadownload`, in seq order, and every one arrived by push.
 fn zero_copy_latest_source(width: u32, height: u32) {
-    init();
-    let (_dir, path) = socket("zero-copy");
-    let cfg = RingConfig::new(Format::Nv12, width, height)
-        .slots(8)
-        .backend(BackendChoice::Cuda(0));
-    let mut publisher = Publisher::create(&path, cfg).expect("a CUDA ring on GPU 0");
-    let gpu =
-        vramring_testkit::gpu::GpuTestPattern::for_uuid(publisher.info().device_uuid()).expect("the GPU test pattern");
-    let caps = format!("video/x-raw,format=NV12,width={width},height={height}");
-    let src = play(&format!(
-        "vramringsrc name=vsrc socket-path={} timestamp-mode=pts timeout=20000 ! cudadownload ! {caps} ! appsink name=sink sync=false",
-        path.display()
-    ));
+    let mut ring = CudaRingSource::new("zero-copy", RingConfig::new(Format::Nv12, width, height).slots(8), "");
+    let src = ring.src.clone();
     let sink = appsink(&src);
     let mut written = std::collections::HashMap::new();
     let mut got = Vec::new();
@@ -276,14 +292,8 @@ fn zero_copy_latest_source(width: u32, height: u32) {
     while got.len() < 10 {
         assert!(std::time::Instant::now() < deadline, "only {} frames came", got.len());
         assert_no_error(&src);
-        let mut slot = publisher.loan(WAIT).expect("a slot");
-        let seq = slot.seq();
-        let geometry = *slot.geometry();
-        let len = slot.device_mut().expect("a device slot").len() as usize;
-        let mut host = vec![0u8; len];
-        vramring_testkit::pattern::fill(&mut host, seq);
-        written.insert(seq, ring_pixels(&host, &geometry, gst_video::VideoFormat::Nv12));
-        vramring_testkit::gpu::fill_cuda(&gpu, slot, seq).expect("the pattern is written and published");
+        let (seq, pixels) = ring.write();
+        written.insert(seq, pixels);
         if let Some(sample) = sink.try_pull_sample(gst::ClockTime::from_mseconds(20)) {
             got.push(sample);
         }
@@ -308,7 +318,7 @@ fn zero_copy_latest_source(width: u32, height: u32) {
     let delivered = stats.get::<u64>("delivered").expect("delivered");
     assert!(pushed >= delivered && delivered >= got.len() as u64, "{stats}");
     stop(&src);
-    publisher.close().expect("the publisher closes");
+    ring.publisher.close().expect("the publisher closes");
 }
 
 #[test]

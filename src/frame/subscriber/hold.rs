@@ -51,6 +51,17 @@ impl Holds {
         best
     }
 
+    /// Counts a hold on push buffer `k`, which has frame `seq`; the
+    /// `FrameHold` made with the returned handle takes it back on drop.
+    pub(super) fn keep(self: &Arc<Self>, k: usize, seq: u64) -> Arc<Holds> {
+        let k = k % PUSH_MAX_BUFFERS;
+        // Relaxed: published by the count's increment below, which the
+        // subscriber's own thread (the only writer of `seq`) makes.
+        self.seq[k].store(seq, Ordering::Relaxed);
+        self.count[k].fetch_add(1, Ordering::Release);
+        Arc::clone(self)
+    }
+
     /// Parks `pool` until the last hold drops.
     pub(super) fn park(&self, pool: Box<dyn ImportedPool>) {
         *self.parked.lock().unwrap_or_else(PoisonError::into_inner) = Some(pool);
@@ -80,13 +91,14 @@ impl Drop for Holds {
 /// it (a counted gap, or for a lossless reader the publisher waits, as for
 /// any slow lossless reader). Drop holds as soon as the frame is used.
 pub struct FrameHold {
-    holds: Arc<Holds>,
-    k: usize,
-    seq: u64,
-    pts: i64,
-    addr: u64,
-    len: u64,
-    backend: BackendKind,
+    /// Made by [`Holds::keep`], which counted this hold on buffer `k`.
+    pub(super) holds: Arc<Holds>,
+    pub(super) k: usize,
+    pub(super) seq: u64,
+    pub(super) pts: i64,
+    pub(super) addr: u64,
+    pub(super) len: u64,
+    pub(super) backend: BackendKind,
 }
 
 impl std::fmt::Debug for FrameHold {
@@ -99,31 +111,6 @@ impl std::fmt::Debug for FrameHold {
 }
 
 impl FrameHold {
-    /// Keeps frame `seq` of push buffer `k` (at `addr`, `len` bytes).
-    pub(super) fn new(
-        holds: &Arc<Holds>,
-        k: usize,
-        seq: u64,
-        pts: i64,
-        addr: u64,
-        len: u64,
-        backend: BackendKind,
-    ) -> Self {
-        let k = k % PUSH_MAX_BUFFERS;
-        // Relaxed: published by the count's increment below, which the
-        // subscriber's own thread (the only writer of `seq`) makes.
-        holds.seq[k].store(seq, Ordering::Relaxed);
-        holds.count[k].fetch_add(1, Ordering::Release);
-        FrameHold {
-            holds: Arc::clone(holds),
-            k,
-            seq,
-            pts,
-            addr,
-            len,
-            backend,
-        }
-    }
     /// The frame's seq.
     pub fn seq(&self) -> u64 {
         self.seq

@@ -140,15 +140,16 @@ impl Frame<'_> {
             BackendKind::Host => self.host_bytes().map_or(0, |b| b.as_ptr() as u64),
             BackendKind::Cuda => self.sub.pool.push_addr(k),
         };
-        Some(FrameHold::new(
-            &self.sub.holds,
+        let k = k % crate::layout::PUSH_MAX_BUFFERS;
+        Some(FrameHold {
+            holds: self.sub.holds.keep(k, self.snap.seq),
             k,
-            self.snap.seq,
-            self.snap.pts,
+            seq: self.snap.seq,
+            pts: self.snap.pts,
             addr,
-            self.len(),
+            len: self.len(),
             backend,
-        ))
+        })
     }
     /// Whether the frame arrived by push delivery.
     pub fn pushed(&self) -> bool {
