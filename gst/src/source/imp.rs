@@ -189,6 +189,16 @@ fn ring_key(sub: &Subscriber) -> RingKey {
 }
 
 impl State {
+    /// Takes the subscriber out (to subscribe again), keeping its counters
+    /// in `earlier`; an error it left for the next read goes with it.
+    fn retire(&mut self) -> Option<Subscriber> {
+        let old = self.stats();
+        self.earlier = SubscriberStats { last_seq: 0, ..old };
+        self.superseded = 0;
+        self.deferred = None;
+        self.sub.take()
+    }
+
     fn stats(&self) -> SubscriberStats {
         let now = self.sub.as_ref().map(Subscriber::stats).unwrap_or_default();
         let e = self.earlier;
@@ -503,10 +513,7 @@ impl VramringSrc {
                     "subscribing again for {} output",
                     if zero_copy { "zero-copy" } else { "copied" }
                 );
-                let old = state.stats();
-                state.earlier = SubscriberStats { last_seq: 0, ..old };
-                state.superseded = 0;
-                if let Some(mut sub) = state.sub.take() {
+                if let Some(mut sub) = state.retire() {
                     if let Err(e) = sub.close() {
                         gst::debug!(CAT, imp = self, "closing the subscriber: {e}");
                     }
@@ -628,9 +635,7 @@ impl VramringSrc {
                     imp = self,
                     "evicted by the publisher ({reason}); subscribing again"
                 );
-                let old = state.stats();
-                state.earlier = SubscriberStats { last_seq: 0, ..old };
-                state.sub = None;
+                drop(state.retire());
                 state.discont = true;
                 Ok(Step::Again)
             }

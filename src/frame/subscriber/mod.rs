@@ -834,12 +834,11 @@ impl Subscriber {
 
     /// Says goodbye to the publisher and releases the imported pool (in its
     /// owning context for the CUDA backend). Retryable after an error.
+    /// Frames still kept by a [`FrameHold`] stay whole: their buffers stay
+    /// mapped (and spared) until the last hold drops.
     ///
     /// # Errors
     /// The backend's release error.
-    ///
-    /// Frames still kept by a [`FrameHold`] stay whole: their buffers stay
-    /// mapped (and spared) until the last hold drops.
     pub fn close(&mut self) -> Result<()> {
         self.settle_in_flight()?;
         if self.parked || self.park_if_kept() {
