@@ -262,6 +262,46 @@ fn a_caps_change_recreates_the_ring_and_subscribers_follow() {
     stop(&pipeline);
 }
 
+/// Publishes one frame at a time until the source behind `sink` has put
+/// one out, and returns it: from then on the source is reading.
+fn first_sample(publisher: &mut Publisher, sink: &gst_app::AppSink) -> gst::Sample {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        assert!(Instant::now() < deadline, "the source put out no frame");
+        publish_pattern(publisher, 1, 0);
+        if let Some(sample) = sink.try_pull_sample(gst::ClockTime::from_mseconds(50)) {
+            return sample;
+        }
+    }
+}
+
+/// Pulls from `sink` until it has a sample of the newest frame, publishing
+/// one more at a time (frames that found the source behind are never
+/// delivered). Each sample goes through `check` and is let go at once (a
+/// zero-copy source's kept buffer would hold its queue); returns each one's
+/// seq and whether it was DISCONT, in order.
+fn until_newest(
+    publisher: &mut Publisher,
+    sink: &gst_app::AppSink,
+    mut check: impl FnMut(&gst::BufferRef),
+) -> Vec<(u64, bool)> {
+    let deadline = Instant::now() + WAIT;
+    let mut got = Vec::new();
+    loop {
+        while let Some(sample) = sink.try_pull_sample(gst::ClockTime::from_mseconds(50)) {
+            let buffer = sample.buffer().expect("a buffer");
+            check(buffer);
+            got.push((buffer.offset(), buffer.flags().contains(gst::BufferFlags::DISCONT)));
+        }
+        let newest = publisher.next_seq() - 1;
+        if got.last().map(|g| g.0) == Some(newest) {
+            return got;
+        }
+        assert!(Instant::now() < deadline, "the source never caught up: {got:?}");
+        publish_pattern(publisher, 1, 0);
+    }
+}
+
 #[test]
 fn frames_a_sequential_source_never_received_are_posted_as_qos_and_counted() {
     init();
@@ -276,25 +316,22 @@ fn frames_a_sequential_source_never_received_are_posted_as_qos_and_counted() {
         "vramringsrc name=src socket-path={} mode=sequential ! appsink name=sink sync=false max-buffers=1",
         path.display()
     ));
-    // 2 frames the source may read, then 10 on a 2-slot ring it cannot
-    // keep up with: at least 8 are overwritten before it reads them.
+    let sink = appsink(&src);
+    let first = first_sample(&mut publisher, &sink);
+    let first = first.buffer().expect("a buffer").offset();
+    // 12 frames on a 2-slot ring while the source can read at most two and
+    // keep two in its ring: at least 8 are overwritten before it reads them.
     publish_pattern(&mut publisher, 12, 0);
-    let got = pull(&src, 2);
-    let mut seqs: Vec<u64> = got.iter().map(|s| s.buffer().expect("a buffer").offset()).collect();
-    let next = pull(&src, 1).pop().expect("a sample");
-    let next = next.buffer().expect("a buffer");
-    seqs.push(next.offset());
-    assert!(
-        seqs[2] > seqs[1] + 1,
-        "the source skipped the overwritten frames: {seqs:?}"
-    );
-    assert!(
-        next.flags().contains(gst::BufferFlags::DISCONT),
-        "the buffer after the gap is DISCONT"
-    );
+    let got = until_newest(&mut publisher, &sink, |_| {});
+    let seqs: Vec<u64> = got.iter().map(|g| g.0).collect();
+    let gap = seqs
+        .windows(2)
+        .position(|w| w[1] > w[0] + 1)
+        .unwrap_or_else(|| panic!("the source skipped the overwritten frames: {seqs:?}"));
+    assert!(got[gap + 1].1, "the buffer after the gap is DISCONT");
 
     // Each QoS message carries the count so far; the last one, posted
-    // before the buffer after the gap left the source, has them all.
+    // before the last buffer after a gap left the source, has them all.
     let bus = src.bus().expect("a bus");
     let mut last = None;
     while let Some(msg) = bus.pop_filtered(&[gst::MessageType::Qos]) {
@@ -307,6 +344,9 @@ fn frames_a_sequential_source_never_received_are_posted_as_qos_and_counted() {
         }
     }
     let dropped = last.expect("a QoS message for the dropped frames");
+    let newest = *seqs.last().expect("a frame");
+    // Every frame after the first is delivered or counted.
+    assert_eq!(dropped, newest - first - seqs.len() as u64, "{seqs:?}");
     assert!(dropped >= 8, "QoS reports {dropped} dropped frames");
     let stats = src
         .by_name("src")
@@ -436,11 +476,13 @@ fn a_queued_push_source_hands_downstream_its_push_buffers_and_a_kept_one_stays_w
         ));
         // Published from another thread: a lossless ring waits for the
         // source, which waits for the appsink to be read.
-        let writer = std::thread::spawn(move || publish_pattern(&mut publisher, 40, 0));
+        // The stream starts at the first frame pushed after the source's
+        // buffers were mapped (ADR 0026): the frame kept is the one after.
+        let writer = std::thread::spawn(move || publish_pattern(&mut publisher, 60, 0));
         let mut kept: Option<gst::Sample> = None;
         let mut got = Vec::new();
         let mut checked = false;
-        while got.last() != Some(&40) {
+        while got.last() != Some(&60) {
             let sample = pull(&src, 1).pop().expect("a sample");
             let buffer = sample.buffer().expect("a buffer");
             let ours = buffer.peek_memory(0).is_type("RustGlobalAllocatorMemory");
@@ -450,23 +492,79 @@ fn a_queued_push_source_hands_downstream_its_push_buffers_and_a_kept_one_stays_w
             );
             let seq = buffer.offset();
             got.push(seq);
-            if seq == 20 {
+            if seq == got[0] + 1 {
                 kept = Some(sample);
-            } else if seq == 23 {
-                // Three frames went by: its bytes are still frame 20's
-                // (the pattern of a seq is checked against the seq).
-                let sample = kept.take().expect("frame 20 came");
+            } else if seq == got[0] + 4 {
+                // Three frames went by: its bytes are still the kept
+                // frame's (the pattern of a seq is checked against the seq).
+                let sample = kept.take().expect("the frame after the first came");
                 let bytes = sample.buffer().expect("a buffer").map_readable().expect("readable");
-                vramring_testkit::pattern::verify(&bytes, 20).expect("the kept frame 20 is whole");
+                vramring_testkit::pattern::verify(&bytes, got[0] + 1).expect("the kept frame is whole");
                 checked = true;
             }
         }
         let written = writer.join().expect("the writer");
-        assert!(checked, "frames 20 and 23 came");
-        assert_eq!(got, (got[0]..=40).collect::<Vec<_>>(), "every frame, in order");
-        assert_eq!(written.len(), 40);
+        assert!(checked, "the stream began at frame {}, too late to keep one", got[0]);
+        assert_eq!(got, (got[0]..=60).collect::<Vec<_>>(), "every frame, in order");
+        assert_eq!(written.len(), 60);
         stop(&src);
     }
+}
+
+/// `delivery=push` in `mode=latest` with zero-copy: the source reads a
+/// queue and, at each read, passes over every frame but the newest,
+/// counting them as dropped. Downstream blocked (an appsink of one buffer,
+/// not read) while ten frames are published: once it reads again, the
+/// source jumps to the newest frame it was pushed; every frame after the
+/// first is either delivered or counted, and each delivered one is whole
+/// and the subscriber's own push buffer.
+#[test]
+fn a_latest_push_source_drains_its_queue_to_the_newest_frame() {
+    init();
+    let (_dir, path) = socket("latest-push");
+    let cfg = RingConfig::new(Format::Nv12, 512, 64)
+        .slots(16)
+        .backend(BackendChoice::Host);
+    let mut publisher = Publisher::create(&path, cfg).expect("a ring");
+    let src = play(&format!(
+        "vramringsrc name=src socket-path={} delivery=push ! appsink name=sink sync=false max-buffers=1",
+        path.display()
+    ));
+    let sink = appsink(&src);
+    let first = first_sample(&mut publisher, &sink).buffer().expect("a buffer").offset();
+    // Ten frames while downstream takes none: the source holds at most
+    // two (one in the appsink, one in its push), the rest wait in its
+    // queue; then it is at the newest again.
+    publish_pattern(&mut publisher, 10, 0);
+    let got = until_newest(&mut publisher, &sink, |buffer| {
+        let seq = buffer.offset();
+        assert!(
+            buffer.peek_memory(0).is_type("RustGlobalAllocatorMemory"),
+            "frame {seq} was copied"
+        );
+        let bytes = buffer.map_readable().expect("readable");
+        vramring_testkit::pattern::verify(&bytes, seq).expect("a whole frame");
+    });
+    let seqs: Vec<u64> = got.iter().map(|g| g.0).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "in seq order: {seqs:?}");
+    assert!(
+        seqs.windows(2).any(|w| w[1] > w[0] + 1),
+        "the source passed over the frames behind the newest: {seqs:?}"
+    );
+    let stats = src
+        .by_name("src")
+        .expect("the source")
+        .property::<gst::Structure>("stats");
+    let newest = *seqs.last().expect("a frame");
+    // Every frame after the first is delivered or counted.
+    let passed_over = newest - first - seqs.len() as u64;
+    assert_eq!(stats.get::<u64>("dropped").ok(), Some(passed_over), "{seqs:?} {stats}");
+    assert_eq!(
+        stats.get::<u64>("delivered").ok(),
+        Some(seqs.len() as u64 + 1),
+        "{stats}"
+    );
+    stop(&src);
 }
 
 /// A pad template's caps: CUDA memory first, then system memory, and

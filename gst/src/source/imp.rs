@@ -278,7 +278,7 @@ impl ObjectImpl for VramringSrc {
                     .build(),
                 glib::ParamSpecBoolean::builder("zero-copy")
                     .nick("Zero copy")
-                    .blurb("Hand downstream the subscriber's own push buffer instead of a copy (no GPU work in this process per frame): on a CUDA ring with CUDA memory out it subscribes by push (a queue, drained to the newest frame in mode=latest) unless delivery=pull, or lossless=true without delivery=push; on a host ring when delivery=push reads a queue (mode=sequential or lossless). Off: every frame is copied into a buffer of our own")
+                    .blurb("Hand downstream the subscriber's own push buffer instead of a copy (no GPU work in this process per frame): on a CUDA ring with CUDA memory out it subscribes by push (a queue, drained to the newest frame in mode=latest) unless delivery=pull, or lossless=true without delivery=push; on a host ring with delivery=push (any mode). Off: every frame is copied into a buffer of our own")
                     .default_value(true)
                     .mutable_ready()
                     .build(),
@@ -495,12 +495,13 @@ impl VramringSrc {
             // reader's stream starts at its first pushed frame, a pull
             // reader's at its cursor (ADR 0026), and a recorder that
             // subscribed before the first frame expects that frame.
+            let host = key.0 == vramring::BackendKind::Host;
             let zero_copy = s.zero_copy
-                && cuda.is_some()
+                && (cuda.is_some() || host)
                 && match s.delivery {
                     DeliverySetting::Pull => false,
                     DeliverySetting::Push => true,
-                    DeliverySetting::Auto => !s.lossless,
+                    DeliverySetting::Auto => cuda.is_some() && !s.lossless,
                 };
             let before = reading(s, state.zero_copy_sub);
             state.zero_copy_sub = zero_copy;
@@ -892,7 +893,14 @@ impl VramringSrc {
 impl BaseSrcImpl for VramringSrc {
     fn start(&self) -> Result<(), gst::ErrorMessage> {
         self.flushing.store(false, Ordering::Release);
-        *lock(&self.state) = State::default();
+        let s = lock(&self.settings).clone();
+        *lock(&self.state) = State {
+            // Asked for push: read a queue from the start (no second
+            // subscription once the output is known, unless it is system
+            // memory from a CUDA ring, which is copied anyway).
+            zero_copy_sub: s.zero_copy && s.delivery == DeliverySetting::Push,
+            ..State::default()
+        };
         Ok(())
     }
 

@@ -162,21 +162,47 @@ impl Subscriber {
         self.push.is_some() && (self.opts.mode == Mode::Sequential || self.opts.client.lossless)
     }
 
-    /// The cursor a lossless reader releases after reading up to `seq`: no
-    /// further than the oldest frame it keeps (the publisher's window counts
-    /// from it, and a kept buffer is not free).
+    /// The cursor a lossless reader releases after reading up to `seq`.
+    /// While a queued push reader's hold is left behind (on a kept frame,
+    /// or not yet caught up after it was let go), no further than the frame
+    /// the hold names: the publisher's window counts from the cursor, and
+    /// the hold spares every buffer with a newer frame, read or not.
+    /// Otherwise no buffer past the hold holds a frame already read, and
+    /// the cursor may pass it (past frames that were never pushed).
     pub(super) fn release_cursor(&self, seq: u64) -> u64 {
-        self.holds.oldest().map_or(seq, |(_, kept)| kept.min(seq))
+        if self.push_queued() && (self.hold_behind || self.holds.oldest().is_some()) {
+            seq.min(self.hold_seq)
+        } else {
+            seq
+        }
     }
 
-    /// A lossless queued push reader, before each read: its cursor moves up
-    /// to the frames it has read, past holds dropped since (the publisher's
-    /// lossless window counts from it).
+    /// A queued push reader, before each read: the hold goes where it
+    /// belongs now (see `refresh_hold`), and a lossless reader's cursor
+    /// follows it (the publisher's lossless window counts from it, and may
+    /// be waiting on it).
     pub(super) fn release_kept(&mut self) {
         if !self.push_queued() {
             return;
         }
-        self.catch_up_hold();
+        self.refresh_hold();
+        self.release_to_hold();
+    }
+
+    /// Before a push read that holds: with frames kept, the hold on the
+    /// oldest of them and a read in place under it (`Some(Peek)`); else
+    /// `None` (the read holds what it takes).
+    pub(super) fn read_under_kept(&mut self) -> Option<protocol::push::Take<'static>> {
+        if !self.refresh_hold() {
+            return None;
+        }
+        self.release_to_hold();
+        Some(protocol::push::Take::Peek)
+    }
+
+    /// A lossless reader whose stream has started releases its cursor up
+    /// to what its hold allows.
+    fn release_to_hold(&self) {
         if self.opts.client.lossless && self.push_started {
             // SYNC: release-cursor — Release, as in `deliver`.
             self.client()
@@ -185,37 +211,30 @@ impl Subscriber {
         }
     }
 
-    /// Before a push read that holds: with frames kept, puts the hold on
-    /// the oldest one and reads in place under it; else `None` (the read
-    /// holds what it takes).
-    pub(super) fn read_under_kept(&mut self) -> Option<protocol::push::Take<'static>> {
-        let Some((k, seq)) = self.holds.oldest() else {
-            self.catch_up_hold();
-            return None;
-        };
-        if !protocol::push::keep_hold(self.entry(), self.client(), k, seq) {
-            // Cannot happen under the queued rule; the frame stays kept
-            // and its owner reads what it holds.
-            tracing::error!(seq, buffer = k, "a kept push buffer no longer has its frame");
+    /// Puts the hold on the oldest kept frame (`true`), or, once none is
+    /// kept, moves a hold left behind on one to the newest frame read
+    /// (which it spared, being newer), so the buffers of the frames between
+    /// are free again. Without the catch-up the publisher would find every
+    /// buffer newer than a stale hold and push nothing more.
+    fn refresh_hold(&mut self) -> bool {
+        if let Some((k, seq)) = self.holds.oldest() {
+            if !protocol::push::keep_hold(self.entry(), self.client(), k, seq) {
+                // Cannot happen under the queued rule; the frame stays
+                // kept and its owner reads what it holds.
+                tracing::error!(seq, buffer = k, "a kept push buffer no longer has its frame");
+            }
+            self.hold_seq = seq;
+            self.hold_behind = true;
+            return true;
         }
-        self.hold_behind = true;
-        Some(protocol::push::Take::Peek)
-    }
-
-    /// Once the last kept frame dropped, the hold left behind on it moves
-    /// to the newest frame read (which it spared, being newer), so the
-    /// buffers of the frames between are free again. Without this the
-    /// publisher would find every buffer newer than a stale hold and push
-    /// nothing more (and a lossless reader's window would promise room it
-    /// does not have).
-    fn catch_up_hold(&mut self) {
-        if !self.hold_behind || self.holds.oldest().is_some() {
-            return;
+        if std::mem::take(&mut self.hold_behind) {
+            let count = self.push.map_or(0, |b| b.count);
+            if let Some((k, seq)) = protocol::push::newest_read(self.entry(), count, self.last) {
+                protocol::push::keep_hold(self.entry(), self.client(), k, seq);
+                self.hold_seq = seq;
+            }
         }
-        self.hold_behind = false;
-        if let Some((k, seq)) = protocol::push::newest_read(self.entry(), self.push.map_or(0, |b| b.count), self.last) {
-            protocol::push::keep_hold(self.entry(), self.client(), k, seq);
-        }
+        false
     }
 
     /// Closes with frames still kept: says goodbye but leaves the hold

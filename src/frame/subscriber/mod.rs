@@ -103,6 +103,9 @@ pub struct Subscriber {
     parked: bool,
     /// A read under a kept frame left the hold on it (see `catch_up_hold`).
     hold_behind: bool,
+    /// A queued push reader: the frame in the buffer its `push_held` names
+    /// (0: none yet). Its lossless cursor never passes it.
+    hold_seq: u64,
 }
 
 impl std::fmt::Debug for Subscriber {
@@ -258,6 +261,7 @@ impl Subscriber {
             holds: Holds::new(),
             parked: false,
             hold_behind: false,
+            hold_seq: 0,
         };
         sub.loan_trigger = sub.info.gate_offset().is_some() && !super::publisher::published_here(sub.info.epoch);
         if !push && sub.opts.pull_start != PullStart::AfterCommit {

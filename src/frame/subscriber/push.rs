@@ -77,9 +77,10 @@ impl Subscriber {
             None if hold => protocol::push::Take::Hold(self.lease.client()),
             None => protocol::push::Take::Peek,
         };
+        let holding = matches!(how, protocol::push::Take::Hold(_));
         let entry = self.entry();
         let header = self.header();
-        protocol::push::read_pushed(entry, how, bufs, &header.seq.global_seq, self.last, g, |_, seq| {
+        let read = protocol::push::read_pushed(entry, how, bufs, &header.seq.global_seq, self.last, g, |_, seq| {
             // The meta lives in the ring's slot; read it under the seqlock.
             // If the slot moved on already, a newer frame has been pushed
             // too.
@@ -88,7 +89,12 @@ impl Subscriber {
                 Look::Ready(snap) if snap.still_valid(slot) => Some(snap),
                 _ => None,
             }
-        })
+        });
+        if let (true, PushRead::Took(_, seq, _) | PushRead::Lost(seq)) = (holding, &read) {
+            // The take moved the hold to this frame's buffer.
+            self.hold_seq = *seq;
+        }
+        read
     }
     /// The frames between `last` and pushed frame `seq`, which a push
     /// subscriber never gets (none before its first pushed frame: it had
