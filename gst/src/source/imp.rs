@@ -362,16 +362,6 @@ impl ElementImpl for VramringSrc {
     }
 }
 
-fn frame_key(frame: &vramring::Frame<'_>) -> RingKey {
-    let g = frame.geometry();
-    let backend = if frame.device().is_some() {
-        vramring::BackendKind::Cuda
-    } else {
-        vramring::BackendKind::Host
-    };
-    (backend, g.format, g.width, g.height)
-}
-
 /// What one read produced, ready to push once the state lock is released.
 struct Output {
     buffer: gst::Buffer,
@@ -537,55 +527,42 @@ impl VramringSrc {
         let Some(sub) = sub.as_mut() else {
             return Ok(Step::Again);
         };
-        let next = match deferred.take() {
-            Some(e) => Err(e),
-            None => sub.next(SLICE),
+        // A latest source reading a queue (zero-copy) first takes what is
+        // queued already, the newest of it; only with nothing queued does it
+        // wait, and a frame that ends the wait goes out at once.
+        let drain = *zero_copy_sub && s.mode == ModeSetting::Latest && !s.lossless;
+        let queued = if drain && deferred.is_none() {
+            Self::newest(sub, superseded, deferred)
+        } else {
+            None
         };
-        let read = match next {
-            Ok(frame) => {
-                let key = frame_key(&frame);
-                let cuda = match *output {
-                    Some(o) if o.key == key => o.cuda,
-                    // The ring changed within this read (a reconnect to a
-                    // publisher of another format or size). CUDA output
-                    // stays CUDA output, on the new ring's GPU, without
-                    // asking downstream again (a caps filter for CUDA
-                    // memory would refuse system memory); system output
-                    // stays system memory for this frame and the next step
-                    // decides afresh.
-                    Some(o) if o.cuda.is_some() => {
-                        let cuda = (key.0 == vramring::BackendKind::Cuda)
-                            .then(|| cuda::ordinal_of(frame.info().device_uuid()).ok())
-                            .flatten()
-                            .and_then(|n| Primary::get(n).ok());
-                        *output = Some(OutputMemory { key, cuda });
-                        cuda
+        let read = if let Some((hold, facts)) = queued {
+            let cuda = Self::output_for(output, &facts);
+            self.kept_buffer(hold, &facts, cuda, *video_meta, shape, s)
+                .map(|(buffer, caps)| (buffer, caps, facts.skipped))
+        } else {
+            let next = match deferred.take() {
+                Some(e) => Err(e),
+                None => sub.next(SLICE),
+            };
+            match next {
+                Ok(frame) => {
+                    let facts = Facts::of(&frame);
+                    let cuda = Self::output_for(output, &facts);
+                    let host = facts.backend == vramring::BackendKind::Host;
+                    let hold = if s.zero_copy && (cuda.is_some() || host) {
+                        frame.hold()
+                    } else {
+                        None
+                    };
+                    match hold {
+                        Some(hold) => self.kept_buffer(hold, &facts, cuda, *video_meta, shape, s),
+                        None => self.to_buffer(&frame, &facts, scratch, cuda.map(|p| (p, filler)), shape, s),
                     }
-                    _ => None,
-                };
-                let host = key.0 == vramring::BackendKind::Host;
-                let hold = if s.zero_copy && (cuda.is_some() || host) {
-                    frame.hold()
-                } else {
-                    None
-                };
-                match hold {
-                    Some(hold) => {
-                        let facts = Facts::of(&frame);
-                        let (hold, facts) = if *zero_copy_sub && s.mode == ModeSetting::Latest && !s.lossless {
-                            Self::newest(sub, hold, facts, superseded, deferred)
-                        } else {
-                            (hold, facts)
-                        };
-                        self.kept_buffer(hold, &facts, cuda, *video_meta, shape, s)
-                            .map(|(buffer, caps)| (buffer, caps, facts.skipped))
-                    }
-                    None => self
-                        .to_buffer(&frame, scratch, cuda.map(|p| (p, filler)), shape, s)
-                        .map(|(buffer, caps)| (buffer, caps, frame.skipped())),
+                    .map(|(buffer, caps)| (buffer, caps, facts.skipped))
                 }
+                Err(e) => Err(e),
             }
-            Err(e) => Err(e),
         };
         match read {
             Ok((mut buffer, caps, skipped)) => {
@@ -703,13 +680,14 @@ impl VramringSrc {
     fn to_buffer(
         &self,
         frame: &vramring::Frame<'_>,
+        facts: &Facts,
         scratch: &mut Vec<u8>,
         cuda: Option<(&'static Primary, &mut Option<Filler>)>,
         shape: &mut Option<Shape>,
         s: &Settings,
     ) -> Result<(gst::Buffer, gst::Caps), Error> {
-        let geometry = *frame.geometry();
-        let trailer = FrameTrailer::decode(&frame.user());
+        let geometry = facts.geometry;
+        let trailer = FrameTrailer::decode(&facts.user);
         let bad = |what: String| Error::Config(what);
         let device = cuda.and_then(|c| frame.device().map(|v| (c, v)));
         let Shape { caps, info, .. } = Shape::of(shape, &geometry, trailer, device.is_some())?;
@@ -726,7 +704,7 @@ impl VramringSrc {
             // which nothing rewrites before the next `Subscriber::next`;
             // `fill` returns only once its copy is done.
             let mut buffer = unsafe { f.fill(view.as_raw(), view.len(), &geometry) }.map_err(bad)?;
-            self.stamp(&mut buffer, &Facts::of(frame), trailer, s)?;
+            self.stamp(&mut buffer, facts, trailer, s)?;
             return Ok((buffer, caps));
         }
         let src: &[u8] = match frame.host_bytes() {
@@ -738,7 +716,7 @@ impl VramringSrc {
             }
         };
         let mut buffer = Self::system_copy(src, info, &geometry)?;
-        self.stamp(&mut buffer, &Facts::of(frame), trailer, s)?;
+        self.stamp(&mut buffer, facts, trailer, s)?;
         Ok((buffer, caps))
     }
 
@@ -774,28 +752,57 @@ impl VramringSrc {
         Ok(buffer)
     }
 
-    /// A latest source reading a queue (zero-copy): the newest frame
-    /// pushed so far, keeping it. The frames passed over are let go (their
-    /// buffers come back at the next read) and counted in `superseded`; an
-    /// error is kept for the next read.
+    /// Where a frame of this ring goes out: CUDA memory in the primary
+    /// context of `Some` GPU, or system memory. Decided per ring by
+    /// [`VramringSrc::decide`]; a frame of another ring (a reconnect to a
+    /// publisher of another format or size, within one read) keeps CUDA
+    /// output, on the new ring's GPU, without asking downstream again (a
+    /// caps filter for CUDA memory would refuse system memory), and system
+    /// output stays system memory for this frame (the next step decides
+    /// afresh).
+    fn output_for(output: &mut Option<OutputMemory>, facts: &Facts) -> Option<&'static Primary> {
+        let g = &facts.geometry;
+        let key = (facts.backend, g.format, g.width, g.height);
+        match *output {
+            Some(o) if o.key == key => o.cuda,
+            Some(o) if o.cuda.is_some() => {
+                let cuda = (key.0 == vramring::BackendKind::Cuda)
+                    .then(|| cuda::ordinal_of(facts.device_uuid).ok())
+                    .flatten()
+                    .and_then(|n| Primary::get(n).ok());
+                *output = Some(OutputMemory { key, cuda });
+                cuda
+            }
+            _ => None,
+        }
+    }
+
+    /// A latest source reading a queue (zero-copy): the newest frame queued
+    /// now, kept, or `None` when nothing is. The frames passed over are let
+    /// go (their buffers come back at the next read) and counted in
+    /// `superseded`; an error is kept for the next read.
     fn newest(
         sub: &mut Subscriber,
-        mut hold: vramring::FrameHold,
-        mut facts: Facts,
         superseded: &mut u64,
         deferred: &mut Option<Error>,
-    ) -> (vramring::FrameHold, Facts) {
+    ) -> Option<(vramring::FrameHold, Facts)> {
+        let mut newest: Option<(vramring::FrameHold, Facts)> = None;
         loop {
             match sub.next(Duration::ZERO) {
                 Ok(frame) => {
-                    let Some(newer) = frame.hold() else { break };
-                    let f = Facts::of(&frame);
-                    *superseded += 1;
-                    facts = Facts {
-                        skipped: facts.skipped + 1 + f.skipped,
-                        ..f
+                    let Some(hold) = frame.hold() else {
+                        // Not a queued push frame: cannot be, for the
+                        // options this source subscribes with. Counted,
+                        // not lost silently.
+                        *superseded += 1;
+                        break;
                     };
-                    hold = newer;
+                    let mut facts = Facts::of(&frame);
+                    if let Some((_, older)) = newest.take() {
+                        *superseded += 1;
+                        facts.skipped += older.skipped + 1;
+                    }
+                    newest = Some((hold, facts));
                 }
                 Err(Error::Timeout(..)) => break,
                 Err(e) => {
@@ -804,7 +811,7 @@ impl VramringSrc {
                 }
             }
         }
-        (hold, facts)
+        newest
     }
 
     /// The kept frame `hold` as a buffer without a copy: CUDA memory around

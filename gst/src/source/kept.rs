@@ -15,6 +15,9 @@ pub(super) struct Facts {
     pub user: Vec<u8>,
     pub skipped: u64,
     pub geometry: Geometry,
+    /// The ring's backend, and its GPU (for a CUDA ring).
+    pub backend: vramring::BackendKind,
+    pub device_uuid: [u8; 16],
 }
 
 impl Facts {
@@ -26,6 +29,12 @@ impl Facts {
             user: frame.user(),
             skipped: frame.skipped(),
             geometry: *frame.geometry(),
+            backend: if frame.device().is_some() {
+                vramring::BackendKind::Cuda
+            } else {
+                vramring::BackendKind::Host
+            },
+            device_uuid: frame.info().device_uuid(),
         }
     }
 }
