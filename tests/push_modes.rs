@@ -337,3 +337,38 @@ fn a_held_frame_outlives_its_subscriber_and_a_latest_push_frame_cannot_be_held()
     assert!(f.pushed());
     assert!(f.hold().is_none(), "three latest buffers cannot spare one");
 }
+
+#[test]
+fn a_kept_frame_let_go_on_another_thread_frees_a_waiting_lossless_publisher_at_once() {
+    let (mut p, mut s, start) = lossless_push_reader("hold-elsewhere");
+    let kept = read_and_hold(&mut s, start + 1);
+    for _ in 0..3 {
+        publish(&mut p);
+        s.next(Duration::from_secs(1)).unwrap();
+    }
+    // The window is used up: the publisher waits for the kept buffer, in
+    // its own thread.
+    let publisher = std::thread::spawn(move || {
+        let mut slot = p.loan(Duration::from_secs(30)).unwrap();
+        let seq = slot.seq();
+        testpattern::fill(slot.bytes_mut().unwrap(), seq);
+        slot.publish(FrameMeta::pts(seq as i64)).unwrap();
+        (p, seq)
+    });
+    // The frame is let go elsewhere while the reader waits for the next
+    // one: the release wakes the reader, whose cursor then lets the
+    // publisher go on within this wait (before: it waited until the
+    // reader's call timed out, or evicted it at its lease).
+    let dropper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        drop(kept);
+    });
+    let f = s
+        .next(Duration::from_secs(5))
+        .expect("the frame the publisher was waiting to push");
+    assert_eq!((f.seq(), f.skipped()), (start + 5, 0));
+    dropper.join().unwrap();
+    let (p, seq) = publisher.join().unwrap();
+    assert_eq!(seq, start + 5);
+    assert_eq!(p.stats().evictions, 0);
+}

@@ -334,7 +334,7 @@ pub fn keep_hold(entry: &SubEntry, client: &ClientLine, k: usize, seq: u64) -> b
         client.push_held.store(k as u32 + 1, Ordering::Release);
         fence(Ordering::SeqCst);
     }
-    for _ in 0..64 {
+    for i in 0..KEEP_HOLD_TRIES {
         // Relaxed: ordered by the fence above (or by the one of the `take`
         // that first held `k`).
         let now = entry.push_seq[k].load(Ordering::Relaxed);
@@ -342,11 +342,22 @@ pub fn keep_hold(entry: &SubEntry, client: &ClientLine, k: usize, seq: u64) -> b
             return now == seq;
         }
         // A claim's mark, which it takes back once it sees the buffer
-        // spared: wait for that.
+        // spared: wait for that, yielding to a publisher preempted in
+        // between.
         crate::sync::spin_hint();
+        #[cfg(not(loom))]
+        if i >= 64 {
+            std::thread::yield_now();
+        }
+        #[cfg(loom)]
+        let _ = i;
     }
     false
 }
+
+/// How many looks [`keep_hold`] gives a claim's transient mark to be taken
+/// back (the first 64 spinning, then yielding the CPU).
+const KEEP_HOLD_TRIES: u32 = 1 << 16;
 
 /// Queued reader: among its first `count` buffers, the complete one with
 /// the newest frame it has read (`s <= last`), as `(k, s)`.

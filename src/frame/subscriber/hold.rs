@@ -8,7 +8,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::*;
 use crate::layout::PUSH_MAX_BUFFERS;
-use crate::sync::atomic::{AtomicU32, AtomicU64};
+use crate::ring::lease::ClientRef;
+use crate::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64};
+
+/// How long a lossless reader that keeps frames waits at most before it
+/// looks at its holds again: the bound on a release whose wake-up it missed
+/// (it parked between the flag and the ring, see `FrameHold::drop`).
+const KEPT_LOOK: Duration = Duration::from_millis(10);
 
 /// What a subscriber and its [`FrameHold`]s share: which push buffers are
 /// kept, and the subscriber's pool once it closed with some still kept.
@@ -21,15 +27,32 @@ pub(super) struct Holds {
     /// The subscriber's pool (its push buffers' mapping), parked here by a
     /// close that found holds alive; released when the last one drops.
     parked: Mutex<Option<Box<dyn ImportedPool>>>,
+    /// A lossless reader's client region: a buffer let go rings its
+    /// doorbell, since the publisher may be waiting on the cursor that
+    /// buffer held back.
+    wake: Option<ClientRef>,
+    /// A buffer was let go since the subscriber last looked.
+    released: AtomicBool,
 }
 
 impl Holds {
-    pub(super) fn new() -> Arc<Holds> {
+    /// Holds of a subscriber; `wake`: its client region, for a lossless
+    /// queued push reader (see [`Holds::released`]).
+    pub(super) fn new(wake: Option<ClientRef>) -> Arc<Holds> {
         Arc::new(Holds {
             count: std::array::from_fn(|_| AtomicU32::new(0)),
             seq: std::array::from_fn(|_| AtomicU64::new(0)),
             parked: Mutex::new(None),
+            wake,
+            released: AtomicBool::new(false),
         })
+    }
+
+    /// Whether a kept buffer was let go since the subscriber last refreshed
+    /// its hold: its wait then ends (a lossless reader's).
+    pub(super) fn released(&self) -> bool {
+        // Relaxed: a hint; the counts themselves are read with Acquire.
+        self.released.load(Ordering::Relaxed)
     }
 
     /// The oldest kept frame, as `(k, seq)`.
@@ -150,7 +173,15 @@ impl Drop for FrameHold {
     fn drop(&mut self) {
         // SYNC: frame-hold — Release: our reads of the buffer happen before
         // the subscriber moves its hold off it (its Acquire in `oldest`).
-        self.holds.count[self.k].fetch_sub(1, Ordering::Release);
+        let was = self.holds.count[self.k].fetch_sub(1, Ordering::Release);
+        if let (1, Some(client)) = (was, &self.holds.wake) {
+            // Relaxed flag, then the SeqCst fence `wake_if_parked` wants
+            // before it loads `parked`: a subscriber that parks after this
+            // load finds the flag when its park ends (at most `KEPT_LOOK`).
+            self.holds.released.store(true, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+            crate::ring::wait::wake_if_parked(client.get());
+        }
     }
 }
 
@@ -193,11 +224,20 @@ impl Subscriber {
     /// oldest of them and a read in place under it (`Some(Peek)`); else
     /// `None` (the read holds what it takes).
     pub(super) fn read_under_kept(&mut self) -> Option<protocol::push::Take<'static>> {
-        if !self.refresh_hold() {
-            return None;
-        }
+        let kept = self.refresh_hold();
         self.release_to_hold();
-        Some(protocol::push::Take::Peek)
+        kept.then_some(protocol::push::Take::Peek)
+    }
+
+    /// The end of one wait of `next` or `borrow` that must end at
+    /// `deadline`: a lossless queued push reader that keeps frames looks at
+    /// its holds again after at most [`KEPT_LOOK`].
+    pub(super) fn kept_wait_end(&self, deadline: Instant) -> Instant {
+        if self.holds.wake.is_some() && self.holds.oldest().is_some() {
+            deadline.min(Instant::now() + KEPT_LOOK)
+        } else {
+            deadline
+        }
     }
 
     /// A lossless reader whose stream has started releases its cursor up
@@ -217,11 +257,14 @@ impl Subscriber {
     /// are free again. Without the catch-up the publisher would find every
     /// buffer newer than a stale hold and push nothing more.
     fn refresh_hold(&mut self) -> bool {
+        // Relaxed: a hint (see `Holds::released`); cleared before the
+        // counts are read, so a release after this read sets it again.
+        self.holds.released.store(false, Ordering::Relaxed);
         if let Some((k, seq)) = self.holds.oldest() {
             if !protocol::push::keep_hold(self.entry(), self.client(), k, seq) {
                 // Cannot happen under the queued rule; the frame stays
                 // kept and its owner reads what it holds.
-                tracing::error!(seq, buffer = k, "a kept push buffer no longer has its frame");
+                tracing::warn!(seq, buffer = k, "a kept push buffer no longer reads as its frame");
             }
             self.hold_seq = seq;
             self.hold_behind = true;
@@ -229,9 +272,13 @@ impl Subscriber {
         }
         if std::mem::take(&mut self.hold_behind) {
             let count = self.push.map_or(0, |b| b.count);
-            if let Some((k, seq)) = protocol::push::newest_read(self.entry(), count, self.last) {
-                protocol::push::keep_hold(self.entry(), self.client(), k, seq);
-                self.hold_seq = seq;
+            // Never back: a buffer older than the held frame is the
+            // publisher's to claim.
+            let found = protocol::push::newest_read(self.entry(), count, self.last);
+            if let Some((k, seq)) = found.filter(|&(_, s)| s >= self.hold_seq) {
+                if protocol::push::keep_hold(self.entry(), self.client(), k, seq) {
+                    self.hold_seq = seq;
+                }
             }
         }
         false
@@ -248,7 +295,7 @@ impl Subscriber {
         self.lease.bye();
         let pool = std::mem::replace(&mut self.pool, Box::new(crate::memory::host::HostImport::push_only()));
         self.holds.park(pool);
-        self.holds = Holds::new();
+        self.holds = Holds::new(None);
         self.parked = true;
         true
     }

@@ -258,7 +258,7 @@ impl Subscriber {
             cadence: Cadence::new(),
             in_flight: None,
             loan_trigger: false,
-            holds: Holds::new(),
+            holds: Holds::new(None),
             parked: false,
             hold_behind: false,
             hold_seq: 0,
@@ -288,6 +288,11 @@ impl Subscriber {
         sub.last = last;
         if push {
             sub.attach_push()?;
+            if sub.push_queued() && sub.opts.client.lossless {
+                // A lossless publisher may wait on a kept frame's buffer:
+                // its release wakes this subscriber (`Holds::released`).
+                sub.holds = Holds::new(Some(sub.lease.client_ref()));
+            }
         }
         sub.stats.delivery = if push { Delivery::Push } else { Delivery::Pull };
         Ok(sub)
@@ -409,6 +414,7 @@ impl Subscriber {
         if self.lease.draining() {
             return self.drain_next();
         }
+        let end = self.kept_wait_end(deadline);
         let outcome = {
             let header = self.control.at::<RingHeader>(0);
             // A queued pull starts at the loan (ADR 0014): it waits for
@@ -447,14 +453,17 @@ impl Subscriber {
                 }
             };
             let lease = &self.lease;
-            let alive = || lease.quiet();
+            let holds = &self.holds;
+            // A kept frame let go on another thread ends the wait, so that
+            // a lossless reader's cursor follows at once (`Holds::released`).
+            let alive = || lease.quiet() && !holds.released();
             wait_by(
                 &self.opts.client,
                 &mut self.cadence,
                 bell,
                 lease.client(),
                 self.last,
-                deadline,
+                end,
                 alive,
             )
         };
@@ -468,6 +477,10 @@ impl Subscriber {
                 self.lease.check_or_drain()?;
                 if self.lease.draining() {
                     return self.drain_next();
+                }
+                if Instant::now() < deadline {
+                    // A shortened wait (`kept_wait_end`): look again.
+                    return Ok(self.last);
                 }
                 Err(Error::Timeout(timeout, "the next frame"))
             }
@@ -844,10 +857,10 @@ impl Subscriber {
     /// # Errors
     /// The backend's release error.
     pub fn close(&mut self) -> Result<()> {
-        self.settle_in_flight()?;
         if self.parked || self.park_if_kept() {
             return Ok(());
         }
+        self.settle_in_flight()?;
         protocol::push::release_hold(self.client());
         self.lease.bye();
         self.pool.close()
