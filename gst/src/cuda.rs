@@ -126,6 +126,13 @@ pub fn available() -> bool {
     *OK.get_or_init(|| gst_cuda().is_some() && vramring::cuda::cuda_usable())
 }
 
+/// Whether CUDA memory can be made around memory we own
+/// (`gst_cuda_allocator_alloc_wrapped`, GStreamer 1.24 and later): what
+/// `vramringsrc`'s zero-copy CUDA output needs.
+pub fn can_wrap() -> bool {
+    available() && gst_cuda().is_some_and(|l| l.alloc_wrapped.is_some())
+}
+
 /// The descriptor of plane copy `p` from device memory at `src` to device
 /// memory at `dst` (both already at the plane's offset). Every field is
 /// spelled out: `CUmemorytype` has no zero value, so a zeroed descriptor

@@ -567,6 +567,55 @@ fn a_latest_push_source_drains_its_queue_to_the_newest_frame() {
     stop(&src);
 }
 
+/// A downstream that keeps every buffer it is lent (an encoder with
+/// lookahead, a queue that fills) leaves a zero-copy source's queue no
+/// room: the source warns, subscribes again and copies from then on, and
+/// frames keep coming instead of the pipeline stalling.
+#[test]
+fn a_source_whose_lent_buffers_are_all_kept_falls_back_to_copies() {
+    init();
+    let (_dir, path) = socket("starved");
+    let cfg = RingConfig::new(Format::Nv12, 512, 64)
+        .slots(16)
+        .backend(BackendChoice::Host);
+    let mut publisher = Publisher::create(&path, cfg).expect("a ring");
+    let src = play(&format!(
+        "vramringsrc name=src socket-path={} delivery=push ! appsink name=sink sync=false",
+        path.display()
+    ));
+    let sink = appsink(&src);
+    let mut kept = vec![first_sample(&mut publisher, &sink)];
+    let deadline = Instant::now() + WAIT;
+    while kept.len() < 24 {
+        assert!(
+            Instant::now() < deadline,
+            "the source stalled after {} frames",
+            kept.len()
+        );
+        publish_pattern(&mut publisher, 1, 0);
+        kept.extend(sink.try_pull_sample(gst::ClockTime::from_mseconds(20)));
+    }
+    let lent = |s: &gst::Sample| {
+        s.buffer()
+            .expect("a buffer")
+            .peek_memory(0)
+            .is_type("RustGlobalAllocatorMemory")
+    };
+    assert!(lent(&kept[0]), "the first frames are lent");
+    assert!(!lent(kept.last().expect("a sample")), "the last ones are copies");
+    for sample in &kept {
+        let buffer = sample.buffer().expect("a buffer");
+        let bytes = buffer.map_readable().expect("readable");
+        vramring_testkit::pattern::verify(&bytes, buffer.offset()).expect("every kept frame is whole");
+    }
+    let bus = src.bus().expect("a bus");
+    let warned = std::iter::from_fn(|| bus.pop_filtered(&[gst::MessageType::Warning]))
+        .any(|m| matches!(m.view(), gst::MessageView::Warning(w) if w.error().to_string().contains("copying frames")));
+    assert!(warned, "a warning says why");
+    drop(kept);
+    stop(&src);
+}
+
 /// A pad template's caps: CUDA memory first, then system memory, and
 /// nothing else.
 fn assert_cuda_memory_first(template: &gst::Caps) {

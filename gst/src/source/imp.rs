@@ -1,8 +1,8 @@
 //! `vramringsrc`'s implementation: properties in `Settings`, the
 //! subscriber and what was last negotiated in `State`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{LazyLock, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use gst::glib;
@@ -14,7 +14,7 @@ use gst_base::subclass::prelude::*;
 use gst_video::prelude::*;
 use vramring::{ClientOptions, Delivery, Error, Mode, Refusal, Subscriber, SubscriberOptions, SubscriberStats};
 
-use super::kept::{self, Facts};
+use super::kept::{self, Facts, Lent};
 use super::{DeliverySetting, ModeSetting, TimestampMode};
 use crate::cuda::{self, Filler, Primary};
 use crate::element::lock;
@@ -108,6 +108,13 @@ struct State {
     video_meta: bool,
     /// The caps and video info of the frames last read.
     shape: Option<Shape>,
+    /// Kept frames lent downstream, not yet freed.
+    lent: Arc<AtomicUsize>,
+    /// Downstream kept lent buffers until the queue ran dry: copies from
+    /// now on (`VramringSrc::starved`).
+    copy_forced: bool,
+    /// The subscriber's dropped count when the last frame went out.
+    dropped_at_frame: u64,
 }
 
 /// The caps (with or without the CUDA memory feature) and video info of a
@@ -181,6 +188,16 @@ fn reading(s: &Settings, zero_copy: bool) -> (Mode, Delivery) {
         DeliverySetting::Push => Delivery::Push,
     };
     (mode, delivery)
+}
+
+/// Whether a kept frame of a `backend` ring can go out as it is: CUDA
+/// memory wrapped around it (`cuda`: the output's GPU, and a libgstcuda
+/// that can wrap), or system memory that is a host ring's push buffer.
+fn wraps(cuda: Option<&'static Primary>, backend: vramring::BackendKind) -> bool {
+    match backend {
+        vramring::BackendKind::Host => cuda.is_none(),
+        vramring::BackendKind::Cuda => cuda.is_some() && cuda::can_wrap(),
+    }
 }
 
 fn ring_key(sub: &Subscriber) -> RingKey {
@@ -377,6 +394,42 @@ enum Step {
 }
 
 impl VramringSrc {
+    /// Whether downstream keeps the buffers it was lent so that the queue
+    /// they hold ran dry (a read came back empty while frames were lost to
+    /// a full queue, or the publisher evicted a lossless reader): an
+    /// encoder with lookahead, a `queue` that fills. Then the source makes
+    /// copies from now on: it subscribes again (the lent buffers stay with
+    /// the old subscription until downstream lets them go) and posts a
+    /// warning. `evicted`: the publisher just evicted us.
+    fn starved(&self, state: &mut State, s: &Settings, evicted: bool) -> bool {
+        if !s.zero_copy || state.copy_forced || state.lent.load(Ordering::Relaxed) == 0 {
+            // Nothing lent: an empty read is the publisher's pace.
+            return false;
+        }
+        if !evicted && state.stats().dropped <= state.dropped_at_frame {
+            return false;
+        }
+        state.copy_forced = true;
+        state.zero_copy_sub = false;
+        state.output = None;
+        gst::element_imp_warning!(
+            self,
+            gst::ResourceError::Busy,
+            (
+                "downstream keeps {} buffers lent without a copy, which leaves the subscription no room: copying frames from now on (zero-copy=false avoids this)",
+                state.lent.load(Ordering::Relaxed)
+            )
+        );
+        if !evicted {
+            if let Some(mut sub) = state.retire() {
+                if let Err(e) = sub.close() {
+                    gst::debug!(CAT, imp = self, "closing the subscriber: {e}");
+                }
+            }
+        }
+        true
+    }
+
     /// The subscriber options the settings ask for; with `zero_copy`, push
     /// into a queue (a latest source reads it as sequential and drains it
     /// to the newest frame), whose frames can be kept past the read.
@@ -485,9 +538,9 @@ impl VramringSrc {
             // reader's stream starts at its first pushed frame, a pull
             // reader's at its cursor (ADR 0026), and a recorder that
             // subscribed before the first frame expects that frame.
-            let host = key.0 == vramring::BackendKind::Host;
             let zero_copy = s.zero_copy
-                && (cuda.is_some() || host)
+                && !state.copy_forced
+                && wraps(cuda, key.0)
                 && match s.delivery {
                     DeliverySetting::Pull => false,
                     DeliverySetting::Push => true,
@@ -522,6 +575,9 @@ impl VramringSrc {
             deferred,
             video_meta,
             shape,
+            lent,
+            waiting_since,
+            copy_forced,
             ..
         } = &mut *state;
         let Some(sub) = sub.as_mut() else {
@@ -530,15 +586,24 @@ impl VramringSrc {
         // A latest source reading a queue (zero-copy) first takes what is
         // queued already, the newest of it; only with nothing queued does it
         // wait, and a frame that ends the wait goes out at once.
+        // Not while the publisher is gone: a read would try to reconnect.
         let drain = *zero_copy_sub && s.mode == ModeSetting::Latest && !s.lossless;
-        let queued = if drain && deferred.is_none() {
+        let queued = if drain && deferred.is_none() && waiting_since.is_none() {
             Self::newest(sub, superseded, deferred)
         } else {
             None
         };
         let read = if let Some((hold, facts)) = queued {
             let cuda = Self::output_for(output, &facts);
-            self.kept_buffer(hold, &facts, cuda, *video_meta, shape, s)
+            if !wraps(cuda, facts.backend) {
+                // The ring changed under the drain to one this output
+                // cannot wrap: the frame is counted, and the next step
+                // decides the output afresh.
+                *superseded += 1;
+                *output = None;
+                return Ok(Step::Again);
+            }
+            self.kept_buffer(Lent::new(hold, lent), &facts, cuda, *video_meta, shape, s)
                 .map(|(buffer, caps)| (buffer, caps, facts.skipped))
         } else {
             let next = match deferred.take() {
@@ -549,14 +614,13 @@ impl VramringSrc {
                 Ok(frame) => {
                     let facts = Facts::of(&frame);
                     let cuda = Self::output_for(output, &facts);
-                    let host = facts.backend == vramring::BackendKind::Host;
-                    let hold = if s.zero_copy && (cuda.is_some() || host) {
+                    let hold = if s.zero_copy && !*copy_forced && wraps(cuda, facts.backend) {
                         frame.hold()
                     } else {
                         None
                     };
                     match hold {
-                        Some(hold) => self.kept_buffer(hold, &facts, cuda, *video_meta, shape, s),
+                        Some(hold) => self.kept_buffer(Lent::new(hold, lent), &facts, cuda, *video_meta, shape, s),
                         None => self.to_buffer(&frame, &facts, scratch, cuda.map(|p| (p, filler)), shape, s),
                     }
                     .map(|(buffer, caps)| (buffer, caps, facts.skipped))
@@ -574,6 +638,7 @@ impl VramringSrc {
                 let new_caps = (state.caps.as_ref() != Some(&caps)).then(|| caps.clone());
                 state.caps = Some(caps);
                 let stats = state.stats();
+                state.dropped_at_frame = stats.dropped;
                 let qos = (stats.dropped > state.reported_dropped).then(|| {
                     state.reported_dropped = stats.dropped;
                     (stats.delivered, stats.dropped, buffer.pts())
@@ -585,6 +650,9 @@ impl VramringSrc {
                 }))
             }
             Err(Error::Timeout(..)) => {
+                if self.starved(&mut state, s, false) {
+                    return Ok(Step::Again);
+                }
                 if Self::waited_too_long(&state, s) {
                     gst::info!(
                         CAT,
@@ -613,6 +681,7 @@ impl VramringSrc {
                     imp = self,
                     "evicted by the publisher ({reason}); subscribing again"
                 );
+                self.starved(&mut state, s, true);
                 drop(state.retire());
                 state.discont = true;
                 Ok(Step::Again)
@@ -821,7 +890,7 @@ impl VramringSrc {
     /// default) is copied.
     fn kept_buffer(
         &self,
-        hold: vramring::FrameHold,
+        hold: Lent,
         facts: &Facts,
         cuda: Option<&'static Primary>,
         video_meta: bool,
@@ -832,11 +901,11 @@ impl VramringSrc {
         let trailer = FrameTrailer::decode(&facts.user);
         let bad = |what: String| Error::Config(what);
         let Shape { caps, info, .. } = Shape::of(shape, &geometry, trailer, cuda.is_some())?;
+        // A plain copy of `info` with the ring's offsets, strides and size.
+        let layout = &kept::ring_info(info, &geometry);
         let caps = caps.clone();
         if cuda.is_none() && !video_meta && !kept::default_layout(info, &geometry) {
-            let src = hold
-                .host_bytes()
-                .ok_or_else(|| bad("a kept frame of a host ring has no bytes".into()))?;
+            let src: &[u8] = hold.as_ref();
             let mut buffer = Self::system_copy(src, info, &geometry)?;
             self.stamp(&mut buffer, facts, trailer, s)?;
             return Ok((buffer, caps));
@@ -847,14 +916,13 @@ impl VramringSrc {
                     .device()
                     .ok_or_else(|| bad("a kept frame of a CUDA ring has no device memory".into()))?
                     .as_raw();
-                let layout = kept::ring_info(info, &geometry);
                 // SAFETY: `ptr` is the subscriber's push buffer, device
                 // memory of the ring's GPU mapped in its primary context
                 // (`decide` found `primary` by the ring's UUID), at least
                 // `frame_bytes` long (the layout's size); the publisher
                 // does not write it while `hold`, which the memory owns,
                 // lives.
-                unsafe { primary.wrap(&layout, ptr, hold) }.map_err(bad)?
+                unsafe { primary.wrap(layout, ptr, hold) }.map_err(bad)?
             }
             None => kept::host_memory(hold).ok_or_else(|| bad("a kept frame of a host ring has no bytes".into()))?,
         };
@@ -864,7 +932,7 @@ impl VramringSrc {
                 .get_mut()
                 .ok_or_else(|| bad("a fresh buffer is not writable".into()))?;
             b.append_memory(mem);
-            kept::add_ring_meta(b, info, &geometry).map_err(bad)?;
+            kept::add_ring_meta(b, info, layout).map_err(bad)?;
         }
         self.stamp(&mut buffer, facts, trailer, s)?;
         Ok((buffer, caps))

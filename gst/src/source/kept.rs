@@ -4,6 +4,9 @@
 //! for CUDA memory, the memory's own video info say where the planes are),
 //! and the buffer is let go when GStreamer frees the memory.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use gst::glib::translate::ToGlibPtr;
 use vramring::{FrameHold, Geometry};
 
@@ -64,41 +67,68 @@ pub(super) fn default_layout(info: &gst_video::VideoInfo, geometry: &Geometry) -
             .all(|(k, p)| info.offset()[k] == p.offset as usize && info.stride()[k] as u64 == p.pitch)
 }
 
-/// Tells downstream where the ring's planes are.
+/// Tells downstream where the ring's planes are (`layout`: [`ring_info`]).
 pub(super) fn add_ring_meta(
     buffer: &mut gst::BufferRef,
     info: &gst_video::VideoInfo,
-    geometry: &Geometry,
+    layout: &gst_video::ffi::GstVideoInfo,
 ) -> Result<(), String> {
-    let offsets: Vec<usize> = geometry.planes().iter().map(|p| p.offset as usize).collect();
-    let strides: Vec<i32> = geometry.planes().iter().map(|p| p.pitch as i32).collect();
+    let n = info.n_planes() as usize;
+    let strides: Vec<i32> = layout.stride[..n].to_vec();
     gst_video::VideoMeta::add_full(
         buffer,
         gst_video::VideoFrameFlags::empty(),
         info.format(),
         info.width(),
         info.height(),
-        &offsets,
+        &layout.offset[..n],
         &strides,
     )
     .map(|_| ())
     .map_err(|e| format!("video meta of the ring's layout: {e}"))
 }
 
-/// A host frame's bytes, kept by their hold for as long as GStreamer keeps
-/// the memory.
-struct HostKept(FrameHold);
+/// A kept frame lent downstream: counted in `lent` until GStreamer frees
+/// its memory (the source falls back to copies when downstream keeps
+/// buffers and its queue runs dry, see `VramringSrc::starved`).
+pub(super) struct Lent {
+    hold: FrameHold,
+    lent: Arc<AtomicUsize>,
+}
 
-impl AsRef<[u8]> for HostKept {
-    fn as_ref(&self) -> &[u8] {
-        self.0.host_bytes().unwrap_or_default()
+impl Lent {
+    pub fn new(hold: FrameHold, lent: &Arc<AtomicUsize>) -> Lent {
+        // Relaxed: a count for a heuristic.
+        lent.fetch_add(1, Ordering::Relaxed);
+        Lent {
+            hold,
+            lent: Arc::clone(lent),
+        }
+    }
+
+    /// The kept frame's device memory, on a CUDA ring.
+    pub fn device(&self) -> Option<vramring::cuda::DeviceView<'_>> {
+        self.hold.device()
     }
 }
 
-/// System memory that is the kept host frame itself (`None` for a frame
-/// of a CUDA ring).
-pub(super) fn host_memory(hold: FrameHold) -> Option<gst::Memory> {
-    hold.host_bytes()?;
+impl Drop for Lent {
+    fn drop(&mut self) {
+        // Relaxed: as above.
+        self.lent.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        self.hold.host_bytes().unwrap_or_default()
+    }
+}
+
+/// System memory that is the lent host frame itself (`None` for a frame of
+/// a CUDA ring).
+pub(super) fn host_memory(lent: Lent) -> Option<gst::Memory> {
+    lent.hold.host_bytes()?;
     // Locked read-only: downstream copies before it writes.
-    Some(gst::Memory::from_slice(HostKept(hold)))
+    Some(gst::Memory::from_slice(lent))
 }
