@@ -511,6 +511,23 @@ fn a_queued_push_source_hands_downstream_its_push_buffers_and_a_kept_one_stays_w
     }
 }
 
+/// A 512×64 NV12 host ring of 16 slots (512 wide: the ring's pitch is
+/// GStreamer's default stride) and `vramringsrc delivery=push ! appsink
+/// <sink_props>` reading it, playing.
+fn push_source(name: &str, sink_props: &str) -> (tempfile::TempDir, Publisher, gst::Pipeline) {
+    init();
+    let (dir, path) = socket(name);
+    let cfg = RingConfig::new(Format::Nv12, 512, 64)
+        .slots(16)
+        .backend(BackendChoice::Host);
+    let publisher = Publisher::create(&path, cfg).expect("a ring");
+    let src = play(&format!(
+        "vramringsrc name=src socket-path={} delivery=push ! appsink name=sink sync=false {sink_props}",
+        path.display()
+    ));
+    (dir, publisher, src)
+}
+
 /// `delivery=push` in `mode=latest` with zero-copy: the source reads a
 /// queue and, at each read, passes over every frame but the newest,
 /// counting them as dropped. Downstream blocked (an appsink of one buffer,
@@ -520,16 +537,7 @@ fn a_queued_push_source_hands_downstream_its_push_buffers_and_a_kept_one_stays_w
 /// and the subscriber's own push buffer.
 #[test]
 fn a_latest_push_source_drains_its_queue_to_the_newest_frame() {
-    init();
-    let (_dir, path) = socket("latest-push");
-    let cfg = RingConfig::new(Format::Nv12, 512, 64)
-        .slots(16)
-        .backend(BackendChoice::Host);
-    let mut publisher = Publisher::create(&path, cfg).expect("a ring");
-    let src = play(&format!(
-        "vramringsrc name=src socket-path={} delivery=push ! appsink name=sink sync=false max-buffers=1",
-        path.display()
-    ));
+    let (_dir, mut publisher, src) = push_source("latest-push", "max-buffers=1");
     let sink = appsink(&src);
     let first = first_sample(&mut publisher, &sink).buffer().expect("a buffer").offset();
     // Ten frames while downstream takes none: the source holds at most
@@ -573,16 +581,7 @@ fn a_latest_push_source_drains_its_queue_to_the_newest_frame() {
 /// frames keep coming instead of the pipeline stalling.
 #[test]
 fn a_source_whose_lent_buffers_are_all_kept_falls_back_to_copies() {
-    init();
-    let (_dir, path) = socket("starved");
-    let cfg = RingConfig::new(Format::Nv12, 512, 64)
-        .slots(16)
-        .backend(BackendChoice::Host);
-    let mut publisher = Publisher::create(&path, cfg).expect("a ring");
-    let src = play(&format!(
-        "vramringsrc name=src socket-path={} delivery=push ! appsink name=sink sync=false",
-        path.display()
-    ));
+    let (_dir, mut publisher, src) = push_source("starved", "");
     let sink = appsink(&src);
     let mut kept = vec![first_sample(&mut publisher, &sink)];
     let deadline = Instant::now() + WAIT;
