@@ -295,7 +295,7 @@ impl ObjectImpl for VramringSrc {
                     .build(),
                 glib::ParamSpecBoolean::builder("zero-copy")
                     .nick("Zero copy")
-                    .blurb("Hand downstream the subscriber's own push buffer instead of a copy (no GPU work in this process per frame): on a CUDA ring with CUDA memory out it subscribes by push (a queue, drained to the newest frame in mode=latest) unless delivery=pull, or lossless=true without delivery=push; on a host ring with delivery=push (any mode). Off: every frame is copied into a buffer of our own")
+                    .blurb("Hand downstream the subscriber's own push buffer instead of a copy (no GPU work in this process per frame): on a CUDA ring with CUDA memory out it subscribes by push (a queue, drained to the newest frame in mode=latest) unless delivery=pull, or lossless=true without delivery=push; on a host ring with delivery=push (any mode). A downstream that keeps every buffer lent until none is left gets copies from then on, with a warning. Off: every frame is copied into a buffer of our own")
                     .default_value(true)
                     .mutable_ready()
                     .build(),
