@@ -34,6 +34,10 @@ const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 /// One wait for a frame or a publisher; between two, the element looks
 /// whether it is being flushed.
 const SLICE: Duration = Duration::from_millis(50);
+/// How long a zero-copy source goes without a frame out, while frames are
+/// lost to its full queue and buffers are lent, before it takes downstream
+/// for one that keeps them (`VramringSrc::starved`).
+const STARVED_AFTER: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 struct Settings {
@@ -113,8 +117,10 @@ struct State {
     /// Downstream kept lent buffers until the queue ran dry: copies from
     /// now on (`VramringSrc::starved`).
     copy_forced: bool,
-    /// The subscriber's dropped count when the last frame went out.
+    /// The subscriber's dropped count when the last frame went out, and
+    /// when that was.
     dropped_at_frame: u64,
+    last_out: Option<Instant>,
 }
 
 /// The caps (with or without the CUDA memory feature) and video info of a
@@ -395,8 +401,9 @@ enum Step {
 
 impl VramringSrc {
     /// Whether downstream keeps the buffers it was lent so that the queue
-    /// they hold ran dry (a read came back empty while frames were lost to
-    /// a full queue, or the publisher evicted a lossless reader): an
+    /// they hold ran dry (reads came back empty for [`STARVED_AFTER`] while
+    /// frames were lost to a full queue, or the publisher evicted a
+    /// lossless reader while buffers were lent): an
     /// encoder with lookahead, a `queue` that fills. Then the source makes
     /// copies from now on: it subscribes again (the lent buffers stay with
     /// the old subscription until downstream lets them go) and posts a
@@ -406,7 +413,11 @@ impl VramringSrc {
             // Nothing lent: an empty read is the publisher's pace.
             return false;
         }
-        if !evicted && state.stats().dropped <= state.dropped_at_frame {
+        // Frames lost to a full queue, and none out for a while: a
+        // downstream that is only slow blocks our push instead, and once it
+        // takes a buffer the queue's frames flow again.
+        let stuck = state.last_out.is_none_or(|t| t.elapsed() >= STARVED_AFTER);
+        if !evicted && (state.stats().dropped <= state.dropped_at_frame || !stuck) {
             return false;
         }
         state.copy_forced = true;
@@ -578,6 +589,7 @@ impl VramringSrc {
             lent,
             waiting_since,
             copy_forced,
+            discont,
             ..
         } = &mut *state;
         let Some(sub) = sub.as_mut() else {
@@ -601,6 +613,7 @@ impl VramringSrc {
                 // decides the output afresh.
                 *superseded += 1;
                 *output = None;
+                *discont = true;
                 return Ok(Step::Again);
             }
             self.kept_buffer(Lent::new(hold, lent), &facts, cuda, *video_meta, shape, s)
@@ -639,6 +652,7 @@ impl VramringSrc {
                 state.caps = Some(caps);
                 let stats = state.stats();
                 state.dropped_at_frame = stats.dropped;
+                state.last_out = Some(Instant::now());
                 let qos = (stats.dropped > state.reported_dropped).then(|| {
                     state.reported_dropped = stats.dropped;
                     (stats.delivered, stats.dropped, buffer.pts())

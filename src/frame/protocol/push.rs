@@ -356,8 +356,9 @@ pub fn keep_hold(entry: &SubEntry, client: &ClientLine, k: usize, seq: u64) -> b
 }
 
 /// How many looks [`keep_hold`] gives a claim's transient mark to be taken
-/// back (the first 64 spinning, then yielding the CPU).
-const KEEP_HOLD_TRIES: u32 = 1 << 16;
+/// back (the first 64 spinning, then yielding the CPU): a mark left by a
+/// publisher killed mid-claim must not cost every read long.
+const KEEP_HOLD_TRIES: u32 = 64 + 1024;
 
 /// Queued reader: among its first `count` buffers, the complete one with
 /// the newest frame it has read (`s <= last`), as `(k, s)`.

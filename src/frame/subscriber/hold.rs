@@ -55,6 +55,14 @@ impl Holds {
         self.released.load(Ordering::Relaxed)
     }
 
+    /// Takes the flag down before the counts are read again.
+    fn take_released(&self) {
+        // SYNC: frame-hold — Acquire swap: if it reads a drop's flag, that
+        // drop's decrement is seen by the count loads after it (and a drop
+        // after it sets the flag again).
+        self.released.swap(false, Ordering::Acquire);
+    }
+
     /// The oldest kept frame, as `(k, seq)`.
     pub(super) fn oldest(&self) -> Option<(usize, u64)> {
         let mut best: Option<(usize, u64)> = None;
@@ -175,10 +183,12 @@ impl Drop for FrameHold {
         // the subscriber moves its hold off it (its Acquire in `oldest`).
         let was = self.holds.count[self.k].fetch_sub(1, Ordering::Release);
         if let (1, Some(client)) = (was, &self.holds.wake) {
-            // Relaxed flag, then the SeqCst fence `wake_if_parked` wants
-            // before it loads `parked`: a subscriber that parks after this
-            // load finds the flag when its park ends (at most `KEPT_LOOK`).
-            self.holds.released.store(true, Ordering::Relaxed);
+            // The flag, then the SeqCst fence `wake_if_parked` wants before
+            // it loads `parked`: a subscriber that parks after this load
+            // finds the flag when its park ends (at most `KEPT_LOOK`: its
+            // hold is behind, see `kept_wait_end`).
+            // SYNC: frame-hold — Release, paired with `take_released`.
+            self.holds.released.store(true, Ordering::Release);
             fence(Ordering::SeqCst);
             crate::ring::wait::wake_if_parked(client.get());
         }
@@ -233,7 +243,7 @@ impl Subscriber {
     /// `deadline`: a lossless queued push reader that keeps frames looks at
     /// its holds again after at most [`KEPT_LOOK`].
     pub(super) fn kept_wait_end(&self, deadline: Instant) -> Instant {
-        if self.holds.wake.is_some() && self.holds.oldest().is_some() {
+        if self.holds.wake.is_some() && (self.hold_behind || self.holds.oldest().is_some()) {
             deadline.min(Instant::now() + KEPT_LOOK)
         } else {
             deadline
@@ -257,9 +267,7 @@ impl Subscriber {
     /// are free again. Without the catch-up the publisher would find every
     /// buffer newer than a stale hold and push nothing more.
     fn refresh_hold(&mut self) -> bool {
-        // Relaxed: a hint (see `Holds::released`); cleared before the
-        // counts are read, so a release after this read sets it again.
-        self.holds.released.store(false, Ordering::Relaxed);
+        self.holds.take_released();
         if let Some((k, seq)) = self.holds.oldest() {
             if !protocol::push::keep_hold(self.entry(), self.client(), k, seq) {
                 // Cannot happen under the queued rule; the frame stays
@@ -280,6 +288,10 @@ impl Subscriber {
                     self.hold_seq = seq;
                 }
             }
+            // Still behind what was read (nothing found, or a claim's mark
+            // in the way): the cursor stays at the hold, and the next look
+            // tries again.
+            self.hold_behind = self.hold_seq < self.last;
         }
         false
     }
