@@ -283,15 +283,18 @@ impl Subscriber {
             // Never back: a buffer older than the held frame is the
             // publisher's to claim.
             let found = protocol::push::newest_read(self.entry(), count, self.last);
-            if let Some((k, seq)) = found.filter(|&(_, s)| s >= self.hold_seq) {
-                if protocol::push::keep_hold(self.entry(), self.client(), k, seq) {
+            let caught = found.filter(|&(_, s)| s >= self.hold_seq).is_some_and(|(k, seq)| {
+                let kept = protocol::push::keep_hold(self.entry(), self.client(), k, seq);
+                if kept {
                     self.hold_seq = seq;
                 }
-            }
-            // Still behind what was read (nothing found, or a claim's mark
-            // in the way): the cursor stays at the hold, and the next look
-            // tries again.
-            self.hold_behind = self.hold_seq < self.last;
+                kept
+            });
+            // Not caught up (nothing found, or a claim's mark in the way):
+            // the cursor stays at the hold, and the next look tries again.
+            // Caught up on the newest frame a buffer still has, frames read
+            // after it (never pushed) take no buffer.
+            self.hold_behind = !caught;
         }
         false
     }
