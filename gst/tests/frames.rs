@@ -578,11 +578,25 @@ fn a_latest_push_source_drains_its_queue_to_the_newest_frame() {
 /// A downstream that keeps every buffer it is lent (an encoder with
 /// lookahead, a queue that fills) leaves a zero-copy source's queue no
 /// room: the source warns, subscribes again and copies from then on, and
-/// frames keep coming instead of the pipeline stalling.
+/// frames keep coming instead of the pipeline stalling. The warning is
+/// posted without the source's lock: a bus sync handler that reads the
+/// source's stats on it does not deadlock the streaming thread.
 #[test]
 fn a_source_whose_lent_buffers_are_all_kept_falls_back_to_copies() {
     let (_dir, mut publisher, src) = push_source("starved", "");
     let sink = appsink(&src);
+    let warned = std::sync::Arc::new(std::sync::Mutex::new(None::<gst::Structure>));
+    let element = src.by_name("src").expect("the source").downgrade();
+    let seen = warned.clone();
+    src.bus().expect("a bus").set_sync_handler(move |_, msg| {
+        if let gst::MessageView::Warning(w) = msg.view() {
+            if w.error().to_string().contains("copying frames") {
+                let stats = element.upgrade().map(|e| e.property::<gst::Structure>("stats"));
+                *seen.lock().expect("unpoisoned") = stats;
+            }
+        }
+        gst::BusSyncReply::Pass
+    });
     let mut kept = vec![first_sample(&mut publisher, &sink)];
     let deadline = Instant::now() + WAIT;
     while kept.len() < 24 {
@@ -607,10 +621,8 @@ fn a_source_whose_lent_buffers_are_all_kept_falls_back_to_copies() {
         let bytes = buffer.map_readable().expect("readable");
         vramring_testkit::pattern::verify(&bytes, buffer.offset()).expect("every kept frame is whole");
     }
-    let bus = src.bus().expect("a bus");
-    let warned = std::iter::from_fn(|| bus.pop_filtered(&[gst::MessageType::Warning]))
-        .any(|m| matches!(m.view(), gst::MessageView::Warning(w) if w.error().to_string().contains("copying frames")));
-    assert!(warned, "a warning says why");
+    let stats = warned.lock().expect("unpoisoned").take();
+    assert!(stats.is_some(), "a warning says why, and the stats could be read on it");
     drop(kept);
     stop(&src);
 }

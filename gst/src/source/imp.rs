@@ -397,6 +397,12 @@ enum Step {
     Frame(Output),
     /// Nothing yet: look again (after checking for a flush).
     Again,
+    /// Downstream keeps the lent buffers: copies from now on. The warning
+    /// (with the count lent) is posted without the state lock, so a bus
+    /// sync handler may query us.
+    Copying(u32),
+    /// A fatal error, posted without the state lock.
+    Fail(gst::ErrorMessage),
 }
 
 impl VramringSrc {
@@ -408,29 +414,22 @@ impl VramringSrc {
     /// copies from now on: it subscribes again (the lent buffers stay with
     /// the old subscription until downstream lets them go) and posts a
     /// warning. `evicted`: the publisher just evicted us.
-    fn starved(&self, state: &mut State, s: &Settings, evicted: bool) -> bool {
+    fn starved(&self, state: &mut State, s: &Settings, evicted: bool) -> Option<u32> {
         if !s.zero_copy || state.copy_forced || state.lent.load(Ordering::Relaxed) == 0 {
             // Nothing lent: an empty read is the publisher's pace.
-            return false;
+            return None;
         }
         // Frames lost to a full queue, and none out for a while: a
         // downstream that is only slow blocks our push instead, and once it
         // takes a buffer the queue's frames flow again.
         let stuck = state.last_out.is_none_or(|t| t.elapsed() >= STARVED_AFTER);
         if !evicted && (state.stats().dropped <= state.dropped_at_frame || !stuck) {
-            return false;
+            return None;
         }
+        let lent = u32::try_from(state.lent.load(Ordering::Relaxed)).unwrap_or(u32::MAX);
         state.copy_forced = true;
         state.zero_copy_sub = false;
         state.output = None;
-        gst::element_imp_warning!(
-            self,
-            gst::ResourceError::Busy,
-            (
-                "downstream keeps {} buffers lent without a copy, which leaves the subscription no room: copying frames from now on (zero-copy=false avoids this)",
-                state.lent.load(Ordering::Relaxed)
-            )
-        );
         if !evicted {
             if let Some(mut sub) = state.retire() {
                 if let Err(e) = sub.close() {
@@ -438,7 +437,7 @@ impl VramringSrc {
                 }
             }
         }
-        true
+        Some(lent)
     }
 
     /// The subscriber options the settings ask for; with `zero_copy`, push
@@ -519,21 +518,16 @@ impl VramringSrc {
                             );
                             return Err(gst::FlowError::Eos);
                         }
-                        gst::element_imp_error!(
-                            self,
+                        return Ok(Step::Fail(gst::error_msg!(
                             gst::ResourceError::OpenRead,
                             ["no publisher at {} within {} ms", s.socket_path, s.timeout_ms]
-                        );
-                        return Err(gst::FlowError::Error);
+                        )));
                     }
                     drop(state);
                     std::thread::sleep(SLICE / 5);
                     return Ok(Step::Again);
                 }
-                Err(msg) => {
-                    self.post_error_message(msg);
-                    return Err(gst::FlowError::Error);
-                }
+                Err(msg) => return Ok(Step::Fail(msg)),
             }
         }
         let key = state.sub.as_ref().map(ring_key);
@@ -664,8 +658,8 @@ impl VramringSrc {
                 }))
             }
             Err(Error::Timeout(..)) => {
-                if self.starved(&mut state, s, false) {
-                    return Ok(Step::Again);
+                if let Some(lent) = self.starved(&mut state, s, false) {
+                    return Ok(Step::Copying(lent));
                 }
                 if Self::waited_too_long(&state, s) {
                     gst::info!(
@@ -695,15 +689,15 @@ impl VramringSrc {
                     imp = self,
                     "evicted by the publisher ({reason}); subscribing again"
                 );
-                self.starved(&mut state, s, true);
+                let copying = self.starved(&mut state, s, true);
                 drop(state.retire());
                 state.discont = true;
-                Ok(Step::Again)
+                Ok(copying.map_or(Step::Again, Step::Copying))
             }
-            Err(e) => {
-                gst::element_imp_error!(self, gst::ResourceError::Read, ["reading {}: {}", s.socket_path, e]);
-                Err(gst::FlowError::Error)
-            }
+            Err(e) => Ok(Step::Fail(gst::error_msg!(
+                gst::ResourceError::Read,
+                ["reading {}: {}", s.socket_path, e]
+            ))),
         }
     }
 
@@ -1091,6 +1085,21 @@ impl PushSrcImpl for VramringSrc {
             let out = match self.step(&s)? {
                 Step::Again => continue,
                 Step::Frame(out) => out,
+                Step::Copying(lent) => {
+                    gst::element_imp_warning!(
+                        self,
+                        gst::ResourceError::Busy,
+                        (
+                            "downstream keeps {} buffers lent without a copy, which leaves the subscription no room: copying frames from now on (zero-copy=false avoids this)",
+                            lent
+                        )
+                    );
+                    continue;
+                }
+                Step::Fail(msg) => {
+                    self.post_error_message(msg);
+                    return Err(gst::FlowError::Error);
+                }
             };
             if let Some(caps) = out.caps {
                 gst::info!(CAT, imp = self, "caps {caps}");
