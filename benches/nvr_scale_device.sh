@@ -52,12 +52,16 @@ mkdir -p "$out"
 log="$out/nvr_scale_$(date +%Y%m%d-%H%M%S).log"
 # The bench in the background so that a signal to this script reaches it
 # (it then stops its processes and quits MPS); its output also in $log.
-# The sweep 32 to 192 cameras; --budget-s 430 and --stop-grace 5: the
-# sweep, its last point, stopping every process and quitting MPS end well
-# within the 10 minutes of one command, this script's checks included
-# (later arguments win).
+# The sweep 32 to 192 cameras, every count even after one gave (a first
+# run must say what limits each pipeline); --budget-s 420 and --stop-grace
+# 10 (readers closing 192 subscriptions): the sweep, its last point,
+# stopping every process and quitting MPS end well within the 10 minutes of
+# one command, this script's checks included (later arguments win). The
+# processes' logs stay in $work and come back as one archive.
+work=/tmp/nvr-scale-work
+rm -rf "$work"
 "$py" benches/nvr_scale.py --examples .device/examples --python "$py" --out "$out/" \
-    --counts 32,64,128,192 --budget-s 430 --stop-grace 5 "$@" \
+    --counts 32,64,128,192 --budget-s 420 --stop-grace 10 --keep-going --work-dir "$work" "$@" \
     > >(tee -a "$log") 2>&1 &
 bench=$!
 trap 'kill -TERM "$bench" 2>/dev/null' TERM INT HUP
@@ -68,4 +72,6 @@ while kill -0 "$bench" 2>/dev/null; do   # a trapped signal ended the wait, not 
     rc=$?
 done
 rm -rf "$site"
+tar czf "$out/nvr_scale_logs.tgz" --exclude='*.sock' -C "$(dirname "$work")" "$(basename "$work")" 2>/dev/null
+rm -rf "$work"
 exit "$rc"

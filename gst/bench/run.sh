@@ -9,31 +9,40 @@
 # 300 by default). By default the CUDA-memory table (no download) with MPS
 # off; arguments to run.sh come after these defaults, so they win
 # (e.g. `TESTS=0 bash .device/gst/run.sh --mps on`).
+# Everything is written to $W; $OUT gets the table, the test and floor logs
+# and one archive of the rest (the device tool brings back 8 files at most).
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 dev=$(dirname "$here")
 OUT=${OUT:-/tmp/gst-out}
-mkdir -p "$OUT"
+W=/tmp/gst-run
+rm -rf "$W"
+mkdir -p "$OUT" "$W"
+pack() {
+  cp "$W"/gst-ipc-bench.md "$W"/gpu_cuda.log "$W"/floor.log "$OUT"/ 2>/dev/null
+  tar czf "$OUT/gst-run.tgz" --exclude=registry.bin -C /tmp gst-run
+}
+trap pack EXIT
 . "$here/gstreamer/env.sh"
 export VRAMRING_TEST_DATA=$here/data
-export GST_REGISTRY=$OUT/registry.bin
+export GST_REGISTRY=$W/registry.bin
 rc=0
-nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
-gst-inspect-1.0 nvcodec 2>&1 | grep -E 'nvh264dec|cudaupload|cudadownload|cudaipc' | tee "$OUT/nvcodec.txt"
-GST_PLUGIN_PATH=$here/plugin gst-inspect-1.0 vramringsink > "$OUT/inspect-vramringsink.txt" 2>&1 || rc=1
-GST_PLUGIN_PATH=$here/plugin gst-inspect-1.0 vramringsrc > "$OUT/inspect-vramringsrc.txt" 2>&1 || rc=1
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader 2>&1 | tee "$W/gpu.txt"
+gst-inspect-1.0 nvcodec 2>&1 | grep -E 'nvh264dec|cudaupload|cudadownload|cudaipc' | tee "$W/nvcodec.txt"
+GST_PLUGIN_PATH=$here/plugin gst-inspect-1.0 vramringsink > "$W/inspect-vramringsink.txt" 2>&1 || rc=1
+GST_PLUGIN_PATH=$here/plugin gst-inspect-1.0 vramringsrc > "$W/inspect-vramringsrc.txt" 2>&1 || rc=1
 # The tests register the plugin statically (no GST_PLUGIN_PATH).
 if [ "${TESTS:-1}" != 0 ]; then
   echo "== gpu_cuda tests"
-  timeout 150 "$dev/tests/test-gpu_cuda" --include-ignored --test-threads=1 2>&1 | tee "$OUT/gpu_cuda.log"
+  timeout 150 "$dev/tests/test-gpu_cuda" --include-ignored --test-threads=1 2>&1 | tee "$W/gpu_cuda.log"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 if [ -x "$dev/benches/wake" ]; then
   echo "== GPU floor (benches/wake.rs)"
-  timeout 75 "$dev/benches/wake" --backend cuda --quick --waits gpu,spin --cadences 2000,40000 --frames 300 --out "$OUT/wake" 2>&1 | tail -30 | tee "$OUT/floor.log"
+  timeout 75 "$dev/benches/wake" --backend cuda --quick --waits gpu,spin --cadences 2000,40000 --frames 300 --out "$W/wake" 2>&1 | tail -30 | tee "$W/floor.log"
 fi
 echo "== bench"
-GST_PLUGIN_PATH=$here/plugin timeout 340 "$dev/examples/gst_ipc_bench" --memory cuda --mps off --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
+GST_PLUGIN_PATH=$here/plugin timeout 340 "$dev/examples/gst_ipc_bench" --memory cuda --mps off --out "$W" "$@" 2>&1 | tee "$W/bench.log"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 # An MPS daemon the bench could not stop (killed by timeout) is stopped here.
 for d in /tmp/gst-ipc-bench-mps-*/pipe; do

@@ -66,6 +66,10 @@ struct GstCudaLib {
     buffer_pool_new: unsafe extern "C" fn(*mut c_void) -> *mut gst::ffi::GstBufferPool,
     /// `vramringsrc`'s zero-copy output: a `GstCudaMemory` around device
     /// memory it does not own (since 1.24).
+    /// Fills libgstcuda's table of driver calls, which only the nvcodec
+    /// plugin's init fills otherwise: without it, a process with no
+    /// nvcodec element aborts at its first CUDA call.
+    load_library: unsafe extern "C" fn() -> glib::ffi::gboolean,
     alloc_wrapped: Option<
         unsafe extern "C" fn(
             *mut c_void,
@@ -107,6 +111,7 @@ impl GstCudaLib {
             context_new_wrapped: sym!("gst_cuda_context_new_wrapped"),
             handle_context_query: sym!("gst_cuda_handle_context_query"),
             buffer_pool_new: sym!("gst_cuda_buffer_pool_new"),
+            load_library: sym!("gst_cuda_load_library"),
             alloc_wrapped: opt!("gst_cuda_allocator_alloc_wrapped"),
             _lib: lib,
         })
@@ -118,12 +123,19 @@ fn gst_cuda() -> Option<&'static GstCudaLib> {
     LIB.get_or_init(|| GstCudaLib::open().ok()).as_ref()
 }
 
-/// Whether CUDA memory can be taken here: `libgstcuda-1.0` opens and a GPU
-/// the CUDA backend can use is present (which also means `cudarc` finds
-/// the driver). Probed once.
+/// Whether CUDA memory can be taken here: `libgstcuda-1.0` opens and loads
+/// the driver, and a GPU the CUDA backend can use is present (which also
+/// means `cudarc` finds the driver). Probed once.
 pub fn available() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| gst_cuda().is_some() && vramring::cuda::cuda_usable())
+    *OK.get_or_init(|| {
+        vramring::cuda::cuda_usable()
+            && gst_cuda().is_some_and(|l| {
+                // SAFETY: takes no arguments; safe to call more than once
+                // (it loads once).
+                unsafe { (l.load_library)() != glib::ffi::GFALSE }
+            })
+    })
 }
 
 /// Whether CUDA memory can be made around memory we own
@@ -238,16 +250,31 @@ impl Primary {
         ptr: CUdeviceptr,
         keep: T,
     ) -> Result<gst::Memory, String> {
+        /// What a wrapped memory owns: `keep`, and the context its
+        /// readers' GPU work runs in.
+        struct Wrapped<T> {
+            ctx: CUcontext,
+            keep: T,
+        }
         unsafe extern "C" fn drop_keep<T>(data: glib::ffi::gpointer) {
-            // SAFETY: `data` is the `Box<T>` leaked below, freed once
-            // (GStreamer calls the notify once, when the memory goes).
-            drop(unsafe { Box::from_raw(data.cast::<T>()) });
+            // SAFETY: `data` is the `Box<Wrapped<T>>` leaked below, freed
+            // once (GStreamer calls the notify once, when the memory goes).
+            let wrapped = unsafe { Box::from_raw(data.cast::<Wrapped<T>>()) };
+            // A downstream CUDA element may free its input while its
+            // kernel still reads it (cudaconvert on its own stream): the
+            // memory is handed back only once the context's work is done.
+            // Nothing pending costs a few µs.
+            if let Ok(_pushed) = Pushed::push(wrapped.ctx) {
+                // SAFETY: a context is current on this thread.
+                let _ = unsafe { cu::cuCtxSynchronize() };
+            }
+            drop(wrapped.keep);
         }
         let lib = gst_cuda().ok_or("libgstcuda-1.0 is not loaded")?;
         let alloc = lib
             .alloc_wrapped
             .ok_or("this libgstcuda-1.0 has no gst_cuda_allocator_alloc_wrapped")?;
-        let data = Box::into_raw(Box::new(keep));
+        let data = Box::into_raw(Box::new(Wrapped { ctx: self.ctx, keep }));
         // SAFETY: default allocator (null), our live context wrapper, no
         // stream (the memory is complete: nothing to wait for), a valid
         // info (the caller's contract); a memory made calls `drop_keep`

@@ -4,10 +4,11 @@
 use std::path::{Path, PathBuf};
 
 /// `tests/data/<name>` of the workspace, or `$VRAMRING_TEST_DATA/<name>`
-/// when set (a GPU machine running staged binaries from another checkout).
+/// when set (a GPU machine running staged binaries from another checkout),
+/// made absolute: tests write it into configs read from other folders.
 pub fn path(name: &str) -> PathBuf {
     match std::env::var_os("VRAMRING_TEST_DATA") {
-        Some(d) => PathBuf::from(d).join(name),
+        Some(d) => std::path::absolute(&d).unwrap_or_else(|_| PathBuf::from(d)).join(name),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data").join(name),
     }
 }

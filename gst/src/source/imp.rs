@@ -196,13 +196,15 @@ fn reading(s: &Settings, zero_copy: bool) -> (Mode, Delivery) {
     (mode, delivery)
 }
 
-/// Whether a kept frame of a `backend` ring can go out as it is: CUDA
-/// memory wrapped around it (`cuda`: the output's GPU, and a libgstcuda
-/// that can wrap), or system memory that is a host ring's push buffer.
-fn wraps(cuda: Option<&'static Primary>, backend: vramring::BackendKind) -> bool {
+/// Whether a kept frame of a `backend` ring laid out as `geometry` can go
+/// out as it is: CUDA memory wrapped around it (`cuda`: the output's GPU,
+/// a libgstcuda that can wrap, and a layout GStreamer's CUDA elements read
+/// right: [`kept::cuda_layout`]), or system memory that is a host ring's
+/// push buffer.
+fn wraps(cuda: Option<&'static Primary>, backend: vramring::BackendKind, geometry: &vramring::Geometry) -> bool {
     match backend {
         vramring::BackendKind::Host => cuda.is_none(),
-        vramring::BackendKind::Cuda => cuda.is_some() && cuda::can_wrap(),
+        vramring::BackendKind::Cuda => cuda.is_some() && cuda::can_wrap() && kept::cuda_layout(geometry),
     }
 }
 
@@ -533,6 +535,7 @@ impl VramringSrc {
         let key = state.sub.as_ref().map(ring_key);
         if let Some(key) = key.filter(|k| state.output.map(|o| o.key) != Some(*k)) {
             let uuid = state.sub.as_ref().map(|sub| sub.info().device_uuid());
+            let geometry = state.sub.as_ref().map(|sub| *sub.geometry());
             // Downstream is asked without the state lock: it may query us.
             drop(state);
             let cuda = self.decide(key, uuid, s);
@@ -545,7 +548,7 @@ impl VramringSrc {
             // subscribed before the first frame expects that frame.
             let zero_copy = s.zero_copy
                 && !state.copy_forced
-                && wraps(cuda, key.0)
+                && geometry.is_some_and(|g| wraps(cuda, key.0, &g))
                 && match s.delivery {
                     DeliverySetting::Pull => false,
                     DeliverySetting::Push => true,
@@ -601,7 +604,7 @@ impl VramringSrc {
         };
         let read = if let Some((hold, facts)) = queued {
             let cuda = Self::output_for(output, &facts);
-            if !wraps(cuda, facts.backend) {
+            if !wraps(cuda, facts.backend, &facts.geometry) {
                 // The ring changed under the drain to one this output
                 // cannot wrap: the frame is counted, and the next step
                 // decides the output afresh.
@@ -621,7 +624,7 @@ impl VramringSrc {
                 Ok(frame) => {
                     let facts = Facts::of(&frame);
                     let cuda = Self::output_for(output, &facts);
-                    let hold = if s.zero_copy && !*copy_forced && wraps(cuda, facts.backend) {
+                    let hold = if s.zero_copy && !*copy_forced && wraps(cuda, facts.backend, &facts.geometry) {
                         frame.hold()
                     } else {
                         None

@@ -56,6 +56,23 @@ pub(super) fn ring_info(info: &gst_video::VideoInfo, geometry: &Geometry) -> gst
     raw
 }
 
+/// Whether GStreamer's CUDA elements read a frame of `geometry` right from
+/// wrapped memory: each plane starts where the one before ends, with a
+/// pitch in proportion to its row (NVENC reads planes from the first
+/// pitch and the height, ignoring offsets), and the frame is whole rows of
+/// the first pitch (a host map copies `size / stride[0]` rows). The ring
+/// aligns planes to 4 KiB, so this holds at 1080p, not at every size.
+pub(super) fn cuda_layout(geometry: &Geometry) -> bool {
+    let planes = geometry.planes();
+    let Some(first) = planes.first() else { return false };
+    first.pitch > 0
+        && geometry.frame_bytes % first.pitch == 0
+        && planes.windows(2).all(|w| w[1].offset == w[0].offset + w[0].span())
+        && planes
+            .iter()
+            .all(|p| p.pitch * first.row_bytes == first.pitch * p.row_bytes)
+}
+
 /// Whether the ring lays a frame out as GStreamer's default layout for
 /// `info` does (then downstream needs no video meta to read it).
 pub(super) fn default_layout(info: &gst_video::VideoInfo, geometry: &Geometry) -> bool {
@@ -131,4 +148,26 @@ pub(super) fn host_memory(lent: Lent) -> Option<gst::Memory> {
     lent.hold.host_bytes()?;
     // Locked read-only: downstream copies before it writes.
     Some(gst::Memory::from_slice(lent))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cuda_layout;
+    use vramring::{Format, Geometry};
+
+    fn layout(format: Format, width: u32, height: u32) -> bool {
+        cuda_layout(&Geometry::new(format, width, height).expect("a geometry"))
+    }
+
+    #[test]
+    fn wrapped_cuda_memory_is_only_made_where_gstreamer_reads_the_planes_right() {
+        // 1080p: the 4 KiB plane alignment adds no gap.
+        assert!(layout(Format::Nv12, 1920, 1080));
+        assert!(layout(Format::P010, 1920, 1080));
+        assert!(layout(Format::Rgba8, 1920, 1080));
+        // A gap before the chroma plane (NVENC would read it from pitch x
+        // height): copied instead.
+        assert!(!layout(Format::Nv12, 1280, 721));
+        assert!(!layout(Format::P010, 1280, 721));
+    }
 }
