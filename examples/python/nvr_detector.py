@@ -39,7 +39,9 @@ weights the network's own post-processing keeps only boxes scoring above
 model's few confident boxes would: every random class score is about 1/91,
 above ssdlite's own threshold of 0.001, so it would otherwise keep some
 27 000 boxes per image and run NMS on them class by class, a CPU cost no
-trained model has. torch and torchvision are imported only when it runs,
+trained model has. An SSD's post-processing runs batched
+(ssd_postprocess.py: the same detections, without torchvision's host
+round trip per class and image) unless --torchvision-postprocess. torch and torchvision are imported only when it runs,
 so --help works without them.
 Exit status 0 at the end (--seconds, Ctrl-C, or every camera gone), 2 when
 no camera is found, 1 on other errors.
@@ -77,6 +79,9 @@ def parse_args(argv=None):
     ap.add_argument("--half", action="store_true", help="run the network in float16")
     ap.add_argument("--random-weights", action="store_true",
                     help="do not look for pretrained weights (measures cost only)")
+    ap.add_argument("--torchvision-postprocess", action="store_true",
+                    help="keep torchvision's own SSD post-processing (a host round trip per class and image) "
+                         "instead of ssd_postprocess.py's batched form")
     ap.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
     ap.add_argument("--report", type=float, default=1.0, help="seconds between status lines")
     ap.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a camera to connect")
@@ -116,11 +121,12 @@ def limit_random_postprocess(model, score, topk=RANDOM_TOPK):
     return done
 
 
-def load_model(name, device, half, random_weights, score):
+def load_model(name, device, half, random_weights, score, torchvision_postprocess=False):
     """The network, eval mode, on `device`, and what was set on its
     post-processing ({} when pretrained); pretrained only if available
     offline, else random weights post-processed as limit_random_postprocess
-    says."""
+    says; an SSD's post-processing batched (ssd_postprocess.py) unless
+    `torchvision_postprocess`."""
     import torchvision
     ctor = getattr(torchvision.models.detection, name)
     model, pretrained = None, False
@@ -138,6 +144,10 @@ def load_model(name, device, half, random_weights, score):
               f"its post-processing keeps only boxes scoring above --score {score} ({postprocess}), as a trained "
               "model's few confident boxes would (every random score, about 1/91, passes the network's own "
               "threshold)", file=sys.stderr, flush=True)
+    if not torchvision_postprocess:
+        import ssd_postprocess
+        if ssd_postprocess.batched(model):
+            postprocess["batched"] = True
     model = model.eval().to(device)
     if half:
         model = model.half()
@@ -181,7 +191,7 @@ class TorchWork:
         self.torch, self.a, self.device = torch, a, device
         self.dtype = torch.float16 if a.half else torch.float32
         self.model, self.pretrained, self.postprocess = (None, False, {}) if a.model == "none" else \
-            load_model(a.model, device, a.half, a.random_weights, a.score)
+            load_model(a.model, device, a.half, a.random_weights, a.score, a.torchvision_postprocess)
 
     def input_of(self, backend):
         """How a frame of a ring on `backend` reaches the work, or None when it cannot."""

@@ -107,21 +107,27 @@ def test_nvr_detector_limits_post_processing_for_random_weights_only(monkeypatch
     def ssdlite(weights=None, weights_backbone=None):
         if weights == "DEFAULT" and not pretrained_here:
             raise RuntimeError("no network")
-        return Net(score_thresh=0.001, topk_candidates=300, weights=weights)
+        return Net(score_thresh=0.001, topk_candidates=300, weights=weights, box_coder=None, nms_thresh=0.55,
+                   detections_per_img=300, anchor_generator=None)
 
     tv = ModuleType("torchvision")
     tv.models = SimpleNamespace(detection=SimpleNamespace(ssdlite320_mobilenet_v3_large=ssdlite))
     monkeypatch.setitem(sys.modules, "torchvision", tv)
+    monkeypatch.syspath_prepend(str(EX))   # ssd_postprocess.py, beside the script
     load = _example("nvr_detector.py")["load_model"]
     pretrained_here = False
     model, pretrained, post = load("ssdlite320_mobilenet_v3_large", "cpu", False, False, 0.4)
-    assert (pretrained, post) == (False, {"score_thresh": 0.4, "topk_candidates": 10})
+    assert (pretrained, post) == (False, {"score_thresh": 0.4, "topk_candidates": 10, "batched": True})
     assert (model.score_thresh, model.topk_candidates) == (0.4, 10)
+    assert callable(model.postprocess_detections), "an SSD's post-processing is batched"
     err = capsys.readouterr().err
     assert "RANDOM weights" in err and "keeps only boxes scoring above --score 0.4" in err, err
     pretrained_here = True
     model, pretrained, post = load("ssdlite320_mobilenet_v3_large", "cpu", False, False, 0.4)
-    assert (pretrained, post) == (True, {}) and (model.score_thresh, model.topk_candidates) == (0.001, 300)
+    assert (pretrained, post) == (True, {"batched": True})
+    assert (model.score_thresh, model.topk_candidates) == (0.001, 300)
+    model, pretrained, post = load("ssdlite320_mobilenet_v3_large", "cpu", False, False, 0.4, True)
+    assert post == {} and not hasattr(model, "postprocess_detections"), "torchvision's own, when asked"
 
 
 def test_nvr_readers_sum_the_tensor_cache_over_their_cameras():
