@@ -250,31 +250,18 @@ impl Primary {
         ptr: CUdeviceptr,
         keep: T,
     ) -> Result<gst::Memory, String> {
-        /// What a wrapped memory owns: `keep`, and the context its
-        /// readers' GPU work runs in.
-        struct Wrapped<T> {
-            ctx: CUcontext,
-            keep: T,
-        }
         unsafe extern "C" fn drop_keep<T>(data: glib::ffi::gpointer) {
-            // SAFETY: `data` is the `Box<Wrapped<T>>` leaked below, freed
-            // once (GStreamer calls the notify once, when the memory goes).
-            let wrapped = unsafe { Box::from_raw(data.cast::<Wrapped<T>>()) };
-            // A downstream CUDA element may free its input while its
-            // kernel still reads it (cudaconvert on its own stream): the
-            // memory is handed back only once the context's work is done.
-            // Nothing pending costs a few µs.
-            if let Ok(_pushed) = Pushed::push(wrapped.ctx) {
-                // SAFETY: a context is current on this thread.
-                let _ = unsafe { cu::cuCtxSynchronize() };
-            }
-            drop(wrapped.keep);
+            // SAFETY: `data` is the `Box<T>` leaked below, freed once
+            // (GStreamer calls the notify once, when the memory goes).
+            // Downstream's GPU reads are not fenced here (ADR 0028: a
+            // context synchronise could wait on a commit that never lands).
+            drop(unsafe { Box::from_raw(data.cast::<T>()) });
         }
         let lib = gst_cuda().ok_or("libgstcuda-1.0 is not loaded")?;
         let alloc = lib
             .alloc_wrapped
             .ok_or("this libgstcuda-1.0 has no gst_cuda_allocator_alloc_wrapped")?;
-        let data = Box::into_raw(Box::new(Wrapped { ctx: self.ctx, keep }));
+        let data = Box::into_raw(Box::new(keep));
         // SAFETY: default allocator (null), our live context wrapper, no
         // stream (the memory is complete: nothing to wait for), a valid
         // info (the caller's contract); a memory made calls `drop_keep`
