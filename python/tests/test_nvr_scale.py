@@ -376,7 +376,10 @@ def _device_tree(tmp_path, frame_has_tensors):
     (root / "benches").mkdir(parents=True)
     shutil.copy(REPO / "benches" / "nvr_scale_device.sh", root / "benches")
     (root / "benches" / "nvr_scale.py").write_text(
-        "import json, resource, sys\n"
+        "import json, os, resource, sys\n"
+        "work = sys.argv[len(sys.argv) - 1 - sys.argv[::-1].index('--work-dir') + 1]\n"
+        "os.makedirs(work, exist_ok=True)\n"
+        "open(os.path.join(work, 'decoder.err'), 'w').write('a log line')\n"
         "print(json.dumps({'argv': sys.argv[1:], 'nofile': resource.getrlimit(resource.RLIMIT_NOFILE)}))\n")
     (root / ".device" / "examples").mkdir(parents=True)
     (root / ".device" / "examples" / "nvr_decoder").write_text("#!/bin/sh\n")
@@ -421,7 +424,12 @@ def test_the_device_script_sweeps_32_to_192_cameras_in_budget_with_every_fd_it_m
         return argv[len(argv) - 1 - argv[::-1].index(flag) + 1]
 
     assert argv[argv.index("--counts") + 1] == "32,64,128,192" and value("--counts") == "8", argv
-    assert (value("--budget-s"), value("--stop-grace"), value("--mps")) == ("430", "5", "on"), argv
+    assert (value("--budget-s"), value("--stop-grace"), value("--mps")) == ("420", "10", "on"), argv
+    assert "--keep-going" in argv and value("--work-dir") == "/tmp/nvr-scale-work", argv
+    import tarfile
+    with tarfile.open(tmp_path / "out" / "nvr_scale_logs.tgz") as logs:
+        assert "nvr-scale-work/decoder.err" in logs.getnames(), "the processes' logs come back as one archive"
+    assert not os.path.exists("/tmp/nvr-scale-work"), "and leave nothing behind"
     soft, hard = ran["nofile"]
     assert soft == hard or "could not raise the open-files limit" in r.stderr, (ran, r.stderr)
 
