@@ -208,7 +208,9 @@ class TorchWork:
         """One forward pass; the per-image scores on the host (this syncs)."""
         if self.model is None:
             return [m.reshape(1) for m in self.torch.stack(batch).mean(dim=(1, 2, 3)).float().cpu()]
-        return [o["scores"].float().cpu() for o in self.model(batch)]
+        scores = [o["scores"] for o in self.model(batch)]
+        # One copy to the host for the batch (one wait), not one per image.
+        return list(self.torch.cat(scores).float().cpu().split([len(x) for x in scores]))
 
 
 class NumpyWork:
