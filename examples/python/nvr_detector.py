@@ -41,8 +41,9 @@ above ssdlite's own threshold of 0.001, so it would otherwise keep some
 27 000 boxes per image and run NMS on them class by class, a CPU cost no
 trained model has. An SSD's post-processing runs batched
 (ssd_postprocess.py: the same detections, without torchvision's host
-round trip per class and image) unless --torchvision-postprocess. torch and torchvision are imported only when it runs,
-so --help works without them.
+round trip per class and image) unless --torchvision-postprocess. torch
+and torchvision are imported only when it runs, so --help works without
+them.
 Exit status 0 at the end (--seconds, Ctrl-C, or every camera gone), 2 when
 no camera is found, 1 on other errors.
 """

@@ -64,12 +64,12 @@ struct GstCudaLib {
         unsafe extern "C" fn(*mut gst::ffi::GstElement, *mut gst::ffi::GstQuery, *mut c_void) -> glib::ffi::gboolean,
     /// `vramringsrc`'s CUDA output: a pool of `GstCudaMemory` buffers.
     buffer_pool_new: unsafe extern "C" fn(*mut c_void) -> *mut gst::ffi::GstBufferPool,
-    /// `vramringsrc`'s zero-copy output: a `GstCudaMemory` around device
-    /// memory it does not own (since 1.24).
     /// Fills libgstcuda's table of driver calls, which only the nvcodec
     /// plugin's init fills otherwise: without it, a process with no
     /// nvcodec element aborts at its first CUDA call.
     load_library: unsafe extern "C" fn() -> glib::ffi::gboolean,
+    /// `vramringsrc`'s zero-copy output: a `GstCudaMemory` around device
+    /// memory it does not own (since 1.24).
     alloc_wrapped: Option<
         unsafe extern "C" fn(
             *mut c_void,

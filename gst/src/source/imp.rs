@@ -414,8 +414,9 @@ impl VramringSrc {
     /// lossless reader while buffers were lent): an
     /// encoder with lookahead, a `queue` that fills. Then the source makes
     /// copies from now on: it subscribes again (the lent buffers stay with
-    /// the old subscription until downstream lets them go) and posts a
-    /// warning. `evicted`: the publisher just evicted us.
+    /// the old subscription until downstream lets them go) and returns the
+    /// count lent, which `create` warns of without the state lock.
+    /// `evicted`: the publisher just evicted us.
     fn starved(&self, state: &mut State, s: &Settings, evicted: bool) -> Option<u32> {
         if !s.zero_copy || state.copy_forced || state.lent.load(Ordering::Relaxed) == 0 {
             // Nothing lent: an empty read is the publisher's pace.
