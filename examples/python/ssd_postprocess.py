@@ -85,9 +85,9 @@ def nms_by_group(box, score, group, iou):
 
 def check(device, batch=8, rounds=5):
     """Both post-processings on the same head outputs of
-    ssdlite320_mobilenet_v3_large (random weights, the threshold set so
-    that about one class score in a thousand passes, as a trained model's
-    few confident ones would); exits 1 when they keep different detections.
+    ssdlite320_mobilenet_v3_large (random weights and random class logits,
+    the threshold set so that about one class score in a thousand passes,
+    as a trained model's few confident ones would); exits 1 when they keep different detections.
     Prints the time of each per batch."""
     import torch
     import torchvision
@@ -100,6 +100,9 @@ def check(device, batch=8, rounds=5):
         image_list, _ = model.transform(list(images))
         features = list(model.backbone(image_list.tensors).values())
         head = model.head(features)
+        # A random network's class scores come out all alike (nothing would
+        # pass any threshold): random logits instead, the boxes its own.
+        head["cls_logits"] = torch.randn_like(head["cls_logits"]) * 2.0
         scores = torch.softmax(head["cls_logits"], dim=-1)[..., 1:].flatten()
         model.score_thresh = scores.kthvalue(int(scores.numel() * 0.999)).values.item()
         anchors = model.anchor_generator(image_list, features)
