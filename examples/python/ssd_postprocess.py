@@ -35,7 +35,7 @@ def batched(model):
 
 def postprocess(model, head_outputs, image_anchors, image_shapes):
     """What `SSD.postprocess_detections` returns, for the whole batch with
-    two host round trips (the mask's count and the split by image)."""
+    three host round trips (the mask's count, the NMS and the split by image)."""
     import torch
     from torchvision.ops import boxes as box_ops
 
