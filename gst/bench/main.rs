@@ -12,10 +12,17 @@
 //! pooled system-memory frame whose first 8 luma bytes carry its index; a
 //! pad probe on the sink's pad records when each buffer reaches the sink
 //! (`CLOCK_MONOTONIC`). Each subscriber process runs `<src> ! appsink`,
-//! records the arrival instant, then reads the index from the pixels. Two
+//! records the arrival instant, then learns the frame's index from its
+//! metadata, with no GPU work in its process: a custom meta that
+//! `cudaipcsink` serialises, the published pts for `vramringsrc
+//! timestamp-mode=pts` and the Rust subscriber (without MPS, a subscriber's
+//! own GPU call is a context switch that the publisher's next frame pays
+//! for, about 137 µs: PERF.md). The pixels of the last frame are read to
+//! check that the index is the frame's; `--readback` reads every frame's
+//! index from its pixels instead. Two
 //! tables (`--memory cuda,system`): with `cuda`, every source hands the
 //! appsink CUDA memory (`... ! video/x-raw(memory:CUDAMemory)`), no
-//! download, the index read back as 8 bytes from the device; with
+//! download; with
 //! `system`, system memory (`cudaipcsrc ! cudadownload`, `vramringsrc !
 //! video/x-raw`, its own copy from the ring to the host). Latency is
 //! arrival minus sink entry, same host, same clock; the first `WARMUP`
@@ -58,6 +65,10 @@ const PAIRS: [&str; 6] = [
 /// What the subscribers' appsinks get: `cuda` (GStreamer CUDA memory, no
 /// download) and `system` (system memory).
 const MEMORIES: [&str; 2] = ["cuda", "system"];
+/// The custom meta that carries a frame's index through `cudaipcsink`
+/// (it serialises custom metas) and `cudaupload` (it copies metas with no
+/// tags).
+const INDEX_META: &str = "GstVramringBenchIndex";
 /// `GST_MAP_CUDA` (`gstcudamemory.h`): map a `GstCudaMemory` for its
 /// device address.
 const GST_MAP_CUDA: gst::ffi::GstMapFlags = gst::ffi::GST_MAP_FLAG_LAST << 1;
@@ -84,6 +95,7 @@ fn cpu_ns() -> u64 {
 
 fn init() -> Res<()> {
     gst::init()?;
+    gst::meta::CustomMeta::register(INDEX_META, &[]);
     if gst::ElementFactory::find("vramringsink").is_none() {
         // No libgstvramring.so on GST_PLUGIN_PATH: this binary's own copy.
         gstvramring::plugin_register_static()?;
@@ -118,9 +130,11 @@ fn upload(pair: &str) -> &'static str {
 fn src_desc(pair: &str, addr: &str, memory: &str) -> String {
     match (pair, memory) {
         ("vramring" | "vramring-host", "cuda") => {
-            format!("vramringsrc socket-path={addr} timeout=10000 ! video/x-raw(memory:CUDAMemory)")
+            format!("vramringsrc socket-path={addr} timeout=10000 timestamp-mode=pts ! video/x-raw(memory:CUDAMemory)")
         }
-        ("vramring" | "vramring-host", _) => format!("vramringsrc socket-path={addr} timeout=10000 ! video/x-raw"),
+        ("vramring" | "vramring-host", _) => {
+            format!("vramringsrc socket-path={addr} timeout=10000 timestamp-mode=pts ! video/x-raw")
+        }
         ("vramring-copy" | "vramring-push", _) => {
             let delivery = if pair == "vramring-push" { "push" } else { "auto" };
             let caps = if memory == "cuda" {
@@ -128,7 +142,7 @@ fn src_desc(pair: &str, addr: &str, memory: &str) -> String {
             } else {
                 "video/x-raw"
             };
-            format!("vramringsrc socket-path={addr} timeout=10000 zero-copy=false delivery={delivery} ! {caps}")
+            format!("vramringsrc socket-path={addr} timeout=10000 timestamp-mode=pts zero-copy=false delivery={delivery} ! {caps}")
         }
         ("cudaipc-import", "cuda") => {
             format!("cudaipcsrc address={addr} io-mode=import ! video/x-raw(memory:CUDAMemory)")
@@ -271,6 +285,9 @@ fn publish(args: &[String]) -> Res<()> {
             let b = buffer.get_mut().ok_or("a pooled buffer is shared")?;
             b.set_pts(gst::ClockTime::from_nseconds(i * interval.as_nanos() as u64));
             b.set_offset(i);
+            gst::meta::CustomMeta::add(b, INDEX_META)?
+                .mut_structure()
+                .set("index", i);
             let mut map = b.map_writable()?;
             map[..8].copy_from_slice(&i.to_le_bytes());
         }
@@ -295,22 +312,53 @@ fn publish(args: &[String]) -> Res<()> {
     Ok(())
 }
 
-/// `subscribe PAIR ADDR MEMORY FRAMES DEADLINE_MS OUT_FILE`: records
-/// `index arrival_ns` lines until the last frame, end of stream or the
-/// deadline.
+/// How a subscriber learns a frame's index: from its metadata (no GPU
+/// work in the subscriber's process; the last frame's pixels checked) or,
+/// with `--readback`, from every frame's pixels.
+#[derive(Clone, Copy, PartialEq)]
+enum Index {
+    Meta,
+    Pixels,
+}
+
+/// `subscribe PAIR ADDR MEMORY FRAMES DEADLINE_MS INTERVAL_US INDEX OUT_FILE`:
+/// records `index arrival_ns` lines until the last frame, end of stream or
+/// the deadline.
 fn subscribe(args: &[String]) -> Res<()> {
-    let [pair, addr, memory, frames, deadline_ms, out] = args else {
-        return Err("subscribe PAIR ADDR MEMORY FRAMES DEADLINE_MS OUT".into());
+    let [pair, addr, memory, frames, deadline_ms, interval_us, index, out] = args else {
+        return Err("subscribe PAIR ADDR MEMORY FRAMES DEADLINE_MS INTERVAL_US INDEX OUT".into());
     };
     let frames: u64 = frames.parse()?;
+    let interval_ns = interval_us.parse::<u64>()? * 1000;
+    let index = if index == "pixels" { Index::Pixels } else { Index::Meta };
     let cuda = memory == "cuda";
-    if pair == "vramring-rust" {
-        return subscribe_rust(addr, cuda, frames, deadline_ms.parse()?, out);
-    }
-    init()?;
+    let deadline = Instant::now() + Duration::from_millis(deadline_ms.parse()?);
     if cuda {
         cuda_thread()?;
     }
+    let got = if pair == "vramring-rust" {
+        subscribe_rust(addr, cuda, frames, deadline, interval_ns, index)?
+    } else {
+        subscribe_gst(pair, addr, memory, frames, deadline, interval_ns, index)?
+    };
+    let mut f = std::io::BufWriter::new(std::fs::File::create(out)?);
+    for (i, t) in got {
+        writeln!(f, "{i} {t}")?;
+    }
+    Ok(())
+}
+
+/// A GStreamer subscriber: `<src> ! appsink`.
+fn subscribe_gst(
+    pair: &str,
+    addr: &str,
+    memory: &str,
+    frames: u64,
+    deadline: Instant,
+    interval_ns: u64,
+    index: Index,
+) -> Res<Vec<(u64, u64)>> {
+    init()?;
     let p = launch(&format!(
         "{} ! appsink name=sink sync=false max-buffers=2 drop=false",
         src_desc(pair, addr, memory)
@@ -323,8 +371,8 @@ fn subscribe(args: &[String]) -> Res<()> {
     p.set_state(gst::State::Playing)?;
     println!("ready");
     std::io::stdout().flush()?;
-    let deadline = Instant::now() + Duration::from_millis(deadline_ms.parse()?);
     let mut got = Vec::with_capacity(frames as usize);
+    let mut last = None;
     while Instant::now() < deadline {
         let Some(s) = sink.try_pull_sample(gst::ClockTime::from_mseconds(100)) else {
             if sink.is_eos() {
@@ -334,35 +382,67 @@ fn subscribe(args: &[String]) -> Res<()> {
         };
         let t = now_ns();
         let Some(b) = s.buffer() else { continue };
-        let idx = if cuda {
-            cuda_index(b)?
-        } else {
-            let map = b.map_readable()?;
-            u64::from_le_bytes(map[..8].try_into()?)
+        let idx = match index {
+            Index::Meta => meta_index(pair, b, interval_ns)?,
+            Index::Pixels => pixel_index(b)?,
         };
         got.push((idx, t));
+        last = Some((s, idx));
         if idx + 1 >= frames {
             break;
         }
     }
-    let _ = p.set_state(gst::State::Null);
-    let mut f = std::io::BufWriter::new(std::fs::File::create(out)?);
-    for (i, t) in got {
-        writeln!(f, "{i} {t}")?;
+    // The check, after the last arrival: the index is the frame's own.
+    if let Some((s, idx)) = last {
+        let b = s.buffer().ok_or("a sample without a buffer")?;
+        let seen = pixel_index(b)?;
+        if seen != idx {
+            return Err(format!("frame {idx} by its metadata holds frame {seen} by its pixels").into());
+        }
     }
-    Ok(())
+    let _ = p.set_state(gst::State::Null);
+    Ok(got)
+}
+
+/// A frame's index from its metadata: the published pts for `vramringsrc
+/// timestamp-mode=pts`, the custom meta for `cudaipcsrc`.
+fn meta_index(pair: &str, b: &gst::BufferRef, interval_ns: u64) -> Res<u64> {
+    if pair.starts_with("vramring") {
+        let pts = b.pts().ok_or("a vramringsrc buffer without a pts")?;
+        return Ok(pts.nseconds() / interval_ns.max(1));
+    }
+    let meta = gst::meta::CustomMeta::from_buffer(b, INDEX_META)
+        .map_err(|_| format!("a buffer without the {INDEX_META} meta (not carried by the sink?)"))?;
+    Ok(meta.structure().get::<u64>("index")?)
+}
+
+/// A frame's index from its first 8 luma bytes.
+fn pixel_index(b: &gst::BufferRef) -> Res<u64> {
+    let cuda = b
+        .peek_memory(0)
+        .allocator()
+        .is_some_and(|a| a.memory_type().as_str() == "gst.cuda.memory");
+    if cuda {
+        return cuda_index(b);
+    }
+    let map = b.map_readable()?;
+    Ok(u64::from_le_bytes(map[..8].try_into()?))
 }
 
 /// `subscribe vramring-rust ...`: the library's `Subscriber` with push
 /// delivery, no GStreamer; the arrival instant is taken when `next`
-/// returns, then the index is read from the subscriber's own copy (8 bytes
-/// back from the device with `cuda`, the whole frame to the host without,
-/// as `cudadownload` does).
-fn subscribe_rust(addr: &str, cuda: bool, frames: u64, deadline_ms: u64, out: &str) -> Res<()> {
+/// returns, then the index is learnt from the frame's pts (or read from
+/// its pixels: 8 bytes back from the device with `cuda`, the whole frame
+/// to the host without, as `cudadownload` does).
+fn subscribe_rust(
+    addr: &str,
+    cuda: bool,
+    frames: u64,
+    deadline: Instant,
+    interval_ns: u64,
+    index: Index,
+) -> Res<Vec<(u64, u64)>> {
     use vramring::{ClientOptions, Delivery, Error, Subscriber, SubscriberOptions};
-    if cuda {
-        cuda_thread()?;
-    }
     let opts = SubscriberOptions::default()
         .delivery(Delivery::Push)
         .name("bench-rust")
@@ -370,18 +450,10 @@ fn subscribe_rust(addr: &str, cuda: bool, frames: u64, deadline_ms: u64, out: &s
     let mut sub = Subscriber::connect(addr, opts)?;
     println!("ready");
     std::io::stdout().flush()?;
-    let deadline = Instant::now() + Duration::from_millis(deadline_ms);
     let mut host = Vec::new();
     let mut got = Vec::with_capacity(frames as usize);
-    while Instant::now() < deadline {
-        let frame = match sub.next(Duration::from_millis(100)) {
-            Ok(f) => f,
-            Err(Error::Timeout(..)) => continue,
-            Err(Error::ProducerGone { .. }) => break,
-            Err(e) => return Err(e.into()),
-        };
-        let t = now_ns();
-        let idx = match frame.device().filter(|_| cuda) {
+    let mut pixels = |frame: &vramring::Frame<'_>| -> Res<u64> {
+        match frame.device().filter(|_| cuda) {
             Some(view) => {
                 use cudarc::driver::sys as cu;
                 let mut idx = [0u8; 8];
@@ -392,25 +464,39 @@ fn subscribe_rust(addr: &str, cuda: bool, frames: u64, deadline_ms: u64, out: &s
                 if r != cu::CUresult::CUDA_SUCCESS {
                     return Err(format!("cuMemcpyDtoH: {r:?}").into());
                 }
-                u64::from_le_bytes(idx)
+                Ok(u64::from_le_bytes(idx))
             }
             None => {
                 host.resize(frame.len() as usize, 0);
                 frame.copy_to_host(&mut host)?;
-                u64::from_le_bytes(host[..8].try_into()?)
+                Ok(u64::from_le_bytes(host[..8].try_into()?))
             }
+        }
+    };
+    while Instant::now() < deadline {
+        let frame = match sub.next(Duration::from_millis(100)) {
+            Ok(f) => f,
+            Err(Error::Timeout(..)) => continue,
+            Err(Error::ProducerGone { .. }) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let t = now_ns();
+        let idx = match index {
+            Index::Meta => u64::try_from(frame.pts()).map_err(|_| "a frame without a pts")? / interval_ns.max(1),
+            Index::Pixels => pixels(&frame)?,
         };
         got.push((idx, t));
         if idx + 1 >= frames {
+            // The check, after the last arrival: the index is the frame's own.
+            let seen = pixels(&frame)?;
+            if seen != idx {
+                return Err(format!("frame {idx} by its pts holds frame {seen} by its pixels").into());
+            }
             break;
         }
     }
     let _ = sub.close();
-    let mut f = std::io::BufWriter::new(std::fs::File::create(out)?);
-    for (i, t) in got {
-        writeln!(f, "{i} {t}")?;
-    }
-    Ok(())
+    Ok(got)
 }
 
 /// A child process of ours, killed (by its own id) if it outlives us.
@@ -506,6 +592,7 @@ fn run_one(
     interval_us: u64,
     frames: u64,
     subs: u32,
+    readback: bool,
     env: &[(String, String)],
 ) -> Res<RunResult> {
     let tag = format!("{pair}-{memory}-{interval_us}-{subs}");
@@ -537,6 +624,8 @@ fn run_one(
                 memory.into(),
                 frames.to_string(),
                 (run_ms + 6000).to_string(),
+                interval_us.to_string(),
+                if readback { "pixels" } else { "meta" }.into(),
                 out.display().to_string(),
             ],
             env,
@@ -663,6 +752,9 @@ fn bench(args: &[String]) -> Res<()> {
     let subs_list: String = arg(args, "--subs", "1,4,8".to_string())?;
     let pairs: String = arg(args, "--pairs", PAIRS.join(","))?;
     let mps: String = arg(args, "--mps", "auto".to_string())?;
+    // Every frame's index read from its pixels: GPU work in each
+    // subscriber's process (a context switch per frame without MPS).
+    let readback = args.iter().any(|a| a == "--readback");
     // Runs that would start past this many seconds are skipped (listed as
     // such), so the whole command ends in time on a leased machine.
     let budget = Duration::from_secs(arg(args, "--budget-s", 300)?);
@@ -704,12 +796,17 @@ fn bench(args: &[String]) -> Res<()> {
     table.push_str(&format!(
         "# GStreamer CUDA IPC: 1080p NV12, publish → subscriber appsink\n\n\
          `gst_ipc_bench {}` on {} ({}), {} frames at 2 ms, {} at 25 fps, the first {WARMUP} left out.\n\
-         Latency: sink pad entry → subscriber appsink, CLOCK_MONOTONIC.\n",
+         Latency: sink pad entry → subscriber appsink, CLOCK_MONOTONIC. Frame index: {}.\n",
         args.join(" "),
         gpu_name(),
         gst::version_string(),
         fast,
-        slow
+        slow,
+        if readback {
+            "every frame's pixels (GPU work in each subscriber)"
+        } else {
+            "metadata (no GPU work in a subscriber; the last frame's pixels checked)"
+        }
     ));
     let path = out.join("gst-ipc-bench.md");
     for memory in memories.split(',') {
@@ -717,8 +814,7 @@ fn bench(args: &[String]) -> Res<()> {
             "cuda" => "## CUDA memory out (no download)\n\n\
                        Both sources hand the appsink `video/x-raw(memory:CUDAMemory)`: `cudaipcsrc` a copy of the imported memory \
                        (`io-mode=copy`) or the imported memory itself (`cudaipc-import`), `vramringsrc` the subscriber's own push buffer \
-                       (zero-copy) or a GstCudaBufferPool buffer it copied the frame into on the GPU (`vramring-copy`, waited for before the push). \
-                       The subscriber reads the index back as 8 bytes from the device after taking the arrival instant.\n\n",
+                       (zero-copy) or a GstCudaBufferPool buffer it copied the frame into on the GPU (`vramring-copy`, waited for before the push).\n\n",
             "system" => "## System memory out (download)\n\n\
                          `cudaipcsrc ! cudadownload`; `vramringsrc ! video/x-raw` copies from the ring to system memory itself.\n\n",
             other => return Err(format!("--memory: {other} is neither cuda nor system").into()),
@@ -752,7 +848,7 @@ fn bench(args: &[String]) -> Res<()> {
                         let row = if began.elapsed() > budget {
                             Err(format!("skipped: past the {budget:?} budget").into())
                         } else {
-                            run_one(dir.path(), pair, memory, interval_us, frames, subs, &env)
+                            run_one(dir.path(), pair, memory, interval_us, frames, subs, readback, &env)
                         };
                         let row = match row {
                             Ok(r) => format!(
