@@ -2,7 +2,7 @@
 //! its one always-present pad, its socket-path property, and how it locks
 //! its settings and state.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use gst::glib;
 use gst::prelude::*;
@@ -33,4 +33,15 @@ pub(crate) fn socket_path(blurb: &str, default: &str) -> glib::ParamSpec {
 /// stay usable; the element reports the panic itself).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `m` locked if nobody holds it now (as [`lock`] takes a poisoned one):
+/// for a property read that must not wait behind the streaming thread,
+/// which holds an element's state through its waits.
+pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
 }

@@ -682,3 +682,40 @@ fn the_source_template_offers_cuda_memory_first_and_a_host_ring_gives_system_mem
     }
     stop(&src);
 }
+
+/// The `stats` property answers while the streaming thread waits: here a
+/// sink waiting for a slot that a lossless reader holds (a 30 s lease). A
+/// read that waited for the sink's state would return only after the
+/// eviction, with the reader gone.
+#[test]
+fn the_sink_reports_its_stats_while_it_waits_for_a_lossless_reader() {
+    init();
+    let (_dir, path) = socket("stats-while-waiting");
+    let sink = play(&format!(
+        "videotestsrc num-buffers=5 ! video/x-raw,format=NV12,width=64,height=48 ! vramringsink name=vsink socket-path={} policy=lossless slots=2 lossless-lease=30000 wait-subscribers=1 sync=false",
+        path.display()
+    ));
+    // Connected, it reads nothing: the sink publishes two frames, then waits.
+    let mut reader = subscribe(&path, SubscriberOptions::default().name("idle").lossless(true));
+    let vsink = sink.by_name("vsink").expect("the sink");
+    let deadline = Instant::now() + WAIT;
+    let stats = loop {
+        let stats = vsink.property::<gst::Structure>("stats");
+        if stats.get::<u64>("lossless-waits").unwrap_or(0) > 0 {
+            break stats;
+        }
+        assert!(Instant::now() < deadline, "the sink never waited: {stats}");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(stats.get::<u64>("published").ok(), Some(2), "{stats}");
+    assert_eq!(
+        stats.get::<u64>("evictions").ok(),
+        Some(0),
+        "read during the wait: {stats}"
+    );
+    assert_eq!(stats.get::<u32>("subscribers").ok(), Some(1), "{stats}");
+    for _ in 0..5 {
+        reader.next(WAIT).expect("every frame, once the reader reads");
+    }
+    stop(&sink);
+}

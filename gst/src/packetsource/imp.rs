@@ -14,7 +14,7 @@ use vramring::packet::{PacketReaderStats, PacketSubscriber, PacketSubscriberOpti
 use vramring::{ClientOptions, Error};
 
 use crate::codec::{self, Codec};
-use crate::element::lock;
+use crate::element::{lock, try_lock};
 use crate::source::TimestampMode;
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -90,6 +90,9 @@ impl State {
 pub struct VramringPacketSrc {
     settings: Mutex<Settings>,
     state: Mutex<State>,
+    /// What other threads read (`stats`, caps queries) as of the streaming
+    /// thread's last step: it holds `State` through each 50 ms wait.
+    published: Mutex<(PacketReaderStats, Option<Codec>)>,
     flushing: AtomicBool,
 }
 
@@ -171,7 +174,8 @@ impl ObjectImpl for VramringPacketSrc {
 
     fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
         if pspec.name() == "stats" {
-            let st = lock(&self.state).stats();
+            let live = try_lock(&self.state).map(|state| state.stats());
+            let st = live.unwrap_or_else(|| lock(&self.published).0);
             return gst::Structure::builder("vramring-packet-subscriber-stats")
                 .field("delivered", st.delivered)
                 .field("overruns", st.overruns)
@@ -283,6 +287,7 @@ impl VramringPacketSrc {
                 );
                 state.sub = Some(sub);
                 state.codec = Some(codec);
+                lock(&self.published).1 = Some(codec);
                 state.connected_once = true;
                 state.joining = true;
                 Ok(true)
@@ -421,11 +426,13 @@ impl BaseSrcImpl for VramringPacketSrc {
     fn start(&self) -> Result<(), gst::ErrorMessage> {
         self.flushing.store(false, Ordering::Release);
         *lock(&self.state) = State::default();
+        *lock(&self.published) = Default::default();
         Ok(())
     }
 
     fn stop(&self) -> Result<(), gst::ErrorMessage> {
         let mut state = lock(&self.state);
+        lock(&self.published).0 = state.stats();
         if let Some(mut sub) = state.sub.take() {
             sub.close();
         }
@@ -437,8 +444,8 @@ impl BaseSrcImpl for VramringPacketSrc {
     }
 
     fn caps(&self, filter: Option<&gst::Caps>) -> Option<gst::Caps> {
-        let caps = lock(&self.state)
-            .codec
+        let caps = lock(&self.published)
+            .1
             .map(Codec::caps)
             .unwrap_or_else(|| self.obj().src_pad().pad_template_caps());
         Some(match filter {
@@ -448,7 +455,7 @@ impl BaseSrcImpl for VramringPacketSrc {
     }
 
     fn negotiate(&self) -> Result<(), gst::LoggableError> {
-        let caps = lock(&self.state).codec.map(Codec::caps);
+        let caps = lock(&self.published).1.map(Codec::caps);
         match caps {
             Some(caps) => self
                 .obj()
@@ -477,7 +484,10 @@ impl PushSrcImpl for VramringPacketSrc {
             if self.flushing.load(Ordering::Acquire) {
                 return Err(gst::FlowError::Flushing);
             }
-            let out = match self.step(&s, &mut last_caps)? {
+            let step = self.step(&s, &mut last_caps);
+            let stats = lock(&self.state).stats();
+            lock(&self.published).0 = stats;
+            let out = match step? {
                 Step::Again => continue,
                 Step::Packet(out) => out,
             };

@@ -12,11 +12,13 @@ use gst_base::prelude::*;
 use gst_base::subclass::prelude::*;
 use gst_video::prelude::*;
 use vramring::frame::{FRAME_DISCONTINUITY, FRAME_KEY};
-use vramring::{BackendChoice, BackendKind, Error, FrameMeta, Policy, Publisher, PullAccess, RingConfig, SlotMut};
+use vramring::{
+    BackendChoice, BackendKind, Error, FrameMeta, Policy, Publisher, PublisherStats, PullAccess, RingConfig, SlotMut,
+};
 
 use super::{BackendSetting, PolicySetting, PullAccessSetting};
 use crate::cuda::{self, Copier, MappedCuda, Primary};
-use crate::element::lock;
+use crate::element::{lock, try_lock};
 use crate::serve::{self, ServeSettings};
 use crate::trailer::FrameTrailer;
 use crate::video;
@@ -80,6 +82,10 @@ struct State {
 pub struct VramringSink {
     settings: Mutex<Settings>,
     state: Mutex<State>,
+    /// The publisher's counters as of the streaming thread's last look,
+    /// for `stats` reads while it holds `State` (waiting for a slot that a
+    /// lossless subscriber holds).
+    stats: Mutex<Option<PublisherStats>>,
     flushing: AtomicBool,
 }
 
@@ -187,7 +193,8 @@ impl ObjectImpl for VramringSink {
 
     fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
         if pspec.name() == "stats" {
-            let stats = lock(&self.state).publisher.as_ref().map(Publisher::stats);
+            let live = try_lock(&self.state).map(|state| state.publisher.as_ref().map(Publisher::stats));
+            let stats = live.unwrap_or_else(|| *lock(&self.stats));
             return serve::stats_structure(stats).to_value();
         }
         let s = lock(&self.settings);
@@ -532,6 +539,7 @@ impl BaseSinkImpl for VramringSink {
         let meta = self.frame_meta(buffer.as_ref(), &info);
         let State { publisher, cuda, .. } = &mut *state;
         let publisher = publisher.as_mut().ok_or(gst::FlowError::NotNegotiated)?;
+        *lock(&self.stats) = Some(publisher.stats());
         loop {
             match publisher.loan(SLICE) {
                 Ok(slot) => {
@@ -544,6 +552,7 @@ impl BaseSinkImpl for VramringSink {
                 // A lossless subscriber still holds the slot: it frees it or
                 // is evicted past its lease; go on waiting unless flushing.
                 Err(Error::LosslessBlocked { .. } | Error::Timeout(..)) => {
+                    *lock(&self.stats) = Some(publisher.stats());
                     if self.flushing.load(Ordering::Acquire) {
                         return Err(gst::FlowError::Flushing);
                     }

@@ -17,7 +17,7 @@ use vramring::{ClientOptions, Delivery, Error, Mode, Refusal, Subscriber, Subscr
 use super::kept::{self, Facts, Lent};
 use super::{DeliverySetting, ModeSetting, TimestampMode};
 use crate::cuda::{self, Filler, Primary};
-use crate::element::lock;
+use crate::element::{lock, try_lock};
 use crate::trailer::FrameTrailer;
 use crate::video;
 
@@ -239,10 +239,23 @@ impl State {
     }
 }
 
+/// What other threads read of the source (the `stats` property, caps and
+/// context queries): a copy the streaming thread keeps current, because it
+/// holds `State` through each 50 ms wait for a frame, and a reader woken by
+/// its unlock can lose the lock to the thread's next step again and again.
+#[derive(Default)]
+struct Published {
+    stats: SubscriberStats,
+    caps: Option<gst::Caps>,
+    /// The primary context of the CUDA output last decided.
+    cuda: Option<&'static Primary>,
+}
+
 #[derive(Default)]
 pub struct VramringSrc {
     settings: Mutex<Settings>,
     state: Mutex<State>,
+    published: Mutex<Published>,
     flushing: AtomicBool,
 }
 
@@ -343,7 +356,8 @@ impl ObjectImpl for VramringSrc {
 
     fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
         if pspec.name() == "stats" {
-            let st = lock(&self.state).stats();
+            let live = try_lock(&self.state).map(|state| state.stats());
+            let st = live.unwrap_or_else(|| lock(&self.published).stats);
             return gst::Structure::builder("vramring-subscriber-stats")
                 .field("delivered", st.delivered)
                 .field("dropped", st.dropped)
@@ -542,6 +556,7 @@ impl VramringSrc {
             let cuda = self.decide(key, uuid, s);
             let mut state = lock(&self.state);
             state.output = Some(OutputMemory { key, cuda });
+            lock(&self.published).cuda = cuda;
             state.filler = None;
             // A lossless source is moved to push only when asked: a push
             // reader's stream starts at its first pushed frame, a pull
@@ -647,6 +662,9 @@ impl VramringSrc {
                 }
                 state.discont = false;
                 let new_caps = (state.caps.as_ref() != Some(&caps)).then(|| caps.clone());
+                if new_caps.is_some() {
+                    lock(&self.published).caps = Some(caps.clone());
+                }
                 state.caps = Some(caps);
                 let stats = state.stats();
                 state.dropped_at_frame = stats.dropped;
@@ -988,11 +1006,13 @@ impl BaseSrcImpl for VramringSrc {
             zero_copy_sub: s.zero_copy && s.delivery == DeliverySetting::Push,
             ..State::default()
         };
+        *lock(&self.published) = Published::default();
         Ok(())
     }
 
     fn stop(&self) -> Result<(), gst::ErrorMessage> {
         let mut state = lock(&self.state);
+        lock(&self.published).stats = state.stats();
         if let Some(mut sub) = state.sub.take() {
             if let Err(e) = sub.close() {
                 gst::debug!(CAT, imp = self, "closing the subscriber: {e}");
@@ -1006,7 +1026,7 @@ impl BaseSrcImpl for VramringSrc {
     }
 
     fn caps(&self, filter: Option<&gst::Caps>) -> Option<gst::Caps> {
-        let caps = lock(&self.state)
+        let caps = lock(&self.published)
             .caps
             .clone()
             .unwrap_or_else(|| self.obj().src_pad().pad_template_caps());
@@ -1019,7 +1039,7 @@ impl BaseSrcImpl for VramringSrc {
     /// Caps come from the ring: until a frame has been read there is
     /// nothing to negotiate (`create` sets them before the first buffer).
     fn negotiate(&self) -> Result<(), gst::LoggableError> {
-        let caps = lock(&self.state).caps.clone();
+        let caps = lock(&self.published).caps.clone();
         match caps {
             Some(caps) => self
                 .obj()
@@ -1037,7 +1057,7 @@ impl BaseSrcImpl for VramringSrc {
     fn query(&self, query: &mut gst::QueryRef) -> bool {
         if let gst::QueryViewMut::Context(q) = query.view_mut() {
             if q.context_type() == cuda::CONTEXT_TYPE && cuda::available() {
-                let chosen = lock(&self.state).output.and_then(|o| o.cuda);
+                let chosen = lock(&self.published).cuda;
                 let primary = match chosen {
                     Some(p) => Ok(p),
                     None => Primary::get(lock(&self.settings).cuda_device_id),
@@ -1086,7 +1106,10 @@ impl PushSrcImpl for VramringSrc {
             if self.flushing.load(Ordering::Acquire) {
                 return Err(gst::FlowError::Flushing);
             }
-            let out = match self.step(&s)? {
+            let step = self.step(&s);
+            let stats = lock(&self.state).stats();
+            lock(&self.published).stats = stats;
+            let out = match step? {
                 Step::Again => continue,
                 Step::Frame(out) => out,
                 Step::Copying(lent) => {
