@@ -12,7 +12,7 @@
 //! pooled system-memory frame whose first 8 luma bytes carry its index; a
 //! pad probe on the sink's pad records when each buffer reaches the sink
 //! (`CLOCK_MONOTONIC`). Each subscriber process runs `<src> ! appsink`,
-//! records the arrival instant, then learns the frame's index from its
+//! records the arrival instant in appsink's `new-sample` callback, then learns the frame's index from its
 //! metadata, with no GPU work in its process: a custom meta that
 //! `cudaipcsink` serialises, the published pts for `vramringsrc
 //! timestamp-mode=pts` and the Rust subscriber (without MPS, a subscriber's
@@ -348,7 +348,9 @@ fn subscribe(args: &[String]) -> Res<()> {
     Ok(())
 }
 
-/// A GStreamer subscriber: `<src> ! appsink`.
+/// A GStreamer subscriber: `<src> ! appsink`, the arrival instant taken in
+/// appsink's `new-sample` callback, on the streaming thread that brought
+/// the buffer (no hand-over to another thread in the figure).
 fn subscribe_gst(
     pair: &str,
     addr: &str,
@@ -358,6 +360,14 @@ fn subscribe_gst(
     interval_ns: u64,
     index: Index,
 ) -> Res<Vec<(u64, u64)>> {
+    /// What the callback has seen: arrivals, the last sample, the end.
+    #[derive(Default)]
+    struct Seen {
+        got: Vec<(u64, u64)>,
+        last: Option<(gst::Sample, u64)>,
+        done: bool,
+        error: Option<String>,
+    }
     init()?;
     let p = launch(&format!(
         "{} ! appsink name=sink sync=false max-buffers=2 drop=false",
@@ -368,30 +378,61 @@ fn subscribe_gst(
         .ok_or("no appsink")?
         .downcast::<gst_app::AppSink>()
         .map_err(|_| "not an appsink")?;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let cuda = memory == "cuda";
+    {
+        let seen = seen.clone();
+        let pair = pair.to_owned();
+        sink.set_callbacks(
+            gst_app::AppSinkCallbacks::builder()
+                .new_sample(move |sink| {
+                    let s = sink.pull_sample().map_err(|_| gst::FlowError::Eos)?;
+                    let t = now_ns();
+                    let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                    if seen.done {
+                        return Err(gst::FlowError::Eos);
+                    }
+                    let Some(b) = s.buffer() else {
+                        return Ok(gst::FlowSuccess::Ok);
+                    };
+                    let idx = match index {
+                        Index::Meta => meta_index(&pair, b, interval_ns),
+                        Index::Pixels => pixel_index_here(b, cuda),
+                    };
+                    match idx {
+                        Ok(idx) => {
+                            seen.got.push((idx, t));
+                            seen.last = Some((s, idx));
+                            seen.done = idx + 1 >= frames;
+                            Ok(gst::FlowSuccess::Ok)
+                        }
+                        Err(e) => {
+                            seen.error = Some(e.to_string());
+                            seen.done = true;
+                            Err(gst::FlowError::Error)
+                        }
+                    }
+                })
+                .build(),
+        );
+    }
     p.set_state(gst::State::Playing)?;
     println!("ready");
     std::io::stdout().flush()?;
-    let mut got = Vec::with_capacity(frames as usize);
-    let mut last = None;
-    while Instant::now() < deadline {
-        let Some(s) = sink.try_pull_sample(gst::ClockTime::from_mseconds(100)) else {
-            if sink.is_eos() {
-                break;
-            }
-            continue;
-        };
-        let t = now_ns();
-        let Some(b) = s.buffer() else { continue };
-        let idx = match index {
-            Index::Meta => meta_index(pair, b, interval_ns)?,
-            Index::Pixels => pixel_index(b)?,
-        };
-        got.push((idx, t));
-        last = Some((s, idx));
-        if idx + 1 >= frames {
+    while Instant::now() < deadline && !sink.is_eos() {
+        if seen.lock().unwrap_or_else(|e| e.into_inner()).done {
             break;
         }
+        std::thread::sleep(Duration::from_millis(20));
     }
+    let (got, last) = {
+        let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.done = true;
+        if let Some(e) = seen.error.take() {
+            return Err(e.into());
+        }
+        (std::mem::take(&mut seen.got), seen.last.take())
+    };
     // The check, after the last arrival: the index is the frame's own.
     if let Some((s, idx)) = last {
         let b = s.buffer().ok_or("a sample without a buffer")?;
@@ -402,6 +443,17 @@ fn subscribe_gst(
     }
     let _ = p.set_state(gst::State::Null);
     Ok(got)
+}
+
+/// [`pixel_index`] on a streaming thread: the primary context made
+/// current on it first (once per thread) for CUDA memory.
+fn pixel_index_here(b: &gst::BufferRef, cuda: bool) -> Res<u64> {
+    thread_local!(static CURRENT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+    if cuda && !CURRENT.get() {
+        cuda_thread()?;
+        CURRENT.set(true);
+    }
+    pixel_index(b)
 }
 
 /// A frame's index from its metadata: the published pts for `vramringsrc
