@@ -17,8 +17,8 @@
 //! `cudaipcsink` serialises, the published pts for `vramringsrc
 //! timestamp-mode=pts` and the Rust subscriber (without MPS, a subscriber's
 //! own GPU call is a context switch that the publisher's next frame pays
-//! for, about 137 µs: PERF.md). The pixels of the last frame are read to
-//! check that the index is the frame's; `--readback` reads every frame's
+//! for, about 137 µs: PERF.md). The pixels of the last frame, where it
+//! arrives, are read to check that the index is the frame's; `--readback` reads every frame's
 //! index from its pixels instead. Two
 //! tables (`--memory cuda,system`): with `cuda`, every source hands the
 //! appsink CUDA memory (`... ! video/x-raw(memory:CUDAMemory)`), no
@@ -332,14 +332,14 @@ fn subscribe(args: &[String]) -> Res<()> {
     let interval_ns = interval_us.parse::<u64>()? * 1000;
     let index = if index == "pixels" { Index::Pixels } else { Index::Meta };
     let cuda = memory == "cuda";
-    let deadline = Instant::now() + Duration::from_millis(deadline_ms.parse()?);
+    let run_for = Duration::from_millis(deadline_ms.parse()?);
     if cuda {
         cuda_thread()?;
     }
     let got = if pair == "vramring-rust" {
-        subscribe_rust(addr, cuda, frames, deadline, interval_ns, index)?
+        subscribe_rust(addr, cuda, frames, run_for, interval_ns, index)?
     } else {
-        subscribe_gst(pair, addr, memory, frames, deadline, interval_ns, index)?
+        subscribe_gst(pair, addr, memory, frames, run_for, interval_ns, index)?
     };
     let mut f = std::io::BufWriter::new(std::fs::File::create(out)?);
     for (i, t) in got {
@@ -356,11 +356,11 @@ fn subscribe_gst(
     addr: &str,
     memory: &str,
     frames: u64,
-    deadline: Instant,
+    run_for: Duration,
     interval_ns: u64,
     index: Index,
 ) -> Res<Vec<(u64, u64)>> {
-    /// What the callback has seen: arrivals, the last sample, the end.
+    /// What the callback has seen: arrivals, the last frame's sample, the end.
     #[derive(Default)]
     struct Seen {
         got: Vec<(u64, u64)>,
@@ -402,8 +402,12 @@ fn subscribe_gst(
                     match idx {
                         Ok(idx) => {
                             seen.got.push((idx, t));
-                            seen.last = Some((s, idx));
                             seen.done = idx + 1 >= frames;
+                            if seen.done {
+                                // Kept for the check; earlier samples are not
+                                // (a kept buffer is one the source cannot reuse).
+                                seen.last = Some((s, idx));
+                            }
                             Ok(gst::FlowSuccess::Ok)
                         }
                         Err(e) => {
@@ -419,6 +423,7 @@ fn subscribe_gst(
     p.set_state(gst::State::Playing)?;
     println!("ready");
     std::io::stdout().flush()?;
+    let deadline = Instant::now() + run_for;
     while Instant::now() < deadline && !sink.is_eos() {
         if seen.lock().unwrap_or_else(|e| e.into_inner()).done {
             break;
@@ -490,7 +495,7 @@ fn subscribe_rust(
     addr: &str,
     cuda: bool,
     frames: u64,
-    deadline: Instant,
+    run_for: Duration,
     interval_ns: u64,
     index: Index,
 ) -> Res<Vec<(u64, u64)>> {
@@ -502,6 +507,7 @@ fn subscribe_rust(
     let mut sub = Subscriber::connect(addr, opts)?;
     println!("ready");
     std::io::stdout().flush()?;
+    let deadline = Instant::now() + run_for;
     let mut host = Vec::new();
     let mut got = Vec::with_capacity(frames as usize);
     let mut pixels = |frame: &vramring::Frame<'_>| -> Res<u64> {
@@ -857,7 +863,7 @@ fn bench(args: &[String]) -> Res<()> {
         if readback {
             "every frame's pixels (GPU work in each subscriber)"
         } else {
-            "metadata (no GPU work in a subscriber; the last frame's pixels checked)"
+            "metadata (no GPU work in a subscriber; the last frame's pixels checked where it arrives)"
         }
     ));
     let path = out.join("gst-ipc-bench.md");

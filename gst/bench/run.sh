@@ -38,7 +38,9 @@ if [ "${TESTS:-1}" != 0 ]; then
   echo "== gpu_cuda tests"
   for t in $("$dev/tests/test-gpu_cuda" --list --ignored 2>/dev/null | sed -n 's/: test$//p'); do
     # Hopper (H100, H200) has no NVENC, so nvcodec registers no encoder.
-    if [[ $t == *nvh264enc* ]] && ! gst-inspect-1.0 nvh264enc >/dev/null 2>&1; then
+    # (Only where nvcodec itself loaded: its decoder is there.)
+    if [[ $t == *nvh264enc* ]] && gst-inspect-1.0 nvh264dec >/dev/null 2>&1 \
+        && ! gst-inspect-1.0 nvh264enc >/dev/null 2>&1; then
       echo "NOT RUN: $t (no nvh264enc: this GPU has no NVENC)" | tee -a "$W/gpu_cuda.log"
       continue
     fi

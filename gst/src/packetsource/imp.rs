@@ -432,7 +432,8 @@ impl BaseSrcImpl for VramringPacketSrc {
 
     fn stop(&self) -> Result<(), gst::ErrorMessage> {
         let mut state = lock(&self.state);
-        lock(&self.published).0 = state.stats();
+        // Its counters stay readable once it is closed.
+        state.earlier = state.stats();
         if let Some(mut sub) = state.sub.take() {
             sub.close();
         }

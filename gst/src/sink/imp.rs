@@ -449,6 +449,7 @@ impl BaseSinkImpl for VramringSink {
             }
         }
         *state = State::default();
+        *lock(&self.stats) = None;
         Ok(())
     }
 
@@ -506,6 +507,7 @@ impl BaseSinkImpl for VramringSink {
                 info.height(),
                 publisher.backend().name()
             );
+            *lock(&self.stats) = Some(publisher.stats());
             state.publisher = Some(publisher);
             state.waited = false;
         }

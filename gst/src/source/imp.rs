@@ -556,7 +556,6 @@ impl VramringSrc {
             let cuda = self.decide(key, uuid, s);
             let mut state = lock(&self.state);
             state.output = Some(OutputMemory { key, cuda });
-            lock(&self.published).cuda = cuda;
             state.filler = None;
             // A lossless source is moved to push only when asked: a push
             // reader's stream starts at its first pushed frame, a pull
@@ -1012,8 +1011,8 @@ impl BaseSrcImpl for VramringSrc {
 
     fn stop(&self) -> Result<(), gst::ErrorMessage> {
         let mut state = lock(&self.state);
-        lock(&self.published).stats = state.stats();
-        if let Some(mut sub) = state.sub.take() {
+        // Its counters stay readable once it is closed.
+        if let Some(mut sub) = state.retire() {
             if let Err(e) = sub.close() {
                 gst::debug!(CAT, imp = self, "closing the subscriber: {e}");
             }
@@ -1107,8 +1106,17 @@ impl PushSrcImpl for VramringSrc {
                 return Err(gst::FlowError::Flushing);
             }
             let step = self.step(&s);
-            let stats = lock(&self.state).stats();
-            lock(&self.published).stats = stats;
+            let (stats, output) = {
+                let state = lock(&self.state);
+                (state.stats(), state.output)
+            };
+            let mut published = lock(&self.published);
+            published.stats = stats;
+            if let Some(o) = output {
+                // Also where a reconnect within a read changed the ring's GPU.
+                published.cuda = o.cuda;
+            }
+            drop(published);
             let out = match step? {
                 Step::Again => continue,
                 Step::Frame(out) => out,
