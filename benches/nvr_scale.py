@@ -9,7 +9,9 @@ one `nvr_decoder` process (all N cameras, `tests/data/clip1080.h264` looped
 at --fps, one ring each; `[decoder] memory = "cuda"` for the vram pipeline,
 `"host"` for the host one), one `nvr_detector.py` (the newest frame of every
 camera at --detect-fps, batched torchvision detection with random weights)
-and one `nvr_motion.py` (every frame of every camera, GPU frame difference),
+and one `nvr_motion.py` (every frame of every camera, GPU frame difference;
+--motion-procs N splits its cameras over N worker processes, whose CPU
+and memory count with it),
 both readers by push delivery (--delivery pull to pull). The readers are
 told nothing about the pipeline: each looks at its rings' backend and, on a
 host ring, uploads what it reads to the GPU itself; the bench checks from
@@ -265,26 +267,54 @@ class Proc:
             p.stop(grace)
 
 
-def cpu_ticks(pid):
-    """utime + stime of `pid` (all its threads), in clock ticks; None if gone."""
+def proc_stat(pid):
+    """The fields of /proc/<pid>/stat after the command, or None if gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             s = f.read()
     except OSError:
         return None
-    rest = s[s.rfind(")") + 2:].split()
-    return int(rest[11]) + int(rest[12])
+    return s[s.rfind(")") + 2:].split()
+
+
+def family(pid):
+    """`pid` and its descendants alive now (nvr_motion.py --procs: its workers)."""
+    parent = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (st := proc_stat(name)) is not None:
+            parent[int(name)] = int(st[1])
+    out, todo = [pid], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [k for k, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
+
+
+def cpu_ticks(pid):
+    """utime + stime of `pid` and its descendants (all their threads), in
+    clock ticks; None if `pid` is gone."""
+    total = None
+    for p in family(pid):
+        st = proc_stat(p)
+        if st is not None:
+            total = (total or 0) + int(st[11]) + int(st[12])
+    return total if proc_stat(pid) is not None else None
 
 
 def rss_mib(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return None
+    """Resident memory of `pid` and its descendants, MiB; None if gone."""
+    total = None
+    for p in family(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total = (total or 0) + int(line.split()[1]) / 1024
+        except OSError:
+            pass
+    return None if total is None else round(total, 1)
 
 
 # ------------------------------------------------------------------ GPU
@@ -581,7 +611,8 @@ def commands(a, pipeline, n, cfg, rings):
     # exist when the readers start).
     common = ["--dir", rings, "--expect", str(n), "--timeout", "30", "--report", str(TICK_S)]
     det = [py, os.path.join(READERS, "nvr_detector.py"), *common, "--fps", str(a.detect_fps), *det_work, *pull]
-    mot = [py, os.path.join(READERS, "nvr_motion.py"), *common, *mot_work, *pull]
+    procs = ["--procs", str(a.motion_procs)] if a.motion_procs > 1 else []
+    mot = [py, os.path.join(READERS, "nvr_motion.py"), *common, *mot_work, *pull, *procs]
     return dec, det, mot
 
 
@@ -860,6 +891,8 @@ def parse_args(argv=None):
     ap.add_argument("--half", action="store_true", help="the detector in float16")
     ap.add_argument("--delivery", choices=("push", "pull"), default="push", help="how the readers get frames")
     ap.add_argument("--slots", type=int, default=8, help="slots per camera ring")
+    ap.add_argument("--motion-procs", type=int, default=1,
+                    help="worker processes the motion reader splits the cameras over (its --procs)")
     ap.add_argument("--device", type=int, default=0, help="CUDA device of the decoder (and nvidia-smi -i)")
     ap.add_argument("--out", default=None, help="the JSON result: a file, or a directory to write it in")
     ap.add_argument("--budget-s", type=float, default=540.0,
@@ -883,6 +916,8 @@ def parse_args(argv=None):
     bad = [p for p in a.pipelines if p not in ("vram", "host")] + [m for m in a.mps if m not in ("off", "on")]
     if bad or not a.pipelines or not a.mps or not a.counts or min(a.counts) < 1:
         ap.error(f"--pipelines takes vram,host, --mps off,on, --counts positive integers (not {bad or 'empty'})")
+    if a.motion_procs < 1:
+        ap.error("--motion-procs: at least 1")
     if a.smoke and a.pipelines != ["host"]:
         if "vram" in a.pipelines:
             log("--smoke: the vram pipeline needs a GPU; running the host pipeline only")

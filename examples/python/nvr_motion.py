@@ -25,6 +25,12 @@ tensors_reused, tensors_busy).
     cargo run --release --features nvdec --example nvr_decoder -- --config examples/nvr/cameras.example.toml
     python3 examples/python/nvr_motion.py --dir /tmp/vramring-nvr
 
+--procs N splits the cameras over N worker processes, each with its own
+interpreter (and GIL) and its own reader threads: one interpreter with 128
+reader threads spends its CPU taking turns on the GIL. The parent prints the
+combined ready, tick and final lines from counters the workers share with
+it; the workers print their cameras' lines.
+
 torch is imported only when it runs (and not at all with --device cpu), so
 --help works without it. Exit status 0 at the end (--seconds, --frames, Ctrl-C, or
 every camera gone), 2 when no camera is found, 1 on other errors.
@@ -32,7 +38,10 @@ every camera gone), 2 when no camera is found, 1 on other errors.
 
 import argparse
 import json
+import multiprocessing
 import os
+import queue
+import signal
 import sys
 import threading
 import time
@@ -60,7 +69,12 @@ def parse_args(argv=None):
     ap.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
     ap.add_argument("--report", type=float, default=1.0, help="seconds between status lines")
     ap.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a camera and for a frame")
-    return ap.parse_args(argv)
+    ap.add_argument("--procs", type=int, default=1,
+                    help="worker processes the cameras are split over (1: all in this process)")
+    a = ap.parse_args(argv)
+    if a.procs < 1:
+        ap.error("--procs: at least 1")
+    return a
 
 
 def find_sockets(a):
@@ -141,9 +155,12 @@ class NumpyDiff:
 class Reader(threading.Thread):
     """Reads every frame of one camera and keeps its counters."""
 
-    def __init__(self, path, sub, a, stop, scorer):
+    def __init__(self, path, sub, a, stop, scorer, shared=None, slot=0):
         super().__init__(daemon=True)
         self.path, self.sub, self.a, self.stop = path, sub, a, stop
+        # --procs: (frames, drops, ended) of this camera at shared[3 * slot:],
+        # read by the parent for its ticks.
+        self.shared, self.slot = shared, slot
         self.name_ = os.path.basename(path).removesuffix(".sock")
         self.scorer = scorer
         if scorer == "numpy":
@@ -169,6 +186,9 @@ class Reader(threading.Thread):
                 with self.lock:
                     self.frames += 1
                     self.drops += f.skipped
+                    if self.shared is not None:
+                        self.shared[3 * self.slot] = self.frames
+                        self.shared[3 * self.slot + 1] = self.drops
                     self.window.append(s)
                     if s >= self.a.min_area and not self.moving:
                         self.moving, self.events = True, self.events + 1
@@ -185,6 +205,8 @@ class Reader(threading.Thread):
                 print(f"nvr_motion: camera {self.name_}: no stats: {e}", file=sys.stderr, flush=True)
             finally:
                 self.sub.close()
+                if self.shared is not None:
+                    self.shared[3 * self.slot + 2] = 1
 
     def take(self):
         with self.lock:
@@ -218,20 +240,12 @@ def scorer_for(backend, device, gpu):
     return "torch-upload" if device != "cpu" and gpu else "numpy"
 
 
-def main(argv=None):
-    a = parse_args(argv)
-    paths = find_sockets(a)
-    if not paths:
-        print("nvr_motion: no camera: give sockets or --dir", file=sys.stderr)
-        return 2
+def open_readers(paths, a, gpu, stop, shared=None, slots=None):
+    """A reader for each camera that can be joined (others are skipped,
+    said on stderr); `slots`: each camera's place in `shared` (--procs)."""
     import vramring
-    gpu = gpu_here(a.device)
-    if isinstance(gpu, str):
-        print(f"nvr_motion: {gpu}", file=sys.stderr, flush=True)
-        return 1
-    stop = threading.Event()
     readers = []
-    for p in paths:
+    for k, p in enumerate(paths):
         try:
             # torch scorers take the planes as tensors made once per buffer
             # (`frame.tensors`): no DLPack import per frame.
@@ -247,34 +261,38 @@ def main(argv=None):
                   f"({'--device cpu' if a.device == 'cpu' else 'torch sees none'})", file=sys.stderr, flush=True)
             sub.close()
             continue
-        readers.append(Reader(p, sub, a, stop, scorer))
-    if not readers:
-        print("nvr_motion: no usable camera", file=sys.stderr)
-        return 2
-    print(json.dumps({"event": "ready", "role": "nvr_motion", "cameras": [r.name_ for r in readers],
-                      "delivery": "pull" if a.pull else "push",
-                      "scoring": sorted({r.scorer for r in readers})}), flush=True)
+        readers.append(Reader(p, sub, a, stop, scorer, shared, slots[k] if slots else 0))
+    return readers
+
+
+def report_cameras(readers, prev, dt):
+    """One status line per camera for the last `dt` seconds."""
+    for r in readers:
+        w, frames, drops, events = r.take()
+        print(json.dumps({
+            "event": "camera", "camera": r.name_, "fps": round((frames - prev[r.name_]) / dt, 2),
+            "frames": frames, "drops": drops, "motion_mean": round(sum(w) / len(w), 4) if w else 0.0,
+            "motion_max": round(max(w, default=0.0), 4), "motion_events": events,
+            "alive": r.is_alive(),
+        }), flush=True)
+        prev[r.name_] = frames
+
+
+def run_readers(readers, a, stop, until):
+    """Starts the readers and reports until they end, `until()` says so or
+    Ctrl-C; then stops them and prints each camera's last line."""
     for r in readers:
         r.start()
     start = last = time.monotonic()
     prev = {r.name_: 0 for r in readers}
     try:
-        while any(r.is_alive() for r in readers):
+        while any(r.is_alive() for r in readers) and not until(start):
             time.sleep(0.05)
-            if a.seconds and time.monotonic() - start >= a.seconds:
-                break
             if time.monotonic() - last >= a.report:
                 dt, last = time.monotonic() - last, time.monotonic()
-                for r in readers:
-                    w, frames, drops, events = r.take()
-                    print(json.dumps({
-                        "event": "camera", "camera": r.name_, "fps": round((frames - prev[r.name_]) / dt, 2),
-                        "frames": frames, "drops": drops, "motion_mean": round(sum(w) / len(w), 4) if w else 0.0,
-                        "motion_max": round(max(w, default=0.0), 4), "motion_events": events,
-                        "alive": r.is_alive(),
-                    }), flush=True)
-                    prev[r.name_] = frames
-                print(json.dumps(tick(readers)), flush=True)
+                report_cameras(readers, prev, dt)
+                if readers[0].shared is None:
+                    print(json.dumps(tick(readers)), flush=True)
     except KeyboardInterrupt:
         pass
     stop.set()
@@ -287,12 +305,131 @@ def main(argv=None):
                           "motion_events": events, "delivery": st.get("delivery"), "end": r.end or "stopped",
                           "tensors_cache": (st.get("tensors_cache") or "none") if r.stats else "unknown",
                           **{k: st.get(k, 0) for k in TENSOR_COUNTERS}}), flush=True)
+    return start
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    paths = find_sockets(a)
+    if not paths:
+        print("nvr_motion: no camera: give sockets or --dir", file=sys.stderr)
+        return 2
+    if a.procs > 1:
+        return run_procs(a, paths)
+    gpu = gpu_here(a.device)
+    if isinstance(gpu, str):
+        print(f"nvr_motion: {gpu}", file=sys.stderr, flush=True)
+        return 1
+    stop = threading.Event()
+    readers = open_readers(paths, a, gpu, stop)
+    if not readers:
+        print("nvr_motion: no usable camera", file=sys.stderr)
+        return 2
+    print(json.dumps({"event": "ready", "role": "nvr_motion", "cameras": [r.name_ for r in readers],
+                      "delivery": "pull" if a.pull else "push",
+                      "scoring": sorted({r.scorer for r in readers})}), flush=True)
+    start = run_readers(readers, a, stop, lambda t0: a.seconds and time.monotonic() - t0 >= a.seconds)
     print(json.dumps(tick(readers)), flush=True)
     print(json.dumps({"event": "final", "role": "nvr_motion", "seconds": round(time.monotonic() - start, 2),
                       "frames": sum(r.frames for r in readers), "drops": sum(r.drops for r in readers),
                       "ended": sum(r.end is not None for r in readers),
                       "scoring": sorted({r.scorer for r in readers}),
                       **tensor_cache([r.stats for r in readers])}), flush=True)
+    return 0
+
+
+def worker(a, paths, slots, shared, stop, q):
+    """One of --procs: reads `paths` (at `slots` of `shared`) until `stop`,
+    telling the parent through `q`: ("ready", cameras, scoring, slots),
+    ("error", sentence), then ("final", each camera's stats)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # the parent stops the workers
+    gpu = gpu_here(a.device)
+    if isinstance(gpu, str):
+        q.put(("error", gpu))
+        return
+    readers = open_readers(paths, a, gpu, stop, shared, slots)
+    q.put(("ready", [r.name_ for r in readers], sorted({r.scorer for r in readers}), [r.slot for r in readers]))
+    if readers:
+        run_readers(readers, a, stop, lambda t0: stop.is_set())
+    q.put(("final", [r.stats for r in readers]))
+
+
+def run_procs(a, paths):
+    """--procs: the cameras dealt over the workers; this process prints the
+    combined ready line, the ticks (from the counters the workers share)
+    and the final line."""
+    ctx = multiprocessing.get_context("spawn")     # CUDA does not survive a fork
+    shared = ctx.RawArray("q", 3 * len(paths))
+    stop, q = ctx.Event(), ctx.Queue()
+    groups = [list(range(k, len(paths), a.procs)) for k in range(min(a.procs, len(paths)))]
+    workers = [ctx.Process(target=worker, args=(a, [paths[i] for i in g], g, shared, stop, q), daemon=True)
+               for g in groups]
+    for w in workers:
+        w.start()
+    cameras, scoring, slots, stats, failed = [], set(), [], [], None
+    ready = finals = 0
+
+    def receive(timeout):
+        """Takes every message there is, waiting up to `timeout` for the first."""
+        nonlocal ready, finals, failed
+        while True:
+            try:
+                msg = q.get(timeout=timeout)
+            except queue.Empty:
+                return
+            timeout = 0.01
+            if msg[0] == "ready":
+                ready += 1
+                cameras.extend(msg[1])
+                scoring.update(msg[2])
+                slots.extend(msg[3])
+            elif msg[0] == "final":
+                finals += 1
+                stats.extend(msg[1])
+            else:
+                failed = msg[1]
+
+    start = time.monotonic()
+    try:
+        while ready < len(workers) and failed is None:
+            dead = not all(w.is_alive() for w in workers)
+            receive(0.5)
+            if dead and ready < len(workers) and failed is None:
+                failed = "a worker process ended before it was ready"
+        if failed is not None or not cameras:
+            stop.set()
+            for w in workers:
+                w.join(timeout=a.timeout + 1.0)
+            print(f"nvr_motion: {failed or 'no usable camera'}", file=sys.stderr, flush=True)
+            return 1 if failed else 2
+        print(json.dumps({"event": "ready", "role": "nvr_motion", "cameras": cameras,
+                          "delivery": "pull" if a.pull else "push", "scoring": sorted(scoring),
+                          "procs": len(workers)}), flush=True)
+        start = last = time.monotonic()
+        while finals < len(workers) and any(w.is_alive() for w in workers):
+            receive(0.05)
+            if a.seconds and time.monotonic() - start >= a.seconds:
+                break
+            if time.monotonic() - last >= a.report:
+                last = time.monotonic()
+                print(json.dumps(shared_tick(shared, slots)), flush=True)
+    except KeyboardInterrupt:
+        pass
+    stop.set()
+    deadline = time.monotonic() + a.timeout + 5.0
+    while finals < len(workers) and time.monotonic() < deadline:
+        try:
+            receive(0.1)
+        except KeyboardInterrupt:
+            pass
+    for w in workers:
+        w.join(timeout=1.0)
+    end = shared_tick(shared, slots)
+    print(json.dumps(end), flush=True)
+    print(json.dumps({"event": "final", "role": "nvr_motion", "seconds": round(time.monotonic() - start, 2),
+                      "frames": end["frames"], "drops": end["drops"], "ended": len(slots) - end["alive"],
+                      "scoring": sorted(scoring), "procs": len(workers),
+                      **tensor_cache(stats + [None] * (len(slots) - len(stats)))}), flush=True)
     return 0
 
 
@@ -304,6 +441,13 @@ def tick(readers):
             frames, drops = frames + r.frames, drops + r.drops
     return {"event": "tick", "role": "nvr_motion", "t_ns": time.clock_gettime_ns(time.CLOCK_MONOTONIC),
             "frames": frames, "drops": drops, "alive": sum(r.is_alive() for r in readers)}
+
+
+def shared_tick(shared, slots):
+    """`tick` from the workers' counters (--procs): the cameras at `slots`."""
+    return {"event": "tick", "role": "nvr_motion", "t_ns": time.clock_gettime_ns(time.CLOCK_MONOTONIC),
+            "frames": sum(shared[3 * k] for k in slots), "drops": sum(shared[3 * k + 1] for k in slots),
+            "alive": sum(shared[3 * k + 2] == 0 for k in slots)}
 
 
 if __name__ == "__main__":

@@ -200,6 +200,32 @@ def _ticks_are_cumulative(ticks, key):
     assert v == sorted(v), f"{key} is a running total"
 
 
+def test_nvr_motion_splits_its_cameras_over_worker_processes(producer, sock, examples):
+    # --procs 2: a camera per worker; the parent's ticks add up the workers'
+    # counters and its final line counts every frame of both cameras.
+    d, second = _two_host_cameras(producer, sock, examples)
+    try:
+        r = subprocess.run([sys.executable, str(EX / "nvr_motion.py"), "--dir", d, "--device", "cpu",
+                            "--procs", "2", "--frames", "30", "--report", "0.2"],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        second.kill()
+    assert r.returncode == 0, r.stderr
+    lines = _json_lines(r.stdout)
+    ready = lines[0]
+    assert ready["event"] == "ready" and sorted(ready["cameras"]) == ["cam", "cam2"], ready
+    assert ready["procs"] == 2 and ready["scoring"] == ["numpy"], ready
+    ticks = [l for l in lines if l["event"] == "tick"]
+    _ticks_are_cumulative(ticks, "frames")
+    finals = {l["camera"]: l for l in lines if l["event"] == "camera-final"}
+    assert sorted(finals) == ["cam", "cam2"], finals
+    assert all(f["frames"] == 30 and f["end"] == "frames" for f in finals.values()), finals
+    final = lines[-1]
+    assert final["event"] == "final" and final["frames"] == 60 and final["ended"] == 2, final
+    assert (ticks[-1]["frames"], ticks[-1]["drops"]) == (final["frames"], final["drops"]), (ticks[-1], final)
+    assert final["tensors_cache"] == {"none": 2}, final
+
+
 def test_nvr_detector_reads_host_cameras_with_numpy_and_reports_ticks(producer, sock, examples):
     d, second = _two_host_cameras(producer, sock, examples)
     try:

@@ -193,6 +193,25 @@ def test_smoke_sweep_measures_every_point_and_leaves_nothing_running(fake_gpu, w
     assert "verdict" in r.stdout and "tensors" in r.stdout and "results:" in r.stdout, r.stdout
 
 
+def test_a_motion_reader_split_over_worker_processes_is_measured_whole(fake_gpu, work, tmp_path):
+    # --motion-procs 2: nvr_motion.py --procs 2; its ticks and final line
+    # cover every camera, and the point stops every worker.
+    env, _ = fake_gpu
+    out = tmp_path / "res.json"
+    r = subprocess.run([sys.executable, str(BENCH), "--smoke", "--counts", "3", "--seconds", "2",
+                        "--warmup", "0.5", "--mps", "off", "--motion-procs", "2", "--out", str(out),
+                        "--work-dir", work], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["args"]["motion_procs"] == 2, res["args"]
+    (p,) = res["points"]
+    assert not p["verdict"].startswith(("failed", "not run")), p["verdict"]
+    assert p["motion_checked"] > 0 and p["exit"]["motion"] == 0, p
+    assert p["tensors"]["motion"]["tensors_cache"] == {"none": 3}, p["tensors"]
+    assert p["cpu_pct"]["motion"] > 0, p["cpu_pct"]
+    assert not _pids_with(work), "no process of the bench is left"
+
+
 def test_an_interrupted_sweep_stops_its_processes_and_quits_mps(fake_gpu, work, tmp_path):
     env, mps_log = fake_gpu
     out = tmp_path / "res.json"
