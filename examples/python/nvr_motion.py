@@ -269,12 +269,12 @@ def report_cameras(readers, prev, dt):
     """One status line per camera for the last `dt` seconds."""
     for r in readers:
         w, frames, drops, events = r.take()
-        print(json.dumps({
+        emit({
             "event": "camera", "camera": r.name_, "fps": round((frames - prev[r.name_]) / dt, 2),
             "frames": frames, "drops": drops, "motion_mean": round(sum(w) / len(w), 4) if w else 0.0,
             "motion_max": round(max(w, default=0.0), 4), "motion_events": events,
             "alive": r.is_alive(),
-        }), flush=True)
+        })
         prev[r.name_] = frames
 
 
@@ -292,7 +292,7 @@ def run_readers(readers, a, stop, until):
                 dt, last = time.monotonic() - last, time.monotonic()
                 report_cameras(readers, prev, dt)
                 if readers[0].shared is None:
-                    print(json.dumps(tick(readers)), flush=True)
+                    emit(tick(readers))
     except KeyboardInterrupt:
         pass
     stop.set()
@@ -301,10 +301,10 @@ def run_readers(readers, a, stop, until):
     for r in readers:
         _, frames, drops, events = r.take()
         st = r.stats or {}
-        print(json.dumps({"event": "camera-final", "camera": r.name_, "frames": frames, "drops": drops,
+        emit({"event": "camera-final", "camera": r.name_, "frames": frames, "drops": drops,
                           "motion_events": events, "delivery": st.get("delivery"), "end": r.end or "stopped",
                           "tensors_cache": (st.get("tensors_cache") or "none") if r.stats else "unknown",
-                          **{k: st.get(k, 0) for k in TENSOR_COUNTERS}}), flush=True)
+                          **{k: st.get(k, 0) for k in TENSOR_COUNTERS}})
     return start
 
 
@@ -325,32 +325,41 @@ def main(argv=None):
     if not readers:
         print("nvr_motion: no usable camera", file=sys.stderr)
         return 2
-    print(json.dumps({"event": "ready", "role": "nvr_motion", "cameras": [r.name_ for r in readers],
+    emit({"event": "ready", "role": "nvr_motion", "cameras": [r.name_ for r in readers],
                       "delivery": "pull" if a.pull else "push",
-                      "scoring": sorted({r.scorer for r in readers})}), flush=True)
+                      "scoring": sorted({r.scorer for r in readers})})
     start = run_readers(readers, a, stop, lambda t0: a.seconds and time.monotonic() - t0 >= a.seconds)
-    print(json.dumps(tick(readers)), flush=True)
-    print(json.dumps({"event": "final", "role": "nvr_motion", "seconds": round(time.monotonic() - start, 2),
+    emit(tick(readers))
+    emit({"event": "final", "role": "nvr_motion", "seconds": round(time.monotonic() - start, 2),
                       "frames": sum(r.frames for r in readers), "drops": sum(r.drops for r in readers),
                       "ended": sum(r.end is not None for r in readers),
                       "scoring": sorted({r.scorer for r in readers}),
-                      **tensor_cache([r.stats for r in readers])}), flush=True)
+                      **tensor_cache([r.stats for r in readers])})
     return 0
 
 
-def worker(a, paths, slots, shared, stop, q):
-    """One of --procs: reads `paths` (at `slots` of `shared`) until `stop`,
-    telling the parent through `q`: ("ready", cameras, scoring, slots),
-    ("error", sentence), then ("final", each camera's stats)."""
+def worker(a, paths, slots, shared, go, stop, q):
+    """One of --procs: reads `paths` (at `slots` of `shared`) from `go`
+    until `stop`, telling the parent through `q`: ("ready", cameras,
+    scoring, slots), ("error", sentence), then ("final", each camera's
+    stats)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # the parent stops the workers
     gpu = gpu_here(a.device)
     if isinstance(gpu, str):
         q.put(("error", gpu))
         return
-    readers = open_readers(paths, a, gpu, stop, shared, slots)
+    # The readers' own stop: a worker whose cameras all ended stops no other.
+    mine = threading.Event()
+    readers = open_readers(paths, a, gpu, mine, shared, slots)
     q.put(("ready", [r.name_ for r in readers], sorted({r.scorer for r in readers}), [r.slot for r in readers]))
-    if readers:
-        run_readers(readers, a, stop, lambda t0: stop.is_set())
+    # Once every worker is ready: the parent's ready line comes first.
+    while not go.wait(0.1) and not stop.is_set():
+        pass
+    if readers and not stop.is_set():
+        run_readers(readers, a, mine, lambda t0: stop.is_set())
+    else:
+        for r in readers:
+            r.sub.close()
     q.put(("final", [r.stats for r in readers]))
 
 
@@ -360,9 +369,9 @@ def run_procs(a, paths):
     and the final line."""
     ctx = multiprocessing.get_context("spawn")     # CUDA does not survive a fork
     shared = ctx.RawArray("q", 3 * len(paths))
-    stop, q = ctx.Event(), ctx.Queue()
+    go, stop, q = ctx.Event(), ctx.Event(), ctx.Queue()
     groups = [list(range(k, len(paths), a.procs)) for k in range(min(a.procs, len(paths)))]
-    workers = [ctx.Process(target=worker, args=(a, [paths[i] for i in g], g, shared, stop, q), daemon=True)
+    workers = [ctx.Process(target=worker, args=(a, [paths[i] for i in g], g, shared, go, stop, q), daemon=True)
                for g in groups]
     for w in workers:
         w.start()
@@ -402,9 +411,10 @@ def run_procs(a, paths):
                 w.join(timeout=a.timeout + 1.0)
             print(f"nvr_motion: {failed or 'no usable camera'}", file=sys.stderr, flush=True)
             return 1 if failed else 2
-        print(json.dumps({"event": "ready", "role": "nvr_motion", "cameras": cameras,
+        emit({"event": "ready", "role": "nvr_motion", "cameras": cameras,
                           "delivery": "pull" if a.pull else "push", "scoring": sorted(scoring),
-                          "procs": len(workers)}), flush=True)
+                          "procs": len(workers)})
+        go.set()
         start = last = time.monotonic()
         while finals < len(workers) and any(w.is_alive() for w in workers):
             receive(0.05)
@@ -412,7 +422,7 @@ def run_procs(a, paths):
                 break
             if time.monotonic() - last >= a.report:
                 last = time.monotonic()
-                print(json.dumps(shared_tick(shared, slots)), flush=True)
+                emit(shared_tick(shared, slots))
     except KeyboardInterrupt:
         pass
     stop.set()
@@ -425,12 +435,17 @@ def run_procs(a, paths):
     for w in workers:
         w.join(timeout=1.0)
     end = shared_tick(shared, slots)
-    print(json.dumps(end), flush=True)
-    print(json.dumps({"event": "final", "role": "nvr_motion", "seconds": round(time.monotonic() - start, 2),
+    emit(end)
+    emit({"event": "final", "role": "nvr_motion", "seconds": round(time.monotonic() - start, 2),
                       "frames": end["frames"], "drops": end["drops"], "ended": len(slots) - end["alive"],
                       "scoring": sorted(scoring), "procs": len(workers),
-                      **tensor_cache(stats + [None] * (len(slots) - len(stats)))}), flush=True)
+                      **tensor_cache(stats + [None] * (len(slots) - len(stats)))})
     return 0
+
+
+def emit(line):
+    """One JSON line on stdout in one write: --procs workers share the pipe."""
+    os.write(sys.stdout.fileno(), (json.dumps(line) + "\n").encode())
 
 
 def tick(readers):
