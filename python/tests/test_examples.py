@@ -183,12 +183,13 @@ def _json_lines(text):
     return [json.loads(l) for l in text.splitlines() if l.startswith("{")]
 
 
-def _two_host_cameras(producer, sock, examples):
-    """The fixture's host producer and a second beside it, as nvr_decoder --host-memory makes them."""
+def _two_host_cameras(producer, sock, examples, frames=0, fps=100):
+    """The fixture's host producer and a second beside it (`frames` at
+    `fps`, 0: for ever), as nvr_decoder --host-memory makes them."""
     producer(frames=0, fps=100)
     d = os.path.dirname(sock)
     second = conftest.Producer(examples / "producer", os.path.join(d, "cam2.sock"), backend="host",
-                               format="nv12", width=320, height=240, frames=0, fps=100)
+                               format="nv12", width=320, height=240, frames=frames, fps=fps)
     return d, second
 
 
@@ -204,10 +205,7 @@ def test_nvr_motion_splits_its_cameras_over_worker_processes(producer, sock, exa
     # --procs 2: a camera per worker; the parent's ticks add up the workers'
     # counters and its final line counts every frame. cam2's publisher ends
     # after 3 s: its worker ends, and the other reads on to --frames.
-    producer(frames=0, fps=100)
-    d = os.path.dirname(sock)
-    second = conftest.Producer(examples / "producer", os.path.join(d, "cam2.sock"), backend="host",
-                               format="nv12", width=320, height=240, frames=30, fps=10)
+    d, second = _two_host_cameras(producer, sock, examples, frames=30, fps=10)
     try:
         r = subprocess.run([sys.executable, str(EX / "nvr_motion.py"), "--dir", d, "--device", "cpu",
                             "--procs", "2", "--frames", "600", "--report", "0.2"],
