@@ -302,9 +302,9 @@ def run_readers(readers, a, stop, until):
         _, frames, drops, events = r.take()
         st = r.stats or {}
         emit({"event": "camera-final", "camera": r.name_, "frames": frames, "drops": drops,
-                          "motion_events": events, "delivery": st.get("delivery"), "end": r.end or "stopped",
-                          "tensors_cache": (st.get("tensors_cache") or "none") if r.stats else "unknown",
-                          **{k: st.get(k, 0) for k in TENSOR_COUNTERS}})
+              "motion_events": events, "delivery": st.get("delivery"), "end": r.end or "stopped",
+              "tensors_cache": (st.get("tensors_cache") or "none") if r.stats else "unknown",
+              **{k: st.get(k, 0) for k in TENSOR_COUNTERS}})
     return start
 
 
@@ -326,15 +326,15 @@ def main(argv=None):
         print("nvr_motion: no usable camera", file=sys.stderr)
         return 2
     emit({"event": "ready", "role": "nvr_motion", "cameras": [r.name_ for r in readers],
-                      "delivery": "pull" if a.pull else "push",
-                      "scoring": sorted({r.scorer for r in readers})})
+          "delivery": "pull" if a.pull else "push",
+          "scoring": sorted({r.scorer for r in readers})})
     start = run_readers(readers, a, stop, lambda t0: a.seconds and time.monotonic() - t0 >= a.seconds)
     emit(tick(readers))
     emit({"event": "final", "role": "nvr_motion", "seconds": round(time.monotonic() - start, 2),
-                      "frames": sum(r.frames for r in readers), "drops": sum(r.drops for r in readers),
-                      "ended": sum(r.end is not None for r in readers),
-                      "scoring": sorted({r.scorer for r in readers}),
-                      **tensor_cache([r.stats for r in readers])})
+          "frames": sum(r.frames for r in readers), "drops": sum(r.drops for r in readers),
+          "ended": sum(r.end is not None for r in readers),
+          "scoring": sorted({r.scorer for r in readers}),
+          **tensor_cache([r.stats for r in readers])})
     return 0
 
 
@@ -412,8 +412,8 @@ def run_procs(a, paths):
             print(f"nvr_motion: {failed or 'no usable camera'}", file=sys.stderr, flush=True)
             return 1 if failed else 2
         emit({"event": "ready", "role": "nvr_motion", "cameras": cameras,
-                          "delivery": "pull" if a.pull else "push", "scoring": sorted(scoring),
-                          "procs": len(workers)})
+              "delivery": "pull" if a.pull else "push", "scoring": sorted(scoring),
+              "procs": len(workers)})
         go.set()
         start = last = time.monotonic()
         while finals < len(workers) and any(w.is_alive() for w in workers):
@@ -437,9 +437,9 @@ def run_procs(a, paths):
     end = shared_tick(shared, slots)
     emit(end)
     emit({"event": "final", "role": "nvr_motion", "seconds": round(time.monotonic() - start, 2),
-                      "frames": end["frames"], "drops": end["drops"], "ended": len(slots) - end["alive"],
-                      "scoring": sorted(scoring), "procs": len(workers),
-                      **tensor_cache(stats + [None] * (len(slots) - len(stats)))})
+          "frames": end["frames"], "drops": end["drops"], "ended": len(slots) - end["alive"],
+          "scoring": sorted(scoring), "procs": len(workers),
+          **tensor_cache(stats + [None] * (len(slots) - len(stats)))})
     return 0
 
 

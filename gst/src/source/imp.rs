@@ -79,8 +79,6 @@ struct State {
     sub: Option<Subscriber>,
     /// Whether a subscriber was ever connected since start.
     connected_once: bool,
-    /// The caps last sent downstream.
-    caps: Option<gst::Caps>,
     /// Since when the source has had no publisher (at start, or since
     /// ProducerGone).
     waiting_since: Option<Instant>,
@@ -246,6 +244,7 @@ impl State {
 #[derive(Default)]
 struct Published {
     stats: SubscriberStats,
+    /// The caps last sent downstream.
     caps: Option<gst::Caps>,
     /// The primary context of the CUDA output last decided.
     cuda: Option<&'static Primary>,
@@ -660,11 +659,12 @@ impl VramringSrc {
                     buffer.make_mut().set_flags(gst::BufferFlags::DISCONT);
                 }
                 state.discont = false;
-                let new_caps = (state.caps.as_ref() != Some(&caps)).then(|| caps.clone());
-                if new_caps.is_some() {
-                    lock(&self.published).caps = Some(caps.clone());
-                }
-                state.caps = Some(caps);
+                let new_caps = {
+                    let mut published = lock(&self.published);
+                    let new = (published.caps.as_ref() != Some(&caps)).then(|| caps.clone());
+                    published.caps = Some(caps);
+                    new
+                };
                 let stats = state.stats();
                 state.dropped_at_frame = stats.dropped;
                 state.last_out = Some(Instant::now());
