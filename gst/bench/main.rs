@@ -53,7 +53,8 @@ const WARMUP: u64 = 30;
 /// each frame copied into a pool buffer); `vramring-rust` is no GStreamer
 /// on the subscriber side: the library's own `Subscriber` (push), the
 /// frame in hand when `next` returns. `vramring-push` (push, then copied:
-/// `delivery=push zero-copy=false`) runs when named.
+/// `delivery=push zero-copy=false`) runs when named, as do the
+/// [`host_pair`]s `vramring-host` and `vramring-rust-host`.
 const PAIRS: [&str; 6] = [
     "cudaipc-mmap",
     "cudaipc-legacy",
@@ -107,18 +108,23 @@ fn sink_desc(pair: &str, addr: &str, subs: u32) -> String {
     match pair {
         "cudaipc-mmap" | "cudaipc-import" => format!("cudaipcsink name=sink address={addr} ipc-mode=mmap sync=false"),
         "cudaipc-legacy" => format!("cudaipcsink name=sink address={addr} ipc-mode=legacy sync=false"),
-        "vramring-host" => {
+        _ if host_pair(pair) => {
             format!("vramringsink name=sink socket-path={addr} wait-subscribers={subs} sync=false backend=host")
         }
         _ => format!("vramringsink name=sink socket-path={addr} wait-subscribers={subs} sync=false"),
     }
 }
 
-/// What puts the frames in CUDA memory: nothing for `vramring-host` (system
-/// memory on a host ring: a check of this harness on a machine without a
-/// GPU, not part of the table).
+/// The pairs on a host ring (system memory, no CUDA element): a check of
+/// this harness, and of what `vramringsrc` adds over the Rust subscriber on
+/// the CPU, on a machine without a GPU; not part of the tables.
+fn host_pair(pair: &str) -> bool {
+    pair.ends_with("-host")
+}
+
+/// What puts the frames in CUDA memory: nothing for a [`host_pair`].
 fn upload(pair: &str) -> &'static str {
-    if pair == "vramring-host" {
+    if host_pair(pair) {
         ""
     } else {
         // The caps filter: without it cudaupload passes system memory
@@ -129,10 +135,15 @@ fn upload(pair: &str) -> &'static str {
 
 fn src_desc(pair: &str, addr: &str, memory: &str) -> String {
     match (pair, memory) {
-        ("vramring" | "vramring-host", "cuda") => {
+        ("vramring", "cuda") => {
             format!("vramringsrc socket-path={addr} timeout=10000 timestamp-mode=pts ! video/x-raw(memory:CUDAMemory)")
         }
-        ("vramring" | "vramring-host", _) => {
+        // Push, as the Rust subscriber: the host push buffer handed out
+        // (zero-copy).
+        ("vramring-host", _) => {
+            format!("vramringsrc socket-path={addr} timeout=10000 timestamp-mode=pts delivery=push ! video/x-raw")
+        }
+        ("vramring", _) => {
             format!("vramringsrc socket-path={addr} timeout=10000 timestamp-mode=pts ! video/x-raw")
         }
         ("vramring-copy" | "vramring-push", _) => {
@@ -336,7 +347,7 @@ fn subscribe(args: &[String]) -> Res<()> {
     if cuda {
         cuda_thread()?;
     }
-    let got = if pair == "vramring-rust" {
+    let got = if pair.starts_with("vramring-rust") {
         subscribe_rust(addr, cuda, frames, run_for, interval_ns, index)?
     } else {
         subscribe_gst(pair, addr, memory, frames, run_for, interval_ns, index)?
@@ -821,7 +832,7 @@ fn bench(args: &[String]) -> Res<()> {
     std::fs::create_dir_all(&out)?;
     let dir = tempfile::tempdir()?;
     init()?;
-    let needed: &[&str] = if pairs == "vramring-host" {
+    let needed: &[&str] = if pairs.split(',').all(host_pair) {
         &["vramringsink"]
     } else {
         &[
@@ -898,7 +909,7 @@ fn bench(args: &[String]) -> Res<()> {
             };
             let env = mps_guard.as_ref().map(|m| m.env.clone()).unwrap_or_default();
             for pair in pairs.split(',') {
-                if pair == "vramring-host" && memory == "cuda" {
+                if host_pair(pair) && memory == "cuda" {
                     continue; // a host ring has no CUDA memory to hand out
                 }
                 for (interval_us, frames, pace) in [(2000u64, fast, "2 ms"), (40_000, slow, "25 fps")] {

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -509,6 +510,65 @@ fn a_queued_push_source_hands_downstream_its_push_buffers_and_a_kept_one_stays_w
         assert_eq!(written.len(), 60);
         stop(&src);
     }
+}
+
+/// A host ring 640 wide (its pitch, 1024, is not GStreamer's default
+/// stride) read by push into `videoconvert`, which reads a video meta:
+/// from the frame after the first (whose caps start the negotiation that
+/// asks downstream) every buffer is the push buffer itself in the ring's
+/// layout, and the I420 that comes out holds the frame's pixels.
+#[test]
+fn a_host_push_source_hands_a_video_meta_reader_its_push_buffers_in_the_rings_layout() {
+    init();
+    let (_dir, path) = socket("video-meta");
+    let mut publisher = Publisher::create(&path, ring(640, 48)).expect("a ring");
+    let src = play(&format!(
+        "vramringsrc name=src socket-path={} lossless=true delivery=push ! videoconvert ! \
+         video/x-raw,format=I420 ! appsink name=sink sync=false max-buffers=2",
+        path.display()
+    ));
+    let wrapped = Arc::new(Mutex::new(Vec::new()));
+    {
+        let wrapped = wrapped.clone();
+        let pad = src
+            .by_name("src")
+            .and_then(|e| e.static_pad("src"))
+            .expect("the source's pad");
+        pad.add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+            if let Some(b) = info.buffer() {
+                let ours = b.peek_memory(0).is_type("RustGlobalAllocatorMemory");
+                wrapped.lock().expect("not poisoned").push((b.offset(), ours));
+            }
+            gst::PadProbeReturn::Ok
+        });
+    }
+    let writer = std::thread::spawn(move || publish_pattern(&mut publisher, 20, 0));
+    let mut samples = Vec::new();
+    while samples
+        .last()
+        .map(|s: &gst::Sample| s.buffer().expect("a buffer").offset())
+        != Some(20)
+    {
+        samples.extend(pull(&src, 1));
+    }
+    let written = writer.join().expect("the writer");
+    for sample in &samples {
+        let seq = sample.buffer().expect("a buffer").offset();
+        let (_, planes) = sample_pixels(sample);
+        let nv12 = &written[seq as usize - 1];
+        let (u, v): (Vec<u8>, Vec<u8>) = nv12[1].chunks(2).map(|c| (c[0], c[1])).unzip();
+        assert!(
+            planes == [nv12[0].clone(), u, v],
+            "frame {seq} differs from what was written"
+        );
+    }
+    let wrapped = wrapped.lock().expect("not poisoned").clone();
+    assert!(wrapped.len() > 1, "{wrapped:?}");
+    assert!(
+        wrapped[1..].iter().all(|&(_, ours)| ours),
+        "after the first, every buffer is the push buffer: {wrapped:?}"
+    );
+    stop(&src);
 }
 
 /// A 512×64 NV12 host ring of 16 slots (512 wide: the ring's pitch is

@@ -1081,10 +1081,16 @@ impl BaseSrcImpl for VramringSrc {
     }
 
     /// Notes whether downstream reads `GstVideoMeta`, for zero-copy system
-    /// memory in the ring's layout.
+    /// memory in the ring's layout. Every buffer is the source's own (a
+    /// kept push buffer, or a copy into its CUDA pool or fresh memory), so
+    /// no pool downstream offers is kept, and none is activated (a CUDA
+    /// pool would allocate GPU memory for nothing).
     fn decide_allocation(&self, query: &mut gst::query::Allocation) -> Result<(), gst::LoggableError> {
         lock(&self.state).video_meta = query.find_allocation_meta::<gst_video::VideoMeta>().is_some();
-        self.parent_decide_allocation(query)
+        while query.allocation_pools().len() > 0 {
+            query.remove_nth_allocation_pool(0);
+        }
+        Ok(())
     }
 
     fn unlock(&self) -> Result<(), gst::ErrorMessage> {
@@ -1138,7 +1144,14 @@ impl PushSrcImpl for VramringSrc {
             };
             if let Some(caps) = out.caps {
                 gst::info!(CAT, imp = self, "caps {caps}");
-                self.obj().set_caps(&caps).map_err(|_| gst::FlowError::NotNegotiated)?;
+                // Negotiated afresh (`negotiate` sets the published caps)
+                // so that an allocation query carries them: downstream's
+                // answer says whether it reads a video meta, which lets a
+                // host ring's later frames go out in the ring's layout
+                // without a copy. The query at start had no caps.
+                if !self.obj().negotiate() {
+                    return Err(gst::FlowError::NotNegotiated);
+                }
             }
             if let Some((processed, dropped, pts)) = out.qos {
                 let msg = gst::message::Qos::builder(true)

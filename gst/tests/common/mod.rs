@@ -116,6 +116,7 @@ pub fn pixel_rows(format: gst_video::VideoFormat, width: u32, height: u32) -> Ve
     use gst_video::VideoFormat as F;
     match format {
         F::Nv12 => vec![(w, h), (cw * 2, ch)],
+        F::I420 => vec![(w, h), (cw, ch), (cw, ch)],
         F::P01010le => vec![(w * 2, h), (cw * 4, ch)],
         F::Gray8 => vec![(w, h)],
         F::Rgb => vec![(w * 3, h)],
