@@ -5,7 +5,10 @@ in order; gaps are counted, never hidden) with push delivery (the
 publisher's process copies each frame into this process's own buffers; pass
 --pull to pull instead), takes the luma plane as a tensor without a copy,
 downscales it, and scores motion as the fraction of pixels whose luma moved
-more than --threshold since the previous frame. Where the scoring runs
+more than --threshold since the previous frame. Scores made on the GPU are
+read back --sync-every frames at a time (8 by default): one wait for the
+GPU per batch, not per frame, so a camera's scores and motion events lag
+its frames by up to that many frames. Where the scoring runs
 follows each ring's memory (`backend`) and --device: a CUDA ring's luma is
 scored where it is, on the GPU with torch ("torch"); a host ring's luma
 (`nvr_decoder --host-memory`, the host-memory way) is uploaded to the GPU
@@ -71,9 +74,14 @@ def parse_args(argv=None):
     ap.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a camera and for a frame")
     ap.add_argument("--procs", type=int, default=1,
                     help="worker processes the cameras are split over (1: all in this process)")
+    ap.add_argument("--sync-every", type=int, default=8,
+                    help="frames of a camera whose GPU scores are read back to the host together: one wait "
+                         "for the GPU per this many frames (1: every frame)")
     a = ap.parse_args(argv)
     if a.procs < 1:
         ap.error("--procs: at least 1")
+    if a.sync_every < 1:
+        ap.error("--sync-every: at least 1")
     return a
 
 
@@ -119,6 +127,8 @@ class TorchDiff:
         self.upload_to = upload_to
 
     def score(self, frame):
+        """The frame's score, still on the GPU (a 0-d tensor; 0.0 when
+        there is nothing to compare with): `values` reads it back."""
         if frame.flags & DISCONTINUITY:
             self.prev = None
         y = frame.tensors[0]                                # rows x width uint8, no copy, made once per buffer
@@ -128,7 +138,14 @@ class TorchDiff:
         prev, self.prev = self.prev, small
         if prev is None or prev.shape != small.shape:
             return 0.0
-        return float(((small - prev).abs() > self.threshold).float().mean())   # one sync per frame
+        return ((small - prev).abs() > self.threshold).float().mean()
+
+    def values(self, scores):
+        """`score`'s results as floats, read back together: one wait for
+        the GPU (a thread waiting on torch's stream spins a core)."""
+        on_gpu = [s for s in scores if not isinstance(s, float)]
+        back = iter(self.torch.stack(on_gpu).tolist() if on_gpu else ())
+        return [s if isinstance(s, float) else next(back) for s in scores]
 
 
 class NumpyDiff:
@@ -150,6 +167,9 @@ class NumpyDiff:
         if prev is None or prev.shape != small.shape:
             return 0.0
         return float((self.np.abs(small - prev) > self.threshold).mean())
+
+    def values(self, scores):
+        return scores
 
 
 class Reader(threading.Thread):
@@ -175,6 +195,7 @@ class Reader(threading.Thread):
         self.stats = None   # the subscriber's last stats(), read before it closes
 
     def run(self):
+        pending = []   # scores not read back yet (--sync-every)
         try:
             while not self.stop.is_set():
                 try:
@@ -182,23 +203,25 @@ class Reader(threading.Thread):
                 except Exception as e:  # vramring errors; ProducerGone ends the camera
                     self.end = f"{type(e).__name__}: {e}"
                     return
-                s = self.diff.score(f)
+                pending.append(self.diff.score(f))
                 with self.lock:
                     self.frames += 1
                     self.drops += f.skipped
                     if self.shared is not None:
                         self.shared[3 * self.slot] = self.frames
                         self.shared[3 * self.slot + 1] = self.drops
-                    self.window.append(s)
-                    if s >= self.a.min_area and not self.moving:
-                        self.moving, self.events = True, self.events + 1
-                    elif s < self.a.min_area / 2:
-                        self.moving = False
                 del f
+                if len(pending) >= self.a.sync_every:
+                    self.settle(pending)
+                    pending = []
                 if self.a.frames and self.frames >= self.a.frames:
                     self.end = "frames"
                     return
         finally:
+            try:
+                self.settle(pending)
+            except Exception as e:  # a GPU error: the last scores are lost, the frames were counted
+                print(f"nvr_motion: camera {self.name_}: {len(pending)} scores lost: {e}", file=sys.stderr, flush=True)
             try:
                 self.stats = self.sub.stats()   # how frames actually came, the tensor cache
             except Exception as e:  # vramring errors: the camera's tensor cache reads "unknown"
@@ -207,6 +230,17 @@ class Reader(threading.Thread):
                 self.sub.close()
                 if self.shared is not None:
                     self.shared[3 * self.slot + 2] = 1
+
+    def settle(self, pending):
+        """Reads `pending` scores back and counts their motion events."""
+        scores = self.diff.values(pending)
+        with self.lock:
+            for s in scores:
+                self.window.append(s)
+                if s >= self.a.min_area and not self.moving:
+                    self.moving, self.events = True, self.events + 1
+                elif s < self.a.min_area / 2:
+                    self.moving = False
 
     def take(self):
         with self.lock:

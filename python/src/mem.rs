@@ -283,7 +283,11 @@ impl Cuda {
         let r = self.with(|_| {
             for &s in streams {
                 let mut ev: cu::CUevent = std::ptr::null_mut();
-                let flags = cu::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32;
+                // Blocking: a host wait on it (`sync_events`, before a push
+                // buffer is lent again) sleeps instead of spinning a core,
+                // which many reader threads of one process would each do.
+                let flags = cu::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32
+                    | cu::CUevent_flags_enum::CU_EVENT_BLOCKING_SYNC as u32;
                 // SAFETY: an out-parameter the driver fills; our context is current.
                 check("cuEventCreate", unsafe { cu::cuEventCreate(&mut ev, flags) })?;
                 let ev = Event(ev);
