@@ -11,7 +11,8 @@ at --fps, one ring each; `[decoder] memory = "cuda"` for the vram pipeline,
 camera at --detect-fps, batched torchvision detection with random weights)
 and one `nvr_motion.py` (every frame of every camera, GPU frame difference;
 --motion-procs N splits its cameras over N worker processes, whose CPU
-and memory count with it),
+and memory count with it; --motion-sync-every N sets how many frames'
+scores it reads back from the GPU at once),
 both readers by push delivery (--delivery pull to pull). The readers are
 told nothing about the pipeline: each looks at its rings' backend and, on a
 host ring, uploads what it reads to the GPU itself; the bench checks from
@@ -612,6 +613,7 @@ def commands(a, pipeline, n, cfg, rings):
     common = ["--dir", rings, "--expect", str(n), "--timeout", "30", "--report", str(TICK_S)]
     det = [py, os.path.join(READERS, "nvr_detector.py"), *common, "--fps", str(a.detect_fps), *det_work, *pull]
     procs = ["--procs", str(a.motion_procs)] if a.motion_procs > 1 else []
+    procs += ["--sync-every", str(a.motion_sync_every)] if a.motion_sync_every else []
     mot = [py, os.path.join(READERS, "nvr_motion.py"), *common, *mot_work, *pull, *procs]
     return dec, det, mot
 
@@ -694,6 +696,8 @@ def run_point(a, pipeline, mps, n, env, work, mps_daemon):
                 return fail(pt, procs, f"misconfigured: the {role} says {key} {r.get(key)}, not {want}")
             if role == "detector":
                 pt["detector_postprocess"] = r.get("postprocess")
+            else:
+                pt["motion_sync_every"] = r.get("sync_every")
             joined = len(r.get("cameras", []))
             if joined != n:
                 return fail(pt, procs, f"the {role} joined {joined} of {n} cameras: {procs[role].stderr_tail()}")
@@ -893,6 +897,9 @@ def parse_args(argv=None):
     ap.add_argument("--slots", type=int, default=8, help="slots per camera ring")
     ap.add_argument("--motion-procs", type=int, default=1,
                     help="worker processes the motion reader splits the cameras over (its --procs)")
+    ap.add_argument("--motion-sync-every", type=int, default=0,
+                    help="frames per camera whose GPU scores the motion reader reads back together (its "
+                         "--sync-every; 0: its default)")
     ap.add_argument("--device", type=int, default=0, help="CUDA device of the decoder (and nvidia-smi -i)")
     ap.add_argument("--out", default=None, help="the JSON result: a file, or a directory to write it in")
     ap.add_argument("--budget-s", type=float, default=540.0,
@@ -918,6 +925,8 @@ def parse_args(argv=None):
         ap.error(f"--pipelines takes vram,host, --mps off,on, --counts positive integers (not {bad or 'empty'})")
     if a.motion_procs < 1:
         ap.error("--motion-procs: at least 1")
+    if a.motion_sync_every < 0:
+        ap.error("--motion-sync-every: 0 (the reader's default) or more")
     if a.smoke and a.pipelines != ["host"]:
         if "vram" in a.pipelines:
             log("--smoke: the vram pipeline needs a GPU; running the host pipeline only")

@@ -361,7 +361,7 @@ def main(argv=None):
         return 2
     emit({"event": "ready", "role": "nvr_motion", "cameras": [r.name_ for r in readers],
           "delivery": "pull" if a.pull else "push",
-          "scoring": sorted({r.scorer for r in readers})})
+          "scoring": sorted({r.scorer for r in readers}), "sync_every": a.sync_every})
     start = run_readers(readers, a, stop, lambda t0: a.seconds and time.monotonic() - t0 >= a.seconds)
     emit(tick(readers))
     emit({"event": "final", "role": "nvr_motion", "seconds": round(time.monotonic() - start, 2),
@@ -447,7 +447,7 @@ def run_procs(a, paths):
             return 1 if failed else 2
         emit({"event": "ready", "role": "nvr_motion", "cameras": cameras,
               "delivery": "pull" if a.pull else "push", "scoring": sorted(scoring),
-              "procs": len(workers)})
+              "procs": len(workers), "sync_every": a.sync_every})
         go.set()
         start = last = time.monotonic()
         while finals < len(workers) and any(w.is_alive() for w in workers):

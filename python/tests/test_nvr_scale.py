@@ -195,11 +195,12 @@ def test_smoke_sweep_measures_every_point_and_leaves_nothing_running(fake_gpu, w
 
 def test_a_motion_reader_split_over_worker_processes_is_measured_whole(fake_gpu, work, tmp_path):
     # --motion-procs 2: nvr_motion.py --procs 2; its ticks and final line
-    # cover every camera, and the point stops every worker.
+    # cover every camera, and the point stops every worker. The reader
+    # says it took --motion-sync-every.
     env, _ = fake_gpu
     out = tmp_path / "res.json"
     r = subprocess.run([sys.executable, str(BENCH), "--smoke", "--counts", "3", "--seconds", "2",
-                        "--warmup", "0.5", "--mps", "off", "--motion-procs", "2", "--out", str(out),
+                        "--warmup", "0.5", "--mps", "off", "--motion-procs", "2", "--motion-sync-every", "3", "--out", str(out),
                         "--work-dir", work], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
@@ -207,6 +208,7 @@ def test_a_motion_reader_split_over_worker_processes_is_measured_whole(fake_gpu,
     (p,) = res["points"]
     assert not p["verdict"].startswith(("failed", "not run")), p["verdict"]
     assert p["motion_checked"] > 0 and p["exit"]["motion"] == 0, p
+    assert p["motion_sync_every"] == 3, p
     assert p["tensors"]["motion"]["tensors_cache"] == {"none": 3}, p["tensors"]
     assert p["cpu_pct"]["motion"] > 0, p["cpu_pct"]
     assert not _pids_with(work), "no process of the bench is left"
