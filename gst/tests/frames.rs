@@ -514,9 +514,9 @@ fn a_queued_push_source_hands_downstream_its_push_buffers_and_a_kept_one_stays_w
 
 /// A host ring 640 wide (its pitch, 1024, is not GStreamer's default
 /// stride) read by push into `videoconvert`, which reads a video meta:
-/// from the frame after the first (whose caps start the negotiation that
-/// asks downstream) every buffer is the push buffer itself in the ring's
-/// layout, and the I420 that comes out holds the frame's pixels.
+/// the first frame is a copy (its caps start the negotiation that asks
+/// downstream), every later buffer is the push buffer itself in the ring's
+/// layout, and the I420 that comes out holds the frames' pixels.
 #[test]
 fn a_host_push_source_hands_a_video_meta_reader_its_push_buffers_in_the_rings_layout() {
     init();
@@ -564,6 +564,10 @@ fn a_host_push_source_hands_a_video_meta_reader_its_push_buffers_in_the_rings_la
     }
     let wrapped = wrapped.lock().expect("not poisoned").clone();
     assert!(wrapped.len() > 1, "{wrapped:?}");
+    assert!(
+        !wrapped[0].1,
+        "the first buffer goes out before its caps are negotiated: a copy"
+    );
     assert!(
         wrapped[1..].iter().all(|&(_, ours)| ours),
         "after the first, every buffer is the push buffer: {wrapped:?}"

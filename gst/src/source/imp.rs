@@ -933,6 +933,9 @@ impl VramringSrc {
         // A plain copy of `info` with the ring's offsets, strides and size.
         let layout = &kept::ring_info(info, &geometry);
         let caps = caps.clone();
+        // Downstream's answer on the video meta was for the caps last sent:
+        // the first frame of new caps goes out before they are negotiated.
+        let video_meta = video_meta && lock(&self.published).caps.as_ref() == Some(&caps);
         if cuda.is_none() && !video_meta && !kept::default_layout(info, &geometry) {
             let src: &[u8] = hold.as_ref();
             let mut buffer = Self::system_copy(src, info, &geometry)?;
@@ -1150,6 +1153,12 @@ impl PushSrcImpl for VramringSrc {
                 // host ring's later frames go out in the ring's layout
                 // without a copy. The query at start had no caps.
                 if !self.obj().negotiate() {
+                    // Refused while the pad is being deactivated: stopping.
+                    if self.flushing.load(Ordering::Acquire)
+                        || self.obj().src_pad().pad_flags().contains(gst::PadFlags::FLUSHING)
+                    {
+                        return Err(gst::FlowError::Flushing);
+                    }
                     return Err(gst::FlowError::NotNegotiated);
                 }
             }
