@@ -26,8 +26,9 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn sock(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("vramring-cadence-{}-{name}.sock", std::process::id()))
+/// A socket path in a temp dir of its own (removed with its lock file).
+fn sock(name: &str) -> vramring_testkit::procs::SocketPath {
+    vramring_testkit::procs::SocketPath::new(&format!("cadence-{name}"))
 }
 
 /// A publisher thread and what it waits for: `start` (the subscriber's

@@ -11,8 +11,9 @@ use vramring::{
 };
 use vramring_testkit::pattern as testpattern;
 
-fn sock(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("vramring-smoke-{}-{name}.sock", std::process::id()))
+/// A socket path in a temp dir of its own (removed with its lock file).
+fn sock(name: &str) -> vramring_testkit::procs::SocketPath {
+    vramring_testkit::procs::SocketPath::new(&format!("smoke-{name}"))
 }
 
 fn host(format: Format, w: u32, h: u32) -> RingConfig {
@@ -228,7 +229,7 @@ fn a_reconnecting_next_returns_within_its_timeout_when_nothing_answers_the_hello
     // A listener that queues connections and never accepts them.
     let mute =
         rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap();
-    rustix::net::bind(&mute, &SocketAddrUnix::new(&path).unwrap()).unwrap();
+    rustix::net::bind(&mute, &SocketAddrUnix::new(&*path).unwrap()).unwrap();
     rustix::net::listen(&mute, 8).unwrap();
     let timeout = Duration::from_millis(200);
     let start = std::time::Instant::now();
@@ -381,7 +382,7 @@ fn subscribers_connect_while_the_producer_publishes_flat_out() {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let readers: Vec<_> = (0..4)
         .map(|i| {
-            let path = path.clone();
+            let path = path.to_path_buf();
             std::thread::spawn(move || {
                 let mut s = Subscriber::connect(&path, SubscriberOptions::default().push(i % 2 == 0)).unwrap();
                 for _ in 0..50 {
@@ -508,7 +509,7 @@ fn read_through_overruns(mode: Mode, name: &str) -> (u64, vramring::SubscriberSt
     let path = sock(name);
     let mut p = Publisher::create(&path, host(Format::Gray8, 2048, 2048).slots(2)).unwrap();
     let reader = {
-        let path = path.clone();
+        let path = path.to_path_buf();
         std::thread::spawn(move || {
             let mut s = Subscriber::connect(&path, SubscriberOptions::default().mode(mode)).unwrap();
             let t = std::time::Instant::now();
@@ -648,7 +649,7 @@ fn a_push_peer_reconnecting_in_a_loop_gets_only_the_attach_rate_and_a_newcomer_s
     // The churner: connect as a push subscriber, give the publisher 20 ms
     // to map its buffers, leave, and again.
     let churner = {
-        let (path, stop, connects, served) = (path.clone(), stop.clone(), connects.clone(), served.clone());
+        let (path, stop, connects, served) = (path.to_path_buf(), stop.clone(), connects.clone(), served.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 let s = Subscriber::connect(&path, SubscriberOptions::default().push(true).name("churner")).unwrap();

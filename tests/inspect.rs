@@ -15,8 +15,9 @@ use vramring::ClientOptions;
 use vramring::{Error, Format, FrameMeta, Mode, Policy, Publisher, RingConfig, Subscriber, SubscriberOptions};
 use vramring_testkit::pattern as testpattern;
 
-fn sock(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("vramring-inspect-{}-{name}.sock", std::process::id()))
+/// A socket path in a temp dir of its own (removed with its lock file).
+fn sock(name: &str) -> vramring_testkit::procs::SocketPath {
+    vramring_testkit::procs::SocketPath::new(&format!("inspect-{name}"))
 }
 
 fn publish(p: &mut Publisher) -> u64 {

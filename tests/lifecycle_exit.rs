@@ -4,7 +4,9 @@
 //! Each test re-executes this test binary as a child that runs only
 //! `exit_child`, with the scenario in `VRAMRING_EXIT_SCENARIO`; the child
 //! appends marker lines to the file named by `VRAMRING_EXIT_MARKER`, and the
-//! parent checks the exit status, how long it took, and the markers.
+//! parent checks the exit status and the markers. "Promptly" is checked by
+//! what the scenarios do: a worker that is never stopped loops for ever, so
+//! an exit that waited for it would not come before [`HANG`].
 
 use std::fs::OpenOptions;
 use std::io::{Read, Write};
@@ -17,8 +19,10 @@ use vramring::seam::lifecycle::{register, ExitPhase, ExitShutdown, ExitWorker, M
 
 const SCENARIO: &str = "VRAMRING_EXIT_SCENARIO";
 const MARKER: &str = "VRAMRING_EXIT_MARKER";
-/// Longest a child may take from start to exit.
-const CHILD_LIMIT: Duration = Duration::from_secs(10);
+/// How long a child may run before it is taken to hang and killed: far past
+/// any delay a busy machine causes (the scenarios take well under a
+/// second), and past the 60 s a scenario sleeps before it fails.
+const HANG: Duration = Duration::from_secs(120);
 
 fn append_marker(path: &Path, line: &str) {
     let mut f = OpenOptions::new()
@@ -129,8 +133,8 @@ fn exit_child() {
 fn live_ring(marker: &Path, cuda: bool) {
     use vramring::BackendChoice;
     use vramring::{Error, Format, FrameMeta, Publisher, RingConfig, Subscriber, SubscriberOptions};
-    let dir = std::env::temp_dir().join(format!("vramring-exit-ring-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    // The parent's temp dir, which it removes after the child exits.
+    let dir = marker.parent().expect("the marker is in the parent's temp dir");
     let backend = if cuda {
         BackendChoice::Cuda(0)
     } else {
@@ -163,15 +167,11 @@ fn live_ring(marker: &Path, cuda: bool) {
     std::process::exit(0);
 }
 
-/// How long a child may take to exit once it calls `exit` (with margin for
-/// a loaded CI machine; the scenarios take well under a second).
-const PROMPT: Duration = Duration::from_secs(5);
-
-/// Runs `scenario` in a child and asserts that it exited 0 within
-/// [`PROMPT`] and wrote exactly `expected` to its marker file.
+/// Runs `scenario` in a child and asserts that it exited 0 (before [`HANG`])
+/// and wrote exactly `expected` to its marker file.
 fn assert_child_exits_0_promptly(scenario: &str, expected: &[&str]) {
-    let marker = std::env::temp_dir().join(format!("vramring-lifecycle-exit-{}-{scenario}.txt", std::process::id()));
-    let _ = std::fs::remove_file(&marker);
+    let dir = vramring_testkit::procs::TempDir::new(&format!("exit-{scenario}"));
+    let marker = dir.join("marker.txt");
     let start = Instant::now();
     let mut child = Command::new(std::env::current_exe().expect("current exe"))
         .args(["--exact", "exit_child", "--nocapture", "--test-threads=1"])
@@ -185,14 +185,13 @@ fn assert_child_exits_0_promptly(scenario: &str, expected: &[&str]) {
         if let Some(status) = child.try_wait().expect("wait for child") {
             break status;
         }
-        if start.elapsed() > CHILD_LIMIT {
+        if start.elapsed() > HANG {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("child scenario {scenario} still running after {CHILD_LIMIT:?}");
+            panic!("child scenario {scenario} still running after {HANG:?}: its exit hangs");
         }
         std::thread::sleep(Duration::from_millis(5));
     };
-    let took = start.elapsed();
     let mut output = String::new();
     if let Some(mut out) = child.stdout.take() {
         let _ = out.read_to_string(&mut output);
@@ -201,13 +200,11 @@ fn assert_child_exits_0_promptly(scenario: &str, expected: &[&str]) {
         let _ = err.read_to_string(&mut output);
     }
     let markers = std::fs::read_to_string(&marker).unwrap_or_default();
-    let _ = std::fs::remove_file(&marker);
     assert_eq!(
         status.code(),
         Some(0),
         "child scenario {scenario} exited with {status}; output:\n{output}"
     );
-    assert!(took < PROMPT, "child scenario {scenario} took {took:?} to exit");
     assert_eq!(markers.lines().collect::<Vec<_>>(), expected, "scenario {scenario}");
 }
 

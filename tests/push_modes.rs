@@ -13,8 +13,9 @@ use vramring::{
 };
 use vramring_testkit::pattern as testpattern;
 
-fn sock(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("vramring-push-modes-{}-{name}.sock", std::process::id()))
+/// A socket path in a temp dir of its own (removed with its lock file).
+fn sock(name: &str) -> vramring_testkit::procs::SocketPath {
+    vramring_testkit::procs::SocketPath::new(&format!("push-modes-{name}"))
 }
 
 fn host(slots: u32) -> RingConfig {

@@ -302,15 +302,28 @@ pub fn peer_ids(fd: BorrowedFd<'_>) -> Result<(u32, u32)> {
 mod tests {
     use super::*;
 
-    fn tmp(name: &str) -> PathBuf {
+    /// A directory of a test's own, removed on drop with the lock file the
+    /// listener leaves beside its socket.
+    struct TmpDir(PathBuf);
+
+    impl Drop for TmpDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A socket path in a fresh directory, and the directory's guard.
+    fn tmp(name: &str) -> (TmpDir, PathBuf) {
         let d = std::env::temp_dir().join(format!("vramring-t-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_file(&d);
-        d
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.join("s.sock");
+        (TmpDir(d), p)
     }
 
     #[test]
     fn a_live_socket_is_never_replaced_by_a_second_listener() {
-        let p = tmp("live");
+        let (_dir, p) = tmp("live");
         let l = Listener::bind(&p, 0o660).unwrap();
         assert!(matches!(Listener::bind(&p, 0o660), Err(Error::AddressInUse(_))));
         drop(l);
@@ -319,7 +332,7 @@ mod tests {
 
     #[test]
     fn a_stale_socket_file_is_replaced() {
-        let p = tmp("stale");
+        let (_dir, p) = tmp("stale");
         {
             // A socket bound with no lock holder and no listener: stale.
             let fd = seqpacket().unwrap();
@@ -332,7 +345,7 @@ mod tests {
 
     #[test]
     fn a_regular_file_at_the_path_is_not_deleted() {
-        let p = tmp("regular");
+        let (_dir, p) = tmp("regular");
         std::fs::write(&p, b"x").unwrap();
         assert!(Listener::bind(&p, 0o600).is_err());
         assert!(p.exists());

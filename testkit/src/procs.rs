@@ -55,6 +55,38 @@ impl Drop for TempDir {
     }
 }
 
+/// A socket path in a fresh [`TempDir`] of its own, both removed on drop:
+/// the library never unlinks the `.lock` file beside a socket, so a socket
+/// straight in the temp dir would leave it behind.
+pub struct SocketPath {
+    path: PathBuf,
+    _dir: TempDir,
+}
+
+impl SocketPath {
+    /// `<temp>/vramring-test-<pid>-<name>/ring.sock`.
+    pub fn new(name: &str) -> SocketPath {
+        let dir = TempDir::new(name);
+        SocketPath {
+            path: dir.join("ring.sock"),
+            _dir: dir,
+        }
+    }
+}
+
+impl std::ops::Deref for SocketPath {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<Path> for SocketPath {
+    fn as_ref(&self) -> &Path {
+        &self.path
+    }
+}
+
 /// A child process, killed (by its own pid) if the test ends first.
 pub struct ChildProc {
     pub name: String,
