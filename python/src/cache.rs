@@ -28,9 +28,11 @@
 //!      the memory through torch is a `TensorImpl` holding a reference to
 //!      that storage: an alias, any view or slice of it (`t[:, :100]`
 //!      shares the storage, not the Python object), one that C++ holds with
-//!      no Python reference left (autograd's saved tensors), an
-//!      `untyped_storage()` kept alone. The base's own reference count sees
-//!      a way back to the base object itself. torch's CUDA graph trees use
+//!      no Python reference left (autograd's saved tensors). torch keeps
+//!      one Python object per storage, holding one use of it however many
+//!      references it has, so those references are added (an
+//!      `untyped_storage()` or `storage()` kept alone). The base's own
+//!      reference count sees a way back to the base object itself. torch's CUDA graph trees use
 //!      the same storage count to decide that a graph output's memory may
 //!      be overwritten.
 //!    - numpy: the base array's reference count plus that of its `base`
@@ -48,8 +50,8 @@
 //! is known free without a new check.
 //!
 //! Both counts are proven before they are trusted, on every base when it
-//! is made: the count must rise when an alias is made and fall back when
-//! the alias goes. A base that fails (a torch without
+//! is made: the count must rise when an alias is made (torch: and when its
+//! storage object is kept) and fall back when it goes. A base that fails (a torch without
 //! `_storage_Use_Count`, a library that tracks views another way) turns
 //! the cache off for the subscriber (`stats()["tensors_cache"]` says why)
 //! and frames get their tensors imported per frame, each holding its
@@ -186,10 +188,13 @@ impl Api {
                 let Some(count) = &self.use_count else {
                     return Ok(Err("this torch has no torch._C._storage_Use_Count"));
                 };
+                // torch keeps one Python object per storage, which holds a
+                // single use of it however many references it has: those
+                // references count too (a storage kept alone).
                 let storage = base.call_method0(intern!(py, "untyped_storage"))?;
                 let cdata = storage.getattr(intern!(py, "_cdata"))?;
                 let n: isize = count.bind(py).call1((cdata,))?.extract()?;
-                Ok(Ok(n + refcnt(base)))
+                Ok(Ok(n + refcnt(base) + refcnt(&storage)))
             }
             Consumer::Numpy => {
                 let owner = base.getattr(intern!(py, "base"))?;
@@ -217,14 +222,24 @@ impl Api {
         let with = self.uses(base)?.unwrap_or(alone);
         drop(alias);
         let after = self.uses(base)?.unwrap_or(alone);
-        if with > alone && after == alone {
-            Ok(Ok(alone))
-        } else {
-            Ok(Err(format!(
+        if with <= alone || after != alone {
+            return Ok(Err(format!(
                 "the {} use count does not see an alias (alone {alone}, with one {with}, after it {after})",
                 self.consumer.name()
-            )))
+            )));
         }
+        if let Consumer::Torch = self.consumer {
+            let storage = base.call_method0(intern!(base.py(), "untyped_storage"))?;
+            let with = self.uses(base)?.unwrap_or(alone);
+            drop(storage);
+            let after = self.uses(base)?.unwrap_or(alone);
+            if with <= alone || after != alone {
+                return Ok(Err(format!(
+                    "the torch use count does not see a storage kept alone (alone {alone}, with one {with}, after it {after})"
+                )));
+            }
+        }
+        Ok(Ok(alone))
     }
 }
 

@@ -238,3 +238,32 @@ def test_torch_tensors_are_reused_and_a_view_or_autograd_keeps_the_buffer(produc
         out.backward()
         assert torch.equal(w.grad, y0.float()), "the saved plane was not rewritten"
         assert sub.stats()["tensors_busy"] > 0
+
+
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
+def test_a_torch_storage_kept_alone_keeps_its_buffer(producer, sock):
+    # torch keeps one Python object per storage, whose references show in
+    # neither the storage's use count nor the base's: the cache counts them
+    # too (`untyped_storage()`, and the typed `storage()` over it).
+    torch = pytest.importorskip("torch")
+    producer(frames=0, fps=1000, slots=4, wait_subscribers=1)
+    with vramring.Subscriber(sock, tensors="torch", max_held=6) as sub:
+        for kind in ("untyped_storage", "storage"):
+            f = sub.next(5.0)
+            y = f.tensors[0]
+            if sub.stats()["tensors_cache"] != "on":
+                pytest.skip(f"this torch's counts cannot be proven: {sub.stats()['tensors_cache']}")
+            kept = getattr(y, kind)()
+            before, where = y.clone(), (y.storage_offset(), y.shape, y.stride())
+            addr = y.data_ptr()
+            del f, y
+            gc.collect()
+            for _ in range(100):
+                g = sub.next(5.0)
+                assert g.tensors[0].data_ptr() != addr, f"a buffer whose {kind}() is kept was handed out again"
+                check_pattern(np.from_dlpack(g), g.seq)
+                del g
+            storage = kept if kind == "untyped_storage" else kept.untyped()
+            now = torch.empty(0, dtype=torch.uint8).set_(storage, *where)
+            assert torch.equal(now, before), f"the buffer under {kind}() was rewritten"
+            del kept, now
