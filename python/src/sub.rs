@@ -227,6 +227,9 @@ impl Frame {
 #[derive(Default)]
 struct Sink {
     pool: Option<Arc<BufPool>>,
+    /// The geometry of the frames `pool` was made for: the tensor cache's
+    /// entries are keyed by pool, and their tensors have its shapes.
+    geometry: Option<Geometry>,
     cuda: Option<(Arc<Cuda>, [u8; 16])>,
     keep: usize,
 }
@@ -248,20 +251,24 @@ impl Sink {
     }
 
     /// The pool for frames of ring `info`; a new one when the ring changed
-    /// (a reconnect to a publisher with another geometry or device).
+    /// (a reconnect to a publisher with another geometry or device), even
+    /// one of the same size (cached tensors have the old shapes).
     fn pool_for(&mut self, info: &RingInfo) -> vramring::Result<Arc<BufPool>> {
         let cuda = self.cuda_for(info)?;
         let bytes = info.geometry().frame_bytes;
-        let fits = self.pool.as_ref().is_some_and(|p| {
-            p.bytes == bytes
-                && match (&p.cuda, &cuda) {
-                    (None, None) => true,
-                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                    _ => false,
-                }
-        });
+        let same_geometry = self.geometry.as_ref() == Some(info.geometry());
+        let fits = same_geometry
+            && self.pool.as_ref().is_some_and(|p| {
+                p.bytes == bytes
+                    && match (&p.cuda, &cuda) {
+                        (None, None) => true,
+                        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                        _ => false,
+                    }
+            });
         if !fits {
             self.pool = Some(BufPool::new(cuda, bytes, self.keep));
+            self.geometry = Some(*info.geometry());
         }
         self.pool.clone().ok_or(Error::Closed)
     }

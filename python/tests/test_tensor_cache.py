@@ -5,13 +5,14 @@ ring here; the torch tests run where torch is installed."""
 
 import gc
 import importlib.util
+import threading
 import time
 
 import numpy as np
 import pytest
 
 import vramring
-from conftest import check_pattern
+from conftest import check_pattern, pattern_frame
 
 
 def _wait_push_active(sub):
@@ -267,3 +268,30 @@ def test_a_torch_storage_kept_alone_keeps_its_buffer(producer, sock):
             now = torch.empty(0, dtype=torch.uint8).set_(storage, *where)
             assert torch.equal(now, before), f"the buffer under {kind}() was rewritten"
             del kept, now
+
+
+def test_a_reconnect_to_a_ring_of_the_same_size_but_another_shape_gets_tensors_of_its_shape(sock):
+    # gray8 1536x1024 and 1024x1536: 512-byte pitches make both frames
+    # 1 572 864 bytes, so only the shape tells them apart.
+    sub = None
+    with vramring.Publisher(sock, "gray8", 1536, 1024, backend="host") as a:
+        sub = vramring.Subscriber(sock, mode="sequential", reconnect=True, tensors="numpy")
+        first_nbytes = a.nbytes
+        a.publish(pattern_frame(1, a.nbytes))
+        f = sub.next(5.0)
+        assert f.tensors[0].shape == (1024, 1536)
+        del f
+    with pytest.raises(vramring.ProducerGone):
+        sub.next(1.0)
+    with vramring.Publisher(sock, "gray8", 1024, 1536, backend="host") as b:
+        assert b.nbytes == first_nbytes
+        t = threading.Thread(target=lambda: (time.sleep(0.2), b.publish(pattern_frame(1, b.nbytes))))
+        t.start()
+        f = sub.next(5.0)
+        t.join()
+        (y,) = f.tensors
+        assert (f.width, f.height) == (1024, 1536)
+        assert y.shape == tuple(f.plane(0).shape) == (1536, 1024)
+        assert np.array_equal(y, np.from_dlpack(f.plane(0)))
+        del f, y
+    sub.close()
