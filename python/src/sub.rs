@@ -501,13 +501,14 @@ fn read(
     dest: Option<&Buf>,
     timeout: Duration,
 ) -> vramring::Result<Got> {
-    let deadline = Instant::now() + timeout;
+    // None: a timeout past what `Instant` can hold, which never ends.
+    let deadline = Instant::now().checked_add(timeout);
     let timed_out = |e: Error| match e {
         Error::Timeout(_, what) => Error::Timeout(timeout, what),
         e => e,
     };
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()));
         if lend {
             let f = sub.next(left).map_err(timed_out)?;
             let woke = monotonic_ns();
@@ -580,7 +581,7 @@ fn read(
                 return Ok(got);
             }
             // Torn: the frame is lost (counted as an overrun); read the next.
-            Err(Error::Overrun { .. }) if Instant::now() < deadline => continue,
+            Err(Error::Overrun { .. }) if deadline.is_none_or(|d| Instant::now() < d) => continue,
             Err(Error::Overrun { .. }) => return Err(Error::Timeout(timeout, "the next frame")),
             Err(e) => return Err(e),
         }
@@ -625,10 +626,18 @@ impl Drop for PySubscriber {
             c.clear();
         }
         // A lent frame outlives us: it keeps the Rust subscriber (its hold
-        // and its mapping of the buffer); otherwise it closes here.
+        // and its mapping of the buffer); otherwise it closes here, once
+        // the last lent frame's GPU work is done (waited for without the
+        // GIL, which that work may need: a host callback).
         if let Some(s) = self.sub.get_mut().take() {
-            if let Some(s) = self.park(s) {
-                drop(s);
+            if let Some((s, lent)) = self.park(s) {
+                // SAFETY: a pyclass is dropped by its deallocator, with the
+                // GIL held by this thread.
+                let py = unsafe { Python::assume_attached() };
+                py.detach(move || {
+                    drop(lent);
+                    drop(s);
+                });
             }
         }
     }
@@ -661,14 +670,13 @@ impl PySubscriber {
 
     /// Hands the Rust subscriber `s` to the lent frame still alive, if any
     /// (it closes when that frame and its tensors are gone); gives it back
-    /// when there is none.
-    fn park(&mut self, s: Box<Subscriber>) -> Option<Box<Subscriber>> {
+    /// when there is none, with the token of the frame lent last: the work
+    /// its consumers queued on the buffer completes before `s` (and its
+    /// mapping) can go, and dropping that last `Arc` waits for it (do that
+    /// without the GIL, before `s` goes).
+    fn park(&mut self, s: Box<Subscriber>) -> Option<(Box<Subscriber>, Option<Arc<Lent>>)> {
         if !self.lent_alive() {
-            // The frame lent last is gone; the work its consumers queued on
-            // the buffer completes before `s` (and its mapping) can go:
-            // dropping our last `Arc` settles its events.
-            drop(self.lent.take());
-            return Some(s);
+            return Some((s, self.lent.take()));
         }
         let l = self.lent.take()?;
         *l.parked.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
@@ -1166,8 +1174,11 @@ impl PySubscriber {
             c.clear();
         }
         let parked = self.sub.get_mut().take().map(|s| self.park(s));
-        if let Some(Some(mut s)) = parked {
-            let r = py.detach(|| s.close());
+        if let Some(Some((mut s, lent))) = parked {
+            let r = py.detach(|| {
+                drop(lent);
+                s.close()
+            });
             drop(s);
             r.py_err()?;
         }

@@ -33,6 +33,17 @@ def test_timeout_message_is_the_rust_message(sock):
     assert str(e.value) == "timed out after 50ms waiting for the next frame"
 
 
+@pytest.mark.parametrize("kwargs", [{}, {"push": True}, {"tensors": "numpy"}])
+def test_a_timeout_longer_than_the_clock_holds_waits_for_the_frame(sock, kwargs):
+    # 1e19 s is past what the monotonic clock can add: no deadline, not a
+    # panic (which left the subscriber unusable).
+    with vramring.Publisher(sock, "gray8", 64, 8, backend="host") as pub:
+        with vramring.Subscriber(sock, **kwargs) as sub:
+            for n in range(3):
+                pub.publish(np.full(pub.nbytes, n, dtype=np.uint8))
+                assert sub.next(1e19).seq == n + 1
+
+
 def test_a_second_publisher_on_a_live_socket_is_address_in_use(sock):
     with vramring.Publisher(sock, "gray8", 16, 16, backend="host"):
         with pytest.raises(vramring.AddressInUse, match="already listening"):
