@@ -421,6 +421,14 @@ impl TensorCache {
         }
         let declared = self.stream.filter(|&s| s > 0).map(|s| s as usize);
         let e = &mut self.entries[i];
+        // The aliases before the fence: an error making them leaves the
+        // consumers' streams for the next check to fence.
+        let aliases = e
+            .bases
+            .iter()
+            .map(|b| self.api.alias(b.bind(py)))
+            .collect::<PyResult<Vec<_>>>()?;
+        let spare = PyTuple::new(py, aliases)?.unbind();
         let mut wait = None;
         if let Some(c) = e
             .cuda
@@ -440,12 +448,7 @@ impl TensorCache {
                 c.wait_on_stream(events);
             }
         }
-        let aliases = e
-            .bases
-            .iter()
-            .map(|b| self.api.alias(b.bind(py)))
-            .collect::<PyResult<Vec<_>>>()?;
-        e.spare = Some(PyTuple::new(py, aliases)?.unbind());
+        e.spare = Some(spare);
         Ok(Check::Free(wait))
     }
 

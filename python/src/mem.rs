@@ -294,7 +294,12 @@ impl Cuda {
                 // SAFETY: `ev` is our live event; `s` is the handle the
                 // consumer gave (or a sentinel the driver defines); a bad
                 // handle is an error the driver reports.
-                check("cuEventRecord", unsafe { cu::cuEventRecord(ev.0, s as cu::CUstream) })?;
+                let recorded = check("cuEventRecord", unsafe { cu::cuEventRecord(ev.0, s as cu::CUstream) });
+                if let Err(e) = recorded {
+                    // SAFETY: our event, never recorded nor used again.
+                    unsafe { cu::cuEventDestroy_v2(ev.0) };
+                    return Err(e);
+                }
                 events.push(ev);
             }
             Ok(())

@@ -123,12 +123,31 @@ pub struct Frame {
     zero_copy: bool,
     /// `CLOCK_MONOTONIC` ns: woke, copied, checked, returned (see `timing`).
     timing: [u64; 4],
-    /// One array per plane (`Subscriber(tensors=)`), `None` without.
-    tensors: Option<Py<PyTuple>>,
+    /// One array per plane (`Subscriber(tensors=)`), `None` without. In a
+    /// mutex so that the garbage collector can clear it (`__clear__`): a
+    /// reference cycle through the frame (`y.frame = frame`) is then
+    /// collected and its buffer reused.
+    tensors: Mutex<Option<Py<PyTuple>>>,
 }
 
 #[pymethods]
 impl Frame {
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        // Never blocks: a frame whose tensors are being read is not in a
+        // collection's way.
+        if let Ok(t) = self.tensors.try_lock() {
+            if let Some(t) = &*t {
+                visit.call(t)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        let t = self.tensors.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(t);
+    }
+
     /// Where `next()` spent its time, as `CLOCK_MONOTONIC` ns (compare with
     /// `commit_ns`): `(woke, copied, checked, returned)`: the wait ended
     /// and the frame was found; its copy into the frame's buffer was
@@ -146,7 +165,8 @@ impl Frame {
     /// any of these tensors, or any view of them is alive.
     #[getter]
     fn tensors(&self, py: Python<'_>) -> PyResult<Py<PyTuple>> {
-        self.tensors.as_ref().map(|t| t.clone_ref(py)).ok_or_else(|| {
+        let tensors = self.tensors.lock().unwrap_or_else(|p| p.into_inner());
+        tensors.as_ref().map(|t| t.clone_ref(py)).ok_or_else(|| {
             PyValueError::new_err(
                 "this frame has no tensors: make the Subscriber with tensors=\"torch\" or tensors=\"numpy\"",
             )
@@ -422,7 +442,7 @@ impl Got {
             dev,
             zero_copy,
             timing: [woke, copied, checked, monotonic_ns()],
-            tensors,
+            tensors: Mutex::new(tensors),
         }
     }
 
@@ -737,7 +757,7 @@ impl PySubscriber {
         // `tensors=` with the cache off: imported per frame, each holding
         // the frame's memory through its DLPack context.
         if let Some(c) = &mut self.cache {
-            frame.tensors = Some(c.per_frame(py, &frame.keep, frame.base, &frame.geometry, frame.dev)?);
+            frame.tensors = Mutex::new(Some(c.per_frame(py, &frame.keep, frame.base, &frame.geometry, frame.dev)?));
         }
         Ok(frame)
     }

@@ -295,3 +295,20 @@ def test_a_reconnect_to_a_ring_of_the_same_size_but_another_shape_gets_tensors_o
         assert np.array_equal(y, np.from_dlpack(f.plane(0)))
         del f, y
     sub.close()
+
+
+def test_a_reference_cycle_through_a_frame_is_collected_and_its_buffer_reused(producer, sock):
+    # frame -> its tensors -> a tensor -> the frame: the garbage collector
+    # sees through the frame, so the cycle goes and the buffer comes back
+    # (before, every such frame stayed held until max_held was reached).
+    torch = pytest.importorskip("torch")
+    producer(frames=0, fps=1000, slots=4, wait_subscribers=1)
+    with vramring.Subscriber(sock, tensors="torch", max_held=2) as sub:
+        for _ in range(20):
+            f = sub.next(5.0)
+            y = f.tensors[0]
+            assert isinstance(y, torch.Tensor)
+            y.frame = f
+            del f, y
+            gc.collect()
+        assert sub.stats()["tensors_busy"] == 0
