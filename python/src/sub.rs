@@ -757,7 +757,8 @@ impl PySubscriber {
         // `tensors=` with the cache off: imported per frame, each holding
         // the frame's memory through its DLPack context.
         if let Some(c) = &mut self.cache {
-            frame.tensors = Mutex::new(Some(c.per_frame(py, &frame.keep, frame.base, &frame.geometry, frame.dev)?));
+            let t = c.per_frame(py, &frame.keep, frame.base, &frame.geometry, frame.dev)?;
+            frame.tensors = Mutex::new(Some(t));
         }
         Ok(frame)
     }
