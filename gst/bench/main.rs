@@ -53,8 +53,10 @@ const WARMUP: u64 = 30;
 /// each frame copied into a pool buffer); `vramring-rust` is no GStreamer
 /// on the subscriber side: the library's own `Subscriber` (push), the
 /// frame in hand when `next` returns. `vramring-push` (push, then copied:
-/// `delivery=push zero-copy=false`) runs when named, as do the
-/// [`host_pair`]s `vramring-host` and `vramring-rust-host`.
+/// `delivery=push zero-copy=false`) runs when named, as do
+/// `vramring-rust-queue` (the Rust subscriber reading as `vramringsrc`
+/// does: a push queue in order, reconnecting) and the [`host_pair`]s
+/// `vramring-host`, `vramring-rust-host` and `vramring-rust-queue-host`.
 const PAIRS: [&str; 6] = [
     "cudaipc-mmap",
     "cudaipc-legacy",
@@ -247,7 +249,12 @@ fn publish(args: &[String]) -> Res<()> {
         subs.parse::<u32>()?,
     );
     init()?;
-    let caps = format!("video/x-raw,format=NV12,width={WIDTH},height={HEIGHT},framerate=0/1");
+    // A host pair's frames are 2048 wide: the ring's 512-byte pitch is then
+    // GStreamer's default stride, so `vramringsrc` hands the appsink (which
+    // reads no video meta) the push buffer itself, as the Rust subscriber
+    // gets it, and the pairs differ only by GStreamer's own path.
+    let width = if host_pair(pair) { 2048 } else { WIDTH };
+    let caps = format!("video/x-raw,format=NV12,width={width},height={HEIGHT},framerate=0/1");
     let p = launch(&format!(
         "appsrc name=src is-live=true format=time caps={caps} max-buffers=4 block=true ! {}{}",
         upload(pair),
@@ -273,7 +280,7 @@ fn publish(args: &[String]) -> Res<()> {
             gst::PadProbeReturn::Ok
         });
     }
-    let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Nv12, WIDTH, HEIGHT).build()?;
+    let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Nv12, width, HEIGHT).build()?;
     let pool = gst_video::VideoBufferPool::new();
     let mut config = pool.config();
     config.set_params(Some(&info.to_caps()?), info.size() as u32, 8, 0);
@@ -348,7 +355,7 @@ fn subscribe(args: &[String]) -> Res<()> {
         cuda_thread()?;
     }
     let got = if pair.starts_with("vramring-rust") {
-        subscribe_rust(addr, cuda, frames, run_for, interval_ns, index)?
+        subscribe_rust(addr, cuda, pair.contains("-queue"), frames, run_for, interval_ns, index)?
     } else {
         subscribe_gst(pair, addr, memory, frames, run_for, interval_ns, index)?
     };
@@ -505,16 +512,22 @@ fn pixel_index(b: &gst::BufferRef) -> Res<u64> {
 fn subscribe_rust(
     addr: &str,
     cuda: bool,
+    queue: bool,
     frames: u64,
     run_for: Duration,
     interval_ns: u64,
     index: Index,
 ) -> Res<Vec<(u64, u64)>> {
-    use vramring::{ClientOptions, Delivery, Error, Subscriber, SubscriberOptions};
-    let opts = SubscriberOptions::default()
+    use vramring::{ClientOptions, Delivery, Error, Mode, Subscriber, SubscriberOptions};
+    let mut opts = SubscriberOptions::default()
         .delivery(Delivery::Push)
         .name("bench-rust")
         .connect_timeout(Duration::from_secs(10));
+    if queue {
+        // As `vramringsrc` reads by default (zero-copy): a push queue read
+        // in order, reconnecting.
+        opts = opts.mode(Mode::Sequential).reconnect(true);
+    }
     let mut sub = Subscriber::connect(addr, opts)?;
     println!("ready");
     std::io::stdout().flush()?;

@@ -1,6 +1,8 @@
 """Bad paths, bad arguments, exceptions mirroring vramring::Error."""
 
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -39,9 +41,31 @@ def test_a_timeout_longer_than_the_clock_holds_waits_for_the_frame(sock, kwargs)
     # panic (which left the subscriber unusable).
     with vramring.Publisher(sock, "gray8", 64, 8, backend="host") as pub:
         with vramring.Subscriber(sock, **kwargs) as sub:
-            for n in range(3):
-                pub.publish(np.full(pub.nbytes, n, dtype=np.uint8))
-                assert sub.next(1e19).seq == n + 1
+            published = 0
+
+            def publish():
+                nonlocal published
+                published += 1
+                pub.publish(np.full(pub.nbytes, published % 256, dtype=np.uint8))
+
+            if kwargs.get("push"):
+                # Push starts at a publish after the subscriber's buffers
+                # are mapped; a frame published meanwhile may be passed over
+                # by a latest reader, which would then wait for the next.
+                deadline = time.monotonic() + 30
+                while not sub.push_active:
+                    assert time.monotonic() < deadline, "push never became active"
+                    publish()
+                    time.sleep(0.005)
+            for _ in range(3):
+                publish()
+                got = []
+                # Joined with a bound: a lost frame fails the test, not CI.
+                reader = threading.Thread(target=lambda: got.append(sub.next(1e19)), daemon=True)
+                reader.start()
+                reader.join(60)
+                assert got, "no frame within 60 s"
+                assert got[0].seq == published
 
 
 def test_a_second_publisher_on_a_live_socket_is_address_in_use(sock):
