@@ -49,9 +49,10 @@ def test_a_timeout_longer_than_the_clock_holds_waits_for_the_frame(sock, kwargs)
                 pub.publish(np.full(pub.nbytes, published % 256, dtype=np.uint8))
 
             if kwargs.get("push"):
-                # Push starts at a publish after the subscriber's buffers
-                # are mapped; a frame published meanwhile may be passed over
-                # by a latest reader, which would then wait for the next.
+                # A push reader gets only frames published once the
+                # publisher has mapped its buffers (at a publish after its
+                # attach): one published before is never its, and a wait
+                # for it would wait for the next.
                 deadline = time.monotonic() + 30
                 while not sub.push_active:
                     assert time.monotonic() < deadline, "push never became active"
