@@ -47,8 +47,9 @@ fn until_push_active(p: &mut Publisher, s: &Subscriber) -> u64 {
 }
 
 /// A lossless host ring (16 slots, a long lease) and a lossless push reader
-/// with 4 buffers, pushed to from `start + 1` on.
-fn lossless_push_reader(name: &str) -> (Publisher, Subscriber, u64) {
+/// with 4 buffers, pushed to from `start + 1` on; the socket's path (its
+/// directory goes when it is dropped: keep it as long as the ring).
+fn lossless_push_reader(name: &str) -> (vramring_testkit::procs::SocketPath, Publisher, Subscriber, u64) {
     let path = sock(name);
     let cfg = host(16)
         .policy(Policy::Lossless)
@@ -57,7 +58,7 @@ fn lossless_push_reader(name: &str) -> (Publisher, Subscriber, u64) {
     let opts = SubscriberOptions::default().lossless(true).push(true).push_buffers(4);
     let s = Subscriber::connect(&path, opts).unwrap();
     let start = until_push_active(&mut p, &s);
-    (p, s, start)
+    (path, p, s, start)
 }
 
 #[test]
@@ -138,7 +139,7 @@ fn a_sequential_push_reader_a_ring_behind_loses_the_frames_whose_meta_is_gone_an
 
 #[test]
 fn a_lossless_push_reader_holds_the_producer_at_its_queue_and_never_misses_a_frame() {
-    let (mut p, mut s, start) = lossless_push_reader("lossless");
+    let (_path, mut p, mut s, start) = lossless_push_reader("lossless");
     // 4 buffers: 3 frames go ahead of a reader that took nothing yet; the
     // 4th waits for it.
     for _ in 1..3 {
@@ -291,7 +292,7 @@ fn a_held_frame_stays_whole_while_the_reader_reads_on_and_its_queue_is_the_limit
 
 #[test]
 fn a_lossless_reader_that_keeps_a_frame_holds_the_producer_and_loses_nothing() {
-    let (mut p, mut s, start) = lossless_push_reader("hold-lossless");
+    let (_path, mut p, mut s, start) = lossless_push_reader("hold-lossless");
     let kept = read_and_hold(&mut s, start + 1);
     for want in start + 2..=start + 4 {
         publish(&mut p);
@@ -341,7 +342,7 @@ fn a_held_frame_outlives_its_subscriber_and_a_latest_push_frame_cannot_be_held()
 
 #[test]
 fn a_kept_frame_let_go_on_another_thread_frees_a_waiting_lossless_publisher_at_once() {
-    let (mut p, mut s, start) = lossless_push_reader("hold-elsewhere");
+    let (_path, mut p, mut s, start) = lossless_push_reader("hold-elsewhere");
     let kept = read_and_hold(&mut s, start + 1);
     for _ in 0..3 {
         publish(&mut p);
