@@ -151,20 +151,9 @@ def test_nvr_examples_without_a_camera_exit_2(tmp_path):
 
 
 def test_nvr_motion_reads_every_frame_of_two_host_cameras_by_push(producer, sock, examples):
-    # Two cameras in one directory, as nvr_decoder makes them: the fixture's
-    # producer and a second one beside it; plus a packet socket name to skip.
-    producer(frames=0, fps=100)
-    d = os.path.dirname(sock)
-    second = conftest.Producer(examples / "producer", os.path.join(d, "cam2.sock"), backend="host",
-                               format="nv12", width=320, height=240, frames=0, fps=100)
-    try:
-        r = subprocess.run([sys.executable, str(EX / "nvr_motion.py"), "--dir", d, "--numpy", "--frames", "40",
-                            "--report", "0.2"], capture_output=True, text=True, timeout=120)
-    finally:
-        second.kill()
-    assert r.returncode == 0, r.stderr
-    lines = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
-    assert lines[0]["event"] == "ready" and sorted(lines[0]["cameras"]) == ["cam", "cam2"], lines[0]
+    # Two cameras in one directory, as nvr_decoder makes them.
+    lines = _run_on_two_cameras(producer, sock, examples, "nvr_motion.py", "--numpy", "--frames", "40",
+                                "--report", "0.2")
     assert lines[0]["delivery"] == "push" and lines[0]["scoring"] == ["numpy"]
     finals = {l["camera"]: l for l in lines if l["event"] == "camera-final"}
     for cam in ("cam", "cam2"):
@@ -193,6 +182,22 @@ def _two_host_cameras(producer, sock, examples, frames=0, fps=100):
     return d, second
 
 
+def _run_on_two_cameras(producer, sock, examples, script, *args, frames=0, fps=100):
+    """`script --dir D *args` over `_two_host_cameras` (the second's
+    `frames` at `fps`): asserts that it exited 0 and that its ready line
+    names both cameras; returns its JSON lines."""
+    d, second = _two_host_cameras(producer, sock, examples, frames=frames, fps=fps)
+    try:
+        r = subprocess.run([sys.executable, str(EX / script), "--dir", d, *args],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        second.kill()
+    assert r.returncode == 0, r.stderr
+    lines = _json_lines(r.stdout)
+    assert lines[0]["event"] == "ready" and sorted(lines[0]["cameras"]) == ["cam", "cam2"], lines[0]
+    return lines
+
+
 def _ticks_are_cumulative(ticks, key):
     assert len(ticks) >= 2, ticks
     t = [x["t_ns"] for x in ticks]
@@ -205,17 +210,9 @@ def test_nvr_motion_splits_its_cameras_over_worker_processes(producer, sock, exa
     # --procs 2: a camera per worker; the parent's ticks add up the workers'
     # counters and its final line counts every frame. cam2's publisher ends
     # after 3 s: its worker ends, and the other reads on to --frames.
-    d, second = _two_host_cameras(producer, sock, examples, frames=30, fps=10)
-    try:
-        r = subprocess.run([sys.executable, str(EX / "nvr_motion.py"), "--dir", d, "--device", "cpu",
-                            "--procs", "2", "--frames", "600", "--report", "0.2"],
-                           capture_output=True, text=True, timeout=120)
-    finally:
-        second.kill()
-    assert r.returncode == 0, r.stderr
-    lines = _json_lines(r.stdout)
+    lines = _run_on_two_cameras(producer, sock, examples, "nvr_motion.py", "--device", "cpu", "--procs", "2",
+                                "--frames", "600", "--report", "0.2", frames=30, fps=10)
     ready = lines[0]
-    assert ready["event"] == "ready" and sorted(ready["cameras"]) == ["cam", "cam2"], ready
     assert ready["procs"] == 2 and ready["scoring"] == ["numpy"], ready
     ticks = [l for l in lines if l["event"] == "tick"]
     _ticks_are_cumulative(ticks, "frames")
@@ -230,17 +227,9 @@ def test_nvr_motion_splits_its_cameras_over_worker_processes(producer, sock, exa
 
 
 def test_nvr_detector_reads_host_cameras_with_numpy_and_reports_ticks(producer, sock, examples):
-    d, second = _two_host_cameras(producer, sock, examples)
-    try:
-        r = subprocess.run([sys.executable, str(EX / "nvr_detector.py"), "--dir", d, "--model", "none",
-                            "--device", "cpu", "--fps", "20", "--seconds", "2", "--report", "0.3"],
-                           capture_output=True, text=True, timeout=120)
-    finally:
-        second.kill()
-    assert r.returncode == 0, r.stderr
-    lines = _json_lines(r.stdout)
+    lines = _run_on_two_cameras(producer, sock, examples, "nvr_detector.py", "--model", "none", "--device", "cpu",
+                                "--fps", "20", "--seconds", "2", "--report", "0.3")
     ready = lines[0]
-    assert ready["event"] == "ready" and sorted(ready["cameras"]) == ["cam", "cam2"], ready
     assert (ready["input"], ready["device"], ready["delivery"]) == (["host"], "cpu", "push"), ready
     assert ready["postprocess"] == {}, "--model none has no post-processing to limit"
     ticks = [l for l in lines if l["event"] == "tick"]
