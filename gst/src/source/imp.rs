@@ -935,8 +935,9 @@ impl VramringSrc {
         let caps = caps.clone();
         // Downstream's answer on the video meta was for the caps last sent:
         // the first frame of new caps goes out before they are negotiated.
-        let video_meta = video_meta && lock(&self.published).caps.as_ref() == Some(&caps);
-        if cuda.is_none() && !video_meta && !kept::default_layout(info, &geometry) {
+        // Looked at only for system memory in the ring's own layout.
+        let meta_read = || video_meta && lock(&self.published).caps.as_ref() == Some(&caps);
+        if cuda.is_none() && !kept::default_layout(info, &geometry) && !meta_read() {
             let src: &[u8] = hold.as_ref();
             let mut buffer = Self::system_copy(src, info, &geometry)?;
             self.stamp(&mut buffer, facts, trailer, s)?;
