@@ -219,27 +219,37 @@ impl Api {
                 self.consumer.name()
             )));
         }
-        let with = self.uses(base)?.unwrap_or(alone);
-        drop(alias);
-        let after = self.uses(base)?.unwrap_or(alone);
-        if with <= alone || after != alone {
-            return Ok(Err(format!(
-                "the {} use count does not see an alias (alone {alone}, with one {with}, after it {after})",
-                self.consumer.name()
-            )));
+        if let Some(why) = self.unseen(base, alone, alias, "an alias")? {
+            return Ok(Err(why));
         }
         if let Consumer::Torch = self.consumer {
             let storage = base.call_method0(intern!(base.py(), "untyped_storage"))?;
-            let with = self.uses(base)?.unwrap_or(alone);
-            drop(storage);
-            let after = self.uses(base)?.unwrap_or(alone);
-            if with <= alone || after != alone {
-                return Ok(Err(format!(
-                    "the torch use count does not see a storage kept alone (alone {alone}, with one {with}, after it {after})"
-                )));
+            if let Some(why) = self.unseen(base, alone, storage, "a storage kept alone")? {
+                return Ok(Err(why));
             }
         }
         Ok(Ok(alone))
+    }
+
+    /// Why the use count of `base` (`alone` without it) does not see
+    /// `held`, a reference to its memory: the count must rise while it
+    /// lives and fall back when it goes. `None` when it does.
+    fn unseen(
+        &self,
+        base: &Bound<'_, PyAny>,
+        alone: isize,
+        held: Bound<'_, PyAny>,
+        what: &str,
+    ) -> PyResult<Option<String>> {
+        let with = self.uses(base)?.unwrap_or(alone);
+        drop(held);
+        let after = self.uses(base)?.unwrap_or(alone);
+        Ok((with <= alone || after != alone).then(|| {
+            format!(
+                "the {} use count does not see {what} (alone {alone}, with one {with}, after it {after})",
+                self.consumer.name()
+            )
+        }))
     }
 }
 
