@@ -138,15 +138,17 @@ fn upload(pair: &str) -> &'static str {
 fn src_desc(pair: &str, addr: &str, memory: &str) -> String {
     match (pair, memory) {
         ("vramring", "cuda") => {
-            format!("vramringsrc socket-path={addr} timeout=10000 timestamp-mode=pts ! video/x-raw(memory:CUDAMemory)")
+            format!("vramringsrc name=src socket-path={addr} timeout=10000 timestamp-mode=pts ! video/x-raw(memory:CUDAMemory)")
         }
         // Push, as the Rust subscriber: the host push buffer handed out
         // (zero-copy).
         ("vramring-host", _) => {
-            format!("vramringsrc socket-path={addr} timeout=10000 timestamp-mode=pts delivery=push ! video/x-raw")
+            format!(
+                "vramringsrc name=src socket-path={addr} timeout=10000 timestamp-mode=pts delivery=push ! video/x-raw"
+            )
         }
         ("vramring", _) => {
-            format!("vramringsrc socket-path={addr} timeout=10000 timestamp-mode=pts ! video/x-raw")
+            format!("vramringsrc name=src socket-path={addr} timeout=10000 timestamp-mode=pts ! video/x-raw")
         }
         ("vramring-copy" | "vramring-push", _) => {
             let delivery = if pair == "vramring-push" { "push" } else { "auto" };
@@ -155,7 +157,7 @@ fn src_desc(pair: &str, addr: &str, memory: &str) -> String {
             } else {
                 "video/x-raw"
             };
-            format!("vramringsrc socket-path={addr} timeout=10000 timestamp-mode=pts zero-copy=false delivery={delivery} ! {caps}")
+            format!("vramringsrc name=src socket-path={addr} timeout=10000 timestamp-mode=pts zero-copy=false delivery={delivery} ! {caps}")
         }
         ("cudaipc-import", "cuda") => {
             format!("cudaipcsrc address={addr} io-mode=import ! video/x-raw(memory:CUDAMemory)")
@@ -249,6 +251,7 @@ fn publish(args: &[String]) -> Res<()> {
         subs.parse::<u32>()?,
     );
     init()?;
+    let marks = std::env::var_os("GST_IPC_BENCH_STAGES").is_some().then(stages::install);
     // A host pair's frames are 2048 wide: the ring's 512-byte pitch is then
     // GStreamer's default stride, so `vramringsrc` hands the appsink (which
     // reads no video meta) the push buffer itself, as the Rust subscriber
@@ -327,6 +330,13 @@ fn publish(args: &[String]) -> Res<()> {
         writeln!(f, "{i} {t}")?;
     }
     writeln!(f, "cpu_ns_per_frame {}", cpu / frames.max(1))?;
+    if let Some(marks) = marks {
+        let stamps = stamps.lock().unwrap_or_else(|e| e.into_inner());
+        eprintln!(
+            "stages {pair} every {interval:?} to {subs}: p50 / p99 µs after sink entry: {}",
+            marks.summary(&stamps)
+        );
+    }
     Ok(())
 }
 
@@ -360,11 +370,16 @@ fn subscribe(args: &[String]) -> Res<()> {
         subscribe_gst(pair, addr, memory, frames, run_for, interval_ns, index)?
     };
     let mut f = std::io::BufWriter::new(std::fs::File::create(out)?);
-    for (i, t) in got {
-        writeln!(f, "{i} {t}")?;
+    for (i, t, mark) in got {
+        writeln!(f, "{i} {t} {mark}")?;
     }
     Ok(())
 }
+
+/// One arrival: the frame's index, the arrival instant and the split mark
+/// (ns, `CLOCK_MONOTONIC`, 0 where none): the frame's commit for the Rust
+/// subscriber, the buffer leaving `vramringsrc` for the element.
+type Arrival = (u64, u64, u64);
 
 /// A GStreamer subscriber: `<src> ! appsink`, the arrival instant taken in
 /// appsink's `new-sample` callback, on the streaming thread that brought
@@ -377,11 +392,11 @@ fn subscribe_gst(
     run_for: Duration,
     interval_ns: u64,
     index: Index,
-) -> Res<Vec<(u64, u64)>> {
+) -> Res<Vec<Arrival>> {
     /// What the callback has seen: arrivals, the last frame's sample, the end.
     #[derive(Default)]
     struct Seen {
-        got: Vec<(u64, u64)>,
+        got: Vec<Arrival>,
         last: Option<(gst::Sample, u64)>,
         done: bool,
         error: Option<String>,
@@ -398,6 +413,28 @@ fn subscribe_gst(
         .map_err(|_| "not an appsink")?;
     let seen = Arc::new(Mutex::new(Seen::default()));
     let cuda = memory == "cuda";
+    // The split mark: when each buffer leaves `vramringsrc` (by offset,
+    // the ring's sequence number; read by the appsink callback on the same
+    // streaming thread).
+    let left = Arc::new(Mutex::new(std::collections::VecDeque::<(u64, u64)>::new()));
+    if pair.starts_with("vramring") {
+        let left = left.clone();
+        let pad = p
+            .by_name("src")
+            .and_then(|s| s.static_pad("src"))
+            .ok_or("no vramringsrc named src")?;
+        pad.add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+            if let Some(b) = info.buffer() {
+                let t = now_ns();
+                let mut left = left.lock().unwrap_or_else(|e| e.into_inner());
+                if left.len() >= 64 {
+                    left.pop_front();
+                }
+                left.push_back((b.offset(), t));
+            }
+            gst::PadProbeReturn::Ok
+        });
+    }
     {
         let seen = seen.clone();
         let pair = pair.to_owned();
@@ -413,13 +450,17 @@ fn subscribe_gst(
                     let Some(b) = s.buffer() else {
                         return Ok(gst::FlowSuccess::Ok);
                     };
+                    let mark = {
+                        let left = left.lock().unwrap_or_else(|e| e.into_inner());
+                        left.iter().rev().find(|(o, _)| *o == b.offset()).map_or(0, |(_, t)| *t)
+                    };
                     let idx = match index {
                         Index::Meta => meta_index(&pair, b, interval_ns),
                         Index::Pixels => pixel_index_here(b, cuda),
                     };
                     match idx {
                         Ok(idx) => {
-                            seen.got.push((idx, t));
+                            seen.got.push((idx, t, mark));
                             seen.done = idx + 1 >= frames;
                             if seen.done {
                                 // Kept for the check; earlier samples are not
@@ -517,7 +558,7 @@ fn subscribe_rust(
     run_for: Duration,
     interval_ns: u64,
     index: Index,
-) -> Res<Vec<(u64, u64)>> {
+) -> Res<Vec<Arrival>> {
     use vramring::{ClientOptions, Delivery, Error, Mode, Subscriber, SubscriberOptions};
     let mut opts = SubscriberOptions::default()
         .delivery(Delivery::Push)
@@ -567,7 +608,7 @@ fn subscribe_rust(
             Index::Meta => u64::try_from(frame.pts()).map_err(|_| "a frame without a pts")? / interval_ns.max(1),
             Index::Pixels => pixels(&frame)?,
         };
-        got.push((idx, t));
+        got.push((idx, t, frame.commit_ns()));
         if idx + 1 >= frames {
             // The check, after the last arrival: the index is the frame's own.
             let seen = pixels(&frame)?;
@@ -579,6 +620,101 @@ fn subscribe_rust(
     }
     let _ = sub.close();
     Ok(got)
+}
+
+/// `GST_IPC_BENCH_STAGES=1`: the publisher records the publish's stage
+/// marks (TRACE events of target `vramring::publish`, the sink's and the
+/// library's) and prints each stage's time after the frame's sink entry.
+mod stages {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::Layer as _;
+
+    /// Every mark: its callsite's message (looked up once) and its time.
+    #[derive(Clone, Default)]
+    pub(super) struct Marks {
+        at: Arc<Mutex<Vec<(&'static str, u64)>>>,
+        names: Arc<Mutex<BTreeMap<&'static str, String>>>,
+    }
+
+    struct Message(Option<String>);
+
+    impl tracing::field::Visit for Message {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" {
+                self.0 = Some(format!("{value:?}"));
+            }
+        }
+    }
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Marks {
+        fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            let t = super::now_ns();
+            let name = e.metadata().name();
+            self.at.lock().unwrap_or_else(|e| e.into_inner()).push((name, t));
+            self.names
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(name)
+                .or_insert_with(|| {
+                    let mut m = Message(None);
+                    e.record(&mut m);
+                    m.0.unwrap_or_else(|| name.to_owned())
+                });
+        }
+    }
+
+    /// Records every thread's marks from now on.
+    pub(super) fn install() -> Marks {
+        let marks = Marks::default();
+        let filter = tracing_subscriber::filter::Targets::new().with_target("vramring::publish", tracing::Level::TRACE);
+        let _ = tracing::subscriber::set_global_default(
+            tracing_subscriber::registry().with(marks.clone().with_filter(filter)),
+        );
+        marks
+    }
+
+    impl Marks {
+        /// Each stage's p50 / p99 after its frame's sink entry (a mark
+        /// belongs to the last frame that entered before it), in the order
+        /// the stages first came; the first `WARMUP` frames left out.
+        pub(super) fn summary(&self, entries: &[(u64, u64)]) -> String {
+            let mut entries: Vec<(u64, u64)> = entries.to_vec();
+            entries.sort_by_key(|&(_, t)| t);
+            let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+            let mut order = Vec::new();
+            let mut after: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+            for &(name, t) in self.at.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                let k = entries.partition_point(|&(_, t0)| t0 <= t);
+                let Some(&(i, t0)) = k.checked_sub(1).and_then(|k| entries.get(k)) else {
+                    continue;
+                };
+                if i < super::WARMUP {
+                    continue;
+                }
+                if !order.contains(&name) {
+                    order.push(name);
+                }
+                after.entry(name).or_default().push((t - t0) as f64 / 1000.0);
+            }
+            order
+                .iter()
+                .map(|name| {
+                    let v = after.get_mut(name).expect("a stage with marks");
+                    v.sort_by(f64::total_cmp);
+                    format!(
+                        "{} {:.1} / {:.1}",
+                        names.get(name).map_or(*name, String::as_str),
+                        super::pct(v, 0.5),
+                        super::pct(v, 0.99)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    }
 }
 
 /// A child process of ours, killed (by its own id) if it outlives us.
@@ -645,12 +781,16 @@ struct RunResult {
     delivered: Vec<u64>,
     dropped: u64,
     lat_us: Vec<f64>,
+    /// Sink entry → the split mark, and the mark → arrival, µs (empty for
+    /// pairs with no mark).
+    to_mark_us: Vec<f64>,
+    from_mark_us: Vec<f64>,
     cpu_us: f64,
 }
 
-/// A record file: (frame index, instant ns) lines, and the producer's CPU
-/// per frame where the file has it.
-type Records = (Vec<(u64, u64)>, Option<u64>);
+/// A record file: (frame index, instant ns, split mark ns or 0) lines, and
+/// the producer's CPU per frame where the file has it.
+type Records = (Vec<Arrival>, Option<u64>);
 
 fn read_pairs(path: &Path) -> Res<Records> {
     let mut v = Vec::new();
@@ -659,7 +799,7 @@ fn read_pairs(path: &Path) -> Res<Records> {
         let mut it = line.split_whitespace();
         match (it.next(), it.next()) {
             (Some("cpu_ns_per_frame"), Some(n)) => cpu = Some(n.parse()?),
-            (Some(a), Some(b)) => v.push((a.parse()?, b.parse()?)),
+            (Some(a), Some(b)) => v.push((a.parse()?, b.parse()?, it.next().map_or(Ok(0), str::parse)?)),
             _ => {}
         }
     }
@@ -730,7 +870,7 @@ fn run_one(
     }
     let (sink_in, cpu) = read_pairs(&pub_out)?;
     let mut at_sink = vec![None; frames as usize];
-    for (i, t) in sink_in {
+    for (i, t, _) in sink_in {
         if let Some(slot) = at_sink.get_mut(i as usize) {
             *slot = Some(t);
         }
@@ -740,24 +880,42 @@ fn run_one(
         delivered: Vec::new(),
         dropped: 0,
         lat_us: Vec::new(),
+        to_mark_us: Vec::new(),
+        from_mark_us: Vec::new(),
         cpu_us: cpu.unwrap_or(0) as f64 / 1000.0,
     };
     for out in &sub_outs {
         let (got, _) = read_pairs(out)?;
         let mut seen = std::collections::HashSet::new();
-        for (i, t) in got {
+        for (i, t, mark) in got {
             if i < WARMUP || i >= frames || !seen.insert(i) {
                 continue;
             }
             if let Some(Some(t0)) = at_sink.get(i as usize) {
                 res.lat_us.push(t.saturating_sub(*t0) as f64 / 1000.0);
+                if mark != 0 {
+                    res.to_mark_us.push((mark as f64 - *t0 as f64) / 1000.0);
+                    res.from_mark_us.push((t as f64 - mark as f64) / 1000.0);
+                }
             }
         }
         res.delivered.push(seen.len() as u64);
         res.dropped += res.frames - seen.len() as u64;
     }
-    res.lat_us.sort_by(f64::total_cmp);
+    for v in [&mut res.lat_us, &mut res.to_mark_us, &mut res.from_mark_us] {
+        v.sort_by(f64::total_cmp);
+    }
     Ok(res)
+}
+
+/// The split column: sink entry → mark and mark → arrival, p50 µs, where
+/// the pair has a mark (the Rust subscriber: the commit; `vramringsrc`: its
+/// src pad).
+fn split(r: &RunResult) -> String {
+    if r.to_mark_us.is_empty() {
+        return String::new();
+    }
+    format!("{:.0} + {:.0}", pct(&r.to_mark_us, 0.5), pct(&r.from_mark_us, 0.5))
 }
 
 fn pct(v: &[f64], p: f64) -> f64 {
@@ -878,7 +1036,9 @@ fn bench(args: &[String]) -> Res<()> {
     table.push_str(&format!(
         "# GStreamer CUDA IPC: 1080p NV12, publish → subscriber appsink\n\n\
          `gst_ipc_bench {}` on {} ({}), {} frames at 2 ms, {} at 25 fps, the first {WARMUP} left out.\n\
-         Latency: sink pad entry → subscriber appsink, CLOCK_MONOTONIC. Frame index: {}.\n",
+         Latency: sink pad entry → subscriber appsink, CLOCK_MONOTONIC. Frame index: {}.\n\
+         Split: sink entry → mark + mark → arrival, p50, where the pair has a mark: the frame's commit (`commit_ns`) for the Rust subscriber, \
+         the buffer on `vramringsrc`'s src pad for the element.\n",
         args.join(" "),
         gpu_name(),
         gst::version_string(),
@@ -903,15 +1063,15 @@ fn bench(args: &[String]) -> Res<()> {
         };
         table.push_str(heading);
         table.push_str(
-            "| pair | pace | subs | MPS | frames | delivered per sub (min) | dropped (all subs) | p50 µs | p99 µs | max µs | producer CPU µs/frame |\n\
-             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+            "| pair | pace | subs | MPS | frames | delivered per sub (min) | dropped (all subs) | p50 µs | p99 µs | max µs | producer CPU µs/frame | split p50 µs |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         );
         for &on in &mps_modes {
             let mps_guard = match on.then(Mps::start).transpose() {
                 Ok(g) => g,
                 Err(e) => {
                     let row = format!(
-                        "| (all) | | | on | MPS did not start: {} | | | | | | |\n",
+                        "| (all) | | | on | MPS did not start: {} | | | | | | | |\n",
                         e.to_string().replace('|', "/")
                     );
                     eprint!("{row}");
@@ -934,7 +1094,7 @@ fn bench(args: &[String]) -> Res<()> {
                         };
                         let row = match row {
                             Ok(r) => format!(
-                                "| {pair} | {pace} | {subs} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+                                "| {pair} | {pace} | {subs} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} |\n",
                                 if on { "on" } else { "off" },
                                 r.frames,
                                 r.delivered.iter().min().copied().unwrap_or(0),
@@ -942,10 +1102,11 @@ fn bench(args: &[String]) -> Res<()> {
                                 pct(&r.lat_us, 0.5),
                                 pct(&r.lat_us, 0.99),
                                 pct(&r.lat_us, 1.0),
-                                r.cpu_us
+                                r.cpu_us,
+                                split(&r)
                             ),
                             Err(e) => format!(
-                                "| {pair} | {pace} | {subs} | {} | failed: {} | | | | | | |\n",
+                                "| {pair} | {pace} | {subs} | {} | failed: {} | | | | | | | |\n",
                                 if on { "on" } else { "off" },
                                 e.to_string().replace('|', "/")
                             ),

@@ -566,7 +566,29 @@ impl Copier {
             })?;
         }
         let _ctx = Pushed::push(self.primary.ctx)?;
-        for (k, p) in plan.iter().enumerate() {
+        let src_at: Vec<u64> = plan
+            .iter()
+            .zip(&src.planes)
+            .map(|(p, &(addr, _, _))| addr + p.src_offset as u64)
+            .collect();
+        let dst_at: Vec<u64> = plan.iter().map(|p| dst + p.dst_offset as u64).collect();
+        // Both layouts alike but for where they start (GStreamer's CUDA
+        // pool and the ring agree for NV12): one copy call, not one a plane.
+        let one = crate::video::span(plan, &src_at, &dst_at).filter(|&(s, d, len)| {
+            let in_src = src_at.iter().zip(&src.planes).any(|(&at, &(addr, _, bytes))| {
+                at == s && (s - addr).checked_add(len).is_some_and(|end| end <= bytes as u64)
+            });
+            same && in_src && (d - dst).checked_add(len).is_some_and(|end| end <= dst_len)
+        });
+        if let Some((s, d, len)) = one {
+            // SAFETY: `s..s + len` lies in the source memory and
+            // `d..d + len` in the slot (checked just above), both of the
+            // current context; the stream is of that context.
+            let r = unsafe { cu::cuMemcpyDtoDAsync_v2(d, s, len as usize, stream) };
+            check("cuMemcpyDtoDAsync", r)?;
+        }
+        let planes = if one.is_some() { &[][..] } else { plan };
+        for (k, p) in planes.iter().enumerate() {
             if p.rows == 0 || p.row_bytes == 0 {
                 continue;
             }

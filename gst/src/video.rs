@@ -174,6 +174,44 @@ pub fn plan(gst: &[(usize, usize)], geometry: &Geometry, to_ring: bool) -> Resul
     Ok(out)
 }
 
+/// One contiguous copy that does the whole `plan` when the two layouts
+/// differ only by where they start: every plane at the same stride on both
+/// sides and at the same distance from the first plane. Each plane `k`
+/// starts at `src[k]` and `dst[k]` (absolute addresses, the plane's offset
+/// included). Returns `(src, dst, len)`: the span from the lowest plane's
+/// first byte to the end of the highest plane's last row. Bytes between
+/// planes (stride padding, rows one side skips) are copied too, which is
+/// why the caller checks `len` against both memories. One copy call costs
+/// the GPU no more and the CPU half of two (ADR 0028's sink).
+pub fn span(plan: &[PlaneCopy], src: &[u64], dst: &[u64]) -> Option<(u64, u64, u64)> {
+    let live: Vec<(usize, &PlaneCopy)> = plan
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.rows > 0 && p.row_bytes > 0)
+        .collect();
+    let &(first, _) = live.first()?;
+    let (src0, dst0) = (*src.get(first)?, *dst.get(first)?);
+    let mut lo: Option<(u64, u64)> = None;
+    let mut end = 0u64;
+    for &(k, p) in &live {
+        let (s, d) = (*src.get(k)?, *dst.get(k)?);
+        // The same distance from the first plane on both sides.
+        if p.src_stride != p.dst_stride || s.wrapping_sub(src0) != d.wrapping_sub(dst0) {
+            return None;
+        }
+        if lo.is_none_or(|(ls, _)| s < ls) {
+            lo = Some((s, d));
+        }
+        let last = (p.rows as u64 - 1)
+            .checked_mul(p.src_stride as u64)?
+            .checked_add(p.row_bytes as u64)?
+            .checked_add(s)?;
+        end = end.max(last);
+    }
+    let (s, d) = lo?;
+    Some((s, d, end - s))
+}
+
 /// Each plane's (stride, bytes) in a frame of `info`'s own layout.
 #[cfg(test)]
 fn info_planes(info: &gst_video::VideoInfo) -> Vec<(usize, usize)> {
@@ -282,6 +320,61 @@ mod tests {
         let plan = plan(&info_planes(&info), &g, false).unwrap();
         assert_eq!(plan[1].row_bytes, 322, "interleaved UV of 161 pairs");
         assert_eq!(plan[1].rows, 121);
+    }
+
+    #[test]
+    fn gstreamers_cuda_nv12_layout_is_the_rings_and_copies_as_one_span() {
+        gst::init().unwrap();
+        let g = Geometry::new(Format::Nv12, 1920, 1080).unwrap();
+        // GstCudaBufferPool's NV12: both planes at the texture-aligned
+        // pitch, UV right after the luma rows (gstcudamemory.cpp).
+        let pitch = g.planes[0].pitch as usize;
+        let gst = [(pitch, pitch * 1080), (pitch, pitch * 540)];
+        let plan = plan(&gst, &g, true).unwrap();
+        let base = 0x7000_0000u64;
+        let slot = 0x9000_0000u64;
+        let src = [base, base + (pitch * 1080) as u64];
+        let dst: Vec<u64> = g.planes().iter().map(|p| slot + p.offset).collect();
+        let (s, d, len) = span(&plan, &src, &dst).expect("one span");
+        assert_eq!((s, d), (base, slot));
+        assert_eq!(len, (pitch * 1619 + 1920) as u64, "to the last UV row's end");
+    }
+
+    #[test]
+    fn layouts_that_differ_beyond_a_shift_copy_plane_by_plane() {
+        gst::init().unwrap();
+        let g = Geometry::new(Format::Nv12, 1920, 1080).unwrap();
+        let pitch = g.planes[0].pitch as usize;
+        let dst: Vec<u64> = g.planes().iter().map(|p| p.offset).collect();
+        // Another stride.
+        let narrow = plan(&[(1920, 1920 * 1080), (1920, 1920 * 540)], &g, true).unwrap();
+        assert_eq!(span(&narrow, &[0, 1920 * 1080], &dst), None);
+        // The same stride, the UV plane elsewhere (a decoder's aligned height).
+        let tall = plan(&[(pitch, pitch * 1088), (pitch, pitch * 544)], &g, true).unwrap();
+        assert_eq!(span(&tall, &[0, (pitch * 1088) as u64], &dst), None);
+        // Planes in reverse order keep their distance: one span from the lower.
+        let (s, d, len) = span(
+            &tall,
+            &[(pitch * 544) as u64, 0],
+            &[dst[1] + 1000, 1000 + dst[1] - (pitch * 544) as u64],
+        )
+        .expect("a shift");
+        assert_eq!((s, d), (0, 1000 + dst[1] - (pitch * 544) as u64));
+        assert_eq!(len, (pitch * 544 + pitch * 1079 + 1920) as u64);
+    }
+
+    #[test]
+    fn an_empty_plan_has_no_span() {
+        assert_eq!(span(&[], &[], &[]), None);
+        let none = PlaneCopy {
+            src_offset: 0,
+            src_stride: 8,
+            dst_offset: 0,
+            dst_stride: 8,
+            row_bytes: 8,
+            rows: 0,
+        };
+        assert_eq!(span(&[none], &[0], &[0]), None);
     }
 
     #[test]

@@ -408,6 +408,7 @@ impl VramringSink {
             gst::element_imp_error!(self, gst::ResourceError::Write, ["CUDA copy into the slot: {}", e]);
             gst::FlowError::Error
         })?;
+        tracing::trace!(target: "vramring::publish", "sink: copy enqueued");
         // SAFETY: `stream` is a stream of the primary context, the ring's
         // context (`Copier::copy` returns its own stream or the memory's
         // when the memory is of that context), alive for the call: the
@@ -520,6 +521,7 @@ impl BaseSinkImpl for VramringSink {
             self.wait_for_subscribers()?;
         }
         let mut state = lock(&self.state);
+        tracing::trace!(target: "vramring::publish", "sink: render");
         let info = state.info.clone().ok_or(gst::FlowError::NotNegotiated)?;
         let frame = if state.cuda.is_some() {
             Input::Cuda(MappedCuda::map(buffer.as_ref(), &info).map_err(|e| {
@@ -538,18 +540,22 @@ impl BaseSinkImpl for VramringSink {
                 })?,
             )
         };
+        tracing::trace!(target: "vramring::publish", "sink: buffer mapped");
         let meta = self.frame_meta(buffer.as_ref(), &info);
         let State { publisher, cuda, .. } = &mut *state;
         let publisher = publisher.as_mut().ok_or(gst::FlowError::NotNegotiated)?;
-        *lock(&self.stats) = Some(publisher.stats());
         loop {
             match publisher.loan(SLICE) {
                 Ok(slot) => {
-                    return match (&frame, cuda.as_mut()) {
+                    tracing::trace!(target: "vramring::publish", "sink: slot loaned");
+                    let done = match (&frame, cuda.as_mut()) {
                         (Input::Cuda(src), Some(copier)) => self.copy_and_publish_cuda(slot, copier, src, meta),
                         (Input::System(frame), _) => self.fill_and_publish(slot, frame, meta),
                         (Input::Cuda(_), None) => Err(gst::FlowError::NotNegotiated),
-                    }
+                    };
+                    // After the publish: the counters are not on the frame's path.
+                    *lock(&self.stats) = Some(publisher.stats());
+                    return done;
                 }
                 // A lossless subscriber still holds the slot: it frees it or
                 // is evicted past its lease; go on waiting unless flushing.
