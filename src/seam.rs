@@ -38,6 +38,14 @@ pub mod ring {
     pub use crate::ring::*;
 }
 
+/// `config` with the socket service's idle poll stretched to `tick`: a
+/// test proves that what the service must do at once (a stop, an
+/// eviction) does not wait for the tick, without timing it.
+pub fn with_idle_tick<C: crate::ring::ServeOptions>(mut config: C, tick: std::time::Duration) -> C {
+    config.serve_mut().idle_tick = tick;
+    config
+}
+
 /// Clocks and deadlines.
 pub mod time {
     pub use crate::time::*;

@@ -14,6 +14,7 @@
 //! * [`data`]: `tests/data` (or `VRAMRING_TEST_DATA`) and framemd5 files.
 //! * [`json`], [`finals`]: the examples' one-line JSON reports, read back.
 //! * [`marks`]: the library's TRACE stage marks, collected per thread.
+//! * [`hang`]: a guard that fails a test whose wait does not end.
 //!
 //! The library's internals it needs come through `vramring::seam`, which
 //! is hidden from the API and carries no stability promise.
@@ -23,6 +24,7 @@ pub mod fake;
 pub mod finals;
 pub mod gpu;
 mod gpu_kernels;
+pub mod hang;
 pub mod json;
 pub mod marks;
 pub mod pattern;

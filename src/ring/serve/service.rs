@@ -19,11 +19,6 @@ use crate::socket::PeerFd;
 use crate::sync::atomic::Ordering;
 use crate::time::monotonic_ns;
 
-/// Longest single poll when nothing is pending. Stops and evictions wake
-/// the service at once through its [`Waker`]; handshake deadlines shorten
-/// the poll. Only the producer's heartbeat and the counters mirrored for
-/// inspection wait for this tick.
-const IDLE_TICK: Duration = Duration::from_secs(1);
 /// Longest poll while subscribers are connected: their counters are
 /// copied into the table this often, for inspection tools (`vramring top`).
 const MIRROR_TICK: Duration = Duration::from_millis(250);
@@ -81,7 +76,14 @@ pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
                 State::Active { waiting: Some(_), .. } => Some(attaches.budget.next_in(now)),
                 State::Active { .. } => None,
             })
-            .fold(if conns.is_empty() { IDLE_TICK } else { MIRROR_TICK }, Duration::min);
+            .fold(
+                if conns.is_empty() {
+                    sh.serve_config().idle_tick
+                } else {
+                    MIRROR_TICK
+                },
+                Duration::min,
+            );
         let (listener_ready, ready) = match poll(&listener, &sh.state().waker, &conns, timeout) {
             Ok(r) => r,
             Err(e) => {
