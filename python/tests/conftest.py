@@ -7,12 +7,16 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# How long a wait that must end may take before a test calls it a hang: a
+# guard, no claim about speed (far beyond what a busy machine adds).
+HANG = 60.0
 
 
 def _examples_dir() -> Path:
@@ -128,3 +132,11 @@ def pattern_frame(seq: int, nbytes: int) -> np.ndarray:
     n = nbytes // 4
     out[: n * 4].view("<u4")[:] = pattern_words(seq, n)
     return out
+
+
+def wait_push_active(sub) -> None:
+    """Waits until `sub`'s push buffers are attached (a hang fails the test)."""
+    t0 = time.monotonic()
+    while not sub.push_active:
+        assert time.monotonic() - t0 < HANG, "push never became active"
+        time.sleep(0.005)

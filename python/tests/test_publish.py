@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import vramring
-from conftest import check_pattern, pattern_frame
+from conftest import HANG, check_pattern, pattern_frame
 
 
 def test_python_publisher_to_rust_consumer_has_no_torn_frames(examples, sock):
@@ -152,7 +152,7 @@ def test_push_subscribers_past_the_attach_rate_wait_their_turn(sock):
         subs = [vramring.Subscriber(sock, push=True, name=f"py-rate-{i}") for i in range(2)]
         first = [None, None]
         while None in first:
-            assert time.monotonic() - start < 10, f"push never started: {first}"
+            assert time.monotonic() - start < HANG, f"push never started: {first}"
             pub.publish(np.zeros(pub.nbytes, np.uint8))
             for i, sub in enumerate(subs):
                 if first[i] is None:

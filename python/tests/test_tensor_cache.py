@@ -12,20 +12,14 @@ import numpy as np
 import pytest
 
 import vramring
-from conftest import check_pattern, pattern_frame
+from conftest import check_pattern, pattern_frame, wait_push_active
 
-
-def _wait_push_active(sub):
-    t0 = time.monotonic()
-    while not sub.push_active:
-        assert time.monotonic() - t0 < 5.0, "push never became active"
-        time.sleep(0.005)
 
 
 def _open(sock, delivery, **kw):
     sub = vramring.Subscriber(sock, tensors="numpy", push=delivery == "push", **kw)
     if delivery == "push":
-        _wait_push_active(sub)
+        wait_push_active(sub)
     return sub
 
 
