@@ -1267,27 +1267,15 @@ mod probe {
 
     struct Layer;
 
-    struct Message(Option<String>);
-
-    impl tracing::field::Visit for Message {
-        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-            if field.name() == "message" {
-                self.0 = Some(format!("{value:?}"));
-            }
-        }
-    }
-
     impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Layer {
         fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
             let t = super::now_ns();
             let name = e.metadata().name();
             MARKS.with(|m| m.borrow_mut().push((name, t)));
             NAMES.with(|n| {
-                n.borrow_mut().entry(name).or_insert_with(|| {
-                    let mut m = Message(None);
-                    e.record(&mut m);
-                    m.0.unwrap_or_else(|| name.to_owned())
-                });
+                n.borrow_mut()
+                    .entry(name)
+                    .or_insert_with(|| vramring_testkit::marks::message(e));
             });
         }
     }

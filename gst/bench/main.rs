@@ -639,16 +639,6 @@ mod stages {
         names: Arc<Mutex<BTreeMap<&'static str, String>>>,
     }
 
-    struct Message(Option<String>);
-
-    impl tracing::field::Visit for Message {
-        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-            if field.name() == "message" {
-                self.0 = Some(format!("{value:?}"));
-            }
-        }
-    }
-
     impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Marks {
         fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
             let t = super::now_ns();
@@ -658,11 +648,7 @@ mod stages {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .entry(name)
-                .or_insert_with(|| {
-                    let mut m = Message(None);
-                    e.record(&mut m);
-                    m.0.unwrap_or_else(|| name.to_owned())
-                });
+                .or_insert_with(|| vramring_testkit::marks::message(e));
         }
     }
 

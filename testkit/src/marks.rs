@@ -10,21 +10,26 @@ use std::time::Instant;
 #[derive(Clone, Default)]
 pub struct StageMarks(Arc<Mutex<Vec<(Instant, String)>>>);
 
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StageMarks {
-    fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        struct Message(String);
-        impl tracing::field::Visit for Message {
-            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                if f.name() == "message" {
-                    self.0 = format!("{v:?}");
-                }
+/// A stage mark's words: the event's message, or its callsite's name.
+pub fn message(e: &tracing::Event<'_>) -> String {
+    struct Message(Option<String>);
+    impl tracing::field::Visit for Message {
+        fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+            if f.name() == "message" {
+                self.0 = Some(format!("{v:?}"));
             }
         }
+    }
+    let mut m = Message(None);
+    e.record(&mut m);
+    m.0.unwrap_or_else(|| e.metadata().name().to_owned())
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StageMarks {
+    fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         if e.metadata().target() == "vramring::publish" {
             let t = Instant::now();
-            let mut m = Message(String::new());
-            e.record(&mut m);
-            self.0.lock().expect("marks").push((t, m.0));
+            self.0.lock().expect("marks").push((t, message(e)));
         }
     }
 }
