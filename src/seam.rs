@@ -38,12 +38,19 @@ pub mod ring {
     pub use crate::ring::*;
 }
 
-/// `config` with the socket service's idle poll stretched to `tick`: a
-/// test proves that what the service must do at once (a stop, an
-/// eviction) does not wait for the tick, without timing it.
-pub fn with_idle_tick<C: crate::ring::ServeOptions>(mut config: C, tick: std::time::Duration) -> C {
-    config.serve_mut().idle_tick = tick;
-    config
+/// A publisher whose socket service polls for `idle_tick` with nobody
+/// connected: a test stretches it to prove that what the service must do
+/// at once (a stop, an eviction) does not wait for the tick, without
+/// timing it.
+///
+/// # Errors
+/// As [`Publisher::create`](crate::Publisher::create).
+pub fn publisher_with_idle_tick(
+    path: impl AsRef<std::path::Path>,
+    cfg: crate::RingConfig,
+    idle_tick: std::time::Duration,
+) -> crate::Result<crate::Publisher> {
+    crate::Publisher::create_ticking(path.as_ref(), cfg, idle_tick)
 }
 
 /// Clocks and deadlines.

@@ -1034,7 +1034,19 @@ fn a_descriptor_whose_close_lingers_does_not_stall_the_publisher() {
         Subscriber::connect(&socket, opts).map(drop)
     });
     assert!(sub.is_ok(), "a second subscriber could not connect: {:?}", sub.err());
-    ends("close", move || p.close()).expect("close");
+    // `close` joins the service for a bounded time, then leaves it running
+    // and says so: it must have been joined.
+    let events = ends("close", move || {
+        let (events, _guard) = vramring_testkit::events::Events::on_this_thread();
+        p.close().expect("close");
+        events.take()
+    });
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("socket service stopped") && e.contains("outcome=Joined")),
+        "the service was not joined at close: {events:?}"
+    );
 }
 
 /// A publisher killed between a push word and `global_seq` (the word says

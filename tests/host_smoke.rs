@@ -44,7 +44,7 @@ fn next_times_out_when_nothing_is_published() {
     let path = sock("timeout");
     let _p = Publisher::create(&path, host(Format::Gray8, 16, 16)).unwrap();
     let mut s = Subscriber::connect(&path, SubscriberOptions::default()).unwrap();
-    // The error names the wait it gave up: the caller's, not another.
+    // The read ends (the guard) and says it timed out.
     let r = ends("a 100 ms read", move || {
         s.next(Duration::from_millis(100)).map(|f| f.seq())
     });
@@ -83,13 +83,15 @@ fn a_timeout_or_spin_of_duration_max_waits_for_the_frame_instead_of_panicking() 
     }
 }
 
-/// A read given an hour ends when the publisher closes: the close is
-/// seen, not the timeout waited out.
+/// A read given an hour, parked in slices of ten times the hang guard,
+/// ends when the publisher closes: the close rings it, and neither the
+/// timeout nor a slice is waited out.
 #[test]
 fn a_closed_publisher_ends_a_long_read_with_gone() {
     let path = sock("gone");
     let mut p = Publisher::create(&path, host(Format::Gray8, 16, 16)).unwrap();
-    let mut s = Subscriber::connect(&path, SubscriberOptions::default()).unwrap();
+    let opts = SubscriberOptions::default().park_slice(10 * HANG);
+    let mut s = Subscriber::connect(&path, opts).unwrap();
     let h = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(100));
         p.close().unwrap();
@@ -493,16 +495,27 @@ fn frames_committed_before_a_close_are_delivered_before_producer_gone() {
 }
 
 /// With nobody connected the socket service polls for its idle tick,
-/// stretched here to an hour: a close that waited for the tick would hang,
-/// one that wakes the service returns.
+/// stretched here to an hour. `close` joins the service for a bounded
+/// time, then leaves it running (and logs so): the service must have been
+/// joined, which it can only be if the close woke it.
 #[test]
 fn close_stops_the_socket_service_at_once_not_at_its_next_tick() {
     let path = sock("close-fast");
-    let cfg = vramring::seam::with_idle_tick(host(Format::Gray8, 16, 16), Duration::from_secs(3600));
-    let mut p = Publisher::create(&path, cfg).unwrap();
+    let tick = Duration::from_secs(3600);
+    let mut p = vramring::seam::publisher_with_idle_tick(&path, host(Format::Gray8, 16, 16), tick).unwrap();
     // Let the service settle into its idle poll.
     std::thread::sleep(Duration::from_millis(50));
-    ends("close", move || p.close()).unwrap();
+    let events = ends("close", move || {
+        let (events, _guard) = vramring_testkit::events::Events::on_this_thread();
+        p.close().unwrap();
+        events.take()
+    });
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("socket service stopped") && e.contains("outcome=Joined")),
+        "the service was not joined at close: {events:?}"
+    );
 }
 
 /// Reads from a 2-slot ring whose publisher overwrites slots during the

@@ -424,8 +424,8 @@ fn a_blocking_read_keeps_its_timeout_when_write_seq_runs_ahead_of_the_records() 
     for want in 16..=PACKETS {
         assert_eq!(sub.next_copy(&mut buf, Duration::from_secs(1)).unwrap().seq, want);
     }
-    // The read ends, and with the caller's timeout: the records that never
-    // come do not make it spin for ever or wait for another bound.
+    // The read ends (the guard: records that never come must not make it
+    // spin for ever) and says it timed out.
     let (sub, got) = ends("a 200 ms read", move || {
         let got = sub.next_copy(&mut buf, Duration::from_millis(200)).map(|p| p.seq);
         (sub, got)

@@ -209,10 +209,6 @@ pub struct ServeConfig {
     /// The bound on push attaches served (`None`: every Attach is served
     /// when it arrives).
     pub attach_rate: Option<AttachRate>,
-    /// Longest single poll of the socket service with nobody connected
-    /// (`serve::service`); a test stretches it through `seam` to prove that
-    /// nothing the service must do at once waits for it.
-    pub(crate) idle_tick: Duration,
 }
 
 impl Default for ServeConfig {
@@ -228,7 +224,6 @@ impl Default for ServeConfig {
             lossless_backoff: Some(LosslessBackoff::DEFAULT),
             handshake_timeout: Duration::from_secs(2),
             attach_rate: Some(AttachRate::default()),
-            idle_tick: serve::IDLE_TICK,
         }
     }
 }

@@ -15,11 +15,13 @@
 //! * [`json`], [`finals`]: the examples' one-line JSON reports, read back.
 //! * [`marks`]: the library's TRACE stage marks, collected per thread.
 //! * [`hang`]: a guard that fails a test whose wait does not end.
+//! * [`events`]: the library's log events on one thread, as text.
 //!
 //! The library's internals it needs come through `vramring::seam`, which
 //! is hidden from the API and carries no stability promise.
 
 pub mod data;
+pub mod events;
 pub mod fake;
 pub mod finals;
 pub mod gpu;

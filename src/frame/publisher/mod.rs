@@ -116,7 +116,13 @@ impl Publisher {
     /// when a live publisher owns `path`, backend errors (e.g.
     /// [`Error::OutOfDeviceMemory`]), [`Error::Io`].
     pub fn create(path: impl AsRef<Path>, cfg: RingConfig) -> Result<Publisher> {
-        let path = path.as_ref().to_owned();
+        Self::create_ticking(path.as_ref(), cfg, crate::ring::serve::IDLE_TICK)
+    }
+
+    /// [`Publisher::create`] with the socket service's idle poll at
+    /// `idle_tick` (`seam::publisher_with_idle_tick`).
+    pub(crate) fn create_ticking(path: &Path, cfg: RingConfig, idle_tick: Duration) -> Result<Publisher> {
+        let path = path.to_owned();
         let geometry = cfg.validate()?;
         // Bind first: a second publisher at a live path fails before it
         // allocates anything.
@@ -136,7 +142,7 @@ impl Publisher {
             .checked_add(gate_bytes)
             .ok_or_else(|| Error::Config("ring size overflows".into()))?;
         let mut pool = create_pool(cfg.backend, pool_bytes, cfg.allow_write, cfg.commit_graph)?;
-        match Self::build(listener, &mut pool, &path, cfg, geometry) {
+        match Self::build(listener, &mut pool, &path, cfg, geometry, idle_tick) {
             Ok((shared, service)) => {
                 let mut p = Publisher {
                     shared,
@@ -170,6 +176,7 @@ impl Publisher {
         path: &Path,
         cfg: RingConfig,
         geometry: Geometry,
+        idle_tick: Duration,
     ) -> Result<(Arc<Shared>, ExitWorker)> {
         let epoch = crate::ring::random_epoch();
         let gate_offset = layout::gate_line_offset(cfg.slots, geometry.slot_stride);
@@ -205,7 +212,8 @@ impl Publisher {
         // SYNC: producer-state — Release: the ring is ready before any
         // subscriber can connect (the service starts below).
         header.producer.state.store(PRODUCER_LIVE, Ordering::Release);
-        let state = ServiceState::new(&cfg.serve)?;
+        let mut state = ServiceState::new(&cfg.serve)?;
+        state.idle_tick = idle_tick;
         let shared = Arc::new(Shared {
             control,
             control_fd,

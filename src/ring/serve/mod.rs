@@ -140,6 +140,10 @@ pub(crate) struct ServiceState {
     /// Lease evictions per uid: the producer adds strikes, the service
     /// refuses lossless Hellos from a uid backing off.
     pub(crate) strikes: Mutex<backoff::Strikes>,
+    /// Longest single poll with nobody connected ([`IDLE_TICK`]; a test
+    /// stretches it through `seam` to prove that nothing the service must
+    /// do at once waits for it).
+    pub(crate) idle_tick: std::time::Duration,
 }
 
 impl ServiceState {
@@ -156,6 +160,7 @@ impl ServiceState {
             lease_deadlines: AtomicU64::new(0),
             lossless_backoffs: AtomicU64::new(0),
             strikes: Mutex::new(backoff::Strikes::new(cfg.lossless_backoff)),
+            idle_tick: IDLE_TICK,
         })
     }
 

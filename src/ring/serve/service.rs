@@ -78,7 +78,7 @@ pub(crate) fn run<S: Served>(sh: Arc<S>, listener: Listener, stop: StopSignal) {
             })
             .fold(
                 if conns.is_empty() {
-                    sh.serve_config().idle_tick
+                    sh.state().idle_tick
                 } else {
                     MIRROR_TICK
                 },
