@@ -52,9 +52,10 @@ const EPHEMERAL_MODES: [&str; 4] = ["latest", "sequential", "lossless", "push"];
 const WIDTH: u32 = 256;
 const HEIGHT: u32 = 256;
 /// A survivor's `next()` timeout, and how much later it may return before
-/// it counts as a hang.
+/// it counts as a hang (its `connect_timeout` is ten times that: a
+/// reconnect that ignored the call's timeout would outlast it).
 const NEXT_TIMEOUT: Duration = Duration::from_millis(300);
-const NEXT_SLACK: Duration = Duration::from_secs(5);
+const NEXT_SLACK: Duration = vramring_testkit::hang::HANG;
 /// After a producer kill: until every survivor has a verified frame of the
 /// new epoch (includes spawning the new producer process). The bounds
 /// from here on only catch a hang; the times themselves are printed.
@@ -178,7 +179,7 @@ fn survivor_role() {
     let socket = PathBuf::from(env("VRAMRING_SOCK"));
     let mode = env("VRAMRING_MODE");
     let stop = PathBuf::from(env("VRAMRING_KILL_STOP"));
-    let opts = mode_options(&mode).reconnect(true);
+    let opts = mode_options(&mode).reconnect(true).connect_timeout(10 * NEXT_SLACK);
     let start = Instant::now();
     let mut sub = loop {
         match Subscriber::connect(&socket, opts.clone()) {

@@ -226,14 +226,13 @@ fn a_recorder_keeps_what_it_got_and_sees_producer_gone_when_the_producer_is_kill
     let status = p.kill9();
     assert!(!status.success(), "the producer exited by itself: {status}");
     let killed = Instant::now();
-    rec.wait_success(Instant::now() + Duration::from_secs(15));
+    rec.wait_success(Instant::now() + vramring_testkit::hang::HANG);
     let after = killed.elapsed();
     let j = final_json(&rec);
     eprintln!("survivor: {:?} {after:?} after the kill", j.0);
+    // Told, not timed out: a recorder that missed the kill would end at its
+    // 20 s idle timeout, saying so.
     assert_eq!(j.get("end"), Some("producer_gone"));
-    // Loose, but far short of the recorder's 20 s idle timeout, which is
-    // when a recorder that missed the kill would end.
-    assert!(after < Duration::from_secs(5), "ProducerGone took {after:?}");
     // What it wrote is the looped clip from the start, cut anywhere, and
     // holds at least the 60 packets it had read.
     let recorded = std::fs::read(&out).unwrap();

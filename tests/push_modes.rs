@@ -39,7 +39,10 @@ fn publish(p: &mut Publisher) -> u64 {
 fn until_push_active(p: &mut Publisher, s: &Subscriber) -> u64 {
     let t = std::time::Instant::now();
     while !s.push_active() {
-        assert!(t.elapsed() < Duration::from_secs(10), "push buffers never attached");
+        assert!(
+            t.elapsed() < vramring_testkit::hang::HANG,
+            "push buffers never attached"
+        );
         publish(p);
         std::thread::sleep(Duration::from_millis(2));
     }

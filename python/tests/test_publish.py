@@ -22,7 +22,7 @@ def test_python_publisher_to_rust_consumer_has_no_torn_frames(examples, sock):
             stderr=subprocess.PIPE,
             text=True,
         )
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG
         while pub.stats()["subscribers"] < 1:
             assert time.monotonic() < deadline, "the Rust consumer did not connect"
             time.sleep(0.01)
@@ -131,7 +131,7 @@ def test_stats_count_a_push_subscribers_attach(sock):
         assert (stats["attaches"], stats["attaches_deferred"], stats["refused"]) == (0, 0, 0)
         with vramring.Subscriber(sock, push=True) as sub:
             # The buffers are taken at a publish after the Attach came.
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + HANG
             while True:
                 pub.publish(np.zeros(pub.nbytes, np.uint8))
                 try:
@@ -174,7 +174,7 @@ def test_attach_rate_none_takes_every_push_subscriber_at_once_and_zero_is_refuse
         vramring.Publisher(sock, "gray8", 16, 16, backend="host", attach_rate=(0, 4))
     with vramring.Publisher(sock, "gray8", 16, 16, backend="host", attach_rate=None) as pub:
         subs = [vramring.Subscriber(sock, push=True) for _ in range(3)]
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG
         while pub.stats()["attaches"] < 3:
             assert time.monotonic() < deadline, pub.stats()
             pub.publish(np.zeros(pub.nbytes, np.uint8))
