@@ -566,6 +566,7 @@ impl Copier {
             })?;
         }
         let _ctx = Pushed::push(self.primary.ctx)?;
+        tracing::trace!(target: "vramring::publish", "sink: context pushed");
         let src_at: Vec<u64> = plan
             .iter()
             .zip(&src.planes)

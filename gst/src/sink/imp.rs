@@ -400,6 +400,7 @@ impl VramringSink {
                 return Err(gst::FlowError::Error);
             }
         };
+        tracing::trace!(target: "vramring::publish", "sink: copy planned");
         // SAFETY: `dst..dst + dst_len` is the loaned slot, device memory of
         // the ring's (primary) context, which stays allocated: the slot is
         // committed on the returned stream below, or dropped unpublished
