@@ -38,10 +38,10 @@ use crate::socket::PeerFd;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// Longest single poll of the socket service when nothing is pending
-/// ([`ServeConfig`]'s default). Stops and evictions wake the service at
-/// once through its [`Waker`]; handshake deadlines shorten the poll. Only
-/// the producer's heartbeat and the counters mirrored for inspection wait
-/// for this tick.
+/// (`seam::publisher_with_idle_tick` sets another). Stops and evictions
+/// wake the service at once through its [`Waker`]; handshake deadlines
+/// shorten the poll. Only the producer's heartbeat and the counters
+/// mirrored for inspection wait for this tick.
 pub(crate) const IDLE_TICK: std::time::Duration = std::time::Duration::from_secs(1);
 
 mod attach_budget;
