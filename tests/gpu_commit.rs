@@ -517,8 +517,8 @@ fn a_publish_returns_before_its_held_commit_lands_and_parked_subscribers_still_g
     let held_stream = HeldStream::new();
 
     // A park slice of ten times HANG: a parked subscriber wakes only when
-    // rung (or at the close), so a publisher that did not ring would show
-    // in the latencies below.
+    // rung (or at the close), so a publisher that did not ring fails the
+    // check before the close below.
     let slice_ms = (10 * HANG.as_millis()).to_string();
     let park = ["--wait", "park", "--park-slice-ms", &slice_ms];
     let subs = vec![
