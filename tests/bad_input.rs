@@ -1020,7 +1020,7 @@ fn a_descriptor_whose_close_lingers_does_not_stall_the_publisher() {
     let cfg = RingConfig::new(Format::Gray8, 16, 16)
         .backend(BackendChoice::Host)
         .slots(4);
-    let mut p = Publisher::create(&socket, cfg).expect("publisher");
+    let p = Publisher::create(&socket, cfg).expect("publisher");
     let (tcp, _listener) = lingering_tcp_socket(10 * HANG.as_secs() as i32);
     let conn = transport::connect(&socket).expect("connect");
     // Garbage with a descriptor, then hang up: the publisher drops both.
@@ -1034,19 +1034,7 @@ fn a_descriptor_whose_close_lingers_does_not_stall_the_publisher() {
         Subscriber::connect(&socket, opts).map(drop)
     });
     assert!(sub.is_ok(), "a second subscriber could not connect: {:?}", sub.err());
-    // `close` joins the service for a bounded time, then leaves it running
-    // and says so: it must have been joined.
-    let events = ends("close", move || {
-        let (events, _guard) = vramring_testkit::events::Events::on_this_thread();
-        p.close().expect("close");
-        events.take()
-    });
-    assert!(
-        events
-            .iter()
-            .any(|e| e.starts_with("socket service stopped") && e.contains("outcome=Joined")),
-        "the service was not joined at close: {events:?}"
-    );
+    vramring_testkit::events::close_joining_the_service(p);
 }
 
 /// A publisher killed between a push word and `global_seq` (the word says

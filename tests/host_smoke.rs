@@ -497,20 +497,10 @@ fn frames_committed_before_a_close_are_delivered_before_producer_gone() {
 fn close_stops_the_socket_service_at_once_not_at_its_next_tick() {
     let path = sock("close-fast");
     let tick = Duration::from_secs(3600);
-    let mut p = vramring::seam::publisher_with_idle_tick(&path, host(Format::Gray8, 16, 16), tick).unwrap();
+    let p = vramring::seam::publisher_with_idle_tick(&path, host(Format::Gray8, 16, 16), tick).unwrap();
     // Let the service settle into its idle poll.
     std::thread::sleep(Duration::from_millis(50));
-    let events = ends("close", move || {
-        let (events, _guard) = vramring_testkit::events::Events::on_this_thread();
-        p.close().unwrap();
-        events.take()
-    });
-    assert!(
-        events
-            .iter()
-            .any(|e| e.starts_with("socket service stopped") && e.contains("outcome=Joined")),
-        "the service was not joined at close: {events:?}"
-    );
+    vramring_testkit::events::close_joining_the_service(p);
 }
 
 /// Reads from a 2-slot ring whose publisher overwrites slots during the

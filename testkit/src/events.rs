@@ -45,3 +45,20 @@ impl Events {
         std::mem::take(&mut *self.0.lock().expect("events"))
     }
 }
+
+/// Closes `p` under the hang guard and checks that the close joined its
+/// socket service: `close` joins it for a bounded time, then leaves it
+/// running and logs `outcome=TimedOut`, returning `Ok` either way.
+pub fn close_joining_the_service(mut p: vramring::Publisher) {
+    let events = crate::hang::ends("close", move || {
+        let (events, _guard) = Events::on_this_thread();
+        p.close().expect("close");
+        events.take()
+    });
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("socket service stopped") && e.contains("outcome=Joined")),
+        "the service was not joined at close: {events:?}"
+    );
+}
