@@ -567,20 +567,25 @@ impl Copier {
         }
         let _ctx = Pushed::push(self.primary.ctx)?;
         tracing::trace!(target: "vramring::publish", "sink: context pushed");
-        let src_at: Vec<u64> = plan
-            .iter()
-            .zip(&src.planes)
-            .map(|(p, &(addr, _, _))| addr + p.src_offset as u64)
-            .collect();
-        let dst_at: Vec<u64> = plan.iter().map(|p| dst + p.dst_offset as u64).collect();
         // Both layouts alike but for where they start (GStreamer's CUDA
         // pool and the ring agree for NV12): one copy call, not one a plane.
-        let one = crate::video::span(plan, &src_at, &dst_at).filter(|&(s, d, len)| {
-            let in_src = src_at.iter().zip(&src.planes).any(|(&at, &(addr, _, bytes))| {
-                at == s && (s - addr).checked_add(len).is_some_and(|end| end <= bytes as u64)
-            });
-            same && in_src && (d - dst).checked_add(len).is_some_and(|end| end <= dst_len)
-        });
+        // Only within one context (a peer copy goes plane by plane).
+        let one = same
+            .then(|| {
+                let src_at: Vec<u64> = plan
+                    .iter()
+                    .zip(&src.planes)
+                    .map(|(p, &(addr, _, _))| addr + p.src_offset as u64)
+                    .collect();
+                let dst_at: Vec<u64> = plan.iter().map(|p| dst + p.dst_offset as u64).collect();
+                crate::video::span(plan, &src_at, &dst_at).filter(|&(s, d, len)| {
+                    let in_src = src_at.iter().zip(&src.planes).any(|(&at, &(addr, _, bytes))| {
+                        at == s && (s - addr).checked_add(len).is_some_and(|end| end <= bytes as u64)
+                    });
+                    in_src && (d - dst).checked_add(len).is_some_and(|end| end <= dst_len)
+                })
+            })
+            .flatten();
         if let Some((s, d, len)) = one {
             // SAFETY: `s..s + len` lies in the source memory and
             // `d..d + len` in the slot (checked just above), both of the
