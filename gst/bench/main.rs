@@ -76,6 +76,22 @@ const INDEX_META: &str = "GstVramringBenchIndex";
 /// device address.
 const GST_MAP_CUDA: gst::ffi::GstMapFlags = gst::ffi::GST_MAP_FLAG_LAST << 1;
 
+/// Calls `seen(offset, now_ns())` for every buffer on the pad `pad` of the
+/// element named `element` in `p`, on the streaming thread.
+fn on_buffer(p: &gst::Pipeline, element: &str, pad: &str, seen: impl Fn(u64, u64) + Send + Sync + 'static) -> Res<()> {
+    let pad = p
+        .by_name(element)
+        .and_then(|e| e.static_pad(pad))
+        .ok_or_else(|| format!("no pad {pad} on an element named {element}"))?;
+    pad.add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+        if let Some(b) = info.buffer() {
+            seen(b.offset(), now_ns());
+        }
+        gst::PadProbeReturn::Ok
+    });
+    Ok(())
+}
+
 /// `CLOCK_MONOTONIC` now, ns.
 fn now_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -271,17 +287,9 @@ fn publish(args: &[String]) -> Res<()> {
     let stamps = Arc::new(Mutex::new(Vec::<(u64, u64)>::with_capacity(frames as usize)));
     {
         let stamps = stamps.clone();
-        let pad = p
-            .by_name("sink")
-            .and_then(|s| s.static_pad("sink"))
-            .ok_or("no sink pad")?;
-        pad.add_probe(gst::PadProbeType::BUFFER, move |_, info| {
-            if let Some(b) = info.buffer() {
-                let t = now_ns();
-                stamps.lock().unwrap_or_else(|e| e.into_inner()).push((b.offset(), t));
-            }
-            gst::PadProbeReturn::Ok
-        });
+        on_buffer(&p, "sink", "sink", move |offset, t| {
+            stamps.lock().unwrap_or_else(|e| e.into_inner()).push((offset, t));
+        })?;
     }
     let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Nv12, width, HEIGHT).build()?;
     let pool = gst_video::VideoBufferPool::new();
@@ -423,21 +431,13 @@ fn subscribe_gst(
     let left = Arc::new(Mutex::new(std::collections::VecDeque::<(u64, u64)>::new()));
     if pair.starts_with("vramring") {
         let left = left.clone();
-        let pad = p
-            .by_name("src")
-            .and_then(|s| s.static_pad("src"))
-            .ok_or("no vramringsrc named src")?;
-        pad.add_probe(gst::PadProbeType::BUFFER, move |_, info| {
-            if let Some(b) = info.buffer() {
-                let t = now_ns();
-                let mut left = left.lock().unwrap_or_else(|e| e.into_inner());
-                if left.len() >= 64 {
-                    left.pop_front();
-                }
-                left.push_back((b.offset(), t));
+        on_buffer(&p, "src", "src", move |offset, t| {
+            let mut left = left.lock().unwrap_or_else(|e| e.into_inner());
+            if left.len() >= 64 {
+                left.pop_front();
             }
-            gst::PadProbeReturn::Ok
-        });
+            left.push_back((offset, t));
+        })?;
     }
     {
         let seen = seen.clone();

@@ -31,12 +31,8 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Events {
 impl Events {
     /// Records this thread's events until the guard drops.
     pub fn on_this_thread() -> (Events, tracing::subscriber::DefaultGuard) {
-        use tracing_subscriber::layer::SubscriberExt;
         let events = Events::default();
-        let filter = tracing_subscriber::filter::Targets::new().with_target("vramring", tracing::Level::DEBUG);
-        let layer = tracing_subscriber::Layer::with_filter(events.clone(), filter);
-        let guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
-        tracing::callsite::rebuild_interest_cache();
+        let guard = crate::marks::on_this_thread(events.clone(), "vramring", tracing::Level::DEBUG);
         (events, guard)
     }
 

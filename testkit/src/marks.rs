@@ -10,6 +10,20 @@ use std::time::Instant;
 #[derive(Clone, Default)]
 pub struct StageMarks(Arc<Mutex<Vec<(Instant, String)>>>);
 
+/// Sends this thread's events of `target` at `level` and above to `layer`
+/// until the guard drops.
+pub(crate) fn on_this_thread<L>(layer: L, target: &str, level: tracing::Level) -> tracing::subscriber::DefaultGuard
+where
+    L: tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync + 'static,
+{
+    use tracing_subscriber::layer::SubscriberExt;
+    let filter = tracing_subscriber::filter::Targets::new().with_target(target, level);
+    let layer = tracing_subscriber::Layer::with_filter(layer, filter);
+    let guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
+    tracing::callsite::rebuild_interest_cache();
+    guard
+}
+
 /// A stage mark's words: the event's message, or its callsite's name.
 pub fn message(e: &tracing::Event<'_>) -> String {
     struct Message(Option<String>);
@@ -38,12 +52,8 @@ impl StageMarks {
     /// Records the marks of this thread's publishes until the guard drops.
     #[allow(dead_code)]
     pub fn on_this_thread() -> (StageMarks, tracing::subscriber::DefaultGuard) {
-        use tracing_subscriber::layer::SubscriberExt;
         let marks = StageMarks::default();
-        let filter = tracing_subscriber::filter::Targets::new().with_target("vramring::publish", tracing::Level::TRACE);
-        let layer = tracing_subscriber::Layer::with_filter(marks.clone(), filter);
-        let guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
-        tracing::callsite::rebuild_interest_cache();
+        let guard = on_this_thread(marks.clone(), "vramring::publish", tracing::Level::TRACE);
         (marks, guard)
     }
 
