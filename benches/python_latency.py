@@ -32,9 +32,15 @@ and then push delivery:
     `Subscriber(tensors="torch")` (numpy on a host ring): `y, uv =
     frame.tensors`, tensors made once per buffer and handed out again, no
     DLPack import on the frame's path. Its row also gives the cache's
-    counters (tensors_made, tensors_reused, tensors_busy, tensors_cache).
+    counters (tensors_made, tensors_reused, tensors_busy, tensors_cache);
+  * python-cached-at-once: python-cached with `prepare_ahead=0`: `next()`
+    makes its checks and starts waiting as soon as it is called, an
+    interval before the frame, instead of parking until just before the
+    frame is due (the default, ADR 0030).
 `--phases` picks among rust, python, both, python-spin, python-capsule,
-python-cached; `--kinds` among pull and push.
+python-cached, python-cached-at-once; `--kinds` among pull and push. Every
+row gives its subscriber's cadence-wait counters (windows, hits, misses,
+early).
 Then torch IPC (unless --no-ipc): a producer process fills a ring of 16 preallocated CUDA
 tensors (device copy + synchronize, then timestamp) and puts them on a
 `torch.multiprocessing` queue; the consumer takes each one ("get") and, as a
@@ -73,6 +79,9 @@ import tempfile
 import time
 
 CLOCK = time.CLOCK_MONOTONIC
+# The cadence wait's counters, from both subscribers: how many frames each
+# caught spinning in its window (hits) or was woken for from a park (early).
+CADENCE = ("cadence_windows", "cadence_hits", "cadence_misses", "cadence_early")
 
 
 def pct(xs, p):
@@ -93,7 +102,7 @@ def summary(name, lat_ns, **extra):
                 max_us=round(max(u), 1) if u else None, **extra)
 
 
-def role_python(name, sock, push, frames, warmup, verify, spin, split, capsule, tensors):
+def role_python(name, sock, push, frames, warmup, verify, spin, split, capsule, tensors, ahead):
     import vramring
     # torch (or numpy) is imported before connecting: importing torch takes
     # seconds, and frames published meanwhile would be missed.
@@ -108,7 +117,8 @@ def role_python(name, sock, push, frames, warmup, verify, spin, split, capsule, 
         np = None
     # tensors: "torch" or "numpy" for python-cached (frame.tensors, made once
     # per buffer; the stream is torch's current one, looked up by the cache).
-    sub = vramring.Subscriber(sock, push=push, name=name, connect_timeout=20, spin=spin, tensors=tensors)
+    extra = {} if ahead is None else {"prepare_ahead": ahead}
+    sub = vramring.Subscriber(sock, push=push, name=name, connect_timeout=20, spin=spin, tensors=tensors, **extra)
     cuda = sub.backend == "cuda"
     if not cuda:
         from_dlpack = np.from_dlpack
@@ -189,6 +199,7 @@ def role_python(name, sock, push, frames, warmup, verify, spin, split, capsule, 
     s = sub.stats()
     if cached:
         warm.update({k: s[k] for k in ("tensors_cache", "tensors_made", "tensors_reused", "tensors_busy")})
+    warm.update({k: s.get(k) for k in CADENCE})
     out = summary(name, t["hand"], delivered=s["delivered"], pushed=s["pushed"], zero_copy=zero_copy,
                   overruns=s["overruns"], allocated=s["allocated"],
                   torn=int(torn.item()) if torn is not None else None,
@@ -279,7 +290,8 @@ def run_phase(a, kind, who):
     """One producer and the subscribers `who` ("rust", "python", "both", or
     "python-spin": Python alone spinning --spin seconds instead of parking,
     "python-capsule": Python alone, `torch.from_dlpack(plane.__dlpack__(stream=s))`,
-    "python-cached": Python alone, `frame.tensors` of `Subscriber(tensors=...)`)
+    "python-cached": Python alone, `frame.tensors` of `Subscriber(tensors=...)`,
+    "python-cached-at-once": the same with `prepare_ahead=0`)
     of delivery `kind` ("pull" or "push"); returns (rows, frame_bytes)."""
     d = tempfile.mkdtemp(prefix="vrb")
     sock = os.path.join(d, "cam.sock")
@@ -293,7 +305,8 @@ def run_phase(a, kind, who):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ready = json.loads(prod.stdout.readline())
     suffix = {"both": "with the other", "python-spin": "alone, spin",
-              "python-capsule": "alone, capsule", "python-cached": "alone, cached"}.get(who, "alone")
+              "python-capsule": "alone, capsule", "python-cached": "alone, cached",
+              "python-cached-at-once": "alone, cached at once"}.get(who, "alone")
     subs = []
     if who in ("rust", "both"):
         name = f"rust-{kind}"
@@ -302,14 +315,16 @@ def run_phase(a, kind, who):
              "--timeout-ms", "20000"] + (["--push"] if kind == "push" else [])
             + ([] if a.verify else ["--no-verify"]),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
-    if who in ("python", "both", "python-spin", "python-capsule", "python-cached"):
+    cached = who in ("python-cached", "python-cached-at-once")
+    if who in ("python", "both", "python-spin", "python-capsule") or cached:
         name = f"python-{kind}"
         subs.append((f"{name} {suffix}", subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--role", name, "--socket", sock,
              "--frames", str(total), "--warmup", str(a.warmup)] + (["--verify"] if a.verify else [])
             + (["--spin", str(a.spin)] if who == "python-spin" else [])
             + (["--split"] if a.split else []) + (["--capsule"] if who == "python-capsule" else [])
-            + (["--tensors", "torch" if a.backend == "cuda" else "numpy"] if who == "python-cached" else []),
+            + (["--tensors", "torch" if a.backend == "cuda" else "numpy"] if cached else [])
+            + (["--prepare-ahead", "0"] if who == "python-cached-at-once" else []),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     rows = []
     for row, p in subs:
@@ -322,7 +337,8 @@ def run_phase(a, kind, who):
         r = lines[-1]
         if row.startswith("rust"):
             r = dict(n=r["delivered"], p50_us=r["p50_us"], p99_us=r["p99_us"], max_us=r["max_us"],
-                     delivered=r["delivered"], torn=r["torn"], overruns=r["overruns"])
+                     delivered=r["delivered"], torn=r["torn"], overruns=r["overruns"],
+                     **{k: r.get(k) for k in CADENCE})
         r["name"] = row
         rows.append(r)
     prod.communicate(timeout=60)
@@ -342,8 +358,8 @@ def main():
     ap.add_argument("--kinds", default="pull,push", help="which of pull,push to run")
     ap.add_argument("--no-ipc", action="store_true", help="skip the torch CUDA IPC phase")
     ap.add_argument("--phases", default="rust,python,both,python-spin,python-cached",
-                    help="which of rust,python,both,python-spin,python-capsule,python-cached to run for each "
-                         "delivery kind")
+                    help="which of rust,python,both,python-spin,python-capsule,python-cached,"
+                         "python-cached-at-once to run for each delivery kind")
     ap.add_argument("--spin", type=float, default=0.01,
                     help="python-spin phase: seconds next() spins before parking (longer than a frame period)")
     ap.add_argument("--out", default=".")
@@ -353,12 +369,14 @@ def main():
                     help="also check every frame on the GPU, in the Rust and the Python subscriber")
     ap.add_argument("--capsule", action="store_true", help=argparse.SUPPRESS)  # set for python-capsule roles
     ap.add_argument("--tensors", choices=["torch", "numpy"], help=argparse.SUPPRESS)  # python-cached roles
+    ap.add_argument("--prepare-ahead", type=float, help=argparse.SUPPRESS)  # python-cached-at-once roles
     ap.add_argument("--split", action="store_true",
                     help="time torch.from_dlpack of the Y plane step by step (device, stream, export, import)")
     a = ap.parse_args()
     if a.role:
         return role_python(a.role, a.socket, a.role == "python-push", a.frames, a.warmup, a.verify,
-                           a.spin if "--spin" in sys.argv else None, a.split, a.capsule, a.tensors)
+                           a.spin if "--spin" in sys.argv else None, a.split, a.capsule, a.tensors,
+                           a.prepare_ahead)
 
     results = []
     nbytes = 0
@@ -377,7 +395,7 @@ def main():
     added = {}
     for kind in ("pull", "push"):
         for suffix, rs in (("alone", "alone"), ("with the other", "with the other"), ("alone, capsule", "alone"),
-                           ("alone, cached", "alone")):
+                           ("alone, cached", "alone"), ("alone, cached at once", "alone")):
             r, p = by.get(f"rust-{kind} {rs}"), by.get(f"python-{kind} {suffix}")
             if r and p and "p50_us" in r and "p50_us" in p:
                 added[f"{kind} {suffix}"] = dict(in_hand=round(p["p50_us"] - r["p50_us"], 1),
@@ -387,18 +405,22 @@ def main():
                 frames=a.frames, fps=a.fps, geometry=f"nv12 {a.width}x{a.height}", frame_bytes=nbytes,
                 command=" ".join(sys.argv))
     print(json.dumps(meta))
-    print(f"{'subscriber':<28}{'n':>6}{'p50 us':>9}{'p99 us':>9}{'max us':>9}{'next p50':>10}  torn  zero-copy")
+    print(f"{'subscriber':<34}{'n':>6}{'p50 us':>9}{'p99 us':>9}{'max us':>9}{'next p50':>10}  torn  zero-copy")
     for r in results:
-        print(f"{r['name']:<28}{r.get('n', 0):>6}{r.get('p50_us', float('nan')):>9}{r.get('p99_us', float('nan')):>9}"
+        print(f"{r['name']:<34}{r.get('n', 0):>6}{r.get('p50_us', float('nan')):>9}{r.get('p99_us', float('nan')):>9}"
               f"{r.get('max_us') or float('nan'):>9}{r.get('next_p50_us') or '':>10}  {r.get('torn', '-')}"
               f"  {r.get('zero_copy', '')}")
+    print("cadence wait (windows / hits / misses / early):")
+    for r in results:
+        if r.get("cadence_windows") is not None:
+            print(f"  {r['name']:<34}" + " / ".join(str(r[k]) for k in CADENCE))
     print("Python p50 stages, us (wake, copy, check, gil, ret, y, uv); warm-loop from_dlpack / export / from capsule:")
     for r in results:
         if "stages_p50_us" in r:
-            print(f"  {r['name']:<26}{r['stages_p50_us']}  warm {r.get('warm_from_dlpack_us')} / "
+            print(f"  {r['name']:<34}{r['stages_p50_us']}  warm {r.get('warm_from_dlpack_us')} / "
                   f"{r.get('warm_export_us')} / {r.get('warm_from_capsule_us')}")
             if "tensors_cache" in r:
-                print(f"  {'':<26}tensor cache {r['tensors_cache']}: made {r['tensors_made']}, "
+                print(f"  {'':<34}tensor cache {r['tensors_cache']}: made {r['tensors_made']}, "
                       f"reused {r['tensors_reused']}, busy {r['tensors_busy']}")
     print("Python minus Rust, p50 us (goal: <= 10 in hand):", json.dumps(added))
     os.makedirs(a.out, exist_ok=True)

@@ -109,6 +109,7 @@ class Subscriber:
                  mode: Optional[Mode] = None, lossless: bool = False, push: bool = False,
                  reconnect: bool = False, timeout: float = 5.0, connect_timeout: float = 5.0,
                  max_held: int = 16, spin: Optional[float] = None,
+                 prepare_ahead: float = 0.0005,
                  tensors: Optional[Literal["torch", "numpy"]] = None,
                  stream: Optional[Any] = None) -> None:
         """``push``: the publisher copies frames into this subscriber's own
@@ -116,7 +117,11 @@ class Subscriber:
         publisher hands out its pool and is pushed to where it does not
         (``delivery`` says which). ``spin``: seconds ``next()`` spins
         before parking the thread (default 50 us); longer costs CPU and
-        saves the wake-up. ``tensors``: ``frame.tensors`` holds the planes
+        saves the wake-up. ``prepare_ahead``: once the publisher's
+        cadence is known, ``next()`` first parks until this many seconds
+        before the next frame is due, then prepares for it (default 500
+        us; 0: at once), so that the frame's way to Python runs warm.
+        ``tensors``: ``frame.tensors`` holds the planes
         as torch tensors (or numpy arrays, host rings), imported once per
         buffer and handed out again; a buffer is written again only once
         nothing of its last frame is alive (tensors, views of them,
@@ -139,7 +144,10 @@ class Subscriber:
         why" when tensors are imported per frame instead), tensors_made
         (plane imports: once per buffer), tensors_reused (frames handed
         tensors made for an earlier frame), tensors_busy (checks that found
-        a buffer still referenced, which was skipped)."""
+        a buffer still referenced, which was skipped); cadence_windows,
+        cadence_hits, cadence_misses, cadence_early (the cadence wait's
+        spin windows, frames caught in one, windows without their frame,
+        frames woken from a park before their window)."""
     def close(self) -> None:
         """A zero-copy push frame still alive keeps the connection (and its
         buffer held) until it and its tensors are gone."""

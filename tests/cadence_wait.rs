@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use vramring::seam::ring::cadence::CadenceState;
 use vramring::{BackendChoice, Error, Format, FrameMeta, Mode, Publisher, RingConfig, Subscriber, SubscriberOptions};
+use vramring_testkit::hang::ends;
 
 /// The tests of this file run one at a time: each has a publisher and a
 /// subscriber thread that spin in their windows, and they need not load
@@ -194,6 +195,43 @@ fn a_paused_stream_gets_at_most_one_spin_window_from_the_default_wait() {
     );
     assert_eq!(after.hits, before.hits, "{after:?}");
     assert_eq!(s.stats().delivered, 20);
+}
+
+/// `park_until_due` reads nothing, returns at once while the cadence is
+/// unknown, and, locked onto a publisher that falls silent, ends when the
+/// next frame was due rather than at its (endless) timeout.
+#[test]
+fn parking_until_the_next_frame_is_due_reads_nothing_and_ends_when_it_is_due() {
+    let _serial = one_at_a_time();
+    let path = sock("due");
+    let frames = 40;
+    let offsets = (0..frames).map(|k| Duration::from_millis(40 * k)).collect();
+    let publishing = publish_at(&path, offsets);
+    let s = Subscriber::connect(&path, SubscriberOptions::default().mode(Mode::Sequential)).unwrap();
+    let mut s = ends("a park with no cadence known", move || {
+        let mut s = s;
+        s.park_until_due(Duration::ZERO, Duration::MAX);
+        s
+    });
+    publishing.start.send(()).unwrap();
+    for seq in 1..=frames {
+        s.park_until_due(Duration::from_millis(5), Duration::from_secs(5));
+        let f = s.next(Duration::from_secs(5)).expect("a frame");
+        assert_eq!(f.seq(), seq, "the park read a frame, or one was lost");
+    }
+    let st = s.cadence();
+    assert!(
+        st.interval_ns.is_some(),
+        "the wait never locked onto a steady source: {st:?}"
+    );
+    // The publisher stays open and silent from here.
+    let s = ends("a park for a frame that never comes", move || {
+        let mut s = s;
+        s.park_until_due(Duration::ZERO, Duration::MAX);
+        s
+    });
+    assert_eq!((s.stats().delivered, s.stats().dropped), (frames, 0));
+    publishing.close();
 }
 
 #[test]

@@ -661,6 +661,10 @@ pub struct ConsumerReport {
     pub delivery: &'static str,
     /// Frames received by push delivery.
     pub pushed: u64,
+    /// The cadence wait: spin windows planned, frames caught in one,
+    /// windows that ended without their frame, frames woken from a park
+    /// before their window.
+    pub cadence: [u64; 4],
 }
 
 impl ConsumerReport {
@@ -699,6 +703,10 @@ impl ConsumerReport {
             .str("gate", self.gate)
             .str("delivery", self.delivery)
             .u64("pushed", self.pushed)
+            .u64("cadence_windows", self.cadence[0])
+            .u64("cadence_hits", self.cadence[1])
+            .u64("cadence_misses", self.cadence[2])
+            .u64("cadence_early", self.cadence[3])
             .finish()
     }
 }
@@ -891,6 +899,8 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
         (true, None) => "host",
     };
     report.seconds = first_at.map_or(0.0, |f| (last_at - f).as_secs_f64());
+    let c = sub.cadence();
+    report.cadence = [c.windows, c.hits, c.misses, c.early];
     if let Err(e) = sub.close() {
         eprintln!("{}: close: {e}", args.name);
     }

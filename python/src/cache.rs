@@ -67,8 +67,8 @@
 //! When a check finds a CUDA buffer free, an event is recorded on the
 //! stream its tensors were promised to (`Subscriber(stream=)`; by default
 //! torch's current stream when the first tensors were made) and on every
-//! stream a frame's own exports named: work the user queued there on the
-//! tensors before dropping them. Our copy stream waits for those events (on
+//! stream a frame's own exports named, unless the stream is idle: work the
+//! user queued there on the tensors before dropping them. Our copy stream waits for those events (on
 //! the GPU) before a pull copy into the buffer; the host waits for them
 //! before the hold moves off a push buffer. Work on another stream is the
 //! user's to order, as for any DLPack export.

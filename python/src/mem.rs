@@ -15,11 +15,11 @@
 //! it is still queued on the consumer's stream (`del t` right after
 //! launching a kernel on it). Each export notes the consumer's stream (the
 //! DLPack `stream` argument, [`Consumers`]); when the memory's last
-//! reference goes, an event is recorded on each noted stream ([`Cuda::fence`]),
-//! and whoever writes the memory next waits for those events first: our
-//! copy stream (GPU-side, [`Cuda::wait_on_stream`]) before reusing a pool
-//! buffer, the host ([`Cuda::sync_events`]) before a push buffer is let go
-//! to the publisher or memory is freed.
+//! reference goes, an event is recorded on each noted stream that is not
+//! idle ([`Cuda::fence`]), and whoever writes the memory next waits for
+//! those events first: our copy stream (GPU-side, [`Cuda::wait_on_stream`])
+//! before reusing a pool buffer, the host ([`Cuda::sync_events`]) before a
+//! push buffer is let go to the publisher or memory is freed.
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -274,14 +274,24 @@ impl Cuda {
         })
     }
 
-    /// An event on each of `streams` (see [`Consumers`]), recorded after the
-    /// work queued there so far. When one cannot be recorded (a stream of
+    /// An event on each of `streams` (see [`Consumers`]) that still has work
+    /// queued, recorded after that work. When one cannot be recorded (a stream of
     /// another context, say), waits for the whole context instead, so the
     /// memory is idle either way; returns the events that were recorded.
     pub fn fence(&self, streams: &[usize]) -> Vec<Event> {
         let mut events = Vec::with_capacity(streams.len());
         let r = self.with(|_| {
             for &s in streams {
+                // An idle stream has nothing queued that could still read
+                // the memory: no event, so no GPU work of this context that
+                // would make the GPU switch to it between the publisher's
+                // frames. Any other answer (busy, an error) records one.
+                // SAFETY: the consumer's handle or a sentinel the driver
+                // defines; a bad handle is an error the driver reports.
+                let idle = unsafe { cu::cuStreamQuery(s as cu::CUstream) };
+                if idle as u32 == vc::code::SUCCESS {
+                    continue;
+                }
                 let mut ev: cu::CUevent = std::ptr::null_mut();
                 // Blocking: a host wait on it (`sync_events`, before a push
                 // buffer is lent again) sleeps instead of spinning a core,

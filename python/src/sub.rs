@@ -471,6 +471,30 @@ impl Got {
     }
 }
 
+/// How long a `next()` may wait: the caller's timeout (what a `Timeout`
+/// says) and the deadline it sets (`None`: past what `Instant` can hold,
+/// which never ends).
+#[derive(Debug, Clone, Copy)]
+struct Wait {
+    timeout: Duration,
+    deadline: Option<Instant>,
+}
+
+impl Wait {
+    fn from_now(timeout: Duration) -> Wait {
+        Wait {
+            timeout,
+            deadline: Instant::now().checked_add(timeout),
+        }
+    }
+
+    /// What is left of it now.
+    fn left(self) -> Duration {
+        self.deadline
+            .map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()))
+    }
+}
+
 fn timeout_of(secs: f64) -> PyResult<Duration> {
     seconds("timeout", secs)
 }
@@ -513,22 +537,16 @@ unsafe fn copy_into(dst: &mut Dst<'_>, src: u64, len: u64) -> vramring::Result<(
 /// with no lent frame alive), the pushed buffer itself; otherwise borrow in
 /// place + copy into a pool buffer + release, which proves the copy whole.
 /// A copy goes into `dest` (a cached buffer proven free) when it is given
-/// and belongs to the ring's pool (`Held::Cached`).
-fn read(
-    sub: &mut Subscriber,
-    sink: &mut Sink,
-    lend: bool,
-    dest: Option<&Buf>,
-    timeout: Duration,
-) -> vramring::Result<Got> {
-    // None: a timeout past what `Instant` can hold, which never ends.
-    let deadline = Instant::now().checked_add(timeout);
+/// and belongs to the ring's pool (`Held::Cached`). It waits until
+/// `wait`'s deadline.
+fn read(sub: &mut Subscriber, sink: &mut Sink, lend: bool, dest: Option<&Buf>, wait: Wait) -> vramring::Result<Got> {
+    let Wait { timeout, deadline } = wait;
     let timed_out = |e: Error| match e {
         Error::Timeout(_, what) => Error::Timeout(timeout, what),
         e => e,
     };
     loop {
-        let left = deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()));
+        let left = wait.left();
         if lend {
             let f = sub.next(left).map_err(timed_out)?;
             let woke = monotonic_ns();
@@ -632,6 +650,9 @@ pub struct PySubscriber {
     push: bool,
     reconnect: bool,
     iter_timeout: Duration,
+    /// `Subscriber(prepare_ahead=)`: how long before the next frame is due
+    /// `next()` prepares for it (`Subscriber::park_until_due`).
+    ahead: Duration,
     path: String,
     /// `Subscriber(tensors=)`: tensors made once per buffer (`crate::cache`).
     cache: Option<TensorCache>,
@@ -708,10 +729,24 @@ impl PySubscriber {
         self.sink.pool.as_ref().map_or(0, |p| p.live()) + usize::from(self.lent_alive())
     }
 
+    /// `next()`: parked (without the GIL) until shortly before the next
+    /// frame is due, so that the checks made before the wait, the wait's
+    /// end and the frame's way back to Python all run warm, just ahead of
+    /// the frame, instead of an interval earlier (ADR 0030).
     fn next_frame(&mut self, py: Python<'_>, timeout: Duration) -> PyResult<Frame> {
-        if self.cache.as_ref().is_some_and(TensorCache::on) {
-            return self.next_cached(py, timeout);
+        let wait = Wait::from_now(timeout);
+        if !self.ahead.is_zero() {
+            let ahead = self.ahead;
+            let sub = self.sub()?;
+            py.detach(|| sub.park_until_due(ahead, timeout));
         }
+        if self.cache.as_ref().is_some_and(TensorCache::on) {
+            return self.next_cached(py, wait);
+        }
+        self.next_uncached(py, wait)
+    }
+
+    fn next_uncached(&mut self, py: Python<'_>, wait: Wait) -> PyResult<Frame> {
         let held = self.held();
         if held >= self.sink.keep {
             return Err(FramesHeld::new_err(format!(
@@ -740,7 +775,7 @@ impl PySubscriber {
             if let Some(p) = &sink.pool {
                 p.settle();
             }
-            read(sub, &mut sink, lend, None, timeout)
+            read(sub, &mut sink, lend, None, wait)
         });
         self.sink = sink;
         let got = got.py_err()?;
@@ -767,7 +802,7 @@ impl PySubscriber {
     /// a buffer be written again, and the aliases handed out next, are made
     /// here, before the wait and with the GIL; after the wait the frame's
     /// path calls nothing in Python but the `Frame`'s allocation.
-    fn next_cached(&mut self, py: Python<'_>, timeout: Duration) -> PyResult<Frame> {
+    fn next_cached(&mut self, py: Python<'_>, within: Wait) -> PyResult<Frame> {
         let info = *self.sub()?.info();
         let pool = self.sink.pool_for(&info).py_err()?;
         let cache = self.cache.as_mut().ok_or_else(|| internal("no tensor cache"))?;
@@ -805,7 +840,7 @@ impl PySubscriber {
                 if let Some((c, evs)) = wait {
                     py.detach(|| c.sync_events(evs));
                 }
-                return self.next_frame(py, timeout);
+                return self.next_uncached(py, within);
             }
         }
         let dest_buf = dest.and_then(|i| cache.buf(i));
@@ -824,7 +859,7 @@ impl PySubscriber {
             if let Some(p) = &sink.pool {
                 p.settle();
             }
-            read(sub, &mut sink, lend, dest_buf.as_deref(), timeout)
+            read(sub, &mut sink, lend, dest_buf.as_deref(), within)
         });
         self.sink = sink;
         let mut got = got.py_err()?;
@@ -934,6 +969,10 @@ impl PySubscriber {
     /// `max_held`: frames (and tensors made from them) alive at once.
     /// `spin`: seconds `next()` spins before it parks the thread (default
     /// 50 µs, as in Rust); longer costs CPU and saves the wake-up.
+    /// `prepare_ahead`: once the publisher's cadence is known, `next()`
+    /// first parks until this many seconds before the next frame is due,
+    /// then prepares for it (default 500 µs; 0: prepare at once): a frame
+    /// reaches Python sooner when that work and its way back run warm.
     /// `tensors`: "torch" or "numpy": `frame.tensors` holds one array per
     /// plane, made once per buffer and handed out again (no DLPack import
     /// per frame); a buffer is written again only when nothing of its last
@@ -942,7 +981,8 @@ impl PySubscriber {
     /// default: torch's current stream when the first tensors are made).
     #[new]
     #[pyo3(signature = (path, *, name=None, mode=None, lossless=false, push=false, reconnect=false,
-                        timeout=5.0, connect_timeout=5.0, max_held=16, spin=None, tensors=None, stream=None))]
+                        timeout=5.0, connect_timeout=5.0, max_held=16, spin=None, prepare_ahead=0.0005, tensors=None,
+                        stream=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -956,6 +996,7 @@ impl PySubscriber {
         connect_timeout: f64,
         max_held: usize,
         spin: Option<f64>,
+        prepare_ahead: f64,
         tensors: Option<String>,
         stream: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
@@ -984,6 +1025,7 @@ impl PySubscriber {
             return Err(PyValueError::new_err("max_held must be at least 1"));
         }
         let iter_timeout = timeout_of(timeout)?;
+        let ahead = seconds("prepare_ahead", prepare_ahead)?;
         let mut opts = SubscriberOptions::default()
             .mode(mode)
             .lossless(lossless)
@@ -1029,6 +1071,7 @@ impl PySubscriber {
             push: lendable,
             reconnect,
             iter_timeout,
+            ahead,
             path: shown,
             cache,
         })
@@ -1112,7 +1155,11 @@ impl PySubscriber {
     /// cache is on), tensors_reused (frames handed tensors made for an
     /// earlier frame in the same buffer), tensors_busy (checks that found a
     /// buffer still referenced, so that it was skipped: the frame went to
-    /// another buffer, or was a copy instead of a zero-copy push buffer).
+    /// another buffer, or was a copy instead of a zero-copy push buffer);
+    /// the cadence wait's cadence_windows (frames it planned a spin window
+    /// for), cadence_hits (frames caught spinning in it), cadence_misses
+    /// (windows that ended without their frame), cadence_early (frames that
+    /// came before their window: woken from a park).
     fn stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let held = self.held_now(py)?;
         let allocated = self.sink.pool.as_ref().map_or(0, |p| p.allocated());
@@ -1134,6 +1181,11 @@ impl PySubscriber {
         d.set_item("tensors_made", c.map_or(0, |c| c.made))?;
         d.set_item("tensors_reused", c.map_or(0, |c| c.reused))?;
         d.set_item("tensors_busy", c.map_or(0, |c| c.busy))?;
+        let w = self.sub()?.cadence();
+        d.set_item("cadence_windows", w.windows)?;
+        d.set_item("cadence_hits", w.hits)?;
+        d.set_item("cadence_misses", w.misses)?;
+        d.set_item("cadence_early", w.early)?;
         Ok(d)
     }
 

@@ -84,6 +84,7 @@ def test_a_second_publisher_on_a_live_socket_is_address_in_use(sock):
         (dict(max_held=0), "max_held"),
         (dict(spin=float("nan")), "spin must be"),
         (dict(spin=1e30), "spin of .* seconds is too long"),
+        (dict(prepare_ahead=-0.001), "prepare_ahead must be"),
     ],
 )
 def test_bad_subscriber_arguments_are_value_errors(sock, kwargs, match):

@@ -299,6 +299,20 @@ def test_a_push_subscriber_borrows_its_newest_pushed_buffer_in_place(producer, s
         assert sub.stats()["pushed"] >= intact
 
 
+@pytest.mark.parametrize("ahead", [0.0005, 0.0])
+def test_next_prepares_just_before_the_frame_is_due_and_every_frame_still_arrives(producer, sock, ahead):
+    # 25 fps: the cadence locks within a few frames, and from then on each
+    # next() parks until `ahead` before the frame is due (0: not at all).
+    producer(frames=0, fps=25, wait_subscribers=1)
+    with vramring.Subscriber(sock, mode="sequential", prepare_ahead=ahead) as sub:
+        seqs = [sub.next(HANG).seq for _ in range(30)]
+        st = sub.stats()
+    assert seqs == list(range(seqs[0], seqs[0] + 30))
+    assert st["dropped"] == 0, st
+    assert st["cadence_hits"] + st["cadence_misses"] <= st["cadence_windows"], st
+    assert st["cadence_hits"] + st["cadence_early"] <= st["cadence_windows"], st
+
+
 def test_spin_makes_next_busy_wait_and_every_frame_still_arrives(producer, sock):
     producer(frames=0, fps=100, wait_subscribers=1)
     cpu = {}

@@ -42,7 +42,8 @@ pub use client::{ClientConfig, ClientOptions};
 #[doc(hidden)]
 pub use table::loom_api as loom_table;
 pub use wait::{
-    publish_seq, ring_doorbell, wait_on, wait_with, wake_if_parked, Bell, NoPlan, SpinWindow, WaitOutcome, WaitPlan,
+    publish_seq, ring_doorbell, wait_on, wait_with, wake_if_parked, Bell, Doze, NoPlan, SpinWindow, WaitOutcome,
+    WaitPlan,
 };
 
 /// What a reader finds when it looks for seq `want` in a slot or record

@@ -18,7 +18,7 @@ use crate::memory::{BackendKind, ImportedPool, OwnBuffer};
 use crate::ring::attach::map_frame_ring;
 use crate::ring::cadence::{wait_by, Cadence};
 use crate::ring::lease::{self, Lease};
-use crate::ring::Bell;
+use crate::ring::{wait_with, Bell, Doze};
 use crate::ring::{ClientConfig, ClientOptions};
 use crate::shm::Region;
 use crate::socket::msg::{self, Hello, Msg};
@@ -415,58 +415,7 @@ impl Subscriber {
             return self.drain_next();
         }
         let end = self.kept_wait_end(deadline);
-        let outcome = {
-            let header = self.control.at::<RingHeader>(0);
-            // A queued pull starts at the loan (ADR 0014): it waits for
-            // the next frame's slot to be loaned for it, or for
-            // `pending_seq`, and the GPU waits for the commit.
-            let bell = if announced && self.pull_queued() {
-                // Only where the commit opens a gate line, which a
-                // publisher closing in order opens for good (a copy queued
-                // at a loan it never publishes then still runs), and the
-                // publisher is in another process (`loan_trigger`).
-                let next = self.last + 1;
-                let loaned = self
-                    .loan_trigger
-                    .then(|| (&slot_of(&self.control, &self.info, next).seq, next));
-                Bell {
-                    seq: &header.seq.pending_seq,
-                    producer: &header.producer,
-                    pending: None,
-                    push: None,
-                    loaned,
-                }
-            } else {
-                let entry = self.lease.entry();
-                // SYNC: push-seq — Acquire, as in `read_pushed`.
-                let count = entry.push_count.load(Ordering::Acquire) as usize;
-                let words = self
-                    .push
-                    .filter(|b| announced && (self.push_mapped || b.count == count))
-                    .map(|b| &entry.push_seq[..b.count]);
-                Bell {
-                    seq: &header.seq.global_seq,
-                    producer: &header.producer,
-                    pending: Some(&header.seq.pending_seq),
-                    push: words,
-                    loaned: None,
-                }
-            };
-            let lease = &self.lease;
-            let holds = &self.holds;
-            // A kept frame let go on another thread ends the wait, so that
-            // a lossless reader's cursor follows at once (`Holds::released`).
-            let alive = || lease.quiet() && !holds.released();
-            wait_by(
-                &self.opts.client,
-                &mut self.cadence,
-                bell,
-                lease.client(),
-                self.last,
-                end,
-                alive,
-            )
-        };
+        let outcome = self.ring_wait(end, announced, None);
         match outcome {
             WaitOutcome::Advanced(g) => Ok(g),
             WaitOutcome::ProducerClosed => {
@@ -491,6 +440,107 @@ impl Subscriber {
                 }
                 // Readable but not fatal (e.g. an ignored message): loop again.
                 Ok(self.last)
+            }
+        }
+    }
+
+    /// Parks until `lead` before the next frame is due by the publisher's
+    /// cadence (and no later than the default wait would start spinning
+    /// for it), or until there is something to read (a frame, the
+    /// publisher's end), whichever comes first; returns at once while the
+    /// cadence is unknown (not locked, or another wait strategy) or the
+    /// frame is due sooner. It reads nothing: the next [`Subscriber::next`]
+    /// or [`Subscriber::borrow`] does, as it would have.
+    ///
+    /// For a reader with work of its own before each frame (checking what
+    /// it still holds, preparing a batch): done after this call, that work
+    /// runs just before the frame comes, on warm caches, instead of a
+    /// whole interval earlier, and so does the reader's handling of the
+    /// frame once it comes. The Python binding's `next()` does this.
+    /// Never parks past `timeout`.
+    pub fn park_until_due(&mut self, lead: Duration, timeout: Duration) {
+        if self.opts.client.wait != crate::WaitStrategy::Cadence || self.lease.draining() || self.in_flight.is_some() {
+            return;
+        }
+        let lead = u64::try_from(lead.as_nanos()).unwrap_or(u64::MAX);
+        let Some(wake) = self.cadence.prepare_at(lead) else {
+            return;
+        };
+        let Some(ahead) = wake.checked_sub(monotonic_ns()).filter(|&d| d > 0) else {
+            return;
+        };
+        let at = Instant::now() + Duration::from_nanos(ahead).min(timeout);
+        // Whatever ended the park, the next read finds it.
+        let _ = self.ring_wait(at, true, Some(at));
+    }
+
+    /// One wait on this subscriber's doorbell (see [`Subscriber::wait`]
+    /// for what `announced` waits for) until `end`: by the configured
+    /// strategy, or, with `doze`, parked until that time (no spin).
+    fn ring_wait(&mut self, end: Instant, announced: bool, doze: Option<Instant>) -> WaitOutcome {
+        let header = self.control.at::<RingHeader>(0);
+        // A queued pull starts at the loan (ADR 0014): it waits for
+        // the next frame's slot to be loaned for it, or for
+        // `pending_seq`, and the GPU waits for the commit.
+        let bell = if announced && self.pull_queued() {
+            // Only where the commit opens a gate line, which a
+            // publisher closing in order opens for good (a copy queued
+            // at a loan it never publishes then still runs), and the
+            // publisher is in another process (`loan_trigger`).
+            let next = self.last + 1;
+            let loaned = self
+                .loan_trigger
+                .then(|| (&slot_of(&self.control, &self.info, next).seq, next));
+            Bell {
+                seq: &header.seq.pending_seq,
+                producer: &header.producer,
+                pending: None,
+                push: None,
+                loaned,
+            }
+        } else {
+            let entry = self.lease.entry();
+            // SYNC: push-seq — Acquire, as in `read_pushed`.
+            let count = entry.push_count.load(Ordering::Acquire) as usize;
+            let words = self
+                .push
+                .filter(|b| announced && (self.push_mapped || b.count == count))
+                .map(|b| &entry.push_seq[..b.count]);
+            Bell {
+                seq: &header.seq.global_seq,
+                producer: &header.producer,
+                pending: Some(&header.seq.pending_seq),
+                push: words,
+                loaned: None,
+            }
+        };
+        let lease = &self.lease;
+        let holds = &self.holds;
+        // A kept frame let go on another thread ends the wait, so that
+        // a lossless reader's cursor follows at once (`Holds::released`).
+        let alive = || lease.quiet() && !holds.released();
+        match doze {
+            None => wait_by(
+                &self.opts.client,
+                &mut self.cadence,
+                bell,
+                lease.client(),
+                self.last,
+                end,
+                alive,
+            ),
+            Some(at) => {
+                let slice = self.opts.client.park_slice;
+                wait_with(
+                    bell,
+                    lease.client(),
+                    self.last,
+                    end,
+                    Duration::ZERO,
+                    slice,
+                    &mut Doze(at),
+                    alive,
+                )
             }
         }
     }

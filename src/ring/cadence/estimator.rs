@@ -348,6 +348,39 @@ impl Cadence {
         }
     }
 
+    /// When the frame after the last one observed should show up: its
+    /// predicted commit plus how soon after its commit a frame typically
+    /// shows up; `None` while unlocked.
+    fn shows_up(&self) -> Option<u64> {
+        let (last_seq, _) = self.last?;
+        if self.interval == 0 {
+            return None;
+        }
+        let seen = self.seen.quantile(0.1).unwrap_or(0);
+        self.expect(last_seq.checked_add(1)?)?.checked_add(seen)
+    }
+
+    /// When the next frame should show up (`CLOCK_MONOTONIC` ns), as the
+    /// next [`Cadence::plan`] will expect it; `None` while unlocked. Learns
+    /// from a deferred observation first, as `plan` does.
+    pub fn due(&mut self) -> Option<u64> {
+        if let Some((s, c, n)) = self.deferred.take() {
+            self.observe(s, c, n);
+        }
+        self.shows_up()
+    }
+
+    /// When a reader that takes up to `lead_ns` to prepare for the next
+    /// frame should stop parking: `lead_ns` before the frame is due, and no
+    /// later than where the next window's spin would begin (the margin
+    /// before it), so that a park before the wait never covers the window's
+    /// start and a frame there is still caught spinning. `None` while
+    /// unlocked.
+    pub fn prepare_at(&mut self, lead_ns: u64) -> Option<u64> {
+        let due = self.due()?;
+        Some(due.saturating_sub(lead_ns.max(self.margin())))
+    }
+
     /// Plans the next wait at `now_ns`: the window to spin in, or `None`
     /// to wait as [`WaitStrategy::Park`](super::WaitStrategy::Park) does
     /// (unlocked, or the frame is overdue already).
@@ -358,12 +391,7 @@ impl Cadence {
         self.pending = None;
         self.caught_ns = None;
         self.before_window = false;
-        let (last_seq, _) = self.last?;
-        if self.interval == 0 {
-            return None;
-        }
-        let seen = self.seen.quantile(0.1).unwrap_or(0);
-        let expected = self.expect(last_seq.checked_add(1)?)?.checked_add(seen)?;
+        let expected = self.shows_up()?;
         let (margin, tolerance) = self.bounds();
         let until = expected.checked_add(tolerance)?;
         if now_ns >= until {

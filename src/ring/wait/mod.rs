@@ -34,4 +34,4 @@ mod precise_timer;
 mod schedule;
 
 pub use bell::{publish_seq, ring_doorbell, wake_if_parked, Bell};
-pub use schedule::{wait_on, wait_with, NoPlan, SpinWindow, WaitOutcome, WaitPlan};
+pub use schedule::{wait_on, wait_with, Doze, NoPlan, SpinWindow, WaitOutcome, WaitPlan};

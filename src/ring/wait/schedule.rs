@@ -84,6 +84,20 @@ impl WaitPlan for NoPlan {
     }
 }
 
+/// A park that ends at a set time, on a timer held without the thread's
+/// timer slack: a window of no length at the wait's deadline.
+#[derive(Debug, Clone, Copy)]
+pub struct Doze(pub Instant);
+
+impl WaitPlan for Doze {
+    fn window(&mut self) -> Option<SpinWindow> {
+        Some(SpinWindow {
+            from: self.0,
+            until: self.0,
+        })
+    }
+}
+
 /// [`wait_on`] with a [`WaitPlan`]: while parked, the park's timeout also
 /// ends at the plan's window, which is then spun through. Parking, the
 /// deadline, `slice` and `alive()` work as in [`wait_on`] throughout.

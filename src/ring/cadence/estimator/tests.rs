@@ -29,6 +29,27 @@ fn locks_onto_a_steady_25fps_cadence() {
     assert!(w.expected_ns - w.from_ns >= MARGIN_MIN_NS);
 }
 
+#[test]
+fn due_is_when_the_next_window_expects_the_frame_and_plans_nothing() {
+    let mut c = Cadence::new();
+    assert_eq!(c.due(), None, "unlocked: nothing is due");
+    let last = feed(&mut c, 1, 19, 1_000 * MS, 40 * MS, |_| 0);
+    // The last frame, observed deferred as a subscriber does: `due` learns
+    // from it before it answers.
+    c.observe_deferred(20, last + 40 * MS, last + 40 * MS + 10 * US);
+    let due = c.due().expect("locked: the next frame is due");
+    assert_eq!(due, last + 80 * MS);
+    assert_eq!(c.state().windows, 0, "due plans no window");
+    // A reader preparing ahead stops parking by the window's start
+    // however short its own lead, and earlier when its lead is longer.
+    let margin = c.state().margin_ns;
+    assert_eq!(c.prepare_at(0), Some(due - margin));
+    assert_eq!(c.prepare_at(margin + 5 * MS), Some(due - margin - 5 * MS));
+    let w = c.plan(last + 40 * MS + 20 * US).expect("a window");
+    assert_eq!(w.expected_ns, due);
+    assert_eq!(w.from_ns, due - margin);
+}
+
 /// A deterministic pseudo-random number in `0..n` for step `k`.
 fn noise(k: u64, n: u64) -> u64 {
     let mut x = k.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x2545_f491_4f6c_dd1d;
