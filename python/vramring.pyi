@@ -119,8 +119,9 @@ class Subscriber:
         before parking the thread (default 50 us); longer costs CPU and
         saves the wake-up. ``prepare_ahead``: once the publisher's
         cadence is known, ``next()`` first parks until this many seconds
-        before the next frame is due, then prepares for it (default 500
-        us; 0: at once), so that the frame's way to Python runs warm.
+        before it would start spinning for the next frame, then prepares
+        for it (default 500 us; 0: at once), so that the frame's way to
+        Python runs warm.
         ``tensors``: ``frame.tensors`` holds the planes
         as torch tensors (or numpy arrays, host rings), imported once per
         buffer and handed out again; a buffer is written again only once
@@ -147,7 +148,7 @@ class Subscriber:
         a buffer still referenced, which was skipped); cadence_windows,
         cadence_hits, cadence_misses, cadence_early (the cadence wait's
         spin windows, frames caught in one, windows without their frame,
-        frames woken from a park before their window)."""
+        frames that came before their window's spin began)."""
     def close(self) -> None:
         """A zero-copy push frame still alive keeps the connection (and its
         buffer held) until it and its tensors are gone."""

@@ -64,11 +64,11 @@
 //! never allow it early.
 //!
 //! # GPU work still queued
-//! When a check finds a CUDA buffer free, an event is recorded on the
-//! stream its tensors were promised to (`Subscriber(stream=)`; by default
-//! torch's current stream when the first tensors were made) and on every
-//! stream a frame's own exports named, unless the stream is idle: work the
-//! user queued there on the tensors before dropping them. Our copy stream waits for those events (on
+//! When a check finds a CUDA buffer free, each stream that may still have
+//! work queued on its tensors gets an event, unless the stream is idle:
+//! the stream its tensors were promised to (`Subscriber(stream=)`; by
+//! default torch's current stream when the first tensors were made) and
+//! every stream a frame's own exports named. Our copy stream waits for those events (on
 //! the GPU) before a pull copy into the buffer; the host waits for them
 //! before the hold moves off a push buffer. Work on another stream is the
 //! user's to order, as for any DLPack export.

@@ -61,6 +61,25 @@ fn check(call: &'static str, r: cu::CUresult) -> Result<()> {
     }
 }
 
+/// Whether `stream` has nothing queued that could still read memory: then
+/// no event is needed, and none is queued (no GPU work of this context
+/// that would make the GPU switch to it between the publisher's frames).
+/// A stream being captured into a graph is never queried (the query
+/// would end the capture): it gets its event as before, and so does any
+/// stream the driver answers about with anything but "idle".
+fn idle(stream: cu::CUstream) -> bool {
+    let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    // SAFETY: the consumer's handle or a sentinel the driver defines (a bad
+    // handle is an error it reports); `status` is an out-parameter.
+    let captured = unsafe { cu::cuStreamIsCapturing(stream, &mut status) };
+    if captured as u32 != vc::code::SUCCESS || status != cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return false;
+    }
+    // SAFETY: as above; a stream not being captured may be queried.
+    let r = unsafe { cu::cuStreamQuery(stream) };
+    r as u32 == vc::code::SUCCESS
+}
+
 /// A CUDA event recorded on a consumer's stream when the memory it read lost
 /// its last Python reference: it completes when all the work queued on that
 /// stream by then is done.
@@ -282,14 +301,7 @@ impl Cuda {
         let mut events = Vec::with_capacity(streams.len());
         let r = self.with(|_| {
             for &s in streams {
-                // An idle stream has nothing queued that could still read
-                // the memory: no event, so no GPU work of this context that
-                // would make the GPU switch to it between the publisher's
-                // frames. Any other answer (busy, an error) records one.
-                // SAFETY: the consumer's handle or a sentinel the driver
-                // defines; a bad handle is an error the driver reports.
-                let idle = unsafe { cu::cuStreamQuery(s as cu::CUstream) };
-                if idle as u32 == vc::code::SUCCESS {
+                if idle(s as cu::CUstream) {
                     continue;
                 }
                 let mut ev: cu::CUevent = std::ptr::null_mut();

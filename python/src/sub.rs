@@ -735,12 +735,17 @@ impl PySubscriber {
     /// the frame, instead of an interval earlier (ADR 0030).
     fn next_frame(&mut self, py: Python<'_>, timeout: Duration) -> PyResult<Frame> {
         let wait = Wait::from_now(timeout);
-        if !self.ahead.is_zero() {
+        let cached = self.cache.as_ref().is_some_and(TensorCache::on);
+        // Not when the read is bound to fail on `max_held` (checked again
+        // there): that error comes at once. The cache's count needs its
+        // scan, which is part of the work prepared after the park.
+        let full = !cached && self.held() >= self.sink.keep;
+        if !self.ahead.is_zero() && !full {
             let ahead = self.ahead;
             let sub = self.sub()?;
-            py.detach(|| sub.park_until_due(ahead, timeout));
+            py.detach(|| sub.park_until_due(ahead, wait.left()));
         }
-        if self.cache.as_ref().is_some_and(TensorCache::on) {
+        if cached {
             return self.next_cached(py, wait);
         }
         self.next_uncached(py, wait)
@@ -970,9 +975,10 @@ impl PySubscriber {
     /// `spin`: seconds `next()` spins before it parks the thread (default
     /// 50 µs, as in Rust); longer costs CPU and saves the wake-up.
     /// `prepare_ahead`: once the publisher's cadence is known, `next()`
-    /// first parks until this many seconds before the next frame is due,
-    /// then prepares for it (default 500 µs; 0: prepare at once): a frame
-    /// reaches Python sooner when that work and its way back run warm.
+    /// first parks until this many seconds before it would start spinning
+    /// for the next frame, then prepares for it (default 500 µs; 0:
+    /// prepare at once): a frame reaches Python sooner when that work and
+    /// its way back run warm.
     /// `tensors`: "torch" or "numpy": `frame.tensors` holds one array per
     /// plane, made once per buffer and handed out again (no DLPack import
     /// per frame); a buffer is written again only when nothing of its last
@@ -1159,7 +1165,8 @@ impl PySubscriber {
     /// the cadence wait's cadence_windows (frames it planned a spin window
     /// for), cadence_hits (frames caught spinning in it), cadence_misses
     /// (windows that ended without their frame), cadence_early (frames that
-    /// came before their window: woken from a park).
+    /// came before their window's spin began: woken from a park, or already
+    /// there when the wait began).
     fn stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let held = self.held_now(py)?;
         let allocated = self.sink.pool.as_ref().map_or(0, |p| p.allocated());

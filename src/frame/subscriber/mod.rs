@@ -415,7 +415,7 @@ impl Subscriber {
             return self.drain_next();
         }
         let end = self.kept_wait_end(deadline);
-        let outcome = self.ring_wait(end, announced, None);
+        let outcome = self.ring_wait(end, announced, false);
         match outcome {
             WaitOutcome::Advanced(g) => Ok(g),
             WaitOutcome::ProducerClosed => {
@@ -444,13 +444,16 @@ impl Subscriber {
         }
     }
 
-    /// Parks until `lead` before the next frame is due by the publisher's
-    /// cadence (and no later than the default wait would start spinning
-    /// for it), or until there is something to read (a frame, the
-    /// publisher's end), whichever comes first; returns at once while the
-    /// cadence is unknown (not locked, or another wait strategy) or the
-    /// frame is due sooner. It reads nothing: the next [`Subscriber::next`]
-    /// or [`Subscriber::borrow`] does, as it would have.
+    /// Parks until `lead` before the default wait would start spinning for
+    /// the next frame (the publisher's cadence says when it is due), or
+    /// until there is something to read or to act on (a frame, the
+    /// publisher's end, a kept frame let go), whichever comes first.
+    /// Returns at once while the cadence is unknown (not locked, or another
+    /// wait strategy), when that time is sooner or the configured spin
+    /// would cover it, and when the publisher is gone or this subscriber
+    /// evicted (the next read says so).
+    /// It reads nothing: the next [`Subscriber::next`] or
+    /// [`Subscriber::borrow`] does, as it would have.
     ///
     /// For a reader with work of its own before each frame (checking what
     /// it still holds, preparing a batch): done after this call, that work
@@ -459,25 +462,39 @@ impl Subscriber {
     /// frame once it comes. The Python binding's `next()` does this.
     /// Never parks past `timeout`.
     pub fn park_until_due(&mut self, lead: Duration, timeout: Duration) {
-        if self.opts.client.wait != crate::WaitStrategy::Cadence || self.lease.draining() || self.in_flight.is_some() {
+        if self.opts.client.wait != crate::WaitStrategy::Cadence
+            || self.lease.draining()
+            || self.in_flight.is_some()
+            || !self.lease.quiet()
+        {
             return;
         }
+        // A kept frame let go since the last read moves the hold now, as
+        // `next` would: the park must not keep it (and a lossless
+        // publisher) waiting.
+        self.release_kept();
         let lead = u64::try_from(lead.as_nanos()).unwrap_or(u64::MAX);
         let Some(wake) = self.cadence.prepare_at(lead) else {
             return;
         };
-        let Some(ahead) = wake.checked_sub(monotonic_ns()).filter(|&d| d > 0) else {
+        // A wait told to spin that long spins through it anyway.
+        let Some(ahead) = wake
+            .checked_sub(monotonic_ns())
+            .map(Duration::from_nanos)
+            .filter(|&d| d > self.opts.client.spin)
+        else {
             return;
         };
-        let at = Instant::now() + Duration::from_nanos(ahead).min(timeout);
+        let at = self.kept_wait_end(Instant::now() + ahead.min(timeout));
         // Whatever ended the park, the next read finds it.
-        let _ = self.ring_wait(at, true, Some(at));
+        let _ = self.ring_wait(at, true, true);
     }
 
     /// One wait on this subscriber's doorbell (see [`Subscriber::wait`]
     /// for what `announced` waits for) until `end`: by the configured
-    /// strategy, or, with `doze`, parked until that time (no spin).
-    fn ring_wait(&mut self, end: Instant, announced: bool, doze: Option<Instant>) -> WaitOutcome {
+    /// strategy, or, with `doze`, parked until `end` (no spin first; a
+    /// commit seen in flight is still waited for on the CPU, up to `end`).
+    fn ring_wait(&mut self, end: Instant, announced: bool, doze: bool) -> WaitOutcome {
         let header = self.control.at::<RingHeader>(0);
         // A queued pull starts at the loan (ADR 0014): it waits for
         // the next frame's slot to be loaned for it, or for
@@ -519,30 +536,28 @@ impl Subscriber {
         // A kept frame let go on another thread ends the wait, so that
         // a lossless reader's cursor follows at once (`Holds::released`).
         let alive = || lease.quiet() && !holds.released();
-        match doze {
-            None => wait_by(
-                &self.opts.client,
-                &mut self.cadence,
+        if doze {
+            let slice = self.opts.client.park_slice;
+            return wait_with(
                 bell,
                 lease.client(),
                 self.last,
                 end,
+                Duration::ZERO,
+                slice,
+                &mut Doze(end),
                 alive,
-            ),
-            Some(at) => {
-                let slice = self.opts.client.park_slice;
-                wait_with(
-                    bell,
-                    lease.client(),
-                    self.last,
-                    end,
-                    Duration::ZERO,
-                    slice,
-                    &mut Doze(at),
-                    alive,
-                )
-            }
+            );
         }
+        wait_by(
+            &self.opts.client,
+            &mut self.cadence,
+            bell,
+            lease.client(),
+            self.last,
+            end,
+            alive,
+        )
     }
 
     /// The seq to read next (per the mode and the safe window) when the

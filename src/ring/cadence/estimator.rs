@@ -371,14 +371,13 @@ impl Cadence {
     }
 
     /// When a reader that takes up to `lead_ns` to prepare for the next
-    /// frame should stop parking: `lead_ns` before the frame is due, and no
-    /// later than where the next window's spin would begin (the margin
-    /// before it), so that a park before the wait never covers the window's
-    /// start and a frame there is still caught spinning. `None` while
-    /// unlocked.
+    /// frame should stop parking: `lead_ns` before the next window's spin
+    /// would begin (the margin before the frame is due), so that its work
+    /// is done before the window opens and a frame there is still caught
+    /// spinning. `None` while unlocked.
     pub fn prepare_at(&mut self, lead_ns: u64) -> Option<u64> {
         let due = self.due()?;
-        Some(due.saturating_sub(lead_ns.max(self.margin())))
+        Some(due.saturating_sub(self.margin()).saturating_sub(lead_ns))
     }
 
     /// Plans the next wait at `now_ns`: the window to spin in, or `None`
@@ -428,8 +427,9 @@ impl Cadence {
     }
 
     /// The wait planned by the last [`Cadence::plan`] ended at `now_ns`;
-    /// `advanced` when the seq moved, `spun` when its window's spin began.
-    pub fn waited(&mut self, advanced: bool, spun: bool, now_ns: u64) {
+    /// `advanced` when the seq moved, `spun` when its window's spin began,
+    /// `parked` when it parked on a timer set to the window's start.
+    pub fn waited(&mut self, advanced: bool, spun: bool, parked: bool, now_ns: u64) {
         let Some(w) = self.pending.take() else {
             return;
         };
@@ -460,12 +460,13 @@ impl Cadence {
             // checks, with the frame's commit time, whether the window was
             // placed late.
             self.before_window = now_ns < w.from_ns;
-            if let Some(late) = now_ns.checked_sub(w.from_ns) {
+            if let Some(late) = now_ns.checked_sub(w.from_ns).filter(|_| parked) {
                 // Woken by the doorbell after the window should have opened:
                 // the park's timer had not fired yet, so it overshot by at
                 // least this much (learning only from the timers that fired
                 // before their frame, the margin would never grow to the
-                // ones that did not).
+                // ones that did not). A wait that found its frame without
+                // parking on that timer (it began late) says nothing of it.
                 self.timer_woke(late);
             }
         }

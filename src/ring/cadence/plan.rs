@@ -70,6 +70,8 @@ pub struct CadencePlan<'a> {
     cadence: &'a mut Cadence,
     /// The window's spin began.
     spun: bool,
+    /// The wait parked on a timer set to the window's start.
+    parked: bool,
     /// The window, converted to `Instant`s at plan time.
     window: Option<SpinWindow>,
 }
@@ -88,6 +90,7 @@ impl<'a> CadencePlan<'a> {
             CadencePlan {
                 cadence,
                 spun: false,
+                parked: false,
                 window,
             },
             spin,
@@ -96,7 +99,8 @@ impl<'a> CadencePlan<'a> {
 
     /// Reports how the wait ended (`advanced`: the seq moved).
     pub fn finish(self, advanced: bool) {
-        self.cadence.waited(advanced, self.spun, crate::time::monotonic_ns());
+        self.cadence
+            .waited(advanced, self.spun, self.parked, crate::time::monotonic_ns());
     }
 }
 
@@ -110,5 +114,8 @@ impl WaitPlan for CadencePlan<'_> {
     }
     fn window_opened(&mut self) {
         self.spun = true;
+    }
+    fn parked_for_window(&mut self) {
+        self.parked = true;
     }
 }

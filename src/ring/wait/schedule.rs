@@ -72,6 +72,8 @@ pub trait WaitPlan {
     }
     /// The window's spin begins.
     fn window_opened(&mut self) {}
+    /// The wait parks with its timer set to the window's start.
+    fn parked_for_window(&mut self) {}
 }
 
 /// No plan: [`wait_with`] is then exactly [`wait_on`].
@@ -84,8 +86,9 @@ impl WaitPlan for NoPlan {
     }
 }
 
-/// A park that ends at a set time, on a timer held without the thread's
-/// timer slack: a window of no length at the wait's deadline.
+/// A park on a timer held without the thread's timer slack, for a wait
+/// whose deadline is this instant: a window of no length there, which the
+/// deadline ends before it opens.
 #[derive(Debug, Clone, Copy)]
 pub struct Doze(pub Instant);
 
@@ -213,6 +216,9 @@ pub fn wait_with(
         let timer = window.map(|w| w.from);
         if timer.is_some() && precise.is_none() {
             precise = Some(PreciseTimer::hold());
+        }
+        if timer.is_some() {
+            plan.parked_for_window();
         }
         let mut limit = (deadline - now).min(timer.map_or(slice, |from| slice.min(from - now)));
         if let Some(pending) = bell.pending {

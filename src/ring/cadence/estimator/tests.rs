@@ -40,11 +40,11 @@ fn due_is_when_the_next_window_expects_the_frame_and_plans_nothing() {
     let due = c.due().expect("locked: the next frame is due");
     assert_eq!(due, last + 80 * MS);
     assert_eq!(c.state().windows, 0, "due plans no window");
-    // A reader preparing ahead stops parking by the window's start
-    // however short its own lead, and earlier when its lead is longer.
+    // A reader preparing ahead stops parking its lead before the window's
+    // spin would begin.
     let margin = c.state().margin_ns;
     assert_eq!(c.prepare_at(0), Some(due - margin));
-    assert_eq!(c.prepare_at(margin + 5 * MS), Some(due - margin - 5 * MS));
+    assert_eq!(c.prepare_at(5 * MS), Some(due - margin - 5 * MS));
     let w = c.plan(last + 40 * MS + 20 * US).expect("a window");
     assert_eq!(w.expected_ns, due);
     assert_eq!(w.from_ns, due - margin);
@@ -290,7 +290,7 @@ fn missed_windows_in_a_row_drop_the_lock() {
     for k in 0..MAX_MISSES {
         let w = c.plan(last + US).expect("still locked");
         // The wait timed out past the window with no frame.
-        c.waited(false, true, w.until_ns + 1);
+        c.waited(false, true, true, w.until_ns + 1);
         assert_eq!(c.state().misses, u64::from(k) + 1);
     }
     assert_eq!(c.state().interval_ns, None);
@@ -302,13 +302,13 @@ fn a_frame_caught_in_the_window_counts_as_a_hit() {
     let mut c = Cadence::new();
     let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
     let w = c.plan(last + US).expect("window");
-    c.waited(true, true, w.expected_ns + 3 * US);
+    c.waited(true, true, true, w.expected_ns + 3 * US);
     c.observe(21, w.expected_ns, w.expected_ns + 3 * US);
     let st = c.state();
     assert_eq!((st.hits, st.misses), (1, 0));
     // A frame that came early (before the window) is neither.
     let w = c.plan(w.expected_ns + 5 * US).expect("window");
-    c.waited(true, false, w.from_ns - MS);
+    c.waited(true, false, true, w.from_ns - MS);
     assert_eq!(c.state().misses, 0);
     assert_eq!(c.state().hits, 1);
     assert_eq!(c.state().early, 1, "counted as early");
@@ -324,7 +324,7 @@ fn frames_that_come_after_the_window_widen_it() {
         let t = 1_000 * MS + seq * 40 * MS;
         let before = c.state().hits;
         if c.plan(t - 40 * MS + 20 * US).is_some() {
-            c.waited(true, true, t + delay);
+            c.waited(true, true, true, t + delay);
         }
         c.observe(seq, t, t + delay);
         c.state().hits > before
@@ -366,7 +366,7 @@ fn frames_woken_through_the_doorbell_before_a_late_window_pull_it_back() {
             assert!(w.until_ns < at(seq) + 900 * US, "the first window catches it: {w:?}");
         }
         // The window was spun through, then the doorbell brought it.
-        c.waited(true, true, at(seq) + 900 * US);
+        c.waited(true, true, true, at(seq) + 900 * US);
         c.observe(seq, at(seq), at(seq) + 900 * US);
     }
     // From now on each frame comes on time; the waiter, parked until its
@@ -384,12 +384,12 @@ fn frames_woken_through_the_doorbell_before_a_late_window_pull_it_back() {
             assert!(w.from_ns > at(seq) + 100 * US, "the setup left no late window: {w:?}");
         }
         if w.from_ns <= at(seq) && at(seq) + 10 * US <= w.until_ns {
-            c.waited(true, true, at(seq) + 10 * US);
+            c.waited(true, true, true, at(seq) + 10 * US);
             c.observe(seq, at(seq), at(seq) + 10 * US);
             caught_from.get_or_insert(seq);
         } else {
             assert!(w.from_ns > at(seq), "{w:?}: a window that closed early");
-            c.waited(true, false, at(seq) + 50 * US);
+            c.waited(true, false, true, at(seq) + 50 * US);
             c.observe(seq, at(seq), at(seq) + 50 * US);
         }
     }
@@ -416,7 +416,7 @@ fn an_early_commit_before_the_window_keeps_what_frames_have_shown() {
         let w = c.plan(at(seq - 1) + shown + 10 * US).expect("a window");
         let seen = commit + shown;
         let hit = w.from_ns <= seen && seen <= w.until_ns;
-        c.waited(true, hit || seen > w.until_ns, seen);
+        c.waited(true, hit || seen > w.until_ns, true, seen);
         c.observe(seq, commit, seen);
         hit
     };
@@ -448,12 +448,33 @@ fn a_timer_that_had_not_fired_when_the_frame_came_widens_the_margin() {
     // The doorbell woke the waiter 250 µs after the window should have
     // opened: its timer was at least that late.
     let w = c.plan(last + 20 * US).expect("a window");
-    c.waited(true, false, w.from_ns + 250 * US);
+    c.waited(true, false, true, w.from_ns + 250 * US);
     let st = c.state();
     assert_eq!(st.early, 1);
     assert!(
         st.overshoot_ns >= 250 * US && st.margin_ns > margin,
         "{st:?}, margin was {margin}"
+    );
+}
+
+#[test]
+fn a_wait_that_began_late_and_found_its_frame_teaches_no_timer_overshoot() {
+    let mut c = Cadence::new();
+    let last = feed(&mut c, 1, 20, 1_000 * MS, 40 * MS, |_| 0);
+    for _ in 0..SAMPLES {
+        c.timer_woke(10 * US);
+    }
+    let st = c.state();
+    // Planned 250 µs into where the window would open (a reader that
+    // prepared too long), the frame already there: no park, no timer.
+    let w = c.plan(last + 20 * US).expect("a window");
+    c.waited(true, false, false, w.from_ns + 250 * US);
+    let after = c.state();
+    assert_eq!(after.early, st.early + 1);
+    assert_eq!(
+        (after.overshoot_ns, after.margin_ns),
+        (st.overshoot_ns, st.margin_ns),
+        "{after:?}"
     );
 }
 
@@ -591,7 +612,7 @@ fn replay(c: &mut Cadence, seq: u64, t0: u64, now: u64, m: Machine) -> Replayed 
                 // Woken before the spin: by the doorbell, or by the
                 // timer with the frame already there.
                 r.seen = doorbell.min(timer).max(visible);
-                c.waited(true, false, r.seen);
+                c.waited(true, false, true, r.seen);
             } else {
                 c.timer_woke(m.overshoot);
                 if visible <= w.until_ns {
@@ -603,7 +624,7 @@ fn replay(c: &mut Cadence, seq: u64, t0: u64, now: u64, m: Machine) -> Replayed 
                     r.seen = doorbell.max(w.until_ns);
                 }
                 r.spun = r.seen.min(w.until_ns).saturating_sub(timer);
-                c.waited(true, true, r.seen);
+                c.waited(true, true, true, r.seen);
             }
         }
     }

@@ -345,13 +345,13 @@ fn a_loan_of_the_next_frames_slot_ends_a_queued_pull_wait_and_nothing_else_in_th
 
 /// A plan whose one window is `from..until`.
 fn window(from: Instant, until: Instant) -> Fixed {
-    Fixed(Some(SpinWindow { from, until }), 0, 0, 0)
+    Fixed(Some(SpinWindow { from, until }), 0, 0, 0, 0)
 }
 
 /// A fixed window, counting the timer reports (noting the thread's
-/// timer slack at the last one: the park that just ended ran on it) and
-/// the window's openings.
-struct Fixed(Option<SpinWindow>, u32, u64, u32);
+/// timer slack at the last one: the park that just ended ran on it), the
+/// window's openings and the parks on the window's timer.
+struct Fixed(Option<SpinWindow>, u32, u64, u32, u32);
 impl WaitPlan for Fixed {
     fn window(&mut self) -> Option<SpinWindow> {
         self.0
@@ -362,6 +362,9 @@ impl WaitPlan for Fixed {
     }
     fn window_opened(&mut self) {
         self.3 += 1;
+    }
+    fn parked_for_window(&mut self) {
+        self.4 += 1;
     }
 }
 
@@ -422,10 +425,11 @@ fn the_window_timer_runs_without_slack_and_the_threads_own_is_put_back() {
     let out = w.wait_planned(start + Duration::from_millis(230), Duration::from_millis(20), &mut plan);
     assert_eq!(out, WaitOutcome::TimedOut);
     assert_eq!(plan.1, 1, "the park's timer ended at the window");
+    assert!(plan.4 >= 1, "the park on the window's timer was not reported");
     assert_eq!(plan.2, 1, "the park to the window ran on a 1 ns slack");
     assert_eq!(rustix::thread::current_timer_slack().ok(), own.map(|n| n.get()));
     // A wait with no window leaves the slack alone throughout.
-    let mut none = Fixed(None, 0, 0, 0);
+    let mut none = Fixed(None, 0, 0, 0, 0);
     let out = w.wait_planned(
         Instant::now() + Duration::from_millis(5),
         Duration::from_millis(2),
@@ -452,6 +456,7 @@ fn a_frame_before_the_window_wakes_the_planned_wait_through_the_doorbell() {
     // Loose: the doorbell, not the window 20 s away, ended the wait.
     assert!(start.elapsed() < Duration::from_secs(10), "{:?}", start.elapsed());
     assert_eq!(plan.1, 0, "no timer woke it");
+    assert!(plan.4 >= 1, "it parked on the window's timer");
 }
 
 /// The window opens 200 ms in and the seq moves 200 ms after that:
