@@ -7,8 +7,12 @@
 //! cargo run --release --example consumer -- --socket /tmp/cam1.sock --mode latest --delay-us 20000
 //! ```
 //!
+//! `--prepare-ahead-us N` parks before each read until N µs before the
+//! wait would start spinning for the frame (`Subscriber::park_until_due`),
+//! as a reader with per-frame work to prepare does.
+//!
 //! `--json` prints one JSON object per line; the last one (`"event":"final"`)
-//! is the summary. Exits 1 if any frame was torn, or if frames stopped
+//! is the summary, with the cadence wait's counters. Exits 1 if any frame was torn, or if frames stopped
 //! coming for `--timeout-ms` while the publisher still held the ring
 //! (`"end":"timeout"`: a stalled publisher is a failure, not an end).
 

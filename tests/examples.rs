@@ -45,9 +45,10 @@ fn producer_and_consumer_examples_pass_verified_frames_and_report_zero_torn() {
         "--json",
     ]);
     let mut producer = common::spawn(&dir, "producer", producer);
-    let consumer = |name: &str, mode: &str, delay_us: &str| {
+    let consumer = |name: &str, mode: &str, delay_us: &str, prepare_ahead_us: &str| {
         let mut c = Command::new(example("consumer"));
         c.args(["--socket", &s, "--name", name, "--mode", mode, "--delay-us", delay_us]);
+        c.args(["--prepare-ahead-us", prepare_ahead_us]);
         c.args([
             "--frames",
             "150",
@@ -60,8 +61,10 @@ fn producer_and_consumer_examples_pass_verified_frames_and_report_zero_torn() {
         common::spawn(&dir, name, c)
     };
     let mut consumers = [
-        consumer("in-order", "sequential", "0"),
-        consumer("slow-latest", "latest", "3000"),
+        // Parking before each read until just before the frame is due
+        // loses none of the frames a sequential reader reads.
+        consumer("in-order", "sequential", "0", "500"),
+        consumer("slow-latest", "latest", "3000", "0"),
     ];
     let deadline = Instant::now() + Duration::from_secs(60);
     for c in &mut consumers {

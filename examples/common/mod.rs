@@ -241,6 +241,11 @@ pub struct ConsumerArgs {
     /// Artificial work per frame, in microseconds (a slow detector).
     #[arg(long, default_value_t = 0)]
     pub delay_us: u64,
+    /// Before each read, park until this many microseconds before the wait
+    /// would start spinning for the frame (`Subscriber::park_until_due`),
+    /// as a reader with work to prepare per frame does; 0: do not.
+    #[arg(long, default_value_t = 0)]
+    pub prepare_ahead_us: u64,
     /// Print a status line this often (0: only the final summary).
     #[arg(long, default_value_t = 1000)]
     pub report_ms: u64,
@@ -809,6 +814,9 @@ pub fn run_consumer(args: &ConsumerArgs) -> AnyResult<ConsumerReport> {
         if stop_requested() {
             report.end = "signal";
             break;
+        }
+        if args.prepare_ahead_us > 0 {
+            sub.park_until_due(Duration::from_micros(args.prepare_ahead_us), timeout);
         }
         let frame = match sub.next(timeout) {
             Ok(frame) => frame,
