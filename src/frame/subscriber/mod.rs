@@ -461,6 +461,23 @@ impl Subscriber {
     /// whole interval earlier, and so does the reader's handling of the
     /// frame once it comes. The Python binding's `next()` does this.
     /// Never parks past `timeout`.
+    ///
+    /// ```no_run
+    /// # fn prepare() {}
+    /// # fn handle(_: &vramring::Frame<'_>) {}
+    /// use std::time::Duration;
+    /// use vramring::{Subscriber, SubscriberOptions};
+    ///
+    /// let mut sub = Subscriber::connect("/tmp/cam0.sock", SubscriberOptions::default())?;
+    /// let timeout = Duration::from_secs(5);
+    /// for _ in 0..1000 {
+    ///     sub.park_until_due(Duration::from_micros(500), timeout);
+    ///     prepare(); // per-frame work that does not need the frame
+    ///     let frame = sub.next(timeout)?;
+    ///     handle(&frame);
+    /// }
+    /// # Ok::<(), vramring::Error>(())
+    /// ```
     pub fn park_until_due(&mut self, lead: Duration, timeout: Duration) {
         if self.opts.client.wait != crate::WaitStrategy::Cadence
             || self.lease.draining()
