@@ -278,9 +278,12 @@ impl ExitWorkerBuilder {
     {
         let stop = StopSignal::new();
         let worker_stop = stop.clone();
+        // The worker logs where the thread that made it logs (its own
+        // `tracing` subscriber, if it set one, else the global one).
+        let dispatch = tracing::dispatcher::get_default(tracing::Dispatch::clone);
         let handle = thread::Builder::new()
             .name(self.name.clone())
-            .spawn(move || body(worker_stop))
+            .spawn(move || tracing::dispatcher::with_default(&dispatch, || body(worker_stop)))
             .map_err(|e| Error::io(format!("spawning thread {}", self.name), e))?;
         let mut join = ExitJoin::new(self.name, self.phase, stop, handle).with_join_timeout(self.join_timeout);
         join.wake = self.wake;

@@ -336,7 +336,7 @@ fn service_conn<S: Served>(sh: &S, c: &mut Conn, ready: bool, now: Instant, atta
                             } else {
                                 // Relaxed: own counter.
                                 sh.state().attaches_deferred.fetch_add(1, Ordering::Relaxed);
-                                tracing::debug!(index, "a push Attach waits for the attach rate");
+                                tracing::debug!(index, generation, "a push Attach waits for the attach rate");
                                 *waiting = Some(Waiting {
                                     arrival: attaches.arrivals,
                                     attach: a,
@@ -382,6 +382,7 @@ fn push_granted<S: Served>(sh: &S, index: u32) -> bool {
 fn serve_attach<S: Served>(sh: &S, index: u32, generation: u32, a: Attach, fds: Vec<PeerFd>) -> Verdict {
     // Relaxed: own counter.
     sh.state().attaches.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(index, generation, "serving a push Attach");
     match sh.attach(index, generation, a, fds) {
         Ok(()) => Verdict::Keep,
         Err(reason) => {
