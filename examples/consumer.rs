@@ -8,8 +8,9 @@
 //! ```
 //!
 //! `--prepare-ahead-us N` parks before each read until N µs before the
-//! wait would start spinning for the frame (`Subscriber::park_until_due`),
-//! as a reader with per-frame work to prepare does.
+//! wait would start spinning for the frame
+//! (`Subscriber::park_until_due`), as a reader with per-frame work to
+//! prepare does.
 //!
 //! `--json` prints one JSON object per line; the last one (`"event":"final"`)
 //! is the summary, with the cadence wait's counters. Exits 1 if any frame was torn, or if frames stopped

@@ -75,8 +75,18 @@ fn idle(stream: cu::CUstream) -> bool {
     if captured as u32 != vc::code::SUCCESS || status != cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
         return false;
     }
+    // Relaxed capture mode for the query: in the default (global) mode a
+    // query made while another thread captures a graph would end that
+    // capture.
+    let mut mode = cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: an in-out parameter the driver reads and fills.
+    if unsafe { cu::cuThreadExchangeStreamCaptureMode(&mut mode) } as u32 != vc::code::SUCCESS {
+        return false;
+    }
     // SAFETY: as above; a stream not being captured may be queried.
     let r = unsafe { cu::cuStreamQuery(stream) };
+    // SAFETY: as above: puts this thread's own mode back.
+    unsafe { cu::cuThreadExchangeStreamCaptureMode(&mut mode) };
     r as u32 == vc::code::SUCCESS
 }
 

@@ -450,8 +450,9 @@ impl Subscriber {
     /// publisher's end, a kept frame let go), whichever comes first.
     /// Returns at once while the cadence is unknown (not locked, or another
     /// wait strategy), when that time is sooner or the configured spin
-    /// would cover it, and when the publisher is gone or this subscriber
-    /// evicted (the next read says so).
+    /// would cover it, while a queued pull copy is in flight or the
+    /// publisher's end is being drained, and when the publisher is gone or
+    /// this subscriber evicted (the next read says so).
     /// It reads nothing: the next [`Subscriber::next`] or
     /// [`Subscriber::borrow`] does, as it would have.
     ///
@@ -502,9 +503,17 @@ impl Subscriber {
         else {
             return;
         };
-        let at = self.kept_wait_end(Instant::now() + ahead.min(timeout));
-        // Whatever ended the park, the next read finds it.
-        let _ = self.ring_wait(at, true, true);
+        let target = Instant::now() + ahead.min(timeout);
+        loop {
+            // A reader keeping frames looks at them every `KEPT_LOOK`, as
+            // its reads do, and parks again.
+            let at = self.kept_wait_end(target);
+            match self.ring_wait(at, true, true) {
+                WaitOutcome::TimedOut if Instant::now() < target => self.release_kept(),
+                // Whatever else ended the park, the next read finds it.
+                _ => return,
+            }
+        }
     }
 
     /// One wait on this subscriber's doorbell (see [`Subscriber::wait`]

@@ -217,9 +217,6 @@ pub fn wait_with(
         if timer.is_some() && precise.is_none() {
             precise = Some(PreciseTimer::hold());
         }
-        if timer.is_some() {
-            plan.parked_for_window();
-        }
         let mut limit = (deadline - now).min(timer.map_or(slice, |from| slice.min(from - now)));
         if let Some(pending) = bell.pending {
             // SYNC: pending — Relaxed, ordered by the SeqCst fence above
@@ -267,6 +264,9 @@ pub fn wait_with(
             if let InFlightStep::Nap(n) = step {
                 limit = limit.min(n);
             }
+        }
+        if timer.is_some() {
+            plan.parked_for_window();
         }
         park(client, word, limit);
         // Relaxed: only a hint for the publisher; a stale 1 costs one wake.

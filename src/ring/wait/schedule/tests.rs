@@ -411,6 +411,7 @@ fn an_in_flight_spin_that_reaches_the_window_is_the_windows_spin() {
     assert!(start.elapsed() < Duration::from_secs(4), "{:?}", start.elapsed());
     assert_eq!(plan.3, 1, "the window's spin began inside the in-flight spin");
     assert_eq!(plan.1, 0, "no timer overshoot was reported");
+    assert_eq!(plan.4, 0, "it never parked on the window's timer");
 }
 
 /// The window opens 200 ms in: only a thread held off the CPU that long
@@ -436,6 +437,7 @@ fn the_window_timer_runs_without_slack_and_the_threads_own_is_put_back() {
         &mut none,
     );
     assert_eq!(out, WaitOutcome::TimedOut);
+    assert_eq!(none.4, 0, "no window, no park on its timer");
     assert_eq!(rustix::thread::current_timer_slack().ok(), own.map(|n| n.get()));
 }
 
