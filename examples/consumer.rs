@@ -13,8 +13,9 @@
 //! prepare does.
 //!
 //! `--json` prints one JSON object per line; the last one (`"event":"final"`)
-//! is the summary, with the cadence wait's counters. Exits 1 if any frame was torn, or if frames stopped
-//! coming for `--timeout-ms` while the publisher still held the ring
+//! is the summary, with the cadence wait's counters. Exits 1 if any frame
+//! was torn, or if frames stopped coming for `--timeout-ms` while the
+//! publisher still held the ring
 //! (`"end":"timeout"`: a stalled publisher is a failure, not an end).
 
 use clap::Parser;

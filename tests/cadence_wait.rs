@@ -200,8 +200,9 @@ fn a_paused_stream_gets_at_most_one_spin_window_from_the_default_wait() {
 /// `park_until_due` reads nothing, returns at once while the cadence is
 /// unknown, and, before a publisher that falls silent, never waits for its
 /// (endless) timeout: locked, it ends when the next frame was due;
-/// unlocked (a loaded machine can make a few windows in a row miss), at
-/// once.
+/// unlocked, at once. Whether it locks depends on the machine's load and
+/// is not asserted; when it parks is replayed on synthetic timestamps in
+/// the estimator's tests (`prepare_at`).
 #[test]
 fn parking_until_the_next_frame_is_due_reads_nothing_and_never_waits_for_its_timeout() {
     let _serial = one_at_a_time();
@@ -216,14 +217,11 @@ fn parking_until_the_next_frame_is_due_reads_nothing_and_never_waits_for_its_tim
         s
     });
     publishing.start.send(()).unwrap();
-    let mut locked = false;
     for seq in 1..=frames {
         s.park_until_due(Duration::from_millis(5), Duration::from_secs(5));
         let f = s.next(Duration::from_secs(5)).expect("a frame");
         assert_eq!(f.seq(), seq, "the park read a frame, or one was lost");
-        locked |= s.cadence().interval_ns.is_some();
     }
-    assert!(locked, "the wait never locked onto a steady source: {:?}", s.cadence());
     // The publisher stays open and silent from here.
     let s = ends("a park for a frame that never comes", move || {
         let mut s = s;

@@ -667,8 +667,8 @@ pub struct ConsumerReport {
     /// Frames received by push delivery.
     pub pushed: u64,
     /// The cadence wait: spin windows planned, frames caught in one,
-    /// windows that ended without their frame, frames woken from a park
-    /// before their window.
+    /// windows that ended without their frame, frames that came before
+    /// their window's spin began.
     pub cadence: [u64; 4],
 }
 

@@ -650,8 +650,9 @@ pub struct PySubscriber {
     push: bool,
     reconnect: bool,
     iter_timeout: Duration,
-    /// `Subscriber(prepare_ahead=)`: how long before the next frame is due
-    /// `next()` prepares for it (`Subscriber::park_until_due`).
+    /// `Subscriber(prepare_ahead=)`: how long before it would start
+    /// spinning for the next frame `next()` prepares for it
+    /// (`Subscriber::park_until_due`).
     ahead: Duration,
     path: String,
     /// `Subscriber(tensors=)`: tensors made once per buffer (`crate::cache`).

@@ -360,13 +360,19 @@ impl Cadence {
         self.expect(last_seq.checked_add(1)?)?.checked_add(seen)
     }
 
-    /// When the next frame should show up (`CLOCK_MONOTONIC` ns), as the
-    /// next [`Cadence::plan`] will expect it; `None` while unlocked. Learns
-    /// from a deferred observation first, as `plan` does.
-    pub fn due(&mut self) -> Option<u64> {
+    /// Learns from the observation [`Cadence::observe_deferred`] left, if
+    /// any.
+    fn learn_deferred(&mut self) {
         if let Some((s, c, n)) = self.deferred.take() {
             self.observe(s, c, n);
         }
+    }
+
+    /// When the next frame should show up (`CLOCK_MONOTONIC` ns), as the
+    /// next [`Cadence::plan`] will expect it; `None` while unlocked. Learns
+    /// from a deferred observation first, as `plan` does.
+    fn due(&mut self) -> Option<u64> {
+        self.learn_deferred();
         self.shows_up()
     }
 
@@ -384,9 +390,7 @@ impl Cadence {
     /// to wait as [`WaitStrategy::Park`](super::WaitStrategy::Park) does
     /// (unlocked, or the frame is overdue already).
     pub fn plan(&mut self, now_ns: u64) -> Option<Window> {
-        if let Some((s, c, n)) = self.deferred.take() {
-            self.observe(s, c, n);
-        }
+        self.learn_deferred();
         self.pending = None;
         self.caught_ns = None;
         self.before_window = false;
