@@ -17,6 +17,13 @@ where
     L: tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync + 'static,
 {
     use tracing_subscriber::layer::SubscriberExt;
+    // A second dispatch alive for the whole process. While exactly one is
+    // registered, tracing-core takes a cold callsite's interest from the
+    // default of the thread that hits it first (tokio-rs/tracing#3611): a
+    // callsite first hit by another test's thread, which records nothing,
+    // would stay disabled for this thread's subscriber too.
+    static SECOND: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+    SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
     let filter = tracing_subscriber::filter::Targets::new().with_target(target, level);
     let layer = tracing_subscriber::Layer::with_filter(layer, filter);
     let guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
