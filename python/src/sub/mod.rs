@@ -44,7 +44,7 @@ use vramring::{BackendKind, Borrow, Delivery, Error, Mode, Subscriber, Subscribe
 
 use crate::cache::{Check, Consumer, TensorCache};
 use crate::errors::{self, FramesHeld, IntoPy};
-use crate::mem::Excl;
+use crate::mem::{Buf, Excl};
 use crate::view::{self, Keep};
 
 mod borrowed;
@@ -54,7 +54,7 @@ mod read;
 pub use borrowed::BorrowedFrame;
 pub use frame::{planes_of, Frame, Plane};
 pub use read::Lent;
-use read::{borrow_addr, read, Held, Sink};
+use read::{borrow_addr, read, Got, Held, Sink};
 
 /// How long a `next()` may wait: the caller's timeout (what a `Timeout`
 /// says) and the deadline it sets (`None`: past what `Instant` can hold,
@@ -235,25 +235,12 @@ impl PySubscriber {
         // `Subscriber::next` is about to move the hold off the buffer lent
         // last (its frame is gone): the consumers' work on it must be done.
         let settle = if lend { self.lent.take() } else { None };
-        let mut sink = std::mem::take(&mut self.sink);
-        let sub = match self.sub() {
-            Ok(s) => s,
-            Err(e) => {
-                self.sink = sink;
-                return Err(e);
-            }
-        };
-        let got = py.detach(|| {
+        let first = || {
             if let Some(l) = &settle {
                 l.settle();
             }
-            if let Some(p) = &sink.pool {
-                p.settle();
-            }
-            read(sub, &mut sink, lend, None, wait)
-        });
-        self.sink = sink;
-        let got = got.py_err()?;
+        };
+        let got = self.read_detached(py, first, lend, None, wait)?;
         let lent = &mut self.lent;
         let count = &mut self.lent_count;
         let mut frame = got
@@ -319,25 +306,12 @@ impl PySubscriber {
             }
         }
         let dest_buf = dest.and_then(|i| cache.buf(i));
-        let mut sink = std::mem::take(&mut self.sink);
-        let sub = match self.sub() {
-            Ok(s) => s,
-            Err(e) => {
-                self.sink = sink;
-                return Err(e);
-            }
-        };
-        let got = py.detach(|| {
+        let first = || {
             if let Some((c, evs)) = wait {
                 c.sync_events(evs);
             }
-            if let Some(p) = &sink.pool {
-                p.settle();
-            }
-            read(sub, &mut sink, lend, dest_buf.as_deref(), within)
-        });
-        self.sink = sink;
-        let mut got = got.py_err()?;
+        };
+        let mut got = self.read_detached(py, first, lend, dest_buf.as_deref(), within)?;
         let cache = self.cache.as_mut().ok_or_else(|| internal("no tensor cache"))?;
         // The entry of the buffer the frame is in; a buffer seen first (a
         // push buffer, or a copy the cache had not prepared for: the ring
@@ -385,6 +359,36 @@ impl PySubscriber {
         };
         let h = cache.hand_out(i)?;
         Ok(got.frame(h.keep, h.addr, h.dev, zero_copy, Some(h.tensors)))
+    }
+
+    /// One read (`read`) without the GIL: `first` (the host's wait for the
+    /// consumers' work on a buffer about to be written again), the pool's
+    /// settling, then the read into `dest` or a buffer of the pool.
+    fn read_detached(
+        &mut self,
+        py: Python<'_>,
+        first: impl FnOnce() + Send,
+        lend: bool,
+        dest: Option<&Buf>,
+        wait: Wait,
+    ) -> PyResult<Got> {
+        let mut sink = std::mem::take(&mut self.sink);
+        let sub = match self.sub() {
+            Ok(s) => s,
+            Err(e) => {
+                self.sink = sink;
+                return Err(e);
+            }
+        };
+        let got = py.detach(|| {
+            first();
+            if let Some(p) = &sink.pool {
+                p.settle();
+            }
+            read(sub, &mut sink, lend, dest, wait)
+        });
+        self.sink = sink;
+        got.py_err()
     }
 
     /// Frame buffers alive now, for `stats()`.
