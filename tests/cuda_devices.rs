@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use vramring::seam::cuda::{device_free_bytes, find_device_by_uuid, free_memory_probe, probe_with, DeviceInfo, Driver};
-use vramring::seam::lifecycle::memwatch::{effective_free_bytes, mem_available_bytes};
+use vramring::seam::lifecycle::memwatch::mem_available_bytes;
 use vramring::Error;
 use vramring_testkit::fake::{FakeDevice, FakeDriver};
 
@@ -47,16 +47,35 @@ fn probe_reports_what_each_device_supports() {
 
 #[test]
 fn free_memory_on_an_integrated_gpu_counts_host_memory_too() {
+    // The driver says 1 byte is free on both devices; only the integrated one
+    // adds the host's MemAvailable. MemAvailable moves between reads, so the
+    // integrated figure is checked against the 1 byte, not a second read.
     let mut igpu = FakeDevice::discrete(uuid(1));
     igpu.integrated = true;
     igpu.free = 1;
-    let d = FakeDriver::new(vec![igpu]);
+    let mut dgpu = FakeDevice::discrete(uuid(2));
+    dgpu.free = 1;
+    let d = FakeDriver::new(vec![igpu, dgpu]);
     d.init().unwrap();
-    let ctx = d.primary_ctx_retain(0).unwrap();
-    // SAFETY: `ctx` was just retained.
-    let free = unsafe { device_free_bytes(&*d, ctx, 0) }.unwrap();
-    assert_eq!(free, effective_free_bytes(1, mem_available_bytes(), true));
-    d.primary_ctx_release(0).unwrap();
+    assert!(
+        mem_available_bytes().is_some_and(|b| b > 1),
+        "this host's MemAvailable is unreadable"
+    );
+    for (dev, integrated) in [(0, true), (1, false)] {
+        let ctx = d.primary_ctx_retain(dev).unwrap();
+        // SAFETY: `ctx` was just retained on `dev`.
+        let free = unsafe { device_free_bytes(&*d, ctx, dev) }.unwrap();
+        d.primary_ctx_release(dev).unwrap();
+        if integrated {
+            assert!(
+                free > 1,
+                "the integrated GPU reported {free} bytes free, host memory not counted"
+            );
+        } else {
+            assert_eq!(free, 1, "the discrete GPU counted host memory");
+        }
+    }
+    assert!(d.leaks().is_empty(), "{:?}", d.leaks());
 }
 
 #[test]
