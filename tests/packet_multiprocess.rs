@@ -127,6 +127,10 @@ fn a_lossless_recorder_is_byte_identical_to_the_clip_and_a_slow_reader_resyncs_o
             "32768",
             "--wait-subscribers",
             "2",
+            // A lossless recorder left unscheduled for a second on a busy
+            // machine is not the eviction this test is about.
+            "--lease-ms",
+            "30000",
         ],
     );
     let (mut lossless, lossless_out) = recorder(&dir, &socket, "lossless", &["--delay-us", "200"]);
@@ -216,7 +220,16 @@ fn a_recorder_keeps_what_it_got_and_sees_producer_gone_when_the_producer_is_kill
     let mut p = producer(
         &dir,
         &socket,
-        &["--fps", "500", "--loops", "0", "--wait-subscribers", "2"],
+        &[
+            "--fps",
+            "500",
+            "--loops",
+            "0",
+            "--wait-subscribers",
+            "2",
+            "--lease-ms",
+            "30000",
+        ],
     );
     let (mut rec, out) = recorder(&dir, &socket, "survivor", &[]);
     // Kill once the recorder has read 60 packets.

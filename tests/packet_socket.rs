@@ -182,7 +182,15 @@ fn a_lossless_subscriber_gets_every_packet_through_many_wraps() {
     });
     assert!(wait_until(Duration::from_secs(5), || p.stats().subscribers == 1));
     for i in 1..=n {
-        p.write(&packet(i), meta(i == 1, 0)).unwrap();
+        // A write that times out on a reader left unscheduled for 200 ms is
+        // written again, as a producer does; the 5 s lease still runs.
+        loop {
+            match p.write(&packet(i), meta(i == 1, 0)) {
+                Ok(_) => break,
+                Err(Error::LosslessBlocked { .. }) => continue,
+                Err(e) => panic!("write {i}: {e}"),
+            }
+        }
     }
     let st = reader.join().unwrap();
     assert_eq!((st.delivered, st.skipped, st.overruns), (n, 0, 0));

@@ -544,33 +544,23 @@ fn a_failed_batched_commit_stores_no_seq_and_a_word_outside_registered_memory_is
 
 #[test]
 fn a_commit_marks_its_stages_for_a_tracing_subscriber() {
-    use tracing_subscriber::layer::SubscriberExt;
-    let marks = marks::StageMarks::default();
-    let subscriber = tracing_subscriber::registry().with(marks.clone());
+    // `on_this_thread` keeps the interest of callsites that the other tests'
+    // threads hit first (the test kit says how).
+    let (marks, guard) = marks::StageMarks::on_this_thread();
     let (pubd, subd) = (publisher_process(), subscriber_process());
     let words = Words::new();
     let mut pool = pull_only_pool(&pubd, &words);
     let take = || marks.take_stages();
-    let (with_graph, with_kernel, stores_only) = tracing::subscriber::with_default(subscriber, || {
-        // The other tests of this binary hit the same callsites from their
-        // threads, and one registered while this subscriber was being set
-        // up may have cached "no interest" (a race of `tracing`'s scoped
-        // subscribers): a first round registers every callsite, then their
-        // interest is asked again, and the second round counts (each round
-        // one commit through the graph and one launched).
-        commit_round(&pubd, &subd).unwrap();
-        commit_round_with(&pubd, &subd, false).unwrap();
-        tracing::callsite::rebuild_interest_cache();
-        take();
-        commit_round(&pubd, &subd).unwrap();
-        let with_graph = take();
-        commit_round_with(&pubd, &subd, false).unwrap();
-        let with_kernel = take();
-        // With no push target, the batched stores instead of the kernel.
-        // SAFETY: the words lie in `words`, registered with the pool.
-        unsafe { pool.enqueue_commit(&pull_only_commit(&words, 2), WriteCompletion::Host) }.unwrap();
-        (with_graph, with_kernel, take())
-    });
+    // One commit through the graph, one launched.
+    commit_round(&pubd, &subd).unwrap();
+    let with_graph = take();
+    commit_round_with(&pubd, &subd, false).unwrap();
+    let with_kernel = take();
+    // With no push target, the batched stores instead of the kernel.
+    // SAFETY: the words lie in `words`, registered with the pool.
+    unsafe { pool.enqueue_commit(&pull_only_commit(&words, 2), WriteCompletion::Host) }.unwrap();
+    let stores_only = take();
+    drop(guard);
     pool.close().unwrap();
     // The wake bench's `--probe` times these (PERF.md): the driver's part of
     // the commit lies between them.

@@ -76,13 +76,42 @@ fn the_readme_gst_launch_pipelines_run() {
     let plugins = plugin_dir();
     let (dir, socket) = socket("cam0");
     let registry = dir.path().join("registry.bin");
-    let publish = readme_pipeline("gst-launch-1.0 videotestsrc", &socket);
+    // A lease that a reader left unscheduled for a second on a busy machine
+    // cannot run out (the README's line keeps the default).
+    let mut publish = readme_pipeline("gst-launch-1.0 videotestsrc", &socket);
+    assert!(publish.iter().any(|a| a == "policy=lossless"), "{publish:?}");
+    publish.push("lossless-lease=60000".into());
     let read = readme_pipeline("gst-launch-1.0 vramringsrc", &socket);
+    // One registry scan before the two pipelines, not two at once.
+    let scan = finish(
+        tool("gst-inspect-1.0", plugins.path(), &registry)
+            .arg("vramring")
+            .spawn()
+            .expect("gst-inspect-1.0 runs"),
+        "gst-inspect-1.0",
+        WAIT,
+    );
+    assert!(
+        scan.status.success(),
+        "gst-inspect-1.0 vramring failed:\n{}",
+        text(&scan)
+    );
 
     let sink = tool("gst-launch-1.0", plugins.path(), &registry)
         .args(&publish)
         .spawn()
         .expect("gst-launch-1.0 runs");
+    // The reader starts once the publisher's socket exists: its `timeout`
+    // then bounds only the wait after the publisher ends, as the README's
+    // user sees it.
+    let deadline = Instant::now() + WAIT;
+    while !socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the publishing pipeline made no socket within {WAIT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let src = tool("gst-launch-1.0", plugins.path(), &registry)
         .args(&read)
         .spawn()

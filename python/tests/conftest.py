@@ -85,6 +85,10 @@ def producer(examples, sock):
         args.setdefault("format", "nv12")
         args.setdefault("width", 320)
         args.setdefault("height", 240)
+        if args.get("policy") == "lossless":
+            # A reader left unscheduled for a second on a busy machine is
+            # not an eviction any test here is about.
+            args.setdefault("lossless_lease_ms", 30000)
         p = Producer(examples / "producer", sock, **args)
         made.append(p)
         return p

@@ -43,7 +43,7 @@ def test_lossless_python_recorder_is_byte_identical_to_the_clip(examples, sock, 
     clip = REPO / "tests" / "data" / "clip.h264"
     # A 64 KiB ring for a 279 KiB clip: the lossless recorder holds the writer back.
     prod = subprocess.Popen([str(exe), "--socket", sock, "--input", str(clip), "--fps", "0", "--ring-bytes", "65536",
-                             "--records", "16", "--max-packet", "32768", "--wait-subscribers", "1", "--json"],
+                             "--records", "16", "--max-packet", "32768", "--wait-subscribers", "1", "--lease-ms", "30000", "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out = tmp_path / "rec.h264"
     r = subprocess.run([sys.executable, str(EX / "recorder.py"), "--socket", sock, "--output", str(out)],
@@ -174,11 +174,14 @@ def _json_lines(text):
 
 def _two_host_cameras(producer, sock, examples, frames=0, fps=100):
     """The fixture's host producer and a second beside it (`frames` at
-    `fps`, 0: for ever), as nvr_decoder --host-memory makes them."""
+    `fps`, 0: for ever), as nvr_decoder --host-memory makes them. A second
+    with a frame count waits for its first subscriber, so a slow start of
+    the reader cannot find it already gone."""
     producer(frames=0, fps=100)
     d = os.path.dirname(sock)
+    wait = {"wait_subscribers": 1} if frames else {}
     second = conftest.Producer(examples / "producer", os.path.join(d, "cam2.sock"), backend="host",
-                               format="nv12", width=320, height=240, frames=frames, fps=fps)
+                               format="nv12", width=320, height=240, frames=frames, fps=fps, **wait)
     return d, second
 
 

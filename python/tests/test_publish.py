@@ -15,7 +15,8 @@ from conftest import HANG, check_pattern, pattern_frame
 def test_python_publisher_to_rust_consumer_has_no_torn_frames(examples, sock):
     n = 200
     # Lossless, so the consumer (a debug build, slow to verify) gets every frame.
-    with vramring.Publisher(sock, "nv12", 640, 360, slots=8, backend="host", policy="lossless") as pub:
+    with vramring.Publisher(sock, "nv12", 640, 360, slots=8, backend="host", policy="lossless",
+                           lossless_lease=30.0) as pub:
         cons = subprocess.Popen(
             [str(examples / "consumer"), "--socket", sock, "--lossless", "--json", "--report-ms", "0"],
             stdout=subprocess.PIPE,
@@ -150,6 +151,7 @@ def test_push_subscribers_past_the_attach_rate_wait_their_turn(sock):
         # after it.
         start = time.monotonic()
         subs = [vramring.Subscriber(sock, push=True, name=f"py-rate-{i}") for i in range(2)]
+        connected = time.monotonic() - start
         first = [None, None]
         while None in first:
             assert time.monotonic() - start < HANG, f"push never started: {first}"
@@ -164,7 +166,11 @@ def test_push_subscribers_past_the_attach_rate_wait_their_turn(sock):
         # In order of arrival, the second a token interval later.
         assert first[0] < first[1] and first[1] >= 1.0, f"not served one token apart, in order: {first}"
         stats = pub.stats()
-        assert (stats["attaches"], stats["attaches_deferred"]) == (2, 1)
+        # The second Attach waits unless this thread stalled a token's
+        # interval between the two connects.
+        assert stats["attaches"] == 2, stats
+        if connected < 1.0:
+            assert stats["attaches_deferred"] == 1, (connected, stats)
         for sub in subs:
             sub.close()
 

@@ -165,6 +165,11 @@ fn without_a_commit_in_flight_a_silent_store_waits_for_the_slice() {
     let t = Instant::now();
     let outcome = std::thread::scope(|s| {
         s.spawn(|| {
+            // Store once the waiter is parked, so a late start of the waiter
+            // cannot let it find the store before it parks.
+            while line.parked.load(Ordering::Relaxed) == 0 {
+                std::thread::yield_now();
+            }
             std::thread::sleep(Duration::from_millis(20));
             h.seq.global_seq.store(1, Ordering::Release);
         });
