@@ -5,10 +5,16 @@
 //! subscriber does (the same Hello, the same allow-list and file-mode
 //! checks, one entry of the subscriber table for as long as it lives), but it
 //! is the least a subscriber can be: not lossless (the publisher never waits
-//! for it), no push delivery, no write access. It maps the control region
-//! (or the packet ring) and the subscriber table **read-only**, closes the
-//! slot pool's descriptor unopened (no import, no CUDA context, no GPU
-//! memory), reads no frame and writes no shared memory.
+//! for it), no write access. To a frame ring it sends a push Hello
+//! (`HELLO_PUSH`), so the publisher never hands it the slot pool (no import,
+//! no CUDA context, no GPU memory; it connects even under
+//! [`PullAccess::Nobody`](crate::PullAccess::Nobody)); it never sends push
+//! buffers, so no frame is ever copied for it. To a packet ring it sends a
+//! plain packet Hello. Either Welcome carries three descriptors: the control
+//! region (or the packet ring) and the subscriber table, both sealed and
+//! mapped **read-only**, and the inspector's own client region, mapped
+//! read-write like every subscriber's but never written. It reads no frame
+//! or packet and writes no shared memory.
 //! [`Inspector::status`] then copies what a subscriber may read into a plain
 //! [`RingStatus`]: the ring's description, the producer line, the slot or
 //! packet-record descriptors and every used entry of the subscriber table.
