@@ -707,10 +707,15 @@ fn sigkill_at_random_points_never_tears_a_frame_hangs_a_survivor_or_leaks() {
         };
         finals.push((s.child.name.clone(), f.clone()));
     }
+    // Both at once: a report may fall between an entry's free and the
+    // count of its disconnect, and the next one follows it.
     run.wait(
         FREE_BOUND,
-        "the producer frees the entries of survivors that closed",
-        |r| r.producer_subs().is_some_and(|j| num(j, "n") == 0),
+        "the producer frees the entries of survivors that closed, every connection ending in a free",
+        |r| {
+            r.producer_subs()
+                .is_some_and(|j| num(j, "n") == 0 && num(j, "connects") == num(j, "disconnects"))
+        },
     );
     let last_subs = run.producer_subs().expect("subs").clone();
     run.producer.child.kill9();
@@ -762,11 +767,6 @@ fn sigkill_at_random_points_never_tears_a_frame_hangs_a_survivor_or_leaks() {
         num(&last_subs, "evictions"),
         0,
         "entries are freed by the socket, not the lease"
-    );
-    assert_eq!(
-        num(&last_subs, "connects"),
-        num(&last_subs, "disconnects"),
-        "every connection of the last producer ended in a free"
     );
     for (name, j) in &finals {
         eprintln!("  {name}: {:?}", j.0);
