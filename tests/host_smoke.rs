@@ -637,7 +637,10 @@ fn push_attaches_past_the_attach_rate_wait_for_a_token_in_order_of_arrival() {
         _ => 0,
     };
     assert_eq!(st.attaches, 3, "{st:?}");
-    assert!(st.attaches_deferred >= deferred, "connected in {connected:?}: {st:?}");
+    assert!(
+        (deferred..=2).contains(&st.attaches_deferred),
+        "connected in {connected:?}: {st:?}"
+    );
 }
 
 /// The order is read from the socket service's own events (which Attach

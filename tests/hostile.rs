@@ -74,7 +74,7 @@ const HONEST_LEASE_MS: u64 = 20_000;
 /// How much longer than its allowance the producer may go without a new
 /// frame before that counts as a stall: far longer than a busy machine
 /// delays a frame.
-const STALL_MARGIN_MS: u64 = 2000;
+const STALL_MARGIN_MS: u64 = 1000;
 /// Descriptors / mappings the producer may keep above its pre-attack count
 /// once the attacker is gone.
 const FD_SLACK: usize = 3;

@@ -97,19 +97,26 @@ fn the_readme_gst_launch_pipelines_run() {
         text(&scan)
     );
 
-    let sink = tool("gst-launch-1.0", plugins.path(), &registry)
+    let mut sink = tool("gst-launch-1.0", plugins.path(), &registry)
         .args(&publish)
         .spawn()
         .expect("gst-launch-1.0 runs");
     // The reader starts once the publisher's socket exists: its `timeout`
     // then bounds only the wait after the publisher ends, as the README's
-    // user sees it.
+    // user sees it. A publisher that ends first, or makes no socket in
+    // time, fails the test with its output (and is not left running).
     let deadline = Instant::now() + WAIT;
     while !socket.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the publishing pipeline made no socket within {WAIT:?}"
-        );
+        let ended = sink.try_wait().expect("the child's status").is_some();
+        if ended || Instant::now() >= deadline {
+            let _ = sink.kill();
+            let out = sink.wait_with_output().expect("the child's output");
+            panic!(
+                "the publishing pipeline made no socket ({}):\n{}",
+                if ended { "it ended" } else { "timed out" },
+                text(&out)
+            );
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
     let src = tool("gst-launch-1.0", plugins.path(), &registry)

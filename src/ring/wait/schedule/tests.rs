@@ -167,7 +167,7 @@ fn without_a_commit_in_flight_a_silent_store_waits_for_the_slice() {
         s.spawn(|| {
             // Store once the waiter is parked, so a late start of the waiter
             // cannot let it find the store before it parks.
-            while line.parked.load(Ordering::Relaxed) == 0 {
+            while line.parked.load(Ordering::Relaxed) == 0 && t.elapsed() < Duration::from_secs(5) {
                 std::thread::yield_now();
             }
             std::thread::sleep(Duration::from_millis(20));
