@@ -44,6 +44,21 @@ fn finish(mut child: Child, what: &str, limit: Duration) -> Output {
     }
 }
 
+/// `gst-inspect-1.0 arg` with `tool`'s environment; fails the test unless it
+/// succeeds within `WAIT`. Returns its output.
+fn gst_inspect(plugins: &Path, registry: &Path, arg: &str) -> String {
+    let out = finish(
+        tool("gst-inspect-1.0", plugins, registry)
+            .arg(arg)
+            .spawn()
+            .expect("gst-inspect-1.0 runs"),
+        "gst-inspect-1.0",
+        WAIT,
+    );
+    assert!(out.status.success(), "gst-inspect-1.0 {arg} failed:\n{}", text(&out));
+    text(&out)
+}
+
 /// The `gst-launch-1.0` command lines of the README's GStreamer section
 /// that start with `needle`, as arguments, with `/tmp/cam0.sock` replaced.
 fn readme_pipeline(needle: &str, socket: &Path) -> Vec<String> {
@@ -83,19 +98,7 @@ fn the_readme_gst_launch_pipelines_run() {
     publish.push("lossless-lease=60000".into());
     let read = readme_pipeline("gst-launch-1.0 vramringsrc", &socket);
     // One registry scan before the two pipelines, not two at once.
-    let scan = finish(
-        tool("gst-inspect-1.0", plugins.path(), &registry)
-            .arg("vramring")
-            .spawn()
-            .expect("gst-inspect-1.0 runs"),
-        "gst-inspect-1.0",
-        WAIT,
-    );
-    assert!(
-        scan.status.success(),
-        "gst-inspect-1.0 vramring failed:\n{}",
-        text(&scan)
-    );
+    gst_inspect(plugins.path(), &registry, "vramring");
 
     let mut sink = tool("gst-launch-1.0", plugins.path(), &registry)
         .args(&publish)
@@ -140,18 +143,7 @@ fn gst_inspect_documents_every_element_and_property() {
     let plugins = plugin_dir();
     let dir = tempfile::tempdir().expect("a temporary directory");
     let registry = dir.path().join("registry.bin");
-    let run = |arg: &str| {
-        let out = finish(
-            tool("gst-inspect-1.0", plugins.path(), &registry)
-                .arg(arg)
-                .spawn()
-                .expect("gst-inspect-1.0 runs"),
-            "gst-inspect-1.0",
-            WAIT,
-        );
-        assert!(out.status.success(), "gst-inspect-1.0 {arg} failed:\n{}", text(&out));
-        text(&out)
-    };
+    let run = |arg: &str| gst_inspect(plugins.path(), &registry, arg);
     let plugin = run("vramring");
     let elements = ["vramringsink", "vramringsrc", "vramringpacketsink", "vramringpacketsrc"];
     for e in elements {
